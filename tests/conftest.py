@@ -1,0 +1,26 @@
+"""Shared fixtures. Real datasets are found through GNNSERVE_DATA (default: ../shared/data)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("GNNSERVE_DATA", REPO.parent / "shared" / "data"))
+
+
+def dataset_path(name: str) -> Path:
+    """Path of a real dataset; skips the test where the shared data is absent."""
+    p = DATA_DIR / f"{name}.npz"
+    if not p.exists():
+        pytest.skip(f"real dataset {p} not present (set GNNSERVE_DATA)")
+    return p
+
+
+@pytest.fixture(scope="session")
+def small_dataset():
+    from kernels.datasets import synthetic_sbm
+
+    return synthetic_sbm(600, num_classes=4, avg_degree=10, num_features=16, seed=7)
