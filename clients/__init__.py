@@ -1,0 +1,1 @@
+"""gnnserve client SDK (the generated API types live in ``clients._gen``)."""

@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC code (do not edit; run proto/generate.py)."""

@@ -1,0 +1,1 @@
+"""gnnserve server: servicer, validation, batcher, pipeline, feature stores, model registry, metrics."""

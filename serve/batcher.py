@@ -1,0 +1,234 @@
+"""Dynamic batching: a plain object over a queue and a clock, tested without a server.
+
+Requests (``WorkItem``s) wait in a bounded queue. One batch at a time runs ``process`` in a
+worker thread; while it runs, new requests pile up and the next batch takes them all (up to
+``max_batch_targets`` targets). ``max_delay_s`` optionally holds a batch open a little longer to
+let more requests join (0 = never wait: the lowest single-request latency). Items carry a ``key``:
+only items with the same key share a batch (e.g. same model version and sampling width, since
+one forward pass runs at one width).
+
+Guarantees:
+* the queue is bounded in targets: ``submit`` raises :class:`~serve.errors.Overloaded` at once
+  when it is full, so overload turns into RESOURCE_EXHAUSTED instead of unbounded latency/memory;
+* an item whose deadline has passed, or whose caller went away, is dropped before its batch runs
+  (its future gets :class:`~serve.errors.DeadlineExceeded` / is left cancelled);
+* an exception from ``process`` fails exactly the items of that batch;
+* ``stop()`` refuses new work and lets queued and running work finish (graceful drain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import DeadlineExceeded, Overloaded, Unavailable
+
+__all__ = ["DynamicBatcher", "WorkItem"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class WorkItem:
+    """One request in the queue. ``size`` = its number of targets."""
+
+    payload: Any
+    size: int
+    key: Hashable
+    deadline: float | None  # on the batcher's clock; None = no deadline
+    enqueued: float
+    future: asyncio.Future[Any]
+    started: float = field(default=0.0)  # when its batch began (queue time = started - enqueued)
+    batch_size: int = 0  # targets in the batch it ran in
+
+
+class DynamicBatcher:
+    """Collects :class:`WorkItem`s into batches and runs ``process(items) -> results`` in a thread.
+
+    Args:
+        process: called in a worker thread with the items of one batch; returns one result per
+            item (an ``Exception`` instance in a slot fails just that item).
+        max_batch_targets: targets per batch (a single larger item still runs, alone).
+        max_queue_targets: bound of the queue in targets; beyond it ``submit`` raises ``Overloaded``.
+        max_delay_s: how long a batch may wait for more items after its first one.
+        executor: where ``process`` runs (default: a private single-thread pool).
+        clock: monotonic clock in seconds (deadlines are on this clock).
+        name: for logs and error messages.
+    """
+
+    def __init__(
+        self,
+        process: Callable[[list[WorkItem]], Sequence[Any]],
+        *,
+        max_batch_targets: int = 1024,
+        max_queue_targets: int = 16384,
+        max_delay_s: float = 0.0,
+        executor: concurrent.futures.Executor | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        name: str = "batcher",
+    ) -> None:
+        if max_batch_targets < 1 or max_queue_targets < 1 or max_delay_s < 0:
+            raise ValueError("max_batch_targets and max_queue_targets must be >= 1, max_delay_s >= 0")
+        self._process = process
+        self.max_batch_targets = max_batch_targets
+        self.max_queue_targets = max_queue_targets
+        self.max_delay_s = max_delay_s
+        self._own_executor = executor is None
+        self._executor = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._clock = clock
+        self.name = name
+        self._queue: collections.deque[WorkItem] = collections.deque()
+        self._queued_targets = 0
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._running_batch = False
+        self.batches_run = 0
+        self.items_dropped = 0
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def queued_targets(self) -> int:
+        return self._queued_targets
+
+    @property
+    def idle(self) -> bool:
+        return not self._queue and not self._running_batch
+
+    def start(self) -> None:
+        """Start the batching loop on the running event loop (idempotent)."""
+        if self._task is None:
+            self._wakeup = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"{self.name}-loop")
+
+    async def submit(self, payload: Any, *, size: int, key: Hashable = None, deadline: float | None = None) -> Any:
+        """Queue one request and wait for its result (raises what its processing raised)."""
+        if self._closing:
+            raise Unavailable(f"{self.name}: shutting down, not accepting new requests")
+        self.start()
+        if self._queued_targets + size > self.max_queue_targets and self._queued_targets > 0:
+            raise Overloaded(
+                f"{self.name}: queue full ({self._queued_targets} targets waiting, limit "
+                f"{self.max_queue_targets}); retry with backoff"
+            )
+        loop = asyncio.get_running_loop()
+        item = WorkItem(payload, size, key, deadline, self._clock(), loop.create_future())
+        self._queue.append(item)
+        self._queued_targets += size
+        assert self._wakeup is not None
+        self._wakeup.set()
+        return await item.future
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Refuse new work; let queued and running batches finish (within ``grace_s`` if given)."""
+        self._closing = True
+        if self._task is not None:
+            assert self._wakeup is not None
+            self._wakeup.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), grace_s)
+            except asyncio.TimeoutError:
+                log.warning("%s: grace period over with %d targets queued; cancelling", self.name,
+                            self._queued_targets)
+                self._task.cancel()
+                self._fail_queued(Unavailable(f"{self.name}: server shut down before the request ran"))
+        if self._own_executor:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ internals
+    def _fail_queued(self, exc: BaseException) -> None:
+        while self._queue:
+            it = self._queue.popleft()
+            self._queued_targets -= it.size
+            if not it.future.done():
+                it.future.set_exception(exc)
+
+    def _take_batch(self) -> list[WorkItem]:
+        """Pop the first live item and every later item with its key, up to the target limit."""
+        now = self._clock()
+        batch: list[WorkItem] = []
+        kept: collections.deque[WorkItem] = collections.deque()
+        targets = 0
+        key: Hashable = None
+        while self._queue:
+            it = self._queue.popleft()
+            if it.future.done():  # caller cancelled (client went away)
+                self._queued_targets -= it.size
+                self.items_dropped += 1
+                continue
+            if it.deadline is not None and it.deadline <= now:
+                self._queued_targets -= it.size
+                self.items_dropped += 1
+                it.future.set_exception(
+                    DeadlineExceeded(f"deadline passed after {1e3 * (now - it.enqueued):.1f} ms in the queue; dropped")
+                )
+                continue
+            if not batch:
+                key = it.key
+            elif it.key != key or targets + it.size > self.max_batch_targets:
+                kept.append(it)
+                continue
+            batch.append(it)
+            targets += it.size
+            self._queued_targets -= it.size
+        kept.extend(self._queue)
+        self._queue = kept
+        return batch
+
+    async def _loop(self) -> None:
+        assert self._wakeup is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            if self.max_delay_s > 0:
+                first = self._queue[0].enqueued
+                wait = first + self.max_delay_s - self._clock()
+                if wait > 0 and self._queued_targets < self.max_batch_targets and not self._closing:
+                    await asyncio.sleep(wait)
+            batch = self._take_batch()
+            if not batch:
+                continue
+            started = self._clock()
+            total = sum(it.size for it in batch)
+            for it in batch:
+                it.started, it.batch_size = started, total
+            self._running_batch = True
+            try:
+                results = await loop.run_in_executor(self._executor, self._process, batch)
+            except Exception as exc:  # the whole batch failed: fail exactly its items
+                for it in batch:
+                    if not it.future.done():
+                        it.future.set_exception(exc)
+                continue
+            except asyncio.CancelledError:
+                for it in batch:
+                    if not it.future.done():
+                        it.future.set_exception(Unavailable(f"{self.name}: shut down while the request ran"))
+                raise
+            finally:
+                self._running_batch = False
+                self.batches_run += 1
+            if len(results) != len(batch):
+                err = RuntimeError(f"{self.name}: process returned {len(results)} results for {len(batch)} items")
+                for it in batch:
+                    if not it.future.done():
+                        it.future.set_exception(err)
+                continue
+            for it, res in zip(batch, results):
+                if it.future.done():
+                    continue
+                if isinstance(res, BaseException):
+                    it.future.set_exception(res)
+                else:
+                    it.future.set_result(res)

@@ -1,0 +1,162 @@
+"""The dynamic batcher on its own: a queue, a clock and a process function; no server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from serve.batcher import DynamicBatcher
+from serve.errors import DeadlineExceeded, Overloaded, Unavailable
+
+
+class Recorder:
+    """A process function that records its batches and can be held at a gate."""
+
+    def __init__(self, delay: float = 0.0):
+        self.batches: list[list] = []
+        self.delay = delay
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, items):
+        self.gate.wait(5)
+        time.sleep(self.delay)
+        self.batches.append([it.payload for it in items])
+        return [it.payload * 10 for it in items]
+
+
+async def test_concurrent_requests_are_batched_and_answered_in_order():
+    rec = Recorder()
+    b = DynamicBatcher(rec, max_batch_targets=100)
+    rec.gate.clear()  # hold the first batch so the rest pile up
+    first = asyncio.ensure_future(b.submit(0, size=1))
+    await asyncio.sleep(0.05)
+    rest = [asyncio.ensure_future(b.submit(i, size=1)) for i in range(1, 30)]
+    await asyncio.sleep(0.05)
+    rec.gate.set()
+    results = await asyncio.gather(first, *rest)
+    assert results == [i * 10 for i in range(30)]
+    assert rec.batches[0] == [0]
+    assert rec.batches[1] == list(range(1, 30)), "everything queued during a batch rides the next one"
+    await b.stop()
+
+
+async def test_keys_never_mix_and_target_limit_holds():
+    rec = Recorder()
+    b = DynamicBatcher(rec, max_batch_targets=5)
+    rec.gate.clear()
+    hold = asyncio.ensure_future(b.submit(-1, size=1, key="x"))
+    await asyncio.sleep(0.05)
+    futs = [asyncio.ensure_future(b.submit(i, size=2, key="a" if i % 2 else "b")) for i in range(8)]
+    await asyncio.sleep(0.05)
+    rec.gate.set()
+    await asyncio.gather(hold, *futs)
+    for batch in rec.batches[1:]:
+        keys = {"a" if p % 2 else "b" for p in batch}
+        assert len(keys) == 1, f"batch {batch} mixes keys"
+        assert 2 * len(batch) <= 5
+    await b.stop()
+
+
+async def test_full_queue_is_refused_with_resource_exhausted():
+    rec = Recorder()
+    b = DynamicBatcher(rec, max_batch_targets=4, max_queue_targets=6)
+    rec.gate.clear()
+    running = asyncio.ensure_future(b.submit(0, size=4))
+    await asyncio.sleep(0.05)  # now running, queue empty
+    queued = [asyncio.ensure_future(b.submit(i, size=3)) for i in (1, 2)]
+    await asyncio.sleep(0.01)
+    with pytest.raises(Overloaded, match="queue full"):
+        await b.submit(3, size=1)
+    rec.gate.set()
+    assert await asyncio.gather(running, *queued) == [0, 10, 20]
+    assert await b.submit(4, size=1) == 40, "after draining, requests are accepted again"
+    await b.stop()
+
+
+async def test_expired_requests_are_dropped_before_processing():
+    rec = Recorder()
+    now = [0.0]
+    b = DynamicBatcher(rec, clock=lambda: now[0])
+    rec.gate.clear()
+    running = asyncio.ensure_future(b.submit(1, size=1))
+    await asyncio.sleep(0.05)
+    late = asyncio.ensure_future(b.submit(2, size=1, deadline=5.0))
+    fine = asyncio.ensure_future(b.submit(3, size=1, deadline=50.0))
+    await asyncio.sleep(0.01)
+    now[0] = 10.0  # the clock passes the first deadline while the batch runs
+    rec.gate.set()
+    assert await running == 10
+    with pytest.raises(DeadlineExceeded, match="dropped"):
+        await late
+    assert await fine == 30
+    assert [p for batch in rec.batches for p in batch] == [1, 3], "expired work never reached process()"
+    assert b.items_dropped == 1
+    await b.stop()
+
+
+async def test_cancelled_callers_are_skipped():
+    rec = Recorder()
+    b = DynamicBatcher(rec)
+    rec.gate.clear()
+    running = asyncio.ensure_future(b.submit(1, size=1))
+    await asyncio.sleep(0.05)
+    gone = asyncio.ensure_future(b.submit(2, size=1))
+    await asyncio.sleep(0.01)
+    gone.cancel()
+    rec.gate.set()
+    assert await running == 10
+    assert await b.submit(3, size=1) == 30
+    assert [p for batch in rec.batches for p in batch] == [1, 3]
+    await b.stop()
+
+
+async def test_failures_stay_inside_their_batch_or_item():
+    def process(items):
+        if any(it.payload == "boom" for it in items):
+            raise RuntimeError("batch failed")
+        return [ValueError("bad item") if it.payload == "bad" else it.payload for it in items]
+
+    b = DynamicBatcher(process)
+    with pytest.raises(RuntimeError, match="batch failed"):
+        await b.submit("boom", size=1)
+    with pytest.raises(ValueError, match="bad item"):
+        await b.submit("bad", size=1)
+    assert await b.submit("ok", size=1) == "ok"
+    await b.stop()
+
+
+async def test_stop_drains_queued_work_and_refuses_new():
+    rec = Recorder(delay=0.02)
+    b = DynamicBatcher(rec, max_batch_targets=2)
+    futs = [asyncio.ensure_future(b.submit(i, size=1)) for i in range(6)]
+    await asyncio.sleep(0)
+    await b.stop(grace_s=5)
+    assert [f.result() for f in futs] == [i * 10 for i in range(6)]
+    with pytest.raises(Unavailable, match="shutting down"):
+        await b.submit(9, size=1)
+
+
+async def test_stop_grace_expiry_fails_the_rest_loudly():
+    rec = Recorder(delay=0.3)
+    b = DynamicBatcher(rec, max_batch_targets=1)
+    futs = [asyncio.ensure_future(b.submit(i, size=1)) for i in range(4)]
+    await asyncio.sleep(0.05)
+    await b.stop(grace_s=0.1)
+    outcomes = await asyncio.gather(*futs, return_exceptions=True)
+    assert any(isinstance(o, Unavailable) for o in outcomes), outcomes
+    assert all(isinstance(o, (int, Unavailable)) for o in outcomes), "nothing is silently lost"
+
+
+async def test_max_delay_lets_late_arrivals_join():
+    rec = Recorder()
+    b = DynamicBatcher(rec, max_delay_s=0.2)
+    f1 = asyncio.ensure_future(b.submit(1, size=1))
+    await asyncio.sleep(0.05)
+    f2 = asyncio.ensure_future(b.submit(2, size=1))
+    assert await asyncio.gather(f1, f2) == [10, 20]
+    assert rec.batches == [[1, 2]]
+    await b.stop()
