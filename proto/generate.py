@@ -31,7 +31,7 @@ INIT = '"""Generated protobuf/gRPC code (do not edit; run proto/generate.py)."""
 
 
 def generate(out_dir: Path) -> None:
-    from grpc_tools import protoc  # noqa: PLC0415 - a dev-time dependency only
+    from grpc_tools import protoc  # a dev-time dependency only
 
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         generate(fresh)
         names = sorted(p.name for p in fresh.iterdir())
         committed = sorted(p.name for p in OUT.iterdir() if p.is_file() and p.suffix in (".py", ".pyi"))
-        match, mismatch, errors = filecmp.cmpfiles(fresh, OUT, names, shallow=False)
+        _, mismatch, errors = filecmp.cmpfiles(fresh, OUT, names, shallow=False)
         extra = sorted(set(committed) - set(names))
         if mismatch or errors or extra:
             print(f"generated code is stale: differs={mismatch} missing={errors} extra={extra}", file=sys.stderr)

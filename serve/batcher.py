@@ -225,7 +225,7 @@ class DynamicBatcher:
                     if not it.future.done():
                         it.future.set_exception(err)
                 continue
-            for it, res in zip(batch, results):
+            for it, res in zip(batch, results, strict=True):
                 if it.future.done():
                     continue
                 if isinstance(res, BaseException):
