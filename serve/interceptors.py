@@ -1,0 +1,143 @@
+"""Server interceptors: the one place exceptions become gRPC statuses, and bearer-token auth.
+
+:class:`ErrorMappingInterceptor` wraps every unary handler: a domain exception
+(:mod:`serve.errors`, feature-store errors) is answered with its status code and message; any
+other exception is logged with its traceback and a request id, and answered ``INTERNAL`` with
+only that id, never internals. It also counts finished RPCs by code.
+
+:class:`BearerAuthInterceptor` checks ``authorization: Bearer <token>`` metadata with a
+constant-time comparison; a missing or wrong token gets ``UNAUTHENTICATED`` and nothing else.
+Health checks stay open so orchestrators can probe without the token.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from .errors import status_for
+from .metrics import ServerMetrics
+
+__all__ = ["BearerAuthInterceptor", "ErrorMappingInterceptor"]
+
+log = logging.getLogger(__name__)
+
+_OPEN_METHODS = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+
+
+def _model_of(request: Any) -> str:
+    for attr in ("model", "model_name", "name"):
+        v = getattr(request, attr, None)
+        if isinstance(v, str) and v:
+            return v
+    return ""
+
+
+def _wrap_unary(
+    handler: grpc.RpcMethodHandler,
+    fn: Callable[[Any, aio.ServicerContext, Callable[..., Awaitable[Any]]], Awaitable[Any]],
+) -> grpc.RpcMethodHandler:
+    inner = handler.unary_unary
+
+    async def call(request: Any, context: aio.ServicerContext) -> Any:
+        return await fn(request, context, inner)
+
+    return grpc.unary_unary_rpc_method_handler(
+        call, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+    )
+
+
+class ErrorMappingInterceptor(aio.ServerInterceptor):
+    """Maps exceptions to status codes (see module docstring) and counts RPCs by code."""
+
+    def __init__(self, metrics: ServerMetrics | None = None) -> None:
+        self._metrics = metrics
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        metrics = self._metrics
+
+        async def guarded(request: Any, context: aio.ServicerContext, inner: Callable[..., Awaitable[Any]]) -> Any:
+            code = grpc.StatusCode.OK
+            try:
+                return await inner(request, context)
+            except aio.AbortError:
+                code = context.code() or grpc.StatusCode.UNKNOWN
+                raise
+            except Exception as exc:
+                mapped = status_for(exc)
+                if mapped is not None:
+                    code, message = mapped
+                    log.info("%s -> %s: %s", method, code.name, message)
+                else:
+                    code = grpc.StatusCode.INTERNAL
+                    incident = uuid.uuid4().hex[:12]
+                    log.exception("%s failed unexpectedly (incident %s)", method, incident)
+                    message = f"internal error (incident {incident}); the server log has the details"
+                await context.abort(code, message)
+            finally:
+                if metrics is not None:
+                    metrics.requests.labels(_model_of(request), method, code.name).inc()
+
+        return _wrap_unary(handler, guarded)
+
+
+class BearerAuthInterceptor(aio.ServerInterceptor):
+    """Requires ``authorization: Bearer <token>`` on every RPC but health checks and reflection."""
+
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise ValueError("bearer token must be non-empty")
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+        if method.startswith(_OPEN_METHODS):
+            return await continuation(handler_call_details)
+        given = b""
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key.lower() == "authorization":
+                given = value.encode() if isinstance(value, str) else bytes(value)
+                break
+        if hmac.compare_digest(given, self._expected):
+            return await continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
+
+        async def deny(request: Any, context: aio.ServicerContext, inner: Callable[..., Awaitable[Any]]) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+
+        if handler is None:
+            return handler
+        if handler.unary_unary is not None:
+            return _wrap_unary(handler, deny)
+
+        async def deny_stream(request_or_iterator: Any, context: aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+
+        ser = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(deny_stream, **ser)
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(deny_stream, **ser)
+        return grpc.stream_stream_rpc_method_handler(deny_stream, **ser)

@@ -1,0 +1,212 @@
+"""Request validation and knob resolution: protobuf in, a typed :class:`PredictCall` out.
+
+Every check raises :class:`~serve.errors.InvalidArgument` with the offending value in the message.
+Knobs are resolved here, against the model's :class:`ModelLimits` and knob table:
+
+* ``sampling_width`` S: must be >= 0; 0 = exact; values above the model's maximum are clamped.
+* ``ppr_budget`` K: must be >= 1; clamped to the K the model's top-K index holds. For an L-hop model
+  the budget does not apply and is echoed as 0.
+* ``max_accuracy_loss`` L: finite, in [0, 1]. The server picks the knob-table row with the lowest
+  measured latency whose validation accuracy is at least ``exact - L`` (exact = the table's
+  exact-width row at the largest budget). An explicit S or K fixes that coordinate.
+* nothing given: the model's defaults.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import InvalidArgument
+
+__all__ = ["KnobRow", "ModelLimits", "NewNodeSpec", "PredictCall", "resolve_knobs", "validate_predict"]
+
+MAX_NEW_NODE_NEIGHBORS = 100_000
+
+
+@dataclass(frozen=True)
+class KnobRow:
+    ppr_budget: int  # 0 = not applicable
+    sampling_width: int  # 0 = exact
+    val_accuracy: float
+    latency_ms_per_node: float
+    edges_kept_fraction: float = 1.0
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What validation needs to know about one model version."""
+
+    name: str
+    num_nodes: int
+    num_features: int
+    extractor: str  # "ppr" or "lhop"
+    max_ppr_budget: int  # 0 for L-hop models
+    max_sampling_width: int
+    default_sampling_width: int
+    default_ppr_budget: int
+    max_nodes_per_request: int
+    knob_table: tuple[KnobRow, ...] = ()
+
+
+@dataclass
+class NewNodeSpec:
+    features: np.ndarray  # float32 [F]
+    neighbors: np.ndarray  # int64 [d]
+    weights: np.ndarray | None  # float32 [d] or None
+
+
+@dataclass
+class PredictCall:
+    """A validated Predict request with its resolved knobs."""
+
+    request_id: str
+    nodes: np.ndarray  # int64 [n]
+    new_nodes: list[NewNodeSpec]
+    sampling_width: int
+    ppr_budget: int
+    chosen_by: str
+    expected_accuracy: float
+    return_probabilities: bool
+    return_embeddings: bool
+    extras: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return len(self.nodes) + len(self.new_nodes)
+
+
+def _preview(values: np.ndarray, limit: int = 5) -> str:
+    shown = ", ".join(str(int(v)) for v in values[:limit])
+    return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
+
+
+def check_node_ids(nodes: np.ndarray, num_nodes: int, what: str = "node id") -> None:
+    bad = nodes[(nodes < 0) | (nodes >= num_nodes)]
+    if len(bad):
+        raise InvalidArgument(f"{what}s out of range [0, {num_nodes}): {_preview(bad)}")
+
+
+def resolve_knobs(
+    limits: ModelLimits,
+    sampling_width: int | None,
+    ppr_budget: int | None,
+    max_accuracy_loss: float | None,
+) -> tuple[int, int, str, float]:
+    """Return ``(S, K, chosen_by, expected_accuracy)`` for one request (see module docstring)."""
+    if sampling_width is not None and sampling_width < 0:
+        raise InvalidArgument(f"sampling_width must be >= 0 (0 = exact), got {sampling_width}")
+    if ppr_budget is not None and ppr_budget < 1:
+        raise InvalidArgument(f"ppr_budget must be >= 1, got {ppr_budget}")
+    if max_accuracy_loss is not None and not (math.isfinite(max_accuracy_loss) and 0.0 <= max_accuracy_loss <= 1.0):
+        raise InvalidArgument(f"max_accuracy_loss must be a finite fraction in [0, 1], got {max_accuracy_loss}")
+    lhop = limits.extractor != "ppr"
+
+    def clamp_s(s: int) -> int:
+        return min(s, limits.max_sampling_width) if s > 0 else 0
+
+    def clamp_k(k: int) -> int:
+        return 0 if lhop else max(1, min(k, limits.max_ppr_budget))
+
+    s = clamp_s(sampling_width) if sampling_width is not None else None
+    k = clamp_k(ppr_budget) if ppr_budget is not None else None
+    chosen_by = "request"
+    if max_accuracy_loss is not None and limits.knob_table and (s is None or k is None):
+        rows = [r for r in limits.knob_table if (s is None or r.sampling_width == s) and (k is None or lhop or r.ppr_budget == k)]
+        exact_rows = [r for r in limits.knob_table if r.sampling_width == 0]
+        if rows and exact_rows:
+            ref = max(exact_rows, key=lambda r: (r.ppr_budget, r.val_accuracy)).val_accuracy
+            ok = [r for r in rows if r.val_accuracy >= ref - max_accuracy_loss - 1e-12]
+            if ok:
+                best = min(ok, key=lambda r: (r.latency_ms_per_node, -r.val_accuracy))
+                s = clamp_s(best.sampling_width) if s is None else s
+                k = clamp_k(best.ppr_budget) if k is None else k
+                chosen_by = "max_accuracy_loss"
+    if s is None and k is None and chosen_by == "request":
+        chosen_by = "default"
+    s = clamp_s(limits.default_sampling_width) if s is None else s
+    k = clamp_k(limits.default_ppr_budget) if k is None else k
+    expected = 0.0
+    for r in limits.knob_table:
+        if r.sampling_width == s and (lhop or r.ppr_budget == k):
+            expected = r.val_accuracy
+            break
+    return s, k, chosen_by, expected
+
+
+def validate_predict(request, limits: ModelLimits) -> PredictCall:
+    """Turn a ``gnnserve.v1.PredictRequest`` into a :class:`PredictCall` or raise InvalidArgument."""
+    nodes = np.asarray(request.nodes, dtype=np.int64)
+    new_nodes = list(request.new_nodes)
+    n = len(nodes) + len(new_nodes)
+    if n == 0:
+        raise InvalidArgument("request has no nodes: give at least one node id (or a new node)")
+    if n > limits.max_nodes_per_request:
+        raise InvalidArgument(
+            f"request has {n} nodes, more than the limit of {limits.max_nodes_per_request} per request; "
+            "split it (the SDK chunks long lists automatically)"
+        )
+    check_node_ids(nodes, limits.num_nodes)
+    specs = [_validate_new_node(i, nn, limits) for i, nn in enumerate(new_nodes)]
+    s, k, chosen_by, expected = resolve_knobs(
+        limits,
+        request.sampling_width if request.HasField("sampling_width") else None,
+        request.ppr_budget if request.HasField("ppr_budget") else None,
+        request.max_accuracy_loss if request.HasField("max_accuracy_loss") else None,
+    )
+    return PredictCall(
+        request_id=request.request_id or uuid.uuid4().hex[:16],
+        nodes=nodes,
+        new_nodes=specs,
+        sampling_width=s,
+        ppr_budget=k,
+        chosen_by=chosen_by,
+        expected_accuracy=expected,
+        return_probabilities=bool(request.return_probabilities),
+        return_embeddings=bool(request.return_embeddings),
+    )
+
+
+def _validate_new_node(i: int, nn, limits: ModelLimits) -> NewNodeSpec:
+    feats = np.asarray(nn.features, dtype=np.float32)
+    if feats.shape != (limits.num_features,):
+        raise InvalidArgument(
+            f"new_nodes[{i}]: features must have {limits.num_features} values for model "
+            f"{limits.name!r}, got {feats.shape[0]}"
+        )
+    if not np.all(np.isfinite(feats)):
+        raise InvalidArgument(f"new_nodes[{i}]: features contain NaN or infinity")
+    nbrs = np.asarray(nn.neighbors, dtype=np.int64)
+    if len(nbrs) > MAX_NEW_NODE_NEIGHBORS:
+        raise InvalidArgument(f"new_nodes[{i}]: {len(nbrs)} neighbours, more than {MAX_NEW_NODE_NEIGHBORS}")
+    check_node_ids(nbrs, limits.num_nodes, what=f"new_nodes[{i}] neighbour")
+    weights = None
+    if len(nn.edge_weights):
+        weights = np.asarray(nn.edge_weights, dtype=np.float32)
+        if weights.shape != nbrs.shape:
+            raise InvalidArgument(
+                f"new_nodes[{i}]: edge_weights has {len(weights)} values for {len(nbrs)} neighbours"
+            )
+        if not (np.all(np.isfinite(weights)) and np.all(weights > 0)):
+            raise InvalidArgument(f"new_nodes[{i}]: edge_weights must be finite and > 0")
+    if len(np.unique(nbrs)) != len(nbrs):
+        raise InvalidArgument(f"new_nodes[{i}]: neighbours repeat; give each neighbour once")
+    return NewNodeSpec(features=feats, neighbors=nbrs, weights=weights)
+
+
+def knob_rows(rows: Sequence[dict]) -> tuple[KnobRow, ...]:
+    """Knob-table rows (dicts as stored in a checkpoint's knobs.json) as :class:`KnobRow`s."""
+    return tuple(
+        KnobRow(
+            ppr_budget=int(r["ppr_budget"]),
+            sampling_width=int(r["sampling_width"]),
+            val_accuracy=float(r["val_accuracy"]),
+            latency_ms_per_node=float(r["latency_ms_per_node"]),
+            edges_kept_fraction=float(r.get("edges_kept_fraction", 1.0)),
+        )
+        for r in rows
+    )
