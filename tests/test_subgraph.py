@@ -1,0 +1,331 @@
+"""Batched induced subgraphs and L-hop scope, checked against SciPy slicing and a plain BFS."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from kernels.datasets import load_npz, synthetic_sbm
+from kernels.graph import CSRGraph
+from kernels.subgraph import (
+    _EPOCH_LIMIT,
+    ExtraEdges,
+    SubgraphBatch,
+    _take_scratch,
+    induced_batch,
+    lhop_nodes,
+)
+
+from .conftest import dataset_path
+
+
+# ----------------------------------------------------------------------------- helpers
+def random_lists(n: int, sizes, rng, targets=None):
+    """CSR-shaped lists of distinct ids, target first."""
+    lists = []
+    for b, m in enumerate(sizes):
+        t = int(targets[b]) if targets is not None else int(rng.integers(n))
+        others = rng.choice(np.setdiff1d(np.arange(n), [t]), size=m - 1, replace=False)
+        lists.append(np.concatenate([[t], others]))
+    ptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
+    return ptr, np.concatenate(lists).astype(np.int64)
+
+
+def check_batch_against_scipy(mat: sp.csr_matrix, batch: SubgraphBatch, ptr, nodes, weighted: bool):
+    """Every block equals mat[V_b][:, V_b]; no edge leaves its block; dedupe maps are consistent."""
+    batch.graph.validate()  # sorted rows, ids in range
+    np.testing.assert_array_equal(batch.ptr, ptr)
+    np.testing.assert_array_equal(batch.node_ids, nodes)
+    np.testing.assert_array_equal(batch.target_rows, ptr[:-1])
+    assert batch.graph.num_nodes == len(nodes)
+    assert batch.graph.is_weighted == weighted
+    dense_batch = batch.graph.to_scipy().toarray()
+    for b in range(len(ptr) - 1):
+        lo, hi = ptr[b], ptr[b + 1]
+        v = nodes[lo:hi]
+        want = mat[v][:, v].toarray()
+        if not weighted:
+            want = (want != 0).astype(np.float32)
+        np.testing.assert_allclose(dense_batch[lo:hi, lo:hi], want, rtol=0, atol=0)
+        np.testing.assert_allclose(batch.subgraph(b).to_scipy().toarray(), want)
+        # nothing outside the diagonal block
+        assert not dense_batch[lo:hi, :lo].any() and not dense_batch[lo:hi, hi:].any()
+    np.testing.assert_array_equal(batch.unique_ids, np.unique(nodes))
+    np.testing.assert_array_equal(batch.unique_ids[batch.row_to_unique], nodes)
+    assert batch.unique_ids.dtype == np.int64 and batch.row_to_unique.dtype == np.int64
+
+
+def bfs_sets(mat: sp.csr_matrix, target: int, hops: int) -> dict[int, int]:
+    """Hop distance of every node within ``hops`` of ``target`` (reference BFS)."""
+    dist = {target: 0}
+    q = deque([target])
+    while q:
+        u = q.popleft()
+        if dist[u] == hops:
+            continue
+        for v in mat.indices[mat.indptr[u] : mat.indptr[u + 1]]:
+            if int(v) not in dist:
+                dist[int(v)] = dist[u] + 1
+                q.append(int(v))
+    return dist
+
+
+@pytest.fixture(scope="module")
+def sbm_graph():
+    return synthetic_sbm(800, num_classes=4, avg_degree=12, num_features=4, seed=3).graph
+
+
+# ----------------------------------------------------------------------------- induced_batch
+@pytest.mark.parametrize("sizes", [[1], [5, 1, 17], [64] * 8, [200, 3, 120, 1, 77]])
+def test_induced_matches_scipy_unweighted(sbm_graph, sizes):
+    rng = np.random.default_rng(len(sizes))
+    ptr, nodes = random_lists(sbm_graph.num_nodes, sizes, rng)
+    batch = induced_batch(sbm_graph, ptr, nodes)
+    check_batch_against_scipy(sbm_graph.to_scipy(), batch, ptr, nodes, weighted=False)
+
+
+def test_induced_uses_neighbourhood_lists_with_many_edges(sbm_graph):
+    # L-hop lists are dense in edges (unlike random lists): a stronger check of the row scan
+    targets = np.arange(0, 800, 37)
+    ptr, nodes = lhop_nodes(sbm_graph, targets, 2)
+    batch = induced_batch(sbm_graph, ptr, nodes)
+    assert batch.graph.num_edges > 10 * len(targets)
+    check_batch_against_scipy(sbm_graph.to_scipy(), batch, ptr, nodes, weighted=False)
+
+
+def test_induced_weighted_directed_graph():
+    rng = np.random.default_rng(11)
+    n, e = 300, 4000
+    ei = rng.integers(0, n, size=(2, e))
+    w = rng.uniform(0.1, 3.0, size=e)
+    g = CSRGraph.from_edge_index(ei, num_nodes=n, weights=w)  # directed, duplicates summed
+    ptr, nodes = random_lists(n, [40, 2, 90, 300], rng)
+    batch = induced_batch(g, ptr, nodes)
+    check_batch_against_scipy(g.to_scipy(), batch, ptr, nodes, weighted=True)
+
+
+def test_induced_hub_rows_use_binary_search_path():
+    # node 0 is linked to every other node: its degree (n - 1) exceeds 32 * n_b for small lists
+    rng = np.random.default_rng(5)
+    n = 3000
+    star = np.stack([np.zeros(n - 1, dtype=np.int64), np.arange(1, n)])
+    extra = rng.integers(1, n, size=(2, 6000))
+    g = CSRGraph.from_edge_index(np.concatenate([star, extra], axis=1), num_nodes=n, symmetrize=True)
+    sizes = [3, 10, 25, 60]
+    targets = [0, 0, 5, 0]
+    ptr, nodes = random_lists(n, sizes, rng, targets=targets)
+    nodes[ptr[2] + 1] = 0  # hub inside a list whose target is another node
+    assert g.degrees[0] > 32 * max(sizes)
+    batch = induced_batch(g, ptr, nodes)
+    check_batch_against_scipy(g.to_scipy(), batch, ptr, nodes, weighted=False)
+
+
+def test_repeated_nodes_across_subgraphs_are_deduplicated(sbm_graph):
+    nodes = np.array([4, 9, 11, 9, 4, 2, 11, 4], dtype=np.int64)
+    ptr = np.array([0, 3, 6, 8], dtype=np.int64)
+    batch = induced_batch(sbm_graph, ptr, nodes)
+    np.testing.assert_array_equal(batch.unique_ids, [2, 4, 9, 11])
+    np.testing.assert_array_equal(batch.unique_ids[batch.row_to_unique], nodes)
+    check_batch_against_scipy(sbm_graph.to_scipy(), batch, ptr, nodes, weighted=False)
+
+
+def test_scratch_epochs_wrap_around(sbm_graph):
+    rng = np.random.default_rng(2)
+    ptr, nodes = random_lists(sbm_graph.num_nodes, [30, 40, 50], rng)
+    ref = induced_batch(sbm_graph, ptr, nodes)
+    # push every pooled scratch to the end of its epoch range: the next call must clear and restart
+    pool = sbm_graph.cache()["_subgraph_scratch_pool"]
+    for sc in pool:
+        sc.epoch = _EPOCH_LIMIT - 2
+    again = induced_batch(sbm_graph, ptr, nodes)
+    np.testing.assert_array_equal(again.graph.indptr, ref.graph.indptr)
+    np.testing.assert_array_equal(again.graph.indices, ref.graph.indices)
+    assert all(sc.epoch < 10 for sc in pool)
+
+
+def test_concurrent_calls_agree(sbm_graph):
+    rng = np.random.default_rng(9)
+    jobs = [random_lists(sbm_graph.num_nodes, [50] * 20, rng) for _ in range(6)]
+    want = [induced_batch(sbm_graph, p, n) for p, n in jobs]
+    got: list = [None] * len(jobs)
+
+    def work(i):
+        for _ in range(20):
+            got[i] = induced_batch(sbm_graph, *jobs[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_array_equal(w.graph.indptr, g.graph.indptr)
+        np.testing.assert_array_equal(w.graph.indices, g.graph.indices)
+
+
+def test_induced_rejects_bad_lists(sbm_graph):
+    with pytest.raises(ValueError, match="ptr must run"):
+        induced_batch(sbm_graph, np.array([0, 5]), np.arange(4))
+    with pytest.raises(ValueError, match="at least its target"):
+        induced_batch(sbm_graph, np.array([0, 2, 2]), np.arange(2))
+    with pytest.raises(ValueError, match="must lie in"):
+        induced_batch(sbm_graph, np.array([0, 2]), np.array([1, sbm_graph.num_nodes]))
+
+
+# ----------------------------------------------------------------------------- virtual nodes
+def test_extra_edges_for_new_node_match_graph_with_node_added(sbm_graph):
+    n = sbm_graph.num_nodes
+    nbrs = np.array([3, 17, 17, 250, 799])  # a repeated neighbour merges
+    extra = ExtraEdges.for_new_node(n, nbrs)
+    assert extra.num_virtual == 1 and len(extra.src) == 8  # 4 distinct neighbours, both directions
+    added = sp.bmat(
+        [[sbm_graph.to_scipy(), None], [sp.csr_matrix((1, n)), sp.csr_matrix((1, 1))]], format="lil"
+    )
+    for v in np.unique(nbrs):
+        added[n, v] = 1.0
+        added[v, n] = 1.0
+    added = added.tocsr()
+    rng = np.random.default_rng(4)
+    _, others = random_lists(n, [30], rng)
+    lists = [np.concatenate([[n], [3, 17, 250], others[1:10]]), others, np.array([17, n, 3])]
+    ptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])])
+    nodes = np.concatenate(lists)
+    batch = induced_batch(sbm_graph, ptr, nodes, extra=extra)
+    check_batch_against_scipy(added, batch, ptr, nodes, weighted=False)
+    assert batch.unique_ids[-1] == n  # the virtual id is fetched like any other (features from the request)
+    # the stored graph is untouched
+    assert sbm_graph.num_nodes == n and not (sbm_graph.indices >= n).any()
+
+
+def test_extra_edges_weighted_one_directional():
+    rng = np.random.default_rng(8)
+    n = 100
+    g = CSRGraph.from_edge_index(rng.integers(0, n, size=(2, 600)), num_nodes=n, symmetrize=True)
+    extra = ExtraEdges.for_new_node(n, [1, 2, 3], [0.5, 2.0, 4.0], virtual_id=n + 1, bidirectional=False)
+    assert extra.num_virtual == 2
+    nodes = np.array([n + 1, 1, 2, 3, 9, n], dtype=np.int64)
+    batch = induced_batch(g, np.array([0, 6]), nodes, extra=extra)
+    dense = batch.graph.to_scipy().toarray()
+    np.testing.assert_allclose(dense[0, 1:4], [0.5, 2.0, 4.0])
+    assert not dense[1:, 0].any()  # no reverse edges
+    assert not dense[5].any() and not dense[:, 5].any()  # virtual id n has no edges
+    a = g.to_scipy()[[1, 2, 3, 9]][:, [1, 2, 3, 9]].toarray()
+    np.testing.assert_allclose(dense[1:5, 1:5], a)  # stored edges weigh 1 in a weighted batch
+
+
+def test_extra_edges_validation():
+    with pytest.raises(ValueError, match="touch a virtual node"):
+        ExtraEdges.from_edges(10, [1], [2])
+    with pytest.raises(ValueError, match="existing ids"):
+        ExtraEdges.for_new_node(10, [3, 10])
+    g = CSRGraph.from_edge_index(np.array([[0, 1], [1, 0]]), num_nodes=4)
+    with pytest.raises(ValueError, match="built for a graph of"):
+        induced_batch(g, np.array([0, 1]), np.array([0]), extra=ExtraEdges.for_new_node(5, [1]))
+    with pytest.raises(ValueError, match="must lie in"):
+        induced_batch(g, np.array([0, 1]), np.array([4]))  # virtual id without extra edges
+
+
+# ----------------------------------------------------------------------------- lhop_nodes
+@pytest.mark.parametrize("hops", [0, 1, 2, 3])
+def test_lhop_matches_bfs(sbm_graph, hops):
+    mat = sbm_graph.to_scipy()
+    targets = np.array([0, 5, 5, 123, 799, 400])
+    ptr, nodes = lhop_nodes(sbm_graph, targets, hops)
+    assert ptr.dtype == np.int64 and nodes.dtype == np.int64
+    for b, t in enumerate(targets):
+        lst = nodes[ptr[b] : ptr[b + 1]]
+        dist = bfs_sets(mat, int(t), hops)
+        assert lst[0] == t
+        assert len(set(lst.tolist())) == len(lst)
+        assert set(lst.tolist()) == set(dist)
+        d = np.array([dist[int(v)] for v in lst])
+        assert np.all(np.diff(d) >= 0)  # breadth-first order
+
+
+def test_lhop_directed_follows_out_edges():
+    ei = np.array([[0, 1, 2, 3], [1, 2, 3, 0]])  # a directed 4-cycle
+    g = CSRGraph.from_edge_index(ei, num_nodes=5)
+    ptr, nodes = lhop_nodes(g, [0, 4], 2)
+    np.testing.assert_array_equal(nodes[ptr[0] : ptr[1]], [0, 1, 2])
+    np.testing.assert_array_equal(nodes[ptr[1] : ptr[2]], [4])  # isolated node: itself only
+
+
+def test_lhop_fanout_caps_and_is_deterministic(sbm_graph):
+    mat = sbm_graph.to_scipy()
+    targets = np.array([10, 20, 30, 40])
+    fan = [3, 2]
+    ptr, nodes = lhop_nodes(sbm_graph, targets, 2, fan, seed=5)
+    _, nodes2 = lhop_nodes(sbm_graph, targets, 2, fan, seed=5)
+    np.testing.assert_array_equal(nodes, nodes2)
+    # a target's list does not depend on the rest of the batch
+    _, n1 = lhop_nodes(sbm_graph, targets[2:3], 2, fan, seed=5)
+    np.testing.assert_array_equal(n1, nodes[ptr[2] : ptr[3]])
+    # another seed draws other neighbours (somewhere in the batch)
+    _, n3 = lhop_nodes(sbm_graph, targets, 2, fan, seed=6)
+    assert not np.array_equal(n3, nodes)
+    for b, t in enumerate(targets):
+        lst = nodes[ptr[b] : ptr[b + 1]].tolist()
+        full = bfs_sets(mat, int(t), 2)
+        assert set(lst) <= set(full)
+        assert len(lst) <= 1 + 3 + 3 * 2
+        hop1 = [v for v in lst if full[v] == 1]
+        assert 1 <= len(hop1) <= 3
+    # a cap at least the maximum degree is no cap
+    big = int(sbm_graph.degrees.max())
+    _, na = lhop_nodes(sbm_graph, targets, 2, big)
+    _, nb = lhop_nodes(sbm_graph, targets, 2)
+    np.testing.assert_array_equal(na, nb)
+
+
+def test_lhop_fanout_samples_distinct_neighbours():
+    n = 50
+    star = np.stack([np.zeros(n - 1, dtype=np.int64), np.arange(1, n)])
+    g = CSRGraph.from_edge_index(star, num_nodes=n, symmetrize=True)
+    for seed in range(20):
+        _, nodes = lhop_nodes(g, [0], 1, 10, seed=seed)
+        assert len(nodes) == 11 and len(np.unique(nodes)) == 11 and nodes[0] == 0
+
+
+def test_lhop_validation(sbm_graph):
+    with pytest.raises(ValueError, match="targets"):
+        lhop_nodes(sbm_graph, [sbm_graph.num_nodes], 1)
+    with pytest.raises(ValueError, match="hops"):
+        lhop_nodes(sbm_graph, [0], -1)
+    with pytest.raises(ValueError, match="one entry per hop"):
+        lhop_nodes(sbm_graph, [0], 2, [3])
+    ptr, nodes = lhop_nodes(sbm_graph, [], 2)
+    assert ptr.tolist() == [0] and len(nodes) == 0
+
+
+def test_lhop_then_induced_gives_receptive_field(sbm_graph):
+    # one GCN-style propagation step on the batch reproduces the full-graph step at the targets
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((sbm_graph.num_nodes, 3))
+    a = sbm_graph.to_scipy()
+    full = a @ (a @ x)
+    targets = np.array([1, 77, 500])
+    ptr, nodes = lhop_nodes(sbm_graph, targets, 2)
+    batch = induced_batch(sbm_graph, ptr, nodes)
+    ab = batch.graph.to_scipy()
+    xb = x[batch.unique_ids][batch.row_to_unique]
+    out = ab @ (ab @ xb)
+    np.testing.assert_allclose(out[batch.target_rows], full[targets], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.data
+def test_real_graph_induced_and_lhop():
+    ds = load_npz(dataset_path("cora"))
+    g = ds.graph
+    mat = g.to_scipy()
+    targets = np.arange(0, g.num_nodes, 97)
+    ptr, nodes = lhop_nodes(g, targets, 2)
+    for b, t in enumerate(targets):
+        assert set(nodes[ptr[b] : ptr[b + 1]].tolist()) == set(bfs_sets(mat, int(t), 2))
+    batch = induced_batch(g, ptr, nodes)
+    check_batch_against_scipy(mat, batch, ptr, nodes, weighted=False)
+    sc = _take_scratch(g)  # the pool hands out a scratch sized for this graph
+    assert sc.tag.shape == (g.num_nodes,)
