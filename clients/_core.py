@@ -1,0 +1,569 @@
+"""Logic shared by the blocking and the asyncio client, free of I/O.
+
+* :class:`ChannelConfig`: target, credentials, channel options and call metadata from the
+  constructor arguments (TLS material from paths or PEM bytes, bearer token).
+* :func:`node_array`, :func:`new_node_messages`, :func:`knob_fields`: argument checking and
+  conversion to protobuf.
+* :class:`PredictPlan`: chunking of a long call into requests under the server's per-request node
+  limit and under the message size limits, and reassembly of the replies in order.
+* :class:`RetryState`: which failures are retried, how long to wait, and the call's deadline.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from numbers import Integral, Real
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from ._gen import gnnserve_pb2 as pb
+from .errors import (
+    DeadlineExceededError,
+    GnnServeError,
+    InternalError,
+    InvalidArgumentError,
+    error_for_code,
+)
+from .types import Backoff, KnobRow, ModelInfo, NewNode, PredictResult, Settings, Timing
+
+log = logging.getLogger("clients")
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # what the client accepts / sends (the server uses the same)
+# Requests are kept under gRPC's default receive limit (4 MiB) with headroom, so they fit any server.
+REQUEST_BUDGET_BYTES = 3 * 1024 * 1024
+RESPONSE_BUDGET_FRACTION = 0.75  # of the client's receive limit
+LABEL_BYTES = 10  # worst-case varint of one int64 label
+NODE_ID_BYTES = 10  # worst-case varint of one int64 node id
+FIRST_EMBEDDING_CHUNK = 64  # nodes in the first chunk while the embedding width is still unknown
+SAFE_UNCHUNKED = 1  # calls with at most this many rows skip the model lookup used for chunking
+USER_AGENT = "gnnserve-python-client/0.1"
+
+
+# --------------------------------------------------------------------------- channel
+def _pem(value: bytes | str | os.PathLike[str] | None, what: str) -> bytes | None:
+    """PEM bytes from bytes, a PEM string, or a path to a PEM file."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str) and value.lstrip().startswith("-----BEGIN"):
+        return value.encode()
+    path = Path(value)
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}") from exc
+
+
+def _is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host in ("localhost", "localhost.localdomain") or host.startswith("unix:"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_of(target: str) -> str:
+    if target.startswith("unix:"):
+        return target
+    if target.startswith("["):
+        return target[1 : target.find("]")]
+    return target.rsplit(":", 1)[0] if target.count(":") == 1 else target
+
+
+@dataclass
+class ChannelConfig:
+    """Everything needed to open a channel and authorise calls (see :class:`clients.GnnClient`)."""
+
+    target: str
+    credentials: grpc.ChannelCredentials | None
+    options: list[tuple[str, Any]]
+    metadata: tuple[tuple[str, str], ...]
+    max_receive_bytes: int
+
+    @classmethod
+    def build(
+        cls,
+        address: str,
+        *,
+        tls: bool,
+        root_certificates: bytes | str | os.PathLike[str] | None,
+        client_cert: bytes | str | os.PathLike[str] | None,
+        client_key: bytes | str | os.PathLike[str] | None,
+        tls_server_name: str | None,
+        token: str | None,
+        backoff: Backoff,
+        channel_options: Sequence[tuple[str, Any]] | dict[str, Any] | None,
+    ) -> ChannelConfig:
+        if not isinstance(address, str) or not address.strip():
+            raise ValueError(f"address must be 'host:port', got {address!r}")
+        target = address.strip()
+        for scheme, secure in (("grpcs://", True), ("grpc://", False)):
+            if target.startswith(scheme):
+                target = target[len(scheme) :]
+                tls = tls or secure
+        root = _pem(root_certificates, "root certificates")
+        cert = _pem(client_cert, "client certificate")
+        key = _pem(client_key, "client key")
+        if (cert is None) != (key is None):
+            raise ValueError("client_cert and client_key go together: give both or neither")
+        tls = tls or root is not None or cert is not None
+        creds = None
+        if tls:
+            creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
+        opts: dict[str, Any] = {
+            "grpc.max_receive_message_length": DEFAULT_MAX_MESSAGE_BYTES,
+            "grpc.max_send_message_length": DEFAULT_MAX_MESSAGE_BYTES,
+            "grpc.primary_user_agent": USER_AGENT,
+            # reconnect about as fast as the retry backoff so a server that comes up is found
+            "grpc.initial_reconnect_backoff_ms": max(20, int(1000 * backoff.initial_s)),
+            "grpc.min_reconnect_backoff_ms": max(20, int(1000 * backoff.initial_s)),
+            "grpc.max_reconnect_backoff_ms": max(100, int(1000 * backoff.max_s)),
+        }
+        if tls_server_name:
+            if not tls:
+                raise ValueError("tls_server_name needs TLS")
+            opts["grpc.ssl_target_name_override"] = tls_server_name
+        user = dict(channel_options.items() if isinstance(channel_options, dict) else (channel_options or ()))
+        opts.update(user)
+        metadata: tuple[tuple[str, str], ...] = ()
+        if token is not None:
+            token = token.strip()
+            if not token:
+                raise ValueError("token is empty")
+            if any(c in token for c in "\r\n"):
+                raise ValueError("token must be a single line")
+            metadata = (("authorization", f"Bearer {token}"),)
+            if not tls and not _is_loopback(_host_of(target)):
+                log.warning("sending a bearer token without TLS to %s: anyone on the path can read it", target)
+        max_recv = int(opts["grpc.max_receive_message_length"])
+        if max_recv < 0:  # -1 = unlimited in gRPC
+            max_recv = 1 << 31
+        return cls(target=target, credentials=creds, options=list(opts.items()), metadata=metadata,
+                   max_receive_bytes=max_recv)
+
+
+# --------------------------------------------------------------------------- arguments
+def node_array(nodes: int | Iterable[int] | np.ndarray) -> np.ndarray:
+    """int64 ``[n]`` from an id, a sequence, a range or an integer array. Values are checked by
+    the server (it names ids out of range); here only the type is checked."""
+    if isinstance(nodes, (bool, np.bool_)):
+        raise InvalidArgumentError("nodes must be integer node ids, got a bool")
+    if isinstance(nodes, Integral):
+        return np.array([int(nodes)], dtype=np.int64)
+    if isinstance(nodes, range):
+        return np.arange(nodes.start, nodes.stop, nodes.step, dtype=np.int64)
+    if isinstance(nodes, (str, bytes)):
+        raise InvalidArgumentError(f"nodes must be integer node ids, got a string {nodes!r}")
+    arr = np.asarray(nodes if isinstance(nodes, (np.ndarray, Sequence)) else list(nodes))
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if arr.ndim != 1:
+        raise InvalidArgumentError(f"nodes must be one-dimensional, got shape {arr.shape}")
+    if arr.dtype.kind in "iu":
+        if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+            raise InvalidArgumentError(f"node id {int(arr.max())} does not fit int64")
+        return arr.astype(np.int64, copy=False)
+    if arr.dtype.kind == "O" and all(isinstance(v, Integral) and not isinstance(v, bool) for v in arr):
+        try:
+            return arr.astype(np.int64)
+        except OverflowError as exc:
+            raise InvalidArgumentError(f"node ids must fit int64: {exc}") from None
+    raise InvalidArgumentError(f"nodes must be integer node ids, got dtype {arr.dtype}")
+
+
+def _opt_int(name: str, value: int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
+    v = int(value)
+    if not -(2**31) <= v < 2**31:
+        raise InvalidArgumentError(f"{name} must fit int32, got {v}")
+    return v
+
+
+def knob_fields(
+    sampling_width: int | None, ppr_budget: int | None, max_accuracy_loss: float | None
+) -> dict[str, Any]:
+    """The optional knob fields of a PredictRequest; ranges are checked by the server."""
+    out: dict[str, Any] = {}
+    s = _opt_int("sampling_width", sampling_width)
+    k = _opt_int("ppr_budget", ppr_budget)
+    if s is not None:
+        out["sampling_width"] = s
+    if k is not None:
+        out["ppr_budget"] = k
+    if max_accuracy_loss is not None:
+        if isinstance(max_accuracy_loss, bool) or not isinstance(max_accuracy_loss, Real):
+            raise InvalidArgumentError(f"max_accuracy_loss must be a number, got {max_accuracy_loss!r}")
+        out["max_accuracy_loss"] = float(max_accuracy_loss)
+    return out
+
+
+def _float_list(values: Any, what: str) -> list[float]:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 1:
+        raise InvalidArgumentError(f"{what} must be one-dimensional, got shape {arr.shape}")
+    return arr.astype(np.float32).tolist()
+
+
+def new_node_messages(
+    features: Any, neighbors: Any = None, edge_weights: Any = None
+) -> list[pb.NewNode]:
+    """``NewNode`` messages from one node (``features [F]``, ``neighbors [d]``), several
+    (``features [m, F]``, ``neighbors`` a list of m id lists) or a list of :class:`NewNode`."""
+    if isinstance(features, NewNode):
+        features = [features]
+    if isinstance(features, (list, tuple)) and features and all(isinstance(f, NewNode) for f in features):
+        if neighbors is not None or edge_weights is not None:
+            raise InvalidArgumentError("pass neighbours and weights inside the NewNode objects, not beside them")
+        specs = [(f.features, f.neighbors, f.edge_weights) for f in features]
+    else:
+        if neighbors is None:
+            raise InvalidArgumentError("neighbors is required (the new node's edges to existing node ids)")
+        try:
+            feats = np.asarray(features, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"features must be numbers: {exc}") from None
+        if feats.ndim == 1:
+            specs = [(feats, neighbors, edge_weights)]
+        elif feats.ndim == 2:
+            m = feats.shape[0]
+            nbr_list = list(neighbors)
+            if len(nbr_list) != m:
+                raise InvalidArgumentError(f"{m} feature rows but {len(nbr_list)} neighbour lists")
+            w_list = [None] * m if edge_weights is None else list(edge_weights)
+            if len(w_list) != m:
+                raise InvalidArgumentError(f"{m} feature rows but {len(w_list)} edge-weight lists")
+            specs = [(feats[i], nbr_list[i], w_list[i]) for i in range(m)]
+        else:
+            raise InvalidArgumentError(f"features must be [F] or [m, F], got shape {feats.shape}")
+    out = []
+    for i, (f, nbrs, w) in enumerate(specs):
+        try:
+            msg = pb.NewNode(features=_float_list(f, f"new node {i}: features"),
+                             neighbors=node_array(nbrs).tolist())
+            if w is not None:
+                msg.edge_weights.extend(_float_list(w, f"new node {i}: edge_weights"))
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"new node {i}: {exc.details}") from None
+        out.append(msg)
+    return out
+
+
+# --------------------------------------------------------------------------- conversions
+def model_info_from_pb(m: pb.ModelInfo) -> ModelInfo:
+    return ModelInfo(
+        name=m.name,
+        version=m.version,
+        versions=list(m.versions),
+        architecture=m.architecture,
+        extractor=m.extractor,
+        num_features=int(m.num_features),
+        num_classes=int(m.num_classes),
+        num_nodes=int(m.num_nodes),
+        max_ppr_budget=int(m.max_ppr_budget),
+        default_sampling_width=int(m.default_sampling_width),
+        default_ppr_budget=int(m.default_ppr_budget),
+        max_sampling_width=int(m.max_sampling_width),
+        max_nodes_per_request=int(m.max_nodes_per_request),
+        strategy=m.strategy,
+        knob_table=[
+            KnobRow(
+                ppr_budget=int(r.ppr_budget),
+                sampling_width=int(r.sampling_width),
+                val_accuracy=float(r.val_accuracy),
+                latency_ms_per_node=float(r.latency_ms_per_node),
+                edges_kept_fraction=float(r.edges_kept_fraction),
+            )
+            for r in m.knob_table
+        ],
+        metrics={k: float(v) for k, v in sorted(m.metrics.items())},
+        dataset_fingerprint=m.dataset_fingerprint,
+        ready=bool(m.ready),
+        feature_store=m.feature_store,
+    )
+
+
+def settings_from_pb(s: pb.Settings) -> Settings:
+    return Settings(
+        sampling_width=int(s.sampling_width),
+        ppr_budget=int(s.ppr_budget),
+        strategy=s.strategy,
+        extractor=s.extractor,
+        chosen_by=s.chosen_by,
+        expected_accuracy=float(s.expected_accuracy),
+        edges_kept=int(s.edges_kept),
+        edges_total=int(s.edges_total),
+    )
+
+
+# --------------------------------------------------------------------------- chunking
+@dataclass
+class ChunkLimits:
+    """What bounds one request: node count, request bytes, response bytes."""
+
+    max_nodes: int
+    request_bytes: int = REQUEST_BUDGET_BYTES
+    response_bytes: int = int(RESPONSE_BUDGET_FRACTION * DEFAULT_MAX_MESSAGE_BYTES)
+    num_classes: int | None = None
+    embedding_dim: int | None = None
+
+
+def _response_row_bytes(limits: ChunkLimits, probabilities: bool, embeddings: bool) -> int:
+    row = LABEL_BYTES
+    if probabilities:
+        row += 4 * (limits.num_classes or 0)
+    if embeddings:
+        row += 4 * (limits.embedding_dim or 0)
+    return row
+
+
+def chunk_sizes(n: int, limits: ChunkLimits, *, probabilities: bool, embeddings: bool) -> list[int]:
+    """Sizes of the requests a call of ``n`` existing nodes is split into (all but the last are equal).
+
+    Example::
+
+        >>> chunk_sizes(10, ChunkLimits(max_nodes=4), probabilities=True, embeddings=False)
+        [4, 4, 2]
+    """
+    per = existing_chunk_size(limits, probabilities=probabilities, embeddings=embeddings)
+    full, rest = divmod(n, per)
+    return [per] * full + ([rest] if rest else [])
+
+
+def existing_chunk_size(limits: ChunkLimits, *, probabilities: bool, embeddings: bool) -> int:
+    """Largest number of existing node ids one request may carry under every limit (at least 1)."""
+    k = max(1, limits.max_nodes)
+    k = min(k, max(1, limits.request_bytes // NODE_ID_BYTES))
+    k = min(k, max(1, limits.response_bytes // _response_row_bytes(limits, probabilities, embeddings)))
+    if embeddings and limits.embedding_dim is None:
+        k = min(k, FIRST_EMBEDDING_CHUNK)
+    return k
+
+
+class PredictPlan:
+    """Splits one SDK call into PredictRequests and reassembles the replies in order.
+
+    Use: ``while (req := plan.next_request()) is not None: plan.add(send(req))``, then
+    ``plan.result(client_ms)``. The call is pinned to the version that answered the first chunk,
+    so a model version swapped in mid-call cannot mix two versions in one result.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        version: str,
+        nodes: np.ndarray,
+        new_nodes: list[pb.NewNode],
+        knobs: dict[str, Any],
+        return_probabilities: bool,
+        return_embeddings: bool,
+        request_id: str,
+        limits: ChunkLimits,
+    ) -> None:
+        self.model = model
+        self.version = version
+        self.nodes = nodes
+        self.new_nodes = new_nodes
+        self.knobs = knobs
+        self.return_probabilities = bool(return_probabilities)
+        self.return_embeddings = bool(return_embeddings)
+        self.request_id = request_id
+        self.limits = limits
+        self._next_node = 0
+        self._next_new = 0
+        self._pending = 0  # rows of the request in flight
+        self._responses: list[pb.PredictResponse] = []
+        self._sent_any = False
+
+    @property
+    def total(self) -> int:
+        return len(self.nodes) + len(self.new_nodes)
+
+    def _new_chunk_end(self) -> int:
+        """End index of the next chunk of new nodes, packed greedily under the limits."""
+        start = self._next_new
+        row = _response_row_bytes(self.limits, self.return_probabilities, self.return_embeddings)
+        max_nodes = max(1, self.limits.max_nodes)
+        if self.return_embeddings and self.limits.embedding_dim is None:
+            max_nodes = min(max_nodes, FIRST_EMBEDDING_CHUNK)
+        req_bytes = resp_bytes = 0
+        end = start
+        while end < len(self.new_nodes) and end - start < max_nodes:
+            size = self.new_nodes[end].ByteSize() + 6
+            if end > start and (req_bytes + size > self.limits.request_bytes
+                                or resp_bytes + row > self.limits.response_bytes):
+                break
+            req_bytes += size
+            resp_bytes += row
+            end += 1
+        return end
+
+    def next_request(self) -> pb.PredictRequest | None:
+        """The next request to send, or None when every row has been answered."""
+        if self._pending:
+            raise RuntimeError("add() the reply of the previous request first")
+        req = pb.PredictRequest(
+            model=self.model,
+            version=self.version,
+            return_probabilities=self.return_probabilities,
+            return_embeddings=self.return_embeddings,
+            **self.knobs,
+        )
+        if self._next_node < len(self.nodes):
+            k = existing_chunk_size(self.limits, probabilities=self.return_probabilities,
+                                    embeddings=self.return_embeddings)
+            chunk = self.nodes[self._next_node : self._next_node + k]
+            req.nodes.extend(chunk.tolist())
+            self._next_node += len(chunk)
+            self._pending = len(chunk)
+        elif self._next_new < len(self.new_nodes):
+            end = self._new_chunk_end()
+            req.new_nodes.extend(self.new_nodes[self._next_new : end])
+            self._pending = end - self._next_new
+            self._next_new = end
+        elif self._sent_any:
+            return None
+        # else: an empty call is still sent once, so the server answers it (INVALID_ARGUMENT)
+        i = len(self._responses)
+        req.request_id = self.request_id if i == 0 else f"{self.request_id}/{i}"
+        self._sent_any = True
+        return req
+
+    def add(self, resp: pb.PredictResponse) -> None:
+        """Record the reply to the last request from :meth:`next_request`."""
+        n = self._pending
+        if len(resp.labels) != n:
+            raise InternalError(f"server answered {len(resp.labels)} labels for {n} nodes")
+        c = int(resp.num_classes)
+        if self.return_probabilities and len(resp.probabilities) != n * c:
+            raise InternalError(f"server answered {len(resp.probabilities)} probabilities for {n} nodes x {c} classes")
+        h = int(resp.embedding_dim)
+        if self.return_embeddings and h and len(resp.embeddings) != n * h:
+            raise InternalError(f"server answered {len(resp.embeddings)} embedding values for {n} nodes x {h}")
+        if not self._responses:
+            self.version = resp.version  # pin the rest of the call to this version
+            if not self.request_id:
+                self.request_id = resp.request_id
+        self.limits.num_classes = c
+        if self.return_embeddings:
+            self.limits.embedding_dim = h
+        self._responses.append(resp)
+        self._pending = 0
+
+    def result(self, client_ms: float) -> PredictResult:
+        """Reassembled result (call after :meth:`next_request` returned None)."""
+        rs = self._responses
+        if not rs:
+            raise RuntimeError("no reply recorded")
+        first = rs[0]
+        c = int(first.num_classes)
+        labels = np.concatenate([np.fromiter(r.labels, dtype=np.int64, count=len(r.labels)) for r in rs])
+        probs = None
+        if self.return_probabilities:
+            probs = np.concatenate(
+                [np.fromiter(r.probabilities, dtype=np.float32, count=len(r.probabilities)) for r in rs]
+            ).reshape(len(labels), c)
+        emb = None
+        if self.return_embeddings and all(r.embedding_dim for r in rs):
+            h = int(first.embedding_dim)
+            emb = np.concatenate(
+                [np.fromiter(r.embeddings, dtype=np.float32, count=len(r.embeddings)) for r in rs]
+            ).reshape(len(labels), h)
+        s = settings_from_pb(first.settings)
+        if len(rs) > 1:
+            s = Settings(**{**s.to_dict(), "edges_kept": sum(int(r.settings.edges_kept) for r in rs),
+                            "edges_total": sum(int(r.settings.edges_total) for r in rs)})
+        timing = Timing(
+            queue_ms=math.fsum(r.timing.queue_ms for r in rs),
+            subgraph_ms=math.fsum(r.timing.subgraph_ms for r in rs),
+            features_ms=math.fsum(r.timing.features_ms for r in rs),
+            forward_ms=math.fsum(r.timing.forward_ms for r in rs),
+            total_ms=math.fsum(r.timing.total_ms for r in rs),
+            batch_size=max(int(r.timing.batch_size) for r in rs),
+            chunks=len(rs),
+            client_ms=client_ms,
+        )
+        return PredictResult(
+            labels=labels,
+            probabilities=probs,
+            embeddings=emb,
+            settings=s,
+            timing=timing,
+            model=first.model,
+            version=first.version,
+            request_id=self.request_id,
+            nodes=self.nodes.copy(),
+            num_classes=c,
+        )
+
+
+# --------------------------------------------------------------------------- retries and deadlines
+@dataclass
+class RetryState:
+    """Retry bookkeeping for one SDK call: its RPCs share the deadline; each RPC gets ``max_retries``."""
+
+    method: str
+    timeout: float | None
+    max_retries: int
+    backoff: Backoff
+    retry_codes: frozenset[grpc.StatusCode]
+    rand: random.Random = field(default_factory=random.Random)
+    attempts: int = 0
+    retries: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.timeout is None else self.started + self.timeout
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (None = no deadline); raises once it has passed."""
+        if self.timeout is None:
+            return None
+        left = self.started + self.timeout - time.monotonic()
+        if left <= 0:
+            raise DeadlineExceededError(
+                f"deadline of {self.timeout:g} s passed before {self.method} could be sent"
+                f" (after {self.attempts} attempt(s))",
+                method=self.method,
+                attempts=self.attempts,
+            )
+        return left
+
+    def failed(self, err: grpc.RpcError) -> float:
+        """Record a failed attempt: the delay before retrying, or raise the typed error."""
+        code_fn = getattr(err, "code", None)
+        code = code_fn() if callable(code_fn) else grpc.StatusCode.UNKNOWN
+        details_fn = getattr(err, "details", None)
+        details = (details_fn() if callable(details_fn) else None) or f"{self.method} failed ({code.name})"
+        return self.failed_with(code, details)
+
+    def failed_with(self, code: grpc.StatusCode, details: str) -> float:
+        if code in self.retry_codes and self.retries < self.max_retries:
+            delay = self.backoff.delay(self.retries, self.rand.random())
+            left = None if self.deadline is None else self.deadline - time.monotonic()
+            if left is None or left > delay:
+                self.retries += 1
+                log.debug("%s failed %s (%s); retry %d/%d in %.3f s", self.method, code.name, details,
+                          self.retries, self.max_retries, delay)
+                return delay
+        raise self.error(code, details)
+
+    def error(self, code: grpc.StatusCode, details: str) -> GnnServeError:
+        return error_for_code(code, details, method=self.method, attempts=self.attempts)

@@ -1,0 +1,294 @@
+"""The asyncio client: :class:`AsyncGnnClient`, the twin of :class:`clients.GnnClient` on ``grpc.aio``.
+
+Same constructor, same methods and results; the methods are coroutines.
+
+Example::
+
+    import asyncio
+    from clients import AsyncGnnClient
+
+    async def main() -> None:
+        async with AsyncGnnClient("127.0.0.1:8500") as client:
+            results = await asyncio.gather(*(client.predict("cora-sage", [i]) for i in range(10)))
+            print([int(r.labels[0]) for r in results])
+
+    asyncio.run(main())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+from grpc import aio
+
+from ._core import (
+    SAFE_UNCHUNKED,
+    ChunkLimits,
+    PredictPlan,
+    RetryState,
+    knob_fields,
+    model_info_from_pb,
+    new_node_messages,
+    node_array,
+)
+from ._gen import gnnserve_pb2 as pb
+from ._gen import gnnserve_pb2_grpc as pb_grpc
+from .client import PemSource, _ClientBase
+from .errors import DeadlineExceededError, GnnServeError, NotFoundError, UnavailableError
+from .types import Backoff, ModelInfo, NewNode, PredictResult
+
+__all__ = ["AsyncGnnClient"]
+
+
+class AsyncGnnClient(_ClientBase):
+    """Asyncio client for a gnnserve server; arguments as for :class:`clients.GnnClient`.
+
+    The channel is opened on first use inside the running event loop; use one client per event
+    loop. Use it as ``async with`` or ``await client.close()``. Concurrent calls on one client are
+    fine (they share one HTTP/2 connection).
+
+    Example::
+
+        async with AsyncGnnClient("127.0.0.1:8500", timeout=5.0) as client:
+            res = await client.predict("cora-sage", range(100), sampling_width=16)
+            info = await client.get_model("cora-sage")
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        tls: bool = False,
+        root_certificates: PemSource | None = None,
+        client_cert: PemSource | None = None,
+        client_key: PemSource | None = None,
+        tls_server_name: str | None = None,
+        token: str | None = None,
+        timeout: float | None = None,
+        max_retries: int = 3,
+        backoff: Backoff | None = None,
+        retry_resource_exhausted: bool = False,
+        channel_options: Sequence[tuple[str, Any]] | dict[str, Any] | None = None,
+        max_nodes_per_call: int | None = None,
+    ) -> None:
+        super().__init__(
+            address,
+            tls=tls,
+            root_certificates=root_certificates,
+            client_cert=client_cert,
+            client_key=client_key,
+            tls_server_name=tls_server_name,
+            token=token,
+            timeout=timeout,
+            max_retries=max_retries,
+            backoff=backoff,
+            retry_resource_exhausted=retry_resource_exhausted,
+            channel_options=channel_options,
+            max_nodes_per_call=max_nodes_per_call,
+        )
+        self._channel: aio.Channel | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stub: Any = None
+        self._health_stub: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def _ensure_channel(self) -> Any:
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        if self._channel is None:
+            cfg = self._config
+            if cfg.credentials is not None:
+                self._channel = aio.secure_channel(cfg.target, cfg.credentials, options=cfg.options)
+            else:
+                self._channel = aio.insecure_channel(cfg.target, options=cfg.options)
+            self._loop = loop
+            self._stub = pb_grpc.GnnServiceStub(self._channel)
+        elif self._loop is not loop:
+            raise RuntimeError(
+                f"{type(self).__name__} for {self.address} was opened in another event loop; "
+                "create one client per event loop"
+            )
+        return self._stub
+
+    async def close(self) -> None:
+        """Close the channel (idempotent). Calls made afterwards raise ``ValueError``."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._channel is not None:
+            await self._channel.close()
+
+    async def __aenter__(self) -> AsyncGnnClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ transport
+    async def _invoke(self, state: RetryState, fn: Any, request: Any) -> Any:
+        state.attempts = state.retries = 0  # the retry budget is per RPC; the deadline is per call
+        while True:
+            state.attempts += 1
+            timeout = state.remaining()
+            try:
+                return await fn(request, timeout=timeout, metadata=self._config.metadata)
+            except grpc.RpcError as err:
+                try:
+                    delay = state.failed(err)
+                except GnnServeError as exc:
+                    raise exc from None
+            await asyncio.sleep(delay)
+
+    async def _chunk_limits(self, model: str, version: str, rows: int, state: RetryState) -> ChunkLimits:
+        if rows <= SAFE_UNCHUNKED:
+            return ChunkLimits(max_nodes=max(1, rows))
+        lim = self._cached_limits(model, version)
+        if lim is None:
+            stub = self._ensure_channel()
+            info = await self._invoke(state, stub.GetModel, pb.GetModelRequest(name=model, version=version))
+            lim = self._store_limits(model, version, info)
+        return lim
+
+    async def _run(self, plan: PredictPlan, state: RetryState, t0: float, model: str, version: str) -> PredictResult:
+        stub = self._ensure_channel()
+        while (req := plan.next_request()) is not None:
+            plan.add(await self._invoke(state, stub.Predict, req))
+        self._learn(model, version, plan)
+        return plan.result(1e3 * (time.perf_counter() - t0))
+
+    # ------------------------------------------------------------------ API
+    async def predict(
+        self,
+        model: str,
+        nodes: int | Iterable[int] | np.ndarray,
+        sampling_width: int | None = None,
+        ppr_budget: int | None = None,
+        max_accuracy_loss: float | None = None,
+        return_probabilities: bool = True,
+        return_embeddings: bool = False,
+        version: str | int | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> PredictResult:
+        """Classify existing nodes; see :meth:`clients.GnnClient.predict`.
+
+        Example::
+
+            res = await client.predict("cora-sage", [0, 5, 7], sampling_width=8)
+        """
+        t0 = time.perf_counter()
+        self._ensure_channel()
+        model, ver = self._model_args(model, version)
+        ids = node_array(nodes)
+        knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss)
+        state = self._state("Predict", timeout)
+        limits = await self._chunk_limits(model, ver, len(ids), state)
+        plan = self._plan(model, ver, ids, [], knobs, return_probabilities, return_embeddings, request_id, limits)
+        return await self._run(plan, state, t0, model, ver)
+
+    async def predict_new_node(
+        self,
+        model: str,
+        features: Sequence[float] | np.ndarray | Sequence[NewNode] | NewNode,
+        neighbors: Sequence[int] | np.ndarray | Sequence[Sequence[int]] | None = None,
+        edge_weights: Sequence[float] | np.ndarray | Sequence[Sequence[float] | None] | None = None,
+        sampling_width: int | None = None,
+        ppr_budget: int | None = None,
+        max_accuracy_loss: float | None = None,
+        return_probabilities: bool = True,
+        return_embeddings: bool = False,
+        version: str | int | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> PredictResult:
+        """Classify nodes that are not in the graph; see :meth:`clients.GnnClient.predict_new_node`.
+
+        Example::
+
+            res = await client.predict_new_node("cora-sage", x, neighbors=[12, 40])
+        """
+        t0 = time.perf_counter()
+        self._ensure_channel()
+        model, ver = self._model_args(model, version)
+        msgs = new_node_messages(features, neighbors, edge_weights)
+        knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss)
+        state = self._state("Predict", timeout)
+        limits = await self._chunk_limits(model, ver, len(msgs), state)
+        plan = self._plan(model, ver, np.zeros(0, dtype=np.int64), msgs, knobs, return_probabilities,
+                          return_embeddings, request_id, limits)
+        return await self._run(plan, state, t0, model, ver)
+
+    async def list_models(self, timeout: float | None = None) -> list[ModelInfo]:
+        """Every loaded model version with its knob table; see :meth:`clients.GnnClient.list_models`.
+
+        Example::
+
+            names = [m.name for m in await client.list_models()]
+        """
+        stub = self._ensure_channel()
+        state = self._state("ListModels", timeout)
+        resp = await self._invoke(state, stub.ListModels, pb.ListModelsRequest())
+        return [model_info_from_pb(m) for m in resp.models]
+
+    async def get_model(self, name: str, version: str | int | None = None, timeout: float | None = None) -> ModelInfo:
+        """One model (latest version unless ``version``); see :meth:`clients.GnnClient.get_model`.
+
+        Example::
+
+            info = await client.get_model("cora-sage")
+        """
+        stub = self._ensure_channel()
+        name, ver = self._model_args(name, version)
+        state = self._state("GetModel", timeout)
+        info = await self._invoke(state, stub.GetModel, pb.GetModelRequest(name=name, version=ver))
+        self._store_limits(name, ver, info)
+        return model_info_from_pb(info)
+
+    async def health(self, service: str = "", timeout: float | None = None) -> str:
+        """``"SERVING"``, ``"NOT_SERVING"`` or ``"UNKNOWN"``; see :meth:`clients.GnnClient.health`.
+
+        Example::
+
+            assert await client.health() == "SERVING"
+        """
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        self._ensure_channel()
+        if self._health_stub is None:
+            self._health_stub = health_pb2_grpc.HealthStub(self._channel)
+        state = self._state("Health", timeout, retries=False)
+        try:
+            resp = await self._invoke(state, self._health_stub.Check, health_pb2.HealthCheckRequest(service=service))
+        except NotFoundError:
+            raise NotFoundError(f"the server has no health status for service {service!r}", method="Health") from None
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+    async def wait_ready(self, timeout: float = 30.0, service: str = "") -> None:
+        """Wait until the server reports ``SERVING``; see :meth:`clients.GnnClient.wait_ready`.
+
+        Example::
+
+            await client.wait_ready(timeout=60)
+        """
+        deadline = time.monotonic() + timeout
+        attempt, last = 0, "no answer"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceededError(
+                    f"server at {self.address} not SERVING within {timeout:g} s (last: {last})", method="Health"
+                )
+            try:
+                status = await self.health(service, timeout=min(left, max(1.0, self.backoff.max_s)))
+                if status == "SERVING":
+                    return
+                last = status
+            except (UnavailableError, DeadlineExceededError, NotFoundError) as exc:
+                last = str(exc)
+            await asyncio.sleep(min(max(0.0, deadline - time.monotonic()), self.backoff.nominal(attempt)))
+            attempt += 1

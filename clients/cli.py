@@ -1,0 +1,351 @@
+"""The client side of the ``gnnserve`` command: ``gnnserve predict`` and ``gnnserve models``.
+
+``serve.cli`` hands these subcommands to :func:`predict_main` and :func:`models_main`, which
+return the exit code: 0 on success, 2 for bad arguments or ``INVALID_ARGUMENT``, 1 for any other
+failure. Failures print ``gnnserve <cmd>: CODE: message`` on stderr, without a traceback.
+
+Examples::
+
+    gnnserve predict --server 127.0.0.1:8500 --model cora-sage --nodes 0-9,42 --width 16 --budget 64
+    gnnserve predict --server 127.0.0.1:8500 --model cora-sage --nodes @ids.txt --json
+    gnnserve models --server 127.0.0.1:8500
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from .client import GnnClient
+from .errors import GnnServeError, InvalidArgumentError
+from .types import ModelInfo, PredictResult
+
+__all__ = ["NodeSpecError", "models_main", "parse_nodes", "predict_main"]
+
+DEFAULT_SERVER = "127.0.0.1:8500"
+MAX_RANGE = 50_000_000  # ids in one --nodes range: a typo like 0-9999999999 should not eat the memory
+
+
+class NodeSpecError(ValueError):
+    """A ``--nodes`` value that cannot be read."""
+
+
+def _parse_id(text: str, where: str) -> int:
+    t = text.strip()
+    if not t.isdigit():
+        raise NodeSpecError(f"{where}: {text.strip()!r} is not a node id (a non-negative integer)")
+    return int(t)
+
+
+def _parse_part(part: str, where: str) -> np.ndarray:
+    if part.startswith("-"):
+        raise NodeSpecError(f"{where}: {part!r}: node ids are non-negative")
+    if "-" in part:
+        lo_s, _, hi_s = part.partition("-")
+        lo, hi = _parse_id(lo_s, where), _parse_id(hi_s, where)
+        if hi < lo:
+            raise NodeSpecError(f"{where}: range {part!r} is empty (the end comes before the start)")
+        if hi - lo + 1 > MAX_RANGE:
+            raise NodeSpecError(f"{where}: range {part!r} has {hi - lo + 1} ids, more than {MAX_RANGE}")
+        return np.arange(lo, hi + 1, dtype=np.int64)
+    return np.array([_parse_id(part, where)], dtype=np.int64)
+
+
+def parse_nodes(spec: str, *, base_dir: str | os.PathLike[str] | None = None) -> np.ndarray:
+    """Node ids from a ``--nodes`` value, in order (duplicates kept).
+
+    Comma-separated items, each an id (``7``), an inclusive range (``0-99``) or ``@FILE``: a text
+    file with one id or range per line (blank lines and ``#`` comments are skipped).
+
+    Example::
+
+        >>> parse_nodes("3,0-2,3").tolist()
+        [3, 0, 1, 2, 3]
+    """
+    parts: list[np.ndarray] = []
+    items = [p.strip() for p in spec.split(",")]
+    if not spec.strip():
+        raise NodeSpecError("--nodes is empty")
+    for item in items:
+        if not item:
+            raise NodeSpecError(f"--nodes {spec!r}: empty item between commas")
+        if item.startswith("@"):
+            path = Path(item[1:])
+            if base_dir is not None and not path.is_absolute():
+                path = Path(base_dir) / path
+            try:
+                text = path.read_text()
+            except OSError as exc:
+                raise NodeSpecError(f"cannot read node file {str(path)!r}: {exc.strerror or exc}") from None
+            count = 0
+            for lineno, line in enumerate(text.splitlines(), 1):
+                line = line.split("#", 1)[0].strip()
+                if line:
+                    parts.append(_parse_part(line, f"{path}:{lineno}"))
+                    count += 1
+            if count == 0:
+                raise NodeSpecError(f"node file {str(path)!r} has no ids")
+        else:
+            parts.append(_parse_part(item, "--nodes"))
+    return np.concatenate(parts)
+
+
+# --------------------------------------------------------------------------- shared options
+def _connection_args(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("connection")
+    g.add_argument("--server", default=os.environ.get("GNNSERVE_SERVER", DEFAULT_SERVER),
+                   help=f"HOST:PORT of the server (default: $GNNSERVE_SERVER or {DEFAULT_SERVER})")
+    g.add_argument("--tls", action="store_true", help="use TLS (verify the server against --ca or the system roots)")
+    g.add_argument("--ca", metavar="FILE", help="CA certificate (PEM) to verify the server with; implies --tls")
+    g.add_argument("--cert", metavar="FILE", help="client certificate (PEM) for mutual TLS; with --key")
+    g.add_argument("--key", metavar="FILE", help="client private key (PEM) for mutual TLS; with --cert")
+    g.add_argument("--server-name", metavar="NAME", help="name to expect in the server's certificate")
+    g.add_argument("--token-file", metavar="FILE",
+                   help="file holding the bearer token (default: $GNNSERVE_TOKEN when set)")
+    g.add_argument("--timeout", type=float, default=30.0, metavar="SEC", help="deadline per command (default 30)")
+    g.add_argument("--retries", type=int, default=3, help="retries when the server is unavailable (default 3)")
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _client(args: argparse.Namespace, **extra: Any) -> GnnClient:
+    token = None
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            raise _UsageError(f"cannot read --token-file {args.token_file!r}: {exc.strerror or exc}") from None
+        if not token:
+            raise _UsageError(f"--token-file {args.token_file!r} is empty")
+    elif os.environ.get("GNNSERVE_TOKEN"):
+        token = os.environ["GNNSERVE_TOKEN"]
+    if bool(args.cert) != bool(args.key):
+        raise _UsageError("--cert and --key go together")
+    if args.timeout is not None and not args.timeout > 0:
+        raise _UsageError(f"--timeout must be > 0, got {args.timeout}")
+    if args.retries < 0:
+        raise _UsageError(f"--retries must be >= 0, got {args.retries}")
+    try:
+        return GnnClient(
+            args.server,
+            tls=args.tls,
+            root_certificates=Path(args.ca) if args.ca else None,
+            client_cert=Path(args.cert) if args.cert else None,
+            client_key=Path(args.key) if args.key else None,
+            tls_server_name=args.server_name,
+            token=token,
+            timeout=args.timeout,
+            max_retries=args.retries,
+            **extra,
+        )
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+
+
+def _run(prog: str, build: Callable[[], argparse.ArgumentParser], argv: Sequence[str] | None,
+         body: Callable[[argparse.Namespace, TextIO], int]) -> int:
+    ap = build()
+    try:
+        args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:  # argparse printed usage (code 2) or help (code 0)
+        return int(exc.code) if isinstance(exc.code, int) else 2
+    try:
+        return body(args, sys.stdout)
+    except (_UsageError, NodeSpecError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except GnnServeError as exc:
+        print(f"{prog}: {exc.code.name}: {exc.details}", file=sys.stderr)
+        if exc.attempts > 1:
+            print(f"{prog}: (gave up after {exc.attempts} attempts)", file=sys.stderr)
+        return 2 if isinstance(exc, InvalidArgumentError) else 1
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. piped into `head`
+        return 0
+
+
+# --------------------------------------------------------------------------- predict
+def _predict_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="gnnserve predict",
+        description="Classify nodes with a model on a gnnserve server.",
+        epilog="--nodes takes ids, inclusive ranges and @FILE (one id or range per line), comma-separated: "
+               "e.g. --nodes 0-9,42,@more.txt",
+    )
+    ap.add_argument("--model", required=True, help="model name (see 'gnnserve models')")
+    ap.add_argument("--nodes", required=True, help="node ids: 1,2,3 / 0-99 / @FILE (combinable)")
+    ap.add_argument("--version", default=None, help="model version (default: latest)")
+    ap.add_argument("--width", type=int, default=None, metavar="S", help="sampling width S (0 = exact)")
+    ap.add_argument("--budget", type=int, default=None, metavar="K", help="PPR budget K (subgraph size)")
+    ap.add_argument("--max-accuracy-loss", type=float, default=None, metavar="L",
+                    help="let the server pick the fastest knobs within L (0.01 = 1 point) of exact")
+    ap.add_argument("--probabilities", action="store_true", help="print every class probability")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    ap.add_argument("--request-id", default=None, help="id the server logs for this call")
+    ap.add_argument("--max-nodes-per-call", type=int, default=None, help="split requests into at most this many nodes")
+    _connection_args(ap)
+    return ap
+
+
+def format_result(res: PredictResult, *, probabilities: bool = False) -> str:
+    """The readable table ``gnnserve predict`` prints.
+
+    Example::
+
+        print(format_result(client.predict("cora-sage", [0, 1])))
+    """
+    lines = [f"model {res.model}  version {res.version}  request {res.request_id}  nodes {len(res)}"]
+    top = res.top_probabilities
+    header = f"{'node':>10}  {'label':>5}"
+    if top is not None:
+        header += f"  {'p(label)':>8}"
+    if probabilities and res.probabilities is not None:
+        header += "  " + "  ".join(f"{'p' + str(c):>6}" for c in range(res.probabilities.shape[1]))
+    lines.append(header)
+    n_old = len(res.nodes)
+    for i in range(len(res)):
+        node = str(int(res.nodes[i])) if i < n_old else f"new[{i - n_old}]"
+        row = f"{node:>10}  {int(res.labels[i]):>5}"
+        if top is not None:
+            row += f"  {float(top[i]):>8.4f}"
+        if probabilities and res.probabilities is not None:
+            row += "  " + "  ".join(f"{float(p):>6.4f}" for p in res.probabilities[i])
+        lines.append(row)
+    s, t = res.settings, res.timing
+    budget = str(s.ppr_budget) if s.ppr_budget else "n/a"
+    width = str(s.sampling_width) if s.sampling_width else "exact"
+    expected = f"{s.expected_accuracy:.4f}" if s.expected_accuracy else "n/a"
+    lines.append(
+        f"settings: sampling_width={width} ppr_budget={budget} strategy={s.strategy} extractor={s.extractor} "
+        f"chosen_by={s.chosen_by} expected_accuracy={expected} "
+        f"edges_kept={s.edges_kept}/{s.edges_total} ({100 * s.edges_kept_fraction:.1f}%)"
+    )
+    chunks = f" over {t.chunks} requests (summed)" if t.chunks > 1 else ""
+    lines.append(
+        f"timing:   server {t.total_ms:.2f} ms{chunks} (queue {t.queue_ms:.2f}, subgraph {t.subgraph_ms:.2f}, "
+        f"features {t.features_ms:.2f}, forward {t.forward_ms:.2f}; batch {t.batch_size}); "
+        f"client {t.client_ms:.2f} ms"
+    )
+    return "\n".join(lines)
+
+
+def _predict(args: argparse.Namespace, out: TextIO) -> int:
+    nodes = parse_nodes(args.nodes)
+    if args.max_nodes_per_call is not None and args.max_nodes_per_call < 1:
+        raise _UsageError(f"--max-nodes-per-call must be >= 1, got {args.max_nodes_per_call}")
+    with _client(args, max_nodes_per_call=args.max_nodes_per_call) as client:
+        res = client.predict(
+            args.model,
+            nodes,
+            sampling_width=args.width,
+            ppr_budget=args.budget,
+            max_accuracy_loss=args.max_accuracy_loss,
+            return_probabilities=True,
+            version=args.version,
+            request_id=args.request_id,
+        )
+    if args.json:
+        json.dump(res.to_dict(probabilities=args.probabilities, embeddings=False), out)
+        out.write("\n")
+    else:
+        out.write(format_result(res, probabilities=args.probabilities) + "\n")
+    return 0
+
+
+def predict_main(argv: Sequence[str] | None = None) -> int:
+    """``gnnserve predict``: returns the exit code (0 ok, 2 bad arguments / INVALID_ARGUMENT, 1 other errors).
+
+    Example::
+
+        predict_main(["--server", "127.0.0.1:8500", "--model", "cora-sage", "--nodes", "0-4", "--json"])
+    """
+    return _run("gnnserve predict", _predict_parser, argv, _predict)
+
+
+# --------------------------------------------------------------------------- models
+def _models_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gnnserve models",
+                                 description="List a server's models (every loaded version) with their knob tables.")
+    ap.add_argument("--model", default=None, help="show only this model")
+    ap.add_argument("--json", action="store_true", help="print a JSON list instead of tables")
+    _connection_args(ap)
+    return ap
+
+
+def format_model(info: ModelInfo) -> str:
+    """The block ``gnnserve models`` prints for one model version.
+
+    Example::
+
+        print(format_model(client.get_model("cora-sage")))
+    """
+    budget = f" max_ppr_budget={info.max_ppr_budget} default_ppr_budget={info.default_ppr_budget}" \
+        if info.extractor == "ppr" else ""
+    lines = [
+        f"{info.name}  version {info.version} (loaded: {', '.join(info.versions) or info.version})"
+        f"  {'ready' if info.ready else 'NOT READY'}",
+        f"  {info.architecture}, extractor {info.extractor}, strategy {info.strategy}, "
+        f"{info.num_nodes} nodes, {info.num_features} features, {info.num_classes} classes, "
+        f"features from {info.feature_store}",
+        f"  default_sampling_width={info.default_sampling_width} max_sampling_width={info.max_sampling_width}"
+        f"{budget} max_nodes_per_request={info.max_nodes_per_request}",
+    ]
+    if info.metrics:
+        lines.append("  metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in info.metrics.items()))
+    if info.knob_table:
+        lines.append(f"  {'ppr_budget':>10}  {'width':>6}  {'val_acc':>7}  {'ms/node':>8}  {'edges kept':>10}")
+        for r in info.knob_table:
+            k = str(r.ppr_budget) if r.ppr_budget else "n/a"
+            s = str(r.sampling_width) if r.sampling_width else "exact"
+            lines.append(f"  {k:>10}  {s:>6}  {r.val_accuracy:>7.4f}  {r.latency_ms_per_node:>8.4f}  "
+                         f"{100 * r.edges_kept_fraction:>9.1f}%")
+    else:
+        lines.append("  (no knob table)")
+    return "\n".join(lines)
+
+
+def _models(args: argparse.Namespace, out: TextIO) -> int:
+    with _client(args) as client:
+        infos = client.list_models()
+    if args.model is not None:
+        infos = [m for m in infos if m.name == args.model]
+        if not infos:
+            print(f"gnnserve models: NOT_FOUND: no model {args.model!r} on {args.server}", file=sys.stderr)
+            return 1
+    if args.json:
+        json.dump([m.to_dict() for m in infos], out)
+        out.write("\n")
+    elif not infos:
+        out.write(f"no models loaded on {args.server}\n")
+    else:
+        out.write("\n\n".join(format_model(m) for m in infos) + "\n")
+    return 0
+
+
+def models_main(argv: Sequence[str] | None = None) -> int:
+    """``gnnserve models``: returns the exit code (0 ok, 1 on errors, 2 for bad arguments).
+
+    Example::
+
+        models_main(["--server", "127.0.0.1:8500", "--json"])
+    """
+    return _run("gnnserve models", _models_parser, argv, _models)
+
+
+if __name__ == "__main__":  # python -m clients.cli predict|models ...
+    cmds = {"predict": predict_main, "models": models_main}
+    if len(sys.argv) < 2 or sys.argv[1] not in cmds:
+        print("usage: python -m clients.cli {predict,models} [options]", file=sys.stderr)
+        raise SystemExit(2)
+    raise SystemExit(cmds[sys.argv[1]](sys.argv[2:]))

@@ -1,0 +1,470 @@
+"""The blocking client: :class:`GnnClient`.
+
+Example::
+
+    from clients import GnnClient
+
+    with GnnClient("127.0.0.1:8500", timeout=10.0) as client:
+        res = client.predict("cora-sage", [0, 1, 2], sampling_width=16, ppr_budget=64)
+        print(res.labels, res.probabilities.max(axis=1), res.settings, res.timing)
+
+The asyncio twin with the same methods is :class:`clients.aio.AsyncGnnClient`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+
+from ._core import (
+    SAFE_UNCHUNKED,
+    ChannelConfig,
+    ChunkLimits,
+    PredictPlan,
+    RetryState,
+    knob_fields,
+    model_info_from_pb,
+    new_node_messages,
+    node_array,
+)
+from ._gen import gnnserve_pb2 as pb
+from ._gen import gnnserve_pb2_grpc as pb_grpc
+from .errors import DeadlineExceededError, GnnServeError, NotFoundError, UnavailableError
+from .types import Backoff, ModelInfo, NewNode, PredictResult
+
+__all__ = ["GnnClient", "PemSource"]
+
+log = logging.getLogger("clients")
+
+PemSource = bytes | str | os.PathLike[str]
+DEFAULT_MAX_NODES_PER_REQUEST = 4096  # the server's default, used if a server does not report its limit
+
+
+class _ClientBase:
+    """Configuration, argument handling and caches shared by the blocking and the asyncio client."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        tls: bool = False,
+        root_certificates: PemSource | None = None,
+        client_cert: PemSource | None = None,
+        client_key: PemSource | None = None,
+        tls_server_name: str | None = None,
+        token: str | None = None,
+        timeout: float | None = None,
+        max_retries: int = 3,
+        backoff: Backoff | None = None,
+        retry_resource_exhausted: bool = False,
+        channel_options: Sequence[tuple[str, Any]] | dict[str, Any] | None = None,
+        max_nodes_per_call: int | None = None,
+    ) -> None:
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds (or None for no deadline), got {timeout}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if max_nodes_per_call is not None and max_nodes_per_call < 1:
+            raise ValueError(f"max_nodes_per_call must be >= 1, got {max_nodes_per_call}")
+        self.address = address
+        self.timeout = timeout
+        self.max_retries = int(max_retries)
+        self.backoff = backoff if backoff is not None else Backoff()
+        self.max_nodes_per_call = max_nodes_per_call
+        self.retry_codes = frozenset(
+            {grpc.StatusCode.UNAVAILABLE}
+            | ({grpc.StatusCode.RESOURCE_EXHAUSTED} if retry_resource_exhausted else set())
+        )
+        self._config = ChannelConfig.build(
+            address,
+            tls=tls,
+            root_certificates=root_certificates,
+            client_cert=client_cert,
+            client_key=client_key,
+            tls_server_name=tls_server_name,
+            token=token,
+            backoff=self.backoff,
+            channel_options=channel_options,
+        )
+        self._limits: dict[tuple[str, str], ChunkLimits] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def tls(self) -> bool:
+        """Whether the channel uses TLS."""
+        return self._config.credentials is not None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"{type(self).__name__}({self.address!r}, tls={self.tls}, {state})"
+
+    def clear_cache(self) -> None:
+        """Forget the per-model limits looked up for chunking (e.g. after the server was reconfigured)."""
+        with self._lock:
+            self._limits.clear()
+
+    # ------------------------------------------------------------------ helpers
+    def _state(self, method: str, timeout: float | None, retries: bool = True) -> RetryState:
+        t = self.timeout if timeout is None else timeout
+        if t is not None and not t > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {t}")
+        return RetryState(method=method, timeout=t, max_retries=self.max_retries if retries else 0,
+                          backoff=self.backoff, retry_codes=self.retry_codes)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"{type(self).__name__} for {self.address} is closed")
+
+    def _cached_limits(self, model: str, version: str) -> ChunkLimits | None:
+        with self._lock:
+            lim = self._limits.get((model, version))
+            return None if lim is None else ChunkLimits(**vars(lim))
+
+    def _store_limits(self, model: str, version: str, info: pb.ModelInfo) -> ChunkLimits:
+        server_max = int(info.max_nodes_per_request) or DEFAULT_MAX_NODES_PER_REQUEST
+        user_max = self.max_nodes_per_call or server_max
+        lim = ChunkLimits(
+            max_nodes=min(server_max, user_max),
+            response_bytes=int(0.75 * self._config.max_receive_bytes),
+            num_classes=int(info.num_classes) or None,
+        )
+        with self._lock:
+            old = self._limits.get((model, version))
+            if old is not None:
+                lim.embedding_dim = old.embedding_dim
+            self._limits[(model, version)] = lim
+        return ChunkLimits(**vars(lim))
+
+    def _learn(self, model: str, version: str, plan: PredictPlan) -> None:
+        if plan.return_embeddings and plan.limits.embedding_dim is not None:
+            with self._lock:
+                lim = self._limits.get((model, version))
+                if lim is not None:
+                    lim.embedding_dim = plan.limits.embedding_dim
+
+    def _plan(
+        self,
+        model: str,
+        version: str,
+        nodes: np.ndarray,
+        new_nodes: list[pb.NewNode],
+        knobs: dict[str, Any],
+        return_probabilities: bool,
+        return_embeddings: bool,
+        request_id: str | None,
+        limits: ChunkLimits,
+    ) -> PredictPlan:
+        return PredictPlan(
+            model=model,
+            version=version,
+            nodes=nodes,
+            new_nodes=new_nodes,
+            knobs=knobs,
+            return_probabilities=return_probabilities,
+            return_embeddings=return_embeddings,
+            request_id=request_id or "",
+            limits=limits,
+        )
+
+    @staticmethod
+    def _model_args(model: str, version: str | int | None) -> tuple[str, str]:
+        if not isinstance(model, str):
+            raise TypeError(f"model must be a name (str), got {type(model).__name__}")
+        return model, "" if version is None else str(version)
+
+
+class GnnClient(_ClientBase):
+    """Blocking client for a gnnserve server (``gnnserve.v1.GnnService`` and ``grpc.health.v1``).
+
+    Args:
+        address: ``"host:port"`` (``grpcs://host:port`` turns TLS on; any gRPC target works).
+        tls: use TLS and verify the server's certificate (against ``root_certificates``, or the
+            system's roots when none are given). Giving any certificate also turns TLS on.
+        root_certificates: CA certificate(s) to verify the server with: PEM bytes, a PEM string or a path.
+        client_cert, client_key: a client certificate and its key (PEM bytes, string or path) for
+            servers that require client certificates (mutual TLS).
+        tls_server_name: the name to check the server's certificate against, when it differs from
+            the host in ``address``.
+        token: bearer token sent as ``authorization: Bearer <token>`` on every call.
+        timeout: default deadline in seconds for each method call, covering every chunk and
+            retry of the call (None = no deadline). Each method also takes ``timeout=``.
+        max_retries: retries after ``UNAVAILABLE`` (0 = none); never for other codes unless
+            ``retry_resource_exhausted`` adds ``RESOURCE_EXHAUSTED``.
+        backoff: delays between retries (:class:`~clients.types.Backoff`: exponential with jitter).
+        retry_resource_exhausted: also retry calls refused because the server's queue is full.
+        channel_options: extra gRPC channel options (they override the client's own, e.g.
+            ``{"grpc.max_receive_message_length": 16 << 20}``).
+        max_nodes_per_call: send at most this many nodes per request (the server's own
+            ``max_nodes_per_request`` applies too); longer lists are split and reassembled in order.
+
+    The client may be shared between threads. Use it as a context manager or call :meth:`close`.
+
+    Example::
+
+        with GnnClient("127.0.0.1:8500", token="s3cret", timeout=5.0) as client:
+            print(client.health())                       # "SERVING"
+            for info in client.list_models():
+                print(info.name, info.version, len(info.knob_table))
+            res = client.predict("cora-sage", range(1000), max_accuracy_loss=0.01)
+            print(res.labels[:10], res.settings.chosen_by)
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        tls: bool = False,
+        root_certificates: PemSource | None = None,
+        client_cert: PemSource | None = None,
+        client_key: PemSource | None = None,
+        tls_server_name: str | None = None,
+        token: str | None = None,
+        timeout: float | None = None,
+        max_retries: int = 3,
+        backoff: Backoff | None = None,
+        retry_resource_exhausted: bool = False,
+        channel_options: Sequence[tuple[str, Any]] | dict[str, Any] | None = None,
+        max_nodes_per_call: int | None = None,
+    ) -> None:
+        super().__init__(
+            address,
+            tls=tls,
+            root_certificates=root_certificates,
+            client_cert=client_cert,
+            client_key=client_key,
+            tls_server_name=tls_server_name,
+            token=token,
+            timeout=timeout,
+            max_retries=max_retries,
+            backoff=backoff,
+            retry_resource_exhausted=retry_resource_exhausted,
+            channel_options=channel_options,
+            max_nodes_per_call=max_nodes_per_call,
+        )
+        cfg = self._config
+        if cfg.credentials is not None:
+            self._channel = grpc.secure_channel(cfg.target, cfg.credentials, options=cfg.options)
+        else:
+            self._channel = grpc.insecure_channel(cfg.target, options=cfg.options)
+        self._stub = pb_grpc.GnnServiceStub(self._channel)
+        self._health_stub: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Close the channel (idempotent). Calls made afterwards raise ``ValueError``."""
+        if not self._closed:
+            self._closed = True
+            self._channel.close()
+
+    def __enter__(self) -> GnnClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ transport
+    def _invoke(self, state: RetryState, fn: Any, request: Any) -> Any:
+        """One RPC with retries (see :class:`~clients._core.RetryState`) under the call's deadline."""
+        self._check_open()
+        state.attempts = state.retries = 0  # the retry budget is per RPC; the deadline is per call
+        while True:
+            state.attempts += 1
+            timeout = state.remaining()
+            try:
+                return fn(request, timeout=timeout, metadata=self._config.metadata)
+            except grpc.RpcError as err:
+                try:
+                    delay = state.failed(err)
+                except GnnServeError as exc:
+                    raise exc from None
+            time.sleep(delay)
+
+    def _chunk_limits(self, model: str, version: str, rows: int, state: RetryState) -> ChunkLimits:
+        if rows <= SAFE_UNCHUNKED:
+            return ChunkLimits(max_nodes=max(1, rows))
+        lim = self._cached_limits(model, version)
+        if lim is None:
+            info = self._invoke(state, self._stub.GetModel, pb.GetModelRequest(name=model, version=version))
+            lim = self._store_limits(model, version, info)
+        return lim
+
+    def _run(self, plan: PredictPlan, state: RetryState, t0: float, model: str, version: str) -> PredictResult:
+        while (req := plan.next_request()) is not None:
+            plan.add(self._invoke(state, self._stub.Predict, req))
+        self._learn(model, version, plan)
+        return plan.result(1e3 * (time.perf_counter() - t0))
+
+    # ------------------------------------------------------------------ API
+    def predict(
+        self,
+        model: str,
+        nodes: int | Iterable[int] | np.ndarray,
+        sampling_width: int | None = None,
+        ppr_budget: int | None = None,
+        max_accuracy_loss: float | None = None,
+        return_probabilities: bool = True,
+        return_embeddings: bool = False,
+        version: str | int | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> PredictResult:
+        """Classify existing nodes of the model's graph.
+
+        Args:
+            model: model name. version: a loaded version (default: the latest).
+            nodes: node ids (a list, range, integer array or a single id); duplicates allowed.
+                Lists longer than the server's per-request limit (or ``max_nodes_per_call``) or
+                than fits a message are sent in several requests and reassembled in order.
+            sampling_width: S, edges kept per row in each aggregation (0 = exact; default: the model's).
+            ppr_budget: K, nodes in each PPR subgraph (default: the model's).
+            max_accuracy_loss: let the server choose the cheapest knob-table setting within this
+                loss of exact (absolute, 0.01 = one point); explicit S / K take precedence.
+            return_probabilities / return_embeddings: what to send back besides labels.
+            timeout: deadline in seconds for the whole call (default: the client's).
+            request_id: id the server logs (the server makes one when omitted).
+
+        Returns:
+            :class:`~clients.types.PredictResult` (labels, probabilities, embeddings, settings, timing).
+
+        Raises:
+            InvalidArgumentError (id out of range, bad knob), NotFoundError (model/version),
+            UnavailableError (after retries), DeadlineExceededError, UnauthenticatedError, ...
+
+        Example::
+
+            res = client.predict("cora-sage", [0, 5, 7], sampling_width=8, ppr_budget=32)
+            res.labels                  # array([3, 1, 3])
+            res.settings.sampling_width # 8
+        """
+        t0 = time.perf_counter()
+        model, ver = self._model_args(model, version)
+        ids = node_array(nodes)
+        knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss)
+        state = self._state("Predict", timeout)
+        limits = self._chunk_limits(model, ver, len(ids), state)
+        plan = self._plan(model, ver, ids, [], knobs, return_probabilities, return_embeddings, request_id, limits)
+        return self._run(plan, state, t0, model, ver)
+
+    def predict_new_node(
+        self,
+        model: str,
+        features: Sequence[float] | np.ndarray | Sequence[NewNode] | NewNode,
+        neighbors: Sequence[int] | np.ndarray | Sequence[Sequence[int]] | None = None,
+        edge_weights: Sequence[float] | np.ndarray | Sequence[Sequence[float] | None] | None = None,
+        sampling_width: int | None = None,
+        ppr_budget: int | None = None,
+        max_accuracy_loss: float | None = None,
+        return_probabilities: bool = True,
+        return_embeddings: bool = False,
+        version: str | int | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> PredictResult:
+        """Classify nodes that are not in the stored graph, from raw features and edges.
+
+        One node: ``features`` ``[F]`` and ``neighbors`` (existing ids; edges go both ways) with
+        optional ``edge_weights`` (one positive weight per neighbour). Several nodes: ``features``
+        ``[m, F]`` with ``neighbors`` a list of m id lists (and ``edge_weights`` a list of m lists
+        or None), or a list of :class:`~clients.types.NewNode`. The stored graph is not changed.
+        Knobs and the result are as for :meth:`predict` (``result.nodes`` is empty; row i is new node i).
+
+        Example::
+
+            x = np.random.rand(info.num_features).astype(np.float32)
+            res = client.predict_new_node("cora-sage", x, neighbors=[12, 40, 41])
+            print(res.labels[0], res.probabilities[0])
+        """
+        t0 = time.perf_counter()
+        model, ver = self._model_args(model, version)
+        msgs = new_node_messages(features, neighbors, edge_weights)
+        knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss)
+        state = self._state("Predict", timeout)
+        limits = self._chunk_limits(model, ver, len(msgs), state)
+        plan = self._plan(model, ver, np.zeros(0, dtype=np.int64), msgs, knobs, return_probabilities,
+                          return_embeddings, request_id, limits)
+        return self._run(plan, state, t0, model, ver)
+
+    def list_models(self, timeout: float | None = None) -> list[ModelInfo]:
+        """Every loaded model version with its knob table.
+
+        Example::
+
+            for m in client.list_models():
+                print(m.name, m.version, m.architecture, m.metrics.get("test_accuracy"))
+        """
+        state = self._state("ListModels", timeout)
+        resp = self._invoke(state, self._stub.ListModels, pb.ListModelsRequest())
+        return [model_info_from_pb(m) for m in resp.models]
+
+    def get_model(self, name: str, version: str | int | None = None, timeout: float | None = None) -> ModelInfo:
+        """One model (the latest version unless ``version`` is given).
+
+        Example::
+
+            info = client.get_model("cora-sage")
+            print(info.num_classes, info.default_sampling_width, info.best_knobs(0.01))
+        """
+        name, ver = self._model_args(name, version)
+        state = self._state("GetModel", timeout)
+        info = self._invoke(state, self._stub.GetModel, pb.GetModelRequest(name=name, version=ver))
+        self._store_limits(name, ver, info)
+        return model_info_from_pb(info)
+
+    def health(self, service: str = "", timeout: float | None = None) -> str:
+        """The server's ``grpc.health.v1`` status: ``"SERVING"``, ``"NOT_SERVING"`` or ``"UNKNOWN"``.
+
+        ``service`` "" asks about the server as a whole. Not retried: a failure to connect raises
+        :class:`~clients.errors.UnavailableError` at once; an unknown service raises NotFoundError.
+
+        Example::
+
+            if client.health() != "SERVING":
+                ...
+        """
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        if self._health_stub is None:
+            self._health_stub = health_pb2_grpc.HealthStub(self._channel)
+        state = self._state("Health", timeout, retries=False)
+        try:
+            resp = self._invoke(state, self._health_stub.Check, health_pb2.HealthCheckRequest(service=service))
+        except NotFoundError:
+            raise NotFoundError(f"the server has no health status for service {service!r}", method="Health") from None
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+    def wait_ready(self, timeout: float = 30.0, service: str = "") -> None:
+        """Block until the server reports ``SERVING`` (polling with the client's backoff).
+
+        Raises :class:`~clients.errors.DeadlineExceededError` when it does not within ``timeout``
+        seconds (the message says what it last saw).
+
+        Example::
+
+            client = GnnClient("127.0.0.1:8500")
+            client.wait_ready(timeout=60)   # e.g. right after starting the server
+        """
+        deadline = time.monotonic() + timeout
+        attempt, last = 0, "no answer"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceededError(
+                    f"server at {self.address} not SERVING within {timeout:g} s (last: {last})", method="Health"
+                )
+            try:
+                status = self.health(service, timeout=min(left, max(1.0, self.backoff.max_s)))
+                if status == "SERVING":
+                    return
+                last = status
+            except (UnavailableError, DeadlineExceededError, NotFoundError) as exc:
+                last = str(exc)
+            time.sleep(min(max(0.0, deadline - time.monotonic()), self.backoff.nominal(attempt)))
+            attempt += 1

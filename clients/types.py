@@ -1,0 +1,281 @@
+"""Result and configuration types of the client SDK (plain dataclasses over NumPy arrays).
+
+Example::
+
+    from clients import GnnClient
+
+    with GnnClient("127.0.0.1:8500") as client:
+        res = client.predict("cora-sage", [0, 1, 2], sampling_width=16)
+        res.labels            # int64 [3]
+        res.probabilities     # float32 [3, C]
+        res.settings.sampling_width, res.settings.edges_kept_fraction
+        res.timing.total_ms
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Backoff", "KnobRow", "ModelInfo", "NewNode", "PredictResult", "Settings", "Timing"]
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with jitter between retries of a call that failed ``UNAVAILABLE``.
+
+    The nominal delay before retry ``i`` (0-based) is ``min(max_s, initial_s * multiplier**i)``;
+    the actual delay is drawn uniformly from ``[(1 - jitter) * nominal, nominal]`` so that many
+    clients do not retry in lock step. Retries never run past the call's deadline.
+
+    Example::
+
+        GnnClient("127.0.0.1:8500", max_retries=5, backoff=Backoff(initial_s=0.05, max_s=1.0))
+    """
+
+    initial_s: float = 0.1
+    max_s: float = 2.0
+    multiplier: float = 2.0
+    jitter: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not (self.initial_s >= 0 and self.max_s >= self.initial_s and self.multiplier >= 1.0):
+            raise ValueError(f"bad backoff {self}: need 0 <= initial_s <= max_s and multiplier >= 1")
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ValueError(f"backoff jitter must be in [0, 1], got {self.jitter}")
+
+    def nominal(self, attempt: int) -> float:
+        """The delay before retry ``attempt`` (0-based), before jitter."""
+        return min(self.max_s, self.initial_s * self.multiplier ** min(attempt, 64))
+
+    def delay(self, attempt: int, rand: float) -> float:
+        """The jittered delay for retry ``attempt`` given a uniform draw ``rand`` in [0, 1)."""
+        return self.nominal(attempt) * (1.0 - self.jitter * rand)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The settings a request actually ran with (mirrors ``gnnserve.v1.Settings``).
+
+    ``sampling_width`` 0 = exact aggregation; ``ppr_budget`` 0 = not applicable (L-hop model);
+    ``chosen_by`` is ``"request"``, ``"default"`` or ``"max_accuracy_loss"``;
+    ``expected_accuracy`` is the validation accuracy of the knob-table row at these settings (0 if
+    the table has no such row); ``edges_kept`` / ``edges_total`` count aggregated edges over all
+    layers (summed over chunks for a chunked call).
+    """
+
+    sampling_width: int = 0
+    ppr_budget: int = 0
+    strategy: str = ""
+    extractor: str = ""
+    chosen_by: str = ""
+    expected_accuracy: float = 0.0
+    edges_kept: int = 0
+    edges_total: int = 0
+
+    @property
+    def edges_kept_fraction(self) -> float:
+        """``edges_kept / edges_total`` (1.0 when there were no edges)."""
+        return self.edges_kept / self.edges_total if self.edges_total else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Server-side time per stage in milliseconds (mirrors ``gnnserve.v1.Timing``), plus the client's view.
+
+    For a call the SDK split into several requests (``chunks > 1``) the stage times and
+    ``total_ms`` are **sums over the chunks** (server time spent on this call; chunks run one
+    after another), and ``batch_size`` is the **largest** batch any chunk rode in. ``client_ms`` is
+    the wall time of the whole SDK call as the client saw it: every chunk, the network, retries and
+    the one-off model lookup used for chunking.
+    """
+
+    queue_ms: float = 0.0
+    subgraph_ms: float = 0.0
+    features_ms: float = 0.0
+    forward_ms: float = 0.0
+    total_ms: float = 0.0
+    batch_size: int = 0
+    chunks: int = 1
+    client_ms: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, eq=False)
+class PredictResult:
+    """The answer to one :meth:`GnnClient.predict` / :meth:`GnnClient.predict_new_node` call.
+
+    Rows follow the request order: first the existing ``nodes`` (duplicates kept), then any new
+    nodes. ``labels`` int64 ``[n]``; ``probabilities`` float32 ``[n, num_classes]`` (None when
+    not asked for); ``embeddings`` float32 ``[n, H]`` (None when not asked for or when the model
+    has none); ``settings`` and ``timing`` as described on their classes; ``model`` / ``version``
+    the model that answered (a chunked call is pinned to the version that answered its first
+    chunk); ``request_id`` the id the server logged (chunks after the first are logged as
+    ``"<request_id>/<i>"``).
+
+    Example::
+
+        res = client.predict("cora-sage", range(100))
+        best = res.probabilities.max(axis=1)        # confidence per node
+        print(res.settings.sampling_width, res.timing.total_ms)
+    """
+
+    labels: np.ndarray
+    probabilities: np.ndarray | None
+    embeddings: np.ndarray | None
+    settings: Settings
+    timing: Timing
+    model: str
+    version: str
+    request_id: str
+    nodes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    num_classes: int = 0
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def num_new_nodes(self) -> int:
+        """Rows after the existing nodes: the new nodes of the call."""
+        return len(self) - int(self.nodes.shape[0])
+
+    @property
+    def top_probabilities(self) -> np.ndarray | None:
+        """float32 ``[n]``: the probability of each row's predicted label (None without probabilities)."""
+        if self.probabilities is None:
+            return None
+        if len(self) == 0:
+            return np.zeros(0, dtype=np.float32)
+        return self.probabilities[np.arange(len(self)), self.labels]
+
+    def to_dict(self, *, probabilities: bool = True, embeddings: bool = True) -> dict[str, Any]:
+        """JSON-friendly dict (lists instead of arrays)."""
+        out: dict[str, Any] = {
+            "model": self.model,
+            "version": self.version,
+            "request_id": self.request_id,
+            "nodes": self.nodes.tolist(),
+            "num_new_nodes": self.num_new_nodes,
+            "labels": self.labels.tolist(),
+        }
+        top = self.top_probabilities
+        if top is not None:
+            out["top_probability"] = [float(v) for v in top]
+        if probabilities and self.probabilities is not None:
+            out["probabilities"] = self.probabilities.tolist()
+        if embeddings and self.embeddings is not None:
+            out["embeddings"] = self.embeddings.tolist()
+        out["settings"] = self.settings.to_dict()
+        out["settings"]["edges_kept_fraction"] = self.settings.edges_kept_fraction
+        out["timing"] = self.timing.to_dict()
+        return out
+
+
+@dataclass(frozen=True)
+class KnobRow:
+    """One row of a model's knob table, measured on its validation nodes at training time.
+
+    ``ppr_budget`` 0 = not applicable (L-hop model); ``sampling_width`` 0 = exact.
+    """
+
+    ppr_budget: int
+    sampling_width: int
+    val_accuracy: float
+    latency_ms_per_node: float
+    edges_kept_fraction: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A loaded model version as the server describes it (mirrors ``gnnserve.v1.ModelInfo``).
+
+    Example::
+
+        info = client.get_model("cora-sage")
+        print(info.version, info.num_classes, info.max_nodes_per_request)
+        for row in info.knob_table:
+            print(row.ppr_budget, row.sampling_width, row.val_accuracy)
+        row = info.best_knobs(0.01)   # cheapest setting within 1 point of exact
+    """
+
+    name: str
+    version: str
+    versions: list[str]
+    architecture: str
+    extractor: str
+    num_features: int
+    num_classes: int
+    num_nodes: int
+    max_ppr_budget: int
+    default_sampling_width: int
+    default_ppr_budget: int
+    max_sampling_width: int
+    max_nodes_per_request: int
+    strategy: str
+    knob_table: list[KnobRow]
+    metrics: dict[str, float]
+    dataset_fingerprint: str
+    ready: bool
+    feature_store: str
+
+    @property
+    def exact_accuracy(self) -> float | None:
+        """Validation accuracy of the exact row (width 0) at the largest budget; None without a table."""
+        ref = self._exact_row()
+        return None if ref is None else ref.val_accuracy
+
+    def _exact_row(self) -> KnobRow | None:
+        exact = [r for r in self.knob_table if r.sampling_width == 0]
+        if not exact:
+            return None
+        return max(exact, key=lambda r: (r.ppr_budget, r.val_accuracy))
+
+    def best_knobs(self, max_accuracy_loss: float) -> KnobRow | None:
+        """The fastest knob-table row whose validation accuracy is within ``max_accuracy_loss``
+        (absolute: 0.01 = one point) of exact; None when the table has no exact row.
+
+        This is the rule the server applies to ``predict(..., max_accuracy_loss=L)`` without
+        explicit knobs, so a client can see in advance what it will get.
+
+        Example::
+
+            row = info.best_knobs(0.02)
+            res = client.predict(info.name, nodes, sampling_width=row.sampling_width, ppr_budget=row.ppr_budget)
+        """
+        if not (math.isfinite(max_accuracy_loss) and max_accuracy_loss >= 0):
+            raise ValueError(f"max_accuracy_loss must be finite and >= 0, got {max_accuracy_loss}")
+        ref = self._exact_row()
+        if ref is None:
+            return None
+        ok = [r for r in self.knob_table if r.val_accuracy >= ref.val_accuracy - max_accuracy_loss - 1e-12]
+        return min(ok, key=lambda r: (r.latency_ms_per_node, -r.val_accuracy))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class NewNode:
+    """A node that is not in the stored graph: raw features ``[F]``, edges to existing node ids
+    (taken in both directions) and optional positive edge weights (one per neighbour).
+
+    Example::
+
+        client.predict_new_node("cora-sage", [NewNode(x0, [1, 2]), NewNode(x1, [5], [0.5])])
+    """
+
+    features: Sequence[float] | np.ndarray
+    neighbors: Sequence[int] | np.ndarray
+    edge_weights: Sequence[float] | np.ndarray | None = None
