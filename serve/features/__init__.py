@@ -1,0 +1,174 @@
+"""Feature stores: node id -> float32 feature row, from memory, Redis, or a cache in front of either.
+
+Pick one with :func:`open_store`; the pieces are in the submodules:
+
+* :mod:`.base`: the :class:`FeatureStore` interface, the error classes, id helpers;
+* :mod:`.memory`: :class:`MemoryFeatureStore` (in-process array or memory map; the default);
+* :mod:`.redis_store`: :class:`RedisFeatureStore`, the key schema, blob format and URL forms;
+* :mod:`.loader`: :func:`load_features` / :func:`verify_features` (what ``gnnserve features
+  load`` runs);
+* :mod:`.tiered`: :class:`TieredFeatureStore` (hot static tier + LRU) and :func:`hot_set_from_index`;
+* :mod:`.metrics`: the Prometheus metrics they export.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from .base import (
+    FeatureCorrupt,
+    FeatureNotFound,
+    FeatureStore,
+    FeatureStoreError,
+    FeatureUnavailable,
+    InvalidNodeIds,
+    check_node_ids,
+    dedupe_ids,
+)
+from .loader import (
+    FeatureLoadError,
+    FeatureVerifyError,
+    LoadReport,
+    VerifyReport,
+    delete_features,
+    list_versions,
+    load_features,
+    verify_features,
+)
+from .memory import MemoryFeatureStore
+from .redis_store import RedisFeatureStore, mask_url, parse_redis_url
+from .tiered import TieredFeatureStore, hot_set_from_index
+
+__all__ = [
+    "REDIS_SCHEMES",
+    "FeatureCorrupt",
+    "FeatureLoadError",
+    "FeatureNotFound",
+    "FeatureStore",
+    "FeatureStoreError",
+    "FeatureUnavailable",
+    "FeatureVerifyError",
+    "InvalidNodeIds",
+    "LoadReport",
+    "MemoryFeatureStore",
+    "RedisFeatureStore",
+    "TieredFeatureStore",
+    "VerifyReport",
+    "check_node_ids",
+    "dedupe_ids",
+    "delete_features",
+    "hot_set_from_index",
+    "is_redis_url",
+    "list_versions",
+    "load_features",
+    "mask_url",
+    "open_store",
+    "parse_redis_url",
+    "verify_features",
+]
+
+#: URL schemes that select the Redis store
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
+
+
+def is_redis_url(spec: Any) -> bool:
+    """True for a string in one of the :data:`REDIS_SCHEMES`."""
+    return isinstance(spec, str) and spec.lower().startswith(REDIS_SCHEMES)
+
+
+def open_store(
+    url_or_path: str | os.PathLike[str] | np.ndarray | FeatureStore | None = None,
+    *,
+    dataset: Any = None,
+    fingerprint: str | None = None,
+    version: int | None = None,
+    expect_dataset_fingerprint: str | None = None,
+    hot: np.ndarray | tuple[np.ndarray, np.ndarray] | None = None,
+    cache_bytes: int = 0,
+    hot_fraction: float = 0.75,
+    device: str | None = None,
+    name: str | None = None,
+    registry: CollectorRegistry | None = REGISTRY,
+    **redis_options: Any,
+) -> FeatureStore:
+    """Open the feature store a server flag or URL names.
+
+    Base store, by ``url_or_path``:
+
+    * ``None`` or ``"memory"``: ``dataset.x`` in memory (the embedded default);
+    * a Redis URL (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
+      ``rediss+cluster://``, see :mod:`.redis_store`): :class:`RedisFeatureStore` for graph
+      ``fingerprint`` (default ``dataset.graph.fingerprint()``) and ``version`` (default: the
+      current live one; with ``expect_dataset_fingerprint``, the newest live one from that data);
+      its shape is checked against ``dataset`` when given;
+    * a path (``.npy``, ``.npz`` dataset, saved dataset directory): memory-mapped where possible;
+    * an ``[N, F]`` array, or an existing :class:`FeatureStore` (used as is).
+
+    Tiered: when ``cache_bytes > 0`` or ``hot`` is given, the base store is wrapped in a
+    :class:`TieredFeatureStore` with that byte budget (default 256 MiB when only ``hot`` is given).
+    ``hot`` is either ranked node ids or a PPR top-K index as ``(ptr, nodes)`` CSR arrays, from
+    which :func:`hot_set_from_index` ranks nodes by frequency. ``device`` puts the cached rows on a
+    torch device (``"cuda"`` when the server runs with ``--device cuda``).
+
+    A store passed in stays the caller's to close; one opened here is closed with the tiered store.
+
+    ``name`` labels metrics and stats (a tiered store's backend gets ``<name>-backend``);
+    ``redis_options`` go to :class:`RedisFeatureStore` (``chunk_size``, ``socket_timeout``,
+    ``retries``, ...).
+
+    Raises:
+        ValueError: nothing to open (no dataset for ``"memory"``, unknown path type, ...).
+        FeatureUnavailable / FeatureNotFound: from the Redis store (unreachable, no live version).
+    """
+    tiered = cache_bytes > 0 or hot is not None
+    base_name = f"{name}-backend" if (name and tiered) else name
+    spec = os.fspath(url_or_path) if isinstance(url_or_path, os.PathLike) else url_or_path
+    base: FeatureStore
+    if isinstance(spec, FeatureStore):
+        base = spec
+    elif isinstance(spec, np.ndarray):
+        base = MemoryFeatureStore(spec, name=base_name, registry=registry)
+    elif spec is None or spec == "memory":
+        if dataset is None:
+            raise ValueError("the memory feature store needs dataset= (or a path to the features)")
+        base = MemoryFeatureStore.from_dataset(dataset, name=base_name, registry=registry)
+    elif is_redis_url(spec):
+        fp = fingerprint or (dataset.graph.fingerprint() if dataset is not None else None)
+        if fp is None:
+            raise ValueError("the Redis feature store needs fingerprint= or dataset= (the graph fingerprint)")
+        base = RedisFeatureStore(
+            spec, fp, version,
+            expect_num_nodes=dataset.num_nodes if dataset is not None else None,
+            expect_num_features=dataset.num_features if dataset is not None else None,
+            expect_dataset_fingerprint=expect_dataset_fingerprint,
+            name=base_name, registry=registry, **redis_options,
+        )
+    elif isinstance(spec, str) and "://" in spec:
+        raise ValueError(f"unknown feature store URL scheme in {mask_url(spec)}: use one of {REDIS_SCHEMES}, "
+                         "'memory' or a file path")
+    elif isinstance(spec, str):
+        base = MemoryFeatureStore.open(spec, name=base_name, registry=registry)
+    else:
+        raise ValueError(f"cannot open a feature store from {type(spec).__name__}")
+    if not tiered:
+        return base
+    hot_ids: np.ndarray | None
+    if hot is None:
+        hot_ids = None
+    elif isinstance(hot, tuple):
+        ptr, nodes = hot
+        hot_ids = hot_set_from_index(ptr, nodes, base.num_nodes)
+    else:
+        hot_ids = np.asarray(hot)
+    try:
+        return TieredFeatureStore(
+            base, hot_ids=hot_ids, budget_bytes=cache_bytes or (256 << 20), hot_fraction=hot_fraction,
+            device=device, name=name, registry=registry, close_backend=not isinstance(spec, FeatureStore),
+        )
+    except BaseException:
+        base.close()
+        raise
