@@ -24,3 +24,29 @@ def small_dataset():
     from kernels.datasets import synthetic_sbm
 
     return synthetic_sbm(600, num_classes=4, avg_degree=10, num_features=16, seed=7)
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset():
+    """The synthetic graph every server test serves (deterministic)."""
+    from kernels.datasets import synthetic_sbm
+
+    return synthetic_sbm(800, num_classes=4, avg_degree=10, num_features=16, seed=3, name="tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_repo(tmp_path_factory, tiny_dataset):
+    """A model repository with a shaDow-SAGE model ("shadow") and a plain GCN ("gcn"), trained once."""
+    from .serving import make_repo
+
+    return make_repo(tmp_path_factory.mktemp("repo"), tiny_dataset, {"shadow": "shadow-sage", "gcn": "gcn"})
+
+
+@pytest.fixture(scope="session")
+def served(tiny_repo):
+    """A real gnnserve server on loopback over ``tiny_repo`` (shared by the session's tests)."""
+    from .serving import ServerThread
+
+    srv = ServerThread(tiny_repo).start()
+    yield srv
+    srv.stop()

@@ -1,0 +1,184 @@
+"""The ``gnnserve`` command.
+
+Server-side subcommands live here (``serve``, ``features``, ``bench``, ``demo``); ``train`` and
+``export-onnx`` hand over to :mod:`models`, ``predict`` and ``models`` to the client SDK's CLI
+(:mod:`clients.cli`), so each keeps one parser of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+__all__ = ["main"]
+
+COMMANDS = {
+    "train": "train a model and write a checkpoint (models.train)",
+    "serve": "run the gRPC server over a model repository",
+    "predict": "query a server (client SDK)",
+    "models": "list a server's models and knob tables (client SDK)",
+    "features": "load features into Redis / verify a load",
+    "bench": "measure a model's latency-accuracy curve over its knob settings (and plot it)",
+    "export-onnx": "export a checkpoint to ONNX (and a Triton model repository)",
+    "demo": "train a small model on a synthetic graph, serve it and query it",
+}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log line (time, level, logger, message, and any ``extra`` fields)."""
+
+    _skip = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for k, v in record.__dict__.items():
+            if k not in self._skip:
+                out[k] = v
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def setup_logging(level: str = "INFO", json_logs: bool = False) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if json_logs:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def _serve(argv: Sequence[str]) -> int:
+    from .runtime import RuntimeOptions
+    from .server import ServerConfig, serve_forever
+
+    ap = argparse.ArgumentParser(prog="gnnserve serve", description="Serve the models of a repository over gRPC.")
+    ap.add_argument("--repo", required=True, help="model repository: REPO/<name>/<version>/ checkpoints")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all interfaces)")
+    ap.add_argument("--port", type=int, default=8500, help="gRPC port (0 = any free port)")
+    ap.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port (off by default)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--data", action="append", default=[], help="dataset path(s) to find checkpoints' data in")
+    ap.add_argument("--features", default="memory",
+                    help="feature store: 'memory' (default) or a Redis URL (redis://, rediss://, unix://, redis+cluster://)")
+    ap.add_argument("--feature-version", default=None, help="feature version to read from Redis (default: latest live)")
+    ap.add_argument("--hot-bytes", type=int, default=0, help="hot-tier budget in bytes in front of Redis (0 = off)")
+    ap.add_argument("--max-batch-targets", type=int, default=1024)
+    ap.add_argument("--max-queue-targets", type=int, default=16384)
+    ap.add_argument("--max-delay-ms", type=float, default=0.0, help="extra wait for a batch to fill (0 = none)")
+    ap.add_argument("--max-nodes-per-request", type=int, default=4096)
+    ap.add_argument("--projection-cache-bytes", type=int, default=2 << 30)
+    ap.add_argument("--ppr-cache", default=None, help="directory for PPR index files (default REPO/_ppr)")
+    ap.add_argument("--poll-s", type=float, default=2.0, help="repository polling interval (0 = off)")
+    ap.add_argument("--grace-s", type=float, default=10.0, help="shutdown grace period")
+    ap.add_argument("--workers", type=int, default=1, help="batch worker threads")
+    ap.add_argument("--token-file", default=None, help="require 'authorization: Bearer <token>' (token in this file)")
+    ap.add_argument("--tls-cert", default=None)
+    ap.add_argument("--tls-key", default=None)
+    ap.add_argument("--tls-client-ca", default=None, help="require client certificates signed by this CA")
+    ap.add_argument("--ready-file", default=None, help="write the bound port here once models are served")
+    ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--log-json", action="store_true", help="structured JSON logs")
+    args = ap.parse_args(argv)
+    setup_logging(args.log_level, args.log_json)
+    token = None
+    if args.token_file:
+        token = open(args.token_file).read().strip()
+    elif os.environ.get("GNNSERVE_TOKEN"):
+        token = os.environ["GNNSERVE_TOKEN"]
+    feature_options: dict = {}
+    if args.feature_version is not None:
+        feature_options["version"] = int(args.feature_version)
+    if args.hot_bytes:
+        feature_options["cache_bytes"] = args.hot_bytes
+    cfg = ServerConfig(
+        repo=args.repo,
+        host=args.host,
+        port=args.port,
+        metrics_port=args.metrics_port,
+        runtime=RuntimeOptions(
+            device=args.device,
+            max_batch_targets=args.max_batch_targets,
+            max_queue_targets=args.max_queue_targets,
+            max_delay_ms=args.max_delay_ms,
+            max_nodes_per_request=args.max_nodes_per_request,
+            projection_budget_bytes=args.projection_cache_bytes,
+            ppr_cache_dir=args.ppr_cache,
+        ),
+        data_paths=args.data,
+        feature_url=args.features,
+        feature_options=feature_options,
+        poll_s=args.poll_s,
+        grace_s=args.grace_s,
+        workers=args.workers,
+        token=token,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+    )
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("gnnserve serve: --device cuda but no CUDA device is available", file=sys.stderr)
+            return 2
+    try:
+        asyncio.run(serve_forever(cfg, ready_file=args.ready_file))
+    except (OSError, ValueError) as exc:
+        logging.getLogger("gnnserve").error("cannot start: %s", exc)
+        return 1
+    return 0
+
+
+def _delegate(module: str, func: str = "main") -> Callable[[Sequence[str]], int]:
+    def run(argv: Sequence[str]) -> int:
+        import importlib
+
+        return int(getattr(importlib.import_module(module), func)(list(argv)) or 0)
+
+    return run
+
+
+HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
+    "serve": _serve,
+    "train": _delegate("models.train"),
+    "export-onnx": _delegate("models.export_onnx"),
+    "predict": _delegate("clients.cli", "predict_main"),
+    "models": _delegate("clients.cli", "models_main"),
+    "features": _delegate("serve.features.cli"),
+    "bench": _delegate("serve.bench"),
+    "demo": _delegate("serve.demo"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: gnnserve <command> [options]\n\ncommands:")
+        for name, text in COMMANDS.items():
+            print(f"  {name:<12} {text}")
+        print("\n'gnnserve <command> --help' describes a command.")
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    handler = HANDLERS.get(cmd)
+    if handler is None:
+        print(f"gnnserve: unknown command {cmd!r}; run 'gnnserve --help'", file=sys.stderr)
+        return 2
+    return handler(rest)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,116 @@
+"""Per-node cache of first-layer projections in front of a feature store.
+
+A model's first layer applies its weights to each node's own features before (GCN) or beside
+(GraphSAGE) aggregation, so ``project(x_i)`` can be computed once per node and reused by every
+request whose subgraph contains node ``i``: exact, and it removes most of the arithmetic and
+most feature fetches per request. The cache is a dense ``[N, P]`` table filled on demand
+(a bitmap says which rows are valid) when it fits the byte budget; otherwise every batch fetches
+and projects its nodes afresh.
+
+Thread safety: one batch runs at a time per model, but several model versions can share a
+feature store; the table itself belongs to one model version, so no lock is needed beyond the
+runtime's single worker per model.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+import torch
+
+__all__ = ["FeatureSource", "ProjectionCache"]
+
+log = logging.getLogger(__name__)
+
+
+class FeatureSource(Protocol):
+    def get(self, node_ids: np.ndarray) -> np.ndarray: ...
+
+
+class ProjectionCache:
+    """``get(ids) -> torch.Tensor [len(ids), P]`` = ``project(features.get(ids))``, cached per node.
+
+    Args:
+        project: the model's own-feature map, float32 ``[n, F] -> [n, P]`` (torch, no grad).
+        features: the feature store (raw features).
+        num_nodes: N.
+        dim: P.
+        budget_bytes: the table is kept only if ``N * P * 4`` fits; 0 disables caching.
+        device: where projections live (the model's device).
+    """
+
+    def __init__(
+        self,
+        project: Callable[[torch.Tensor], torch.Tensor],
+        features: FeatureSource,
+        num_nodes: int,
+        dim: int,
+        *,
+        budget_bytes: int = 2 << 30,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self._project = project
+        self.features = features
+        self.num_nodes = num_nodes
+        self.dim = dim
+        self.device = torch.device(device)
+        self.enabled = budget_bytes > 0 and num_nodes * dim * 4 <= budget_bytes
+        self._table = torch.empty((num_nodes, dim), dtype=torch.float32, device=self.device) if self.enabled else None
+        self._valid = np.zeros(num_nodes, dtype=bool) if self.enabled else None
+        self.hits = 0
+        self.misses = 0
+        self.fetch_seconds = 0.0
+        if not self.enabled:
+            log.info("projection cache off: %d x %d floats exceed the %d-byte budget", num_nodes, dim, budget_bytes)
+
+    def project_raw(self, x: np.ndarray) -> torch.Tensor:
+        with torch.inference_mode():
+            return self._project(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.device))
+
+    def get(self, node_ids: np.ndarray) -> torch.Tensor:
+        """Projections of ``node_ids`` (distinct ids expected: callers dedupe per batch)."""
+        ids = np.asarray(node_ids, dtype=np.int64)
+        if not self.enabled:
+            t0 = time.perf_counter()
+            raw = self.features.get(ids)
+            self.fetch_seconds += time.perf_counter() - t0
+            self.misses += len(ids)
+            return self.project_raw(raw)
+        assert self._table is not None and self._valid is not None
+        missing = ids[~self._valid[ids]]
+        self.hits += len(ids) - len(missing)
+        if len(missing):
+            self.misses += len(missing)
+            t0 = time.perf_counter()
+            raw = self.features.get(missing)
+            self.fetch_seconds += time.perf_counter() - t0
+            self._table[torch.from_numpy(missing).to(self.device)] = self.project_raw(raw)
+            self._valid[missing] = True
+        return self._table[torch.from_numpy(ids).to(self.device)]
+
+    def warm(self, node_ids: np.ndarray | None = None, chunk: int = 65536) -> int:
+        """Fill the table (all nodes by default) in chunks; returns rows filled."""
+        if not self.enabled:
+            return 0
+        ids = np.arange(self.num_nodes) if node_ids is None else np.asarray(node_ids, dtype=np.int64)
+        for start in range(0, len(ids), chunk):
+            self.get(ids[start : start + chunk])
+        return len(ids)
+
+    def invalidate(self) -> None:
+        if self._valid is not None:
+            self._valid[:] = False
+
+    def stats(self) -> dict[str, float]:
+        total = self.hits + self.misses
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "hit_ratio": self.hits / total if total else 0.0,
+            "fetch_seconds": self.fetch_seconds,
+            "enabled": float(self.enabled),
+        }

@@ -1,0 +1,287 @@
+"""The model repository: load checkpoints, share their data, swap in new versions live.
+
+Layout (like Triton's)::
+
+    REPO/
+      <model-name>/
+        <version>/      one checkpoint directory (models.checkpoint), version = positive integer
+      _data/<fingerprint>/   optional dataset directories (kernels.datasets.GraphDataset.save)
+      _ppr/             PPR top-K index files (built on first load, memory-mapped afterwards)
+
+Names starting with ``_`` or ``.`` are not models. Every version present is served; requests
+without a version get the highest. :meth:`ModelRegistry.watch` polls the repository: a new
+version is loaded and warmed in the background and only then becomes visible, so in-flight
+requests never fail; a removed version stops taking requests and is closed after its queue
+drains. A checkpoint that fails to load is logged with the reason and skipped; the other models
+keep serving, and it is retried when its directory changes.
+
+Data a checkpoint needs is found by the dataset fingerprint in its config: ``data_paths``
+(``--data``), then ``REPO/_data/<fingerprint>``, then the source path recorded at training time.
+Versions trained on the same data share one graph, one feature store and one PPR index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kernels.datasets import GraphDataset, load_dataset
+
+from .errors import ModelNotFound, Unavailable
+from .metrics import ServerMetrics
+from .runtime import DataBundle, ModelRuntime, RuntimeOptions
+
+__all__ = ["ModelRegistry", "RepositoryError"]
+
+log = logging.getLogger(__name__)
+
+
+class RepositoryError(RuntimeError):
+    """A checkpoint or its data cannot be loaded (the message says which and why)."""
+
+
+def _dir_stamp(path: Path) -> float:
+    """Latest mtime under a checkpoint directory (files directly inside it)."""
+    try:
+        return max([path.stat().st_mtime] + [p.stat().st_mtime for p in path.iterdir()])
+    except OSError:
+        return 0.0
+
+
+class ModelRegistry:
+    """Loaded model versions by name, plus the data they share.
+
+    Args:
+        repo: the repository directory.
+        options: runtime options (device, batching, limits).
+        executor: where batches (and loading) run.
+        metrics: server metrics (feature-store metrics register on its registry too).
+        data_paths: explicit dataset paths (``.npz``, dataset dirs) searched first by fingerprint.
+        feature_url: feature store URL (``memory`` default, ``redis://...``); see serve.features.
+        feature_options: extra keyword arguments for ``serve.features.open_store``.
+        on_change: called after the set of ready models changes (health status updates).
+    """
+
+    def __init__(
+        self,
+        repo: str | os.PathLike[str],
+        options: RuntimeOptions | None = None,
+        *,
+        executor: concurrent.futures.Executor | None = None,
+        metrics: ServerMetrics | None = None,
+        data_paths: list[str] | None = None,
+        feature_url: str = "memory",
+        feature_options: dict[str, Any] | None = None,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.repo = Path(repo)
+        if not self.repo.is_dir():
+            raise RepositoryError(f"model repository {self.repo} is not a directory")
+        self.options = options or RuntimeOptions()
+        self.executor = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gnnserve-worker")
+        self._loader_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gnnserve-loader")
+        self.metrics = metrics or ServerMetrics()
+        self.data_paths = list(data_paths or [])
+        self.feature_url = feature_url
+        self.feature_options = dict(feature_options or {})
+        self.on_change = on_change
+        self._models: dict[str, dict[int, ModelRuntime]] = {}
+        self._data: dict[str, DataBundle] = {}
+        self._failed: dict[Path, tuple[float, str]] = {}  # path -> (stamp, reason)
+        self._data_index: dict[str, Path] | None = None
+        self._closing = False
+        self._draining: set[asyncio.Future[None]] = set()
+
+    # ------------------------------------------------------------------ lookup
+    def get(self, name: str, version: str | int = "") -> ModelRuntime:
+        """The runtime for ``name`` (latest version unless given). NOT_FOUND / UNAVAILABLE otherwise."""
+        versions = self._models.get(name)
+        if not versions:
+            known = ", ".join(sorted(self._models)) or "none loaded"
+            raise ModelNotFound(f"model {name!r} not found (models: {known})")
+        if version in ("", None):
+            rt = versions[max(versions)]
+        else:
+            try:
+                v = int(version)
+            except (TypeError, ValueError):
+                raise ModelNotFound(f"model {name!r} has no version {version!r} (versions: "
+                                    f"{', '.join(map(str, sorted(versions)))})") from None
+            rt = versions.get(v)
+            if rt is None:
+                raise ModelNotFound(
+                    f"model {name!r} has no version {v} (versions: {', '.join(map(str, sorted(versions)))})"
+                )
+        if not rt.ready:
+            raise Unavailable(f"model {name!r} v{rt.version} is not ready")
+        return rt
+
+    def snapshot(self) -> dict[str, dict[int, ModelRuntime]]:
+        return {k: dict(v) for k, v in self._models.items()}
+
+    def versions(self, name: str) -> list[int]:
+        return sorted(self._models.get(name, {}))
+
+    @property
+    def ready(self) -> bool:
+        return any(rt.ready for vs in self._models.values() for rt in vs.values())
+
+    def failures(self) -> dict[str, str]:
+        return {str(p): reason for p, (_, reason) in self._failed.items()}
+
+    # ------------------------------------------------------------------ scanning and loading
+    def scan(self) -> dict[str, dict[int, Path]]:
+        """Model directories on disk: ``{name: {version: path}}`` (bad names are logged and skipped)."""
+        found: dict[str, dict[int, Path]] = {}
+        for mdir in sorted(self.repo.iterdir()):
+            if not mdir.is_dir() or mdir.name.startswith(("_", ".")):
+                continue
+            for vdir in sorted(mdir.iterdir()):
+                if not vdir.is_dir() or vdir.name.startswith((".", "_")):
+                    continue
+                if not vdir.name.isdigit() or int(vdir.name) < 1:
+                    log.warning("ignoring %s: version directories are positive integers", vdir)
+                    continue
+                found.setdefault(mdir.name, {})[int(vdir.name)] = vdir
+        return found
+
+    async def refresh(self) -> bool:
+        """Load new versions, drop removed ones. Returns whether the served set changed."""
+        loop = asyncio.get_running_loop()
+        on_disk = self.scan()
+        changed = False
+        for name, versions in on_disk.items():
+            for version, path in versions.items():
+                if version in self._models.get(name, {}):
+                    continue
+                stamp = _dir_stamp(path)
+                failed = self._failed.get(path)
+                if failed is not None and failed[0] == stamp:
+                    continue
+                if not (path / "config.json").exists():
+                    continue  # still being written: checkpoints land atomically, config last
+                try:
+                    rt = await loop.run_in_executor(self._loader_pool, self._load_version, name, version, path)
+                except Exception as exc:
+                    reason = f"{type(exc).__name__}: {exc}"
+                    self._failed[path] = (stamp, reason)
+                    log.error("model %s v%d at %s refused: %s", name, version, path, reason)
+                    continue
+                self._failed.pop(path, None)
+                self._models.setdefault(name, {})[version] = rt
+                changed = True
+                log.info("serving model %s v%d (%s, %s) from %s", name, version, rt.architecture, rt.extractor, path)
+        for name in list(self._models):
+            for version in list(self._models[name]):
+                if version not in on_disk.get(name, {}):
+                    rt = self._models[name].pop(version)
+                    log.info("model %s v%d removed from the repository; draining", name, version)
+                    task = asyncio.ensure_future(rt.close(grace_s=30))
+                    self._draining.add(task)
+                    task.add_done_callback(self._draining.discard)
+                    changed = True
+            if not self._models[name]:
+                del self._models[name]
+        self.metrics.models_loaded.set(sum(len(v) for v in self._models.values()))
+        if changed and self.on_change is not None:
+            self.on_change()
+        return changed
+
+    async def watch(self, interval_s: float = 2.0) -> None:
+        """Poll the repository forever (cancel the task to stop)."""
+        while not self._closing:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.refresh()
+            except Exception:  # a watcher must survive anything the filesystem does
+                log.exception("repository scan failed; will retry")
+
+    async def close(self, grace_s: float | None = None) -> None:
+        self._closing = True
+        runtimes = [rt for vs in self._models.values() for rt in vs.values()]
+        await asyncio.gather(*(rt.close(grace_s) for rt in runtimes), return_exceptions=True)
+        for bundle in self._data.values():
+            close = getattr(bundle.features, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:
+                    log.exception("closing feature store failed")
+        self._loader_pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ one version
+    def _load_version(self, name: str, version: int, path: Path) -> ModelRuntime:
+        """Load, attach data, warm: runs in the loader thread. Raises on any problem."""
+        from models.checkpoint import load_checkpoint
+
+        t0 = time.perf_counter()
+        ckpt = load_checkpoint(path)
+        data = self._data_for(ckpt.dataset_fingerprint, ckpt.config["dataset"].get("source"), path)
+        index = self._ppr_index(data, ckpt.ppr_config) if ckpt.extractor == "ppr" else None
+        rt = ModelRuntime(name, version, ckpt, data, index, self.options, self.executor, self.metrics)
+        rt.warm()
+        log.info("loaded %s v%d in %.1f s", name, version, time.perf_counter() - t0)
+        return rt
+
+    def _ppr_index(self, data: DataBundle, ppr_config: dict[str, Any] | None) -> Any:
+        from kernels.ppr import PPRConfig, PPRIndex
+
+        if not ppr_config:
+            raise RepositoryError("a PPR model's checkpoint has no PPR configuration")
+        cfg = PPRConfig(**ppr_config)
+        key = repr(cfg)
+        idx = data.ppr_indexes.get(key)
+        if idx is None:
+            cache_dir = Path(self.options.ppr_cache_dir or self.repo / "_ppr")
+            idx = PPRIndex.open_or_build(cache_dir, data.graph, cfg)
+            data.ppr_indexes[key] = idx
+        return idx
+
+    def _find_dataset(self, fingerprint: str, source: str | None, ckpt_path: Path) -> GraphDataset:
+        cands: list[str] = []
+        cands += self.data_paths
+        local = self.repo / "_data" / fingerprint
+        if local.exists():
+            cands.insert(0, str(local))
+        if source:
+            cands.append(source)
+            if not os.path.isabs(source):
+                cands.append(str((ckpt_path / source).resolve()))
+        seen = []
+        for c in cands:
+            try:
+                ds = load_dataset(c)
+            except Exception as exc:
+                seen.append(f"{c} ({type(exc).__name__}: {exc})")
+                continue
+            if ds.fingerprint() == fingerprint:
+                return ds
+            seen.append(f"{c} (fingerprint {ds.fingerprint()[:12]}..., not {fingerprint[:12]}...)")
+        raise RepositoryError(
+            f"no dataset with fingerprint {fingerprint} for {ckpt_path}; tried: {'; '.join(seen) or 'nothing'}. "
+            f"Pass --data PATH or put the dataset directory at {local}"
+        )
+
+    def _data_for(self, fingerprint: str, source: str | None, ckpt_path: Path) -> DataBundle:
+        bundle = self._data.get(fingerprint)
+        if bundle is not None:
+            return bundle
+        ds = self._find_dataset(fingerprint, source, ckpt_path)
+        from .features import open_store
+
+        store = open_store(self.feature_url, dataset=ds, registry=self.metrics.registry, **self.feature_options)
+        bundle = DataBundle(
+            fingerprint=fingerprint,
+            graph=ds.graph,
+            features=store,
+            feature_store_name=getattr(store, "name", type(store).__name__),
+        )
+        self._data[fingerprint] = bundle
+        return bundle
+

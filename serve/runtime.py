@@ -1,0 +1,331 @@
+"""One loaded model version and the pipeline that answers its requests.
+
+Path of a batch (:meth:`ModelRuntime.process`, in the worker thread):
+
+1. **subgraph**: top-K PPR lists from the offline index (``ppr`` models) or the exact L-hop scope
+   (``lhop`` models); new nodes get an online push / their L-hop scope on the graph plus their
+   edges (virtual ids ``N, N+1, ...``; the stored graph is never changed); then one block-diagonal
+   :class:`~kernels.subgraph.SubgraphBatch` with the batch's distinct node ids.
+2. **features**: first-layer projections of the distinct ids from the
+   :class:`~serve.projection.ProjectionCache` (fetching raw features from the feature store only
+   for nodes not seen before); new nodes are projected from the features in the request.
+3. **forward**: ``forward_batch_projected`` at the batch's sampling width; softmax; argmax.
+4. **split**: rows back to their requests, with the edges each request's subgraphs kept.
+
+Items with the same (sampling width, PPR budget) share a batch.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kernels.graph import CSRGraph
+from kernels.subgraph import ExtraEdges, SubgraphBatch, induced_batch, lhop_nodes
+
+from .batcher import DynamicBatcher, WorkItem
+from .errors import Unavailable
+from .metrics import ServerMetrics
+from .projection import ProjectionCache
+from .validation import ModelLimits, PredictCall, knob_rows
+
+__all__ = ["DataBundle", "ModelRuntime", "PredictResult", "RuntimeOptions"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RuntimeOptions:
+    device: str = "cpu"
+    max_batch_targets: int = 1024
+    max_queue_targets: int = 16384
+    max_delay_ms: float = 0.0
+    max_nodes_per_request: int = 4096
+    projection_budget_bytes: int = 2 << 30
+    ppr_cache_dir: str | None = None
+
+
+@dataclass
+class DataBundle:
+    """Graph, features and PPR indexes shared by every model version trained on one dataset."""
+
+    fingerprint: str
+    graph: CSRGraph
+    features: Any  # serve.features FeatureStore
+    feature_store_name: str
+    ppr_indexes: dict[str, Any] = field(default_factory=dict)  # PPRConfig key -> PPRIndex
+
+
+@dataclass
+class PredictResult:
+    call: PredictCall
+    labels: np.ndarray  # int64 [n]
+    probabilities: np.ndarray  # float32 [n, C]
+    embeddings: np.ndarray | None  # float32 [n, H]
+    timing: dict[str, float]  # ms by stage
+    batch_size: int
+    edges_kept: int
+    edges_total: int
+
+
+class ModelRuntime:
+    """A model version ready to serve: model, data, projection cache, batcher."""
+
+    def __init__(
+        self,
+        name: str,
+        version: int,
+        checkpoint: Any,  # models.checkpoint.Checkpoint
+        data: DataBundle,
+        ppr_index: Any | None,
+        options: RuntimeOptions,
+        executor: concurrent.futures.Executor,
+        server_metrics: ServerMetrics | None = None,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.path = Path(checkpoint.path)
+        self.device = torch.device(options.device)
+        model = checkpoint.model
+        self.model = model.to(self.device).eval()
+        self.config = checkpoint.config
+        self.metrics = checkpoint.metrics
+        self.data = data
+        self.graph = data.graph
+        self.ppr_index = ppr_index
+        self.options = options
+        self.server_metrics = server_metrics
+        self.architecture = str(checkpoint.arch)
+        self.extractor = str(checkpoint.extractor)
+        self.num_classes = int(model.num_classes)
+        self.strategy = str(checkpoint.strategy)
+        self.hops = int(getattr(model, "layers", 2))
+        self.dataset_fingerprint = data.fingerprint
+        self.feature_store_name = data.feature_store_name
+        if self.extractor == "ppr" and ppr_index is None:
+            raise ValueError(f"model {name} v{version} needs a PPR index")
+        max_k = min(int(checkpoint.max_ppr_budget), int(ppr_index.k_max)) if ppr_index is not None else 0
+        max_deg = int(self.graph.degrees.max()) if self.graph.num_edges else 1
+        max_width = max(1, min(max_deg, max_k - 1) if max_k else max_deg)
+        self.limits = ModelLimits(
+            name=name,
+            num_nodes=self.graph.num_nodes,
+            num_features=int(model.in_dim),
+            extractor=self.extractor,
+            max_ppr_budget=max_k,
+            max_sampling_width=max_width,
+            default_sampling_width=int(checkpoint.default_sampling_width),
+            default_ppr_budget=min(int(checkpoint.default_ppr_budget or max_k), max_k) if max_k else 0,
+            max_nodes_per_request=options.max_nodes_per_request,
+            knob_table=knob_rows(checkpoint.knobs),
+        )
+        self.projections = ProjectionCache(
+            self.model.project,
+            data.features,
+            self.graph.num_nodes,
+            int(model.projection_dim),
+            budget_bytes=options.projection_budget_bytes,
+            device=self.device,
+        )
+        self._gcn_degrees: np.ndarray | None = None
+        self.batcher = DynamicBatcher(
+            self.process,
+            max_batch_targets=options.max_batch_targets,
+            max_queue_targets=options.max_queue_targets,
+            max_delay_s=options.max_delay_ms / 1e3,
+            executor=executor,
+            name=f"{name}/v{version}",
+        )
+        self.ready = False
+
+    # ------------------------------------------------------------------ serving API
+    async def submit(self, call: PredictCall, deadline: float | None = None) -> PredictResult:
+        if not self.ready:
+            raise Unavailable(f"model {self.name} v{self.version} is still loading")
+        key = (call.sampling_width, call.ppr_budget)
+        res: PredictResult = await self.batcher.submit(call, size=call.size, key=key, deadline=deadline)
+        if self.server_metrics is not None:
+            self.server_metrics.queue_targets.labels(self.name).set(self.batcher.queued_targets)
+        return res
+
+    def observe(self, res: PredictResult) -> None:
+        if self.server_metrics is not None:
+            self.server_metrics.observe_request(
+                self.name, res.timing, res.call.sampling_width, res.call.ppr_budget, len(res.labels)
+            )
+
+    def warm(self, num_nodes: int = 8) -> None:
+        """Compile and exercise the whole path once (numba JIT, torch lazy init), then mark ready."""
+        n = min(num_nodes, self.graph.num_nodes)
+        ids = np.linspace(0, self.graph.num_nodes - 1, n).astype(np.int64)
+        for width in {self.limits.default_sampling_width, 0}:
+            call = PredictCall("warmup", ids, [], width, self.limits.default_ppr_budget, "default", 0.0, True, True)
+            item = WorkItem(call, len(ids), None, None, time.monotonic(), _DoneFuture())
+            res = self.process([item])[0]
+            if isinstance(res, BaseException):
+                raise res
+        self.ready = True
+
+    async def close(self, grace_s: float | None = None) -> None:
+        self.ready = False
+        await self.batcher.stop(grace_s)
+
+    # ------------------------------------------------------------------ the pipeline
+    def process(self, items: list[WorkItem]) -> list[PredictResult | BaseException]:
+        calls: list[PredictCall] = [it.payload for it in items]
+        width = calls[0].sampling_width
+        budget = calls[0].ppr_budget
+        started = time.perf_counter()
+        targets = np.concatenate([c.nodes for c in calls]) if calls else np.zeros(0, np.int64)
+        new_specs = [nn for c in calls for nn in c.new_nodes]
+        batch = self._subgraphs(targets, new_specs, budget)
+        t_sub = time.perf_counter()
+        with torch.inference_mode():
+            p_rows = self._projections(batch, new_specs)
+            t_feat = time.perf_counter()
+            norm_degrees = self._norm_degrees(batch, new_specs) if self.architecture == "gcn" else None
+            logits, emb = self.model.forward_batch_projected(batch, p_rows, width or None, self.strategy, norm_degrees)
+            probs = torch.softmax(logits.float(), dim=1)
+            labels = probs.argmax(dim=1)
+        want_emb = any(c.return_embeddings for c in calls)
+        probs_np = probs.cpu().numpy()
+        labels_np = labels.cpu().numpy().astype(np.int64)
+        emb_np = emb.float().cpu().numpy() if want_emb else None
+        t_fwd = time.perf_counter()
+        kept, total = self._edges_per_subgraph(batch, width)
+        timing_batch = {
+            "subgraph": 1e3 * (t_sub - started),
+            "features": 1e3 * (t_feat - t_sub),
+            "forward": 1e3 * (t_fwd - t_feat),
+        }
+        if self.server_metrics is not None:
+            self.server_metrics.batch_targets.labels(self.name).observe(len(labels_np))
+        # Output rows: every call's existing nodes in call order, then every call's new nodes.
+        n_existing = len(targets)
+        out: list[PredictResult | BaseException] = []
+        pos_e = 0
+        pos_n = n_existing
+        for it, c in zip(items, calls, strict=True):
+            rows = np.concatenate([np.arange(pos_e, pos_e + len(c.nodes)), np.arange(pos_n, pos_n + len(c.new_nodes))])
+            pos_e += len(c.nodes)
+            pos_n += len(c.new_nodes)
+            timing = dict(timing_batch, queue=1e3 * (it.started - it.enqueued) if it.started else 0.0)
+            out.append(
+                PredictResult(
+                    call=c,
+                    labels=labels_np[rows],
+                    probabilities=probs_np[rows],
+                    embeddings=None if emb_np is None else emb_np[rows],
+                    timing=timing,
+                    batch_size=len(labels_np),
+                    edges_kept=int(kept[rows].sum()),
+                    edges_total=int(total[rows].sum()),
+                )
+            )
+        return out
+
+    # ------------------------------------------------------------------ pipeline stages
+    def _subgraphs(self, targets: np.ndarray, new_specs: list, budget: int) -> SubgraphBatch:
+        g = self.graph
+        if self.extractor == "ppr":
+            ptr, nodes = self.ppr_index.lookup(targets, budget)
+        else:
+            ptr, nodes = lhop_nodes(g, targets, self.hops)
+        extra = None
+        if new_specs:
+            extra = self._extra_edges(new_specs)
+            lists = [self._new_node_list(j, spec, budget, extra) for j, spec in enumerate(new_specs)]
+            sizes = np.array([len(x) for x in lists], dtype=np.int64)
+            ptr = np.concatenate([ptr, ptr[-1] + np.cumsum(sizes)])
+            nodes = np.concatenate([nodes, *lists])
+        return induced_batch(g, ptr, nodes, extra=extra)
+
+    def _extra_edges(self, specs: list) -> ExtraEdges:
+        n = self.graph.num_nodes
+        src = np.concatenate([np.full(len(s.neighbors), n + j, dtype=np.int64) for j, s in enumerate(specs)])
+        dst = np.concatenate([s.neighbors for s in specs])
+        w = None
+        if any(s.weights is not None for s in specs):
+            w = np.concatenate([_weights_of(s) for s in specs])
+            w = np.concatenate([w, w])
+        # both directions: the new node's rows and its neighbours' rows gain the edges
+        return ExtraEdges.from_edges(
+            n, np.concatenate([src, dst]), np.concatenate([dst, src]), w, num_virtual=len(specs)
+        )
+
+    def _new_node_list(self, j: int, spec: Any, budget: int, extra: ExtraEdges) -> np.ndarray:
+        n = self.graph.num_nodes
+        v = n + j
+        if self.extractor == "ppr":
+            from kernels.ppr import ppr_new_node
+
+            nodes, _scores = ppr_new_node(self.graph, spec.neighbors, spec.weights, self.ppr_index.config)
+            nodes = np.asarray(nodes, dtype=np.int64)[:budget]
+            return np.where(nodes == n, v, nodes) if j else nodes
+        if self.hops == 0 or len(spec.neighbors) == 0:
+            return np.array([v], dtype=np.int64)
+        _, scope = lhop_nodes(self.graph, spec.neighbors, self.hops - 1)
+        return np.concatenate([[v], np.unique(scope)]).astype(np.int64)
+
+    def _projections(self, batch: SubgraphBatch, new_specs: list) -> torch.Tensor:
+        n = self.graph.num_nodes
+        uniq = batch.unique_ids
+        n_stored = int(np.searchsorted(uniq, n))  # unique ids are sorted; virtual ids come last
+        parts = [self.projections.get(uniq[:n_stored])]
+        if n_stored < len(uniq):
+            feats = np.stack([s.features for s in new_specs])[uniq[n_stored:] - n]
+            parts.append(self.projections.project_raw(feats))
+        p_unique = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return p_unique[torch.from_numpy(batch.row_to_unique).to(p_unique.device)]
+
+    def _norm_degrees(self, batch: SubgraphBatch, new_specs: list) -> np.ndarray | None:
+        """Full-graph GCN degrees of every row; inside a new node's subgraph, of the graph plus that node."""
+        n = self.graph.num_nodes
+        base = self.model.norm_degrees_for(self.graph, np.minimum(batch.node_ids, n - 1))
+        if base is None or not new_specs:
+            return base
+        d = np.asarray(base, dtype=np.float64).copy()
+        first = batch.num_subgraphs - len(new_specs)  # new nodes' subgraphs come last
+        for j, spec in enumerate(new_specs):
+            lo, hi = int(batch.ptr[first + j]), int(batch.ptr[first + j + 1])
+            ids = batch.node_ids[lo:hi]
+            w = _weights_of(spec)
+            seg = d[lo:hi]  # a view: writes land in d
+            seg[ids == n + j] = 1.0 + float(w.sum())
+            if len(spec.neighbors):
+                order = np.argsort(spec.neighbors)
+                nb, nw = spec.neighbors[order], w[order]
+                pos = np.clip(np.searchsorted(nb, ids), 0, len(nb) - 1)
+                hit = nb[pos] == ids
+                seg[hit] += nw[pos[hit]]
+        return d
+
+    def _edges_per_subgraph(self, batch: SubgraphBatch, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """Edges aggregated (over all layers) per target: kept at this width, and exact."""
+        deg = batch.graph.degrees
+        kept_rows = np.minimum(deg, width) if width else deg
+        layers = max(1, self.hops)
+        csum_k = np.concatenate([[0], np.cumsum(kept_rows)])
+        csum_t = np.concatenate([[0], np.cumsum(deg)])
+        kept = (csum_k[batch.ptr[1:]] - csum_k[batch.ptr[:-1]]) * layers
+        total = (csum_t[batch.ptr[1:]] - csum_t[batch.ptr[:-1]]) * layers
+        return kept.astype(np.int64), total.astype(np.int64)
+
+
+def _weights_of(spec: Any) -> np.ndarray:
+    return spec.weights if spec.weights is not None else np.ones(len(spec.neighbors), np.float32)
+
+
+class _DoneFuture:
+    """Stand-in future for warm-up items processed synchronously."""
+
+    def done(self) -> bool:
+        return False
+

@@ -1,0 +1,186 @@
+"""The gnnserve gRPC server on ``grpc.aio``.
+
+Services: ``gnnserve.v1.GnnService``, the KServe v2 / Triton ``inference.GRPCInferenceService``,
+``grpc.health.v1.Health`` (NOT_SERVING until a model is loaded and warmed, and again while
+shutting down) and server reflection. Prometheus metrics on ``metrics_port``.
+
+Shutdown (SIGTERM / SIGINT): health goes NOT_SERVING, new RPCs get UNAVAILABLE, in-flight requests
+finish within the grace period, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from clients._gen import gnnserve_pb2, gnnserve_pb2_grpc, inference_pb2, inference_pb2_grpc
+
+from .interceptors import BearerAuthInterceptor, ErrorMappingInterceptor
+from .metrics import ServerMetrics
+from .registry import ModelRegistry
+from .runtime import RuntimeOptions
+from .servicer import GnnServicer
+from .triton import TritonServicer
+
+__all__ = ["GnnServer", "ServerConfig"]
+
+log = logging.getLogger(__name__)
+
+GNN_SERVICE = gnnserve_pb2.DESCRIPTOR.services_by_name["GnnService"].full_name
+TRITON_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class ServerConfig:
+    repo: str
+    host: str = "127.0.0.1"
+    port: int = 8500  # 0 = pick a free port
+    metrics_port: int | None = None  # None = no metrics endpoint; 0 = free port
+    runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
+    data_paths: list[str] = field(default_factory=list)
+    feature_url: str = "memory"
+    feature_options: dict = field(default_factory=dict)
+    poll_s: float = 2.0  # repository watch interval; 0 = no watching
+    grace_s: float = 10.0
+    workers: int = 1
+    token: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # require client certificates signed by this CA
+
+
+class GnnServer:
+    """Build with a :class:`ServerConfig`, then ``await start()``, ``await wait()`` / ``await stop()``."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = ServerMetrics()
+        self.executor = concurrent.futures.ThreadPoolExecutor(config.workers, thread_name_prefix="gnnserve-worker")
+        self.health = health.aio.HealthServicer()
+        self.registry = ModelRegistry(
+            config.repo,
+            config.runtime,
+            executor=self.executor,
+            metrics=self.metrics,
+            data_paths=config.data_paths,
+            feature_url=config.feature_url,
+            feature_options=config.feature_options,
+            on_change=self._update_health,
+        )
+        interceptors: list[aio.ServerInterceptor] = []
+        if config.token:
+            interceptors.append(BearerAuthInterceptor(config.token))
+        interceptors.append(ErrorMappingInterceptor(self.metrics))
+        self.server = aio.server(
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        gnnserve_pb2_grpc.add_GnnServiceServicer_to_server(GnnServicer(self.registry), self.server)
+        inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(TritonServicer(self.registry), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (GNN_SERVICE, TRITON_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME),
+            self.server,
+        )
+        self.port = 0
+        self.metrics_port: int | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._stopped = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> int:
+        """Bind, load and warm every model, then report SERVING. Returns the bound port."""
+        cfg = self.config
+        for svc in ("", GNN_SERVICE, TRITON_SERVICE):
+            await self.health.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
+        address = f"{cfg.host}:{cfg.port}"
+        if cfg.tls_cert or cfg.tls_key:
+            if not (cfg.tls_cert and cfg.tls_key):
+                raise ValueError("TLS needs both --tls-cert and --tls-key")
+            creds = grpc.ssl_server_credentials(
+                [(Path(cfg.tls_key).read_bytes(), Path(cfg.tls_cert).read_bytes())],
+                root_certificates=Path(cfg.tls_client_ca).read_bytes() if cfg.tls_client_ca else None,
+                require_client_auth=bool(cfg.tls_client_ca),
+            )
+            self.port = self.server.add_secure_port(address, creds)
+        else:
+            self.port = self.server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"cannot bind {address}")
+        if cfg.metrics_port is not None:
+            self.metrics_port = self.metrics.serve_http(cfg.metrics_port, addr=cfg.host)
+        await self.server.start()
+        log.info("listening on %s:%d (%s)", cfg.host, self.port, "TLS" if cfg.tls_cert else "plaintext")
+        await self.registry.refresh()
+        if not self.registry.ready:
+            failures = self.registry.failures()
+            log.error("no model could be loaded from %s%s", cfg.repo,
+                      "".join(f"\n  {p}: {r}" for p, r in failures.items()))
+        await self._update_health_async()
+        if cfg.poll_s > 0:
+            self._watch_task = asyncio.get_running_loop().create_task(self.registry.watch(cfg.poll_s))
+        return self.port
+
+    def _update_health(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().create_task(self._update_health_async())
+
+    async def _update_health_async(self) -> None:
+        serving = self.registry.ready and not self._stopping
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for svc in ("", GNN_SERVICE, TRITON_SERVICE):
+            await self.health.set(svc, status)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Graceful stop: NOT_SERVING, refuse new RPCs, finish in-flight ones within the grace."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        grace = self.config.grace_s if grace_s is None else grace_s
+        log.info("shutting down (grace %.1f s)", grace)
+        await self.health.enter_graceful_shutdown()
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+        # grpc's stop(grace) refuses new RPCs at once and waits for running ones
+        await asyncio.gather(self.server.stop(grace), self.registry.close(grace))
+        self.metrics.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self._stopped.set()
+        log.info("stopped")
+
+    async def wait(self) -> None:
+        await self._stopped.wait()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda s=sig: (log.info("received %s", s.name),
+                                                        loop.create_task(self.stop())))
+
+
+async def serve_forever(config: ServerConfig, ready_file: str | None = None) -> None:
+    """Run until SIGTERM/SIGINT; ``ready_file`` gets the bound port once models are served."""
+    server = GnnServer(config)
+    server.install_signal_handlers()
+    port = await server.start()
+    if ready_file:
+        Path(ready_file).write_text(f"{port}\n")
+    await server.wait()

@@ -1,0 +1,131 @@
+"""The ``gnnserve.v1.GnnService`` servicer: validation, dispatch to a model's batcher, replies."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+from grpc import aio
+
+from clients._gen import gnnserve_pb2 as pb
+from clients._gen import gnnserve_pb2_grpc as pb_grpc
+
+from .validation import validate_predict
+
+if TYPE_CHECKING:
+    from .registry import ModelRegistry
+    from .runtime import ModelRuntime, PredictResult
+
+__all__ = ["GnnServicer", "model_info"]
+
+log = logging.getLogger(__name__)
+
+
+def deadline_of(context: aio.ServicerContext) -> float | None:
+    """The request's deadline on the ``time.monotonic`` clock (None when the client set none)."""
+    remaining = context.time_remaining()
+    if remaining is None or remaining > 1e8:
+        return None
+    return time.monotonic() + remaining
+
+
+def model_info(rt: ModelRuntime, versions: list[str]) -> pb.ModelInfo:
+    lim = rt.limits
+    info = pb.ModelInfo(
+        name=rt.name,
+        version=str(rt.version),
+        versions=versions,
+        architecture=rt.architecture,
+        extractor=lim.extractor,
+        num_features=lim.num_features,
+        num_classes=rt.num_classes,
+        num_nodes=lim.num_nodes,
+        max_ppr_budget=lim.max_ppr_budget,
+        default_sampling_width=lim.default_sampling_width,
+        default_ppr_budget=lim.default_ppr_budget,
+        strategy=rt.strategy,
+        dataset_fingerprint=rt.dataset_fingerprint,
+        ready=rt.ready,
+        feature_store=rt.feature_store_name,
+        max_sampling_width=lim.max_sampling_width,
+        max_nodes_per_request=lim.max_nodes_per_request,
+    )
+    for r in lim.knob_table:
+        info.knob_table.add(
+            ppr_budget=r.ppr_budget,
+            sampling_width=r.sampling_width,
+            val_accuracy=r.val_accuracy,
+            latency_ms_per_node=r.latency_ms_per_node,
+            edges_kept_fraction=r.edges_kept_fraction,
+        )
+    for k, v in rt.metrics.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            info.metrics[k] = float(v)
+    return info
+
+
+def predict_response(rt: ModelRuntime, res: PredictResult) -> pb.PredictResponse:
+    call = res.call
+    resp = pb.PredictResponse(
+        model=rt.name,
+        version=str(rt.version),
+        request_id=call.request_id,
+        labels=res.labels.tolist(),
+        num_classes=rt.num_classes,
+    )
+    if call.return_probabilities:
+        resp.probabilities.extend(np.asarray(res.probabilities, dtype=np.float32).ravel().tolist())
+    if call.return_embeddings and res.embeddings is not None:
+        resp.embedding_dim = int(res.embeddings.shape[1])
+        resp.embeddings.extend(np.asarray(res.embeddings, dtype=np.float32).ravel().tolist())
+    s = resp.settings
+    s.sampling_width = call.sampling_width
+    s.ppr_budget = call.ppr_budget
+    s.strategy = rt.strategy
+    s.extractor = rt.limits.extractor
+    s.chosen_by = call.chosen_by
+    s.expected_accuracy = call.expected_accuracy
+    s.edges_kept = res.edges_kept
+    s.edges_total = res.edges_total
+    t = resp.timing
+    t.queue_ms = res.timing["queue"]
+    t.subgraph_ms = res.timing["subgraph"]
+    t.features_ms = res.timing["features"]
+    t.forward_ms = res.timing["forward"]
+    t.batch_size = res.batch_size
+    return resp
+
+
+class GnnServicer(pb_grpc.GnnServiceServicer):
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+
+    async def Predict(self, request: pb.PredictRequest, context: aio.ServicerContext) -> pb.PredictResponse:
+        t0 = time.perf_counter()
+        rt = self.registry.get(request.model, request.version)
+        call = validate_predict(request, rt.limits)
+        res = await rt.submit(call, deadline=deadline_of(context))
+        resp = predict_response(rt, res)
+        total_ms = 1e3 * (time.perf_counter() - t0)
+        resp.timing.total_ms = total_ms
+        res.timing["total"] = total_ms
+        rt.observe(res)
+        log.debug("predict model=%s v=%s request_id=%s n=%d S=%d K=%d total=%.2fms", rt.name, rt.version,
+                  call.request_id, call.size, call.sampling_width, call.ppr_budget, total_ms)
+        return resp
+
+    async def ListModels(self, request: pb.ListModelsRequest, context: aio.ServicerContext) -> pb.ListModelsResponse:
+        out = pb.ListModelsResponse()
+        for runtimes in self.registry.snapshot().values():
+            versions = [str(v) for v in sorted(runtimes)]
+            for v in sorted(runtimes):
+                out.models.append(model_info(runtimes[v], versions))
+        return out
+
+    async def GetModel(self, request: pb.GetModelRequest, context: aio.ServicerContext) -> pb.ModelInfo:
+        rt = self.registry.get(request.name, request.version)
+        return model_info(rt, [str(v) for v in self.registry.versions(rt.name)])
+
+

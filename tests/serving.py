@@ -1,0 +1,180 @@
+"""Test harness: real trained models in a temporary repository and a real server on loopback.
+
+* :func:`make_repo` trains small models on a dataset into ``REPO/<name>/1`` and stores the dataset
+  under ``REPO/_data/<fingerprint>`` (where the server looks for it).
+* :class:`ServerThread` runs :class:`serve.server.GnnServer` in a background thread with its own
+  event loop (for synchronous clients in tests).
+* :class:`ServerProcess` runs ``gnnserve serve`` in a subprocess (signals, and clients such as
+  tritonclient whose protobuf types must not share a process with the server's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Small, fast settings: enough to beat chance clearly on the synthetic graph.
+TINY_TRAIN = {"hidden": 32, "epochs": 60, "patience": 30, "seed": 0, "knob_widths": [0, 2, 4, 8],
+              "knob_budgets": [8, 16, 32], "ppr_k": 32}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_repo(root: Path, dataset: Any, kinds: dict[str, str], **settings: Any) -> Path:
+    """Train ``{model_name: kind}`` on ``dataset`` into ``root`` (a model repository)."""
+    from models.train import train
+
+    root.mkdir(parents=True, exist_ok=True)
+    data_dir = root / "_data" / dataset.fingerprint()
+    if not data_dir.exists():
+        dataset.save(data_dir)
+    opts = dict(TINY_TRAIN, **settings)
+    for name, kind in kinds.items():
+        opts_k = opts if kind.startswith("shadow") else {k: v for k, v in opts.items() if k not in ("ppr_k", "knob_budgets")}
+        train(dataset, kind, root / name / "1", progress=False, source=str(data_dir), **opts_k)
+    return root
+
+
+@dataclass
+class ServerThread:
+    """A GnnServer on a free loopback port, in a background thread with its own event loop."""
+
+    repo: Path
+    options: dict[str, Any] = field(default_factory=dict)
+    server: Any = None
+    port: int = 0
+    _loop: asyncio.AbstractEventLoop | None = None
+    _thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 300) -> ServerThread:
+        from serve.runtime import RuntimeOptions
+        from serve.server import GnnServer, ServerConfig
+
+        opts = dict(self.options)
+        runtime = opts.pop("runtime", None) or RuntimeOptions(**opts.pop("runtime_kw", {}))
+        cfg = ServerConfig(repo=str(self.repo), port=0, runtime=runtime, poll_s=opts.pop("poll_s", 0.5), **opts)
+        self._loop = asyncio.new_event_loop()
+        started = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            try:
+                self.server = GnnServer(cfg)
+                self.port = self._loop.run_until_complete(self.server.start())
+            except BaseException as exc:
+                errors.append(exc)
+                started.set()
+                return
+            started.set()
+            self._loop.run_until_complete(self.server.wait())
+
+        self._thread = threading.Thread(target=run, name="gnnserve-test-server", daemon=True)
+        self._thread.start()
+        if not started.wait(timeout):
+            raise TimeoutError("server did not start")
+        if errors:
+            raise errors[0]
+        return self
+
+    def call(self, coro: Any, timeout: float = 60) -> Any:
+        """Run a coroutine on the server's loop (e.g. ``server.registry.refresh()``)."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        if self._loop is None or self.server is None:
+            return
+        if not self._loop.is_closed():
+            try:
+                self.call(self.server.stop(grace_s), timeout=grace_s + 30)
+            except RuntimeError:
+                pass
+        if self._thread is not None:
+            self._thread.join(30)
+        self._loop.close()
+        self._loop = None
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ServerProcess:
+    """``gnnserve serve`` in a subprocess; ``start()`` returns once models are served."""
+
+    def __init__(self, repo: Path, *args: str, env: dict[str, str] | None = None, log_path: Path | None = None):
+        self.repo = repo
+        self.args = list(args)
+        self.env = dict(os.environ, **(env or {}))
+        self.env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + self.env.get("PYTHONPATH", "")
+        self.log_path = log_path or repo / f"server-{os.getpid()}-{time.monotonic_ns()}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 300) -> ServerProcess:
+        ready = self.log_path.with_suffix(".port")
+        ready.unlink(missing_ok=True)
+        self.port = free_port()
+        cmd = [sys.executable, "-m", "serve.cli", "serve", "--repo", str(self.repo), "--port", str(self.port),
+               "--ready-file", str(ready), *self.args]
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO_ROOT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready.exists() and ready.read_text().strip():
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.1)
+        self.kill()
+        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+    def terminate(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+        if hasattr(self, "_log"):
+            self._log.close()
