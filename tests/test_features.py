@@ -289,6 +289,33 @@ def test_tiered_hit_ratio_lru_eviction_and_metrics(x):
     assert sv("gnnserve_feature_cache_misses_total", {"store": "t2"}) == 1
 
 
+def test_tiered_is_consistent_under_concurrent_eviction(x):
+    import threading
+
+    store = _tiered(x, 30, hot_ids=np.arange(10), hot_fraction=0.3)
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(150):
+                ids = rng.integers(0, 80, rng.integers(1, 25))
+                np.testing.assert_array_equal(store.get(ids), x[ids])
+        except BaseException as exc:  # re-raised in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors[0]
+    s = store.stats()
+    assert s["evictions"] > 0 and s["lru_used"] <= s["lru_rows"] == 21
+    held = store._node[store._filled]  # every cached row is the row of the node mapped to its slot
+    assert np.array_equal(store._slot[held], np.flatnonzero(store._filled))
+
+
 def test_tiered_serves_hot_rows_when_the_backend_is_down(x):
     base = MemoryFeatureStore(x, registry=None)
     store = TieredFeatureStore(base, hot_ids=np.array([7, 8, 9]), budget_bytes=3 * F * 4, hot_fraction=1.0,
