@@ -15,8 +15,10 @@ import concurrent.futures
 import contextlib
 import logging
 import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc import aio
@@ -32,7 +34,7 @@ from .runtime import RuntimeOptions
 from .servicer import GnnServicer
 from .triton import TritonServicer
 
-__all__ = ["GnnServer", "ServerConfig"]
+__all__ = ["BackgroundServer", "GnnServer", "ServerConfig", "serve_forever"]
 
 log = logging.getLogger(__name__)
 
@@ -184,3 +186,72 @@ async def serve_forever(config: ServerConfig, ready_file: str | None = None) -> 
     if ready_file:
         Path(ready_file).write_text(f"{port}\n")
     await server.wait()
+
+
+class BackgroundServer:
+    """A :class:`GnnServer` in a background thread with its own event loop (demo, notebooks, tests).
+
+    ``start()`` returns once the models are served; ``address`` is ``host:port``; ``stop()`` shuts
+    down gracefully. Usable as a context manager.
+    """
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.server: GnnServer | None = None
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    def start(self, timeout: float = 600) -> BackgroundServer:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        started = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                self.server = GnnServer(self.config)
+                self.port = loop.run_until_complete(self.server.start())
+            except BaseException as exc:
+                errors.append(exc)
+                return
+            finally:
+                started.set()
+            loop.run_until_complete(self.server.wait())
+
+        self._thread = threading.Thread(target=run, name="gnnserve-server", daemon=True)
+        self._thread.start()
+        if not started.wait(timeout):
+            raise TimeoutError(f"server did not start within {timeout} s")
+        if errors:
+            self._thread.join(10)
+            loop.close()
+            raise errors[0]
+        return self
+
+    def call(self, coro: Any, timeout: float = 60) -> Any:
+        """Run a coroutine on the server's loop and return its result."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        if self._loop is None or self.server is None:
+            return
+        if not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                self.call(self.server.stop(grace_s), timeout=grace_s + 30)
+        if self._thread is not None:
+            self._thread.join(30)
+        self._loop.close()
+        self._loop = None
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

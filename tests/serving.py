@@ -10,15 +10,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,75 +47,19 @@ def make_repo(root: Path, dataset: Any, kinds: dict[str, str], **settings: Any) 
     return root
 
 
-@dataclass
-class ServerThread:
-    """A GnnServer on a free loopback port, in a background thread with its own event loop."""
+def ServerThread(repo: Path, options: dict[str, Any] | None = None) -> Any:
+    """A :class:`serve.server.BackgroundServer` on a free loopback port over ``repo``.
 
-    repo: Path
-    options: dict[str, Any] = field(default_factory=dict)
-    server: Any = None
-    port: int = 0
-    _loop: asyncio.AbstractEventLoop | None = None
-    _thread: threading.Thread | None = None
+    ``options`` are :class:`serve.server.ServerConfig` fields; ``runtime_kw`` holds
+    :class:`serve.runtime.RuntimeOptions` fields; the repository is polled every 0.5 s by default.
+    """
+    from serve.runtime import RuntimeOptions
+    from serve.server import BackgroundServer, ServerConfig
 
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 300) -> ServerThread:
-        from serve.runtime import RuntimeOptions
-        from serve.server import GnnServer, ServerConfig
-
-        opts = dict(self.options)
-        runtime = opts.pop("runtime", None) or RuntimeOptions(**opts.pop("runtime_kw", {}))
-        cfg = ServerConfig(repo=str(self.repo), port=0, runtime=runtime, poll_s=opts.pop("poll_s", 0.5), **opts)
-        self._loop = asyncio.new_event_loop()
-        started = threading.Event()
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            try:
-                self.server = GnnServer(cfg)
-                self.port = self._loop.run_until_complete(self.server.start())
-            except BaseException as exc:
-                errors.append(exc)
-                started.set()
-                return
-            started.set()
-            self._loop.run_until_complete(self.server.wait())
-
-        self._thread = threading.Thread(target=run, name="gnnserve-test-server", daemon=True)
-        self._thread.start()
-        if not started.wait(timeout):
-            raise TimeoutError("server did not start")
-        if errors:
-            raise errors[0]
-        return self
-
-    def call(self, coro: Any, timeout: float = 60) -> Any:
-        """Run a coroutine on the server's loop (e.g. ``server.registry.refresh()``)."""
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-    def stop(self, grace_s: float = 5.0) -> None:
-        if self._loop is None or self.server is None:
-            return
-        if not self._loop.is_closed():
-            try:
-                self.call(self.server.stop(grace_s), timeout=grace_s + 30)
-            except RuntimeError:
-                pass
-        if self._thread is not None:
-            self._thread.join(30)
-        self._loop.close()
-        self._loop = None
-
-    def __enter__(self) -> ServerThread:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    opts = dict(options or {})
+    runtime = opts.pop("runtime", None) or RuntimeOptions(**opts.pop("runtime_kw", {}))
+    cfg = ServerConfig(repo=str(repo), port=0, runtime=runtime, poll_s=opts.pop("poll_s", 0.5), **opts)
+    return BackgroundServer(cfg)
 
 
 class ServerProcess:
