@@ -44,6 +44,7 @@ __all__ = [
     "AGGREGATORS",
     "FASTRAND_PRIME",
     "STRATEGIES",
+    "forget_samples",
     "kept_edges",
     "sample_positions",
     "sampled_csr",
@@ -103,16 +104,28 @@ def kept_edges(graph: CSRGraph, width: int | None) -> int:
 
 
 # ----------------------------------------------------------------------------- torch views of a graph
+_INT32_LIMIT = 2**31 - 1
+SAMPLED_CACHE_SIZE = 4  # sampled matrices memoized per graph (the oldest is dropped first)
+
+
 def _graph_tensors(graph: CSRGraph, device: torch.device) -> dict[str, torch.Tensor]:
-    """int64 indptr, int64 indices, degrees and (optional) weights of ``graph`` on ``device``; memoized."""
+    """Tensors of ``graph`` on ``device``, memoized: ``indptr`` int64 ``[N + 1]``, ``deg`` int64 ``[N]``,
+    ``crow`` ``[N + 1]`` and ``indices`` ``[E]`` in the CSR index dtype (int32 while ``E`` and ``N``
+    fit, which halves the index traffic of the multiply and is what MKL takes without a copy),
+    ``weights`` float32 ``[E]`` when weighted."""
     key = f"torch:{device}"
     cache = graph.cache()
     t = cache.get(key)
     if t is None:
-        indptr = torch.from_numpy(np.ascontiguousarray(graph.indptr, dtype=np.int64))
-        indices = torch.from_numpy(np.ascontiguousarray(graph.indices, dtype=np.int64))
-        t = {"indptr": indptr.to(device), "indices": indices.to(device)}
-        t["deg"] = t["indptr"][1:] - t["indptr"][:-1]
+        small = graph.num_edges <= _INT32_LIMIT and graph.num_nodes <= _INT32_LIMIT
+        idt = np.int32 if small else np.int64
+        indptr = torch.from_numpy(np.ascontiguousarray(graph.indptr, dtype=np.int64)).to(device)
+        t = {
+            "indptr": indptr,
+            "deg": indptr[1:] - indptr[:-1],
+            "crow": indptr.to(torch.int32) if small else indptr,
+            "indices": torch.from_numpy(np.ascontiguousarray(graph.indices, dtype=idt)).to(device),
+        }
         if graph.weights is not None:
             t["weights"] = torch.from_numpy(np.ascontiguousarray(graph.weights)).to(device)
         cache[key] = t
@@ -141,6 +154,70 @@ def _gcn_dinv(
     return v
 
 
+def _max_degree(graph: CSRGraph) -> int:
+    m = graph.cache().get("max_degree")
+    if m is None:
+        m = int(graph.degrees.max()) if graph.num_nodes else 0
+        graph.cache()["max_degree"] = m
+    return m
+
+
+def _mod_grid(a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """``a[None, :] mod d[:, None]`` for non-negative int64 ``a`` ``[S]`` and positive ``d`` ``[R, 1]``.
+
+    Integer division does not vectorize on CPUs, so when ``max(a) + max(d)`` stays below the
+    float32 (or float64) integer range this computes ``a - floor(a / d) * d`` in floating point,
+    which is then exact: every operand and product is an integer below 2**24 (2**53), and the
+    rounded quotient cannot reach the next integer, since that would need ``(q + 1) * d`` beyond
+    the same bound.
+    """
+    bound = int(a.max()) + int(d.max()) if a.numel() and d.numel() else 0
+    ftype = torch.float32 if bound < 2**24 else torch.float64 if bound < 2**53 else None
+    if ftype is None:
+        return a % d
+    af, df = a.to(ftype), d.to(ftype)
+    return torch.addcmul(af, torch.floor(af / df), df, value=-1).to(torch.int64)
+
+
+def _sampled_edges(
+    t: dict[str, torch.Tensor], width: int, strategy: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(kept [N], crow [N + 1], row [T], edge [T])`` for width ``S > 0``, all int64: kept count and
+    CSR row pointers of the sample, and the row and the edge id of each of its ``T = sum_r min(d_r,
+    S)`` slots, in CSR order.
+
+    Slot ``j = crow_r + t`` of row ``r`` holds edge ``indptr_r + p_r(t)``. First every slot gets
+    ``j + (indptr_r - crow_r) = indptr_r + t``, which is final for rows at or below the width and
+    for ``bucket``; for ``fastrand`` the rows above the width (exactly ``S`` slots each) are then
+    overwritten from an ``[R, S]`` grid of ``(t * 577) mod d_r`` (plus the ``t // m_r`` term of the
+    module docstring on the rare rows whose ``d_r`` is a multiple of 577). Work: a few passes over
+    the ``T`` slots and the ``[R, S]`` grid, none over all ``E`` edges.
+    """
+    indptr, deg = t["indptr"], t["deg"]
+    device = deg.device
+    kept = deg.clamp(max=width)
+    crow = torch.zeros(len(deg) + 1, dtype=torch.int64, device=device)
+    torch.cumsum(kept, 0, out=crow[1:])
+    total = int(crow[-1])
+    row = torch.repeat_interleave(kept, output_size=total)
+    edge = (indptr[:-1] - crow[:-1]).index_select(0, row)
+    edge += torch.arange(total, device=device)
+    if strategy == "fastrand":
+        rows = torch.nonzero(deg > width).squeeze(1)
+        if rows.numel():
+            d = deg.index_select(0, rows).unsqueeze(1)
+            ts = torch.arange(width, device=device)
+            pos = _mod_grid(ts * FASTRAND_PRIME, d)  # [R, S]
+            mult = torch.nonzero(d.squeeze(1) % FASTRAND_PRIME == 0).squeeze(1)
+            if mult.numel():  # the general formula, on the few rows where it differs
+                dm = d.index_select(0, mult).expand(-1, width)
+                pos[mult] = sample_positions(dm, ts.expand_as(dm), width, "fastrand")
+            pos += indptr.index_select(0, rows).unsqueeze(1)
+            slots = crow.index_select(0, rows).unsqueeze(1) + ts
+            edge.scatter_(0, slots.view(-1), pos.view(-1))
+    return kept, crow, row, edge
+
+
 def sampled_csr(
     graph: CSRGraph,
     width: int | None,
@@ -154,48 +231,63 @@ def sampled_csr(
     """The sampled, rescaled adjacency as a torch sparse CSR tensor (the neighbour term only).
 
     ``sampled_csr(...) @ x`` is the neighbour part of :func:`sampled_spmm`; for ``gcn`` the self
-    term ``x_i / D_i`` comes on top. Exact matrices (``width`` 0/None or no row above the width) are
-    memoized on the graph, sampled ones are built fresh: O(sum_i min(d_i, S)) vectorized work.
+    term ``x_i / D_i`` comes on top. Values are ``w_ij * scale_i`` (times ``dinv_i * dinv_j`` for
+    ``gcn``) with the ``scale`` of the module docstring. Indices are int32 while they fit.
+
+    Memoized on the graph unless ``norm_degrees`` is given: the exact matrix per (aggregator,
+    device, dtype), and the latest :data:`SAMPLED_CACHE_SIZE` sampled ones per (width, strategy,
+    aggregator, device, dtype), so the layers of one forward pass (and repeated passes over one
+    graph) sample once. A fresh sample costs O(sum_i min(d_i, S)) vectorized work.
     """
     device = torch.device(device)
     width = int(width or 0)
-    t = _graph_tensors(graph, device)
     n = graph.num_nodes
+    exact = width <= 0 or graph.num_edges == 0 or _max_degree(graph) <= width
+    key = ("exact", aggregator, str(device), dtype) if exact else (width, strategy, aggregator, str(device), dtype)
+    memo = graph.cache().setdefault("spmm_csr", {}) if norm_degrees is None else None
+    if memo is not None:
+        mat = memo.get(key)
+        if mat is not None:
+            return mat
+    t = _graph_tensors(graph, device)
     deg = t["deg"]
-    exact = width <= 0 or graph.num_edges == 0 or int(graph.degrees.max()) <= width
-    memo = exact and norm_degrees is None
-    if memo:
-        cached = graph.cache().get(f"exact_csr:{aggregator}:{device}:{dtype}")
-        if cached is not None:
-            return cached
     if exact:
-        crow, col = t["indptr"], t["indices"]
-        row = torch.repeat_interleave(torch.arange(n, device=device), deg)
-        w = t["weights"].to(dtype) if "weights" in t else torch.ones(len(col), device=device, dtype=dtype)
-        kept = deg
+        kept, crow, col, row = deg, t["crow"], t["indices"], None
+        w = t.get("weights")
     else:
-        kept = deg.clamp(max=width)
-        crow = torch.zeros(n + 1, dtype=torch.int64, device=device)
-        torch.cumsum(kept, 0, out=crow[1:])
-        total = int(crow[-1])
-        row = torch.repeat_interleave(torch.arange(n, device=device), kept, output_size=total)
-        slot = torch.arange(total, device=device) - crow[row]
-        edge = t["indptr"][row] + sample_positions(deg[row], slot, width, strategy)
-        col = t["indices"][edge]
-        w = t["weights"][edge].to(dtype) if "weights" in t else torch.ones(total, device=device, dtype=dtype)
-    kept_f = kept.to(dtype)
-    if aggregator == "mean":
-        scale = torch.where(kept > 0, 1.0 / kept_f.clamp(min=1), torch.zeros_like(kept_f))
-    else:
-        scale = torch.where(kept > 0, deg.to(dtype) / kept_f.clamp(min=1), torch.zeros_like(kept_f))
-    val = w * scale[row]
+        kept, crow64, row, edge = _sampled_edges(t, width, strategy)
+        crow = crow64.to(t["crow"].dtype)
+        col = t["indices"].index_select(0, edge)
+        w = t["weights"].index_select(0, edge) if "weights" in t else None
+    kept_f = kept.to(dtype).clamp(min=1)
+    scale = 1.0 / kept_f if aggregator == "mean" else deg.to(dtype) / kept_f  # rows without edges: unused
     if aggregator == "gcn":
         dinv = _gcn_dinv(graph, device, dtype, norm_degrees)
-        val = val * dinv[row] * dinv[col]
+        scale = scale * dinv
+    if row is None:
+        val = torch.repeat_interleave(scale, kept, output_size=len(col))
+    else:
+        val = scale.index_select(0, row)
+    if w is not None:
+        val *= w.to(dtype)
+    if aggregator == "gcn":
+        val *= dinv.index_select(0, col)
     mat = torch.sparse_csr_tensor(crow, col, val, size=(n, n), device=device)
-    if memo:
-        graph.cache()[f"exact_csr:{aggregator}:{device}:{dtype}"] = mat
+    if memo is not None:
+        memo[key] = mat
+        sampled = [k for k in list(memo) if k[0] != "exact"]
+        for k in sampled[: max(0, len(sampled) - SAMPLED_CACHE_SIZE)]:
+            memo.pop(k, None)  # oldest first
     return mat
+
+
+def forget_samples(graph: CSRGraph) -> int:
+    """Drop the sampled matrices memoized on ``graph`` (exact ones stay); returns how many went."""
+    memo = graph.cache().get("spmm_csr", {})
+    gone = [k for k in list(memo) if k[0] != "exact"]
+    for k in gone:
+        memo.pop(k, None)
+    return len(gone)
 
 
 def sampled_spmm_torch(
@@ -215,7 +307,7 @@ def sampled_spmm_torch(
     out = torch.sparse.mm(mat, x) if graph.num_edges else x.new_zeros(x.shape)
     if aggregator == "gcn":
         dinv = _gcn_dinv(graph, x.device, x.dtype, norm_degrees)
-        out = out + x * (dinv * dinv).unsqueeze(1)
+        out = torch.addcmul(out, x, (dinv * dinv).unsqueeze(1))
     return out
 
 
@@ -250,6 +342,7 @@ def sampled_spmm(
 
         if spmm_cuda.available():
             width = _check_args(graph, x, width, strategy, aggregator)
-            dinv = _gcn_dinv(graph, x.device, torch.float32, norm_degrees) if aggregator == "gcn" else None
+            dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+            dinv = _gcn_dinv(graph, x.device, dtype, norm_degrees) if aggregator == "gcn" else None
             return spmm_cuda.sampled_spmm_cuda(graph, x, width, strategy, aggregator, gcn_dinv=dinv)
     return sampled_spmm_torch(graph, x, width, strategy, aggregator, norm_degrees=norm_degrees)

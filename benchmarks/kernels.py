@@ -1,0 +1,348 @@
+"""ES-SpMM against ``torch.sparse.mm`` on the same CSR and features, side by side in one run.
+
+For each graph and feature width F, one process times, interleaved round by round (so machine
+noise hits every variant alike), and reports medians as speedups over ``torch.sparse.mm``:
+
+* ``torch.sparse.mm(A, x)``: the baseline, ``A`` the graph's CSR (int32 indices, float32 ones);
+  MKL on CPU, cuSPARSE on CUDA;
+* ``sampled_spmm(graph, x, S)`` for S = exact (0) and 8, 16, 32, 64, 128 (``fastrand``, ``sum``).
+  CPU, ``warm``: the (sampled) CSR is memoized on the graph (layers 2..L of a forward pass, or
+  repeated passes); CPU, ``cold``: the sample is drawn afresh on every call (a new graph, e.g. the
+  first layer on a request's subgraph); ``exact`` has nothing to sample and shows in both rows.
+  CUDA: the ES-SpMM kernel samples inside the kernel on every call (no memo involved), and its
+  effective memory bandwidth is given as modelled bytes / time against the card's peak.
+
+Graphs: Amazon Computers and Coauthor Physics from ``--data-dir`` (edge lists only; features are
+random, F is a hidden width), and synthetic degree-skewed SBM graphs shaped like ogbn-arxiv (169,343
+nodes, mean degree ~7) and Reddit (232,965 nodes, mean degree ~490, ~114M directed edges; about
+1.5 GB for the graph and two CSR copies). Synthetic graphs are cached as memory-mapped CSR under
+``--cache-dir``.
+
+    python benchmarks/kernels.py                       # everything (CPU; CUDA too where it works)
+    python benchmarks/kernels.py --quick               # two small graphs, F = 64, 3 rounds
+    python benchmarks/kernels.py --graphs reddit-like --features 64 --widths 16,32 --device cuda
+
+Prints Markdown (machine, tables); writes nothing else except the synthetic-graph cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from kernels import spmm_cuda  # noqa: E402
+from kernels.datasets import synthetic_sbm  # noqa: E402
+from kernels.graph import CSRGraph  # noqa: E402
+from kernels.spmm import forget_samples, kept_edges, sampled_csr, sampled_spmm  # noqa: E402
+
+warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta.*")
+warnings.filterwarnings("ignore", message=".*Sparse invariant checks are implicitly disabled.*")
+
+DEFAULT_DATA = Path(os.environ.get("GNNSERVE_DATA", REPO.parent / "shared" / "data"))
+DEFAULT_CACHE = Path(os.environ.get("TMPDIR", "/tmp")) / "gnnserve-bench"
+ALL_GRAPHS = ("amazon_computers", "coauthor_physics", "arxiv-like", "reddit-like")
+# synthetic shapes: (nodes, avg_degree argument of synthetic_sbm, seed); the argument is set a little
+# above the target mean degree because duplicate draws are merged
+SYNTHETIC = {
+    "arxiv-like": (169_343, 7.0, 1),
+    "reddit-like": (232_965, 540.0, 2),
+}
+# peak DRAM bandwidth (GB/s) by device name, used when the driver does not report clock and bus width
+PEAK_GBS = {"H200": 4800, "H100 SXM": 3350, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,
+            "A100-SXM4-40GB": 1555, "A100": 1555, "V100": 900, "L40S": 864, "L4": 300, "A10": 600}
+
+
+# --------------------------------------------------------------------------- graphs
+def load_real(name: str, data_dir: Path) -> CSRGraph:
+    path = data_dir / f"{name}.npz"
+    if not path.exists():
+        raise SystemExit(f"{path} not found (use --data-dir or set GNNSERVE_DATA)")
+    with np.load(path) as z:  # the edge list only: features here are random hidden-width ones
+        n = int(z["y"].shape[0])
+        return CSRGraph.from_edge_index(z["edge_index"], num_nodes=n)
+
+
+def load_synthetic(name: str, cache_dir: Path | None) -> CSRGraph:
+    n, avg, seed = SYNTHETIC[name]
+    d = cache_dir / f"{name}-{n}-{avg}-{seed}" if cache_dir else None
+    if d is not None and (d / "graph.json").exists():
+        return CSRGraph.load(d, mmap=True)
+    t0 = time.perf_counter()
+    g = synthetic_sbm(n, num_classes=40, avg_degree=avg, num_features=1, seed=seed, name=name).graph
+    print(f"<!-- generated {name}: {g} in {time.perf_counter() - t0:.0f} s -->", flush=True)
+    if d is not None:
+        g.save(d)
+    return g
+
+
+def load_graph(name: str, args: argparse.Namespace) -> CSRGraph:
+    if name in SYNTHETIC:
+        return load_synthetic(name, None if args.no_cache else args.cache_dir)
+    return load_real(name, args.data_dir)
+
+
+def baseline_csr(g: CSRGraph, device: torch.device) -> torch.Tensor:
+    """The graph as torch CSR with int32 indices and float32 values (ones when unweighted)."""
+    crow = torch.from_numpy(g.indptr.astype(np.int32))
+    col = torch.from_numpy(np.ascontiguousarray(g.indices, dtype=np.int32))
+    val = torch.from_numpy(np.ascontiguousarray(g.edge_weights(), dtype=np.float32))
+    return torch.sparse_csr_tensor(crow, col, val, size=(g.num_nodes,) * 2).to(device)
+
+
+# --------------------------------------------------------------------------- timing
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable[[], object], device: torch.device, prep: Callable[[], object] | None = None,
+              inner: int = 1) -> float:
+    """Seconds per call of ``fn`` (``prep`` runs untimed before; on CUDA, ``inner`` back-to-back
+    calls between two events, divided by ``inner``)."""
+    if prep is not None:
+        prep()
+    if device.type == "cuda":
+        _sync(device)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(inner):
+            fn()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / 1e3 / inner
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+@dataclass
+class Case:
+    graph: str
+    n: int
+    e: int
+    f: int
+    device: str
+    baseline_s: float
+    times: dict[tuple[str, int], float] = field(default_factory=dict)  # (mode, width) -> seconds
+    bytes_: dict[int, float] = field(default_factory=dict)  # width -> modelled bytes (CUDA)
+    baseline_bytes: float = 0.0
+
+
+def modelled_bytes(g: CSRGraph, width: int, f: int, value_bytes: int = 4, baseline: bool = False) -> float:
+    """Bytes an SpMM must move at least once: row pointers, the kept (column[, value]) pairs, one
+    gathered x row per kept edge, the output. Gathered rows that hit in L2 make the effective
+    figure exceed what DRAM delivered."""
+    kept = g.num_edges if baseline else kept_edges(g, width)
+    idx = g.indices.dtype.itemsize
+    per_edge = idx + (4 if (baseline or g.is_weighted) else 0)
+    return (g.num_nodes + 1) * 8 + kept * per_edge + kept * f * value_bytes + g.num_nodes * f * value_bytes
+
+
+def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[int], rounds: int,
+             strategy: str, aggregator: str, seed: int) -> Case:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(g.num_nodes, f, generator=gen).to(device)
+    a = baseline_csr(g, device)
+    base = lambda: torch.sparse.mm(a, x)  # noqa: E731
+    # sanity: exact mode is the same product
+    want = base()
+    got = sampled_spmm(g, x, 0, strategy, "sum")
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4 * float(want.abs().max()))
+    del want, got
+
+    variants: dict[tuple[str, int], tuple[Callable[[], object], Callable[[], object] | None]] = {}
+    variants[("base", 0)] = (base, None)
+    if device.type == "cuda":
+        for w in [0, *widths]:
+            variants[("kernel", w)] = (lambda w=w: sampled_spmm(g, x, w, strategy, aggregator), None)
+    else:
+        for w in [0, *widths]:
+            # warm: make sure the sample is memoized (untimed), then time the call
+            variants[("warm", w)] = (lambda w=w: sampled_spmm(g, x, w, strategy, aggregator),
+                                     lambda w=w: sampled_csr(g, w, strategy, aggregator, dtype=x.dtype))
+        for w in widths:
+            # cold: nothing memoized, the call samples and aggregates
+            variants[("cold", w)] = (lambda w=w: sampled_spmm(g, x, w, strategy, aggregator),
+                                     lambda: forget_samples(g))
+    # CUDA: enough back-to-back calls per measurement to amortise launch jitter
+    inner = 1
+    if device.type == "cuda":
+        t = time_call(base, device)
+        inner = max(1, min(50, int(0.02 / max(t, 1e-6))))
+    for fn, prep in variants.values():  # warm-up (fills memo and caches, compiles the kernel)
+        if prep is not None:
+            prep()
+        fn()
+    _sync(device)
+    samples: dict[tuple[str, int], list[float]] = {k: [] for k in variants}
+    for _ in range(rounds):
+        for k, (fn, prep) in variants.items():
+            samples[k].append(time_call(fn, device, prep, inner))
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    case = Case(name, g.num_nodes, g.num_edges, f, device.type, med.pop(("base", 0)), med)
+    if device.type == "cuda":
+        case.baseline_bytes = modelled_bytes(g, 0, f, baseline=True)
+        case.bytes_ = {w: modelled_bytes(g, w, f) for w in [0, *widths]}
+    forget_samples(g)
+    return case
+
+
+# --------------------------------------------------------------------------- reporting
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def gpu_peak_gbs(device: torch.device) -> tuple[str, float | None]:
+    name = torch.cuda.get_device_name(device)
+    try:
+        import cupy  # optional: only for the driver's memory clock and bus width
+
+        idx = device.index or 0
+        clock_khz = cupy.cuda.runtime.deviceGetAttribute(36, idx)  # cudaDevAttrMemoryClockRate
+        bus_bits = cupy.cuda.runtime.deviceGetAttribute(37, idx)  # cudaDevAttrGlobalMemoryBusWidth
+        if clock_khz > 0 and bus_bits > 0:
+            return name, 2.0 * clock_khz * 1e3 * bus_bits / 8 / 1e9
+    except Exception:
+        pass
+    for key, gbs in PEAK_GBS.items():
+        if key in name:
+            return name, float(gbs)
+    return name, None
+
+
+def markdown(cases: list[Case], graphs: dict[str, CSRGraph], widths: list[int], args: argparse.Namespace,
+             peak: tuple[str, float | None] | None) -> str:
+    lines = []
+    cols = ["exact", *[f"S={w}" for w in widths]]
+    lines.append("Edges kept (fraction of E aggregated at each width):\n")
+    lines.append("| graph | N | E | mean deg | max deg | " + " | ".join(cols[1:]) + " |")
+    lines.append("|---" * (5 + len(widths)) + "|")
+    for name, g in graphs.items():
+        frac = [f"{kept_edges(g, w) / max(g.num_edges, 1):.1%}" for w in widths]
+        lines.append(f"| {name} | {g.num_nodes:,} | {g.num_edges:,} | {g.num_edges / g.num_nodes:.1f} | "
+                     f"{int(g.degrees.max())} | " + " | ".join(frac) + " |")
+    lines.append("")
+    lines.append("Speedup over `torch.sparse.mm` on the same CSR (median time of the baseline in ms; "
+                 "> 1 = faster):\n")
+    lines.append("| graph | F | device | mode | sparse.mm ms | " + " | ".join(cols) + " |")
+    lines.append("|---" * (5 + len(cols)) + "|")
+    for c in cases:
+        modes = ["kernel"] if c.device == "cuda" else ["warm", "cold"]
+        for mode in modes:
+            cells = []
+            for w in [0, *widths]:
+                t = c.times.get((mode, w), c.times.get(("warm", w)) if w == 0 else None)
+                cells.append(f"{c.baseline_s / t:.2f}x" if t else "-")
+            lines.append(f"| {c.graph} | {c.f} | {c.device} | {mode} | {c.baseline_s * 1e3:.2f} | "
+                         + " | ".join(cells) + " |")
+    gpu_cases = [c for c in cases if c.device == "cuda"]
+    if gpu_cases and peak is not None:
+        name, gbs = peak
+        lines.append("")
+        peak_txt = f"{gbs:.0f} GB/s" if gbs else "unknown"
+        lines.append(f"Effective bandwidth on {name} (modelled bytes / median time; peak {peak_txt}):\n")
+        lines.append("| graph | F | cuSPARSE GB/s | " + " | ".join(f"{c} GB/s" for c in cols) + " |")
+        lines.append("|---" * (3 + len(cols)) + "|")
+        for c in gpu_cases:
+            def bw(b: float, t: float) -> str:
+                v = b / t / 1e9
+                return f"{v:.0f} ({v / gbs:.0%})" if gbs else f"{v:.0f}"
+            cells = [bw(c.bytes_[w], c.times[("kernel", w)]) for w in [0, *widths]]
+            lines.append(f"| {c.graph} | {c.f} | {bw(c.baseline_bytes, c.baseline_s)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
+    p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where synthetic graphs are kept")
+    p.add_argument("--no-cache", action="store_true", help="regenerate synthetic graphs, keep nothing")
+    p.add_argument("--graphs", help=f"comma list of {ALL_GRAPHS} (default: all)")
+    p.add_argument("--features", help="comma list of feature widths F (default: 64,256)")
+    p.add_argument("--widths", default="8,16,32,64,128", help="comma list of sampling widths S")
+    p.add_argument("--rounds", type=int, help="timed rounds per variant, median reported (default: 7)")
+    p.add_argument("--big-rounds", type=int, help="rounds on graphs above 20M edges (default: 3)")
+    p.add_argument("--device", choices=("cpu", "cuda", "both"), default="both",
+                   help="cuda/both: also time on the GPU when CUDA and the kernel work")
+    p.add_argument("--strategy", choices=("fastrand", "bucket"), default="fastrand")
+    p.add_argument("--aggregator", choices=("sum", "mean", "gcn"), default="sum")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true",
+                   help="defaults become: amazon_computers + arxiv-like, F = 64, 3 rounds")
+    args = p.parse_args(argv)
+    quick = {"graphs": "amazon_computers,arxiv-like", "features": "64", "rounds": 3, "big_rounds": 1}
+    full = {"graphs": ",".join(ALL_GRAPHS), "features": "64,256", "rounds": 7, "big_rounds": 3}
+    for k, v in (quick if args.quick else full).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = [s.strip() for s in args.graphs.split(",") if s.strip()]
+    bad = [s for s in names if s not in ALL_GRAPHS]
+    if bad:
+        raise SystemExit(f"unknown graphs {bad}; choose from {ALL_GRAPHS}")
+    feats = [int(s) for s in args.features.split(",")]
+    widths = [int(s) for s in args.widths.split(",")]
+    devices = [torch.device("cpu")] if args.device in ("cpu", "both") else []
+    if args.device in ("cuda", "both"):
+        if torch.cuda.is_available() and spmm_cuda.available():
+            devices.append(torch.device("cuda"))
+        elif args.device == "cuda":
+            raise SystemExit("--device cuda: no CUDA device, or CuPy / the ES-SpMM kernel does not work here")
+
+    t_start = time.perf_counter()
+    print(f"Command: `python benchmarks/{Path(__file__).name} {' '.join(argv if argv is not None else sys.argv[1:])}`  ")
+    print(f"Date: {datetime.date.today().isoformat()}; CPU: {cpu_model()}, {os.cpu_count()} logical CPUs, "
+          f"torch {torch.__version__} with {torch.get_num_threads()} threads; load average at start "
+          f"{os.getloadavg()[0]:.1f}  ")
+    peak = gpu_peak_gbs(devices[-1]) if devices and devices[-1].type == "cuda" else None
+    if peak:
+        print(f"GPU: {peak[0]}  ")
+    print(f"Aggregator `{args.aggregator}`, strategy `{args.strategy}`, median of {args.rounds} rounds "
+          f"({args.big_rounds} above 20M edges), variants interleaved within each round.\n", flush=True)
+
+    graphs: dict[str, CSRGraph] = {}
+    cases: list[Case] = []
+    for name in names:
+        g = load_graph(name, args)
+        graphs[name] = g
+        rounds = args.big_rounds if g.num_edges > 20_000_000 else args.rounds
+        for f in feats:
+            for dev in devices:
+                c = run_case(name, g, f, dev, widths, rounds, args.strategy, args.aggregator, args.seed)
+                cases.append(c)
+                print(f"<!-- {name} F={f} {dev.type}: sparse.mm {c.baseline_s * 1e3:.2f} ms, "
+                      f"{time.perf_counter() - t_start:.0f} s so far -->", flush=True)
+        g.cache().clear()
+    print(markdown(cases, graphs, widths, args, peak))
+    print(f"\nTotal {time.perf_counter() - t_start:.0f} s; load average at end {os.getloadavg()[0]:.1f}.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,248 @@
+// ES-SpMM: sparse-dense aggregation with deterministic per-row edge sampling (CUDA).
+//
+// The specification is kernels/spmm.py (module docstring); this kernel follows its formulas:
+//
+//   row i has d_i edges at positions 0 .. d_i-1 of its CSR slice; with sampling width S > 0 and
+//   d_i > S it keeps k_i = S edges at positions p_i(t), t = 0 .. k_i-1, otherwise all of them
+//   (k_i = d_i, p(t) = t):
+//     bucket:   p(t) = t
+//     fastrand: p(t) = ((t * 577) mod d_i + t / m_i) mod d_i,  m_i = d_i / gcd(577, d_i)
+//   coefficient of a kept edge (i, j) with weight w_ij (1 when unweighted):
+//     sum:  w_ij * d_i / k_i
+//     mean: w_ij / k_i
+//     gcn:  w_ij * d_i / k_i * dinv_i * dinv_j,  plus the self term dinv_i^2 * x_i
+//   out_i = sum over kept edges of coefficient * x_j; rows with no edges give zeros (gcn: self term).
+//
+// Shapes: indptr int64 [N + 1]; indices I [E] (int or long long); weights float32 [E] (or unused);
+// x T [N, F] row-major contiguous; dinv T [N] (gcn only); out T [N, F] row-major contiguous.
+//
+// Work layout ("cache-first", Lin, Luo and Ceze): one thread group of G lanes (G a power of two,
+// 4..32, inside one warp) per row; lanes split the feature columns, each lane owning CPT columns
+// f0 + lane + c * G (c < CPT) of a pass, and a row takes ceil(F / (G * CPT)) passes. The kept
+// (column, coefficient) pairs of the row are staged in shared memory, `tile` entries at a time; with
+// a sampling width S <= tile (the normal case: the host picks tile = S) the whole sample of a row is
+// staged once and every pass reads it from shared memory. Exact mode (S = 0) and S > tile stream the
+// row through shared memory tile by tile. Lanes of a group synchronise with __syncwarp(group mask).
+//
+// The row body is __host__ __device__ and takes its synchronisation as a functor, so the tests can
+// run this exact code on the CPU with one host thread per lane (tests/es_spmm_host_harness.cu).
+// No #include: the file is compiled by NVRTC (CuPy RawModule) and by nvcc, and as plain C++ (the
+// host emulation), where the CUDA qualifiers are defined away and the kernel itself is left out.
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define ES_SPMM_CUDA 1
+#else
+#define ES_SPMM_CUDA 0
+#define __host__
+#define __device__
+#endif
+
+namespace es_spmm {
+
+enum Strategy : int { kFastrand = 0, kBucket = 1 };
+enum Aggregator : int { kSum = 0, kMean = 1, kGcn = 2 };
+
+constexpr long long kPrime = 577;
+constexpr int kWarp = 32;
+
+template <typename T, typename I>
+struct Args {
+    const long long* indptr;  // [N + 1]
+    const I* indices;         // [E]
+    const float* weights;     // [E] or nullptr (unweighted)
+    const T* x;               // [N, F]
+    const T* dinv;            // [N] (gcn) or nullptr
+    T* out;                   // [N, F]
+    long long num_rows;       // N
+    long long num_features;   // F
+    long long width;          // S, 0 = exact
+    int strategy;             // Strategy
+    int aggregator;           // Aggregator
+    int group_size;           // G: lanes per row, power of two in [1, 32]
+    int tile;                 // shared-memory entries per row and stage
+};
+
+// Position of the t-th kept edge of a sampled fastrand row with d edges (0 <= t < S < d).
+__host__ __device__ inline long long fastrand_position(long long t, long long d) {
+    const long long m = (d % kPrime == 0) ? d / kPrime : d;  // d / gcd(577, d); 577 is prime
+    if (d <= 7443000LL) {
+        // t < d, so t * 577 < 2^32: 32-bit unsigned arithmetic is exact and much cheaper
+        const unsigned ut = static_cast<unsigned>(t), ud = static_cast<unsigned>(d);
+        const unsigned um = static_cast<unsigned>(m);
+        return static_cast<long long>(((ut * 577u) % ud + ut / um) % ud);
+    }
+    // general case: t * 577 < 2^63 for every realistic t (t < S <= 2^31)
+    return ((t * kPrime) % d + t / m) % d;
+}
+
+// Lane coordinates of one thread of a block of `block_threads` threads (a multiple of 32).
+struct GroupCoords {
+    int lane;              // lane inside the row group, 0 .. G-1
+    int group;             // group index inside the block
+    int groups_per_block;  // rows a block works on at a time
+    unsigned mask;         // the group's lanes inside its warp (for __syncwarp)
+};
+
+__host__ __device__ inline GroupCoords group_coords(int thread, int block_threads, int group_size) {
+    GroupCoords c;
+    const int lane_in_warp = thread % kWarp;
+    const int warp = thread / kWarp;
+    const int groups_per_warp = kWarp / group_size;
+    const int sub = lane_in_warp / group_size;
+    c.lane = lane_in_warp % group_size;
+    c.group = warp * groups_per_warp + sub;
+    c.groups_per_block = (block_threads / kWarp) * groups_per_warp;
+    c.mask = group_size == kWarp ? 0xffffffffu : (((1u << group_size) - 1u) << (sub * group_size));
+    return c;
+}
+
+// Dynamic shared memory layout, shared by kernel and host (the Python side computes the same size):
+// [groups_per_block * (tile + 1)] coefficients of type T, padded to 16 bytes, then as many indices.
+// The "+ 1" staggers the rows of neighbouring groups across shared-memory banks.
+__host__ __device__ inline long long smem_value_bytes(int groups_per_block, int tile, int value_size) {
+    const long long b = static_cast<long long>(groups_per_block) * (tile + 1) * value_size;
+    return (b + 15) / 16 * 16;
+}
+
+// acc[c] += sum_s sh_val[s] * x[sh_col[s], f0 + lane + c * G] over the n staged entries.
+template <typename T, typename I, int CPT>
+__host__ __device__ inline void accumulate_tile(const T* __restrict__ x, long long F, long long f0, int lane,
+                                                int G, const T* sh_val, const I* sh_col, int n, T (&acc)[CPT]) {
+    const T* __restrict__ xl = x + f0 + lane;  // this lane's first column of the pass, in row 0
+    if (f0 + static_cast<long long>(G) * CPT <= F) {
+        // full pass: every lane owns CPT valid columns, no bounds checks in the hot loop; unrolled so
+        // that 8..16 independent loads of x are in flight per lane
+        constexpr int kUnroll = CPT >= 4 ? 2 : 4;
+        (void)kUnroll;  // read only by the pragma, which plain C++ ignores
+#pragma unroll kUnroll
+        for (int s = 0; s < n; ++s) {
+            const T v = sh_val[s];
+            const T* __restrict__ xr = xl + static_cast<long long>(sh_col[s]) * F;
+#pragma unroll
+            for (int c = 0; c < CPT; ++c) acc[c] += v * xr[c * G];
+        }
+    } else {
+        const long long rest = F - f0 - lane;  // columns from this lane's first one to the end
+        const int valid = rest <= 0 ? 0 : static_cast<int>(rest < static_cast<long long>(CPT - 1) * G + 1
+                                                               ? (rest + G - 1) / G : CPT);
+        for (int s = 0; s < n; ++s) {
+            const T v = sh_val[s];
+            const T* __restrict__ xr = xl + static_cast<long long>(sh_col[s]) * F;
+#pragma unroll
+            for (int c = 0; c < CPT; ++c) {
+                if (c < valid) acc[c] += v * xr[c * G];
+            }
+        }
+    }
+}
+
+// One row, executed by the G lanes of its group. `sync` is called with the group mask wherever
+// the group's lanes must meet (before overwriting and after filling the shared-memory stage).
+template <typename T, typename I, int CPT, typename Sync>
+__host__ __device__ void process_row(const Args<T, I>& a, long long row, int lane, unsigned mask, T* sh_val,
+                                     I* sh_col, const Sync& sync) {
+    const int G = a.group_size;
+    const long long F = a.num_features;
+    const long long start = a.indptr[row];
+    const long long d = a.indptr[row + 1] - start;
+    const bool sampled = a.width > 0 && d > a.width;
+    const long long k = sampled ? a.width : d;
+    const bool fastrand = sampled && a.strategy == kFastrand;
+
+    // row factor of every kept coefficient (spec: scale_i, times dinv_i for gcn)
+    T scale;
+    if (a.aggregator == kMean) {
+        scale = k > 0 ? T(1) / static_cast<T>(k) : T(0);
+    } else {
+        scale = sampled ? static_cast<T>(d) / static_cast<T>(k) : T(1);
+    }
+    T self = T(0);
+    if (a.aggregator == kGcn) {
+        const T di = a.dinv[row];
+        scale *= di;
+        self = di * di;
+    }
+
+    const long long n_tiles = (k + a.tile - 1) / a.tile;
+    const long long pass = static_cast<long long>(G) * CPT;
+    for (long long f0 = 0; f0 < F; f0 += pass) {
+        T acc[CPT];
+#pragma unroll
+        for (int c = 0; c < CPT; ++c) acc[c] = T(0);
+        for (long long tb = 0; tb < n_tiles; ++tb) {
+            const long long t0 = tb * a.tile;
+            const int n = static_cast<int>(k - t0 < a.tile ? k - t0 : a.tile);
+            if (n_tiles > 1 || f0 == 0) {  // one tile: staged once, reused by every pass
+                sync(mask);  // no lane still reads the previous stage
+                for (int s = lane; s < n; s += G) {
+                    const long long t = t0 + s;
+                    const long long e = start + (fastrand ? fastrand_position(t, d) : t);
+                    const I col = a.indices[e];
+                    T v = a.weights != nullptr ? static_cast<T>(a.weights[e]) : T(1);
+                    v *= scale;
+                    if (a.aggregator == kGcn) v *= a.dinv[col];
+                    sh_col[s] = col;
+                    sh_val[s] = v;
+                }
+                sync(mask);  // the stage is complete
+            }
+            accumulate_tile<T, I, CPT>(a.x, F, f0, lane, G, sh_val, sh_col, n, acc);
+        }
+        T* __restrict__ o = a.out + row * F;
+        const T* __restrict__ xs = a.x + row * F;
+#pragma unroll
+        for (int c = 0; c < CPT; ++c) {
+            const long long f = f0 + lane + static_cast<long long>(c) * G;
+            if (f < F) o[f] = a.aggregator == kGcn ? acc[c] + self * xs[f] : acc[c];
+        }
+    }
+}
+
+// Everything one thread does in a launch: find its group and row(s), carve its group's stage out of
+// the block's dynamic shared memory, process rows (grid-stride, so any N fits in any grid).
+template <typename T, typename I, int CPT, typename Sync>
+__host__ __device__ void run_thread(const Args<T, I>& a, long long block, long long grid, int thread,
+                                    int block_threads, unsigned char* smem, const Sync& sync) {
+    const GroupCoords g = group_coords(thread, block_threads, a.group_size);
+    T* sh_val = reinterpret_cast<T*>(smem) + static_cast<long long>(g.group) * (a.tile + 1);
+    I* sh_col = reinterpret_cast<I*>(smem + smem_value_bytes(g.groups_per_block, a.tile, sizeof(T))) +
+                static_cast<long long>(g.group) * (a.tile + 1);
+    for (long long row = block * g.groups_per_block + g.group; row < a.num_rows;
+         row += grid * g.groups_per_block) {
+        process_row<T, I, CPT>(a, row, g.lane, g.mask, sh_val, sh_col, sync);
+    }
+}
+
+#if ES_SPMM_CUDA
+struct WarpSync {
+    __device__ void operator()(unsigned mask) const { __syncwarp(mask); }
+};
+
+// Launch with blockDim.x = a multiple of 32 (<= 256), dynamic shared memory
+// smem_value_bytes(gpb, tile, sizeof(T)) + gpb * (tile + 1) * sizeof(I), gpb = groups per block.
+template <typename T, typename I, int CPT>
+__global__ void __launch_bounds__(256)
+    es_spmm_kernel(const long long* __restrict__ indptr, const I* __restrict__ indices,
+                   const float* __restrict__ weights, const T* __restrict__ x, const T* __restrict__ dinv,
+                   T* __restrict__ out, long long num_rows, long long num_features, long long width,
+                   int strategy, int aggregator, int has_weights, int group_size, int tile) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    Args<T, I> a;
+    a.indptr = indptr;
+    a.indices = indices;
+    a.weights = has_weights ? weights : nullptr;
+    a.x = x;
+    a.dinv = aggregator == kGcn ? dinv : nullptr;
+    a.out = out;
+    a.num_rows = num_rows;
+    a.num_features = num_features;
+    a.width = width;
+    a.strategy = strategy;
+    a.aggregator = aggregator;
+    a.group_size = group_size;
+    a.tile = tile;
+    run_thread<T, I, CPT>(a, blockIdx.x, gridDim.x, threadIdx.x, blockDim.x, smem, WarpSync{});
+}
+#endif
+
+}  // namespace es_spmm
