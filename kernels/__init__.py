@@ -5,6 +5,7 @@ Nothing in here imports from ``models``, ``serve`` or ``clients``.
 
 from .datasets import DatasetError, GraphDataset, load_dataset, load_npz, save_npz, synthetic_sbm
 from .graph import CSRGraph, GraphFormatError
+from .ppr import PPRConfig, PPRIndex, PPRIndexError, ppr_exact, ppr_new_node, ppr_topk
 from .spmm import kept_edges, sampled_spmm, sampled_spmm_torch
 from .subgraph import ExtraEdges, SubgraphBatch, induced_batch, lhop_nodes
 
@@ -14,12 +15,18 @@ __all__ = [
     "ExtraEdges",
     "GraphDataset",
     "GraphFormatError",
+    "PPRConfig",
+    "PPRIndex",
+    "PPRIndexError",
     "SubgraphBatch",
     "induced_batch",
     "kept_edges",
     "lhop_nodes",
     "load_dataset",
     "load_npz",
+    "ppr_exact",
+    "ppr_new_node",
+    "ppr_topk",
     "sampled_spmm",
     "sampled_spmm_torch",
     "save_npz",

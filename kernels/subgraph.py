@@ -33,8 +33,8 @@ Algorithms (numba, compiled once and cached on disk; ``nogil`` so server threads
   loop is one load and one well-predicted compare per edge. A row scans its neighbour list,
   O(deg); a row whose degree exceeds ``32 n_b`` binary-searches each of the ``n_b`` members in
   its (sorted) neighbour list instead, O(n_b log deg), so hubs stay cheap.
-* dedupe: a fresh epoch marks the distinct ids in first-seen order, ``unique_ids`` is sorted
-  (O(U log U)) and ``row_to_unique`` read back through the scratch.
+* dedupe: a fresh epoch numbers the distinct ids in first-seen order (O(R)); NumPy then sorts
+  the ``U`` distinct ids and maps rows through the inverse permutation (O(U log U)).
 * L-hop: breadth-first search per target, one epoch per target as its visited set.
 
 Scratch arrays are kept in a small pool on the graph's cache (one per concurrent caller), so no
@@ -267,30 +267,25 @@ def _grow(a, need):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def _sort_row(cols, ws, lo, hi, weighted):  # pragma: no cover - compiled
-    """Sort cols[lo:hi] ascending, permuting ws alongside when weighted."""
+    """Sort cols[lo:hi] ascending (Shell sort, a plain insertion sort for short rows), permuting ws."""
     n = hi - lo
-    if n < 2:
-        return
-    if n <= 32:
-        for i in range(lo + 1, hi):
+    gap = 1
+    while gap < n // 3:
+        gap = 3 * gap + 1
+    while gap >= 1:
+        for i in range(lo + gap, hi):
             c = cols[i]
             w = ws[i] if weighted else np.float32(0)
-            j = i - 1
+            j = i - gap
             while j >= lo and cols[j] > c:
-                cols[j + 1] = cols[j]
+                cols[j + gap] = cols[j]
                 if weighted:
-                    ws[j + 1] = ws[j]
-                j -= 1
-            cols[j + 1] = c
+                    ws[j + gap] = ws[j]
+                j -= gap
+            cols[j + gap] = c
             if weighted:
-                ws[j + 1] = w
-        return
-    order = np.argsort(cols[lo:hi], kind="mergesort")
-    c2 = cols[lo:hi][order]
-    cols[lo:hi] = c2
-    if weighted:
-        w2 = ws[lo:hi][order]
-        ws[lo:hi] = w2
+                ws[j + gap] = w
+        gap //= 3
 
 
 @numba.njit(cache=True, nogil=True)
@@ -301,7 +296,8 @@ def _induced_kernel(
 
     ``tag`` is the tagged scratch; subgraph ``b`` uses epoch ``epoch0 + b``, the dedupe
     ``epoch0 + B``. Returns (row_ptr int64 [R+1], cols int32 [nnz], ws float32 [nnz or 0],
-    unique int64 [U], row_to_unique int64 [R]).
+    first_seen int64 [U] distinct ids in first-seen order, row_to_first int64 [R] with
+    ``nodes == first_seen[row_to_first]``); the caller sorts the ``U`` ids.
     """
     R = nodes.shape[0]
     B = ptr.shape[0] - 1
@@ -366,7 +362,14 @@ def _induced_kernel(
                         cols[nnz] = off + (t & low)
                         nnz += (t >> 32) == ep
             if has_extra:
-                s = np.searchsorted(ex_keys, u)
+                s = 0
+                z = ex_keys.shape[0]
+                while s < z:
+                    mid = (s + z) >> 1
+                    if ex_keys[mid] < u:
+                        s = mid + 1
+                    else:
+                        z = mid
                 if s < ex_keys.shape[0] and ex_keys[s] == u:
                     e0 = ex_ptr[s]
                     e1 = ex_ptr[s + 1]
@@ -394,36 +397,31 @@ def _induced_kernel(
             _sort_row(cols, ws, start, nnz, weighted)
             row_ptr[row + 1] = nnz
 
-    # dedupe the global ids of the batch: number them in first-seen order, sort, read back
+    # dedupe the global ids of the batch: number them in first-seen order (sorted by the caller)
     ep = np.int64(epoch0 + B)
     hi_tag = ep << 32
     uniq = np.empty(R, dtype=np.int64)
-    vseen = np.full(nvirt, -1, dtype=np.int64)
+    vseen = np.empty(nvirt, dtype=np.int64)
+    for i in range(nvirt):
+        vseen[i] = -1
     cnt = 0
     for r in range(R):
         v = nodes[r]
         if v < n:
             if (tag[v] >> 32) == ep:
                 continue
-            tag[v] = hi_tag
+            tag[v] = hi_tag | cnt
         else:
             if vseen[v - n] >= 0:
                 continue
-            vseen[v - n] = 0
+            vseen[v - n] = cnt
         uniq[cnt] = v
         cnt += 1
-    us = np.sort(uniq[:cnt])
-    for i in range(cnt):
-        v = us[i]
-        if v < n:
-            tag[v] = hi_tag | i
-        else:
-            vseen[v - n] = i
     r2u = np.empty(R, dtype=np.int64)
     for r in range(R):
         v = nodes[r]
         r2u[r] = (tag[v] & low) if v < n else vseen[v - n]
-    return row_ptr, cols[:nnz], ws[:nnz], us, r2u
+    return row_ptr, cols[:nnz], ws[:nnz], uniq[:cnt], r2u
 
 
 @numba.njit(cache=True, nogil=True)
@@ -539,7 +537,7 @@ def induced_batch(
         A :class:`SubgraphBatch` with ``R`` rows. Edge weights are carried over when the graph or
         ``extra`` is weighted (unweighted edges then weigh 1), otherwise the batch is unweighted.
 
-    Cost: O(sum over rows of min(deg, 16 n_b log deg)) plus O(R + U log U) for the dedupe; no
+    Cost: O(sum over rows of min(deg, n_b log deg)) plus O(R + U log U) for the dedupe; no
     Python work per target or edge.
     """
     n = graph.num_nodes
@@ -558,9 +556,14 @@ def induced_batch(
     try:
         epoch0 = scratch.reserve(len(ptr))  # B subgraphs + the dedupe
         args = (graph.indptr, graph.indices, w, n, ptr, nodes, scratch.tag, epoch0)
-        row_ptr, cols, ws, uniq, r2u = _induced_kernel(*args, keys, kptr, kdst, kw, nvirt, weighted)
+        row_ptr, cols, ws, first, r2f = _induced_kernel(*args, keys, kptr, kdst, kw, nvirt, weighted)
     finally:
         _give_scratch(graph, scratch)
+    order = np.argsort(first)
+    uniq = first[order]
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order), dtype=np.int64)
+    r2u = rank[r2f]
     R = len(nodes)
     sub = CSRGraph(indptr=row_ptr, indices=cols, weights=ws if weighted else None, num_nodes=R)
     return SubgraphBatch(

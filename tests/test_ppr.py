@@ -1,0 +1,348 @@
+"""PPR push, top-K index and online push, checked against exact PPR (SciPy power iteration).
+
+The reference is always the exact PPR vector: two correct push implementations do not return the
+same top-K sets, so no test compares with another approximation (except the index against the
+very push it stores, and the online push against the same push on the graph with the node added).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kernels.datasets import load_npz, synthetic_sbm
+from kernels.graph import CSRGraph
+from kernels.ppr import (
+    PPRConfig,
+    PPRIndex,
+    PPRIndexError,
+    _weighted_degree,
+    ppr_exact,
+    ppr_new_node,
+    ppr_topk,
+)
+from kernels.subgraph import ExtraEdges, induced_batch
+
+from .conftest import dataset_path
+
+F32_SLACK = 1e-6  # scores are stored as float32; exact values are float64
+
+
+@pytest.fixture(scope="module")
+def sbm():
+    return synthetic_sbm(600, num_classes=4, avg_degree=10, num_features=4, seed=7).graph
+
+
+@pytest.fixture(scope="module")
+def weighted_sym():
+    rng = np.random.default_rng(3)
+    n = 400
+    ei = rng.integers(0, n, size=(2, 2500))
+    w = rng.uniform(0.2, 3.0, size=2500)
+    return CSRGraph.from_edge_index(ei, num_nodes=n, weights=w, symmetrize=True, remove_self_loops=True)
+
+
+def dense_estimate(ptr, nodes, scores, b, n):
+    est = np.zeros(n)
+    est[nodes[ptr[b] : ptr[b + 1]]] = scores[ptr[b] : ptr[b + 1]]
+    return est
+
+
+def check_bound(graph, cfg, targets, exact=None):
+    """Every node: 0 <= exact - estimate <= eps * w(v) (full lists: k = N, threshold 0)."""
+    n = graph.num_nodes
+    ptr, nodes, scores = ppr_topk(graph, targets, cfg, k=n)
+    exact = ppr_exact(graph, targets, cfg) if exact is None else exact
+    wd = _weighted_degree(graph)
+    bound = cfg.eps * np.where(wd > 0, wd, 1.0)
+    worst = 0.0
+    for b in range(len(targets)):
+        est = dense_estimate(ptr, nodes, scores, b, n)
+        gap = exact[b] - est
+        assert np.all(gap >= -F32_SLACK * np.maximum(exact[b], 1e-3)), "estimate above the exact score"
+        assert np.all(gap <= bound + F32_SLACK * exact[b] + 1e-9), "estimate below exact - eps * w(v)"
+        worst = max(worst, float((gap / bound).max()))
+    return worst
+
+
+# ----------------------------------------------------------------------------- config
+def test_config_validation_and_key():
+    cfg = PPRConfig()
+    assert (cfg.alpha, cfg.eps, cfg.topk, cfg.threshold, cfg.lazy) == (0.15, 1e-5, 200, 0.0, False)
+    assert cfg.teleport == 0.15
+    assert PPRConfig(lazy=True).teleport == pytest.approx(0.3 / 1.15)
+    assert cfg.key() == PPRConfig().key() and cfg.key() != PPRConfig(topk=100).key()
+    assert PPRConfig.from_dict(cfg.to_dict()) == cfg
+    for bad in ({"alpha": 0.0}, {"alpha": 1.0}, {"eps": 0}, {"topk": 0}, {"topk": 2.5}, {"threshold": 1.5}):
+        with pytest.raises(ValueError):
+            PPRConfig(**bad)
+
+
+# ----------------------------------------------------------------------------- push vs exact
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("eps", [1e-3, 1e-4, 1e-5])
+def test_push_within_eps_degree_of_exact(sbm, eps, lazy):
+    cfg = PPRConfig(alpha=0.15, eps=eps, lazy=lazy)
+    targets = np.array([0, 1, 42, 311, 599])
+    worst = check_bound(sbm, cfg, targets)
+    assert worst > 0.05  # the bound is not vacuous: the error reaches a fair part of it
+
+
+def test_push_weighted_graph_uses_weighted_degree(weighted_sym):
+    cfg = PPRConfig(alpha=0.2, eps=2e-4)
+    check_bound(weighted_sym, cfg, np.array([0, 7, 99, 250]))
+
+
+def test_push_isolated_and_dangling_nodes():
+    # node 3 isolated; in the directed part, node 5 has no out-edges (the walk stays there)
+    ei = np.array([[0, 1, 1, 2, 4], [1, 0, 2, 1, 5]])
+    g = CSRGraph.from_edge_index(ei, num_nodes=6)
+    cfg = PPRConfig(eps=1e-6)
+    ptr, nodes, scores = ppr_topk(g, [3, 5, 4], cfg)
+    assert nodes[ptr[0] : ptr[1]].tolist() == [3] and scores[0] == pytest.approx(1.0)
+    assert nodes[ptr[1] : ptr[2]].tolist() == [5] and scores[ptr[1]] == pytest.approx(1.0)
+    # from 4 every walk ends in 5: exact = (0.15, 0.85)
+    np.testing.assert_allclose(scores[ptr[2] : ptr[3]], [0.15, 0.85], rtol=1e-6)
+    ex = ppr_exact(g, [4], cfg)[0]
+    np.testing.assert_allclose(ex[[4, 5]], [0.15, 0.85], rtol=1e-9)
+
+
+def test_push_is_a_lower_bound_on_a_directed_graph():
+    rng = np.random.default_rng(1)
+    n = 300
+    g = CSRGraph.from_edge_index(rng.integers(0, n, size=(2, 1500)), num_nodes=n, remove_self_loops=True)
+    cfg = PPRConfig(eps=1e-4)
+    targets = np.array([0, 10, 20])
+    ptr, nodes, scores = ppr_topk(g, targets, cfg, k=n)
+    ex = ppr_exact(g, targets, cfg)
+    for b in range(3):
+        est = dense_estimate(ptr, nodes, scores, b, n)
+        assert np.all(est <= ex[b] + 1e-6)
+        assert (ex[b] - est).sum() < 0.2  # the missing mass is the leftover residue
+
+
+@pytest.mark.parametrize("k", [5, 20, 60])
+def test_topk_contains_every_node_clearing_the_kth_score(sbm, k):
+    cfg = PPRConfig(eps=1e-4, topk=k)
+    targets = np.arange(0, 600, 29)
+    ptr, nodes, scores = ppr_topk(sbm, targets, cfg)
+    ex = ppr_exact(sbm, targets, cfg)
+    bound = cfg.eps * _weighted_degree(sbm)
+    for b, t in enumerate(targets):
+        lst = nodes[ptr[b] : ptr[b + 1]]
+        sc = scores[ptr[b] : ptr[b + 1]]
+        assert lst[0] == t and len(lst) <= k and len(np.unique(lst)) == len(lst)
+        assert np.all(np.diff(sc[1:]) <= 0)  # decreasing after the target
+        others = np.delete(np.arange(sbm.num_nodes), t)
+        ranked = np.sort(ex[b, others])[::-1]
+        kth = ranked[k - 2] if k >= 2 else np.inf  # (K-1)-th best non-target exact score
+        must = others[ex[b, others] - bound[others] > kth]
+        assert set(must.tolist()) <= set(lst.tolist())
+        # and the list is good: what it holds is close to the exact top
+        if k > 1:
+            assert (ex[b, lst[1:]] + bound[lst[1:]]).min() >= ranked[min(len(ranked) - 1, 3 * k)]
+
+
+def test_relative_threshold(sbm):
+    base = PPRConfig(eps=1e-4, topk=100)
+    cut = PPRConfig(eps=1e-4, topk=100, threshold=0.05)
+    targets = np.array([3, 30, 300])
+    p0, n0, s0 = ppr_topk(sbm, targets, base)
+    p1, n1, _ = ppr_topk(sbm, targets, cut)
+    for b in range(3):
+        full_n, full_s = n0[p0[b] : p0[b + 1]], s0[p0[b] : p0[b + 1]]
+        keep = full_s >= 0.05 * full_s[0]
+        np.testing.assert_array_equal(n1[p1[b] : p1[b + 1]], full_n[keep])
+        assert keep.sum() < len(full_n)  # the threshold dropped something
+
+
+# ----------------------------------------------------------------------------- index
+def test_index_equals_per_target_push_and_slices(sbm):
+    cfg = PPRConfig(eps=1e-4, topk=40)
+    idx = PPRIndex.build(sbm, cfg, progress=False, chunk_size=128)  # several chunks
+    ptr, nodes, scores = ppr_topk(sbm, np.arange(sbm.num_nodes), cfg)
+    np.testing.assert_array_equal(idx.ptr, ptr)
+    np.testing.assert_array_equal(idx.nodes, nodes)
+    np.testing.assert_array_equal(idx.scores, scores)
+    assert idx.k_max == 40 and idx.config == cfg and idx.fingerprint == sbm.fingerprint()
+    targets = np.array([5, 0, 5, 599, 123])
+    for k in (1, 7, 40):
+        lp, ln, ls = idx.lookup(targets, k, return_scores=True)
+        rp, rn, rs = ppr_topk(sbm, targets, cfg, k=k)  # a fresh push at the smaller k
+        np.testing.assert_array_equal(lp, rp)
+        np.testing.assert_array_equal(ln, rn)
+        np.testing.assert_array_equal(ls, rs)
+        assert ln.dtype == np.int64 and lp.dtype == np.int64
+        np.testing.assert_array_equal(ln[lp[:-1]], targets)
+    with pytest.raises(ValueError, match="k must lie"):
+        idx.lookup([0], 41)
+    with pytest.raises(ValueError, match="ppr_new_node"):
+        idx.lookup([sbm.num_nodes], 3)
+
+
+def test_index_file_round_trip_mmap_and_fingerprint(sbm, tmp_path, monkeypatch):
+    cfg = PPRConfig(eps=1e-4, topk=25)
+    idx = PPRIndex.open_or_build(tmp_path, sbm, cfg, progress=False)
+    d = PPRIndex.path_for(tmp_path, sbm, cfg)
+    assert idx.path == d and (d / "meta.json").exists()
+    assert sbm.fingerprint() in d.name and cfg.key() in d.name
+    assert isinstance(idx.nodes, np.memmap) and isinstance(idx.scores, np.memmap)
+    assert not list(tmp_path.glob("*.tmp-*"))  # the build directory was renamed into place
+    mem = PPRIndex.build(sbm, cfg, progress=False)
+    np.testing.assert_array_equal(np.asarray(idx.nodes), mem.nodes)
+    np.testing.assert_array_equal(np.asarray(idx.scores), mem.scores)
+    np.testing.assert_array_equal(np.asarray(idx.ptr), mem.ptr)
+
+    # a second open_or_build opens the file and does not rebuild
+    def no_build(*a, **k):
+        raise AssertionError("rebuilt an index that exists")
+
+    monkeypatch.setattr(PPRIndex, "build", classmethod(no_build))
+    again = PPRIndex.open_or_build(tmp_path, sbm, cfg, progress=False)
+    np.testing.assert_array_equal(again.lookup([1, 2], 10)[1], mem.lookup([1, 2], 10)[1])
+    monkeypatch.undo()
+
+    # a different graph is refused with a clear error
+    other = synthetic_sbm(600, num_classes=4, avg_degree=10, num_features=4, seed=8).graph
+    with pytest.raises(PPRIndexError, match="built for graph"):
+        PPRIndex.open(d, other)
+    with pytest.raises(PPRIndexError, match="built for graph"):
+        idx.check_graph(other)
+    PPRIndex.open(d, sbm.fingerprint())  # a fingerprint string works too
+
+    # save/open of an in-memory index, without mmap
+    saved = mem.save(tmp_path / "copy")
+    loaded = PPRIndex.open(saved, sbm, mmap=False)
+    np.testing.assert_array_equal(loaded.nodes, mem.nodes)
+    assert loaded.config == cfg
+
+    # damaged files are refused
+    (d / "nodes.bin").write_bytes((d / "nodes.bin").read_bytes()[:-4])
+    with pytest.raises(PPRIndexError, match="bytes, expected"):
+        PPRIndex.open(d)
+    meta = json.loads((saved / "meta.json").read_text())
+    meta["algorithm_version"] = 0
+    (saved / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(PPRIndexError, match="algorithm version"):
+        PPRIndex.open(saved)
+    with pytest.raises(PPRIndexError, match="not a PPR index"):
+        PPRIndex.open(tmp_path / "nowhere")
+
+
+# ----------------------------------------------------------------------------- new nodes
+def graph_with_node(graph: CSRGraph, nbrs, w=None, bidirectional=True) -> CSRGraph:
+    n = graph.num_nodes
+    src, dst = graph.edge_index()
+    gw = graph.edge_weights().astype(np.float64)
+    nbrs = np.asarray(nbrs, dtype=np.int64)
+    w = np.ones(len(nbrs)) if w is None else np.asarray(w, dtype=np.float64)
+    es, ed, ew = [src, np.full(len(nbrs), n)], [dst, nbrs], [gw, w]
+    if bidirectional:
+        es.append(nbrs)
+        ed.append(np.full(len(nbrs), n))
+        ew.append(w)
+    weighted = graph.is_weighted or not np.all(w == 1)
+    return CSRGraph.from_edge_index(
+        np.stack([np.concatenate(es), np.concatenate(ed)]),
+        num_nodes=n + 1,
+        weights=np.concatenate(ew) if weighted else None,
+    )
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_new_node_matches_push_on_graph_with_node_added(sbm, lazy):
+    cfg = PPRConfig(eps=1e-5, topk=80, lazy=lazy)
+    n = sbm.num_nodes
+    nbrs = np.array([4, 77, 250, 251, 598])
+    nodes, scores = ppr_new_node(sbm, nbrs, None, cfg, k=n + 1)
+    assert nodes[0] == n and nodes.dtype == np.int64 and scores.dtype == np.float32
+    g2 = graph_with_node(sbm, nbrs)
+    ex = ppr_exact(g2, [n], cfg)[0]
+    bound = cfg.eps * _weighted_degree(g2)
+    est = np.zeros(n + 1)
+    est[nodes] = scores
+    gap = ex - est
+    assert gap.min() >= -F32_SLACK and np.all(gap <= bound + F32_SLACK * ex + 1e-9)
+    # the same push on the materialised graph gives the same estimates (within the bound, and in
+    # fact up to float32 rounding, since both follow one FIFO order)
+    _, n2, s2 = ppr_topk(g2, [n], cfg, k=n + 1)
+    est2 = np.zeros(n + 1)
+    est2[n2] = s2
+    assert np.all(np.abs(est - est2) <= bound)
+    np.testing.assert_allclose(est, est2, rtol=1e-5, atol=1e-9)
+    # top-K with the default k: every node clearing the (K-1)-th exact score by the bound is in
+    top, _ = ppr_new_node(sbm, nbrs, None, cfg)
+    ranked = np.sort(ex[:n])[::-1]
+    must = np.flatnonzero(ex[:n] - bound[:n] > ranked[cfg.topk - 2])
+    assert set(must.tolist()) <= set(top.tolist()) and len(top) == cfg.topk
+
+
+def test_new_node_weighted_one_directional_and_capped(weighted_sym):
+    cfg = PPRConfig(alpha=0.2, eps=1e-5, topk=50)
+    n = weighted_sym.num_nodes
+    nbrs, w = np.array([1, 2, 2, 300]), np.array([0.5, 1.0, 2.0, 4.0])  # 2 appears twice: weights add
+    nodes, scores = ppr_new_node(weighted_sym, nbrs, w, cfg, k=n + 1, bidirectional=False)
+    g2 = graph_with_node(weighted_sym, nbrs, w, bidirectional=False)
+    ex = ppr_exact(g2, [n], cfg)[0]
+    est = np.zeros(n + 1)
+    est[nodes] = scores
+    assert np.all(est <= ex + 1e-6)
+    assert est[n] == pytest.approx(cfg.alpha, rel=1e-6)  # nothing walks back to a one-way node
+    # the edge weights steer the walk: neighbour 300 (weight 4) beats neighbour 1 (weight 0.5)
+    assert est[300] > est[1]
+    # a push cap bounds the work: fewer nodes reached, still lower bounds
+    few, few_s = ppr_new_node(weighted_sym, nbrs, w, cfg, k=n + 1, bidirectional=False, max_pushes=3)
+    assert len(few) < len(nodes)
+    est3 = np.zeros(n + 1)
+    est3[few] = few_s
+    assert np.all(est3 <= ex + 1e-6)
+
+
+def test_new_node_without_edges_and_validation(sbm):
+    nodes, scores = ppr_new_node(sbm, [], None, PPRConfig())
+    assert nodes.tolist() == [sbm.num_nodes] and scores[0] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="existing ids"):
+        ppr_new_node(sbm, [sbm.num_nodes])
+    with pytest.raises(ValueError, match="match neighbors"):
+        ppr_new_node(sbm, [1, 2], [1.0])
+    with pytest.raises(ValueError, match=">= 0"):
+        ppr_new_node(sbm, [1, 2], [1.0, -1.0])
+
+
+def test_new_node_subgraph_with_virtual_node(sbm):
+    cfg = PPRConfig(eps=1e-4, topk=30)
+    n = sbm.num_nodes
+    nbrs = np.array([10, 11, 12])
+    nodes, _ = ppr_new_node(sbm, nbrs, None, cfg)
+    batch = induced_batch(sbm, np.array([0, len(nodes)]), nodes, extra=ExtraEdges.for_new_node(n, nbrs))
+    g2 = graph_with_node(sbm, nbrs)
+    want = g2.to_scipy()[nodes][:, nodes].toarray()
+    np.testing.assert_array_equal(batch.graph.to_scipy().toarray(), want)
+    assert batch.node_ids[0] == n
+
+
+# ----------------------------------------------------------------------------- real data
+@pytest.mark.data
+def test_real_graph_bound_topk_and_index():
+    g = load_npz(dataset_path("cora")).graph
+    cfg = PPRConfig(eps=1e-5, topk=50)
+    rng = np.random.default_rng(0)
+    targets = rng.choice(g.num_nodes, 12, replace=False)
+    ex = ppr_exact(g, targets, cfg)
+    check_bound(g, cfg, targets, exact=ex)
+    idx = PPRIndex.build(g, cfg, progress=False)
+    ptr, nodes = idx.lookup(targets, 50)
+    bound = cfg.eps * _weighted_degree(g)
+    overlap = []
+    for b, t in enumerate(targets):
+        lst = nodes[ptr[b] : ptr[b + 1]]
+        others = np.delete(np.arange(g.num_nodes), t)
+        ranked = np.sort(ex[b, others])[::-1]
+        must = others[ex[b, others] - bound[others] > ranked[48]]
+        assert set(must.tolist()) <= set(lst.tolist())
+        best = others[np.argsort(-ex[b, others], kind="stable")[:49]]
+        top = set(best[ex[b, best] > 0].tolist()) | {int(t)}  # small components: fewer than K reachable
+        overlap.append(len(top & set(lst.tolist())) / len(top))
+    assert np.mean(overlap) > 0.9
