@@ -1,0 +1,171 @@
+r"""GraphSAGE (Hamilton, Ying and Leskovec, 2017) with the mean aggregator and a root weight.
+
+Layer (:class:`SAGEConv`), mean over the kept neighbours of :mod:`kernels.spmm` (aggregator
+``"mean"``: the mean over the ``k_i = min(d_i, S)`` kept edges is an estimate of the full mean):
+
+.. math::
+
+    h'_i = W_r h_i + \frac{1}{k_i} \sum_{j \in N_S(i)} w_{ij}\, W_n h_j + b
+
+with ``h`` ``[n, F_in]``, :math:`W_r, W_n` ``[F_out, F_in]``, ``b`` ``[F_out]``; a node without
+neighbours gets :math:`W_r h_i + b`. Because the mean is linear,
+:math:`\mathrm{mean}_j(W_n h_j) = W_n\, \mathrm{mean}_j(h_j)`: the layer first maps every row to
+``[W_r h_i | W_n h_i]`` ``[n, 2 F_out]`` (:meth:`SAGEConv.transform`) and then aggregates the
+second half (:meth:`SAGEConv.aggregate`). For the first layer that map is the model's projection,
+so the server caches it per node.
+
+Model (:class:`GraphSAGE`), ``L`` layers, ReLU between them, dropout ``p`` before every layer:
+
+.. math::
+
+    P = [\mathrm{norm}(X) W_{r,1}^T \,|\, \mathrm{norm}(X) W_{n,1}^T] \;\; [n, 2H] \quad (\texttt{project}),
+    \qquad H_l = \mathrm{ReLU}(\mathrm{SAGE}_l(H_{l-1})), \qquad Z = \mathrm{SAGE}_L(H_{L-1}) \;\; [n, C].
+
+The embedding of a node is its row of :math:`H_{L-1}`. Receptive field: the ``L``-hop
+neighbourhood (``extractor = "lhop"``); the mean needs no global degrees, so an induced L-hop
+subgraph reproduces the full-graph logits of its target without ``norm_degrees``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kernels.graph import CSRGraph
+from kernels.spmm import sampled_spmm
+
+from .base import BatchLike, GNNModel, dropout_any, linear_any
+from .norm import FeatureNorm
+
+__all__ = ["GraphSAGE", "SAGEConv"]
+
+
+class SAGEConv(nn.Module):
+    r"""One GraphSAGE-mean layer :math:`h'_i = W_r h_i + \mathrm{mean}_S(W_n h_j) + b` (module docstring).
+
+    Args:
+        in_channels: ``F_in``.
+        out_channels: ``F_out``.
+        bias: add a learnable ``b``.
+
+    Shapes: ``graph`` with ``n`` nodes, ``x`` ``[n, F_in]`` -> ``[n, F_out]``.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, bias: bool = True) -> None:
+        super().__init__()
+        self.in_channels = int(in_channels)
+        self.out_channels = int(out_channels)
+        self.weight_root = nn.Parameter(torch.empty(self.out_channels, self.in_channels))
+        self.weight_neigh = nn.Parameter(torch.empty(self.out_channels, self.in_channels))
+        self.bias = nn.Parameter(torch.empty(self.out_channels)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # U(-1/sqrt(F_in), 1/sqrt(F_in)) for weights and bias: the usual fully-connected initialisation.
+        bound = 1.0 / math.sqrt(self.in_channels)
+        nn.init.uniform_(self.weight_root, -bound, bound)
+        nn.init.uniform_(self.weight_neigh, -bound, bound)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def transform(self, x: Tensor) -> Tensor:
+        """``[x W_r^T | x W_n^T]``: ``[n, F_in]`` (dense or sparse CSR) -> ``[n, 2 F_out]``."""
+        return linear_any(x, torch.cat([self.weight_root, self.weight_neigh], dim=0))
+
+    def aggregate(self, graph: CSRGraph, t: Tensor, width: int | None = None, strategy: str = "fastrand") -> Tensor:
+        """``t[:, :F_out] + mean_S(t[:, F_out:]) + b`` for transformed rows ``t`` ``[n, 2 F_out]``."""
+        o = self.out_channels
+        out = t[:, :o] + sampled_spmm(graph, t[:, o:].contiguous(), width, strategy, "mean")
+        return out + self.bias if self.bias is not None else out
+
+    def forward(self, graph: CSRGraph, x: Tensor, width: int | None = None, strategy: str = "fastrand") -> Tensor:
+        return self.aggregate(graph, self.transform(x), width, strategy)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, bias={self.bias is not None}"
+
+
+class GraphSAGE(GNNModel):
+    """Plain ``L``-layer GraphSAGE-mean for node classification (module docstring).
+
+    Args:
+        in_dim: ``F``; hidden: ``H``; num_classes: ``C``; layers: ``L >= 2``; dropout: ``p``.
+        norm: fitted feature normalisation (default: none).
+    """
+
+    arch = "sage"
+    extractor = "lhop"
+
+    def __init__(self, in_dim: int, hidden: int, num_classes: int, layers: int = 2, dropout: float = 0.5,
+                 norm: FeatureNorm | None = None) -> None:
+        super().__init__(in_dim, hidden, num_classes, layers, dropout, norm)
+        if layers < 2:
+            raise ValueError(f"GraphSAGE needs at least 2 layers (the embedding is the last hidden layer), got {layers}")
+        dims = [in_dim] + [hidden] * (layers - 1) + [num_classes]
+        self.convs = nn.ModuleList(SAGEConv(a, b) for a, b in itertools.pairwise(dims))
+
+    @property
+    def hops(self) -> int:
+        return self.layers
+
+    @property
+    def projection_dim(self) -> int:
+        return 2 * self.hidden
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.hidden
+
+    def reset_parameters(self) -> None:
+        for conv in self.convs:
+            conv.reset_parameters()
+
+    def project_normalized(self, xn: Tensor) -> Tensor:
+        """``[dropout(xn) W_r1^T | dropout(xn) W_n1^T]``: ``[n, F]`` -> ``[n, 2H]``."""
+        return self.convs[0].transform(dropout_any(xn, self.dropout, self.training))
+
+    def propagate(self, graph: CSRGraph, p: Tensor, width: int | None = None, strategy: str = "fastrand",
+                  norm_degrees: np.ndarray | Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """From projected rows ``p`` ``[n, 2H]`` to logits ``[n, C]`` and embeddings ``[n, H]``.
+
+        ``norm_degrees`` is accepted for the same signature as :meth:`GCN.propagate` and unused.
+        """
+        t = p
+        h = p
+        emb = p
+        last = len(self.convs) - 1
+        for i, conv in enumerate(self.convs):
+            if i > 0:
+                t = conv.transform(F.dropout(h, self.dropout, self.training))
+            h = conv.aggregate(graph, t, width, strategy)
+            if i < last:
+                h = F.relu(h)
+                emb = h
+        return h, emb
+
+    def forward(self, graph: CSRGraph, x: Tensor, width: int | None = None, strategy: str = "fastrand",
+                norm_degrees: np.ndarray | Tensor | None = None) -> Tensor:
+        """Full-graph logits ``[N, C]`` from raw features ``x`` ``[N, F]`` (``norm_degrees`` is unused)."""
+        return self.propagate(graph, self.project(x), width, strategy)[0]
+
+    def forward_batch_projected(self, batch: BatchLike, p_rows: Tensor, width: int | None = None,
+                                strategy: str = "fastrand",
+                                norm_degrees: np.ndarray | Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Logits ``[B, C]`` and embeddings ``[B, H]`` of the targets from projected rows ``[R, 2H]``.
+
+        ``norm_degrees`` is accepted for a uniform interface and ignored (the mean needs no degrees).
+        """
+        self._check_rows(batch, p_rows, "p_rows", self.projection_dim)
+        logits, emb = self.propagate(batch.graph, p_rows, width, strategy)
+        t = torch.as_tensor(np.asarray(batch.target_rows), dtype=torch.int64, device=p_rows.device)
+        return logits[t], emb[t]
+
+    def config(self) -> dict[str, Any]:
+        return {"arch": self.arch, "in_dim": self.in_dim, "hidden": self.hidden, "num_classes": self.num_classes,
+                "layers": self.layers, "dropout": self.dropout}

@@ -1,0 +1,779 @@
+"""Training: ``gnnserve train`` / ``python -m models.train`` and the Python API :func:`train`.
+
+What one run does:
+
+1. load the dataset (``.npz`` path, saved dataset directory, ``ogb:NAME`` or
+   ``synthetic[:N[:seed]]``; a bad file stops with the loader's message, exit code 2);
+2. fit the feature normalisation on the training nodes only (:class:`~models.norm.FeatureNorm`);
+   sparse features (< 25 % non-zeros) stay sparse for the first layer;
+3. train with Adam and cross-entropy: plain GCN/GraphSAGE full-batch on the whole graph, shaDow
+   models on mini-batches of per-target PPR subgraphs (top-``K`` lists from :mod:`kernels.ppr`,
+   block-diagonal batches from :func:`kernels.subgraph.induced_batch`); the sampling width used
+   while training is ``width_train`` (default exact);
+4. early stopping on validation accuracy (ties broken by validation loss), keeping the best
+   weights; everything is seeded, so a seed gives the same weights on the same machine;
+5. measure the knob table on the validation nodes through the serving path (subgraph extraction
+   -> induced batch -> gather cached projections -> ``forward_batch_projected``), pick the
+   default knobs and write the checkpoint atomically (:mod:`models.checkpoint`).
+
+Plain models are evaluated on the full graph while training (identical to their L-hop serving path
+at exact width, which the tests check); shaDow models on PPR batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kernels.datasets import DatasetError, GraphDataset, load_dataset
+from kernels.graph import CSRGraph
+from kernels.spmm import STRATEGIES, kept_edges
+
+from . import MODEL_KINDS, build_model
+from .base import GNNModel
+from .checkpoint import CheckpointError, save_checkpoint
+from .norm import NORM_MODES, FeatureNorm
+from .shadow import POOLS
+
+__all__ = [
+    "DEFAULT_KNOB_WIDTHS",
+    "LHopExtractor",
+    "PPRExtractor",
+    "TopKTable",
+    "TrainConfig",
+    "TrainData",
+    "TrainResult",
+    "evaluate",
+    "fit",
+    "main",
+    "measure_knobs",
+    "predict_batched",
+    "train",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KNOB_WIDTHS = (0, 4, 8, 16, 32, 64)
+_SPARSE_DENSITY = 0.25
+
+
+# ============================================================================ configuration
+@dataclass
+class TrainConfig:
+    """Every setting of one training run (stored in the checkpoint's ``config.json["training"]``).
+
+    Attributes:
+        model: ``"gcn"``, ``"sage"``, ``"shadow-gcn"`` or ``"shadow-sage"``.
+        hidden: hidden width ``H``.
+        layers: number of layers (default 2 for plain models, 3 for shaDow models).
+        dropout: dropout probability.
+        lr, weight_decay: Adam settings (weight decay on every parameter).
+        epochs: maximum epochs; patience: stop after this many epochs without a better validation accuracy.
+        seed: seeds torch and the batch order.
+        width_train: sampling width during training (``None``/0 = exact).
+        strategy: ES-SpMM sampling strategy recorded as the model's default.
+        feature_norm: ``"auto"``, ``"none"``, ``"row"``, ``"standard"`` or ``"row+standard"``.
+        binarize: map non-zero features to 1 before normalising.
+        pool: shaDow readout pooling (``"none"``, ``"mean"``, ``"max"``, ``"mean+max"``).
+        batch_size: targets per shaDow training batch.
+        eval_batch_size: targets per batch when evaluating batched.
+        ppr_k: maximum PPR budget ``K`` (shaDow models).
+        ppr: extra :class:`kernels.ppr.PPRConfig` fields (``alpha``, ``eps``, ...); ``None`` = defaults.
+        knob_widths: sampling widths of the knob table (0 = exact, always included).
+        knob_budgets: PPR budgets of the knob table (``None``: powers of two below ``ppr_k``, and ``ppr_k``).
+        knob_batch_size: targets per batch while measuring the knob table.
+        knob_repeats: timed passes per knob setting (the fastest is kept).
+        knob_tolerance: the default knobs are the cheapest whose validation accuracy is within this
+            fraction of the exact setting at ``ppr_k``.
+        device: torch device.
+    """
+
+    model: str = "gcn"
+    hidden: int = 64
+    layers: int | None = None
+    dropout: float = 0.5
+    lr: float = 0.01
+    weight_decay: float = 5e-4
+    epochs: int = 200
+    patience: int = 50
+    seed: int = 0
+    width_train: int | None = None
+    strategy: str = "fastrand"
+    feature_norm: str = "auto"
+    binarize: bool = False
+    pool: str = "mean"
+    batch_size: int = 64
+    eval_batch_size: int = 256
+    ppr_k: int = 64
+    ppr: dict[str, Any] | None = None
+    knob_widths: tuple[int, ...] = DEFAULT_KNOB_WIDTHS
+    knob_budgets: tuple[int, ...] | None = None
+    knob_batch_size: int = 64
+    knob_tolerance: float = 0.005
+    knob_repeats: int = 3
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.model not in MODEL_KINDS:
+            raise ValueError(f"model must be one of {MODEL_KINDS}, got {self.model!r}")
+        if self.layers is None:
+            self.layers = 3 if self.is_shadow else 2
+        if self.feature_norm not in (*NORM_MODES, "auto"):
+            raise ValueError(f"feature_norm must be one of {(*NORM_MODES, 'auto')}, got {self.feature_norm!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.pool not in POOLS:
+            raise ValueError(f"pool must be one of {POOLS}, got {self.pool!r}")
+        for name in ("hidden", "epochs", "batch_size", "eval_batch_size", "ppr_k", "knob_batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.patience < 0 or self.lr <= 0 or self.weight_decay < 0:
+            raise ValueError("need patience >= 0, lr > 0 and weight_decay >= 0")
+        self.width_train = int(self.width_train) if self.width_train else None
+        self.knob_widths = tuple(sorted({0, *(int(w) for w in self.knob_widths)}))
+        if any(w < 0 for w in self.knob_widths):
+            raise ValueError(f"knob widths must be >= 0, got {self.knob_widths}")
+        if self.knob_budgets is not None:
+            self.knob_budgets = tuple(sorted({int(k) for k in self.knob_budgets if 1 <= int(k) <= self.ppr_k}
+                                             | {self.ppr_k}))
+
+    @property
+    def is_shadow(self) -> bool:
+        return self.model.startswith("shadow-")
+
+    def budgets(self) -> tuple[int, ...]:
+        """PPR budgets of the knob table (``(0,)`` for plain models)."""
+        if not self.is_shadow:
+            return (0,)
+        if self.knob_budgets is not None:
+            return self.knob_budgets
+        ks = {self.ppr_k}
+        k = 8
+        while k < self.ppr_k:
+            ks.add(k)
+            k *= 2
+        return tuple(sorted(ks))
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["knob_widths"] = list(self.knob_widths)
+        d["knob_budgets"] = list(self.budgets())
+        return d
+
+
+# ============================================================================ data and extractors
+def _to_torch_coo(m: sp.spmatrix) -> Tensor:
+    c = sp.coo_matrix(m)
+    idx = torch.from_numpy(np.vstack([c.row, c.col]).astype(np.int64))
+    return torch.sparse_coo_tensor(idx, torch.from_numpy(c.data.astype(np.float32)), size=c.shape).coalesce()
+
+
+class TrainData:
+    """A dataset prepared for training: normalised features, labels, splits.
+
+    Attributes:
+        ds: the dataset; norm: the fitted normalisation.
+        xn: normalised features of all nodes, dense float32 ``[N, F]`` or sparse COO.
+        y: int64 ``[N]``; train, val, test: int64 node ids.
+    """
+
+    def __init__(self, ds: GraphDataset, norm: FeatureNorm, device: torch.device | str = "cpu") -> None:
+        self.ds = ds
+        self.norm = norm
+        self.device = torch.device(device)
+        x = ds.x
+        nnz = int(np.count_nonzero(x))
+        self._xs: sp.csr_matrix | None = None
+        if not norm.standard and nnz < _SPARSE_DENSITY * x.size:
+            self._xs = norm.apply_sparse(sp.csr_matrix(np.asarray(x)))
+            self.xn = _to_torch_coo(self._xs).to(self.device)
+        else:
+            with torch.no_grad():
+                self.xn = norm(torch.from_numpy(np.ascontiguousarray(x))).to(self.device)
+        self.y = torch.from_numpy(ds.y).to(self.device)
+        self.train = ds.split("train")
+        self.val = ds.split("val")
+        self.test = ds.split("test")
+
+    @property
+    def sparse(self) -> bool:
+        return self._xs is not None
+
+    def rows(self, ids: np.ndarray) -> Tensor:
+        """Normalised features of ``ids`` (dense ``[n, F]`` or sparse COO)."""
+        if self._xs is not None:
+            return _to_torch_coo(self._xs[np.asarray(ids, dtype=np.int64)]).to(self.device)
+        return self.xn[torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)]
+
+
+class TopKTable:
+    """In-memory PPR top-K lists of some targets with the ``lookup`` of :class:`kernels.ppr.PPRIndex`.
+
+    Args:
+        num_nodes: ``N``.
+        targets: int64 ``[T]`` the targets held; ptr, nodes: their lists (CSR-shaped, target first,
+            by decreasing score).
+    """
+
+    def __init__(self, num_nodes: int, targets: np.ndarray, ptr: np.ndarray, nodes: np.ndarray) -> None:
+        self.pos = np.full(num_nodes, -1, dtype=np.int64)
+        self.pos[np.asarray(targets, dtype=np.int64)] = np.arange(len(targets))
+        self.ptr = np.asarray(ptr, dtype=np.int64)
+        self.nodes = np.asarray(nodes, dtype=np.int64)
+        self.k_max = int(np.diff(self.ptr).max()) if len(self.ptr) > 1 else 0
+
+    def lookup(self, targets: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """First ``k`` entries of each target's list: ``(ptr [B + 1], nodes)``."""
+        t = np.asarray(targets, dtype=np.int64)
+        p = self.pos[t]
+        if np.any(p < 0):
+            raise KeyError(f"no PPR list for nodes {t[p < 0][:5].tolist()}")
+        start = self.ptr[p]
+        lens = np.minimum(self.ptr[p + 1] - start, int(k))
+        out_ptr = np.zeros(len(t) + 1, dtype=np.int64)
+        np.cumsum(lens, out=out_ptr[1:])
+        idx = np.repeat(start - out_ptr[:-1], lens) + np.arange(out_ptr[-1])
+        return out_ptr, self.nodes[idx]
+
+
+class LHopExtractor:
+    """Exact L-hop subgraphs (plain models): ``batch(targets, k)`` ignores ``k``."""
+
+    kind = "lhop"
+
+    def __init__(self, graph: CSRGraph, hops: int) -> None:
+        self.graph = graph
+        self.hops = int(hops)
+
+    def batch(self, targets: np.ndarray, k: int = 0):
+        from kernels.subgraph import induced_batch, lhop_nodes
+
+        ptr, nodes = lhop_nodes(self.graph, targets, self.hops)
+        return induced_batch(self.graph, ptr, nodes)
+
+
+class PPRExtractor:
+    """Top-``k`` PPR subgraphs from anything with ``lookup(targets, k) -> (ptr, nodes)``."""
+
+    kind = "ppr"
+
+    def __init__(self, graph: CSRGraph, table: Any) -> None:
+        self.graph = graph
+        self.table = table
+
+    def batch(self, targets: np.ndarray, k: int):
+        from kernels.subgraph import induced_batch
+
+        ptr, nodes = self.table.lookup(np.asarray(targets, dtype=np.int64), int(k))
+        return induced_batch(self.graph, ptr, nodes)
+
+
+def make_ppr_config(ppr: dict[str, Any] | None, k: int) -> Any:
+    """A :class:`kernels.ppr.PPRConfig` from extra fields; its top-K size is set to ``k`` when it has one."""
+    from kernels.ppr import PPRConfig
+
+    fields = {f.name for f in dataclasses.fields(PPRConfig)}
+    kw = dict(ppr or {})
+    unknown = set(kw) - fields
+    if unknown:
+        raise ValueError(f"unknown PPR settings {sorted(unknown)}; PPRConfig has {sorted(fields)}")
+    for name in ("k", "k_max", "topk", "top_k"):
+        if name in fields:
+            kw[name] = int(k)
+            break
+    return PPRConfig(**kw)
+
+
+def ppr_table(graph: CSRGraph, targets: np.ndarray, ppr_cfg: Any, k: int) -> TopKTable:
+    """Compute the top-``k`` PPR lists of ``targets`` (push method of :mod:`kernels.ppr`)."""
+    from kernels.ppr import ppr_topk
+
+    t = np.unique(np.asarray(targets, dtype=np.int64))
+    ptr, nodes = ppr_topk(graph, t, ppr_cfg, k=int(k))[:2]
+    return TopKTable(graph.num_nodes, t, ptr, nodes)
+
+
+# ============================================================================ evaluation
+def _batches(nodes: np.ndarray, size: int):
+    for i in range(0, len(nodes), size):
+        yield nodes[i : i + size]
+
+
+@torch.no_grad()
+def project_all(model: GNNModel, data: TrainData, chunk: int = 65536) -> Tensor:
+    """Projections ``[N, P]`` of every node (what the server caches), in eval mode."""
+    was = model.training
+    model.eval()
+    n = data.ds.num_nodes
+    if data.sparse:
+        out = model.project_normalized(data.xn)
+    else:
+        out = torch.cat([model.project_normalized(data.xn[i : i + chunk]) for i in range(0, n, chunk)])
+    model.train(was)
+    return out
+
+
+@torch.no_grad()
+def predict_batched(model: GNNModel, data: TrainData, extractor: Any, nodes: np.ndarray, k: int,
+                    width: int | None, strategy: str, batch_size: int, proj: Tensor | None = None) -> Tensor:
+    """Logits ``[len(nodes), C]`` through the serving path (extract -> induced batch -> projected forward)."""
+    was = model.training
+    model.eval()
+    proj = project_all(model, data) if proj is None else proj
+    out = []
+    for chunk in _batches(np.asarray(nodes, dtype=np.int64), batch_size):
+        b = extractor.batch(chunk, k)
+        p_rows = proj[torch.from_numpy(b.node_ids).to(proj.device)]
+        nd = model.norm_degrees_for(data.ds.graph, b.node_ids)
+        out.append(model.forward_batch_projected(b, p_rows, width, strategy, nd)[0])
+    model.train(was)
+    return torch.cat(out) if out else proj.new_zeros(0, model.num_classes)
+
+
+@torch.no_grad()
+def evaluate(model: GNNModel, data: TrainData, nodes: np.ndarray, *, width: int | None = None,
+             strategy: str = "fastrand", extractor: Any = None, k: int = 0, batch_size: int = 256,
+             proj: Tensor | None = None) -> tuple[float, float]:
+    """``(accuracy, mean cross-entropy)`` on ``nodes``: full graph for plain models, batched for shaDow."""
+    nodes = np.asarray(nodes, dtype=np.int64)
+    if len(nodes) == 0:
+        return float("nan"), float("nan")
+    was = model.training
+    model.eval()
+    if model.extractor == "lhop" and extractor is None:
+        p = proj if proj is not None else project_all(model, data)
+        logits = model.propagate(data.ds.graph, p, width, strategy)[0][torch.from_numpy(nodes).to(p.device)]
+    else:
+        logits = predict_batched(model, data, extractor, nodes, k, width, strategy, batch_size, proj)
+    model.train(was)
+    y = data.y[torch.from_numpy(nodes).to(data.y.device)]
+    acc = (logits.argmax(1) == y).float().mean().item()
+    loss = F.cross_entropy(logits, y).item()
+    return acc, loss
+
+
+@torch.no_grad()
+def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.ndarray, *,
+                  widths: Sequence[int], budgets: Sequence[int], strategy: str, batch_size: int,
+                  repeats: int = 3) -> list[dict[str, Any]]:
+    """The knob table on ``nodes``: one row per (K, S) with accuracy, latency and kept edges.
+
+    Latency is the wall time of the serving path per node: extraction (L-hop BFS or top-K lookup),
+    induced batch, gathering the cached projections, GCN degrees, ``forward_batch_projected`` and
+    argmax, over batches of ``batch_size`` targets, after one untimed warm-up batch; the table
+    keeps the fastest of ``repeats`` passes (the machine is shared: the minimum is the stable
+    statistic). Projections are computed once beforehand and not timed (the server caches them per
+    node). ``edges_kept_fraction`` = edges aggregated at width S / edges of the batches.
+    """
+    model.eval()
+    proj = project_all(model, data)
+    nodes = np.asarray(nodes, dtype=np.int64)
+    y = data.y[torch.from_numpy(nodes).to(data.y.device)]
+    rows = []
+    graph = data.ds.graph
+
+    def one_pass(k: int, width: int | None, record: bool) -> tuple[float, list[Tensor], int, int]:
+        elapsed = 0.0
+        kept = total = 0
+        preds: list[Tensor] = []
+        for chunk in _batches(nodes, batch_size):
+            t0 = time.perf_counter()
+            b = extractor.batch(chunk, k)
+            p_rows = proj[torch.from_numpy(b.node_ids).to(proj.device)]
+            nd = model.norm_degrees_for(graph, b.node_ids)
+            logits = model.forward_batch_projected(b, p_rows, width, strategy, nd)[0]
+            pred = logits.argmax(1)
+            elapsed += time.perf_counter() - t0
+            if record:
+                preds.append(pred)
+                kept += kept_edges(b.graph, width)
+                total += b.graph.num_edges
+        return elapsed, preds, kept, total
+
+    for k in budgets:
+        for s in widths:
+            width = int(s) or None
+            warm = extractor.batch(nodes[:batch_size], k)
+            model.forward_batch_projected(warm, proj[torch.from_numpy(warm.node_ids)], width, strategy,
+                                          model.norm_degrees_for(graph, warm.node_ids))
+            elapsed, preds, kept, total = one_pass(k, width, True)
+            for _ in range(max(0, repeats - 1)):
+                elapsed = min(elapsed, one_pass(k, width, False)[0])
+            acc = (torch.cat(preds) == y).float().mean().item()
+            rows.append({
+                "ppr_budget": int(k),
+                "sampling_width": int(s),
+                "val_accuracy": round(acc, 6),
+                "latency_ms_per_node": elapsed * 1000.0 / max(len(nodes), 1),
+                "edges_kept_fraction": kept / total if total else 1.0,
+            })
+    return rows
+
+
+def choose_defaults(rows: list[dict[str, Any]], tolerance: float) -> tuple[int, int]:
+    """Default ``(K, S)``: the smallest K, then the smallest S > 0 (else exact), whose validation
+    accuracy is within ``tolerance`` of exact width at the largest K (deterministic: no timings)."""
+    kmax = max(r["ppr_budget"] for r in rows)
+    ref = next(r["val_accuracy"] for r in rows if r["ppr_budget"] == kmax and r["sampling_width"] == 0)
+    ok = [r for r in rows if r["val_accuracy"] >= ref - tolerance - 1e-12]
+    k = min(r["ppr_budget"] for r in ok if r["sampling_width"] == 0) if any(
+        r["sampling_width"] == 0 for r in ok) else kmax
+    widths = sorted(r["sampling_width"] for r in ok if r["ppr_budget"] == k and r["sampling_width"] > 0)
+    return k, (widths[0] if widths else 0)
+
+
+# ============================================================================ training
+@dataclass
+class TrainResult:
+    """Outcome of :func:`fit`: the best model (eval mode) and how it got there."""
+
+    model: GNNModel
+    config: TrainConfig
+    data: TrainData
+    extractor: Any
+    best_epoch: int
+    epochs_run: int
+    val_accuracy: float
+    val_loss: float
+    test_accuracy: float
+    train_time_s: float
+    ppr_time_s: float = 0.0
+    ppr_config: Any = None
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+class EarlyStopping:
+    """Keeps the best state by (validation accuracy, then lower validation loss); counts patience."""
+
+    def __init__(self, patience: int) -> None:
+        self.patience = patience
+        self.best: tuple[float, float] = (-math.inf, math.inf)
+        self.best_epoch = -1
+        self.best_state: dict[str, Tensor] | None = None
+        self.bad = 0
+
+    def step(self, epoch: int, acc: float, loss: float, model: torch.nn.Module) -> bool:
+        """Record an epoch; returns True when training should stop."""
+        if acc > self.best[0] or (acc == self.best[0] and loss < self.best[1]):
+            self.best = (acc, loss)
+            self.best_epoch = epoch
+            self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            self.bad = 0
+        else:
+            self.bad += 1
+        return self.bad > self.patience
+
+
+def _seed_all(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % (2**32))
+
+
+def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress: bool = False) -> TrainResult:
+    """Train one model on ``ds`` (see the module docstring) and return it with its metrics.
+
+    Args:
+        ds: the dataset.
+        cfg: the settings.
+        ppr_lookup: shaDow models: precomputed top-K lists (anything with ``lookup(targets, k)``
+            holding at least ``cfg.ppr_k`` entries per node for the train, val and test nodes,
+            e.g. a :class:`kernels.ppr.PPRIndex` or :class:`TopKTable`) computed with the
+            settings ``cfg.ppr``; ``None`` computes them here.
+        progress: show a tqdm bar over epochs.
+    """
+    from tqdm.auto import tqdm
+
+    device = torch.device(cfg.device)
+    _seed_all(cfg.seed)
+    norm = FeatureNorm(ds.num_features, cfg.feature_norm, cfg.binarize).fit(ds.x, ds.split("train"))
+    data = TrainData(ds, norm, device)
+    model_cfg: dict[str, Any] = {"arch": cfg.model, "in_dim": ds.num_features, "hidden": cfg.hidden,
+                                 "num_classes": ds.num_classes, "layers": cfg.layers, "dropout": cfg.dropout}
+    if cfg.is_shadow:
+        model_cfg["pool"] = cfg.pool
+    model = build_model(model_cfg, norm=norm).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    rng = np.random.default_rng(cfg.seed)
+
+    ppr_time = 0.0
+    ppr_cfg = None
+    if cfg.is_shadow:
+        ppr_cfg = make_ppr_config(cfg.ppr, cfg.ppr_k)
+        if ppr_lookup is None:
+            t0 = time.perf_counter()
+            need = np.concatenate([data.train, data.val, data.test])
+            ppr_lookup = ppr_table(ds.graph, need, ppr_cfg, cfg.ppr_k)
+            ppr_time = time.perf_counter() - t0
+        extractor: Any = PPRExtractor(ds.graph, ppr_lookup)
+    else:
+        extractor = LHopExtractor(ds.graph, model.layers)
+
+    stopper = EarlyStopping(cfg.patience)
+    history: list[dict[str, float]] = []
+    t_start = time.perf_counter()
+    bar = tqdm(range(cfg.epochs), desc=f"train {cfg.model}", unit="epoch", disable=not progress,
+               leave=False, dynamic_ncols=True)
+    epochs_run = 0
+    for epoch in bar:
+        model.train()
+        if cfg.is_shadow:
+            losses = []
+            perm = rng.permutation(data.train)
+            for chunk in _batches(perm, cfg.batch_size):
+                b = extractor.batch(chunk, cfg.ppr_k)
+                opt.zero_grad()
+                p_u = model.project_normalized(data.rows(b.unique_ids))
+                p_rows = p_u[torch.from_numpy(b.row_to_unique).to(device)]
+                logits = model.forward_batch_projected(b, p_rows, cfg.width_train, cfg.strategy)[0]
+                loss = F.cross_entropy(logits, data.y[torch.from_numpy(chunk).to(device)])
+                loss.backward()
+                opt.step()
+                losses.append(loss.item() * len(chunk))
+            train_loss = sum(losses) / len(data.train)
+            val_acc, val_loss = evaluate(model, data, data.val, extractor=extractor, k=cfg.ppr_k,
+                                         strategy=cfg.strategy, batch_size=cfg.eval_batch_size)
+        else:
+            opt.zero_grad()
+            p = model.project_normalized(data.xn)
+            logits = model.propagate(ds.graph, p, cfg.width_train, cfg.strategy)[0]
+            tr = torch.from_numpy(data.train).to(device)
+            loss = F.cross_entropy(logits[tr], data.y[tr])
+            loss.backward()
+            opt.step()
+            train_loss = loss.item()
+            val_acc, val_loss = evaluate(model, data, data.val, strategy=cfg.strategy)
+        epochs_run = epoch + 1
+        history.append({"epoch": epoch, "train_loss": round(train_loss, 6), "val_accuracy": round(val_acc, 6),
+                        "val_loss": round(val_loss, 6)})
+        bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{val_acc:.3f}", best=f"{max(stopper.best[0], val_acc):.3f}")
+        if stopper.step(epoch, val_acc, val_loss, model):
+            break
+    bar.close()
+    train_time = time.perf_counter() - t_start
+    assert stopper.best_state is not None
+    model.load_state_dict(stopper.best_state)
+    model.eval()
+    if cfg.is_shadow:
+        test_acc = evaluate(model, data, data.test, extractor=extractor, k=cfg.ppr_k, strategy=cfg.strategy,
+                            batch_size=cfg.eval_batch_size)[0]
+    else:
+        test_acc = evaluate(model, data, data.test, strategy=cfg.strategy)[0]
+    return TrainResult(
+        model=model, config=cfg, data=data, extractor=extractor, best_epoch=stopper.best_epoch,
+        epochs_run=epochs_run, val_accuracy=stopper.best[0], val_loss=stopper.best[1], test_accuracy=test_acc,
+        train_time_s=train_time, ppr_time_s=ppr_time, ppr_config=ppr_cfg, history=history,
+    )
+
+
+def _dataset_source(spec: Any, ds: GraphDataset) -> str:
+    if isinstance(spec, GraphDataset):
+        return ""
+    s = str(spec)
+    if s.startswith(("synthetic", "ogb:")):
+        return s
+    return str(Path(s).resolve())
+
+
+def train(
+    dataset: GraphDataset | str | os.PathLike[str],
+    model: str = "gcn",
+    out_dir: str | os.PathLike[str] | None = None,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+    ppr_lookup: Any = None,
+    source: str | None = None,
+    **settings: Any,
+) -> Path:
+    """Train a model and write its checkpoint directory; returns the directory.
+
+    Args:
+        dataset: a :class:`GraphDataset`, or a spec for :func:`kernels.datasets.load_dataset`
+            (``.npz`` path, dataset directory, ``ogb:NAME``, ``synthetic[:N[:seed]]``).
+        model: ``"gcn"``, ``"sage"``, ``"shadow-gcn"`` or ``"shadow-sage"``.
+        out_dir: the checkpoint directory to create (required).
+        overwrite: replace an existing checkpoint at ``out_dir``.
+        progress: show a progress bar.
+        ppr_lookup: precomputed PPR top-K lists (see :func:`fit`).
+        source: dataset source recorded in the checkpoint (default: the resolved spec).
+        **settings: any :class:`TrainConfig` field (``hidden``, ``layers``, ``dropout``, ``lr``,
+            ``weight_decay``, ``epochs``, ``patience``, ``seed``, ``width_train``, ``ppr_k``, ``ppr``, ...).
+
+    Raises:
+        kernels.datasets.DatasetError: the dataset cannot be loaded.
+        CheckpointError: ``out_dir`` exists (without ``overwrite``).
+        ValueError: a bad setting.
+    """
+    if out_dir is None:
+        raise ValueError("out_dir is required")
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise CheckpointError(f"{out} already exists; pass overwrite=True (CLI: --overwrite) or choose another --out")
+    cfg = TrainConfig(model=model, **settings)
+    ds = dataset if isinstance(dataset, GraphDataset) else load_dataset(dataset)
+    log.info("training %s on %r", cfg.model, ds)
+    res = fit(ds, cfg, ppr_lookup=ppr_lookup, progress=progress)
+
+    t0 = time.perf_counter()
+    rows = measure_knobs(res.model, res.data, res.extractor, res.data.val, widths=cfg.knob_widths,
+                         budgets=cfg.budgets(), strategy=cfg.strategy, batch_size=cfg.knob_batch_size,
+                         repeats=cfg.knob_repeats)
+    knob_time = time.perf_counter() - t0
+    default_k, default_s = choose_defaults(rows, cfg.knob_tolerance)
+    kmax = cfg.ppr_k if cfg.is_shadow else 0
+    exact = next(r for r in rows if r["ppr_budget"] == kmax and r["sampling_width"] == 0)
+
+    config = {
+        "extractor": res.model.extractor,
+        "hops": 0 if cfg.is_shadow else int(res.model.layers),
+        "dataset": {
+            "name": ds.name,
+            "fingerprint": ds.fingerprint(),
+            "graph_fingerprint": ds.graph.fingerprint(),
+            "source": source if source is not None else _dataset_source(dataset, ds),
+            "num_nodes": ds.num_nodes,
+            "num_edges": ds.graph.num_edges,
+            "num_features": ds.num_features,
+            "num_classes": ds.num_classes,
+        },
+        "ppr": dataclasses.asdict(res.ppr_config) if res.ppr_config is not None else None,
+        "max_ppr_budget": kmax,
+        "strategy": cfg.strategy,
+        "default_sampling_width": int(default_s),
+        "default_ppr_budget": int(default_k),
+        "training": cfg.to_json(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "torch_version": torch.__version__,
+    }
+    metrics = {
+        "val_accuracy": res.val_accuracy,
+        "val_loss": res.val_loss,
+        "test_accuracy": res.test_accuracy,
+        "val_accuracy_serving_exact": exact["val_accuracy"],
+        "best_epoch": res.best_epoch,
+        "epochs_run": res.epochs_run,
+        "train_time_s": round(res.train_time_s, 3),
+        "ppr_time_s": round(res.ppr_time_s, 3),
+        "knob_time_s": round(knob_time, 3),
+        "num_train": len(res.data.train),
+        "num_val": len(res.data.val),
+        "num_test": len(res.data.test),
+        "history": res.history,
+    }
+    knobs = {
+        "format_version": 1,
+        "measured_on": "val",
+        "num_nodes": len(res.data.val),
+        "batch_size": cfg.knob_batch_size,
+        "repeats": cfg.knob_repeats,
+        "strategy": cfg.strategy,
+        "device": str(cfg.device),
+        "torch_threads": torch.get_num_threads(),
+        "latency": "wall time per node of extract + induced batch + gather cached projections + forward + argmax",
+        "rows": rows,
+    }
+    return save_checkpoint(out, res.model, config, metrics, knobs, overwrite=overwrite)
+
+
+# ============================================================================ CLI
+def _int_list(s: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in s.split(",") if v.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from exc
+
+
+def build_parser(prog: str = "gnnserve train") -> argparse.ArgumentParser:
+    d = TrainConfig()
+    p = argparse.ArgumentParser(prog=prog, description="Train a GNN and write a gnnserve checkpoint directory.")
+    p.add_argument("--dataset", required=True,
+                   help="PATH.npz, a saved dataset directory, ogb:NAME[@root] or synthetic[:N[:seed]]")
+    p.add_argument("--model", required=True, choices=MODEL_KINDS)
+    p.add_argument("--out", required=True, help="checkpoint directory to create")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint directory")
+    p.add_argument("--hidden", type=int, default=d.hidden)
+    p.add_argument("--layers", type=int, default=None, help="default: 2 (plain) or 3 (shaDow)")
+    p.add_argument("--dropout", type=float, default=d.dropout)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--patience", type=int, default=d.patience)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--width-train", type=int, default=0, help="sampling width while training (0 = exact)")
+    p.add_argument("--strategy", choices=STRATEGIES, default=d.strategy)
+    p.add_argument("--feature-norm", choices=(*NORM_MODES, "auto"), default=d.feature_norm)
+    p.add_argument("--binarize", action="store_true", help="map non-zero features to 1 (e.g. Coauthor counts)")
+    p.add_argument("--pool", choices=POOLS, default=d.pool, help="shaDow readout pooling")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="shaDow: targets per training batch")
+    p.add_argument("--ppr-k", type=int, default=d.ppr_k, help="shaDow: maximum PPR budget K")
+    p.add_argument("--ppr-alpha", type=float, default=None, help="shaDow: PPR teleport setting (see kernels.ppr)")
+    p.add_argument("--ppr-eps", type=float, default=None, help="shaDow: PPR push tolerance")
+    p.add_argument("--knob-widths", type=_int_list, default=d.knob_widths, help="e.g. 0,4,8,16,32,64")
+    p.add_argument("--knob-budgets", type=_int_list, default=None, help="e.g. 8,16,32,64")
+    p.add_argument("--knob-batch-size", type=int, default=d.knob_batch_size)
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "gnnserve train") -> int:
+    """CLI entry point; returns the exit code (0 ok, 1 failure, 2 bad dataset/arguments)."""
+    args = build_parser(prog).parse_args(argv)
+    ppr: dict[str, Any] = {}
+    if args.ppr_alpha is not None:
+        ppr["alpha"] = args.ppr_alpha
+    if args.ppr_eps is not None:
+        ppr["eps"] = args.ppr_eps
+    try:
+        ds = load_dataset(args.dataset)
+    except (DatasetError, OSError, ValueError) as exc:
+        print(f"error: cannot load dataset {args.dataset}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        out = train(
+            ds, args.model, args.out, overwrite=args.overwrite, progress=not args.no_progress,
+            source=_dataset_source(args.dataset, ds),
+            hidden=args.hidden, layers=args.layers, dropout=args.dropout, lr=args.lr,
+            weight_decay=args.weight_decay, epochs=args.epochs, patience=args.patience, seed=args.seed,
+            width_train=args.width_train or None, strategy=args.strategy, feature_norm=args.feature_norm,
+            binarize=args.binarize, pool=args.pool, batch_size=args.batch_size, ppr_k=args.ppr_k,
+            ppr=ppr or None, knob_widths=args.knob_widths, knob_budgets=args.knob_budgets,
+            knob_batch_size=args.knob_batch_size, device=args.device,
+        )
+    except (CheckpointError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from .checkpoint import load_checkpoint
+
+    ck = load_checkpoint(out)
+    m = ck.metrics
+    print(f"wrote {out}")
+    print(f"  {ck.arch} on {ck.config['dataset']['name']}: val {m['val_accuracy']:.4f}  test {m['test_accuracy']:.4f}  "
+          f"(best epoch {m['best_epoch']}, {m['train_time_s']:.1f} s)")
+    print(f"  default knobs: K={ck.default_ppr_budget} S={ck.default_sampling_width} ({ck.strategy})")
+    print("  | K | S | val acc | ms/node | edges kept |")
+    for r in ck.knobs:
+        print(f"  | {r['ppr_budget']} | {r['sampling_width']} | {r['val_accuracy']:.4f} | "
+              f"{r['latency_ms_per_node']:.4f} | {r['edges_kept_fraction']:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(main(sys.argv[1:], prog="python -m models.train"))
