@@ -99,15 +99,24 @@ def batches_of(ptr: np.ndarray, nodes: np.ndarray, size: int, count: int, seed: 
 
 
 # --------------------------------------------------------------------------- timing
-def time_store(store, batches: list[np.ndarray], warmup: int) -> np.ndarray:
+def time_store(store, batches: list[np.ndarray], warmup: int, server_cpu=None) -> tuple[np.ndarray, float, float]:
+    """Wall ms per timed batch, this process's CPU ms per batch, and Redis's CPU ms per batch
+    (``server_cpu()`` = the server's used CPU seconds, from ``INFO cpu``; NaN without it).
+
+    CPU time is what the work costs whatever else runs on the machine; on a busy machine the wall
+    time adds the wait for a CPU at every hand-off between client and server."""
     for b in batches[:warmup]:
         store.get(b)
     out = []
+    c0, s0 = time.process_time(), server_cpu() if server_cpu else 0.0
     for b in batches[warmup:]:
         t0 = time.perf_counter()
         store.get(b)
         out.append(time.perf_counter() - t0)
-    return np.asarray(out) * 1e3
+    k = max(1, len(out))
+    client = (time.process_time() - c0) / k * 1e3
+    server = (server_cpu() - s0) / k * 1e3 if server_cpu else float("nan")
+    return np.asarray(out) * 1e3, client, server
 
 
 def log(msg: str) -> None:
@@ -132,10 +141,17 @@ def machine() -> str:
 
 
 def loadavg() -> str:
+    """Load average and, where the kernel reports it, the share of time tasks waited for a CPU."""
     try:
-        return " / ".join(f"{v:.1f}" for v in os.getloadavg())
+        out = " / ".join(f"{v:.1f}" for v in os.getloadavg())
     except OSError:
         return "?"
+    try:
+        psi = Path("/proc/pressure/cpu").read_text().split()[1]  # "avg10=12.34"
+        out += f" (CPU pressure {psi.split('=')[1]} %)"
+    except (OSError, IndexError):
+        pass
+    return out
 
 
 # --------------------------------------------------------------------------- main
@@ -145,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--index", type=Path, default=None, help="PPR index directory or .npz with ptr/nodes")
     ap.add_argument("--k", type=int, default=64)
     ap.add_argument("--targets", default="64,1024", help="batch sizes (targets per batch)")
-    ap.add_argument("--batches", type=int, default=40, help="timed batches per setting")
-    ap.add_argument("--warmup", type=int, default=10, help="untimed batches first (fills the LRU)")
+    ap.add_argument("--batches", type=int, default=30, help="timed batches per setting")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed batches first (fills the LRU)")
     ap.add_argument("--cache-fraction", type=float, default=0.25,
                     help="tiered budget as a fraction of the feature matrix bytes")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16"])
@@ -198,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         stores = {"memory": mem, "Redis TCP": r_tcp, "Redis unix socket": r_unix,
                   f"tiered (hot+LRU, {args.cache_fraction:.0%} of rows) over unix": tier}
 
+        info_client = r_tcp.client
+
+        def server_cpu() -> float:
+            info = info_client.info("cpu")
+            return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
         rows = []
         for b in sizes:
             uniq = np.array([len(u) for u in batches[b]])
@@ -205,14 +227,17 @@ def main(argv: list[str] | None = None) -> int:
             for name, st in stores.items():
                 if st is tier:
                     before = tier.stats()
-                ms = time_store(st, batches[b], args.warmup)
+                ms, cpu_client, cpu_server = time_store(st, batches[b], args.warmup,
+                                                        None if st is mem else server_cpu)
                 extra = ""
                 if st is tier:
                     s = tier.stats()
                     lookups = sum(s[k] - before[k] for k in ("hits_hot", "hits_lru", "misses"))
                     hits = sum(s[k] - before[k] for k in ("hits_hot", "hits_lru"))
                     extra = f"hit ratio {hits / lookups:.2f}"
-                rows.append(f"| {b} | {uniq.mean():.0f} | {mib:.1f} | {name} | {fmt(ms)} | {extra} |")
+                redis_cpu = "-" if st is mem else f"{cpu_server:.2f}"
+                rows.append(f"| {b} | {uniq.mean():.0f} | {mib:.1f} | {name} | {fmt(ms)} | {cpu_client:.2f} | "
+                            f"{redis_cpu} | {extra} |")
                 log(rows[-1])
 
         # the issue's reference figure: one MGET of 200 keys of 128 float32 over a unix socket
@@ -239,13 +264,15 @@ def main(argv: list[str] | None = None) -> int:
 
     print("## Feature stores (issue 6)\n")
     print("Command: `python benchmarks/features.py " + " ".join(argv if argv is not None else sys.argv[1:]) + "`\n")
-    print(f"Machine: {machine()}. Load average (1/5/15 min) at start {load_start}, at end {loadavg()}.\n")
+    print(f"Machine: {machine()}. Load average (1/5/15 min) at start {load_start}, at end {loadavg()} "
+          "(CPU pressure: share of the last 10 s in which some task waited for a CPU).\n")
     print(f"Data: {ds.name}, N = {n}, F = {f}, {args.dtype} ({f * x.dtype.itemsize} bytes per row); node lists: "
           f"{source}, built in {t_lists:.1f} s; {args.batches} timed batches after {args.warmup} warm-up "
           f"batches per row. Load into Redis: {t_load:.1f} s for {n} rows incl. verification "
           f"({rep.chunks_written} chunks).\n")
-    print("| targets | distinct nodes / batch | MiB / batch | store | p50 ms | p99 ms | note |")
-    print("| ---: | ---: | ---: | --- | ---: | ---: | --- |")
+    print("| targets | distinct nodes / batch | MiB / batch | store | p50 ms | p99 ms | client CPU ms / batch | "
+          "Redis CPU ms / batch | note |")
+    print("| ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         print(r)
     print()

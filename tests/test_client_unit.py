@@ -350,13 +350,11 @@ def _dead_address() -> str:
 
 def test_unreachable_server_is_retried_then_unavailable():
     backoff = Backoff(initial_s=0.05, max_s=0.2)
-    t0 = time.monotonic()
-    with GnnClient(_dead_address(), max_retries=3, backoff=backoff, timeout=20) as client:
+    with GnnClient(_dead_address(), max_retries=3, backoff=backoff) as client:
         with pytest.raises(UnavailableError) as ei:
             client.predict("m", [1])
-    elapsed = time.monotonic() - t0
-    assert ei.value.attempts == 4 and ei.value.method == "Predict"
-    assert elapsed < 20  # bounded: the retries ran out well before the deadline
+    assert ei.value.attempts == 4 and ei.value.method == "Predict"  # 1 try + 3 retries, then it gives up
+    assert "(after 4 attempts)" in str(ei.value)
     with GnnClient(_dead_address(), max_retries=0) as client:
         with pytest.raises(UnavailableError) as ei:
             client.list_models()
@@ -366,12 +364,11 @@ def test_unreachable_server_is_retried_then_unavailable():
 
 
 def test_deadline_bounds_retries_against_a_dead_server():
-    t0 = time.monotonic()
     with GnnClient(_dead_address(), max_retries=1000, backoff=Backoff(0.05, 0.1), timeout=1.0) as client:
         with pytest.raises((UnavailableError, DeadlineExceededError)) as ei:
             client.get_model("m")
-    assert time.monotonic() - t0 < 10
-    assert 1 < ei.value.attempts < 1000
+    # the 1 s deadline, not the retry budget, ended it (1000 retries take at least 50 s of backoff)
+    assert 1 <= ei.value.attempts < 1000
 
 
 def test_closed_client_refuses_calls():

@@ -1,0 +1,222 @@
+"""The gRPC server on loopback with real trained models (issue 5)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import shutil
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from clients._gen import gnnserve_pb2 as pb
+from clients._gen import gnnserve_pb2_grpc as pbg
+from kernels.subgraph import induced_batch, lhop_nodes
+from models.base import full_gcn_degrees
+from models.checkpoint import load_checkpoint
+
+from .serving import ServerThread
+
+
+@pytest.fixture(scope="module")
+def stub(served):
+    with grpc.insecure_channel(served.address) as ch:
+        yield pbg.GnnServiceStub(ch)
+
+
+def offline(repo, name, ds, nodes, width, budget):
+    """Labels and probabilities computed without the server (same kernels, raw features)."""
+    ckpt = load_checkpoint(repo / name / "1")
+    model = ckpt.model.eval()
+    g = ds.graph
+    nodes = np.asarray(nodes, dtype=np.int64)
+    if ckpt.extractor == "ppr":
+        from kernels.ppr import PPRConfig, PPRIndex
+
+        index = PPRIndex.open_or_build(repo / "_ppr", g, PPRConfig(**ckpt.ppr_config))
+        ptr, lists = index.lookup(nodes, budget)
+        norm = None
+    else:
+        ptr, lists = lhop_nodes(g, nodes, model.layers)
+        norm = None
+    batch = induced_batch(g, ptr, lists)
+    if ckpt.arch == "gcn":
+        norm = full_gcn_degrees(g)[batch.node_ids]
+    with torch.no_grad():
+        logits, _ = model.forward_batch(batch, torch.from_numpy(ds.x[batch.node_ids]), width or None,
+                                        ckpt.strategy, norm)
+    probs = torch.softmax(logits, 1).numpy()
+    return probs.argmax(1), probs
+
+
+def predict(stub, model, nodes, **kw):
+    return stub.Predict(pb.PredictRequest(model=model, nodes=list(map(int, nodes)), return_probabilities=True, **kw))
+
+
+@pytest.mark.parametrize("model", ["shadow", "gcn"])
+@pytest.mark.parametrize("width", [0, 4])
+def test_predictions_equal_offline_model(stub, tiny_repo, tiny_dataset, model, width):
+    nodes = np.arange(0, 800, 37)
+    budget = 16 if model == "shadow" else None
+    kw = {"sampling_width": width} | ({"ppr_budget": budget} if budget else {})
+    r = predict(stub, model, nodes, **kw)
+    labels, probs = offline(tiny_repo, model, tiny_dataset, nodes, width, budget or 0)
+    got = np.asarray(r.probabilities, dtype=np.float32).reshape(len(nodes), r.num_classes)
+    np.testing.assert_allclose(got, probs, rtol=1e-4, atol=1e-5)
+    assert list(r.labels) == labels.tolist()
+    assert r.settings.sampling_width == width and r.settings.chosen_by == "request"
+    assert r.settings.ppr_budget == (budget or 0)
+
+
+def test_plain_gcn_over_grpc_equals_full_graph_forward(stub, tiny_repo, tiny_dataset):
+    model = load_checkpoint(tiny_repo / "gcn" / "1").model.eval()
+    with torch.no_grad():
+        full = torch.softmax(model(tiny_dataset.graph, torch.from_numpy(tiny_dataset.x)), 1).numpy()
+    nodes = np.arange(800)
+    r = predict(stub, "gcn", nodes, sampling_width=0)
+    got = np.asarray(r.probabilities, dtype=np.float32).reshape(800, -1)
+    np.testing.assert_allclose(got, full, rtol=1e-4, atol=1e-5)
+    acc = (np.asarray(r.labels) == tiny_dataset.y)[tiny_dataset.test_mask].mean()
+    assert acc > 0.6, f"test accuracy {acc:.2f} should clearly beat chance (0.25)"
+
+
+def test_knobs_trade_edges_and_exact_is_stable(stub):
+    nodes = list(range(0, 800, 11))
+    wide = predict(stub, "shadow", nodes, sampling_width=0, ppr_budget=32)
+    narrow = predict(stub, "shadow", nodes, sampling_width=2, ppr_budget=32)
+    small = predict(stub, "shadow", nodes, sampling_width=0, ppr_budget=8)
+    assert narrow.settings.edges_kept < wide.settings.edges_kept == wide.settings.edges_total
+    assert narrow.settings.edges_total == wide.settings.edges_total
+    assert small.settings.edges_total < wide.settings.edges_total
+    again = predict(stub, "shadow", nodes, sampling_width=0, ppr_budget=32)
+    assert list(again.labels) == list(wide.labels) and list(again.probabilities) == list(wide.probabilities)
+
+
+def test_defaults_clamping_and_max_accuracy_loss(stub):
+    info = stub.GetModel(pb.GetModelRequest(name="shadow"))
+    r = predict(stub, "shadow", [5])
+    assert r.settings.chosen_by == "default"
+    assert (r.settings.sampling_width, r.settings.ppr_budget) == (info.default_sampling_width, info.default_ppr_budget)
+    r = predict(stub, "shadow", [5], sampling_width=100_000, ppr_budget=100_000)
+    assert r.settings.sampling_width == info.max_sampling_width and r.settings.ppr_budget == info.max_ppr_budget
+    r = predict(stub, "shadow", [5], max_accuracy_loss=1.0)
+    assert r.settings.chosen_by == "max_accuracy_loss"
+    cheapest = min(info.knob_table, key=lambda k: k.latency_ms_per_node)
+    assert (r.settings.sampling_width, r.settings.ppr_budget) == (cheapest.sampling_width, cheapest.ppr_budget)
+    assert r.settings.expected_accuracy == pytest.approx(cheapest.val_accuracy)
+
+
+def test_concurrent_requests_batch_and_match_one_by_one(served, stub):
+    nodes = list(range(0, 800, 7))
+    alone = {n: predict(stub, "shadow", [n], sampling_width=4, ppr_budget=16) for n in nodes}
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        together = dict(zip(nodes, pool.map(lambda n: predict(stub, "shadow", [n], sampling_width=4, ppr_budget=16),
+                                            nodes), strict=True))
+    assert max(r.timing.batch_size for r in together.values()) > 1, "concurrent requests should share batches"
+    for n in nodes:
+        assert list(together[n].labels) == list(alone[n].labels)
+        np.testing.assert_allclose(together[n].probabilities, alone[n].probabilities, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "request_kw, code, text",
+    [
+        ({"model": "nope", "nodes": [1]}, grpc.StatusCode.NOT_FOUND, "model 'nope' not found"),
+        ({"model": "shadow", "version": "7", "nodes": [1]}, grpc.StatusCode.NOT_FOUND, "no version 7"),
+        ({"model": "shadow", "nodes": [800]}, grpc.StatusCode.INVALID_ARGUMENT, "800"),
+        ({"model": "shadow", "nodes": [-3]}, grpc.StatusCode.INVALID_ARGUMENT, "-3"),
+        ({"model": "shadow", "nodes": []}, grpc.StatusCode.INVALID_ARGUMENT, "no nodes"),
+        ({"model": "shadow", "nodes": list(range(800)) * 6}, grpc.StatusCode.INVALID_ARGUMENT, "4800 nodes"),
+        ({"model": "shadow", "nodes": [1], "sampling_width": -1}, grpc.StatusCode.INVALID_ARGUMENT, "-1"),
+        ({"model": "shadow", "nodes": [1], "ppr_budget": 0}, grpc.StatusCode.INVALID_ARGUMENT, "ppr_budget"),
+        ({"model": "shadow", "nodes": [1], "max_accuracy_loss": float("nan")}, grpc.StatusCode.INVALID_ARGUMENT,
+         "nan"),
+    ],
+)
+def test_errors_have_their_codes_and_server_stays_healthy(served, stub, request_kw, code, text):
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.Predict(pb.PredictRequest(**request_kw))
+    assert ei.value.code() == code
+    assert text in ei.value.details()
+    assert list(predict(stub, "shadow", [3]).labels), "the next valid request is answered"
+    with grpc.insecure_channel(served.address) as ch:
+        h = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
+    assert h.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_expired_deadline_work_is_dropped(served, stub):
+    rt = served.server.registry.get("shadow")
+    before = rt.batcher.items_dropped
+    big = pb.PredictRequest(model="shadow", nodes=list(range(800)), sampling_width=0, ppr_budget=32)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        busy = [pool.submit(stub.Predict, big) for _ in range(6)]
+        time.sleep(0.05)
+        with pytest.raises(grpc.RpcError) as ei:
+            stub.Predict(pb.PredictRequest(model="shadow", nodes=[1], sampling_width=1, ppr_budget=8), timeout=0.02)
+        assert all(len(f.result().labels) == 800 for f in busy)
+    assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    deadline = time.monotonic() + 10
+    while rt.batcher.items_dropped == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rt.batcher.items_dropped > before, "the expired request's work was dropped, not run"
+
+
+def test_list_and_get_models(stub):
+    models = {m.name: m for m in stub.ListModels(pb.ListModelsRequest()).models}
+    assert set(models) == {"shadow", "gcn"}
+    sh = models["shadow"]
+    assert sh.extractor == "ppr" and sh.architecture == "shadow-sage" and sh.ready
+    assert sh.num_nodes == 800 and sh.num_features == 16 and sh.num_classes == 4
+    assert len(sh.knob_table) >= 4 and "val_accuracy" in sh.metrics
+    assert models["gcn"].extractor == "lhop" and models["gcn"].max_ppr_budget == 0
+
+
+def test_embeddings_and_timing(stub):
+    r = stub.Predict(pb.PredictRequest(model="shadow", nodes=[1, 2], return_embeddings=True))
+    assert r.embedding_dim > 0 and len(r.embeddings) == 2 * r.embedding_dim
+    assert len(r.probabilities) == 0, "probabilities only when asked"
+    t = r.timing
+    assert t.total_ms >= t.forward_ms > 0 and t.subgraph_ms > 0 and t.batch_size >= 2
+
+
+def test_new_version_swaps_in_and_bad_checkpoint_is_refused(tiny_repo, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo / "gcn" / "1", repo / "gcn" / "1")
+    shutil.copytree(tiny_repo / "_data", repo / "_data")
+    with ServerThread(repo, {"poll_s": 0.2}) as srv, grpc.insecure_channel(srv.address) as ch:
+        st = pbg.GnnServiceStub(ch)
+        assert predict(st, "gcn", [1]).version == "1"
+        # a broken model next to it: refused with a clear log, the others keep serving
+        (repo / "broken" / "1").mkdir(parents=True)
+        (repo / "broken" / "1" / "config.json").write_text("{not json")
+        # a new version dropped in while requests flow
+        errors, versions = [], set()
+        shutil.copytree(tiny_repo / "gcn" / "1", repo / "gcn" / ".2.tmp")
+        (repo / "gcn" / ".2.tmp").rename(repo / "gcn" / "2")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "2" not in versions:
+            try:
+                versions.add(predict(st, "gcn", [1, 2, 3]).version)
+            except grpc.RpcError as e:
+                errors.append(e)
+        assert not errors and "2" in versions
+        assert predict(st, "gcn", [1], version="1").version == "1"
+        assert "broken" in "".join(srv.server.registry.failures())
+        with pytest.raises(grpc.RpcError) as ei:
+            predict(st, "broken", [1])
+        assert ei.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_metrics_endpoint(tiny_repo, tmp_path):
+    with ServerThread(tiny_repo, {"metrics_port": 0}) as srv, grpc.insecure_channel(srv.address) as ch:
+        predict(pbg.GnnServiceStub(ch), "shadow", [1, 2])
+        with pytest.raises(grpc.RpcError):
+            predict(pbg.GnnServiceStub(ch), "shadow", [10_000])
+        text = urllib.request.urlopen(f"http://127.0.0.1:{srv.server.metrics_port}/metrics", timeout=10).read().decode()
+    assert 'gnnserve_request_seconds_count{model="shadow",stage="forward"}' in text
+    assert 'gnnserve_requests_total{code="INVALID_ARGUMENT",method="Predict",model="shadow"}' in text
+    assert "gnnserve_batch_targets_bucket" in text and "gnnserve_sampling_width_bucket" in text
