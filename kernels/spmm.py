@@ -290,6 +290,36 @@ def forget_samples(graph: CSRGraph) -> int:
     return len(gone)
 
 
+def _transposed(mat: torch.Tensor) -> torch.Tensor:
+    """``mat.T`` as CSR, computed once per matrix (memoized matrices are reused across steps)."""
+    t = getattr(mat, "_gnnserve_transposed", None)
+    if t is None:
+        t = mat.t().to_sparse_csr()
+        try:
+            mat._gnnserve_transposed = t  # type: ignore[attr-defined]
+        except (AttributeError, RuntimeError):  # pragma: no cover - tensors normally take attributes
+            pass
+    return t
+
+
+class _CSRMatmul(torch.autograd.Function):
+    """``mat @ x`` differentiable in ``x`` only, with ``mat.T`` built once per (memoized) matrix.
+
+    ``torch.sparse.mm``'s own backward transposes (and sorts) the CSR matrix on every backward
+    pass; training reuses the same memoized matrix for every epoch, so keeping its transpose makes
+    the backward pass one plain CSR product.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, mat: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.mat = mat
+        return torch.sparse.mm(mat, x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return torch.sparse.mm(_transposed(ctx.mat), grad.contiguous()), None
+
+
 def sampled_spmm_torch(
     graph: CSRGraph,
     x: torch.Tensor,
@@ -304,7 +334,12 @@ def sampled_spmm_torch(
     if graph.num_nodes == 0:
         return x.new_zeros(x.shape)
     mat = sampled_csr(graph, width, strategy, aggregator, device=x.device, dtype=x.dtype, norm_degrees=norm_degrees)
-    out = torch.sparse.mm(mat, x) if graph.num_edges else x.new_zeros(x.shape)
+    if not graph.num_edges:
+        out = x.new_zeros(x.shape)
+    elif x.requires_grad and torch.is_grad_enabled():
+        out = _CSRMatmul.apply(x, mat)
+    else:
+        out = torch.sparse.mm(mat, x)
     if aggregator == "gcn":
         dinv = _gcn_dinv(graph, x.device, x.dtype, norm_degrees)
         out = torch.addcmul(out, x, (dinv * dinv).unsqueeze(1))

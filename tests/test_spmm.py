@@ -131,14 +131,28 @@ def test_rescaled_sum_is_unbiased_ish_and_mean_exact_when_uniform():
         assert torch.allclose(m[torch.from_numpy(g.degrees > 0)], torch.ones(1))
 
 
-def test_gradient_flows_and_matches_transpose():
+@pytest.mark.parametrize("aggregator", ["sum", "mean", "gcn"])
+@pytest.mark.parametrize("width", [None, 8])
+def test_gradient_flows_and_matches_transpose(aggregator, width):
     g = random_graph(6)
-    x = torch.randn(g.num_nodes, 4, requires_grad=True)
-    out = sampled_spmm(g, x, 8, "fastrand", "sum")
-    gy = torch.randn_like(out)
-    out.backward(gy)
-    dense = sampled_csr(g, 8, "fastrand", "sum").to_dense()
-    torch.testing.assert_close(x.grad, dense.T @ gy, rtol=1e-4, atol=1e-4)
+    dense = sampled_csr(g, width, "fastrand", aggregator).to_dense()
+    if aggregator == "gcn":  # the self term x_i / D_i
+        dense = dense + torch.diag(torch.from_numpy(1.0 / (g.degrees.astype(np.float64) + 1)).float())
+    for _ in range(2):  # the second backward reuses the memoized transpose
+        x = torch.randn(g.num_nodes, 4, requires_grad=True)
+        out = sampled_spmm(g, x, width, "fastrand", aggregator)
+        gy = torch.randn_like(out)
+        out.backward(gy)
+        torch.testing.assert_close(x.grad, dense.T @ gy, rtol=1e-4, atol=1e-4)
+
+
+def test_gradcheck_float64():
+    import scipy.sparse as sp
+
+    a = sp.random(40, 40, density=0.2, random_state=9, format="csr")
+    g = CSRGraph.from_scipy(a + a.T, weighted=False)
+    x = torch.randn(g.num_nodes, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: sampled_spmm(g, t, 4, "fastrand", "mean"), (x,))
 
 
 def test_kept_edges_counts():
