@@ -3,10 +3,13 @@
 :class:`ErrorMappingInterceptor` wraps every unary handler: a domain exception
 (:mod:`serve.errors`, feature-store errors) is answered with its status code and message; any
 other exception is logged with its traceback and a request id, and answered ``INTERNAL`` with
-only that id, never internals. It also counts finished RPCs by code.
+only that id, never internals. A request whose bytes do not parse is answered ``INVALID_ARGUMENT``
+(not gRPC's own UNKNOWN with the parser's exception text), and messages are bounded to
+:data:`MAX_DETAILS_CHARS` (they can echo request fields). It also counts finished RPCs by code.
 
 :class:`BearerAuthInterceptor` checks ``authorization: Bearer <token>`` metadata with a
-constant-time comparison; a missing or wrong token gets ``UNAUTHENTICATED`` and nothing else.
+constant-time comparison; a missing or wrong token gets ``UNAUTHENTICATED`` and nothing else (the request body of such a call
+is never parsed).
 Health checks stay open so orchestrators can probe without the token.
 """
 
@@ -21,10 +24,10 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from .errors import status_for
+from .errors import InvalidArgument, status_for
 from .metrics import ServerMetrics
 
-__all__ = ["BearerAuthInterceptor", "ErrorMappingInterceptor"]
+__all__ = ["MAX_DETAILS_CHARS", "BearerAuthInterceptor", "ErrorMappingInterceptor", "bounded"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,23 @@ _OPEN_METHODS = (
 )
 
 
+MAX_DETAILS_CHARS = 1024
+
+
+def bounded(message: str, limit: int = MAX_DETAILS_CHARS) -> str:
+    """``message`` cut to at most ``limit`` characters, keeping its start and its end.
+
+    Messages echo parts of the request (a model name, ids); a client can send megabytes of them, and
+    the status message travels in an HTTP/2 trailer that clients refuse beyond a few KiB (the
+    caller would see a transport error instead of the real status) and lands in the log.
+    """
+    if len(message) <= limit:
+        return message
+    cut = len(message) - limit + 40
+    head = (limit - 40) * 2 // 3
+    return f"{message[:head]} ...[{cut} characters elided]... {message[head + cut:]}"
+
+
 def _model_of(request: Any) -> str:
     for attr in ("model", "model_name", "name"):
         v = getattr(request, attr, None)
@@ -43,9 +63,40 @@ def _model_of(request: Any) -> str:
     return ""
 
 
+class _Undecodable:
+    """Stands in for a request whose bytes do not parse (answered INVALID_ARGUMENT by the handler)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """A deserializer that returns :class:`_Undecodable` instead of raising.
+
+    gRPC answers a deserializer's exception with UNKNOWN and the exception's class and text
+    (``Unexpected <class 'google.protobuf.message.DecodeError'>: ...``): a malformed request would
+    get the wrong code and internals in its message.
+    """
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception:
+            return _Undecodable(len(data))
+
+    return parse
+
+
+def _ignore_body(data: bytes) -> None:
+    return None
+
+
 def _wrap_unary(
     handler: grpc.RpcMethodHandler,
     fn: Callable[[Any, aio.ServicerContext, Callable[..., Awaitable[Any]]], Awaitable[Any]],
+    request_deserializer: Callable[[bytes], Any] | None = None,
 ) -> grpc.RpcMethodHandler:
     inner = handler.unary_unary
 
@@ -53,7 +104,8 @@ def _wrap_unary(
         return await fn(request, context, inner)
 
     return grpc.unary_unary_rpc_method_handler(
-        call, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        call, request_deserializer=request_deserializer or handler.request_deserializer,
+        response_serializer=handler.response_serializer,
     )
 
 
@@ -77,6 +129,9 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
         async def guarded(request: Any, context: aio.ServicerContext, inner: Callable[..., Awaitable[Any]]) -> Any:
             code = grpc.StatusCode.OK
             try:
+                if isinstance(request, _Undecodable):
+                    raise InvalidArgument(f"the {method} request ({request.size} bytes) is not a valid message "
+                                          "of its type and cannot be parsed")
                 return await inner(request, context)
             except aio.AbortError:
                 code = context.code() or grpc.StatusCode.UNKNOWN
@@ -85,6 +140,7 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
                 mapped = status_for(exc)
                 if mapped is not None:
                     code, message = mapped
+                    message = bounded(message)
                     log.info("%s -> %s: %s", method, code.name, message)
                 else:
                     code = grpc.StatusCode.INTERNAL
@@ -96,7 +152,7 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
                 if metrics is not None:
                     metrics.requests.labels(_model_of(request), method, code.name).inc()
 
-        return _wrap_unary(handler, guarded)
+        return _wrap_unary(handler, guarded, _lenient(handler.request_deserializer))
 
 
 class BearerAuthInterceptor(aio.ServerInterceptor):
@@ -129,13 +185,13 @@ class BearerAuthInterceptor(aio.ServerInterceptor):
 
         if handler is None:
             return handler
-        if handler.unary_unary is not None:
-            return _wrap_unary(handler, deny)
+        if handler.unary_unary is not None:  # the body of an unauthenticated call is never parsed
+            return _wrap_unary(handler, deny, _ignore_body)
 
         async def deny_stream(request_or_iterator: Any, context: aio.ServicerContext) -> Any:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
 
-        ser = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+        ser = {"request_deserializer": _ignore_body, "response_serializer": handler.response_serializer}
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(deny_stream, **ser)
         if handler.stream_unary is not None:
