@@ -49,8 +49,6 @@ from .reliability_support import (
 )
 from .serving import ServerProcess, ServerThread
 
-pytest_plugins = ("tests.redis_server",)
-
 MAX_MSG = 64 << 20
 
 
@@ -420,7 +418,7 @@ def test_bad_checkpoints_refused_and_new_version_swapped_in_under_load(tiny_repo
         assert any("gcn/3" in p and "shapes do not match" in r for p, r in fails.items()), fails
         logged = "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
         assert "model trunc v1" in logged and "refused" in logged and "truncated" in logged
-        assert "model gcn v3" in logged and "hidden" not in fails.get("x", "")
+        assert "model gcn v3" in logged and "tensor shapes do not match" in logged
         with grpc.insecure_channel(srv.address) as ch:
             s2 = pbg.GnnServiceStub(ch)
             assert call(s2, {"model": "gcn", "nodes": [1]})[0].version == "2"  # v3 is not served
