@@ -1,8 +1,10 @@
 #!/bin/sh
 # One-shot preparation job of the compose stack (also runnable outside Docker; tests run it):
 #   1. train a model into the repository unless a checkpoint is already there (e.g. mounted),
-#   2. load the dataset's features into Redis (resumable, verified before going live).
-# Settings (environment): REPO, DATASET, MODEL_NAME, MODEL_KIND, REDIS_URL, TRAIN_ARGS.
+#   2. load the dataset's features into Redis (resumable, verified before going live),
+#   3. load the graph's adjacency rows and the PPR top-K lists of the repository's models into Redis
+#      (verified before going live), so replicas started with --graph hold no graph (GRAPH_LOAD=0 skips).
+# Settings (environment): REPO, DATASET, MODEL_NAME, MODEL_KIND, REDIS_URL, TRAIN_ARGS, GRAPH_LOAD, GNNSERVE.
 set -eu
 REPO="${REPO:-/models}"
 DATASET="${DATASET:-synthetic:20000:0}"
@@ -11,6 +13,7 @@ MODEL_KIND="${MODEL_KIND:-shadow-sage}"
 REDIS_URL="${REDIS_URL:?set REDIS_URL, e.g. redis://:password@redis:6379/0}"
 TRAIN_ARGS="${TRAIN_ARGS:-}"
 GNNSERVE="${GNNSERVE:-gnnserve}"
+GRAPH_LOAD="${GRAPH_LOAD:-1}"
 
 if [ -f "$REPO/$MODEL_NAME/1/config.json" ]; then
   echo "prepare: using the existing checkpoint $REPO/$MODEL_NAME/1"
@@ -21,4 +24,8 @@ else
 fi
 echo "prepare: loading features of $DATASET into Redis"
 $GNNSERVE features load --dataset "$DATASET" --redis "$REDIS_URL" --no-progress
+if [ "$GRAPH_LOAD" != "0" ]; then
+  echo "prepare: loading the graph and PPR top-K lists of $DATASET into Redis"
+  $GNNSERVE graph load --dataset "$DATASET" --redis "$REDIS_URL" --repo "$REPO" --no-progress
+fi
 echo "prepare: done"

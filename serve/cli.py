@@ -24,6 +24,7 @@ COMMANDS = {
     "predict": "query a server (client SDK)",
     "models": "list a server's models and knob tables (client SDK)",
     "features": "load features into Redis / verify a load",
+    "graph": "load a graph's adjacency and PPR top-K lists into Redis (stateless replicas) / verify",
     "bench": "measure a model's latency-accuracy curve over its knob settings (and plot it)",
     "export-onnx": "export a checkpoint to ONNX (and a Triton model repository)",
     "demo": "train a small model on a synthetic graph, serve it and query it",
@@ -76,6 +77,12 @@ def _serve(argv: Sequence[str]) -> int:
                     help="feature store: 'memory' (default) or a Redis URL (redis://, rediss://, unix://, redis+cluster://)")
     ap.add_argument("--feature-version", default=None, help="feature version to read from Redis (default: latest live)")
     ap.add_argument("--hot-bytes", type=int, default=0, help="hot-tier budget in bytes in front of Redis (0 = off)")
+    ap.add_argument("--graph", default=None,
+                    help="stateless replica: read the graph and PPR top-K lists from this Redis URL (loaded with "
+                         "`gnnserve graph load`) instead of datasets on disk; features default to the same URL")
+    ap.add_argument("--graph-version", type=int, default=None, help="graph version in Redis (default: current)")
+    ap.add_argument("--graph-cache-bytes", type=int, default=64 << 20,
+                    help="LRU budget for adjacency rows and PPR lists fetched from Redis (0 = off)")
     ap.add_argument("--max-batch-targets", type=int, default=1024)
     ap.add_argument("--max-queue-targets", type=int, default=16384)
     ap.add_argument("--max-delay-ms", type=float, default=0.0, help="extra wait for a batch to fill (0 = none)")
@@ -117,6 +124,9 @@ def _serve(argv: Sequence[str]) -> int:
             max_nodes_per_request=args.max_nodes_per_request,
             projection_budget_bytes=args.projection_cache_bytes,
             ppr_cache_dir=args.ppr_cache,
+            graph_url=args.graph,
+            graph_version=args.graph_version,
+            graph_cache_bytes=args.graph_cache_bytes,
         ),
         data_paths=args.data,
         feature_url=args.features,
@@ -159,6 +169,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
     "predict": _delegate("clients.cli", "predict_main"),
     "models": _delegate("clients.cli", "models_main"),
     "features": _delegate("serve.features.cli"),
+    "graph": _delegate("serve.graph_store"),
     "bench": _delegate("serve.bench"),
     "demo": _delegate("serve.demo"),
 }

@@ -18,6 +18,11 @@ keep serving, and it is retried when its directory changes.
 Data a checkpoint needs is found by the dataset fingerprint in its config: ``data_paths``
 (``--data``), then ``REPO/_data/<fingerprint>``, then the source path recorded at training time.
 Versions trained on the same data share one graph, one feature store and one PPR index.
+
+Stateless replicas (``RuntimeOptions.graph_url``, ``gnnserve serve --graph URL``): no dataset is
+read from disk. The graph and the PPR lists come from Redis (:mod:`serve.graph_store`, keyed by the
+checkpoint's graph fingerprint; the version must have been loaded from the checkpoint's dataset),
+and the features from ``feature_url`` (when that is ``memory``, from the graph's Redis URL too).
 """
 
 from __future__ import annotations
@@ -52,6 +57,12 @@ def _dir_stamp(path: Path) -> float:
         return max([path.stat().st_mtime] + [p.stat().st_mtime for p in path.iterdir()])
     except OSError:
         return 0.0
+
+
+def _transient(exc: BaseException) -> bool:
+    from .features.base import FeatureUnavailable
+
+    return isinstance(exc, FeatureUnavailable)
 
 
 class ModelRegistry:
@@ -170,7 +181,9 @@ class ModelRegistry:
                     rt = await loop.run_in_executor(self._loader_pool, self._load_version, name, version, path)
                 except Exception as exc:
                     reason = f"{type(exc).__name__}: {exc}"
-                    self._failed[path] = (stamp, reason)
+                    # Redis (graph or features) unreachable: retry at the next scan, not only when the
+                    # checkpoint changes (a stateless replica started before Redis must come up by itself)
+                    self._failed[path] = (-1.0 if _transient(exc) else stamp, reason)
                     log.error("model %s v%d at %s refused: %s", name, version, path, reason)
                     continue
                 self._failed.pop(path, None)
@@ -207,12 +220,13 @@ class ModelRegistry:
         runtimes = [rt for vs in self._models.values() for rt in vs.values()]
         await asyncio.gather(*(rt.close(grace_s) for rt in runtimes), return_exceptions=True)
         for bundle in self._data.values():
-            close = getattr(bundle.features, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception:
-                    log.exception("closing feature store failed")
+            for part in (bundle.features, bundle.graph):
+                close = getattr(part, "close", None)
+                if close is not None and (part is bundle.features or getattr(part, "is_remote", False)):
+                    try:
+                        close()
+                    except Exception:
+                        log.exception("closing a data store failed")
         self._loader_pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ one version
@@ -222,7 +236,10 @@ class ModelRegistry:
 
         t0 = time.perf_counter()
         ckpt = load_checkpoint(path)
-        data = self._data_for(ckpt.dataset_fingerprint, ckpt.config["dataset"].get("source"), path)
+        if self.options.graph_url:
+            data = self._remote_data_for(ckpt.dataset_fingerprint, ckpt.graph_fingerprint)
+        else:
+            data = self._data_for(ckpt.dataset_fingerprint, ckpt.config["dataset"].get("source"), path)
         index = self._ppr_index(data, ckpt.ppr_config) if ckpt.extractor == "ppr" else None
         rt = ModelRuntime(name, version, ckpt, data, index, self.options, self.executor, self.metrics)
         rt.warm()
@@ -237,6 +254,9 @@ class ModelRegistry:
         cfg = PPRConfig(**ppr_config)
         key = repr(cfg)
         idx = data.ppr_indexes.get(key)
+        if idx is None and getattr(data.graph, "is_remote", False):
+            idx = data.graph.ppr_index(cfg)  # lists in Redis; GraphNotFound names the missing config
+            data.ppr_indexes[key] = idx
         if idx is None:
             cache_dir = Path(self.options.ppr_cache_dir or self.repo / "_ppr")
             idx = PPRIndex.open_or_build(cache_dir, data.graph, cfg)
@@ -267,6 +287,33 @@ class ModelRegistry:
             f"no dataset with fingerprint {fingerprint} for {ckpt_path}; tried: {'; '.join(seen) or 'nothing'}. "
             f"Pass --data PATH or put the dataset directory at {local}"
         )
+
+    def _remote_data_for(self, dataset_fp: str, graph_fp: str) -> DataBundle:
+        """Graph, PPR lists and features from Redis (stateless replica); nothing from disk."""
+        bundle = self._data.get(dataset_fp)
+        if bundle is not None:
+            return bundle
+        from .features import is_redis_url, open_store
+        from .graph_store import RedisGraphStore
+
+        url = str(self.options.graph_url)
+        graph = RedisGraphStore(url, graph_fp, self.options.graph_version,
+                                expect_dataset_fingerprint=dataset_fp, cache_bytes=self.options.graph_cache_bytes)
+        feature_url = self.feature_url if is_redis_url(self.feature_url) else url
+        try:
+            store = open_store(feature_url, fingerprint=graph_fp, expect_dataset_fingerprint=dataset_fp,
+                               registry=self.metrics.registry, **self.feature_options)
+        except BaseException:
+            graph.close()
+            raise
+        if store.num_nodes != graph.num_nodes:
+            store.close()
+            graph.close()
+            raise RepositoryError(f"features in Redis cover {store.num_nodes} nodes, the graph has {graph.num_nodes}")
+        bundle = DataBundle(fingerprint=dataset_fp, graph=graph, features=store,
+                            feature_store_name=getattr(store, "name", type(store).__name__))
+        self._data[dataset_fp] = bundle
+        return bundle
 
     def _data_for(self, fingerprint: str, source: str | None, ckpt_path: Path) -> DataBundle:
         bundle = self._data.get(fingerprint)

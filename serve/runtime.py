@@ -31,7 +31,7 @@ from kernels.graph import CSRGraph
 from kernels.subgraph import ExtraEdges, SubgraphBatch, induced_batch, lhop_nodes
 
 from .batcher import DynamicBatcher, WorkItem
-from .errors import Unavailable
+from .errors import InvalidArgument, Unavailable
 from .metrics import ServerMetrics
 from .projection import ProjectionCache
 from .validation import ModelLimits, PredictCall, knob_rows
@@ -50,6 +50,10 @@ class RuntimeOptions:
     max_nodes_per_request: int = 4096
     projection_budget_bytes: int = 2 << 30
     ppr_cache_dir: str | None = None
+    #: stateless replicas: read the graph and PPR lists from Redis (``serve.graph_store``), not from disk
+    graph_url: str | None = None
+    graph_version: int | None = None
+    graph_cache_bytes: int = 64 << 20
 
 
 @dataclass
@@ -57,7 +61,7 @@ class DataBundle:
     """Graph, features and PPR indexes shared by every model version trained on one dataset."""
 
     fingerprint: str
-    graph: CSRGraph
+    graph: CSRGraph | Any  # or a serve.graph_store.RedisGraphStore (stateless replicas)
     features: Any  # serve.features FeatureStore
     feature_store_name: str
     ppr_indexes: dict[str, Any] = field(default_factory=dict)  # PPRConfig key -> PPRIndex
@@ -112,7 +116,11 @@ class ModelRuntime:
         if self.extractor == "ppr" and ppr_index is None:
             raise ValueError(f"model {name} v{version} needs a PPR index")
         max_k = min(int(checkpoint.max_ppr_budget), int(ppr_index.k_max)) if ppr_index is not None else 0
-        max_deg = int(self.graph.degrees.max()) if self.graph.num_edges else 1
+        self.remote_graph = bool(getattr(self.graph, "is_remote", False))
+        if self.remote_graph:
+            max_deg = max(1, int(self.graph.max_degree))
+        else:
+            max_deg = int(self.graph.degrees.max()) if self.graph.num_edges else 1
         max_width = max(1, min(max_deg, max_k - 1) if max_k else max_deg)
         self.limits = ModelLimits(
             name=name,
@@ -149,6 +157,10 @@ class ModelRuntime:
     async def submit(self, call: PredictCall, deadline: float | None = None) -> PredictResult:
         if not self.ready:
             raise Unavailable(f"model {self.name} v{self.version} is still loading")
+        if self.remote_graph and call.new_nodes:
+            raise InvalidArgument(
+                f"model {self.name}: this replica reads the graph from Redis (--graph) and cannot place new "
+                "nodes (that needs the whole graph in memory); send them to a server started without --graph")
         key = (call.sampling_width, call.ppr_budget)
         res: PredictResult = await self.batcher.submit(call, size=call.size, key=key, deadline=deadline)
         if self.server_metrics is not None:
@@ -234,6 +246,11 @@ class ModelRuntime:
     # ------------------------------------------------------------------ pipeline stages
     def _subgraphs(self, targets: np.ndarray, new_specs: list, budget: int) -> SubgraphBatch:
         g = self.graph
+        if self.remote_graph:  # rows fetched from Redis per batch (serve.graph_store); no new nodes here
+            if self.extractor == "ppr":
+                ptr, nodes = self.ppr_index.lookup(targets, budget)
+                return g.induced_batch(ptr, nodes)
+            return g.lhop_batch(targets, self.hops)[0]
         if self.extractor == "ppr":
             ptr, nodes = self.ppr_index.lookup(targets, budget)
         else:
@@ -288,6 +305,12 @@ class ModelRuntime:
     def _norm_degrees(self, batch: SubgraphBatch, new_specs: list) -> np.ndarray | None:
         """Full-graph GCN degrees of every row; inside a new node's subgraph, of the graph plus that node."""
         n = self.graph.num_nodes
+        if self.remote_graph:
+            from models.base import GNNModel
+
+            if type(self.model).norm_degrees_for is GNNModel.norm_degrees_for:
+                return None
+            return batch.gcn_degrees  # type: ignore[attr-defined]  # full-graph degrees from Redis
         base = self.model.norm_degrees_for(self.graph, np.minimum(batch.node_ids, n - 1))
         if base is None or not new_specs:
             return base

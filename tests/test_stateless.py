@@ -1,0 +1,186 @@
+"""Stateless replicas (issue 9): graph topology and PPR top-K lists in a real Redis.
+
+A replica started with only a Redis URL and a copy of the model repository *without* its
+``_data`` and ``_ppr`` directories must answer exactly like the in-memory server (``served``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import grpc
+import numpy as np
+import pytest
+
+from clients._gen import gnnserve_pb2 as pb
+from clients._gen import gnnserve_pb2_grpc as pbg
+from kernels.graph import CSRGraph
+from kernels.ppr import PPRConfig, PPRIndex
+from kernels.subgraph import induced_batch, lhop_nodes
+
+from .serving import ServerThread
+
+pytest_plugins = ("tests.redis_server",)
+
+
+def repo_ppr_configs(repo):
+    out = []
+    for p in sorted(repo.glob("*/1/config.json")):
+        conf = json.loads(p.read_text())
+        if conf.get("ppr"):
+            out.append(PPRConfig.from_dict(conf["ppr"]))
+    return out
+
+
+def models_only(repo, dest):
+    """A copy of the repository with the checkpoints only: no dataset, no PPR index files."""
+    dest.mkdir()
+    for name in ("shadow", "gcn"):
+        shutil.copytree(repo / name, dest / name)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def loaded(redis_server, tiny_repo, tiny_dataset):
+    """Features + graph (with the shaDow model's PPR lists) loaded into the session Redis."""
+    from serve.features import load_features
+    from serve.graph_store import load_graph
+
+    url = redis_server.url
+    load_features(tiny_dataset, url, progress=False)
+    report = load_graph(tiny_dataset, url, ppr=repo_ppr_configs(tiny_repo), ppr_cache_dir=str(tiny_repo / "_ppr"),
+                        progress=False)
+    assert report.state == "live" and report.keys_written == 800 * (1 + len(report.ppr_configs))
+    return url
+
+
+@pytest.fixture(scope="module")
+def stateless(loaded, tiny_repo, tmp_path_factory):
+    repo = models_only(tiny_repo, tmp_path_factory.mktemp("stateless") / "repo")
+    srv = ServerThread(repo, {"runtime_kw": {"graph_url": loaded}}).start()
+    yield srv
+    srv.stop()
+
+
+def predict(address, model, nodes, **kw):
+    with grpc.insecure_channel(address) as ch:
+        return pbg.GnnServiceStub(ch).Predict(
+            pb.PredictRequest(model=model, nodes=list(map(int, nodes)), return_probabilities=True, **kw), timeout=60)
+
+
+@pytest.mark.parametrize(("model", "width", "budget"),
+                         [("shadow", 0, 16), ("shadow", 4, 32), ("shadow", 2, 8), ("gcn", 0, 0), ("gcn", 4, 0)])
+def test_stateless_replica_answers_like_single_process(stateless, served, model, width, budget):
+    nodes = np.r_[np.arange(0, 800, 13), [799, 0, 0]]
+    kw = {"sampling_width": width} | ({"ppr_budget": budget} if budget else {})
+    want = predict(served.address, model, nodes, **kw)
+    for _ in range(2):  # second round: rows and lists come from the replica's LRU
+        got = predict(stateless.address, model, nodes, **kw)
+        assert list(got.labels) == list(want.labels)
+        np.testing.assert_allclose(np.asarray(got.probabilities), np.asarray(want.probabilities), rtol=1e-6, atol=1e-7)
+        assert (got.settings.edges_kept, got.settings.edges_total) == (want.settings.edges_kept,
+                                                                         want.settings.edges_total)
+
+
+def test_stateless_replica_refuses_new_nodes(stateless):
+    req = pb.PredictRequest(model="shadow", new_nodes=[pb.NewNode(features=[0.1] * 16, neighbors=[1, 2])])
+    with grpc.insecure_channel(stateless.address) as ch, pytest.raises(grpc.RpcError) as ei:
+        pbg.GnnServiceStub(ch).Predict(req, timeout=60)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "--graph" in ei.value.details()
+
+
+def test_induced_and_lhop_batches_equal_in_memory(loaded, tiny_dataset, tiny_repo):
+    from serve.graph_store import RedisGraphStore
+
+    g = tiny_dataset.graph
+    store = RedisGraphStore(loaded, g.fingerprint(), cache_bytes=0)
+    try:
+        cfg = repo_ppr_configs(tiny_repo)[0]
+        local = PPRIndex.open_or_build(tiny_repo / "_ppr", g, cfg)
+        remote = store.ppr_index(cfg)
+        t = np.array([5, 9, 5, 700, 123])
+        for k in (1, 7, cfg.topk):
+            p1, n1 = local.lookup(t, k)
+            p2, n2 = remote.lookup(t, k)
+            np.testing.assert_array_equal(p1, p2)
+            np.testing.assert_array_equal(n1, n2)
+            a, b = induced_batch(g, p1, n1), store.induced_batch(p2, n2)
+            for f in ("node_ids", "ptr", "unique_ids", "row_to_unique"):
+                np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+            np.testing.assert_array_equal(a.graph.indptr, b.graph.indptr)
+            np.testing.assert_array_equal(a.graph.indices, b.graph.indices)
+            np.testing.assert_array_equal(b.gcn_degrees, g.degrees[n1] + 1.0)
+        for hops in (0, 1, 2):
+            lp, ln = lhop_nodes(g, t, hops)
+            batch, rp, rn = store.lhop_batch(t, hops)
+            np.testing.assert_array_equal(lp, rp)
+            np.testing.assert_array_equal(ln, rn)
+            np.testing.assert_array_equal(induced_batch(g, lp, ln).graph.indices, batch.graph.indices)
+        assert store.round_trips >= 2
+    finally:
+        store.close()
+
+
+def test_weighted_graph_rows_and_corruption_checks(redis_factory):
+    from serve.graph_store import GraphCorrupt, GraphNotFound, RedisGraphStore, load_graph, verify_graph
+
+    rng = np.random.default_rng(0)
+    ei = rng.integers(0, 300, size=(2, 2000))
+    g = CSRGraph.from_edge_index(ei, 300, rng.random(2000).astype(np.float32) + 0.1, symmetrize=True)
+
+    class DS:  # the loader needs .graph, .fingerprint(), .name
+        graph, name = g, "weighted"
+
+        def fingerprint(self):
+            return "ds-" + g.fingerprint()[:8]
+
+    srv = redis_factory()
+    cfg = PPRConfig(topk=12)
+    rep = load_graph(DS(), srv.url, ppr=[cfg], scores="float32", chunk_size=64, progress=False)
+    assert rep.state == "live"
+    assert verify_graph(DS(), srv.url)[0]
+    store = RedisGraphStore(srv.url, g.fingerprint(), cache_bytes=1 << 20)
+    t = np.array([3, 17, 250])
+    p, n = store.ppr_index(cfg).lookup(t, 12)
+    a, b = induced_batch(g, p, n), store.induced_batch(p, n)
+    np.testing.assert_array_equal(a.graph.weights, b.graph.weights)
+    np.testing.assert_array_equal(a.graph.indices, b.graph.indices)
+    wdeg = np.bincount(g.row_ids(), weights=g.weights, minlength=300) + 1.0
+    np.testing.assert_allclose(b.gcn_degrees, wdeg[n])
+    # tampering: a blob copied under another node's key, a truncated blob, a deleted key
+    c = srv.client()
+    k = store.keys.adj.node_keys([40, 41])
+    c.set(k[1], c.get(k[0]))
+    with pytest.raises(GraphCorrupt, match="belongs to node 40"):
+        store.induced_batch(np.array([0, 1]), np.array([41]))
+    c.set(k[1], c.get(k[0])[:-3])
+    with pytest.raises(GraphCorrupt):
+        store.induced_batch(np.array([0, 1]), np.array([41]))
+    c.delete(k[1])
+    with pytest.raises(GraphNotFound, match="missing"):
+        store.induced_batch(np.array([0, 1]), np.array([41]))
+    ok, msg = verify_graph(DS(), srv.url)
+    assert not ok and "nodes 41" in msg.replace("[", "").replace("]", "")
+    with pytest.raises(GraphNotFound, match="no PPR lists"):
+        store.ppr_index(PPRConfig(topk=13))
+    store.close()
+    c.close()
+
+
+def test_graph_cli_load_and_verify(redis_factory, tiny_repo, tiny_dataset, capsys):
+    from serve.cli import main
+
+    srv = redis_factory()
+    data = str(tiny_repo / "_data" / tiny_dataset.fingerprint())
+    assert main(["graph", "load", "--dataset", data, "--redis", srv.url, "--repo", str(tiny_repo),
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "live" in out and "800 nodes" in out
+    assert main(["graph", "verify", "--dataset", data, "--redis", srv.url, "--ppr-cache",
+                 str(tiny_repo / "_ppr")]) == 0
+    c = srv.client()
+    meta = {k.decode(): v.decode() for k, v in c.hgetall(f"gnnserve:graph:{tiny_dataset.graph.fingerprint()}:v1:meta").items()}
+    assert meta["state"] == "live" and len(json.loads(meta["ppr"])) == 1
+    c.close()
