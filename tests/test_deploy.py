@@ -98,7 +98,9 @@ def test_compose_replica_command_and_image_healthcheck(prepared, redis_server, t
     hc = re.findall(r'"([^"]*)"', healthcheck.group(1))
     assert hc[:3] == ["python", "-m", "serve.healthcheck"]
     env = {"PYTHONPATH": str(REPO_ROOT)}
-    with ServerProcess(stateless, "--host", "127.0.0.1", *rest) as srv:
+    srv = ServerProcess(stateless, "--host", "127.0.0.1", *rest)
+    try:
+        srv.start(timeout=600)  # a loaded shared CI box needs minutes to import torch and warm up
         cmd = [sys.executable, *hc[1:]]
         cmd[cmd.index("--address") + 1] = srv.address
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=dict(os.environ, **env))
@@ -107,6 +109,8 @@ def test_compose_replica_command_and_image_healthcheck(prepared, redis_server, t
             resp = pbg.GnnServiceStub(ch).Predict(pb.PredictRequest(model="demo", nodes=[0, 5, 399]), timeout=60)
         assert len(resp.labels) == 3
         assert '"level"' in srv.log()  # --log-json
+    finally:
+        srv.kill()
     cmd[cmd.index("--address") + 1] = f"127.0.0.1:{free_port()}"
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=dict(os.environ, **env))
     assert r.returncode == 1 and r.stdout.startswith("UNREACHABLE")
