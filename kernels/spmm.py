@@ -33,12 +33,16 @@ Rows without edges give zeros (``gcn``: just the self term). Output dtype and de
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Literal
 
 import numpy as np
 import torch
 
 from .graph import CSRGraph
+
+# torch warns once per process that sparse CSR is "beta"; it is the documented path here
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state", category=UserWarning)
 
 __all__ = [
     "AGGREGATORS",
@@ -272,7 +276,8 @@ def sampled_csr(
         val *= w.to(dtype)
     if aggregator == "gcn":
         val *= dinv.index_select(0, col)
-    mat = torch.sparse_csr_tensor(crow, col, val, size=(n, n), device=device)
+    # built from valid CSR arrays: skipping torch's invariant check is deliberate (and says so)
+    mat = torch.sparse_csr_tensor(crow, col, val, size=(n, n), device=device, check_invariants=False)
     if memo is not None:
         memo[key] = mat
         sampled = [k for k in list(memo) if k[0] != "exact"]
