@@ -34,11 +34,12 @@ pytestmark = pytest.mark.slow
 EXPECTED_COMMANDS = [
     "make demo",
     "make test",
-    "gnnserve train --dataset ../shared/data/cora.npz --model shadow-sage --out repo/cora/1",
+    "gnnserve train --dataset ../shared/data/cora.npz --model shadow-sage --epochs 60 --out repo/cora/1",
     "gnnserve serve --repo repo --port 8500 --metrics-port 9100",
     "gnnserve predict --server localhost:8500 --model cora --nodes 0-9 --width 8 --budget 32",
     "gnnserve models --server localhost:8500",
-    "gnnserve bench --server localhost:8500 --model cora --dataset ../shared/data/cora.npz --plot docs/knob-curve.png",
+    "gnnserve bench --server localhost:8500 --model cora --dataset ../shared/data/cora.npz --queries 50 --eval-nodes 1000"
+    " --plot docs/knob-curve.png",
     "gnnserve features load --dataset ../shared/data/cora.npz --redis redis://localhost:6379/0",
     "gnnserve serve --repo repo --features redis://localhost:6379/0 --hot-bytes 268435456",
 ]
