@@ -197,3 +197,70 @@ class GNNModel(nn.Module):
     def _check_rows(self, batch: BatchLike, rows: Tensor, what: str, dim: int) -> None:
         if rows.dim() != 2 or rows.shape[0] != batch.graph.num_nodes or rows.shape[1] != dim:
             raise ValueError(f"{what} must have shape [R={batch.graph.num_nodes}, {dim}], got {tuple(rows.shape)}")
+
+
+class PlainGNN(GNNModel):
+    """Shared body of the plain ``L``-layer stacks (GCN, GraphSAGE): one conv per layer, ReLU between.
+
+    Subclasses build ``self.convs`` (each with ``transform`` and ``aggregate``), set
+    ``projection_dim`` and, when the aggregation takes degrees, :attr:`takes_norm_degrees`.
+    """
+
+    extractor = "lhop"
+    takes_norm_degrees: ClassVar[bool] = False
+    convs: nn.ModuleList
+
+    @property
+    def hops(self) -> int:
+        """Receptive field in hops (= layers)."""
+        return self.layers
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.hidden
+
+    def reset_parameters(self) -> None:
+        for conv in self.convs:
+            conv.reset_parameters()
+
+    def project_normalized(self, xn: Tensor) -> Tensor:
+        """The first layer's ``transform`` of dropped-out normalised rows: ``[n, F]`` -> ``[n, P]``."""
+        return self.convs[0].transform(dropout_any(xn, self.dropout, self.training))
+
+    def propagate(self, graph: CSRGraph, p: Tensor, width: int | None = None, strategy: str = "fastrand",
+                  norm_degrees: np.ndarray | Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """From projected rows ``p`` ``[n, P]`` to logits ``[n, C]`` and embeddings ``[n, H]`` of every node.
+
+        ``norm_degrees`` reaches the aggregation only where :attr:`takes_norm_degrees` (GCN).
+        """
+        extra = (norm_degrees,) if self.takes_norm_degrees else ()
+        t = p
+        h = p
+        emb = p
+        last = len(self.convs) - 1
+        for i, conv in enumerate(self.convs):
+            if i > 0:
+                t = conv.transform(F.dropout(h, self.dropout, self.training))
+            h = conv.aggregate(graph, t, width, strategy, *extra)
+            if i < last:
+                h = F.relu(h)
+                emb = h
+        return h, emb
+
+    def forward(self, graph: CSRGraph, x: Tensor, width: int | None = None, strategy: str = "fastrand",
+                norm_degrees: np.ndarray | Tensor | None = None) -> Tensor:
+        """Full-graph logits ``[N, C]`` from raw features ``x`` ``[N, F]``."""
+        return self.propagate(graph, self.project(x), width, strategy, norm_degrees)[0]
+
+    def forward_batch_projected(self, batch: BatchLike, p_rows: Tensor, width: int | None = None,
+                                strategy: str = "fastrand",
+                                norm_degrees: np.ndarray | Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Logits ``[B, C]`` and embeddings ``[B, H]`` of the targets from projected rows ``[R, P]``."""
+        self._check_rows(batch, p_rows, "p_rows", self.projection_dim)
+        logits, emb = self.propagate(batch.graph, p_rows, width, strategy, norm_degrees)
+        t = torch.as_tensor(np.asarray(batch.target_rows), dtype=torch.int64, device=p_rows.device)
+        return logits[t], emb[t]
+
+    def config(self) -> dict[str, Any]:
+        return {"arch": self.arch, "in_dim": self.in_dim, "hidden": self.hidden, "num_classes": self.num_classes,
+                "layers": self.layers, "dropout": self.dropout}

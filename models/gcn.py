@@ -33,17 +33,15 @@ logits of the targets exactly.
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kernels.graph import CSRGraph
 from kernels.spmm import sampled_spmm
 
-from .base import BatchLike, GNNModel, dropout_any, full_gcn_degrees, glorot_, linear_any
+from .base import PlainGNN, full_gcn_degrees, glorot_, linear_any
 from .norm import FeatureNorm
 
 __all__ = ["GCN", "GCNConv"]
@@ -91,7 +89,7 @@ class GCNConv(nn.Module):
         return f"{self.in_channels}, {self.out_channels}, bias={self.bias is not None}"
 
 
-class GCN(GNNModel):
+class GCN(PlainGNN):
     """Plain ``L``-layer GCN for node classification (module docstring).
 
     Args:
@@ -100,7 +98,7 @@ class GCN(GNNModel):
     """
 
     arch = "gcn"
-    extractor = "lhop"
+    takes_norm_degrees = True
 
     def __init__(self, in_dim: int, hidden: int, num_classes: int, layers: int = 2, dropout: float = 0.5,
                  norm: FeatureNorm | None = None) -> None:
@@ -111,62 +109,9 @@ class GCN(GNNModel):
         self.convs = nn.ModuleList(GCNConv(a, b) for a, b in itertools.pairwise(dims))
 
     @property
-    def hops(self) -> int:
-        """Receptive field in hops (= layers)."""
-        return self.layers
-
-    @property
     def projection_dim(self) -> int:
         return self.hidden
-
-    @property
-    def embedding_dim(self) -> int:
-        return self.hidden
-
-    def reset_parameters(self) -> None:
-        for conv in self.convs:
-            conv.reset_parameters()
-
-    def project_normalized(self, xn: Tensor) -> Tensor:
-        """``dropout(xn) Θ_1``: ``[n, F]`` -> ``[n, H]``."""
-        return self.convs[0].transform(dropout_any(xn, self.dropout, self.training))
-
-    def propagate(self, graph: CSRGraph, p: Tensor, width: int | None = None, strategy: str = "fastrand",
-                  norm_degrees: np.ndarray | Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """From projected rows ``p`` ``[n, H]`` to logits ``[n, C]`` and embeddings ``[n, H]`` of every node."""
-        h = p
-        emb = p
-        last = len(self.convs) - 1
-        for i, conv in enumerate(self.convs):
-            if i > 0:
-                h = conv.transform(F.dropout(h, self.dropout, self.training))
-            h = conv.aggregate(graph, h, width, strategy, norm_degrees)
-            if i < last:
-                h = F.relu(h)
-                emb = h
-        return h, emb
-
-    def forward(self, graph: CSRGraph, x: Tensor, width: int | None = None, strategy: str = "fastrand",
-                norm_degrees: np.ndarray | Tensor | None = None) -> Tensor:
-        """Full-graph logits ``[N, C]`` from raw features ``x`` ``[N, F]``."""
-        return self.propagate(graph, self.project(x), width, strategy, norm_degrees)[0]
-
-    def forward_batch_projected(self, batch: BatchLike, p_rows: Tensor, width: int | None = None,
-                                strategy: str = "fastrand",
-                                norm_degrees: np.ndarray | Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Logits ``[B, C]`` and embeddings ``[B, H]`` of the targets from projected rows ``[R, H]``.
-
-        For exact L-hop results pass ``norm_degrees = self.norm_degrees_for(full_graph, batch.node_ids)``.
-        """
-        self._check_rows(batch, p_rows, "p_rows", self.projection_dim)
-        logits, emb = self.propagate(batch.graph, p_rows, width, strategy, norm_degrees)
-        t = torch.as_tensor(np.asarray(batch.target_rows), dtype=torch.int64, device=p_rows.device)
-        return logits[t], emb[t]
 
     def norm_degrees_for(self, graph: CSRGraph, node_ids: np.ndarray) -> np.ndarray:
         """Full-graph GCN degrees ``D`` of the rows ``node_ids`` (float64 ``[R]``)."""
         return full_gcn_degrees(graph)[np.asarray(node_ids, dtype=np.int64)]
-
-    def config(self) -> dict[str, Any]:
-        return {"arch": self.arch, "in_dim": self.in_dim, "hidden": self.hidden, "num_classes": self.num_classes,
-                "layers": self.layers, "dropout": self.dropout}

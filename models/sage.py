@@ -30,17 +30,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kernels.graph import CSRGraph
 from kernels.spmm import sampled_spmm
 
-from .base import BatchLike, GNNModel, dropout_any, linear_any
+from .base import PlainGNN, linear_any
 from .norm import FeatureNorm
 
 __all__ = ["GraphSAGE", "SAGEConv"]
@@ -91,7 +88,7 @@ class SAGEConv(nn.Module):
         return f"{self.in_channels}, {self.out_channels}, bias={self.bias is not None}"
 
 
-class GraphSAGE(GNNModel):
+class GraphSAGE(PlainGNN):
     """Plain ``L``-layer GraphSAGE-mean for node classification (module docstring).
 
     Args:
@@ -100,7 +97,6 @@ class GraphSAGE(GNNModel):
     """
 
     arch = "sage"
-    extractor = "lhop"
 
     def __init__(self, in_dim: int, hidden: int, num_classes: int, layers: int = 2, dropout: float = 0.5,
                  norm: FeatureNorm | None = None) -> None:
@@ -111,61 +107,5 @@ class GraphSAGE(GNNModel):
         self.convs = nn.ModuleList(SAGEConv(a, b) for a, b in itertools.pairwise(dims))
 
     @property
-    def hops(self) -> int:
-        return self.layers
-
-    @property
     def projection_dim(self) -> int:
         return 2 * self.hidden
-
-    @property
-    def embedding_dim(self) -> int:
-        return self.hidden
-
-    def reset_parameters(self) -> None:
-        for conv in self.convs:
-            conv.reset_parameters()
-
-    def project_normalized(self, xn: Tensor) -> Tensor:
-        """``[dropout(xn) W_r1^T | dropout(xn) W_n1^T]``: ``[n, F]`` -> ``[n, 2H]``."""
-        return self.convs[0].transform(dropout_any(xn, self.dropout, self.training))
-
-    def propagate(self, graph: CSRGraph, p: Tensor, width: int | None = None, strategy: str = "fastrand",
-                  norm_degrees: np.ndarray | Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """From projected rows ``p`` ``[n, 2H]`` to logits ``[n, C]`` and embeddings ``[n, H]``.
-
-        ``norm_degrees`` is accepted for the same signature as :meth:`GCN.propagate` and unused.
-        """
-        t = p
-        h = p
-        emb = p
-        last = len(self.convs) - 1
-        for i, conv in enumerate(self.convs):
-            if i > 0:
-                t = conv.transform(F.dropout(h, self.dropout, self.training))
-            h = conv.aggregate(graph, t, width, strategy)
-            if i < last:
-                h = F.relu(h)
-                emb = h
-        return h, emb
-
-    def forward(self, graph: CSRGraph, x: Tensor, width: int | None = None, strategy: str = "fastrand",
-                norm_degrees: np.ndarray | Tensor | None = None) -> Tensor:
-        """Full-graph logits ``[N, C]`` from raw features ``x`` ``[N, F]`` (``norm_degrees`` is unused)."""
-        return self.propagate(graph, self.project(x), width, strategy)[0]
-
-    def forward_batch_projected(self, batch: BatchLike, p_rows: Tensor, width: int | None = None,
-                                strategy: str = "fastrand",
-                                norm_degrees: np.ndarray | Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Logits ``[B, C]`` and embeddings ``[B, H]`` of the targets from projected rows ``[R, 2H]``.
-
-        ``norm_degrees`` is accepted for a uniform interface and ignored (the mean needs no degrees).
-        """
-        self._check_rows(batch, p_rows, "p_rows", self.projection_dim)
-        logits, emb = self.propagate(batch.graph, p_rows, width, strategy)
-        t = torch.as_tensor(np.asarray(batch.target_rows), dtype=torch.int64, device=p_rows.device)
-        return logits[t], emb[t]
-
-    def config(self) -> dict[str, Any]:
-        return {"arch": self.arch, "in_dim": self.in_dim, "hidden": self.hidden, "num_classes": self.num_classes,
-                "layers": self.layers, "dropout": self.dropout}
