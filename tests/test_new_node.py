@@ -21,9 +21,8 @@ from models.checkpoint import load_checkpoint
 
 
 def _graph_plus(ds, nbrs: np.ndarray) -> CSRGraph:
-    g = ds.graph
-    n = g.num_nodes
-    a = sp.csr_matrix((np.ones(g.num_edges, np.float32), g.indices, g.indptr), shape=(n, n))
+    n = ds.graph.num_nodes
+    a = ds.graph.to_scipy()
     col = sp.csr_matrix((np.ones(len(nbrs), np.float32), (nbrs, np.zeros(len(nbrs), np.int64))), shape=(n, 1))
     big = sp.bmat([[a, col], [col.T, None]], format="csr")
     big.sort_indices()
