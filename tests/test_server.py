@@ -148,21 +148,45 @@ def test_errors_have_their_codes_and_server_stays_healthy(served, stub, request_
     assert h.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_expired_deadline_work_is_dropped(served, stub):
+def test_expired_deadline_work_is_dropped(served, stub, monkeypatch):
+    """A request whose deadline passes while it waits in the queue is dropped, never run.
+
+    The running batch is held on a gate (no wall-clock race: this VM pauses for up to a second), the small
+    request is seen in the queue, its client deadline expires, then the gate opens.
+    """
+    import threading
+
     rt = served.server.registry.get("shadow")
+    gate, running = threading.Event(), threading.Event()
+    real_process = rt.process
+    ran: list[list[int]] = []
+
+    def gated(items):
+        running.set()
+        gate.wait(60)
+        ran.append([int(n) for it in items for n in it.payload.nodes])
+        return real_process(items)
+
+    monkeypatch.setattr(rt.batcher, "_process", gated)  # the batcher holds the bound method; gate that
     before = rt.batcher.items_dropped
-    big = pb.PredictRequest(model="shadow", nodes=list(range(800)), sampling_width=0, ppr_budget=32)
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        busy = [pool.submit(stub.Predict, big) for _ in range(6)]
-        time.sleep(0.05)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        blocker = pool.submit(stub.Predict, pb.PredictRequest(model="shadow", nodes=[5], sampling_width=2,
+                                                              ppr_budget=16))
+        assert running.wait(60), "the blocking batch started"
+        late = pool.submit(stub.Predict, pb.PredictRequest(model="shadow", nodes=[1], sampling_width=1,
+                                                           ppr_budget=8), timeout=3)
         with pytest.raises(grpc.RpcError) as ei:
-            stub.Predict(pb.PredictRequest(model="shadow", nodes=[1], sampling_width=1, ppr_budget=8), timeout=0.02)
-        assert all(len(f.result().labels) == 800 for f in busy)
+            late.result(60)
+        queued_when_expired = rt.batcher.queued_targets
+        gate.set()
+        assert list(blocker.result(60).labels)
     assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    deadline = time.monotonic() + 10
+    assert queued_when_expired == 1, "the late request was waiting in the queue when its deadline passed"
+    deadline = time.monotonic() + 30
     while rt.batcher.items_dropped == before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert rt.batcher.items_dropped > before, "the expired request's work was dropped, not run"
+    assert rt.batcher.items_dropped == before + 1, "the expired request's work was dropped"
+    assert [1] not in ran, "the expired request never reached the model"
 
 
 def test_list_and_get_models(stub):
