@@ -197,6 +197,13 @@ class ModelRuntime:
         started = time.perf_counter()
         targets = np.concatenate([c.nodes for c in calls]) if calls else np.zeros(0, np.int64)
         new_specs = [nn for c in calls for nn in c.new_nodes]
+        # A node asked for more than once in the batch (within or across requests) gets one subgraph and
+        # one forward row; ``row_map`` copies that row back to every position that asked for it.
+        uniq, inverse = np.unique(targets, return_inverse=True)
+        row_map: np.ndarray | None = None
+        if len(uniq) < len(targets):
+            row_map = np.concatenate([inverse.reshape(-1), len(uniq) + np.arange(len(new_specs))])
+            targets = uniq
         batch = self._subgraphs(targets, new_specs, budget)
         t_sub = time.perf_counter()
         with torch.inference_mode():
@@ -212,6 +219,9 @@ class ModelRuntime:
         emb_np = emb.float().cpu().numpy() if want_emb else None
         t_fwd = time.perf_counter()
         kept, total = self._edges_per_subgraph(batch, width)
+        if row_map is not None:
+            probs_np, labels_np, kept, total = probs_np[row_map], labels_np[row_map], kept[row_map], total[row_map]
+            emb_np = None if emb_np is None else emb_np[row_map]
         timing_batch = {
             "subgraph": 1e3 * (t_sub - started),
             "features": 1e3 * (t_feat - t_sub),
@@ -220,7 +230,7 @@ class ModelRuntime:
         if self.server_metrics is not None:
             self.server_metrics.batch_targets.labels(self.name).observe(len(labels_np))
         # Output rows: every call's existing nodes in call order, then every call's new nodes.
-        n_existing = len(targets)
+        n_existing = sum(len(c.nodes) for c in calls)
         out: list[PredictResult | BaseException] = []
         pos_e = 0
         pos_n = n_existing

@@ -200,7 +200,7 @@ def test_duplicated_ids_are_answered_per_position(stub, tiny_repo, tiny_dataset,
 def test_valid_edge_values_are_accepted_and_correct(channel, stub, tiny_repo, tiny_dataset):
     for fields in (
         {"model": "shadow", "nodes": [0, N - 1], "sampling_width": 2**31 - 1, "ppr_budget": 2**31 - 1},
-        # exactly at the limit, all duplicates (each one is a whole subgraph: see docs/RELIABILITY.md)
+        # exactly at the limit, all duplicates (one subgraph, copied to every position)
         {"model": "shadow", "nodes": [N - 1] * LIMIT, "ppr_budget": 8, "sampling_width": 2},
         {"model": "shadow", "nodes": [1], "max_accuracy_loss": 0.0},
         {"model": "shadow", "nodes": [1], "max_accuracy_loss": 1.0, "version": "1"},

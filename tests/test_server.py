@@ -189,6 +189,30 @@ def test_expired_deadline_work_is_dropped(served, stub, monkeypatch):
     assert [1] not in ran, "the expired request never reached the model"
 
 
+@pytest.mark.parametrize("model", ["shadow", "gcn"])
+def test_duplicated_ids_cost_one_subgraph_and_are_answered_per_position(served, stub, model, monkeypatch):
+    rt = served.server.registry.get(model)
+    seen: list[np.ndarray] = []
+    real = rt._subgraphs
+
+    def recording(targets, new_specs, budget):
+        seen.append(np.array(targets))
+        return real(targets, new_specs, budget)
+
+    monkeypatch.setattr(rt, "_subgraphs", recording)
+    nodes = [7, 300, 7, 7, 0, 300, 799]
+    dup = predict(stub, model, nodes, sampling_width=2)
+    assert sorted(seen[-1].tolist()) == [0, 7, 300, 799], "one subgraph per distinct id"
+    singles = {v: predict(stub, model, [v], sampling_width=2) for v in set(nodes)}
+    p = np.asarray(dup.probabilities).reshape(len(nodes), -1)
+    for i, v in enumerate(nodes):
+        assert dup.labels[i] == singles[v].labels[0]
+        np.testing.assert_allclose(p[i], singles[v].probabilities, rtol=1e-5, atol=1e-6)
+    # edge counts are sums over positions, as if every position had its own subgraph
+    assert dup.settings.edges_kept == sum(singles[v].settings.edges_kept for v in nodes)
+    assert dup.settings.edges_total == sum(singles[v].settings.edges_total for v in nodes)
+
+
 def test_list_and_get_models(stub):
     models = {m.name: m for m in stub.ListModels(pb.ListModelsRequest()).models}
     assert set(models) == {"shadow", "gcn"}
