@@ -24,6 +24,11 @@ One run, bounded in requests and time, Markdown on stdout:
    agreement of its labels with our exact plain model's labels checks the weight mapping. One
    worker thread runs the requests (gnnserve also runs one batch at a time).
 
+4. **Feature stores** (``--feature-stores memory,redis-tcp,redis-unix,tiered-unix``): the first
+   shaDow model at its default setting behind each store, projection cache off (so every batch
+   reads raw features): single-node p50/p99 with the server's feature-stage time, and batched
+   load. Redis is a private ``redis-server`` (``tests/redis_server.py``), loaded first.
+
 Clients run in a child process (grpc + NumPy only, no torch), so client and servers do not share
 a GIL; every server lives in this process. Everything is measured in one run, so the ratios
 (our throughput / PyG's, accuracy difference in points) compare like with like.
@@ -32,6 +37,9 @@ a GIL; every server lives in this process. Everything is measured in one run, so
     python benchmarks/serve.py --models gcn,shadow-gcn,sage   # plus GraphSAGE and its PyG baseline
     python benchmarks/serve.py --quick                # Amazon Computers, fewer requests, shorter load
     python benchmarks/serve.py --datasets amazon_computers --models gcn --seconds 3
+    python benchmarks/serve.py --datasets cora --epochs 100      # Cora (small: trains in minutes here)
+    python benchmarks/serve.py --datasets amazon_computers --models shadow-gcn --skip-main \
+        --feature-stores memory,redis-tcp,redis-unix,tiered-unix
 
 Models are trained once (small settings: hidden 64, lr 0.03, ``--epochs`` 10, knob widths
 0/8/16/32, PPR budgets 16/32/64) into ``--cache-dir`` (default ``/tmp/gnnserve-bench-serve``) and
@@ -61,7 +69,8 @@ sys.path.insert(0, str(REPO))
 
 DEFAULT_DATA = Path(os.environ.get("GNNSERVE_DATA", REPO.parent / "shared" / "data"))
 DEFAULT_CACHE = Path(os.environ.get("TMPDIR", "/tmp")) / "gnnserve-bench-serve"
-DATASETS = {"amazon_computers": "Amazon Computers", "coauthor_physics": "Coauthor Physics"}
+DATASETS = {"amazon_computers": "Amazon Computers", "coauthor_physics": "Coauthor Physics", "cora": "Cora"}
+DEFAULT_DATASETS = ("amazon_computers", "coauthor_physics")
 MODELS = ("gcn", "shadow-gcn")  # add sage with --models gcn,shadow-gcn,sage
 # Small on purpose: on the 2 shared cores this was written on, one full-batch GCN epoch on Amazon
 # Computers took over a minute of wall time. Retrain with --epochs (in a fresh --cache-dir) for better models.
@@ -95,7 +104,7 @@ def _sequential(spec: dict[str, Any], pb: Any, pb_grpc: Any, rng: np.random.Gene
         call = ch.unary_unary(NOOP_METHOD) if spec["kind"] == "noop" else pb_grpc.GnnServiceStub(ch).Predict
         for v in pool[:10]:  # connect and warm
             call(_request(pb, spec, np.array([v])), timeout=120)
-        lat, server, first = [], [], None
+        lat, server, feats, first = [], [], [], None
         for v in rng.choice(pool, size=spec["queries"]):
             req = _request(pb, spec, np.array([v]))
             t = time.perf_counter()
@@ -103,12 +112,15 @@ def _sequential(spec: dict[str, Any], pb: Any, pb_grpc: Any, rng: np.random.Gene
             lat.append(1e3 * (time.perf_counter() - t))
             if spec["kind"] != "noop":
                 server.append(resp.timing.total_ms)
+                feats.append(resp.timing.features_ms)
                 if first is None:
                     first = resp
     out = {"p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99), "mean_ms": float(np.mean(lat)), "n": len(lat)}
     if first is not None:
         out["server_p50_ms"] = _pct(server, 50)
         out["server_p99_ms"] = _pct(server, 99)
+        out["features_p50_ms"] = _pct(feats, 50)
+        out["features_p99_ms"] = _pct(feats, 99)
         out["sampling_width"] = int(first.settings.sampling_width)
         out["ppr_budget"] = int(first.settings.ppr_budget)
     return out
@@ -143,6 +155,7 @@ async def _load(spec: dict[str, Any], pb: Any, pb_grpc: Any) -> dict[str, Any]:
     lat: list[float] = []
     batch_sizes: list[int] = []
     queue_ms: list[float] = []
+    features_ms: list[float] = []
     answered = [0]
     try:
         await asyncio.gather(*(c(_request(pb, spec, pool[:batch]), timeout=600) for c in calls))  # connect, warm
@@ -162,6 +175,7 @@ async def _load(spec: dict[str, Any], pb: Any, pb_grpc: Any) -> dict[str, Any]:
                     answered[0] += len(resp.labels)
                     batch_sizes.append(int(resp.timing.batch_size))
                     queue_ms.append(float(resp.timing.queue_ms))
+                    features_ms.append(float(resp.timing.features_ms))
 
         await asyncio.gather(*(worker(i) for i in range(nclients)))
         elapsed = time.perf_counter() - t0
@@ -175,6 +189,7 @@ async def _load(spec: dict[str, Any], pb: Any, pb_grpc: Any) -> dict[str, Any]:
         "p99_ms": _pct(lat, 99),
         "batch_p50": _pct(batch_sizes, 50) if batch_sizes else None,
         "queue_p50_ms": _pct(queue_ms, 50) if queue_ms else None,
+        "features_p50_ms": _pct(features_ms, 50) if features_ms else None,
     }
 
 
@@ -416,6 +431,62 @@ def knob_settings(info: Any) -> list[tuple[str, int, int]]:
     return out
 
 
+# ============================================================================ feature stores, end to end
+FEATURE_STORES = ("memory", "redis-tcp", "redis-unix", "tiered-unix")
+
+
+def feature_store_rows(stores: list[str], kind: str, path: Path, repo: Path, ds: Any, pool: list[int],
+                       args: argparse.Namespace, base_spec: dict[str, Any], log: Any) -> dict[str, Any]:
+    """Predict p50/p99 and throughput with each feature store behind the server, projection cache off.
+
+    With the projection cache on (the default) a warmed server never reads raw features, so every row
+    here runs with ``projection_budget_bytes=0``: each batch fetches the raw features of all its
+    distinct subgraph nodes from the store. Redis is a private ``redis-server`` (tests/redis_server.py)
+    loaded with ``serve.features.load_features``; ``tiered-unix`` is ``--hot-bytes`` in front of the
+    unix-socket Redis. The model runs at its default (K, S).
+    """
+    from serve.features import load_features
+    from serve.runtime import RuntimeOptions
+    from serve.server import BackgroundServer, ServerConfig
+
+    out: dict[str, Any] = {"model": kind, "rows": []}
+    redis = None
+    if any(s != "memory" for s in stores):
+        from tests.redis_server import RedisServer
+
+        redis = RedisServer().start()
+        t0 = time.perf_counter()
+        load_features(ds, redis.url, progress=False)
+        out["redis_load_s"] = time.perf_counter() - t0
+        log(f"features loaded into Redis in {out['redis_load_s']:.1f} s")
+    try:
+        for store in stores:
+            url, opts = "memory", {}
+            if store != "memory":
+                assert redis is not None
+                url = redis.url if store == "redis-tcp" else redis.unix_url
+                if store.startswith("tiered"):
+                    opts["cache_bytes"] = args.hot_bytes
+            cfg = ServerConfig(repo=str(repo), port=0, poll_s=0, data_paths=[str(path)], feature_url=url,
+                               feature_options=opts,
+                               runtime=RuntimeOptions(ppr_cache_dir=str(args.cache_dir / path.stem / "ppr"),
+                                                      projection_budget_bytes=0))
+            server = BackgroundServer(cfg).start()
+            try:
+                r = run_client(dict(base_spec, kind="predict", address=server.address, model=kind, pool=pool,
+                                    queries=args.queries, seconds=args.seconds))
+            finally:
+                server.stop()
+            out["rows"].append({"store": store, "seq": r["seq"], "load": r["load"]})
+            log(f"{kind} features from {store}: p50 {r['seq']['p50_ms']:.2f} ms (features "
+                f"{r['seq']['features_p50_ms']:.2f}), {r['load']['per_s']:.0f} nodes/s")
+    finally:
+        if redis is not None:
+            redis.stop()
+            redis.cleanup()
+    return out
+
+
 # ============================================================================ the run
 def fmt(v: float | None, digits: int = 2) -> str:
     if v is None or (isinstance(v, float) and not np.isfinite(v)):
@@ -425,7 +496,7 @@ def fmt(v: float | None, digits: int = 2) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated: " + ", ".join(DATASETS))
+    ap.add_argument("--datasets", default=",".join(DEFAULT_DATASETS), help="comma-separated: " + ", ".join(DATASETS))
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="checkpoints and PPR indexes (reused)")
@@ -440,6 +511,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=10, help="training epochs of models not yet in --cache-dir")
     ap.add_argument("--quick", action="store_true", help="Amazon Computers, gcn + shadow-gcn, fewer requests")
     ap.add_argument("--train-only", action="store_true", help="train the missing checkpoints and stop")
+    ap.add_argument("--feature-stores", default="",
+                    help="also serve the first shaDow model (else the first model) with each of these feature "
+                         "stores behind it, projection cache off: comma-separated from " + ", ".join(FEATURE_STORES))
+    ap.add_argument("--hot-bytes", type=int, default=16 << 20, help="hot-tier budget of the tiered-unix store")
+    ap.add_argument("--skip-main", action="store_true",
+                    help="skip the floor/knob/PyG rows (e.g. only --feature-stores)")
     ap.add_argument("--json", type=Path, default=None, help="also write every figure to this file")
     ap.add_argument("--client-spec", default=None, help=argparse.SUPPRESS)  # child process: run clients
     args = ap.parse_args(argv)
@@ -460,6 +537,10 @@ def main(argv: list[str] | None = None) -> int:
     for m in kinds:
         if m not in ("gcn", "sage", "shadow-gcn", "shadow-sage"):
             ap.error(f"unknown model {m!r}")
+    stores = [s for s in args.feature_stores.split(",") if s]
+    for st in stores:
+        if st not in FEATURE_STORES:
+            ap.error(f"unknown feature store {st!r} (choose from {', '.join(FEATURE_STORES)})")
 
     t_start = time.perf_counter()
     load_start = os.getloadavg()
@@ -506,73 +587,77 @@ def main(argv: list[str] | None = None) -> int:
             truth = ds.y[eval_nodes]
             res_d: dict[str, Any] = {"rows": [], "trained_s": trained[d]}
             results["datasets"][d] = res_d
-            res_d["floor_before"] = floor(f"{d}, before", pool)
+            if not args.skip_main:
+                res_d["floor_before"] = floor(f"{d}, before", pool)
 
-            log(f"{d}: starting gnnserve ...")
-            t0 = time.perf_counter()
-            cfg = ServerConfig(repo=str(repo), port=0, poll_s=0, data_paths=[str(path)],
-                               runtime=RuntimeOptions(ppr_cache_dir=str(args.cache_dir / d / "ppr")))
-            server = BackgroundServer(cfg).start()
-            res_d["server_start_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            assert server.server is not None
-            with torch.inference_mode():  # steady state: every node's first-layer projection cached
-                for kind in kinds:
-                    server.server.registry.get(kind).projections.warm()
-            res_d["projection_warm_s"] = time.perf_counter() - t0
-            log(f"{d}: gnnserve up in {res_d['server_start_s']:.0f} s, projections warmed in "
-                f"{res_d['projection_warm_s']:.1f} s")
-            try:
-                with GnnClient(server.address, timeout=120) as client:
-                    infos = {kind: client.get_model(kind) for kind in kinds}
-                for kind in kinds:
-                    info = infos[kind]
-                    for label, s, k in knob_settings(info):
-                        spec = dict(base_spec, kind="predict", address=server.address, model=kind,
-                                    sampling_width=s, ppr_budget=k if k else None, pool=pool,
-                                    queries=args.queries, seconds=args.seconds,
-                                    eval_nodes=[int(v) for v in eval_nodes],
-                                    sdk_queries=args.sdk_queries if label.startswith("default") else 0)
-                        r = run_client(spec)
-                        labels = np.asarray(r["eval"]["labels"])
-                        row = {"server": "gnnserve", "model": kind, "setting": label, "S": s, "K": k,
-                               "seq": r["seq"], "load": r["load"], "sdk": r.get("sdk"),
-                               "accuracy": float((labels == truth).mean()),
-                               "edges_kept": r["eval"]["edges_kept"] / max(1, r["eval"]["edges_total"]),
-                               "labels": labels}
-                        res_d["rows"].append(row)
-                        log(f"{d} {kind} {label} S={s} K={k}: p50 {r['seq']['p50_ms']:.2f} ms, "
-                            f"{r['load']['per_s']:.0f} nodes/s, acc {100 * row['accuracy']:.2f}%")
-            finally:
-                server.stop()
-
-            plain = [k for k in kinds if k in ("gcn", "sage")]
-            if plain:
-                log(f"{d}: starting the PyG baseline ({', '.join(plain)}) ...")
-                ckpts = {k: load_checkpoint(repo / k / "1") for k in plain}
-                with torch.inference_mode():
-                    xs = {k: c.model.norm(torch.from_numpy(np.asarray(ds.x, dtype=np.float32)))
-                          for k, c in ckpts.items()}
-                pyg = PygServer({k: PygModel(c, ds, xs[k]) for k, c in ckpts.items()})
+                log(f"{d}: starting gnnserve ...")
+                t0 = time.perf_counter()
+                cfg = ServerConfig(repo=str(repo), port=0, poll_s=0, data_paths=[str(path)],
+                                   runtime=RuntimeOptions(ppr_cache_dir=str(args.cache_dir / d / "ppr")))
+                server = BackgroundServer(cfg).start()
+                res_d["server_start_s"] = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                assert server.server is not None
+                with torch.inference_mode():  # steady state: every node's first-layer projection cached
+                    for kind in kinds:
+                        server.server.registry.get(kind).projections.warm()
+                res_d["projection_warm_s"] = time.perf_counter() - t0
+                log(f"{d}: gnnserve up in {res_d['server_start_s']:.0f} s, projections warmed in "
+                    f"{res_d['projection_warm_s']:.1f} s")
                 try:
-                    for kind in plain:
-                        r = run_client(dict(base_spec, kind="predict", address=pyg.address, model=kind,
-                                            pool=pool, queries=args.queries, seconds=args.seconds,
-                                            eval_nodes=[int(v) for v in eval_nodes]))
-                        labels = np.asarray(r["eval"]["labels"])
-                        ours = next(x for x in res_d["rows"] if x["model"] == kind and x["S"] == 0)
-                        row = {"server": "pyg", "model": kind, "setting": "exact (2-hop)", "S": 0, "K": 0,
-                               "seq": r["seq"], "load": r["load"], "sdk": None,
-                               "accuracy": float((labels == truth).mean()), "edges_kept": 1.0,
-                               "labels": labels, "agreement": float((labels == ours["labels"]).mean())}
-                        res_d["rows"].append(row)
-                        log(f"{d} PyG {kind}: p50 {r['seq']['p50_ms']:.2f} ms (server "
-                            f"{r['seq']['server_p50_ms']:.2f}), {r['load']['per_s']:.0f} nodes/s, "
-                            f"acc {100 * row['accuracy']:.2f}%, agreement {100 * row['agreement']:.2f}%")
+                    with GnnClient(server.address, timeout=120) as client:
+                        infos = {kind: client.get_model(kind) for kind in kinds}
+                    for kind in kinds:
+                        info = infos[kind]
+                        for label, s, k in knob_settings(info):
+                            spec = dict(base_spec, kind="predict", address=server.address, model=kind,
+                                        sampling_width=s, ppr_budget=k if k else None, pool=pool,
+                                        queries=args.queries, seconds=args.seconds,
+                                        eval_nodes=[int(v) for v in eval_nodes],
+                                        sdk_queries=args.sdk_queries if label.startswith("default") else 0)
+                            r = run_client(spec)
+                            labels = np.asarray(r["eval"]["labels"])
+                            row = {"server": "gnnserve", "model": kind, "setting": label, "S": s, "K": k,
+                                   "seq": r["seq"], "load": r["load"], "sdk": r.get("sdk"),
+                                   "accuracy": float((labels == truth).mean()),
+                                   "edges_kept": r["eval"]["edges_kept"] / max(1, r["eval"]["edges_total"]),
+                                   "labels": labels}
+                            res_d["rows"].append(row)
+                            log(f"{d} {kind} {label} S={s} K={k}: p50 {r['seq']['p50_ms']:.2f} ms, "
+                                f"{r['load']['per_s']:.0f} nodes/s, acc {100 * row['accuracy']:.2f}%")
                 finally:
-                    pyg.stop()
-                del xs, pyg
-            res_d["floor_after"] = floor(f"{d}, after", pool)
+                    server.stop()
+
+                plain = [k for k in kinds if k in ("gcn", "sage")]
+                if plain:
+                    log(f"{d}: starting the PyG baseline ({', '.join(plain)}) ...")
+                    ckpts = {k: load_checkpoint(repo / k / "1") for k in plain}
+                    with torch.inference_mode():
+                        xs = {k: c.model.norm(torch.from_numpy(np.asarray(ds.x, dtype=np.float32)))
+                              for k, c in ckpts.items()}
+                    pyg = PygServer({k: PygModel(c, ds, xs[k]) for k, c in ckpts.items()})
+                    try:
+                        for kind in plain:
+                            r = run_client(dict(base_spec, kind="predict", address=pyg.address, model=kind,
+                                                pool=pool, queries=args.queries, seconds=args.seconds,
+                                                eval_nodes=[int(v) for v in eval_nodes]))
+                            labels = np.asarray(r["eval"]["labels"])
+                            ours = next(x for x in res_d["rows"] if x["model"] == kind and x["S"] == 0)
+                            row = {"server": "pyg", "model": kind, "setting": "exact (2-hop)", "S": 0, "K": 0,
+                                   "seq": r["seq"], "load": r["load"], "sdk": None,
+                                   "accuracy": float((labels == truth).mean()), "edges_kept": 1.0,
+                                   "labels": labels, "agreement": float((labels == ours["labels"]).mean())}
+                            res_d["rows"].append(row)
+                            log(f"{d} PyG {kind}: p50 {r['seq']['p50_ms']:.2f} ms (server "
+                                f"{r['seq']['server_p50_ms']:.2f}), {r['load']['per_s']:.0f} nodes/s, "
+                                f"acc {100 * row['accuracy']:.2f}%, agreement {100 * row['agreement']:.2f}%")
+                    finally:
+                        pyg.stop()
+                    del xs, pyg
+                res_d["floor_after"] = floor(f"{d}, after", pool)
+            if stores:
+                fkind = next((k for k in kinds if k.startswith("shadow")), kinds[0])
+                res_d["feature_stores"] = feature_store_rows(stores, fkind, path, repo, ds, pool, args, base_spec, log)
     finally:
         noop.stop()
 
@@ -601,68 +686,93 @@ def report(results: dict[str, Any], args: argparse.Namespace, datasets: list[str
           f"clients x {args.batch}-node requests for {args.seconds:g} s. Accuracy: {args.eval_nodes} test nodes.\n")
     for d in datasets:
         r = results["datasets"][d]
-        fb, fa = r["floor_before"], r["floor_after"]
         print(f"### {DATASETS[d]}\n")
-        print(f"Floor (no-op `grpc.aio` unary call): p50 {fmt(fb['seq']['p50_ms'])} ms / p99 "
-              f"{fmt(fb['seq']['p99_ms'])} ms before, {fmt(fa['seq']['p50_ms'])} / {fmt(fa['seq']['p99_ms'])} ms "
-              f"after; {fmt(fb['load']['per_s'], 0)} / {fmt(fa['load']['per_s'], 0)} calls/s from "
-              f"{args.clients} clients. gnnserve start {r['server_start_s']:.0f} s, projection cache warm-up "
-              f"{r['projection_warm_s']:.1f} s.\n")
-        floor_p50 = fb["seq"]["p50_ms"]
-        pyg = {x["model"]: x for x in r["rows"] if x["server"] == "pyg"}
-        base = pyg.get("gcn") or next(iter(pyg.values()), None)
-        print("| server | model | setting | S | K | single p50 ms | single p99 ms | server p50 ms | "
-              "x floor p50 | nodes/s (load) | load p50 ms | load p99 ms | batch p50 | test acc % | "
-              "edges kept % | x PyG-GCN nodes/s | acc - PyG-GCN pp |")
-        print("|" + "---|" * 17)
-        for x in r["rows"]:
-            s, ld = x["seq"], x["load"]
-            ratio = ld["per_s"] / base["load"]["per_s"] if base else None
-            dacc = 100 * (x["accuracy"] - base["accuracy"]) if base else None
-            print(f"| {x['server']} | {x['model']} | {x['setting']} | {x['S'] or 'exact'} | {x['K'] or '-'} | "
-                  f"{fmt(s['p50_ms'])} | {fmt(s['p99_ms'])} | {fmt(s.get('server_p50_ms'))} | "
-                  f"{fmt(s['p50_ms'] / floor_p50, 1)} | {fmt(ld['per_s'], 0)} | {fmt(ld['p50_ms'], 1)} | "
-                  f"{fmt(ld['p99_ms'], 1)} | {fmt(ld.get('batch_p50'), 0)} | {fmt(100 * x['accuracy'])} | "
-                  f"{fmt(100 * x['edges_kept'], 1)} | {fmt(ratio, 1)} | {fmt(dacc, 2)} |")
-        sdk = [x for x in r["rows"] if x.get("sdk")]
-        if sdk:
-            print("\nThrough the SDK (`clients.GnnClient.predict`, default setting): " + "; ".join(
-                f"{x['model']} p50 {fmt(x['sdk']['p50_ms'])} / p99 {fmt(x['sdk']['p99_ms'])} ms" for x in sdk) + ".")
-        for m, x in pyg.items():
-            print(f"\nPyG {m}: labels agree with gnnserve's exact {m} on {fmt(100 * x['agreement'])}% of the "
-                  f"{args.eval_nodes} test nodes; its server-side time per single-node request p50 "
-                  f"{fmt(x['seq']['server_p50_ms'])} ms / p99 {fmt(x['seq']['server_p99_ms'])} ms.")
-        print()
-        # targets
-        print("Targets:\n")
-        for x in r["rows"]:
-            if x["server"] == "gnnserve" and x["setting"].startswith("default"):
-                s = x["seq"]
-                print(f"- {x['model']} default single-node p50 {fmt(s['p50_ms'])} ms = "
-                      f"{fmt(s['p50_ms'] / floor_p50, 2)}x floor p50 (target <= 2x: "
-                      f"{'met' if s['p50_ms'] <= 2 * floor_p50 else 'missed'}); p99 {fmt(s['p99_ms'])} ms = "
-                      f"{fmt(s['p99_ms'] / fb['seq']['p99_ms'], 2)}x floor p99, "
-                      f"{fmt(s['p99_ms'] / floor_p50, 2)}x floor p50 (target <= 5x: "
-                      f"{'met' if s['p99_ms'] <= 5 * fb['seq']['p99_ms'] else 'missed'} against floor p99, "
-                      f"{'met' if s['p99_ms'] <= 5 * floor_p50 else 'missed'} against floor p50)")
-        for m, b in pyg.items():
-            ok = [x for x in r["rows"] if x["server"] == "gnnserve" and x["accuracy"] >= b["accuracy"] - 0.01]
-            if ok:
-                best = max(ok, key=lambda x: x["load"]["per_s"])
-                ratio = best["load"]["per_s"] / b["load"]["per_s"]
-                print(f"- vs PyG {m}: best gnnserve throughput within 1 pp of its accuracy: {best['model']} "
-                      f"{best['setting']} (S={best['S'] or 'exact'}, K={best['K'] or '-'}) "
-                      f"{fmt(best['load']['per_s'], 0)} nodes/s = {fmt(ratio, 1)}x at "
-                      f"{fmt(100 * (best['accuracy'] - b['accuracy']), 2)} pp (target >= 10x: "
-                      f"{'met' if ratio >= 10 else 'missed'})")
-            else:
-                print(f"- vs PyG {m}: no gnnserve setting within 1 pp of its accuracy")
-        for x in r["rows"]:
-            if x["server"] == "gnnserve" and "fastest" in x["setting"]:
-                print(f"- {x['model']} fastest setting: {fmt(x['load']['per_s'], 0)} nodes/s under batched load "
-                      f"(target >= 10,000 on Amazon Computers: "
-                      f"{'met' if x['load']['per_s'] >= 10_000 else 'missed'})")
-        print()
+        if "floor_before" in r:
+            report_main(r, args)
+        if "feature_stores" in r:
+            report_features(r["feature_stores"], args)
+
+
+def report_features(fs: dict[str, Any], args: argparse.Namespace) -> None:
+    print(f"Feature stores end to end ({fs['model']} at its default setting, projection cache off so every "
+          f"batch reads raw features; tiered = {args.hot_bytes >> 20} MiB hot tier in front of the unix-socket "
+          f"Redis" + (f"; features loaded into Redis in {fs['redis_load_s']:.1f} s" if "redis_load_s" in fs
+                      else "") + "):\n")
+    print("| store | single p50 ms | single p99 ms | features p50 ms (server) | features p99 ms | "
+          "x memory p50 | nodes/s (load) | load p50 ms | load p99 ms | load features p50 ms |")
+    print("|" + "---|" * 10)
+    mem = next((x for x in fs["rows"] if x["store"] == "memory"), None)
+    for x in fs["rows"]:
+        s, ld = x["seq"], x["load"]
+        ratio = s["p50_ms"] / mem["seq"]["p50_ms"] if mem else None
+        print(f"| {x['store']} | {fmt(s['p50_ms'])} | {fmt(s['p99_ms'])} | {fmt(s.get('features_p50_ms'))} | "
+              f"{fmt(s.get('features_p99_ms'))} | {fmt(ratio, 2)} | {fmt(ld['per_s'], 0)} | {fmt(ld['p50_ms'], 1)} | "
+              f"{fmt(ld['p99_ms'], 1)} | {fmt(ld.get('features_p50_ms'))} |")
+    print()
+
+
+def report_main(r: dict[str, Any], args: argparse.Namespace) -> None:
+    fb, fa = r["floor_before"], r["floor_after"]
+    print(f"Floor (no-op `grpc.aio` unary call): p50 {fmt(fb['seq']['p50_ms'])} ms / p99 "
+          f"{fmt(fb['seq']['p99_ms'])} ms before, {fmt(fa['seq']['p50_ms'])} / {fmt(fa['seq']['p99_ms'])} ms "
+          f"after; {fmt(fb['load']['per_s'], 0)} / {fmt(fa['load']['per_s'], 0)} calls/s from "
+          f"{args.clients} clients. gnnserve start {r['server_start_s']:.0f} s, projection cache warm-up "
+          f"{r['projection_warm_s']:.1f} s.\n")
+    floor_p50 = fb["seq"]["p50_ms"]
+    pyg = {x["model"]: x for x in r["rows"] if x["server"] == "pyg"}
+    base = pyg.get("gcn") or next(iter(pyg.values()), None)
+    print("| server | model | setting | S | K | single p50 ms | single p99 ms | server p50 ms | "
+          "x floor p50 | nodes/s (load) | load p50 ms | load p99 ms | batch p50 | test acc % | "
+          "edges kept % | x PyG-GCN nodes/s | acc - PyG-GCN pp |")
+    print("|" + "---|" * 17)
+    for x in r["rows"]:
+        s, ld = x["seq"], x["load"]
+        ratio = ld["per_s"] / base["load"]["per_s"] if base else None
+        dacc = 100 * (x["accuracy"] - base["accuracy"]) if base else None
+        print(f"| {x['server']} | {x['model']} | {x['setting']} | {x['S'] or 'exact'} | {x['K'] or '-'} | "
+              f"{fmt(s['p50_ms'])} | {fmt(s['p99_ms'])} | {fmt(s.get('server_p50_ms'))} | "
+              f"{fmt(s['p50_ms'] / floor_p50, 1)} | {fmt(ld['per_s'], 0)} | {fmt(ld['p50_ms'], 1)} | "
+              f"{fmt(ld['p99_ms'], 1)} | {fmt(ld.get('batch_p50'), 0)} | {fmt(100 * x['accuracy'])} | "
+              f"{fmt(100 * x['edges_kept'], 1)} | {fmt(ratio, 1)} | {fmt(dacc, 2)} |")
+    sdk = [x for x in r["rows"] if x.get("sdk")]
+    if sdk:
+        print("\nThrough the SDK (`clients.GnnClient.predict`, default setting): " + "; ".join(
+            f"{x['model']} p50 {fmt(x['sdk']['p50_ms'])} / p99 {fmt(x['sdk']['p99_ms'])} ms" for x in sdk) + ".")
+    for m, x in pyg.items():
+        print(f"\nPyG {m}: labels agree with gnnserve's exact {m} on {fmt(100 * x['agreement'])}% of the "
+              f"{args.eval_nodes} test nodes; its server-side time per single-node request p50 "
+              f"{fmt(x['seq']['server_p50_ms'])} ms / p99 {fmt(x['seq']['server_p99_ms'])} ms.")
+    print()
+    # targets
+    print("Targets:\n")
+    for x in r["rows"]:
+        if x["server"] == "gnnserve" and x["setting"].startswith("default"):
+            s = x["seq"]
+            print(f"- {x['model']} default single-node p50 {fmt(s['p50_ms'])} ms = "
+                  f"{fmt(s['p50_ms'] / floor_p50, 2)}x floor p50 (target <= 2x: "
+                  f"{'met' if s['p50_ms'] <= 2 * floor_p50 else 'missed'}); p99 {fmt(s['p99_ms'])} ms = "
+                  f"{fmt(s['p99_ms'] / fb['seq']['p99_ms'], 2)}x floor p99, "
+                  f"{fmt(s['p99_ms'] / floor_p50, 2)}x floor p50 (target <= 5x: "
+                  f"{'met' if s['p99_ms'] <= 5 * fb['seq']['p99_ms'] else 'missed'} against floor p99, "
+                  f"{'met' if s['p99_ms'] <= 5 * floor_p50 else 'missed'} against floor p50)")
+    for m, b in pyg.items():
+        ok = [x for x in r["rows"] if x["server"] == "gnnserve" and x["accuracy"] >= b["accuracy"] - 0.01]
+        if ok:
+            best = max(ok, key=lambda x: x["load"]["per_s"])
+            ratio = best["load"]["per_s"] / b["load"]["per_s"]
+            print(f"- vs PyG {m}: best gnnserve throughput within 1 pp of its accuracy: {best['model']} "
+                  f"{best['setting']} (S={best['S'] or 'exact'}, K={best['K'] or '-'}) "
+                  f"{fmt(best['load']['per_s'], 0)} nodes/s = {fmt(ratio, 1)}x at "
+                  f"{fmt(100 * (best['accuracy'] - b['accuracy']), 2)} pp (target >= 10x: "
+                  f"{'met' if ratio >= 10 else 'missed'})")
+        else:
+            print(f"- vs PyG {m}: no gnnserve setting within 1 pp of its accuracy")
+    for x in r["rows"]:
+        if x["server"] == "gnnserve" and "fastest" in x["setting"]:
+            print(f"- {x['model']} fastest setting: {fmt(x['load']['per_s'], 0)} nodes/s under batched load "
+                  f"(target >= 10,000 on Amazon Computers: "
+                  f"{'met' if x['load']['per_s'] >= 10_000 else 'missed'})")
+    print()
 
 
 if __name__ == "__main__":
