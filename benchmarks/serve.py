@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import datetime
 import json
 import os
@@ -452,16 +453,16 @@ def feature_store_rows(stores: list[str], kind: str, path: Path, repo: Path, ds:
     from serve.server import BackgroundServer, ServerConfig
 
     out: dict[str, Any] = {"model": kind, "rows": []}
-    redis = None
-    if any(s != "memory" for s in stores):
-        from tests.redis_server import RedisServer
+    with contextlib.ExitStack() as stack:
+        redis = None
+        if any(s != "memory" for s in stores):
+            from tests.redis_server import RedisServer
 
-        redis = RedisServer().start()
-        t0 = time.perf_counter()
-        load_features(ds, redis.url, progress=False)
-        out["redis_load_s"] = time.perf_counter() - t0
-        log(f"features loaded into Redis in {out['redis_load_s']:.1f} s")
-    try:
+            redis = stack.enter_context(RedisServer())  # killed and its directory removed on the way out
+            t0 = time.perf_counter()
+            load_features(ds, redis.url, progress=False)
+            out["redis_load_s"] = time.perf_counter() - t0
+            log(f"features loaded into Redis in {out['redis_load_s']:.1f} s")
         for store in stores:
             url, opts = "memory", {}
             if store != "memory":
@@ -473,19 +474,12 @@ def feature_store_rows(stores: list[str], kind: str, path: Path, repo: Path, ds:
                                feature_options=opts,
                                runtime=RuntimeOptions(ppr_cache_dir=str(args.cache_dir / path.stem / "ppr"),
                                                       projection_budget_bytes=0))
-            server = BackgroundServer(cfg).start()
-            try:
+            with BackgroundServer(cfg) as server:
                 r = run_client(dict(base_spec, kind="predict", address=server.address, model=kind, pool=pool,
                                     queries=args.queries, seconds=args.seconds))
-            finally:
-                server.stop()
             out["rows"].append({"store": store, "seq": r["seq"], "load": r["load"]})
             log(f"{kind} features from {store}: p50 {r['seq']['p50_ms']:.2f} ms (features "
                 f"{r['seq']['features_p50_ms']:.2f}), {r['load']['per_s']:.0f} nodes/s")
-    finally:
-        if redis is not None:
-            redis.stop()
-            redis.cleanup()
     return out
 
 
