@@ -7,7 +7,7 @@ from .datasets import DatasetError, GraphDataset, load_dataset, load_npz, save_n
 from .graph import CSRGraph, GraphFormatError
 from .ppr import PPRConfig, PPRIndex, PPRIndexError, ppr_exact, ppr_new_node, ppr_topk
 from .spmm import kept_edges, sampled_spmm, sampled_spmm_torch
-from .subgraph import ExtraEdges, SubgraphBatch, induced_batch, lhop_nodes
+from .subgraph import ExtraEdges, InducedTable, SubgraphBatch, induced_batch, lhop_nodes
 
 __all__ = [
     "CSRGraph",
@@ -15,6 +15,7 @@ __all__ = [
     "ExtraEdges",
     "GraphDataset",
     "GraphFormatError",
+    "InducedTable",
     "PPRConfig",
     "PPRIndex",
     "PPRIndexError",

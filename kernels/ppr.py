@@ -98,7 +98,7 @@ import numpy as np
 from numba import prange
 
 from .graph import CSRGraph, index_dtype_for
-from .subgraph import _grow
+from .subgraph import InducedTable, SubgraphBatch, _grow, induced_batch
 
 __all__ = [
     "PPRConfig",
@@ -796,6 +796,7 @@ class PPRIndex:
         self.num_nodes = len(ptr) - 1
         self.path = path
         self.meta = dict(meta or {})
+        self.induced: InducedTable | None = None  # see ensure_induced
         if len(nodes) != int(ptr[-1]) or len(scores) != len(nodes):
             raise PPRIndexError(
                 f"index arrays disagree: ptr ends at {int(ptr[-1])}, {len(nodes)} nodes, {len(scores)} scores"
@@ -851,6 +852,109 @@ class PPRIndex:
         if return_scores:
             return optr, nodes, np.asarray(self.scores[idx], dtype=np.float32)
         return optr, nodes
+
+    # ------------------------------------------------------------------ induced subgraphs
+    def induced_batch(
+        self, graph: CSRGraph, targets: np.ndarray | Sequence[int], k: int | None = None
+    ) -> SubgraphBatch:
+        """The block-diagonal batch of the targets' top-``k`` subgraphs (:func:`kernels.subgraph.induced_batch`).
+
+        Served from the precomputed :class:`kernels.subgraph.InducedTable` when one covers ``k``
+        (see :meth:`ensure_induced`), else induced from the graph; the result is the same.
+        """
+        t = np.asarray(targets, dtype=np.int64).reshape(-1)
+        ptr, nodes = self.lookup(t, k)
+        table = self.induced
+        if table is not None and (self.k_max if k is None else int(k)) <= table.k:
+            return table.batch(graph, t, ptr, nodes)
+        return induced_batch(graph, ptr, nodes)
+
+    def ensure_induced(
+        self, graph: CSRGraph, *, max_bytes: int = 1 << 30, k: int | None = None, progress: bool = False
+    ) -> bool:
+        """Attach the induced subgraph of every node's top-``k`` list (default ``k_max``), building it if needed.
+
+        A saved index keeps the table beside its lists (``induced_*`` files, recorded in
+        ``meta.json``) and memory-maps it on later calls. Refused (``False``, logged) when the
+        estimate from 256 sampled nodes exceeds ``max_bytes``: batches are then induced from the
+        graph as before. Returns whether a table is attached.
+        """
+        self.check_graph(graph)
+        k = self.k_max if k is None else int(k)
+        if self.induced is not None and self.induced.k >= k:
+            return True
+        if not 1 <= k <= min(self.k_max, InducedTable.MAX_K):
+            raise ValueError(f"k must lie in [1, {min(self.k_max, InducedTable.MAX_K)}], got {k}")
+        loaded = self._open_induced()
+        if loaded is not None and loaded.k >= k:
+            self.induced = loaded
+            return True
+        n = self.num_nodes
+        if n == 0:
+            return False
+        sample = np.random.default_rng(0).choice(n, size=min(n, 256), replace=False)
+        ptr, nodes = self.lookup(sample, k)
+        per_edge = 8 if graph.is_weighted else 4
+        est = induced_batch(graph, ptr, nodes).graph.num_edges / len(sample) * n * per_edge + 8 * (n + 1)
+        if est > max_bytes:
+            log.info("induced table for k=%d skipped: about %.0f MiB > limit %.0f MiB", k, est / 2**20,
+                     max_bytes / 2**20)  # fmt: skip
+            return False
+        t0 = time.perf_counter()
+        table = InducedTable.build(graph, self.lookup, k, progress=progress)
+        log.info("induced table for k=%d: %d edges, %.0f MiB in %.1f s", k, len(table.src), table.nbytes / 2**20,
+                 time.perf_counter() - t0)  # fmt: skip
+        if self.path is not None:
+            try:
+                self._save_induced(table)
+            except OSError as exc:  # a read-only index directory: keep the table in memory
+                log.warning("induced table not saved in %s: %s", self.path, exc)
+        self.induced = table
+        return True
+
+    _INDUCED_FILES = ("induced_src.bin", "induced_dst.bin", "induced_w.bin")
+
+    def _save_induced(self, table: InducedTable) -> None:
+        d = self.path
+        assert d is not None
+        tag = f".tmp-{os.getpid()}-{threading.get_ident()}"
+        arrays = {"induced_src.bin": table.src, "induced_dst.bin": table.dst}
+        if table.weights is not None:
+            arrays["induced_w.bin"] = table.weights
+        with open(d / f"induced_eptr.npy{tag}", "wb") as f:
+            np.save(f, table.eptr)
+        for name, a in arrays.items():
+            np.ascontiguousarray(a).tofile(d / f"{name}{tag}")
+        for name in ("induced_eptr.npy", *arrays):
+            os.replace(d / f"{name}{tag}", d / name)
+        meta = json.loads((d / "meta.json").read_text())
+        meta["induced"] = {"k": table.k, "edges": len(table.src), "weighted": table.weights is not None}
+        _write_meta(d, meta)
+        self.meta = meta
+
+    def _open_induced(self) -> InducedTable | None:
+        if self.path is None:
+            return None
+        d = self.path
+        try:
+            info = json.loads((d / "meta.json").read_text()).get("induced")
+            if not info:
+                return None
+            m = int(info["edges"])
+            eptr = np.load(d / "induced_eptr.npy", mmap_mode="r")
+            if eptr.shape != (self.num_nodes + 1,):
+                raise ValueError(f"induced_eptr.npy has shape {eptr.shape}, expected ({self.num_nodes + 1},)")
+            names = self._INDUCED_FILES if info["weighted"] else self._INDUCED_FILES[:2]
+            dts = (np.uint16, np.uint16, np.float32)[: len(names)]
+            for name, dt in zip(names, dts, strict=True):
+                if (d / name).stat().st_size != m * np.dtype(dt).itemsize:
+                    raise ValueError(f"{name} has the wrong size")
+            arr = [np.memmap(d / name, dtype=dt, mode="r", shape=(m,)) if m else np.zeros(0, dt)
+                   for name, dt in zip(names, dts, strict=True)]  # fmt: skip
+            return InducedTable(int(info["k"]), eptr, arr[0], arr[1], arr[2] if info["weighted"] else None)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("ignoring the induced table in %s (%s); it will be rebuilt", d, exc)
+            return None
 
     # ------------------------------------------------------------------ build
     @classmethod

@@ -280,7 +280,10 @@ class PPRExtractor:
     def batch(self, targets: np.ndarray, k: int):
         from kernels.subgraph import induced_batch
 
-        ptr, nodes = self.table.lookup(np.asarray(targets, dtype=np.int64), int(k))
+        t = np.asarray(targets, dtype=np.int64)
+        if hasattr(self.table, "induced_batch"):  # a PPRIndex: its precomputed induced table if attached
+            return self.table.induced_batch(self.graph, t, int(k))
+        ptr, nodes = self.table.lookup(t, int(k))
         return induced_batch(self.graph, ptr, nodes)
 
 
@@ -734,6 +737,9 @@ def build_parser(prog: str = "gnnserve train") -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, prog: str = "gnnserve train") -> int:
     """CLI entry point; returns the exit code (0 ok, 1 failure, 2 bad dataset/arguments)."""
+    from kernels.malloc import tune_malloc
+
+    tune_malloc()
     args = build_parser(prog).parse_args(argv)
     ppr: dict[str, Any] = {}
     if args.ppr_alpha is not None:

@@ -81,6 +81,9 @@ def _serve(argv: Sequence[str]) -> int:
                     help="stateless replica: read the graph and PPR top-K lists from this Redis URL (loaded with "
                          "`gnnserve graph load`) instead of datasets on disk; features default to the same URL")
     ap.add_argument("--graph-version", type=int, default=None, help="graph version in Redis (default: current)")
+    ap.add_argument("--induced-table-bytes", type=int, default=1 << 30,
+                    help="precompute every node's induced top-K subgraph beside the PPR index when its "
+                         "estimated size fits in this many bytes (0: induce per batch)")
     ap.add_argument("--graph-cache-bytes", type=int, default=64 << 20,
                     help="LRU budget for adjacency rows and PPR lists fetched from Redis (0 = off)")
     ap.add_argument("--max-batch-targets", type=int, default=1024)
@@ -127,6 +130,7 @@ def _serve(argv: Sequence[str]) -> int:
             graph_url=args.graph,
             graph_version=args.graph_version,
             graph_cache_bytes=args.graph_cache_bytes,
+            induced_table_bytes=args.induced_table_bytes,
         ),
         data_paths=args.data,
         feature_url=args.features,
@@ -184,6 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n'gnnserve <command> --help' describes a command.")
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
+    from kernels.malloc import tune_malloc
+
+    tune_malloc()  # before any worker thread: freed batch memory is reused, not faulted in again
     handler = HANDLERS.get(cmd)
     if handler is None:
         print(f"gnnserve: unknown command {cmd!r}; run 'gnnserve --help'", file=sys.stderr)

@@ -79,6 +79,7 @@ def run_demo(
         # One PPR index for training and serving: built where the server looks for it (REPO/_ppr, keyed by
         # the graph's fingerprint and the PPR settings), so the server opens it instead of rebuilding it.
         index = PPRIndex.open_or_build(repo / "_ppr", ds.graph, make_ppr_config(None, PPR_K), progress=False)
+        index.ensure_induced(ds.graph)  # every node's induced top-K subgraph: training batches and serving reuse it
         say(f"PPR top-{PPR_K} index of every node in {time.perf_counter() - t0:.1f} s")
         t0 = time.perf_counter()
         train(ds, "shadow-sage", repo / "demo" / "1", progress=False, source=str(data_dir), seed=seed,

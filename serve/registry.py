@@ -260,6 +260,8 @@ class ModelRegistry:
         if idx is None:
             cache_dir = Path(self.options.ppr_cache_dir or self.repo / "_ppr")
             idx = PPRIndex.open_or_build(cache_dir, data.graph, cfg)
+            if self.options.induced_table_bytes > 0:
+                idx.ensure_induced(data.graph, max_bytes=self.options.induced_table_bytes)
             data.ppr_indexes[key] = idx
         return idx
 

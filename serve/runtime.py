@@ -54,6 +54,8 @@ class RuntimeOptions:
     graph_url: str | None = None
     graph_version: int | None = None
     graph_cache_bytes: int = 64 << 20
+    #: precompute each node's induced top-K subgraph next to the PPR index when it fits (0: never)
+    induced_table_bytes: int = 1 << 30
 
 
 @dataclass
@@ -262,6 +264,8 @@ class ModelRuntime:
                 return g.induced_batch(ptr, nodes)
             return g.lhop_batch(targets, self.hops)[0]
         if self.extractor == "ppr":
+            if not new_specs:  # the precomputed induced table when there is one (same result)
+                return self.ppr_index.induced_batch(g, targets, budget)
             ptr, nodes = self.ppr_index.lookup(targets, budget)
         else:
             ptr, nodes = lhop_nodes(g, targets, self.hops)

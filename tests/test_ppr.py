@@ -346,3 +346,77 @@ def test_real_graph_bound_topk_and_index():
         top = set(best[ex[b, best] > 0].tolist()) | {int(t)}  # small components: fewer than K reachable
         overlap.append(len(top & set(lst.tolist())) / len(top))
     assert np.mean(overlap) > 0.9
+
+
+# ----------------------------------------------------------------------------- induced table
+def assert_same_batch(a, b):
+    """Two SubgraphBatch objects are identical (structure, weights, dedupe maps)."""
+    np.testing.assert_array_equal(a.graph.indptr, b.graph.indptr)
+    np.testing.assert_array_equal(a.graph.indices, b.graph.indices)
+    assert (a.graph.weights is None) == (b.graph.weights is None)
+    if a.graph.weights is not None:
+        np.testing.assert_array_equal(a.graph.weights, b.graph.weights)
+    for name in ("node_ids", "ptr", "target_rows", "unique_ids", "row_to_unique"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+
+@pytest.mark.parametrize("graph_name", ["sbm", "weighted_sym"])
+def test_induced_table_equals_induced_batch_at_every_prefix(graph_name, request):
+    g = request.getfixturevalue(graph_name)
+    idx = PPRIndex.build(g, PPRConfig(eps=1e-4, topk=40), progress=False)
+    assert idx.induced is None
+    assert idx.ensure_induced(g)
+    table = idx.induced
+    assert table.k == 40 and (table.weights is not None) == g.is_weighted
+    rng = np.random.default_rng(0)
+    for k in (1, 2, 7, 39, 40):
+        for b in (1, 5, 64):
+            targets = rng.choice(g.num_nodes, size=b, replace=b > g.num_nodes)
+            targets[0] = targets[-1]  # a repeated target in the batch
+            ptr, nodes = idx.lookup(targets, k)
+            want = induced_batch(g, ptr, nodes)
+            got = idx.induced_batch(g, targets, k)
+            assert_same_batch(got, want)
+            assert got.graph.num_edges == want.graph.num_edges
+    # the per-node runs are the nodes' own subgraphs: edges of node 3's list, local ids
+    ptr, nodes = idx.lookup([3])
+    sub = induced_batch(g, ptr, nodes).graph
+    lo, hi = int(table.eptr[3]), int(table.eptr[4])
+    np.testing.assert_array_equal(table.dst[lo:hi], sub.indices)
+    np.testing.assert_array_equal(np.bincount(table.src[lo:hi], minlength=len(nodes)), np.diff(sub.indptr))
+
+
+def test_induced_table_is_saved_reopened_and_refused_when_too_big(sbm, tmp_path, monkeypatch):
+    from kernels.subgraph import InducedTable
+
+    cfg = PPRConfig(eps=1e-4, topk=30)
+    idx = PPRIndex.open_or_build(tmp_path, sbm, cfg, progress=False)
+    assert not idx.ensure_induced(sbm, max_bytes=1000)  # estimate above the limit: no table
+    assert idx.induced is None
+    assert idx.ensure_induced(sbm)
+    meta = json.loads((idx.path / "meta.json").read_text())
+    assert meta["induced"]["k"] == 30 and meta["induced"]["edges"] == len(idx.induced.src)
+
+    def no_build(*a, **k):
+        raise AssertionError("rebuilt an induced table that is saved")
+
+    monkeypatch.setattr(InducedTable, "build", classmethod(no_build))
+    again = PPRIndex.open(idx.path, sbm)
+    assert again.ensure_induced(sbm)
+    assert isinstance(again.induced.src, np.memmap)
+    targets = np.arange(0, 600, 7)
+    assert_same_batch(again.induced_batch(sbm, targets, 12), idx.induced_batch(sbm, targets, 12))
+    monkeypatch.undo()
+
+    # a damaged table file is ignored (logged) and rebuilt, never used
+    (idx.path / "induced_dst.bin").write_bytes(b"\0\0")
+    third = PPRIndex.open(idx.path, sbm)
+    assert third.ensure_induced(sbm)
+    assert_same_batch(third.induced_batch(sbm, targets, 30), induced_batch(sbm, *idx.lookup(targets, 30)))
+
+    # a list that is not the table's own list is refused
+    ptr, nodes = idx.lookup([5, 6], 10)
+    with pytest.raises(ValueError, match="start with its own target"):
+        idx.induced.batch(sbm, np.array([6, 5]), ptr, nodes)
+    with pytest.raises(ValueError, match="longer than"):
+        idx.induced.batch(sbm, np.array([5]), np.array([0, 31]), np.arange(31) + 5)
