@@ -247,6 +247,9 @@ def table(rows: list[dict], widths: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kernels.malloc import tune_malloc
+
+    tune_malloc()  # keep freed memory for reuse (see kernels/malloc.py)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--datasets", default=",".join(DATASETS))

@@ -156,6 +156,9 @@ def loadavg() -> str:
 
 # --------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
+    from kernels.malloc import tune_malloc
+
+    tune_malloc()  # keep freed memory for reuse (see kernels/malloc.py)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--index", type=Path, default=None, help="PPR index directory or .npz with ptr/nodes")

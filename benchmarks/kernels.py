@@ -277,6 +277,9 @@ def markdown(cases: list[Case], graphs: dict[str, CSRGraph], widths: list[int], 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kernels.malloc import tune_malloc
+
+    tune_malloc()  # keep freed memory for reuse (see kernels/malloc.py)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where synthetic graphs are kept")

@@ -292,6 +292,9 @@ def sigterm(repo: Path, ds) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kernels.malloc import tune_malloc
+
+    tune_malloc()  # keep freed memory for reuse (see kernels/malloc.py)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repo", type=Path, default=None, help="model repository to reuse (trained there if empty)")
     ap.add_argument("--seconds", type=float, default=4.0)

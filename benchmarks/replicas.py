@@ -95,6 +95,9 @@ def run_load(addresses: list[str], model: str, num_nodes: int, batch: int, concu
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kernels.malloc import tune_malloc
+
+    tune_malloc()  # keep freed memory for reuse (see kernels/malloc.py)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-nodes", type=int, default=5000)
     ap.add_argument("--replicas", default="1,2")

@@ -491,6 +491,9 @@ def fmt(v: float | None, digits: int = 2) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kernels.malloc import tune_malloc
+
+    tune_malloc()  # keep freed memory for reuse (see kernels/malloc.py)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", default=",".join(DEFAULT_DATASETS), help="comma-separated: " + ", ".join(DATASETS))
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
