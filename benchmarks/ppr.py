@@ -233,18 +233,30 @@ def bench_build(args, label: str, graph_dir: Path, keep: bool = True) -> dict:
 
 
 # ============================================================================ 3. induced batches
-def bench_induced(args, graph, index_dir: Path) -> list[dict]:
+def bench_induced(args, graph, index_dir: Path) -> tuple[list[dict], list[dict]]:
+    """Induced batches three ways, interleaved on the same target sets: induced from the graph
+    (``kernels.subgraph.induced_batch``), and from precomputed induced tables (``InducedTable``)
+    built at K = 64 (the training default) and at the index's K_max."""
     _, ppr, sub = _kernels()
     idx = ppr.PPRIndex.open(index_dir, graph)
+    tables, builds = {}, []
+    for tk in sorted({min(64, idx.k_max), idx.k_max}):
+        t0 = time.perf_counter()
+        tables[tk] = sub.InducedTable.build(graph, idx.lookup, tk)
+        builds.append({"k": tk, "seconds": time.perf_counter() - t0, "edges": len(tables[tk].src),
+                       "bytes": tables[tk].nbytes})  # fmt: skip
     rng = np.random.default_rng(1)
     rows = []
-    sub.induced_batch(graph, *idx.lookup([0, 1], 8))  # warm-up
+    sub.induced_batch(graph, *idx.lookup([0, 1], 8))  # warm-up (numba)
+    for tab in tables.values():
+        tab.batch(graph, np.array([0, 1]), *idx.lookup([0, 1], 8))
     for b in (1, 64, 1024):
         for k in (32, 64, 128, 200):
             if k > idx.k_max:
                 continue
             reps = max(5, min(200, 20_000 // (b * k // 8 + 1)))
             look, ind = [], []
+            tab = {tk: [] for tk in tables if tk >= k}
             for _ in range(reps):
                 targets = rng.choice(graph.num_nodes, b, replace=False)
                 t0 = time.perf_counter()
@@ -254,10 +266,17 @@ def bench_induced(args, graph, index_dir: Path) -> list[dict]:
                 t2 = time.perf_counter()
                 look.append(t1 - t0)
                 ind.append(t2 - t1)
+                for tk in tab:
+                    t3 = time.perf_counter()
+                    tb = tables[tk].batch(graph, targets, ptr, nodes)
+                    tab[tk].append(time.perf_counter() - t3)
+                    if tb.graph.num_edges != batch.graph.num_edges:
+                        raise AssertionError("induced table and induced_batch disagree")
             rows.append({"b": b, "k": k, "rows": batch.num_rows, "edges": batch.graph.num_edges,
                          "unique": len(batch.unique_ids), "lookup_ms": statistics.median(look) * 1e3,
-                         "induced_ms": statistics.median(ind) * 1e3, "reps": reps})  # fmt: skip
-    return rows
+                         "induced_ms": statistics.median(ind) * 1e3, "reps": reps,
+                         "table_ms": {tk: statistics.median(v) * 1e3 for tk, v in tab.items()}})  # fmt: skip
+    return rows, builds
 
 
 # ============================================================================ main
@@ -270,6 +289,9 @@ def fmt_s(x: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from kernels.malloc import tune_malloc
+
+    tune_malloc()  # keep freed memory for reuse (see kernels/malloc.py)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "mode", nargs="?", default="all", choices=["all", "_build", "_gen"], help=argparse.SUPPRESS
@@ -283,6 +305,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--single", type=int, default=32, help="targets timed one per call")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-large", action="store_true", help="skip the 2M-node synthetic index build")
+    ap.add_argument("--sections", default="extraction,build,induced",
+                    help="comma list of extraction, build, induced (default: all three)")
     ap.add_argument("--large-nodes", type=int, default=2_000_000)
     ap.add_argument("--large-degree", type=float, default=30.0)
     ap.add_argument("--keep", action="store_true", help="keep the large index files")
@@ -308,28 +332,29 @@ def main(argv: list[str] | None = None) -> None:
     print(f"- parameters: teleport alpha = {args.alpha} (non-lazy), eps = {args.eps}, K = {args.k}\n")
     sys.stdout.flush()
 
+    sections = set(args.sections.split(","))
     # 1. extraction
-    ext = [bench_extraction(args, name) for name in DATASETS]
-    print(
-        f"### Per-target extraction ({args.targets} random targets, median of {args.rounds} interleaved rounds)\n"
-    )
-    print("| graph | N | E | ours, batch (ms/target) | ours, 1 per call (ms/target) | PyG get_ppr (ms/target) "
-          "| speed-up (batch) | top-K overlap with exact: ours | PyG | max (exact - ours) / (eps deg) |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in ext:
-        print(f"| {r['name']} | {r['n']:,} | {r['e']:,} | {r['ours_ms']:.3f} | {r['ours1_ms']:.3f} | "
-              f"{r['pyg_ms']:.3f} | {r['pyg_ms'] / r['ours_ms']:.1f}x | {r['ours_overlap']:.3f} | "
-              f"{r['pyg_overlap']:.3f} | {r['max_gap']:.2f} |")  # fmt: skip
-    print()
-    sys.stdout.flush()
+    ext = [bench_extraction(args, name) for name in DATASETS] if "extraction" in sections else []
+    if ext:
+        print(f"### Per-target extraction ({args.targets} random targets, median of {args.rounds} interleaved rounds)\n")
+        print("| graph | N | E | ours, batch (ms/target) | ours, 1 per call (ms/target) | PyG get_ppr (ms/target) "
+              "| speed-up (batch) | top-K overlap with exact: ours | PyG | max (exact - ours) / (eps deg) |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in ext:
+            print(f"| {r['name']} | {r['n']:,} | {r['e']:,} | {r['ours_ms']:.3f} | {r['ours1_ms']:.3f} | "
+                  f"{r['pyg_ms']:.3f} | {r['pyg_ms'] / r['ours_ms']:.1f}x | {r['ours_overlap']:.3f} | "
+                  f"{r['pyg_overlap']:.3f} | {r['max_gap']:.2f} |")  # fmt: skip
+        print()
+        sys.stdout.flush()
 
-    # 2. index builds
+    # 2. index builds (the induced section needs the Amazon Computers index: built here if absent)
     builds = []
     for name, label in DATASETS.items():
         gdir = args.workdir / name / "graph"
         load_graph(args.data_dir, name).save(gdir)
-        builds.append(bench_build(args, label, gdir))
-    if not args.skip_large:
+        if "build" in sections or not (args.workdir / f"index-{name}" / "meta.json").exists():
+            builds.append(bench_build(args, label, gdir))
+    if "build" in sections and not args.skip_large:
         gdir = args.workdir / f"sbm-{args.large_nodes}-{args.large_degree:g}" / "graph"
         gen = None
         if not (gdir / "graph.json").exists():
@@ -339,32 +364,43 @@ def main(argv: list[str] | None = None) -> None:
         res = bench_build(args, label, gdir, keep=args.keep)
         res["gen"] = gen
         builds.append(res)
-    print("### Index build (all nodes, top-K lists to disk, fresh process per graph)\n")
-    print(
-        "| graph | N | E | build wall | build CPU | ms/node (wall) | peak RSS | graph (CSR) | index on disk | entries |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in builds:
-        print(f"| {r['name']} | {r['n']:,} | {r['e']:,} | {fmt_s(r['wall'])} | {fmt_s(r['cpu'])} | "
-              f"{r['wall'] / r['n'] * 1e3:.3f} | {fmt_bytes(r['rss'])} | {fmt_bytes(r['graph_bytes'])} | "
-              f"{fmt_bytes(r['bytes'])} | {r['nnz']:,} |")  # fmt: skip
-    for r in builds:
-        if r.get("gen"):
-            print(
-                f"\n(synthetic graph generated in {fmt_s(r['gen']['seconds'])}, peak RSS {fmt_bytes(r['gen']['rss'])})"
-            )
-    print()
-    sys.stdout.flush()
+    if builds:
+        print("### Index build (all nodes, top-K lists to disk, fresh process per graph)\n")
+        print("| graph | N | E | build wall | build CPU | ms/node (wall) | peak RSS | graph (CSR) | index on disk "
+              "| entries |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in builds:
+            print(f"| {r['name']} | {r['n']:,} | {r['e']:,} | {fmt_s(r['wall'])} | {fmt_s(r['cpu'])} | "
+                  f"{r['wall'] / r['n'] * 1e3:.3f} | {fmt_bytes(r['rss'])} | {fmt_bytes(r['graph_bytes'])} | "
+                  f"{fmt_bytes(r['bytes'])} | {r['nnz']:,} |")  # fmt: skip
+        for r in builds:
+            if r.get("gen"):
+                print(f"\n(synthetic graph generated in {fmt_s(r['gen']['seconds'])}, "
+                      f"peak RSS {fmt_bytes(r['gen']['rss'])})")  # fmt: skip
+        print()
+        sys.stdout.flush()
 
     # 3. induced batches on Amazon Computers
+    if "induced" not in sections:
+        return
     g = graph_mod.CSRGraph.load(args.workdir / "amazon_computers" / "graph", mmap=False)
-    rows = bench_induced(args, g, Path(builds[0]["index_dir"]))
+    rows, tbuilds = bench_induced(args, g, args.workdir / "index-amazon_computers")
+    tks = [t["k"] for t in tbuilds]
     print("### Induced batch on Amazon Computers (PPR index lookups, median over random target sets)\n")
-    print("| targets | K | rows | edges | distinct ids | lookup (ms) | induced_batch (ms) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("Induced from the graph (`induced_batch`, scans each row's neighbour list) against the precomputed "
+          "induced tables (`InducedTable`, a filtered copy of each target's stored edges), same targets, "
+          "interleaved.\n")  # fmt: skip
+    print("| targets | K | rows | edges | distinct ids | lookup (ms) | induced_batch (ms) | "
+          + " | ".join(f"table k={tk} (ms)" for tk in tks) + " |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(tks))
     for r in rows:
+        cells = " | ".join(f"{r['table_ms'][tk]:.3f}" if tk in r["table_ms"] else "-" for tk in tks)
         print(f"| {r['b']} | {r['k']} | {r['rows']:,} | {r['edges']:,} | {r['unique']:,} | "
-              f"{r['lookup_ms']:.3f} | {r['induced_ms']:.3f} |")  # fmt: skip
+              f"{r['lookup_ms']:.3f} | {r['induced_ms']:.3f} | {cells} |")  # fmt: skip
+    print()
+    for t in tbuilds:
+        print(f"- table k={t['k']}: built in {fmt_s(t['seconds'])} (one thread), {t['edges']:,} stored edges, "
+              f"{fmt_bytes(t['bytes'])}")  # fmt: skip
     print(f"\nTotal benchmark time {fmt_s(time.perf_counter() - started)}; load average at the end "
           f"{os.getloadavg()[0]:.1f}.")  # fmt: skip
 
