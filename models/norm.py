@@ -13,8 +13,14 @@ up to three fixed steps (none of them is learnt by gradient descent):
    **training nodes only** (after steps 1-2). A feature that is constant on the training nodes
    (:math:`\sigma_j < 10^{-6}`) gets :math:`\sigma_j = 1`, so an unseen feature cannot blow up.
 
-``mode="auto"`` (resolved once by :meth:`FeatureNorm.fit`) picks ``"row"`` for non-negative
-features (bag-of-words, counts) and ``"standard"`` otherwise (e.g. Gaussian features).
+``mode="auto"`` (resolved once by :meth:`FeatureNorm.fit`) picks ``"row"`` for sparse non-negative
+features (bag-of-words, counts: at most :data:`DENSE_ROW_NNZ` non-zeros per row on average) and
+``"standard"`` otherwise: for Gaussian-like features, and for dense non-negative ones, where the
+row normalisation makes every entry tiny (about 1/267 on Amazon Computers, 267 non-zeros per
+row) and the first layer learns slowly against weight decay. Measured on Amazon Computers with a
+plain GCN, 60 full-batch epochs, hidden 64, seed 0: ``"row"`` reached 41% test accuracy (validation
+still climbing at 0.53), ``"standard"`` 82% (validation 0.80 after 10 epochs). Cora (18 non-zeros
+per row), CiteSeer (32) and Coauthor CS/Physics (60 and 33) keep ``"row"``.
 
 Every step is row-wise, so normalising a subset of rows gives exactly the rows of the normalised
 whole: the server can normalise and project node features one node at a time and cache them.
@@ -29,11 +35,13 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor, nn
 
-__all__ = ["NORM_MODES", "FeatureNorm"]
+__all__ = ["DENSE_ROW_NNZ", "NORM_MODES", "FeatureNorm"]
 
 NORM_MODES = ("none", "row", "standard", "row+standard")
 _EPS = 1e-12
 _MIN_STD = 1e-6
+#: ``mode="auto"``: non-negative features with more non-zeros per row than this (on average) are standardised
+DENSE_ROW_NNZ = 128
 
 
 class FeatureNorm(nn.Module):
@@ -76,7 +84,9 @@ class FeatureNorm(nn.Module):
         rows = x[np.asarray(train_nodes, dtype=np.int64)]
         if self.mode == "auto":
             nonneg = (x.min() >= 0) if not sp.issparse(x) else (x.data.min(initial=0.0) >= 0)
-            self.mode = "row" if nonneg else "standard"
+            nnz = x.getnnz() if sp.issparse(x) else int(np.count_nonzero(x))
+            dense = nnz > DENSE_ROW_NNZ * max(x.shape[0], 1)
+            self.mode = "row" if nonneg and not dense else "standard"
         if self.standard:
             r = self._prestandard_numpy(rows)
             r = r.toarray() if sp.issparse(r) else np.asarray(r)

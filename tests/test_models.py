@@ -247,6 +247,15 @@ def test_feature_norm_auto_row_and_binarize():
 
     np.testing.assert_allclose(nb.apply_sparse(sp.csr_matrix(x)).toarray(), nb(torch.from_numpy(x)).numpy())
     assert FeatureNorm(3, "auto").fit(-x, np.array([0, 1])).mode == "standard"
+    # dense non-negative rows (Amazon-like bag-of-words with ~260 non-zeros) are standardised
+    from models.norm import DENSE_ROW_NNZ
+
+    rng = np.random.default_rng(0)
+    dense = (rng.random((20, 400)) < (DENSE_ROW_NNZ + 40) / 400).astype(np.float32)
+    sparse_rows = (rng.random((20, 400)) < (DENSE_ROW_NNZ - 40) / 400).astype(np.float32)
+    assert FeatureNorm(400, "auto").fit(dense, np.arange(10)).mode == "standard"
+    assert FeatureNorm(400, "auto").fit(sparse_rows, np.arange(10)).mode == "row"
+    assert FeatureNorm(400, "auto").fit(sp.csr_matrix(dense), np.arange(10)).mode == "standard"
     # a feature constant on the training rows gets scale 1, not a division by ~0
     s = FeatureNorm(3, "standard").fit(x, np.array([0]))
     assert np.all(s.scale.numpy() == 1.0)
