@@ -1143,6 +1143,7 @@ class PPRIndex:
 
 
 def _write_meta(d: Path, meta: dict[str, Any]) -> None:
-    tmp = d / "meta.json.tmp"
+    # a name per writer: two servers attaching an induced table to one shared index may write at once
+    tmp = d / f"meta.json.tmp-{os.getpid()}-{threading.get_ident()}"
     tmp.write_text(json.dumps(meta, indent=2))
     tmp.replace(d / "meta.json")
