@@ -917,7 +917,7 @@ class PPRIndex:
     def _save_induced(self, table: InducedTable) -> None:
         d = self.path
         assert d is not None
-        tag = f".tmp-{os.getpid()}-{threading.get_ident()}"
+        tag = _writer_tag()
         arrays = {"induced_src.bin": table.src, "induced_dst.bin": table.dst}
         if table.weights is not None:
             arrays["induced_w.bin"] = table.weights
@@ -1127,7 +1127,7 @@ class PPRIndex:
         if (final / "meta.json").exists():
             return cls.open(final, graph)
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+        tmp = final.with_name(f"{final.name}{_writer_tag()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             cls.build(graph, cfg, directory=tmp, progress=progress)
@@ -1142,8 +1142,13 @@ class PPRIndex:
         return cls.open(final, graph)
 
 
+def _writer_tag() -> str:
+    """Suffix of a temporary file name unique to this process and thread (renamed into place after)."""
+    return f".tmp-{os.getpid()}-{threading.get_ident()}"
+
+
 def _write_meta(d: Path, meta: dict[str, Any]) -> None:
     # a name per writer: two servers attaching an induced table to one shared index may write at once
-    tmp = d / f"meta.json.tmp-{os.getpid()}-{threading.get_ident()}"
+    tmp = d / f"meta.json{_writer_tag()}"
     tmp.write_text(json.dumps(meta, indent=2))
     tmp.replace(d / "meta.json")
