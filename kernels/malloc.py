@@ -1,15 +1,16 @@
 """Keep freed memory in the process: glibc ``mallopt`` settings for the serving and training loops.
 
 Why. Every batch allocates arrays of a few to a few hundred MiB (block-diagonal CSRs, feature
-rows, activations; hundreds of MiB for large batches of raw wide features) and frees them a moment later. glibc serves blocks above its mmap threshold
-(128 KiB, adapting up to 32 MiB) with fresh ``mmap`` calls and returns them with ``munmap``, and
-gives the top of the heap back once more than 128 KiB is free; so the next batch touches brand
-new pages and pays a page fault for every 4 KiB. On the 2-core VM this project is developed on, a
-first touch costs far more than on bare metal: in ``benchmarks/allocator.py`` allocating and
-touching 64 MiB had a median of 5.2 ms with the defaults against 0.17 ms with these settings
-(docs/BENCHMARKS.md, "Allocator settings"; ad-hoc runs saw single calls of 0.25 to 1.2 s with the
-defaults). Arrays below glibc's adaptive threshold are already reused by default: the same
-benchmark's induced batch (1024 targets, arrays of a few MiB) did not get faster. Keeping freed
+rows, activations; hundreds of MiB for large batches of raw wide features) and frees them a moment
+later. glibc serves blocks above its mmap threshold (128 KiB, adapting up to 32 MiB) with fresh
+``mmap`` calls and returns them with ``munmap``, and gives the top of the heap back once more than
+128 KiB is free; so the next batch touches brand new pages and pays a page fault for every 4 KiB.
+On the 2-core VM this project is developed on, a first touch costs far more than on bare metal: in
+``benchmarks/allocator.py`` allocating and touching 64 MiB had a median of 5.2 ms with the
+defaults against 0.17 ms with these settings (docs/BENCHMARKS.md, "Allocator settings"; ad-hoc
+runs saw single calls of 0.25 to 1.2 s with the defaults). Arrays below glibc's adaptive
+threshold are already reused by default: the same benchmark's induced batch (1024 targets, arrays
+of a few MiB) did not get faster. Keeping freed
 memory for reuse is what jemalloc or tcmalloc do for PyTorch CPU inference; these settings get
 the same effect from glibc itself:
 
