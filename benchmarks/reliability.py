@@ -270,15 +270,15 @@ def sigterm(repo: Path, ds) -> None:
     from tests.serving import ServerProcess
 
     kw = {"model": "shadow", "sampling_width": 2, "ppr_budget": 8}
-    with ServerProcess(repo, "--max-delay-ms", "600", "--grace-s", "20", "--poll-s", "0") as proc:
+    with ServerProcess(repo, "--max-delay-ms", "600", "--grace-s", "20", "--drain-s", "10",
+                       "--poll-s", "0") as proc:
         with grpc.insecure_channel(proc.address) as ch:
             st = pbg.GnnServiceStub(ch)
             call(st, {**kw, "nodes": [1]})
             pool = concurrent.futures.ThreadPoolExecutor(6)
             inflight = [pool.submit(call, st, {**kw, "nodes": [i]}) for i in range(6)]
             time.sleep(0.3)
-            proc.proc.send_signal(15)
-            time.sleep(0.05)
+            proc.sigterm_and_wait_draining(ch)
             late = [call(st, {**kw, "nodes": [5]}, timeout=10) for _ in range(6)]
             done = [f.result() for f in inflight]
             pool.shutdown()

@@ -94,6 +94,9 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--ppr-cache", default=None, help="directory for PPR index files (default REPO/_ppr)")
     ap.add_argument("--poll-s", type=float, default=2.0, help="repository polling interval (0 = off)")
     ap.add_argument("--grace-s", type=float, default=10.0, help="shutdown grace period")
+    ap.add_argument("--drain-s", type=float, default=0.0,
+                    help="after SIGTERM, keep refusing new RPCs with UNAVAILABLE for at least this long "
+                         "before closing the listener (give load balancers time to route away)")
     ap.add_argument("--workers", type=int, default=1, help="batch worker threads")
     ap.add_argument("--token-file", default=None, help="require 'authorization: Bearer <token>' (token in this file)")
     ap.add_argument("--tls-cert", default=None)
@@ -137,6 +140,7 @@ def _serve(argv: Sequence[str]) -> int:
         feature_options=feature_options,
         poll_s=args.poll_s,
         grace_s=args.grace_s,
+        drain_s=args.drain_s,
         workers=args.workers,
         token=token,
         tls_cert=args.tls_cert,

@@ -5,7 +5,14 @@
 other exception is logged with its traceback and a request id, and answered ``INTERNAL`` with
 only that id, never internals. A request whose bytes do not parse is answered ``INVALID_ARGUMENT``
 (not gRPC's own UNKNOWN with the parser's exception text), and messages are bounded to
-:data:`MAX_DETAILS_CHARS` (they can echo request fields). It also counts finished RPCs by code.
+:data:`MAX_DETAILS_CHARS` (they can echo request fields). It also counts finished RPCs by code,
+and admits RPCs through the server's :class:`DrainGate`.
+
+:class:`DrainGate` is the first step of a graceful stop. Once it closes, every new RPC but health
+checks and Triton's ``ServerLive`` is answered ``UNAVAILABLE`` by the server's own handler, and
+the server waits for the admitted ones before it stops gRPC. Leaving the refusal to gRPC's
+``server.stop(grace)`` alone is racy: a call that reaches the server while grpc-core shuts down is
+cancelled, and the client sees ``CANCELLED``, a code clients do not retry.
 
 :class:`BearerAuthInterceptor` checks ``authorization: Bearer <token>`` metadata with a
 constant-time comparison; a missing or wrong token gets ``UNAUTHENTICATED`` and nothing else (the request body of such a call
@@ -15,6 +22,7 @@ Health checks stay open so orchestrators can probe without the token.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import uuid
@@ -24,10 +32,10 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from .errors import InvalidArgument, status_for
+from .errors import InvalidArgument, Unavailable, status_for
 from .metrics import ServerMetrics
 
-__all__ = ["MAX_DETAILS_CHARS", "BearerAuthInterceptor", "ErrorMappingInterceptor", "bounded"]
+__all__ = ["MAX_DETAILS_CHARS", "BearerAuthInterceptor", "DrainGate", "ErrorMappingInterceptor", "bounded"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +47,58 @@ _OPEN_METHODS = (
 
 
 MAX_DETAILS_CHARS = 1024
+
+_UNGATED_METHODS = ("/grpc.health.v1.Health/", "/inference.GRPCInferenceService/ServerLive")
+
+
+class DrainGate:
+    """Admission of RPCs and the count of admitted ones, for a graceful stop.
+
+    ``enter`` admits an RPC or, once :meth:`close` was called, raises :class:`Unavailable`;
+    ``leave`` ends an admitted one; :meth:`wait_idle` returns when none is left running.
+    Event-loop only (no locks): the interceptor calls it from the server's loop.
+    """
+
+    def __init__(self, gauge: Any | None = None) -> None:
+        self.open = True
+        self.inflight = 0
+        self._gauge = gauge  # a prometheus Gauge mirroring ``inflight``
+        self._idle: asyncio.Event | None = None
+
+    @staticmethod
+    def gates(full_method: str) -> bool:
+        """Whether ``full_method`` is refused while draining (all but health and liveness probes)."""
+        return not full_method.startswith(_UNGATED_METHODS)
+
+    def enter(self, method: str) -> None:
+        if not self.open:
+            raise Unavailable(f"{method}: the server is shutting down and takes no new requests; "
+                              "retry on another replica")
+        self.inflight += 1
+        if self._gauge is not None:
+            self._gauge.inc()
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        if self._gauge is not None:
+            self._gauge.dec()
+        if self.inflight == 0 and self._idle is not None:
+            self._idle.set()
+
+    def close(self) -> None:
+        """Refuse new RPCs from now on; admitted ones run on."""
+        self.open = False
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the admitted RPCs to finish; whether they all did."""
+        if self.inflight == 0:
+            return True
+        self._idle = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:  # builtin TimeoutError only from Python 3.11
+            return False
+        return True
 
 
 def bounded(message: str, limit: int = MAX_DETAILS_CHARS) -> str:
@@ -112,8 +172,9 @@ def _wrap_unary(
 class ErrorMappingInterceptor(aio.ServerInterceptor):
     """Maps exceptions to status codes (see module docstring) and counts RPCs by code."""
 
-    def __init__(self, metrics: ServerMetrics | None = None) -> None:
+    def __init__(self, metrics: ServerMetrics | None = None, gate: DrainGate | None = None) -> None:
         self._metrics = metrics
+        self._gate = gate
 
     async def intercept_service(
         self,
@@ -123,15 +184,21 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
-        method = handler_call_details.method.rsplit("/", 1)[-1]
+        full_method = handler_call_details.method
+        method = full_method.rsplit("/", 1)[-1]
         metrics = self._metrics
+        gate = self._gate
 
         async def guarded(request: Any, context: aio.ServicerContext, inner: Callable[..., Awaitable[Any]]) -> Any:
             code = grpc.StatusCode.OK
+            admitted = False
             try:
                 if isinstance(request, _Undecodable):
                     raise InvalidArgument(f"the {method} request ({request.size} bytes) is not a valid message "
                                           "of its type and cannot be parsed")
+                if gate is not None and gate.gates(full_method):
+                    gate.enter(method)
+                    admitted = True
                 return await inner(request, context)
             except aio.AbortError:
                 code = context.code() or grpc.StatusCode.UNKNOWN
@@ -149,6 +216,8 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
                     message = f"internal error (incident {incident}); the server log has the details"
                 await context.abort(code, message)
             finally:
+                if admitted:
+                    gate.leave()  # type: ignore[union-attr]
                 if metrics is not None:
                     metrics.requests.labels(_model_of(request), method, code.name).inc()
 

@@ -51,6 +51,8 @@ class ServerMetrics:
         )
         self.predictions = Counter("gnnserve_predictions", "Node predictions returned", ["model"], registry=r)
         self.queue_targets = Gauge("gnnserve_queue_targets", "Targets waiting in the batcher", ["model"], registry=r)
+        self.inflight = Gauge("gnnserve_inflight_requests",
+                              "RPCs admitted and not yet answered (health checks not counted)", registry=r)
         self.models_loaded = Gauge("gnnserve_models_loaded", "Model versions being served", registry=r)
 
     def observe_request(self, model: str, timing: dict[str, float], width: int, budget: int, n: int) -> None:

@@ -4,8 +4,13 @@ Services: ``gnnserve.v1.GnnService``, the KServe v2 / Triton ``inference.GRPCInf
 ``grpc.health.v1.Health`` (NOT_SERVING until a model is loaded and warmed, and again while
 shutting down) and server reflection. Prometheus metrics on ``metrics_port``.
 
-Shutdown (SIGTERM / SIGINT): health goes NOT_SERVING, new RPCs get UNAVAILABLE, in-flight requests
-finish within the grace period, then the process exits 0.
+Shutdown (SIGTERM / SIGINT): new RPCs get UNAVAILABLE from the server's own handler (see
+:class:`~serve.interceptors.DrainGate`), then health goes NOT_SERVING; in-flight requests finish
+within the grace period; the listener stays open, refusing, for at least ``drain_s`` seconds after
+the signal (so load balancers see NOT_SERVING and route away before connections are closed); then
+gRPC stops and the process exits 0. A call that reaches the server exactly while gRPC itself
+closes can still be cancelled by grpc-core (``CANCELLED``): ``drain_s`` keeps that moment away
+from the traffic a balancer still sends.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +33,7 @@ from grpc_reflection.v1alpha import reflection
 
 from clients._gen import gnnserve_pb2, gnnserve_pb2_grpc, inference_pb2, inference_pb2_grpc
 
-from .interceptors import BearerAuthInterceptor, ErrorMappingInterceptor
+from .interceptors import BearerAuthInterceptor, DrainGate, ErrorMappingInterceptor
 from .metrics import ServerMetrics
 from .registry import ModelRegistry
 from .runtime import RuntimeOptions
@@ -55,6 +61,7 @@ class ServerConfig:
     feature_options: dict = field(default_factory=dict)
     poll_s: float = 2.0  # repository watch interval; 0 = no watching
     grace_s: float = 10.0
+    drain_s: float = 0.0  # minimum time the listener refuses with UNAVAILABLE before gRPC closes
     workers: int = 1
     token: str | None = None
     tls_cert: str | None = None
@@ -83,7 +90,8 @@ class GnnServer:
         interceptors: list[aio.ServerInterceptor] = []
         if config.token:
             interceptors.append(BearerAuthInterceptor(config.token))
-        interceptors.append(ErrorMappingInterceptor(self.metrics))
+        self.gate = DrainGate(self.metrics.inflight)
+        interceptors.append(ErrorMappingInterceptor(self.metrics, self.gate))
         self.server = aio.server(
             interceptors=interceptors,
             options=[
@@ -157,16 +165,26 @@ class GnnServer:
             return
         self._stopping = True
         grace = self.config.grace_s if grace_s is None else grace_s
-        log.info("shutting down (grace %.1f s)", grace)
+        # our own handler refuses new RPCs with UNAVAILABLE from here on (see DrainGate), then the
+        # health service says NOT_SERVING: a probe that sees NOT_SERVING can rely on the refusal
+        self.gate.close()
+        log.info("shutting down (grace %.1f s, %d requests in flight)", grace, self.gate.inflight)
         await self.health.enter_graceful_shutdown()
         if self._watch_task is not None:
             self._watch_task.cancel()
-        # grpc's stop(grace) refuses new RPCs at once and waits for running ones
-        await asyncio.gather(self.server.stop(grace), self.registry.close(grace))
+        await asyncio.gather(self._drain_then_stop_grpc(grace), self.registry.close(grace))
         self.metrics.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self._stopped.set()
         log.info("stopped")
+
+    async def _drain_then_stop_grpc(self, grace: float) -> None:
+        t0 = time.monotonic()
+        if not await self.gate.wait_idle(grace):
+            log.warning("%d requests still running after the %.1f s grace; cancelling them",
+                        self.gate.inflight, grace)
+        await asyncio.sleep(max(0.0, self.config.drain_s - (time.monotonic() - t0)))
+        await self.server.stop(max(0.0, grace - (time.monotonic() - t0)))
 
     async def wait(self) -> None:
         await self._stopped.wait()

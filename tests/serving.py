@@ -32,6 +32,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_for_metric(port: int, name: str, value: float, timeout: float = 60) -> None:
+    """Poll the Prometheus endpoint on ``port`` until the unlabelled sample ``name`` equals ``value``."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    seen = None
+    t_end = time.monotonic() + timeout
+    while time.monotonic() < t_end:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        seen = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name]
+        if seen == [value]:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{name} is {seen}, not {value}, after {timeout} s")
+
+
 def make_repo(root: Path, dataset: Any, kinds: dict[str, str], **settings: Any) -> Path:
     """Train ``{model_name: kind}`` on ``dataset`` into ``root`` (a model repository)."""
     from models.train import train
@@ -106,6 +123,24 @@ class ServerProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
+
+    def sigterm_and_wait_draining(self, channel: Any, timeout: float = 30) -> None:
+        """Send SIGTERM and return once health says NOT_SERVING.
+
+        The server closes its admission before it reports NOT_SERVING, so from then on new calls
+        are refused with UNAVAILABLE (for ``--drain-s`` at least). A starved machine can take a while
+        to deliver the signal: wait for the report rather than sleep.
+        """
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        stub = health_pb2_grpc.HealthStub(channel)
+        t_end = time.monotonic() + timeout
+        while (stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
+               == health_pb2.HealthCheckResponse.SERVING):
+            assert time.monotonic() < t_end, f"still SERVING {timeout} s after SIGTERM"
+            time.sleep(0.01)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

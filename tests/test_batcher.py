@@ -161,3 +161,30 @@ async def test_max_delay_lets_late_arrivals_join():
     assert await asyncio.gather(f1, f2) == [10, 20]
     assert rec.batches == [[1, 2]]
     await b.stop()
+
+
+async def test_drain_gate_refuses_after_close_and_waits_for_admitted_rpcs():
+    from prometheus_client import CollectorRegistry, Gauge
+
+    from serve.interceptors import DrainGate
+
+    gauge = Gauge("inflight", "test", registry=CollectorRegistry())
+    gate = DrainGate(gauge)
+    assert gate.gates("/gnnserve.v1.GnnService/Predict") and gate.gates("/inference.GRPCInferenceService/ModelInfer")
+    assert not gate.gates("/grpc.health.v1.Health/Check")
+    assert not gate.gates("/inference.GRPCInferenceService/ServerLive")
+    gate.enter("Predict")
+    gate.enter("Predict")
+    assert gate.inflight == 2 and gauge._value.get() == 2
+    gate.close()
+    with pytest.raises(Unavailable, match="Predict: the server is shutting down"):
+        gate.enter("Predict")
+    assert gate.inflight == 2
+    assert not await gate.wait_idle(0.05), "two RPCs still admitted"
+    waiter = asyncio.ensure_future(gate.wait_idle(30))
+    await asyncio.sleep(0)
+    gate.leave()
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    gate.leave()
+    assert await waiter and gate.inflight == 0 and gauge._value.get() == 0

@@ -47,7 +47,7 @@ from .reliability_support import (
     run_load,
     summary,
 )
-from .serving import ServerProcess, ServerThread
+from .serving import ServerProcess, ServerThread, free_port, wait_for_metric
 
 MAX_MSG = 64 << 20
 
@@ -431,15 +431,17 @@ def test_bad_checkpoints_refused_and_new_version_swapped_in_under_load(tiny_repo
 # --------------------------------------------------------------------------- overload and SIGTERM (subprocess)
 def test_queue_bound_and_sigterm_under_load(tiny_repo, tiny_dataset):
     """``gnnserve serve --max-queue-targets 8``: a burst gets RESOURCE_EXHAUSTED; then SIGTERM with
-    requests in flight: they finish, new ones get UNAVAILABLE, the process exits 0."""
-    proc = ServerProcess(tiny_repo, "--max-queue-targets", "8", "--max-delay-ms", "600", "--grace-s", "20",
-                         "--poll-s", "0")
+    requests in flight: they finish, new ones get UNAVAILABLE from the server (``--drain-s`` keeps
+    the refusal up), the process exits 0."""
+    mport = free_port()
+    proc = ServerProcess(tiny_repo, "--max-queue-targets", "8", "--max-delay-ms", "3000", "--grace-s", "20",
+                         "--drain-s", "10", "--poll-s", "0", "--metrics-port", str(mport))
     with proc:
         kw = {"model": "shadow", "sampling_width": 2, "ppr_budget": 8}
         with grpc.insecure_channel(proc.address) as ch:
             s2 = pbg.GnnServiceStub(ch)
             assert call(s2, {**kw, "nodes": [1]})[1] is None
-            # ---- a burst of 24 two-node requests against a queue of 8 targets held 0.6 s
+            # ---- a burst of 24 two-node requests against a queue of 8 targets held 3 s
             with concurrent.futures.ThreadPoolExecutor(24) as pool:
                 futs = [pool.submit(call, s2, {**kw, "nodes": [i, i + 100]}) for i in range(24)]
                 out = [f.result() for f in futs]
@@ -453,10 +455,9 @@ def test_queue_bound_and_sigterm_under_load(tiny_repo, tiny_dataset):
             # ---- SIGTERM while 3 requests wait in the batcher
             pool = concurrent.futures.ThreadPoolExecutor(3)
             inflight = [pool.submit(call, s2, {**kw, "nodes": [i]}) for i in (7, 8, 9)]
-            time.sleep(0.25)
+            wait_for_metric(mport, "gnnserve_inflight_requests", 3)  # all three admitted, held 3 s
             assert proc.proc is not None
-            proc.proc.send_signal(15)
-            time.sleep(0.05)
+            proc.sigterm_and_wait_draining(ch)
             late = [call(s2, {**kw, "nodes": [5]}, timeout=10) for _ in range(3)]
             done = [f.result() for f in inflight]
             pool.shutdown()
@@ -466,5 +467,6 @@ def test_queue_bound_and_sigterm_under_load(tiny_repo, tiny_dataset):
     for (r, _), i in zip(done, (7, 8, 9), strict=True):
         check_answer(r, [i], tiny_repo, tiny_dataset, "shadow")
     assert [e.code() if e else "OK" for _, e in late] == [grpc.StatusCode.UNAVAILABLE] * 3
+    assert all("shutting down" in e.details() for _, e in late), [e.details() for _, e in late]
     assert rc == 0, log
     assert "shutting down" in log and "stopped" in log
