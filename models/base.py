@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kernels.graph import CSRGraph
+from kernels.plan import ExecutionPlan
 
 from .norm import FeatureNorm
 
@@ -208,6 +209,8 @@ class PlainGNN(GNNModel):
 
     extractor = "lhop"
     takes_norm_degrees: ClassVar[bool] = False
+    #: whether the aggregation rescales a sampled row by ``d_i / k_i`` (``gcn``, ``sum``; not ``mean``)
+    rescales_samples: ClassVar[bool] = True
     convs: nn.ModuleList
 
     @property
@@ -246,6 +249,34 @@ class PlainGNN(GNNModel):
                 h = F.relu(h)
                 emb = h
         return h, emb
+
+    def forward_plan(self, plan: ExecutionPlan, p_rows: Tensor,
+                     norm_degrees: np.ndarray | Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Logits ``[B, C]`` and embeddings ``[B, H]`` of a plan's targets (:mod:`kernels.plan`).
+
+        ``p_rows`` ``[n_0, P]``: projections of ``plan.node_ids``; ``norm_degrees`` (GCN): the full
+        graph's degrees of those nodes. Layer ``l`` computes only the plan's ``n_l`` rows; the
+        sampling width is the plan's (its layer graphs hold the kept edges only).
+        """
+        if plan.layers != self.layers:
+            raise ValueError(f"the plan has {plan.layers} layers, the model {self.layers}")
+        if p_rows.dim() != 2 or p_rows.shape != (plan.sizes[0], self.projection_dim):
+            raise ValueError(f"p_rows must have shape [{plan.sizes[0]}, {self.projection_dim}], "
+                             f"got {tuple(p_rows.shape)}")
+        h = p_rows
+        emb = p_rows
+        last = len(self.convs) - 1
+        for i, conv in enumerate(self.convs):
+            graph = plan.layer_graph(i + 1, self.rescales_samples)
+            n_in = graph.num_nodes
+            t = p_rows if i == 0 else conv.transform(F.dropout(h[:n_in], self.dropout, self.training))
+            extra = (None if norm_degrees is None else norm_degrees[:n_in],) if self.takes_norm_degrees else ()
+            h = conv.aggregate(graph, t, None, "fastrand", *extra)[: plan.sizes[i + 1]]
+            if i < last:
+                h = F.relu(h)
+                emb = h
+        b = plan.num_targets
+        return h[:b], emb[:b]
 
     def forward(self, graph: CSRGraph, x: Tensor, width: int | None = None, strategy: str = "fastrand",
                 norm_degrees: np.ndarray | Tensor | None = None) -> Tensor:

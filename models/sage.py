@@ -97,6 +97,7 @@ class GraphSAGE(PlainGNN):
     """
 
     arch = "sage"
+    rescales_samples = False  # mean aggregation: a sampled row is the mean of its kept edges
 
     def __init__(self, in_dim: int, hidden: int, num_classes: int, layers: int = 2, dropout: float = 0.5,
                  norm: FeatureNorm | None = None) -> None:

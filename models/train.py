@@ -43,6 +43,7 @@ from torch import Tensor
 
 from kernels.datasets import DatasetError, GraphDataset, load_dataset
 from kernels.graph import CSRGraph
+from kernels.plan import edges_on_paths, execution_plan
 from kernels.spmm import STRATEGIES, kept_edges
 
 from . import MODEL_KINDS, build_model
@@ -377,12 +378,14 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
                   repeats: int = 3) -> list[dict[str, Any]]:
     """The knob table on ``nodes``: one row per (K, S) with accuracy, latency and kept edges.
 
-    Latency is the wall time of the serving path per node: extraction (L-hop BFS or top-K lookup),
-    induced batch, gathering the cached projections, GCN degrees, ``forward_batch_projected`` and
-    argmax, over batches of ``batch_size`` targets, after one untimed warm-up batch; the table
+    Latency is the wall time of the serving path per node, over batches of ``batch_size`` targets:
+    for a plain model its execution plan (:mod:`kernels.plan`), gathering the cached projections,
+    GCN degrees and ``forward_plan``; for shaDow the top-K lookup, induced batch, projections and
+    ``forward_batch_projected``; then argmax. After one untimed warm-up batch; the table
     keeps the fastest of ``repeats`` passes (the machine is shared: the minimum is the stable
     statistic). Projections are computed once beforehand and not timed (the server caches them per
-    node). ``edges_kept_fraction`` = edges aggregated at width S / edges of the batches.
+    node). ``edges_kept_fraction`` = edges aggregated at width S / edges at exact width (shaDow:
+    of the batches' subgraphs; plain models: on the targets' own paths, as the server reports).
     """
     model.eval()
     proj = project_all(model, data)
@@ -390,6 +393,7 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
     y = data.y[torch.from_numpy(nodes).to(data.y.device)]
     rows = []
     graph = data.ds.graph
+    plan_path = hasattr(model, "forward_plan")
 
     def one_pass(k: int, width: int | None, record: bool) -> tuple[float, list[Tensor], int, int]:
         elapsed = 0.0
@@ -397,24 +401,38 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
         preds: list[Tensor] = []
         for chunk in _batches(nodes, batch_size):
             t0 = time.perf_counter()
-            b = extractor.batch(chunk, k)
-            p_rows = proj[torch.from_numpy(b.node_ids).to(proj.device)]
-            nd = model.norm_degrees_for(graph, b.node_ids)
-            logits = model.forward_batch_projected(b, p_rows, width, strategy, nd)[0]
+            if plan_path:  # the server's path for plain models: an execution plan per batch
+                plan = execution_plan(graph, np.unique(chunk), model.hops, width, strategy)
+                p_rows = proj[torch.from_numpy(plan.node_ids).to(proj.device)]
+                logits = model.forward_plan(plan, p_rows, model.norm_degrees_for(graph, plan.node_ids))
+                logits = logits[torch.from_numpy(np.searchsorted(plan.node_ids[: plan.num_targets], chunk))]
+            else:
+                b = extractor.batch(chunk, k)
+                p_rows = proj[torch.from_numpy(b.node_ids).to(proj.device)]
+                nd = model.norm_degrees_for(graph, b.node_ids)
+                logits = model.forward_batch_projected(b, p_rows, width, strategy, nd)[0]
             pred = logits.argmax(1)
             elapsed += time.perf_counter() - t0
             if record:
                 preds.append(pred)
-                kept += kept_edges(b.graph, width)
-                total += b.graph.num_edges
+                if plan_path:
+                    k_t, t_t = edges_on_paths(plan, graph, width)
+                    kept += int(k_t.sum())
+                    total += int(t_t.sum())
+                else:
+                    kept += kept_edges(b.graph, width)
+                    total += b.graph.num_edges
         return elapsed, preds, kept, total
 
     for k in budgets:
         for s in widths:
             width = int(s) or None
-            warm = extractor.batch(nodes[:batch_size], k)
-            model.forward_batch_projected(warm, proj[torch.from_numpy(warm.node_ids)], width, strategy,
-                                          model.norm_degrees_for(graph, warm.node_ids))
+            if not plan_path:
+                warm = extractor.batch(nodes[:batch_size], k)
+                model.forward_batch_projected(warm, proj[torch.from_numpy(warm.node_ids)], width, strategy,
+                                              model.norm_degrees_for(graph, warm.node_ids))
+            else:
+                one_pass(k, width, False)
             elapsed, preds, kept, total = one_pass(k, width, True)
             for _ in range(max(0, repeats - 1)):
                 elapsed = min(elapsed, one_pass(k, width, False)[0])

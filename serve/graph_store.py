@@ -485,11 +485,9 @@ class RedisGraphStore:
         out.gcn_degrees = gdeg[local]  # type: ignore[attr-defined]
         return out
 
-    def lhop_batch(self, targets: np.ndarray, hops: int) -> tuple[Any, np.ndarray, np.ndarray]:
-        """``(batch, ptr, nodes)``: the exact L-hop lists (as :func:`kernels.subgraph.lhop_nodes`)
-        and their induced batch; ``hops + 1`` fetch rounds, fewer with the LRU."""
-        from kernels.subgraph import lhop_nodes
-
+    def _lhop_rows(self, targets: np.ndarray, hops: int) -> tuple[np.ndarray, np.ndarray, dict[int, Any]]:
+        """``(targets, uniq, rows)``: the adjacency rows of every node within ``hops`` of a target
+        (``hops + 1`` fetch rounds, fewer with the LRU) and their sorted ids."""
         t = np.asarray(targets, dtype=np.int64)
         if len(t) and (int(t.min()) < 0 or int(t.max()) >= self.num_nodes):
             raise ValueError(f"targets must lie in [0, {self.num_nodes})")
@@ -506,6 +504,23 @@ class RedisGraphStore:
             if not len(frontier):
                 break
         uniq = np.fromiter(sorted(rows), dtype=np.int64, count=len(rows))
+        return t, uniq, rows
+
+    def lhop_local(self, targets: np.ndarray, hops: int) -> tuple[Any, np.ndarray, np.ndarray]:
+        """``(graph, uniq, gcn_degrees)``: :meth:`local_graph` over the ``hops``-hop scope of
+        ``targets`` (local id = rank in the sorted ``uniq``). Rows of nodes within ``hops - 1`` of a
+        target are complete and in the stored order, which is what an execution plan
+        (:mod:`kernels.plan`) of a ``hops``-layer model reads."""
+        _, uniq, rows = self._lhop_rows(targets, hops)
+        g, gdeg = self.local_graph(uniq, rows)
+        return g, uniq, gdeg
+
+    def lhop_batch(self, targets: np.ndarray, hops: int) -> tuple[Any, np.ndarray, np.ndarray]:
+        """``(batch, ptr, nodes)``: the exact L-hop lists (as :func:`kernels.subgraph.lhop_nodes`)
+        and their induced batch; ``hops + 1`` fetch rounds, fewer with the LRU."""
+        from kernels.subgraph import lhop_nodes
+
+        t, uniq, rows = self._lhop_rows(targets, hops)
         g, _ = self.local_graph(uniq, rows)
         lptr, lnodes = lhop_nodes(g, np.searchsorted(uniq, t), hops)
         nodes = uniq[lnodes]

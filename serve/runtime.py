@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from kernels.graph import CSRGraph
+from kernels.plan import ExecutionPlan, edges_on_paths, execution_plan
 from kernels.subgraph import ExtraEdges, SubgraphBatch, induced_batch, lhop_nodes
 
 from .batcher import DynamicBatcher, WorkItem
@@ -206,13 +207,23 @@ class ModelRuntime:
         if len(uniq) < len(targets):
             row_map = np.concatenate([inverse.reshape(-1), len(uniq) + np.arange(len(new_specs))])
             targets = uniq
-        batch = self._subgraphs(targets, new_specs, budget)
+        plan_path = self.extractor == "lhop" and not new_specs
+        if plan_path:  # plain model: the rows each layer needs, once per batch (kernels.plan)
+            plan, plan_graph, plan_ids, plan_gcn_degrees = self._plan(targets, width)
+        else:
+            batch = self._subgraphs(targets, new_specs, budget)
         t_sub = time.perf_counter()
         with torch.inference_mode():
-            p_rows = self._projections(batch, new_specs)
-            t_feat = time.perf_counter()
-            norm_degrees = self._norm_degrees(batch, new_specs) if self.architecture == "gcn" else None
-            logits, emb = self.model.forward_batch_projected(batch, p_rows, width or None, self.strategy, norm_degrees)
+            if plan_path:
+                p_rows = self.projections.get(plan_ids)
+                t_feat = time.perf_counter()
+                logits, emb = self.model.forward_plan(plan, p_rows, plan_gcn_degrees)
+            else:
+                p_rows = self._projections(batch, new_specs)
+                t_feat = time.perf_counter()
+                norm_degrees = self._norm_degrees(batch, new_specs) if self.architecture == "gcn" else None
+                logits, emb = self.model.forward_batch_projected(batch, p_rows, width or None, self.strategy,
+                                                                 norm_degrees)
             probs = torch.softmax(logits.float(), dim=1)
             labels = probs.argmax(dim=1)
         want_emb = any(c.return_embeddings for c in calls)
@@ -220,7 +231,10 @@ class ModelRuntime:
         labels_np = labels.cpu().numpy().astype(np.int64)
         emb_np = emb.float().cpu().numpy() if want_emb else None
         t_fwd = time.perf_counter()
-        kept, total = self._edges_per_subgraph(batch, width)
+        if plan_path:
+            kept, total = edges_on_paths(plan, plan_graph, width)
+        else:
+            kept, total = self._edges_per_subgraph(batch, width)
         if row_map is not None:
             probs_np, labels_np, kept, total = probs_np[row_map], labels_np[row_map], kept[row_map], total[row_map]
             emb_np = None if emb_np is None else emb_np[row_map]
@@ -343,6 +357,17 @@ class ModelRuntime:
                 hit = nb[pos] == ids
                 seg[hit] += nw[pos[hit]]
         return d
+
+    def _plan(self, targets: np.ndarray, width: int) -> tuple[ExecutionPlan, CSRGraph, np.ndarray, np.ndarray | None]:
+        """``(plan, graph it indexes, global ids of its nodes, GCN degrees of them or None)``."""
+        gcn = self.architecture == "gcn"
+        if self.remote_graph:  # the L-hop rows from Redis, as a local graph (local id = rank in uniq)
+            g, uniq, gdeg = self.graph.lhop_local(targets, self.hops)
+            plan = execution_plan(g, np.searchsorted(uniq, targets), self.hops, width, self.strategy)
+            return plan, g, uniq[plan.node_ids], gdeg[plan.node_ids] if gcn else None
+        plan = execution_plan(self.graph, targets, self.hops, width, self.strategy)
+        degrees = self.model.norm_degrees_for(self.graph, plan.node_ids) if gcn else None
+        return plan, self.graph, plan.node_ids, degrees
 
     def _edges_per_subgraph(self, batch: SubgraphBatch, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Edges aggregated (over all layers) per target: kept at this width, and exact."""

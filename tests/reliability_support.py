@@ -58,7 +58,8 @@ def reference(repo: Path, ds: Any, model: str, width: int, budget: int, nodes: A
               version: int = 1) -> np.ndarray:
     """float32 [len(nodes), C]: softmax of the offline model at (S=width, K=budget), no server involved.
 
-    Every target is its own subgraph (PPR top-K or L-hop scope), so each row is computed once and
+    A PPR model computes every target on its own subgraph, a plain model on the full graph (its
+    definition; the server computes the same rows by an execution plan), so each row is computed once and
     memoised per (model, S, K, node); ``nodes=None`` warms nothing and returns an empty array."""
     nodes = np.zeros(0, np.int64) if nodes is None else np.asarray(nodes, dtype=np.int64)
     key = (str(repo), model, int(width), int(budget))
@@ -68,20 +69,20 @@ def reference(repo: Path, ds: Any, model: str, width: int, budget: int, nodes: A
         if len(todo):
             import torch
 
-            from kernels.subgraph import induced_batch, lhop_nodes
+            from kernels.subgraph import induced_batch
 
             ckpt, index, degrees = _offline_model(repo, ds, model, version)
             m = ckpt.model.eval()
             g = ds.graph
-            if index is not None:
-                ptr, lists = index.lookup(todo, budget)
-            else:
-                ptr, lists = lhop_nodes(g, todo, m.layers)
-            batch = induced_batch(g, ptr, lists)
-            norm = degrees[batch.node_ids] if degrees is not None else None
             with torch.no_grad():
-                logits, _ = m.forward_batch(batch, torch.from_numpy(ds.x[batch.node_ids]), width or None,
-                                            ckpt.strategy, norm)
+                if index is not None:
+                    ptr, lists = index.lookup(todo, budget)
+                    batch = induced_batch(g, ptr, lists)
+                    norm = degrees[batch.node_ids] if degrees is not None else None
+                    logits, _ = m.forward_batch(batch, torch.from_numpy(ds.x[batch.node_ids]), width or None,
+                                                ckpt.strategy, norm)
+                else:  # a plain model: the full-graph forward at this width is the definition
+                    logits = m(g, torch.from_numpy(ds.x), width or None, ckpt.strategy)[torch.from_numpy(todo)]
             probs = torch.softmax(logits, 1).numpy().astype(np.float32)
             for v, row in zip(todo.tolist(), probs, strict=True):
                 cache[v] = row

@@ -1,0 +1,220 @@
+r"""Execution plans: the rows a plain L-layer model must compute for a batch of targets, and nothing more.
+
+A plain GCN/GraphSAGE computes target ``t``'s output at layer ``L`` from layer ``L-1`` at the
+nodes its row aggregates, those from layer ``L-2`` at the nodes *their* rows aggregate, and so on.
+Cutting an induced L-hop subgraph per target (:func:`kernels.subgraph.lhop_nodes` +
+:func:`~kernels.subgraph.induced_batch`) computes every layer on every node of every target's
+scope: on Amazon Computers (mean degree 36) that is thousands of rows and tens of thousands of
+edges per target per layer, all but a few of them thrown away. The plan computes the needed rows
+once for the whole batch:
+
+.. math::
+
+    S_L = T, \qquad S_{l-1} = S_l \cup \{ j : j \in N_S(i),\ i \in S_l \} \quad (l = L, \dots, 1)
+
+where :math:`N_S(i)` is the set of edges row ``i`` keeps at sampling width ``S`` (all of them when
+exact; the same positions :mod:`kernels.spmm` samples, see :func:`kernels.spmm.sample_positions`).
+Layer ``l`` computes the rows of :math:`S_l` only, from the rows of :math:`S_{l-1}`; sampling
+therefore also shrinks the receptive field, not only the arithmetic (at ``S = 8`` a 2-layer model
+reads at most ``1 + 8 + 8 \cdot 9`` nodes per target instead of its whole 2-hop scope).
+
+Local ids are nested prefixes: the batch's targets are ``0 .. B-1`` and :math:`S_l` is
+``0 .. n_l - 1``. One CSR holds the kept edges of every aggregated row (the rows of
+:math:`S_1`, full graph rows, their edges in the graph's order), columns in local ids; layer ``l``
+uses its first ``n_l`` rows as a square graph over ``n_{l-1}`` nodes (:meth:`ExecutionPlan.layer_graph`).
+
+The result equals the full-graph forward at the same width (``model(graph, x, width)`` at the
+targets' rows, how the training module evaluates a plain model): a row the plan computes is the
+full graph row, its edges in the graph's order, so it keeps the same edges. The kept rows are
+pre-weighted by ``d_i / k_i`` where the aggregator rescales (``gcn``, ``sum``) and left alone for
+``mean``, so an exact (width ``None``) :func:`kernels.spmm.sampled_spmm` on a layer graph gives
+the sampled aggregation. Per-target induced L-hop subgraphs (:func:`kernels.subgraph.induced_batch`)
+give the same numbers at exact width only: their rows list columns in local (discovery) order, so
+a sampled row keeps other edges there, and differently in every subgraph that holds the node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from .graph import CSRGraph
+from .spmm import _sampled_edges
+from .subgraph import _give_scratch, _take_scratch
+
+__all__ = ["ExecutionPlan", "edges_on_paths", "execution_plan"]
+
+_LOW = (1 << 32) - 1
+
+
+@dataclass
+class ExecutionPlan:
+    """Rows to compute per layer for a batch of distinct targets (module docstring).
+
+    Attributes:
+        node_ids: int64 ``[n_0]`` global ids by local id (targets first, in the order given).
+        sizes: ``(n_0, n_1, ..., n_L)``: :math:`|S_l|`, non-increasing, ``n_L = B``.
+        indptr, cols: CSR of the kept edges of rows ``0 .. n_1 - 1`` (columns are local ids; with no
+            layers, of no row).
+        edge_weights: float32 per kept edge (graph weight, 1 when unweighted) or ``None`` (unweighted, exact).
+        row_scale: float32 ``[n_1]`` ``d_i / k_i`` (1 where the row keeps every edge).
+        width: sampling width the plan was built for (0 = exact).
+    """
+
+    node_ids: np.ndarray
+    sizes: tuple[int, ...]
+    indptr: np.ndarray
+    cols: np.ndarray
+    edge_weights: np.ndarray | None
+    row_scale: np.ndarray
+    width: int
+    _graphs: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def layers(self) -> int:
+        return len(self.sizes) - 1
+
+    @property
+    def num_targets(self) -> int:
+        return self.sizes[-1]
+
+    @property
+    def num_kept_edges(self) -> int:
+        return int(self.indptr[-1])
+
+    def layer_graph(self, layer: int, rescaled: bool) -> CSRGraph:
+        """The square graph over ``n_{layer-1}`` local nodes whose first ``n_layer`` rows are the
+        kept edges of those rows (the rest are empty). ``rescaled``: weights times ``d_i / k_i``
+        (for ``gcn`` / ``sum``); otherwise the graph's own weights (for ``mean``)."""
+        if not 1 <= layer <= self.layers:
+            raise ValueError(f"layer must be in [1, {self.layers}], got {layer}")
+        key = (layer, bool(rescaled))
+        g = self._graphs.get(key)
+        if g is None:
+            n_in, n_rows = self.sizes[layer - 1], self.sizes[layer]
+            end = int(self.indptr[n_rows])
+            indptr = np.empty(n_in + 1, dtype=np.int64)
+            indptr[: n_rows + 1] = self.indptr[: n_rows + 1]
+            indptr[n_rows + 1:] = end
+            w = self.edge_weights
+            if rescaled and self.width:
+                scale = np.repeat(self.row_scale[:n_rows], np.diff(self.indptr[: n_rows + 1]))
+                w = scale if w is None else w[:end] * scale
+            g = CSRGraph(indptr, self.cols[:end], None if w is None else w[:end], n_in)
+            self._graphs[key] = g
+        return g
+
+    def path_sums(self, values: np.ndarray, levels: int | None = None) -> np.ndarray:
+        r"""float64 ``[B]``: per target, :math:`\sum_{r < levels} \sum_{u \in F_r(t)} values_u`.
+
+        :math:`F_0(t) = \{t\}` and :math:`F_{r+1} = F_r \cup N_S(F_r)` (the plan's kept edges) are
+        the target's own path: the rows layer ``L - r`` computes for it. ``values`` is indexed by
+        local id (``[n_0]``). ``levels`` defaults to the number of layers, and may be one more
+        (the last level then reaches the plan's outermost nodes).
+        """
+        levels = self.layers if levels is None else int(levels)
+        if not 0 <= levels <= self.layers + 1:
+            raise ValueError(f"levels must be in [0, {self.layers + 1}], got {levels}")
+        b, n0 = self.num_targets, self.sizes[0]
+        n1 = len(self.indptr) - 1
+        v = np.asarray(values, dtype=np.float64)
+        if v.shape != (n0,):
+            raise ValueError(f"values must have shape [{n0}], got {v.shape}")
+        total = np.zeros(b, dtype=np.float64)
+        if b == 0 or levels == 0:
+            return total
+        adj = sp.csr_matrix((np.ones(len(self.cols), np.float64), self.cols, self.indptr), shape=(n1, n0))
+        m = sp.csr_matrix((np.ones(b), np.arange(b), np.arange(b + 1)), shape=(b, n0))
+        for level in range(levels):
+            total += m @ v
+            if level + 1 < levels:
+                m = m + m[:, :n1] @ adj
+                m.data[:] = 1.0
+        return total
+
+    def kept_per_target(self) -> np.ndarray:
+        """int64 ``[B]``: edges aggregated on each target's own path, summed over the layers."""
+        k = np.zeros(self.sizes[0], dtype=np.float64)
+        k[: len(self.indptr) - 1] = np.diff(self.indptr)
+        return np.rint(self.path_sums(k)).astype(np.int64)
+
+
+def execution_plan(graph: CSRGraph, targets: np.ndarray, hops: int, width: int | None,
+                   strategy: str = "fastrand") -> ExecutionPlan:
+    """The :class:`ExecutionPlan` of a plain ``hops``-layer model for distinct ``targets`` at ``width``."""
+    t = np.ascontiguousarray(np.asarray(targets, dtype=np.int64).reshape(-1))
+    n = graph.num_nodes
+    if len(t) and (int(t.min()) < 0 or int(t.max()) >= n):
+        raise ValueError(f"targets must lie in [0, {n})")
+    if len(np.unique(t)) != len(t):
+        raise ValueError("targets must be distinct")
+    if hops < 0:
+        raise ValueError(f"hops must be >= 0, got {hops}")
+    width = int(width or 0)
+    indptr, indices, gw = graph.indptr, graph.indices, graph.weights
+    sc = _take_scratch(graph)
+    try:
+        ep = np.int64(sc.reserve(1))
+        hi = ep << 32
+        tag = sc.tag
+        tag[t] = hi | np.arange(len(t), dtype=np.int64)
+        order = [t]
+        count = len(t)
+        sizes = [count]
+        frontier = t
+        kept_parts, edge_parts, scale_parts = [], [], []
+        for _ in range(hops):
+            starts = indptr[frontier]
+            deg = indptr[frontier + 1] - starts
+            if width and len(frontier) and int(deg.max()) > width:
+                kept_t, _crow, _row, edge_t = _sampled_edges(
+                    {"indptr": torch.from_numpy(np.append(starts, 0)), "deg": torch.from_numpy(deg)}, width, strategy)
+                kept, edges = kept_t.numpy(), edge_t.numpy()
+            else:
+                kept = deg
+                edges = np.repeat(starts - np.concatenate([[0], np.cumsum(deg)[:-1]]), deg) + np.arange(int(deg.sum()))
+            nbr = indices[edges].astype(np.int64)
+            seen = (tag[nbr] >> 32) == ep
+            fresh = nbr[~seen]
+            if len(fresh):
+                uniq, first = np.unique(fresh, return_index=True)
+                new = uniq[np.argsort(first, kind="stable")]
+            else:
+                new = fresh
+            tag[new] = hi | np.arange(count, count + len(new), dtype=np.int64)
+            count += len(new)
+            order.append(new)
+            sizes.append(count)
+            kept_parts.append(kept)
+            edge_parts.append(edges)
+            scale_parts.append(deg / np.maximum(kept, 1))
+            frontier = new
+        node_ids = np.concatenate(order)
+        edges = np.concatenate(edge_parts) if edge_parts else np.zeros(0, np.int64)
+        cols = (tag[indices[edges]] & _LOW).astype(np.int32 if count < 2**31 else np.int64)
+    finally:
+        _give_scratch(graph, sc)
+    # the rows expanded are S_L, then S_{L-1} \ S_L, ..., S_1 \ S_2: S_1 in local order
+    kept_all = np.concatenate(kept_parts) if kept_parts else np.zeros(0, np.int64)
+    ptr = np.zeros(len(kept_all) + 1, dtype=np.int64)
+    np.cumsum(kept_all, out=ptr[1:])
+    weights = gw[edges] if gw is not None else None
+    if weights is None and width:
+        weights = np.ones(len(cols), dtype=np.float32)
+    row_scale = (np.concatenate(scale_parts) if scale_parts else np.zeros(0)).astype(np.float32)
+    return ExecutionPlan(node_ids, tuple(reversed(sizes)), ptr, cols, weights, row_scale, width)
+
+
+def edges_on_paths(plan: ExecutionPlan, graph: CSRGraph, width: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """int64 ``([B], [B])``: edges aggregated on each target's own path over all layers, kept at the
+    plan's width and exact. ``graph`` is the graph the plan was built on. The exact count needs the
+    targets' ``L - 1``-hop balls only (the rows an exact pass computes for them), not their scopes."""
+    kept = plan.kept_per_target()
+    if not width:
+        return kept, kept
+    exact = execution_plan(graph, plan.node_ids[: plan.num_targets], plan.layers - 1, 0) if plan.layers else plan
+    total = exact.path_sums(graph.degrees[exact.node_ids].astype(np.float64), plan.layers)
+    return kept, np.rint(total).astype(np.int64)
