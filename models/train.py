@@ -404,7 +404,7 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
             if plan_path:  # the server's path for plain models: an execution plan per batch
                 plan = execution_plan(graph, np.unique(chunk), model.hops, width, strategy)
                 p_rows = proj[torch.from_numpy(plan.node_ids).to(proj.device)]
-                logits = model.forward_plan(plan, p_rows, model.norm_degrees_for(graph, plan.node_ids))
+                logits = model.forward_plan(plan, p_rows, model.norm_degrees_for(graph, plan.node_ids))[0]
                 logits = logits[torch.from_numpy(np.searchsorted(plan.node_ids[: plan.num_targets], chunk))]
             else:
                 b = extractor.batch(chunk, k)

@@ -195,16 +195,17 @@ def test_expired_deadline_work_is_dropped(served, stub, monkeypatch):
 def test_duplicated_ids_cost_one_subgraph_and_are_answered_per_position(served, stub, model, monkeypatch):
     rt = served.server.registry.get(model)
     seen: list[np.ndarray] = []
-    real = rt._subgraphs
+    stage = "_plan" if rt.extractor == "lhop" else "_subgraphs"  # plain models: an execution plan
+    real = getattr(rt, stage)
 
-    def recording(targets, new_specs, budget):
+    def recording(targets, *args):
         seen.append(np.array(targets))
-        return real(targets, new_specs, budget)
+        return real(targets, *args)
 
-    monkeypatch.setattr(rt, "_subgraphs", recording)
+    monkeypatch.setattr(rt, stage, recording)
     nodes = [7, 300, 7, 7, 0, 300, 799]
     dup = predict(stub, model, nodes, sampling_width=2)
-    assert sorted(seen[-1].tolist()) == [0, 7, 300, 799], "one subgraph per distinct id"
+    assert sorted(seen[-1].tolist()) == [0, 7, 300, 799], "one subgraph (or plan target) per distinct id"
     singles = {v: predict(stub, model, [v], sampling_width=2) for v in set(nodes)}
     p = np.asarray(dup.probabilities).reshape(len(nodes), -1)
     for i, v in enumerate(nodes):
