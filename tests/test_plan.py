@@ -13,13 +13,7 @@ from kernels.spmm import sampled_csr
 from kernels.subgraph import induced_batch, lhop_nodes
 from models import FeatureNorm, build_model
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+from .test_models import _one_thread  # noqa: F401 (the module-wide one-thread fixture)
 
 
 @pytest.fixture(scope="module")
