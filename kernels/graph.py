@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["CSRGraph", "GraphFormatError", "index_dtype_for"]
+__all__ = ["CSRGraph", "GraphFormatError", "gather_ranges", "index_dtype_for"]
 
 _FORMAT = "gnnserve.csr/1"
 _INT32_MAX = np.iinfo(np.int32).max
@@ -299,6 +299,16 @@ class CSRGraph:
     def cache(self) -> dict[str, Any]:
         """Per-graph memo for derived data (torch views, normalisation vectors, ...)."""
         return self._cache
+
+
+def gather_ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(ptr int64 [n + 1], positions int64 [sum(lengths)])``: the ranges ``starts[i] ..
+    starts[i] + lengths[i] - 1`` concatenated, and their CSR offsets (slices of CSR-shaped arrays
+    gathered without a Python loop)."""
+    ptr = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=ptr[1:])
+    pos = np.repeat(np.asarray(starts, dtype=np.int64) - ptr[:-1], lengths) + np.arange(int(ptr[-1]), dtype=np.int64)
+    return ptr, pos
 
 
 def _hash_array(h: Any, arr: np.ndarray, chunk: int = 1 << 24) -> None:

@@ -41,7 +41,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from .graph import CSRGraph
+from .graph import CSRGraph, gather_ranges
 from .spmm import _sampled_edges
 from .subgraph import _give_scratch, _take_scratch
 
@@ -59,7 +59,7 @@ class ExecutionPlan:
         sizes: ``(n_0, n_1, ..., n_L)``: :math:`|S_l|`, non-increasing, ``n_L = B``.
         indptr, cols: CSR of the kept edges of rows ``0 .. n_1 - 1`` (columns are local ids; with no
             layers, of no row).
-        edge_weights: float32 per kept edge (graph weight, 1 when unweighted) or ``None`` (unweighted, exact).
+        edge_weights: float32 graph weight per kept edge, or ``None`` for an unweighted graph.
         row_scale: float32 ``[n_1]`` ``d_i / k_i`` (1 where the row keeps every edge).
         width: sampling width the plan was built for (0 = exact).
     """
@@ -80,10 +80,6 @@ class ExecutionPlan:
     @property
     def num_targets(self) -> int:
         return self.sizes[-1]
-
-    @property
-    def num_kept_edges(self) -> int:
-        return int(self.indptr[-1])
 
     def layer_graph(self, layer: int, rescaled: bool) -> CSRGraph:
         """The square graph over ``n_{layer-1}`` local nodes whose first ``n_layer`` rows are the
@@ -175,7 +171,7 @@ def execution_plan(graph: CSRGraph, targets: np.ndarray, hops: int, width: int |
                 kept, edges = kept_t.numpy(), edge_t.numpy()
             else:
                 kept = deg
-                edges = np.repeat(starts - np.concatenate([[0], np.cumsum(deg)[:-1]]), deg) + np.arange(int(deg.sum()))
+                edges = gather_ranges(starts, deg)[1]
             nbr = indices[edges].astype(np.int64)
             seen = (tag[nbr] >> 32) == ep
             fresh = nbr[~seen]
@@ -202,8 +198,6 @@ def execution_plan(graph: CSRGraph, targets: np.ndarray, hops: int, width: int |
     ptr = np.zeros(len(kept_all) + 1, dtype=np.int64)
     np.cumsum(kept_all, out=ptr[1:])
     weights = gw[edges] if gw is not None else None
-    if weights is None and width:
-        weights = np.ones(len(cols), dtype=np.float32)
     row_scale = (np.concatenate(scale_parts) if scale_parts else np.zeros(0)).astype(np.float32)
     return ExecutionPlan(node_ids, tuple(reversed(sizes)), ptr, cols, weights, row_scale, width)
 
@@ -216,5 +210,5 @@ def edges_on_paths(plan: ExecutionPlan, graph: CSRGraph, width: int | None) -> t
     if not width:
         return kept, kept
     exact = execution_plan(graph, plan.node_ids[: plan.num_targets], plan.layers - 1, 0) if plan.layers else plan
-    total = exact.path_sums(graph.degrees[exact.node_ids].astype(np.float64), plan.layers)
+    total = exact.path_sums(graph.degrees[exact.node_ids], plan.layers)
     return kept, np.rint(total).astype(np.int64)

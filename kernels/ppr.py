@@ -97,7 +97,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from .graph import CSRGraph, index_dtype_for
+from .graph import CSRGraph, gather_ranges, index_dtype_for
 from .subgraph import InducedTable, SubgraphBatch, _grow, induced_batch
 
 __all__ = [
@@ -845,9 +845,7 @@ class PPRIndex:
             raise ValueError(f"targets must lie in [0, {self.num_nodes}) (use ppr_new_node for new nodes)")
         start = self.ptr[t]
         cnt = np.minimum(self.ptr[t + 1] - start, k)
-        optr = np.zeros(len(t) + 1, dtype=np.int64)
-        np.cumsum(cnt, out=optr[1:])
-        idx = np.repeat(start - optr[:-1], cnt) + np.arange(int(optr[-1]), dtype=np.int64)
+        optr, idx = gather_ranges(start, cnt)
         nodes = self.nodes[idx].astype(np.int64)
         if return_scores:
             return optr, nodes, np.asarray(self.scores[idx], dtype=np.float32)

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kernels.datasets import DatasetError, GraphDataset, load_dataset
-from kernels.graph import CSRGraph
+from kernels.graph import CSRGraph, gather_ranges
 from kernels.plan import edges_on_paths, execution_plan
 from kernels.spmm import STRATEGIES, kept_edges
 
@@ -247,9 +247,7 @@ class TopKTable:
             raise KeyError(f"no PPR list for nodes {t[p < 0][:5].tolist()}")
         start = self.ptr[p]
         lens = np.minimum(self.ptr[p + 1] - start, int(k))
-        out_ptr = np.zeros(len(t) + 1, dtype=np.int64)
-        np.cumsum(lens, out=out_ptr[1:])
-        idx = np.repeat(start - out_ptr[:-1], lens) + np.arange(out_ptr[-1])
+        out_ptr, idx = gather_ranges(start, lens)
         return out_ptr, self.nodes[idx]
 
 
@@ -395,44 +393,39 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
     graph = data.ds.graph
     plan_path = hasattr(model, "forward_plan")
 
+    def serve_batch(chunk: np.ndarray, k: int, width: int | None) -> tuple[Tensor, Any]:
+        """Logits of one batch through the serving path, and a callable counting its (kept, exact) edges."""
+        if plan_path:  # the server's path for plain models: an execution plan per batch
+            plan = execution_plan(graph, np.unique(chunk), model.hops, width, strategy)
+            p_rows = proj[torch.from_numpy(plan.node_ids).to(proj.device)]
+            logits = model.forward_plan(plan, p_rows, model.norm_degrees_for(graph, plan.node_ids))[0]
+            logits = logits[torch.from_numpy(np.searchsorted(plan.node_ids[: plan.num_targets], chunk))]
+            return logits, lambda: tuple(int(c.sum()) for c in edges_on_paths(plan, graph, width))
+        b = extractor.batch(chunk, k)
+        p_rows = proj[torch.from_numpy(b.node_ids).to(proj.device)]
+        logits = model.forward_batch_projected(b, p_rows, width, strategy, model.norm_degrees_for(graph, b.node_ids))[0]
+        return logits, lambda: (kept_edges(b.graph, width), b.graph.num_edges)
+
     def one_pass(k: int, width: int | None, record: bool) -> tuple[float, list[Tensor], int, int]:
         elapsed = 0.0
         kept = total = 0
         preds: list[Tensor] = []
         for chunk in _batches(nodes, batch_size):
             t0 = time.perf_counter()
-            if plan_path:  # the server's path for plain models: an execution plan per batch
-                plan = execution_plan(graph, np.unique(chunk), model.hops, width, strategy)
-                p_rows = proj[torch.from_numpy(plan.node_ids).to(proj.device)]
-                logits = model.forward_plan(plan, p_rows, model.norm_degrees_for(graph, plan.node_ids))[0]
-                logits = logits[torch.from_numpy(np.searchsorted(plan.node_ids[: plan.num_targets], chunk))]
-            else:
-                b = extractor.batch(chunk, k)
-                p_rows = proj[torch.from_numpy(b.node_ids).to(proj.device)]
-                nd = model.norm_degrees_for(graph, b.node_ids)
-                logits = model.forward_batch_projected(b, p_rows, width, strategy, nd)[0]
+            logits, count_edges = serve_batch(chunk, k, width)
             pred = logits.argmax(1)
             elapsed += time.perf_counter() - t0
             if record:
                 preds.append(pred)
-                if plan_path:
-                    k_t, t_t = edges_on_paths(plan, graph, width)
-                    kept += int(k_t.sum())
-                    total += int(t_t.sum())
-                else:
-                    kept += kept_edges(b.graph, width)
-                    total += b.graph.num_edges
+                k_e, t_e = count_edges()
+                kept += k_e
+                total += t_e
         return elapsed, preds, kept, total
 
     for k in budgets:
         for s in widths:
             width = int(s) or None
-            if not plan_path:
-                warm = extractor.batch(nodes[:batch_size], k)
-                model.forward_batch_projected(warm, proj[torch.from_numpy(warm.node_ids)], width, strategy,
-                                              model.norm_degrees_for(graph, warm.node_ids))
-            else:
-                one_pass(k, width, False)
+            serve_batch(nodes[:batch_size], k, width)  # untimed warm-up
             elapsed, preds, kept, total = one_pass(k, width, True)
             for _ in range(max(0, repeats - 1)):
                 elapsed = min(elapsed, one_pass(k, width, False)[0])
