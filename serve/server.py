@@ -111,7 +111,6 @@ class GnnServer:
         self.port = 0
         self.metrics_port: int | None = None
         self._watch_task: asyncio.Task[None] | None = None
-        self._stopping = False
         self._stopped = asyncio.Event()
 
     # ------------------------------------------------------------------ lifecycle
@@ -153,17 +152,16 @@ class GnnServer:
             asyncio.get_running_loop().create_task(self._update_health_async())
 
     async def _update_health_async(self) -> None:
-        serving = self.registry.ready and not self._stopping
+        serving = self.registry.ready and self.gate.open
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for svc in ("", GNN_SERVICE, TRITON_SERVICE):
             await self.health.set(svc, status)
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Graceful stop: NOT_SERVING, refuse new RPCs, finish in-flight ones within the grace."""
-        if self._stopping:
+        if not self.gate.open:  # a stop is under way
             await self._stopped.wait()
             return
-        self._stopping = True
         grace = self.config.grace_s if grace_s is None else grace_s
         # our own handler refuses new RPCs with UNAVAILABLE from here on (see DrainGate), then the
         # health service says NOT_SERVING: a probe that sees NOT_SERVING can rely on the refusal
