@@ -45,7 +45,7 @@ from .graph import CSRGraph, gather_ranges
 from .spmm import _sampled_edges
 from .subgraph import _give_scratch, _take_scratch
 
-__all__ = ["ExecutionPlan", "edges_on_paths", "execution_plan"]
+__all__ = ["ExactPathEdges", "ExecutionPlan", "edges_on_paths", "exact_path_edges", "execution_plan"]
 
 _LOW = (1 << 32) - 1
 
@@ -202,13 +202,63 @@ def execution_plan(graph: CSRGraph, targets: np.ndarray, hops: int, width: int |
     return ExecutionPlan(node_ids, tuple(reversed(sizes)), ptr, cols, weights, row_scale, width)
 
 
-def edges_on_paths(plan: ExecutionPlan, graph: CSRGraph, width: int | None) -> tuple[np.ndarray, np.ndarray]:
+def exact_path_edges(graph: CSRGraph, targets: np.ndarray, layers: int) -> np.ndarray:
+    """int64 ``[B]``: edges an exact ``layers``-layer pass aggregates on each distinct target's own path.
+
+    Only the targets' ``layers - 1``-hop balls are expanded (the rows an exact pass computes for
+    them), not their scopes. It depends on the graph and the depth only, not on the width, which is
+    what lets :class:`ExactPathEdges` keep it per node.
+    """
+    t = np.asarray(targets, dtype=np.int64).reshape(-1)
+    if layers <= 0 or len(t) == 0:
+        return np.zeros(len(t), dtype=np.int64)
+    exact = execution_plan(graph, t, layers - 1, 0)
+    return np.rint(exact.path_sums(graph.degrees[exact.node_ids], layers)).astype(np.int64)
+
+
+class ExactPathEdges:
+    """:func:`exact_path_edges` of every node of one graph at one depth, computed once per node.
+
+    The serving path reports the exact count beside the kept one for every sampled request; a node's
+    exact count never changes, so a server keeps it (int64 per node, filled on first use) instead of
+    expanding every batch's balls a second time.
+    """
+
+    def __init__(self, graph: CSRGraph, layers: int) -> None:
+        self.graph = graph
+        self.layers = int(layers)
+        self._memo = np.full(graph.num_nodes, -1, dtype=np.int64)
+
+    def fill(self, chunk: int = 4096) -> None:
+        """Compute every node not yet known, ``chunk`` targets at a time (a server's warm-up)."""
+        todo = np.flatnonzero(self._memo < 0)
+        for lo in range(0, len(todo), chunk):
+            part = todo[lo : lo + chunk]
+            self._memo[part] = exact_path_edges(self.graph, part, self.layers)
+
+    def __call__(self, targets: np.ndarray) -> np.ndarray:
+        t = np.asarray(targets, dtype=np.int64).reshape(-1)
+        out = self._memo[t]
+        missing = out < 0
+        if missing.any():
+            todo = np.unique(t[missing])
+            self._memo[todo] = exact_path_edges(self.graph, todo, self.layers)
+            out = self._memo[t]
+        return out
+
+
+def edges_on_paths(
+    plan: ExecutionPlan, graph: CSRGraph, width: int | None, exact: ExactPathEdges | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """int64 ``([B], [B])``: edges aggregated on each target's own path over all layers, kept at the
-    plan's width and exact. ``graph`` is the graph the plan was built on. The exact count needs the
-    targets' ``L - 1``-hop balls only (the rows an exact pass computes for them), not their scopes."""
+    plan's width and exact. ``graph`` is the graph the plan was built on; ``exact``, when given, is
+    its :class:`ExactPathEdges` at the plan's depth (the exact counts then come from its memo)."""
     kept = plan.kept_per_target()
     if not width:
         return kept, kept
-    exact = execution_plan(graph, plan.node_ids[: plan.num_targets], plan.layers - 1, 0) if plan.layers else plan
-    total = exact.path_sums(graph.degrees[exact.node_ids], plan.layers)
-    return kept, np.rint(total).astype(np.int64)
+    targets = plan.node_ids[: plan.num_targets]
+    if exact is not None:
+        if exact.graph is not graph or exact.layers != plan.layers:
+            raise ValueError("exact was made for another graph or depth than this plan")
+        return kept, exact(targets)
+    return kept, exact_path_edges(graph, targets, plan.layers)

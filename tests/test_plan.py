@@ -8,7 +8,7 @@ import torch
 
 from kernels.datasets import synthetic_sbm
 from kernels.graph import CSRGraph
-from kernels.plan import edges_on_paths, execution_plan
+from kernels.plan import ExactPathEdges, edges_on_paths, execution_plan
 from kernels.spmm import sampled_csr
 from kernels.subgraph import induced_batch, lhop_nodes
 from models import FeatureNorm, build_model
@@ -99,6 +99,30 @@ def test_edges_on_paths_match_a_brute_force_walk(ds, layers, width):
     for i, t in enumerate(targets):
         assert (int(kept[i]), int(total[i])) == _paths_brute(g, width, int(t), layers), t
     assert np.all(kept <= total) and (width == 0) == bool(np.all(kept == total))
+
+
+@pytest.mark.parametrize("layers", [0, 2, 3])
+def test_exact_path_edges_memo_matches_the_walk_and_fills_once(ds, layers):
+    g = ds.graph
+    memo = ExactPathEdges(g, layers)
+    first = np.array([1, 77, 250, 499, 3])
+    plan = execution_plan(g, first, layers, 4)
+    kept, total = edges_on_paths(plan, g, 4, memo)
+    assert np.array_equal((kept, total), edges_on_paths(plan, g, 4))  # same figures as without the memo
+    if layers:
+        assert [int(x) for x in total] == [_paths_brute(g, 4, int(t), layers)[1] for t in first]
+    assert np.all(memo._memo[first] >= 0) and int((memo._memo >= 0).sum()) == len(first)
+    # a later batch overlapping the first: the known nodes come from the memo, the new ones are computed
+    second = np.array([3, 250, 10, 11])
+    plan2 = execution_plan(g, second, layers, 2)
+    assert np.array_equal(edges_on_paths(plan2, g, 2, memo), edges_on_paths(plan2, g, 2))
+    assert int((memo._memo >= 0).sum()) == len(set(first) | set(second))
+    memo.fill(chunk=64)
+    assert np.all(memo._memo >= 0)
+    everyone = np.arange(g.num_nodes)
+    assert np.array_equal(memo(everyone), edges_on_paths(execution_plan(g, everyone, layers, 4), g, 4)[1])
+    with pytest.raises(ValueError, match="another graph or depth"):
+        edges_on_paths(execution_plan(g, second, layers + 1, 2), g, 2, memo)
 
 
 def test_plan_arguments_are_checked(ds):
