@@ -41,8 +41,9 @@ __all__ = ["DataBundle", "ModelRuntime", "PredictResult", "RuntimeOptions"]
 
 log = logging.getLogger(__name__)
 
-# Up to this many nodes, a plain model's exact path-edge counts are computed for every node at warm-up
-# (beyond it, on first use per node): int64 per node, about 0.1 s per 14 thousand nodes at 2 layers.
+# A plain model of at most 2 layers on at most this many nodes gets its exact path-edge counts for every
+# node at warm-up (0.04 to 0.1 s for Amazon Computers' 13,752 nodes); otherwise each node's count is
+# computed on first use (at 3 layers the whole graph took 11 s there: the 2-hop balls reach the hubs).
 EXACT_EDGES_EAGER_NODES = 1 << 20
 
 
@@ -187,8 +188,8 @@ class ModelRuntime:
         """Compile and exercise the whole path once (numba JIT, torch lazy init), then mark ready."""
         n = min(num_nodes, self.graph.num_nodes)
         ids = np.linspace(0, self.graph.num_nodes - 1, n).astype(np.int64)
-        if self._exact_edges is not None and self.graph.num_nodes <= EXACT_EDGES_EAGER_NODES:
-            self._exact_edges.fill()  # 0.1 s for Amazon Computers' 13,752 nodes at 2 layers
+        if self._exact_edges is not None and self.hops <= 2 and self.graph.num_nodes <= EXACT_EDGES_EAGER_NODES:
+            self._exact_edges.fill()
         for width in {self.limits.default_sampling_width, 0}:
             call = PredictCall("warmup", ids, [], width, self.limits.default_ppr_budget, "default", 0.0, True, True)
             item = WorkItem(call, len(ids), None, None, time.monotonic(), _DoneFuture())

@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients._gen import gnnserve_pb2 as pb
 from clients._gen import gnnserve_pb2_grpc as pbg
+from kernels.plan import exact_path_edges, execution_plan
 from kernels.subgraph import induced_batch
 from models.base import full_gcn_degrees
 from models.checkpoint import load_checkpoint
@@ -84,6 +85,17 @@ def test_plain_gcn_over_grpc_equals_full_graph_forward(stub, tiny_repo, tiny_dat
     np.testing.assert_allclose(got, full, rtol=1e-4, atol=1e-5)
     acc = (np.asarray(r.labels) == tiny_dataset.y)[tiny_dataset.test_mask].mean()
     assert acc > 0.6, f"test accuracy {acc:.2f} should clearly beat chance (0.25)"
+
+
+def test_plain_model_edge_counts_come_from_the_warm_memo(served, stub, tiny_dataset):
+    rt = served.server.registry.get("gcn")
+    assert rt._exact_edges is not None and bool(np.all(rt._exact_edges._memo >= 0))  # filled at warm-up
+    nodes = np.array([3, 50, 777])
+    r = predict(stub, "gcn", nodes, sampling_width=2)
+    plan = execution_plan(tiny_dataset.graph, nodes, rt.hops, 2, rt.strategy)
+    assert r.settings.edges_kept == int(plan.kept_per_target().sum())
+    assert r.settings.edges_total == int(exact_path_edges(tiny_dataset.graph, nodes, rt.hops).sum())
+    assert r.settings.edges_kept < r.settings.edges_total
 
 
 def test_knobs_trade_edges_and_exact_is_stable(stub):
