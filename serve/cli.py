@@ -91,6 +91,9 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--max-delay-ms", type=float, default=0.0, help="extra wait for a batch to fill (0 = none)")
     ap.add_argument("--max-nodes-per-request", type=int, default=4096)
     ap.add_argument("--projection-cache-bytes", type=int, default=2 << 30)
+    ap.add_argument("--warm-projections", action="store_true",
+                    help="cache every node's first-layer projection while a model warms up, before it is "
+                         "served (startup reads all features once; first requests cost what later ones do)")
     ap.add_argument("--ppr-cache", default=None, help="directory for PPR index files (default REPO/_ppr)")
     ap.add_argument("--poll-s", type=float, default=2.0, help="repository polling interval (0 = off)")
     ap.add_argument("--grace-s", type=float, default=10.0, help="shutdown grace period")
@@ -134,6 +137,7 @@ def _serve(argv: Sequence[str]) -> int:
             graph_version=args.graph_version,
             graph_cache_bytes=args.graph_cache_bytes,
             induced_table_bytes=args.induced_table_bytes,
+            warm_projections=args.warm_projections,
         ),
         data_paths=args.data,
         feature_url=args.features,

@@ -62,6 +62,9 @@ class RuntimeOptions:
     graph_cache_bytes: int = 64 << 20
     #: precompute each node's induced top-K subgraph next to the PPR index when it fits (0: never)
     induced_table_bytes: int = 1 << 30
+    #: fill the projection cache for every node while a model warms up (before it is served), so the
+    #: first request for a node costs what later ones cost; startup then reads every node's features once
+    warm_projections: bool = False
 
 
 @dataclass
@@ -190,6 +193,11 @@ class ModelRuntime:
         ids = np.linspace(0, self.graph.num_nodes - 1, n).astype(np.int64)
         if self._exact_edges is not None and self.hops <= 2 and self.graph.num_nodes <= EXACT_EDGES_EAGER_NODES:
             self._exact_edges.fill()
+        if self.options.warm_projections and self.projections.enabled:
+            t0 = time.perf_counter()
+            rows = self.projections.warm()
+            log.info("model %s v%s: projections of %d nodes cached in %.1f s", self.name, self.version, rows,
+                     time.perf_counter() - t0)
         for width in {self.limits.default_sampling_width, 0}:
             call = PredictCall("warmup", ids, [], width, self.limits.default_ppr_budget, "default", 0.0, True, True)
             item = WorkItem(call, len(ids), None, None, time.monotonic(), _DoneFuture())

@@ -283,3 +283,17 @@ def test_metrics_endpoint(tiny_repo, tmp_path):
     assert 'gnnserve_request_seconds_count{model="shadow",stage="forward"}' in text
     assert 'gnnserve_requests_total{code="INVALID_ARGUMENT",method="Predict",model="shadow"}' in text
     assert "gnnserve_batch_targets_bucket" in text and "gnnserve_sampling_width_bucket" in text
+
+
+def test_warm_projections_fills_the_cache_before_the_model_is_served(tiny_repo):
+    from serve.registry import ModelRegistry
+    from serve.runtime import RuntimeOptions
+
+    loaded = {}
+    for warm in (False, True):
+        reg = ModelRegistry(str(tiny_repo), RuntimeOptions(warm_projections=warm))
+        rt = reg._load_version("gcn", 1, tiny_repo / "gcn" / "1")  # load + warm, as the loader thread does
+        assert rt.projections.enabled
+        loaded[warm] = int(rt.projections._valid.sum())
+    assert loaded[True] == 800  # every node of tiny_dataset
+    assert loaded[False] < 800  # without the option only the warm-up request's nodes are projected
