@@ -292,8 +292,12 @@ def test_warm_projections_fills_the_cache_before_the_model_is_served(tiny_repo):
     loaded = {}
     for warm in (False, True):
         reg = ModelRegistry(str(tiny_repo), RuntimeOptions(warm_projections=warm))
-        rt = reg._load_version("gcn", 1, tiny_repo / "gcn" / "1")  # load + warm, as the loader thread does
-        assert rt.projections.enabled
-        loaded[warm] = int(rt.projections._valid.sum())
+        try:
+            rt = reg._load_version("gcn", 1, tiny_repo / "gcn" / "1")  # load + warm, as the loader thread does
+            assert rt.projections.enabled
+            loaded[warm] = int(rt.projections._valid.sum())
+        finally:
+            reg.executor.shutdown()
+            reg._loader_pool.shutdown()
     assert loaded[True] == 800  # every node of tiny_dataset
     assert loaded[False] < 800  # without the option only the warm-up request's nodes are projected
