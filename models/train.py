@@ -43,7 +43,7 @@ from torch import Tensor
 
 from kernels.datasets import DatasetError, GraphDataset, load_dataset
 from kernels.graph import CSRGraph, gather_ranges
-from kernels.plan import edges_on_paths, execution_plan
+from kernels.plan import ExactPathEdges, edges_on_paths, execution_plan
 from kernels.spmm import STRATEGIES, kept_edges
 
 from . import MODEL_KINDS, build_model
@@ -392,6 +392,7 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
     rows = []
     graph = data.ds.graph
     plan_path = hasattr(model, "forward_plan")
+    exact_edges = ExactPathEdges(graph, model.hops) if plan_path else None  # the same nodes at every setting
 
     def serve_batch(chunk: np.ndarray, k: int, width: int | None) -> tuple[Tensor, Any]:
         """Logits of one batch through the serving path, and a callable counting its (kept, exact) edges."""
@@ -400,7 +401,7 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
             p_rows = proj[torch.from_numpy(plan.node_ids).to(proj.device)]
             logits = model.forward_plan(plan, p_rows, model.norm_degrees_for(graph, plan.node_ids))[0]
             logits = logits[torch.from_numpy(np.searchsorted(plan.node_ids[: plan.num_targets], chunk))]
-            return logits, lambda: tuple(int(c.sum()) for c in edges_on_paths(plan, graph, width))
+            return logits, lambda: tuple(int(c.sum()) for c in edges_on_paths(plan, graph, width, exact_edges))
         b = extractor.batch(chunk, k)
         p_rows = proj[torch.from_numpy(b.node_ids).to(proj.device)]
         logits = model.forward_batch_projected(b, p_rows, width, strategy, model.norm_degrees_for(graph, b.node_ids))[0]

@@ -250,7 +250,7 @@ class ModelRuntime:
         emb_np = emb.float().cpu().numpy() if want_emb else None
         t_fwd = time.perf_counter()
         if plan_path:
-            kept, total = edges_on_paths(plan, plan_graph, width, self._exact_edges if plan_graph is self.graph else None)
+            kept, total = edges_on_paths(plan, plan_graph, width, self._exact_edges)  # memo: None on remote graphs
         else:
             kept, total = self._edges_per_subgraph(batch, width)
         if row_map is not None:
