@@ -287,9 +287,11 @@ def test_redis_killed_under_load_and_corrupt_blobs(tiny_repo, tiny_dataset):
             raw.save()  # persisted, so the restart after SIGKILL comes back with the data
             raw.close()
 
-            # ---- Redis SIGKILLed while clients send requests
-            log: list[tuple[str, float, str, bool]] = []  # (who, t, code, correct)
-            phase = {"down": None, "up": None}
+            # ---- Redis SIGKILLed while clients send requests. Each phase waits for what it must
+            # observe (with a generous deadline) instead of sleeping a fixed time: on a loaded CI
+            # machine a fixed 1.5 s window once saw no request at all.
+            log: list[tuple[str, float, float, str, bool]] = []  # (who, start, end, code, correct)
+            phase: dict[str, float] = {}
             stop = threading.Event()
             t0 = time.monotonic()
 
@@ -303,40 +305,51 @@ def test_redis_killed_under_load_and_corrupt_blobs(tiny_repo, tiny_dataset):
                         else:
                             model, nodes, kw = "shadow", rng.choice(cold, 2).tolist(), {"sampling_width": 0,
                                                                                      "ppr_budget": 16}
+                        start = time.monotonic() - t0
                         r, e = call(s2, {"model": model, "nodes": nodes, **kw}, timeout=10)
+                        end = time.monotonic() - t0
                         ok = e is None and answers_match(r, nodes, tiny_repo, tiny_dataset, model)
-                        log.append((who, time.monotonic() - t0, "OK" if e is None else e.code().name, ok))
+                        log.append((who, start, end, "OK" if e is None else e.code().name, ok))
                         time.sleep(0.01)
+
+            def wait_for(what: str, pred) -> None:
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    if pred(list(log)):
+                        return
+                    time.sleep(0.05)
+                pytest.fail(f"{what} not seen within 60 s: {Counter((w, c) for w, _, _, c, _ in log)}")
 
             threads = [threading.Thread(target=client, args=(w,)) for w in ("hot", "cold", "cold2")]
             for t in threads:
                 t.start()
             try:
-                time.sleep(1.0)
+                wait_for("an answer to every client", lambda lg: {w for w, *_ in lg} == {"hot", "cold", "cold2"})
                 redis.kill(forget=False)
                 phase["down"] = time.monotonic() - t0
-                time.sleep(1.5)
-                redis.start()
+
+                def during_outage(lg, who_ok):
+                    return [(w, c) for w, s0, _, c, _ in lg if s0 > phase["down"] and who_ok(w)]
+
+                wait_for("UNAVAILABLE for a cold request and an answer from the hot tier while Redis is down",
+                         lambda lg: ("UNAVAILABLE" in {c for _, c in during_outage(lg, lambda w: w != "hot")}
+                                     and "OK" in {c for _, c in during_outage(lg, lambda w: w == "hot")}))
+                redis.start(timeout=60)
                 phase["up"] = time.monotonic() - t0
-                deadline = time.monotonic() + 30
-                while time.monotonic() < deadline:  # recovered: cold requests answered again
-                    if any(w != "hot" and tt > phase["up"] and code == "OK" for w, tt, code, _ in log[-20:]):
-                        break
-                    time.sleep(0.1)
-                time.sleep(0.5)
+                wait_for("a cold request answered after Redis came back",
+                         lambda lg: any(w != "hot" and s0 > phase["up"] and c == "OK" for w, s0, _, c, _ in lg))
             finally:
                 stop.set()
                 for t in threads:
                     t.join(30)
-            codes = Counter(code for _, _, code, _ in log)
-            print(f"\nredis killed at {phase['down']:.2f} s, back at {phase['up']:.2f} s: {dict(codes)}")
+            codes = Counter(code for *_, code, _ in log)
+            print(f"\nredis killed at {phase['down']:.2f} s, back at {phase.get('up', float('nan')):.2f} s: {dict(codes)}")
             assert set(codes) <= {"OK", "UNAVAILABLE"}, codes
-            assert all(ok for _, _, code, ok in log if code == "OK"), "an answer differed from the reference"
-            down = [(w, code) for w, tt, code, _ in log if phase["down"] + 0.05 < tt < phase["up"]]
+            assert all(ok for *_, code, ok in log if code == "OK"), "an answer differed from the reference"
+            assert all(code == "OK" for w, *_, code, _ in log if w == "hot"), "hot requests never fail"
+            down = [(w, code) for w, s0, e0, code, _ in log if phase["down"] < s0 and e0 < phase["up"]]
             assert ("cold", "UNAVAILABLE") in down or ("cold2", "UNAVAILABLE") in down
             assert any(w == "hot" and code == "OK" for w, code in down), "the hot tier answers while Redis is down"
-            assert all(code == "OK" for w, _, code, _ in log if w == "hot"), "hot requests never fail"
-            assert any(w != "hot" and tt > phase["up"] and code == "OK" for w, tt, code, _ in log), "no recovery"
             _healthy_and_correct(ch, st_, tiny_repo, tiny_dataset)
     finally:
         redis.cleanup()
