@@ -82,7 +82,11 @@ def test_torch_path_matches_dense_reference(aggregator, strategy, width, weighte
     x = np.random.default_rng(width).standard_normal((g.num_nodes, 5)).astype(np.float32)
     got = sampled_spmm_torch(g, torch.from_numpy(x), width, strategy, aggregator).numpy()
     want = dense_reference(g, x, width, strategy, aggregator)
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    # float32 sums of up to 1154 terms: the rounding error scales with the sum of the magnitudes
+    # (weights are positive), not with the result, which may cancel to near zero
+    scale = dense_reference(g, np.abs(x), width, strategy, aggregator)
+    err = np.abs(got - want)
+    assert np.all(err <= 2e-6 * scale + 2e-5), f"max error {err.max():.3g} against scale {scale.max():.3g}"
 
 
 def test_fastrand_multiple_of_577_keeps_distinct_edges():
