@@ -181,6 +181,20 @@ class DynamicBatcher:
         self._queue = kept
         return batch
 
+    async def _hold_open(self, until: float) -> None:
+        """Wait for more items until ``until`` (batcher clock), the batch limit is reached or the
+        batcher closes: every arrival wakes the wait, so a batch that fills up leaves at once."""
+        assert self._wakeup is not None
+        while self._queued_targets < self.max_batch_targets and not self._closing:
+            wait = until - self._clock()
+            if wait <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), wait)
+            except asyncio.TimeoutError:
+                return
+
     async def _loop(self) -> None:
         assert self._wakeup is not None
         loop = asyncio.get_running_loop()
@@ -192,10 +206,7 @@ class DynamicBatcher:
                 await self._wakeup.wait()
                 continue
             if self.max_delay_s > 0:
-                first = self._queue[0].enqueued
-                wait = first + self.max_delay_s - self._clock()
-                if wait > 0 and self._queued_targets < self.max_batch_targets and not self._closing:
-                    await asyncio.sleep(wait)
+                await self._hold_open(self._queue[0].enqueued + self.max_delay_s)
             batch = self._take_batch()
             if not batch:
                 continue

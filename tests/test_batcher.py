@@ -152,13 +152,15 @@ async def test_stop_grace_expiry_fails_the_rest_loudly():
 
 
 async def test_max_delay_lets_late_arrivals_join():
-    # a long delay, cut short by the batch filling up: no timing assumption a stalled VM can break
+    # an hour's delay, cut short by the batch filling up: the second arrival must end the wait
+    # (a batcher that sleeps out the delay fails here after 2 minutes instead of passing slowly)
     rec = Recorder()
-    b = DynamicBatcher(rec, max_batch_targets=2, max_delay_s=30.0)
+    b = DynamicBatcher(rec, max_batch_targets=2, max_delay_s=3600.0)
     f1 = asyncio.ensure_future(b.submit(1, size=1))
     await asyncio.sleep(0.05)
+    assert not f1.done() and rec.batches == [], "the first item waits for company"
     f2 = asyncio.ensure_future(b.submit(2, size=1))
-    assert await asyncio.gather(f1, f2) == [10, 20]
+    assert await asyncio.wait_for(asyncio.gather(f1, f2), 120) == [10, 20]
     assert rec.batches == [[1, 2]]
     await b.stop()
 
