@@ -109,6 +109,32 @@ def test_push_isolated_and_dangling_nodes():
     np.testing.assert_allclose(ex[[4, 5]], [0.15, 0.85], rtol=1e-9)
 
 
+def test_every_node_touched_and_scratch_reused_across_eps():
+    # a complete graph: every push touches every node, so the touched list fills up to N (the
+    # dense push writes one slot past its count) in every worker row; the per-graph scratch pool
+    # then serves calls with another eps, which must not reuse thresholds built for the first
+    n = 9
+    ii, jj = np.nonzero(~np.eye(n, dtype=bool))
+    g = CSRGraph.from_edge_index(np.stack([ii, jj]), num_nodes=n)
+    targets = np.arange(n)
+    first = None
+    for eps in (1e-7, 1e-2, 1e-7, 1e-2):
+        cfg = PPRConfig(eps=eps)
+        batch = ppr_topk(g, targets, cfg, k=n)
+        one = [ppr_topk(g, [t], cfg, k=n) for t in targets]
+        for b, (_ptr, nodes, scores) in enumerate(one):
+            assert batch[1][batch[0][b] : batch[0][b + 1]].tolist() == nodes.tolist()
+            np.testing.assert_array_equal(batch[2][batch[0][b] : batch[0][b + 1]], scores)
+        if eps == 1e-7:
+            assert np.all(np.diff(batch[0]) == n), "every node reaches every list"
+            check_bound(g, cfg, targets)
+            if first is not None:
+                np.testing.assert_array_equal(batch[2], first)
+            first = batch[2]
+        else:  # coarse eps: far fewer pushes, lower estimates
+            assert batch[2][1] < first[1]
+
+
 def test_push_is_a_lower_bound_on_a_directed_graph():
     rng = np.random.default_rng(1)
     n = 300
