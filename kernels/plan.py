@@ -37,12 +37,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
-import scipy.sparse as sp
-import torch
 
-from .graph import CSRGraph, gather_ranges
-from .spmm import _sampled_edges
+from .graph import CSRGraph
+from .spmm import FASTRAND_PRIME
 from .subgraph import _give_scratch, _take_scratch
 
 __all__ = ["ExactPathEdges", "ExecutionPlan", "edges_on_paths", "exact_path_edges", "execution_plan"]
@@ -122,13 +121,7 @@ class ExecutionPlan:
         total = np.zeros(b, dtype=np.float64)
         if b == 0 or levels == 0:
             return total
-        adj = sp.csr_matrix((np.ones(len(self.cols), np.float64), self.cols, self.indptr), shape=(n1, n0))
-        m = sp.csr_matrix((np.ones(b), np.arange(b), np.arange(b + 1)), shape=(b, n0))
-        for level in range(levels):
-            total += m @ v
-            if level + 1 < levels:
-                m = m + m[:, :n1] @ adj
-                m.data[:] = 1.0
+        _path_sums(self.indptr, self.cols, n1, v, levels, total)
         return total
 
     def kept_per_target(self) -> np.ndarray:
@@ -136,6 +129,70 @@ class ExecutionPlan:
         k = np.zeros(self.sizes[0], dtype=np.float64)
         k[: len(self.indptr) - 1] = np.diff(self.indptr)
         return np.rint(self.path_sums(k)).astype(np.int64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _path_sums(indptr, cols, n1, v, levels, out):  # pragma: no cover - compiled
+    """``out[t] = sum_{r < levels} sum_{u in F_r(t)} v[u]`` for every target ``t < len(out)``.
+
+    A breadth-first walk per target over the plan's kept edges (rows ``< n1``), ``levels - 1``
+    steps, expanding only the nodes new at each step (the others' neighbours are already in); a
+    stamp per node marks the target that reached it.
+    """
+    n0 = v.shape[0]
+    stamp = np.full(n0, -1, dtype=np.int64)
+    cur = np.empty(n0, dtype=np.int64)
+    nxt = np.empty(n0, dtype=np.int64)
+    for t in range(out.shape[0]):
+        stamp[t] = t
+        cur[0] = t
+        nc = 1
+        level_sum = v[t]
+        total = level_sum
+        for _ in range(levels - 1):
+            nn = 0
+            for i in range(nc):
+                u = cur[i]
+                if u >= n1:
+                    continue
+                for e in range(indptr[u], indptr[u + 1]):
+                    w = cols[e]
+                    if stamp[w] != t:
+                        stamp[w] = t
+                        nxt[nn] = w
+                        nn += 1
+                        level_sum += v[w]
+            total += level_sum
+            cur, nxt = nxt, cur
+            nc = nn
+        out[t] = total
+
+
+@numba.njit(cache=True, nogil=True)
+def _kept_edges(starts, deg, kept, width, fastrand, out):  # pragma: no cover - compiled
+    """Edge ids kept by rows ``(starts, deg)`` at ``width``, row after row into ``out``.
+
+    Row ``r`` keeps ``kept[r] = min(deg[r], width)`` edges: ``starts[r] + p_r(t)`` for ``t <
+    kept[r]``, ``p_r`` the position formula of :func:`kernels.spmm.sample_positions` (its
+    specification, compared in the tests); rows at or below the width, ``bucket``, and width 0
+    keep their first edges in order. One pass, no temporaries: a plan's frontiers are small, and
+    per-call overhead of tensor operations was most of their cost.
+    """
+    j = 0
+    for r in range(starts.shape[0]):
+        d = deg[r]
+        k = kept[r]
+        s0 = starts[r]
+        if fastrand and width > 0 and d > width:
+            m = d // FASTRAND_PRIME if d % FASTRAND_PRIME == 0 else d
+            for t in range(k):
+                out[j] = s0 + ((t * FASTRAND_PRIME) % d + t // m) % d
+                j += 1
+        else:
+            for t in range(k):
+                out[j] = s0 + t
+                j += 1
+    return j
 
 
 def execution_plan(graph: CSRGraph, targets: np.ndarray, hops: int, width: int | None,
@@ -165,13 +222,9 @@ def execution_plan(graph: CSRGraph, targets: np.ndarray, hops: int, width: int |
         for _ in range(hops):
             starts = indptr[frontier]
             deg = indptr[frontier + 1] - starts
-            if width and len(frontier) and int(deg.max()) > width:
-                kept_t, _crow, _row, edge_t = _sampled_edges(
-                    {"indptr": torch.from_numpy(np.append(starts, 0)), "deg": torch.from_numpy(deg)}, width, strategy)
-                kept, edges = kept_t.numpy(), edge_t.numpy()
-            else:
-                kept = deg
-                edges = gather_ranges(starts, deg)[1]
+            kept = np.minimum(deg, width) if width else deg
+            edges = np.empty(int(kept.sum()), dtype=np.int64)
+            _kept_edges(starts, deg, kept, width, strategy == "fastrand", edges)
             nbr = indices[edges].astype(np.int64)
             seen = (tag[nbr] >> 32) == ep
             fresh = nbr[~seen]

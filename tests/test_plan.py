@@ -136,3 +136,27 @@ def test_plan_arguments_are_checked(ds):
         m.forward_plan(plan, torch.zeros(plan.sizes[0], 8))
     empty = execution_plan(ds.graph, np.zeros(0, np.int64), 2, 4)
     assert empty.sizes == (0, 0, 0) and len(empty.kept_per_target()) == 0
+
+
+@pytest.mark.parametrize("strategy", ["fastrand", "bucket"])
+@pytest.mark.parametrize("width", [0, 1, 3, 8, 577, 1200])
+def test_kept_edges_follow_sample_positions(strategy, width):
+    # the plan's compiled row sampler against its specification, kernels.spmm.sample_positions,
+    # on degrees around the width and multiples of 577 (where fastrand's correction term applies)
+    from kernels.plan import _kept_edges
+    from kernels.spmm import sample_positions
+
+    rng = np.random.default_rng(width)
+    deg = np.concatenate([rng.integers(0, 40, 200), [0, 1, width, width + 1, 577, 1154, 1731, 2 * 577 + 1, 5000]])
+    deg = deg.astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(deg)[:-1]]).astype(np.int64) + 7
+    kept = np.minimum(deg, width) if width else deg
+    got = np.empty(int(kept.sum()), dtype=np.int64)
+    assert _kept_edges(starts, deg, kept, width, strategy == "fastrand", got) == len(got)
+    rows = np.repeat(np.arange(len(deg)), kept)
+    t = np.arange(len(got)) - np.repeat(np.cumsum(kept) - kept, kept)
+    pos = sample_positions(torch.from_numpy(deg[rows]), torch.from_numpy(t), width, strategy).numpy()
+    np.testing.assert_array_equal(got, starts[rows] + pos)
+    for r in np.flatnonzero(deg > 0):  # distinct edges inside each row
+        part = got[rows == r]
+        assert len(np.unique(part)) == len(part) and part.min() >= starts[r] and part.max() < starts[r] + deg[r]
