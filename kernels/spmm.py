@@ -222,6 +222,19 @@ def _sampled_edges(
     return kept, crow, row, edge
 
 
+def _csr_key(graph: CSRGraph, width: int, strategy: str, aggregator: str, device: torch.device,
+             dtype: torch.dtype) -> tuple[bool, tuple]:
+    """(whether the pass is exact, the key of its matrix in the graph's memo)."""
+    exact = width <= 0 or graph.num_edges == 0 or _max_degree(graph) <= width
+    return exact, (("exact", aggregator, str(device), dtype) if exact else (width, strategy, aggregator, str(device), dtype))
+
+
+def _memoized(graph: CSRGraph, width: int, strategy: str, aggregator: str, x: torch.Tensor) -> bool:
+    """Whether :func:`sampled_csr` already holds this pass's matrix (a repeated pass over one graph)."""
+    memo = graph.cache().get("spmm_csr")
+    return bool(memo) and _csr_key(graph, width, strategy, aggregator, x.device, x.dtype)[1] in memo
+
+
 def sampled_csr(
     graph: CSRGraph,
     width: int | None,
@@ -246,8 +259,7 @@ def sampled_csr(
     device = torch.device(device)
     width = int(width or 0)
     n = graph.num_nodes
-    exact = width <= 0 or graph.num_edges == 0 or _max_degree(graph) <= width
-    key = ("exact", aggregator, str(device), dtype) if exact else (width, strategy, aggregator, str(device), dtype)
+    exact, key = _csr_key(graph, width, strategy, aggregator, device, dtype)
     memo = graph.cache().setdefault("spmm_csr", {}) if norm_degrees is None else None
     if memo is not None:
         mat = memo.get(key)
@@ -374,10 +386,21 @@ def sampled_spmm(
     Returns:
         ``[N, F]`` tensor on ``x``'s device.
 
-    The CUDA kernel runs when ``x`` is on a GPU, CuPy is usable and ``x`` needs no gradient; any
-    other case takes the torch path, which is the specification the kernel is tested against.
+    The CUDA kernel runs when ``x`` is on a GPU, CuPy is usable and ``x`` needs no gradient. On
+    the CPU, a pass that needs no gradient runs the fused compiled kernel of
+    :mod:`kernels.spmm_cpu` unless the graph already memoizes this pass's sparse matrix (then one
+    MKL product is cheaper: repeated passes over one graph, as in training). Any other case takes
+    the torch path, which is the specification both kernels are tested against.
     """
-    if x.is_cuda and not (torch.is_grad_enabled() and x.requires_grad):
+    no_grad = not (torch.is_grad_enabled() and x.requires_grad)
+    if no_grad and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        width = _check_args(graph, x, width, strategy, aggregator)
+        if not _memoized(graph, width, strategy, aggregator, x):
+            from .spmm_cpu import sampled_spmm_cpu
+
+            dinv = _gcn_dinv(graph, x.device, x.dtype, norm_degrees) if aggregator == "gcn" else None
+            return sampled_spmm_cpu(graph, x, width, strategy, aggregator, dinv)
+    if x.is_cuda and no_grad:
         from . import spmm_cuda
 
         if spmm_cuda.available():

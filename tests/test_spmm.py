@@ -199,3 +199,63 @@ def test_gcn_norm_degrees_override():
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-9, atol=1e-9)
     with pytest.raises(ValueError, match="norm_degrees"):
         sampled_spmm(g, x, 8, aggregator="gcn", norm_degrees=own[:5])
+
+
+# ----------------------------------------------------------------------------- the fused CPU kernel
+def _fresh(g: CSRGraph) -> CSRGraph:
+    """The same graph with an empty memo (random_graph is cached across tests)."""
+    return CSRGraph(g.indptr, g.indices, g.weights, g.num_nodes)
+
+
+@pytest.mark.parametrize("aggregator", ["sum", "mean", "gcn"])
+@pytest.mark.parametrize("strategy", ["fastrand", "bucket"])
+@pytest.mark.parametrize("width", [0, 1, 8, 32, 577, 600])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_cpu_kernel_matches_the_torch_path(aggregator, strategy, width, weighted, dtype):
+    from kernels.spmm_cpu import PARALLEL_ROWS, sampled_spmm_cpu
+
+    g = _fresh(random_graph(2 + width, weighted=weighted))
+    x = torch.from_numpy(np.random.default_rng(width).standard_normal((g.num_nodes, 6))).to(dtype)
+    with torch.no_grad():
+        got = sampled_spmm(g, x, width, strategy, aggregator)  # CPU, no gradient: the fused kernel
+    assert not g.cache().get("spmm_csr"), "the fused kernel ran (it builds no sparse matrix)"
+    want = sampled_spmm_torch(g, x, width, strategy, aggregator)
+    scale = sampled_spmm_torch(g, x.abs(), width, strategy, aggregator)
+    tol = (2e-6 if dtype == torch.float32 else 1e-13) * scale + (2e-5 if dtype == torch.float32 else 1e-12)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert bool(torch.all((got - want).abs() <= tol)), float((got - want).abs().max())
+    # the serial and the parallel variant agree exactly (one row is one thread's work in both)
+    from kernels import spmm_cpu
+    from kernels.spmm import _gcn_dinv
+
+    dinv = _gcn_dinv(g, x.device, x.dtype, None) if aggregator == "gcn" else None
+    assert g.num_nodes < PARALLEL_ROWS
+    old = spmm_cpu.PARALLEL_ROWS
+    try:
+        spmm_cpu.PARALLEL_ROWS = 0
+        par = sampled_spmm_cpu(g, x, width, strategy, aggregator, dinv)
+    finally:
+        spmm_cpu.PARALLEL_ROWS = old
+    torch.testing.assert_close(par, got, rtol=0, atol=0)
+
+
+def test_fused_kernel_with_norm_degrees_and_dispatch():
+    g = random_graph(5, weighted=True)
+    x = torch.randn(g.num_nodes, 4)
+    nd = np.random.default_rng(0).uniform(1.0, 50.0, g.num_nodes)
+    want = sampled_spmm_torch(g, x, 8, "fastrand", "gcn", norm_degrees=nd)
+    got = sampled_spmm(g, x, 8, "fastrand", "gcn", norm_degrees=nd)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # dispatch: a pass that needs a gradient builds (and memoizes) the torch matrix; a later pass
+    # without gradient then reuses that matrix through the torch path instead of the fused kernel
+    g2 = _fresh(random_graph(6))
+    xg = torch.randn(g2.num_nodes, 4, requires_grad=True)
+    sampled_spmm(g2, xg, 8, "fastrand", "mean").sum().backward()
+    assert xg.grad is not None and (8, "fastrand", "mean", "cpu", torch.float32) in g2.cache()["spmm_csr"]
+    g3 = _fresh(random_graph(7))
+    with torch.no_grad():
+        sampled_spmm(g3, torch.randn(g3.num_nodes, 4), 8, "fastrand", "mean")
+    assert not g3.cache().get("spmm_csr"), "the fused kernel builds no sparse matrix"
+    with pytest.raises(ValueError, match="width must be >= 0"):
+        sampled_spmm(g3, torch.randn(g3.num_nodes, 4), -1)
