@@ -18,6 +18,7 @@ Items with the same (sampling width, PPR budget) share a batch.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -45,6 +46,23 @@ log = logging.getLogger(__name__)
 # node at warm-up (0.04 to 0.1 s for Amazon Computers' 13,752 nodes); otherwise each node's count is
 # computed on first use (at 3 layers the whole graph took 11 s there: the 2-hop balls reach the hubs).
 EXACT_EDGES_EAGER_NODES = 1 << 20
+#: a batch computing fewer rows than this runs torch on one thread: waking its OpenMP team costs
+#: more than a small operation saves (a single-node shaDow request took 0.80 ms with 2 threads and
+#: 0.62 ms with one on Amazon Computers), while large batches keep every thread
+SMALL_BATCH_ROWS = 4096
+
+
+@contextlib.contextmanager
+def _torch_threads_for(rows: int, configured: int):
+    """One torch thread for a small batch, ``configured`` (the count at startup) restored after."""
+    if rows >= SMALL_BATCH_ROWS or configured <= 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(configured)
 
 
 @dataclass
@@ -108,6 +126,7 @@ class ModelRuntime:
         self.version = version
         self.path = Path(checkpoint.path)
         self.device = torch.device(options.device)
+        self._torch_threads = torch.get_num_threads()  # restored after each small batch (one thread)
         model = checkpoint.model
         self.model = model.to(self.device).eval()
         self.config = checkpoint.config
@@ -231,7 +250,8 @@ class ModelRuntime:
         else:
             batch = self._subgraphs(targets, new_specs, budget)
         t_sub = time.perf_counter()
-        with torch.inference_mode():
+        rows = plan.sizes[0] if plan_path else batch.graph.num_nodes
+        with _torch_threads_for(rows, self._torch_threads), torch.inference_mode():
             if plan_path:
                 p_rows = self.projections.get(plan_ids)
                 t_feat = time.perf_counter()

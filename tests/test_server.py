@@ -301,3 +301,22 @@ def test_warm_projections_fills_the_cache_before_the_model_is_served(tiny_repo):
             reg._loader_pool.shutdown()
     assert loaded[True] == 800  # every node of tiny_dataset
     assert loaded[False] < 800  # without the option only the warm-up request's nodes are projected
+
+
+def test_small_batches_run_torch_on_one_thread_and_restore_the_count():
+    from serve.runtime import SMALL_BATCH_ROWS, _torch_threads_for
+
+    before = torch.get_num_threads()
+    configured = max(2, before)
+    torch.set_num_threads(configured)
+    try:
+        with _torch_threads_for(SMALL_BATCH_ROWS - 1, configured):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == configured
+        with _torch_threads_for(SMALL_BATCH_ROWS, configured):
+            assert torch.get_num_threads() == configured
+        with pytest.raises(RuntimeError), _torch_threads_for(10, configured):
+            raise RuntimeError("a failing forward pass restores the count too")
+        assert torch.get_num_threads() == configured
+    finally:
+        torch.set_num_threads(before)
