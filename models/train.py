@@ -553,8 +553,10 @@ def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress:
             for chunk in _batches(perm, cfg.batch_size):
                 b = extractor.batch(chunk, cfg.ppr_k)
                 opt.zero_grad()
-                p_u = model.project_normalized(data.rows(b.unique_ids))
-                p_rows = p_u[torch.from_numpy(b.row_to_unique).to(device)]
+                # dropout per subgraph row, as in shaDow-GNN: projecting each distinct node once and
+                # gathering (as serving does) would share one dropout mask among every subgraph that
+                # holds a node; on Cora that left 1 seed in 6 near 50% and the mean 6 points lower
+                p_rows = model.project_normalized(data.rows(b.node_ids))
                 logits = model.forward_batch_projected(b, p_rows, cfg.width_train, cfg.strategy)[0]
                 loss = F.cross_entropy(logits, data.y[torch.from_numpy(chunk).to(device)])
                 loss.backward()
