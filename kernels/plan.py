@@ -169,6 +169,21 @@ def _path_sums(indptr, cols, n1, v, levels, out):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
+def _discover(indices, edges, tag, ep, count, new):  # pragma: no cover - compiled
+    """Give the next local ids (from ``count``), in order of first appearance along ``edges``, to
+    the neighbours not yet tagged in epoch ``ep``; they go to ``new``, whose length is returned."""
+    hi = ep << 32
+    n = 0
+    for i in range(edges.shape[0]):
+        v = indices[edges[i]]
+        if (tag[v] >> 32) != ep:
+            tag[v] = hi | (count + n)
+            new[n] = v
+            n += 1
+    return n
+
+
+@numba.njit(cache=True, nogil=True)
 def _kept_edges(starts, deg, kept, width, fastrand, out):  # pragma: no cover - compiled
     """Edge ids kept by rows ``(starts, deg)`` at ``width``, row after row into ``out``.
 
@@ -225,15 +240,8 @@ def execution_plan(graph: CSRGraph, targets: np.ndarray, hops: int, width: int |
             kept = np.minimum(deg, width) if width else deg
             edges = np.empty(int(kept.sum()), dtype=np.int64)
             _kept_edges(starts, deg, kept, width, strategy == "fastrand", edges)
-            nbr = indices[edges].astype(np.int64)
-            seen = (tag[nbr] >> 32) == ep
-            fresh = nbr[~seen]
-            if len(fresh):
-                uniq, first = np.unique(fresh, return_index=True)
-                new = uniq[np.argsort(first, kind="stable")]
-            else:
-                new = fresh
-            tag[new] = hi | np.arange(count, count + len(new), dtype=np.int64)
+            new = np.empty(len(edges), dtype=np.int64)
+            new = new[: _discover(indices, edges, tag, ep, count, new)]
             count += len(new)
             order.append(new)
             sizes.append(count)
