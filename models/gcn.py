@@ -79,7 +79,11 @@ class GCNConv(nn.Module):
                   norm_degrees: np.ndarray | Tensor | None = None) -> Tensor:
         """``Â_S (xΘ) + b`` for already transformed rows ``xw`` ``[n, F_out]``."""
         out = sampled_spmm(graph, xw, width, strategy, "gcn", norm_degrees=norm_degrees)
-        return out + self.bias if self.bias is not None else out
+        if self.bias is None:
+            return out
+        # ``out`` is a fresh tensor: without autograd, add in place (a large serving batch saves an
+        # allocation the size of the output)
+        return out.add_(self.bias) if not torch.is_grad_enabled() else out + self.bias
 
     def forward(self, graph: CSRGraph, x: Tensor, width: int | None = None, strategy: str = "fastrand",
                 norm_degrees: np.ndarray | Tensor | None = None) -> Tensor:

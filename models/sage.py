@@ -78,7 +78,11 @@ class SAGEConv(nn.Module):
     def aggregate(self, graph: CSRGraph, t: Tensor, width: int | None = None, strategy: str = "fastrand") -> Tensor:
         """``t[:, :F_out] + mean_S(t[:, F_out:]) + b`` for transformed rows ``t`` ``[n, 2 F_out]``."""
         o = self.out_channels
-        out = t[:, :o] + sampled_spmm(graph, t[:, o:].contiguous(), width, strategy, "mean")
+        agg = sampled_spmm(graph, t[:, o:].contiguous(), width, strategy, "mean")
+        if not torch.is_grad_enabled():  # ``agg`` is fresh: accumulate in place (no output-sized copies)
+            agg.add_(t[:, :o])
+            return agg.add_(self.bias) if self.bias is not None else agg
+        out = t[:, :o] + agg
         return out + self.bias if self.bias is not None else out
 
     def forward(self, graph: CSRGraph, x: Tensor, width: int | None = None, strategy: str = "fastrand") -> Tensor:

@@ -132,7 +132,7 @@ class ShadowGNN(GNNModel):
         for i, conv in enumerate(self.convs):
             if i > 0:
                 t = conv.transform(F.dropout(h, self.dropout, self.training))
-            h = F.relu(self._aggregate(conv, graph, t, width, strategy, norm_degrees))
+            h = F.relu(self._aggregate(conv, graph, t, width, strategy, norm_degrees), inplace=not torch.is_grad_enabled())
         dev = p_rows.device
         ptr = torch.as_tensor(np.asarray(batch.ptr), dtype=torch.int64, device=dev)
         target_rows = torch.as_tensor(np.asarray(batch.target_rows), dtype=torch.int64, device=dev)
