@@ -363,36 +363,20 @@ def _push_dense(
             if lazy:
                 spread *= 0.5
             c = spread / wu
-            if has_w:
-                for e in range(indptr[u], indptr[u + 1]):
-                    v = indices[e]
-                    old = rw[v, 0]
-                    new = old + c * weights[e]
-                    rw[v, 0] = new
-                    touched[nt] = v
-                    nt += old == 0.0
-                    thr = rw[v, 1]
-                    hit = (old < thr) & (new >= thr)
-                    queue[tail] = v
-                    tail += hit
-                    qlen += hit
-                    if tail == qcap:
-                        tail = 0
-            else:
-                for e in range(indptr[u], indptr[u + 1]):
-                    v = indices[e]
-                    old = rw[v, 0]
-                    new = old + c
-                    rw[v, 0] = new
-                    touched[nt] = v
-                    nt += old == 0.0
-                    thr = rw[v, 1]
-                    hit = (old < thr) & (new >= thr)
-                    queue[tail] = v
-                    tail += hit
-                    qlen += hit
-                    if tail == qcap:
-                        tail = 0
+            for e in range(indptr[u], indptr[u + 1]):
+                v = indices[e]
+                old = rw[v, 0]
+                new = old + (c * weights[e] if has_w else c)
+                rw[v, 0] = new
+                touched[nt] = v
+                nt += old == 0.0
+                thr = rw[v, 1]
+                hit = (old < thr) & (new >= thr)
+                queue[tail] = v
+                tail += hit
+                qlen += hit
+                if tail == qcap:
+                    tail = 0
             if lazy:
                 old = rw[u, 0]
                 new = old + spread
