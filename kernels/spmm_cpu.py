@@ -90,7 +90,7 @@ def sampled_spmm_cpu(
     xn = x.detach().contiguous().numpy()
     out = np.empty_like(xn)
     w = graph.weights if graph.weights is not None else _NO_W
-    d = dinv.detach().to(x.dtype).numpy() if dinv is not None else xn[:0, 0]
+    d = dinv.detach().to(x.dtype).numpy() if dinv is not None else np.zeros(0, dtype=xn.dtype)
     run = _parallel if graph.num_nodes >= PARALLEL_ROWS else _serial
     run(graph.indptr, graph.indices, w, xn, int(width), strategy == "fastrand", _AGG_CODE[aggregator], d, out)
     return torch.from_numpy(out)
