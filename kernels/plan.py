@@ -41,7 +41,7 @@ import numba
 import numpy as np
 
 from .graph import CSRGraph
-from .spmm import FASTRAND_PRIME
+from .spmm_cpu import fastrand_period, fastrand_position
 from .subgraph import _give_scratch, _take_scratch
 
 __all__ = ["ExactPathEdges", "ExecutionPlan", "edges_on_paths", "exact_path_edges", "execution_plan"]
@@ -199,9 +199,9 @@ def _kept_edges(starts, deg, kept, width, fastrand, out):  # pragma: no cover - 
         k = kept[r]
         s0 = starts[r]
         if fastrand and width > 0 and d > width:
-            m = d // FASTRAND_PRIME if d % FASTRAND_PRIME == 0 else d
+            m = fastrand_period(d)
             for t in range(k):
-                out[j] = s0 + ((t * FASTRAND_PRIME) % d + t // m) % d
+                out[j] = s0 + fastrand_position(t, d, m)
                 j += 1
         else:
             for t in range(k):

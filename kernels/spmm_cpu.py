@@ -24,13 +24,27 @@ import torch
 from numba import prange
 
 from .graph import CSRGraph
+from .spmm import FASTRAND_PRIME
 
-__all__ = ["sampled_spmm_cpu"]
+__all__ = ["fastrand_period", "fastrand_position", "sampled_spmm_cpu"]
 
 _AGG_CODE = {"sum": 0, "mean": 1, "gcn": 2}
 _NO_W = np.zeros(0, dtype=np.float32)
 #: below this many output rows the kernel runs on one thread (a parallel region costs more than it saves)
 PARALLEL_ROWS = 4096
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def fastrand_period(d):  # pragma: no cover - compiled
+    """``m`` of the fastrand formula for a row of ``d > 0`` edges (``d / gcd(577, d)``)."""
+    return d // FASTRAND_PRIME if d % FASTRAND_PRIME == 0 else d
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def fastrand_position(t, d, m):  # pragma: no cover - compiled
+    """Position of the ``t``-th kept edge of a sampled row of ``d`` edges with period ``m``: the
+    formula of :func:`kernels.spmm.sample_positions`, shared by the compiled CPU paths."""
+    return ((t * FASTRAND_PRIME) % d + t // m) % d
 
 
 def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pragma: no cover - compiled
@@ -41,14 +55,12 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pr
         d = indptr[i + 1] - s0
         k = d if width <= 0 or d <= width else width
         sampled = fastrand and width > 0 and d > width
-        m = d
-        if sampled and d % 577 == 0:
-            m = d // 577
+        m = fastrand_period(d) if sampled else d
         row = out[i]
         for c in range(f):
             row[c] = 0.0
         for t in range(k):
-            pos = ((t * 577) % d + t // m) % d if sampled else t
+            pos = fastrand_position(t, d, m) if sampled else t
             e = s0 + pos
             j = indices[e]
             coef = weights[e] if has_w else 1.0
