@@ -166,7 +166,8 @@ def test_expired_deadline_work_is_dropped(served, stub, monkeypatch):
     """A request whose deadline passes while it waits in the queue is dropped, never run.
 
     The running batch is held on a gate (no wall-clock race: this VM pauses for up to a second), the small
-    request is seen in the queue, its client deadline expires, then the gate opens.
+    request is seen in the queue, its client deadline expires, then, once its deadline has also passed on the
+    server's clock, the gate opens.
     """
     import threading
 
@@ -192,6 +193,13 @@ def test_expired_deadline_work_is_dropped(served, stub, monkeypatch):
         with pytest.raises(grpc.RpcError) as ei:
             late.result(60)
         queued_when_expired = rt.batcher.queued_targets
+        # The client's deadline passes a little before the server's (the server counts from the request's
+        # arrival): open the gate only once the queued item's own deadline has passed on the batcher's clock.
+        waiting = list(rt.batcher._queue)
+        assert len(waiting) == 1 and waiting[0].deadline is not None, "the late request carries its deadline"
+        limit = time.monotonic() + 60
+        while rt.batcher._clock() <= waiting[0].deadline and time.monotonic() < limit:
+            time.sleep(0.01)
         gate.set()
         assert list(blocker.result(60).labels)
     assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
