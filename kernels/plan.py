@@ -42,7 +42,7 @@ import numpy as np
 
 from .graph import CSRGraph
 from .spmm_cpu import fastrand_period, fastrand_position
-from .subgraph import _give_scratch, _take_scratch
+from .subgraph import _give_scratch, _grow, _take_scratch
 
 __all__ = ["ExactPathEdges", "ExecutionPlan", "edges_on_paths", "exact_path_edges", "execution_plan"]
 
@@ -210,57 +210,95 @@ def _kept_edges(starts, deg, kept, width, fastrand, out):  # pragma: no cover - 
     return j
 
 
+@numba.njit(cache=True, nogil=True)
+def _build_plan(indptr, indices, targets, hops, width, fastrand, tag, ep):  # pragma: no cover - compiled
+    """The whole expansion of :func:`execution_plan` in one compiled call (the per-hop array
+    operations around :func:`_kept_edges` and :func:`_discover` cost more than they do on the
+    small batches a server runs).
+
+    Rows are expanded in local-id order (``S_L``, then each hop's new nodes), each keeping the edges
+    :func:`_kept_edges` keeps, and every column seen for the first time in epoch ``ep`` gets the
+    next local id (first appearance along the kept edges, :func:`_discover`).
+    Returns ``(status, node_ids, counts, ptr, edges, cols, row_scale)``; ``status`` is 0, or -1
+    for a target out of range, -2 for a repeated target.
+    """
+    n = indptr.shape[0] - 1
+    b = targets.shape[0]
+    hi = ep << 32
+    node_ids = np.empty(max(b, 16), dtype=np.int64)
+    counts = np.zeros(hops + 1, dtype=np.int64)
+    for i in range(b):
+        v = targets[i]
+        if v < 0 or v >= n:
+            return -1, node_ids[:0], counts, counts[:0], node_ids[:0], node_ids[:0], np.zeros(0, np.float32)
+        if (tag[v] >> 32) == ep:
+            return -2, node_ids[:0], counts, counts[:0], node_ids[:0], node_ids[:0], np.zeros(0, np.float32)
+        tag[v] = hi | i
+        node_ids[i] = v
+    count = b
+    counts[0] = b
+    kept = np.empty(max(b, 16), dtype=np.int64)
+    scale = np.empty(max(b, 16), dtype=np.float32)
+    edges = np.empty(16, dtype=np.int64)
+    ne = 0
+    lo = 0
+    for h in range(hops):
+        stop = count  # this hop expands rows lo .. stop - 1; the nodes it finds get ids from stop on
+        kept = _grow(kept, stop)
+        scale = _grow(scale, stop)
+        starts = np.empty(stop - lo, dtype=np.int64)
+        deg = np.empty(stop - lo, dtype=np.int64)
+        total = 0
+        for r in range(lo, stop):
+            v = node_ids[r]
+            s0 = indptr[v]
+            d = indptr[v + 1] - s0
+            k = d if width <= 0 or d <= width else width
+            starts[r - lo] = s0
+            deg[r - lo] = d
+            kept[r] = k
+            scale[r] = d / max(k, 1)
+            total += k
+        edges = _grow(edges, ne + total)
+        _kept_edges(starts, deg, kept[lo:stop], width, fastrand, edges[ne:ne + total])
+        node_ids = _grow(node_ids, count + total)
+        count += _discover(indices, edges[ne:ne + total], tag, ep, count, node_ids[count:count + total])
+        ne += total
+        counts[h + 1] = count
+        lo = stop
+    n1 = lo
+    ptr = np.zeros(n1 + 1, dtype=np.int64)
+    for r in range(n1):
+        ptr[r + 1] = ptr[r] + kept[r]
+    cols = np.empty(ne, dtype=np.int64)
+    for i in range(ne):
+        cols[i] = tag[indices[edges[i]]] & _LOW
+    return 0, node_ids[:count], counts, ptr, edges[:ne], cols, scale[:n1]
+
+
 def execution_plan(graph: CSRGraph, targets: np.ndarray, hops: int, width: int | None,
                    strategy: str = "fastrand") -> ExecutionPlan:
     """The :class:`ExecutionPlan` of a plain ``hops``-layer model for distinct ``targets`` at ``width``."""
     t = np.ascontiguousarray(np.asarray(targets, dtype=np.int64).reshape(-1))
-    n = graph.num_nodes
-    if len(t) and (int(t.min()) < 0 or int(t.max()) >= n):
-        raise ValueError(f"targets must lie in [0, {n})")
-    if len(np.unique(t)) != len(t):
-        raise ValueError("targets must be distinct")
     if hops < 0:
         raise ValueError(f"hops must be >= 0, got {hops}")
     width = int(width or 0)
-    indptr, indices, gw = graph.indptr, graph.indices, graph.weights
     sc = _take_scratch(graph)
     try:
         ep = np.int64(sc.reserve(1))
-        hi = ep << 32
-        tag = sc.tag
-        tag[t] = hi | np.arange(len(t), dtype=np.int64)
-        order = [t]
-        count = len(t)
-        sizes = [count]
-        frontier = t
-        kept_parts, edge_parts, scale_parts = [], [], []
-        for _ in range(hops):
-            starts = indptr[frontier]
-            deg = indptr[frontier + 1] - starts
-            kept = np.minimum(deg, width) if width else deg
-            edges = np.empty(int(kept.sum()), dtype=np.int64)
-            _kept_edges(starts, deg, kept, width, strategy == "fastrand", edges)
-            new = np.empty(len(edges), dtype=np.int64)
-            new = new[: _discover(indices, edges, tag, ep, count, new)]
-            count += len(new)
-            order.append(new)
-            sizes.append(count)
-            kept_parts.append(kept)
-            edge_parts.append(edges)
-            scale_parts.append(deg / np.maximum(kept, 1))
-            frontier = new
-        node_ids = np.concatenate(order)
-        edges = np.concatenate(edge_parts) if edge_parts else np.zeros(0, np.int64)
-        cols = (tag[indices[edges]] & _LOW).astype(np.int32 if count < 2**31 else np.int64)
+        status, node_ids, counts, ptr, edges, cols, row_scale = _build_plan(
+            graph.indptr, graph.indices, t, int(hops), width, strategy == "fastrand", sc.tag, ep)
     finally:
         _give_scratch(graph, sc)
+    if status == -1:
+        raise ValueError(f"targets must lie in [0, {graph.num_nodes})")
+    if status == -2:
+        raise ValueError("targets must be distinct")
+    if len(node_ids) < 2**31:
+        cols = cols.astype(np.int32)
+    weights = graph.weights[edges] if graph.weights is not None else None
     # the rows expanded are S_L, then S_{L-1} \ S_L, ..., S_1 \ S_2: S_1 in local order
-    kept_all = np.concatenate(kept_parts) if kept_parts else np.zeros(0, np.int64)
-    ptr = np.zeros(len(kept_all) + 1, dtype=np.int64)
-    np.cumsum(kept_all, out=ptr[1:])
-    weights = gw[edges] if gw is not None else None
-    row_scale = (np.concatenate(scale_parts) if scale_parts else np.zeros(0)).astype(np.float32)
-    return ExecutionPlan(node_ids, tuple(reversed(sizes)), ptr, cols, weights, row_scale, width)
+    return ExecutionPlan(node_ids, tuple(int(c) for c in counts[::-1]), ptr, cols, weights, row_scale, width)
 
 
 def exact_path_edges(graph: CSRGraph, targets: np.ndarray, layers: int) -> np.ndarray:

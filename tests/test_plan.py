@@ -130,6 +130,8 @@ def test_plan_arguments_are_checked(ds):
         execution_plan(ds.graph, np.array([1, 1]), 2, 0)
     with pytest.raises(ValueError, match=r"\[0, 500\)"):
         execution_plan(ds.graph, np.array([500]), 2, 0)
+    with pytest.raises(ValueError, match=r"\[0, 500\)"):
+        execution_plan(ds.graph, np.array([4, -1]), 2, 0)
     m = _model("gcn", ds, 2)
     plan = execution_plan(ds.graph, np.array([1, 2]), 3, 0)
     with pytest.raises(ValueError, match="3 layers, the model 2"):
