@@ -190,3 +190,34 @@ async def test_drain_gate_refuses_after_close_and_waits_for_admitted_rpcs():
     assert not waiter.done()
     gate.leave()
     assert await waiter and gate.inflight == 0 and gauge._value.get() == 0
+
+
+async def test_small_batches_of_an_idle_batcher_run_on_the_loop():
+    """``inline_max_targets``: a small batch with nothing behind it runs on the event loop's thread;
+    a larger one, or one with work queued behind it, runs in the worker; answers are the same."""
+    threads: list[tuple[list, int]] = []
+
+    def process(items):
+        threads.append(([it.payload for it in items], threading.get_ident()))
+        if any(it.payload == "boom" for it in items):
+            raise RuntimeError("boom")
+        return [f"{it.payload}!" for it in items]
+
+    loop_thread = threading.get_ident()
+    b = DynamicBatcher(process, max_batch_targets=100, inline_max_targets=4)
+    assert await b.submit("a", size=1) == "a!"
+    assert await b.submit("b", size=4) == "b!"
+    assert await b.submit("c", size=5) == "c!"
+    with pytest.raises(RuntimeError, match="boom"):  # an inline failure fails its items, the loop lives on
+        await b.submit("boom", size=1)
+    assert [t == loop_thread for _, t in threads] == [True, True, False, True]
+    assert b.batches_inline == 3
+    threads.clear()
+    # two requests at once: the first batch sees the second queued behind it and leaves the loop free
+    results = await asyncio.gather(b.submit("x", size=1), b.submit("y", size=1, key="other"))
+    assert results == ["x!", "y!"]
+    assert threads[0][0] == ["x"] and threads[0][1] != loop_thread
+    assert threads[1][0] == ["y"] and threads[1][1] == loop_thread
+    await b.stop()
+    with pytest.raises(ValueError, match="inline_max_targets"):
+        DynamicBatcher(process, inline_max_targets=-1)
