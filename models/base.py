@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from kernels.fused_forward import StackParams
 from kernels.graph import CSRGraph
 from kernels.plan import ExecutionPlan
 
@@ -38,8 +39,10 @@ __all__ = [
     "BatchLike",
     "GNNModel",
     "as_index_tensor",
+    "conv_stack_arrays",
     "dropout_any",
     "full_gcn_degrees",
+    "gcn_dinv32",
     "glorot_",
     "linear_any",
     "segment_ids",
@@ -111,6 +114,28 @@ def full_gcn_degrees(graph: CSRGraph) -> np.ndarray:
             d = np.bincount(graph.row_ids(), weights=graph.weights, minlength=graph.num_nodes) + 1.0
         cache["models:gcn_degrees"] = d
     return d
+
+
+def _numpy(t: Tensor | None) -> np.ndarray | None:
+    return None if t is None else t.detach().float().cpu().numpy()
+
+
+def conv_stack_arrays(convs: nn.ModuleList) -> tuple[list[np.ndarray], list[np.ndarray | None], list[int]]:
+    """Per conv layer: transform matrix, bias (or ``None``) and output width, as float32 NumPy
+    arrays (what :meth:`kernels.fused_forward.StackParams.pack` takes)."""
+    mats = [_numpy(c.transform_matrix()) for c in convs]
+    return mats, [_numpy(c.bias) for c in convs], [int(c.out_channels) for c in convs]
+
+
+def gcn_dinv32(graph: CSRGraph) -> np.ndarray:
+    """float32 ``[N]`` :math:`D^{-1/2}` of :func:`full_gcn_degrees` (memoized), what
+    :func:`kernels.fused_forward.plan_forward_cpu` takes for a GCN."""
+    cache = graph.cache()
+    v = cache.get("models:gcn_dinv32")
+    if v is None:
+        v = (np.maximum(full_gcn_degrees(graph), 1e-12) ** -0.5).astype(np.float32)
+        cache["models:gcn_dinv32"] = v
+    return v
 
 
 class GNNModel(nn.Module):
@@ -211,6 +236,8 @@ class PlainGNN(GNNModel):
     takes_norm_degrees: ClassVar[bool] = False
     #: whether the aggregation rescales a sampled row by ``d_i / k_i`` (``gcn``, ``sum``; not ``mean``)
     rescales_samples: ClassVar[bool] = True
+    #: the layer formula of :mod:`kernels.fused_forward` (``AGG_GCN`` / ``AGG_SAGE``)
+    plan_aggregator: ClassVar[int] = -1
     convs: nn.ModuleList
 
     @property
@@ -277,6 +304,11 @@ class PlainGNN(GNNModel):
                 emb = h
         b = plan.num_targets
         return h[:b], emb[:b]
+
+    def fused_params(self) -> StackParams:
+        """The weights after the projection, packed for :func:`kernels.fused_forward.plan_forward_cpu`
+        (the compiled twin of :meth:`forward_plan`; a snapshot: pack again after changing weights)."""
+        return StackParams.pack(self.plan_aggregator, *conv_stack_arrays(self.convs))
 
     def forward(self, graph: CSRGraph, x: Tensor, width: int | None = None, strategy: str = "fastrand",
                 norm_degrees: np.ndarray | Tensor | None = None) -> Tensor:

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from kernels.fused_forward import AGG_GCN
 from kernels.graph import CSRGraph
 from kernels.spmm import sampled_spmm
 
@@ -71,9 +72,13 @@ class GCNConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    def transform_matrix(self) -> Tensor:
+        """``Θ^T`` ``[F_out, F_in]``: :meth:`transform` is ``x @ transform_matrix().T``."""
+        return self.weight
+
     def transform(self, x: Tensor) -> Tensor:
         """``x Θ``: ``[n, F_in]`` (dense or sparse CSR) -> ``[n, F_out]``."""
-        return linear_any(x, self.weight)
+        return linear_any(x, self.transform_matrix())
 
     def aggregate(self, graph: CSRGraph, xw: Tensor, width: int | None = None, strategy: str = "fastrand",
                   norm_degrees: np.ndarray | Tensor | None = None) -> Tensor:
@@ -103,6 +108,7 @@ class GCN(PlainGNN):
 
     arch = "gcn"
     takes_norm_degrees = True
+    plan_aggregator = AGG_GCN
 
     def __init__(self, in_dim: int, hidden: int, num_classes: int, layers: int = 2, dropout: float = 0.5,
                  norm: FeatureNorm | None = None) -> None:

@@ -34,6 +34,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from kernels.fused_forward import AGG_SAGE
 from kernels.graph import CSRGraph
 from kernels.spmm import sampled_spmm
 
@@ -71,9 +72,13 @@ class SAGEConv(nn.Module):
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
 
+    def transform_matrix(self) -> Tensor:
+        """``[W_r; W_n]`` ``[2 F_out, F_in]``: :meth:`transform` is ``x @ transform_matrix().T``."""
+        return torch.cat([self.weight_root, self.weight_neigh], dim=0)
+
     def transform(self, x: Tensor) -> Tensor:
         """``[x W_r^T | x W_n^T]``: ``[n, F_in]`` (dense or sparse CSR) -> ``[n, 2 F_out]``."""
-        return linear_any(x, torch.cat([self.weight_root, self.weight_neigh], dim=0))
+        return linear_any(x, self.transform_matrix())
 
     def aggregate(self, graph: CSRGraph, t: Tensor, width: int | None = None, strategy: str = "fastrand") -> Tensor:
         """``t[:, :F_out] + mean_S(t[:, F_out:]) + b`` for transformed rows ``t`` ``[n, 2 F_out]``."""
@@ -102,6 +107,7 @@ class GraphSAGE(PlainGNN):
 
     arch = "sage"
     rescales_samples = False  # mean aggregation: a sampled row is the mean of its kept edges
+    plan_aggregator = AGG_SAGE
 
     def __init__(self, in_dim: int, hidden: int, num_classes: int, layers: int = 2, dropout: float = 0.5,
                  norm: FeatureNorm | None = None) -> None:

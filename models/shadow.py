@@ -40,7 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import BatchLike, GNNModel, dropout_any, segment_ids
+from kernels.fused_forward import AGG_GCN, AGG_SAGE, StackParams
+
+from .base import BatchLike, GNNModel, conv_stack_arrays, dropout_any, segment_ids
 from .gcn import GCNConv
 from .norm import FeatureNorm
 from .sage import SAGEConv
@@ -144,6 +146,14 @@ class ShadowGNN(GNNModel):
                 parts.append(segment_mean(h, seg, nseg) if kind == "mean" else segment_max(h, seg, nseg))
         r = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
         return self.classifier(F.dropout(r, self.dropout, self.training)), r
+
+    def fused_params(self) -> StackParams:
+        """Weights after the projection, readout and classifier, packed for
+        :func:`kernels.fused_forward.shadow_forward_cpu` (the compiled twin of
+        :meth:`forward_batch_projected`; a snapshot: pack again after changing weights)."""
+        w, b = self.classifier.weight.detach().float().cpu().numpy(), self.classifier.bias
+        return StackParams.pack(AGG_GCN if self.backbone == "gcn" else AGG_SAGE, *conv_stack_arrays(self.convs),
+                                self.pools, (w, None if b is None else b.detach().float().cpu().numpy()))
 
     def forward(self, batch: BatchLike, x_rows: Tensor, width: int | None = None, strategy: str = "fastrand",
                 norm_degrees: np.ndarray | Tensor | None = None) -> Tensor:

@@ -89,6 +89,9 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--max-batch-targets", type=int, default=1024)
     ap.add_argument("--max-queue-targets", type=int, default=16384)
     ap.add_argument("--max-delay-ms", type=float, default=0.0, help="extra wait for a batch to fill (0 = none)")
+    ap.add_argument("--inline-max-targets", type=int, default=8,
+                    help="batches up to this many targets run on the event loop when the server is otherwise idle "
+                         "(no thread hand-off; in-memory features only; 0 = always in the worker thread)")
     ap.add_argument("--max-nodes-per-request", type=int, default=4096)
     ap.add_argument("--projection-cache-bytes", type=int, default=2 << 30)
     ap.add_argument("--warm-projections", action="store_true",
@@ -130,6 +133,7 @@ def _serve(argv: Sequence[str]) -> int:
             max_batch_targets=args.max_batch_targets,
             max_queue_targets=args.max_queue_targets,
             max_delay_ms=args.max_delay_ms,
+            inline_max_targets=args.inline_max_targets,
             max_nodes_per_request=args.max_nodes_per_request,
             projection_budget_bytes=args.projection_cache_bytes,
             ppr_cache_dir=args.ppr_cache,

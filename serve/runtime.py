@@ -28,12 +28,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from kernels.fused_forward import plan_forward_cpu, shadow_forward_cpu
 from kernels.graph import CSRGraph
 from kernels.plan import ExactPathEdges, ExecutionPlan, edges_on_paths, execution_plan
 from kernels.subgraph import ExtraEdges, SubgraphBatch, induced_batch, lhop_nodes
+from models.base import gcn_dinv32
 
 from .batcher import DynamicBatcher, WorkItem
 from .errors import InvalidArgument, Unavailable
+from .features.memory import MemoryFeatureStore
 from .metrics import ServerMetrics
 from .projection import ProjectionCache
 from .validation import ModelLimits, PredictCall, knob_rows
@@ -50,6 +53,10 @@ EXACT_EDGES_EAGER_NODES = 1 << 20
 #: more than a small operation saves (a single-node shaDow request took 0.80 ms with 2 threads and
 #: 0.62 ms with one on Amazon Computers), while large batches keep every thread
 SMALL_BATCH_ROWS = 4096
+#: a batch of at most this many targets on a CPU runs the compiled forward of kernels.fused_forward
+#: (one call instead of a dozen tensor operations per layer); larger batches keep the torch path, whose
+#: matrix products use every core
+FUSED_MAX_TARGETS = 64
 
 
 @contextlib.contextmanager
@@ -83,6 +90,9 @@ class RuntimeOptions:
     #: fill the projection cache for every node while a model warms up (before it is served), so the
     #: first request for a node costs what later ones cost; startup then reads every node's features once
     warm_projections: bool = False
+    #: batches of at most this many targets run on the event loop when nothing else waits (no thread
+    #: hand-off; serve.batcher), when features are in memory and the graph local; 0 = never
+    inline_max_targets: int = 8
 
 
 @dataclass
@@ -176,12 +186,22 @@ class ModelRuntime:
             device=self.device,
         )
         self._gcn_degrees: np.ndarray | None = None
+        # on a CPU with a projection table, small batches take the compiled forward (kernels.fused_forward):
+        # plain models on a local graph (their plans index it), shaDow models; the torch path stays for the rest
+        fusable = (self.device.type == "cpu" and self.projections.enabled
+                   and ((self.extractor == "lhop" and not self.remote_graph
+                         and getattr(self.model, "plan_aggregator", -1) >= 0) or self.extractor == "ppr"))
+        self._fused_params = self.model.fused_params() if fusable else None
+        self._dinv = gcn_dinv32(self.graph) if fusable and self.architecture == "gcn" else None
         self.batcher = DynamicBatcher(
             self.process,
             max_batch_targets=options.max_batch_targets,
             max_queue_targets=options.max_queue_targets,
             max_delay_s=options.max_delay_ms / 1e3,
             executor=executor,
+            # never on the loop when a batch may wait on Redis (features or graph rows)
+            inline_max_targets=(options.inline_max_targets
+                                if isinstance(data.features, MemoryFeatureStore) and not self.remote_graph else 0),
             name=f"{name}/v{version}",
         )
         self.ready = False
@@ -217,12 +237,17 @@ class ModelRuntime:
             rows = self.projections.warm()
             log.info("model %s v%s: projections of %d nodes cached in %.1f s", self.name, self.version, rows,
                      time.perf_counter() - t0)
+        batches = [ids]
+        if self._fused_params is not None and self.graph.num_nodes > FUSED_MAX_TARGETS:  # the torch path too
+            batches.append(np.linspace(0, self.graph.num_nodes - 1, FUSED_MAX_TARGETS + 1).astype(np.int64))
         for width in {self.limits.default_sampling_width, 0}:
-            call = PredictCall("warmup", ids, [], width, self.limits.default_ppr_budget, "default", 0.0, True, True)
-            item = WorkItem(call, len(ids), None, None, time.monotonic(), _DoneFuture())
-            res = self.process([item])[0]
-            if isinstance(res, BaseException):
-                raise res
+            for batch_ids in batches:
+                call = PredictCall("warmup", batch_ids, [], width, self.limits.default_ppr_budget, "default", 0.0,
+                                   True, True)
+                item = WorkItem(call, len(batch_ids), None, None, time.monotonic(), _DoneFuture())
+                res = self.process([item])[0]
+                if isinstance(res, BaseException):
+                    raise res
         self.ready = True
 
     async def close(self, grace_s: float | None = None) -> None:
@@ -245,29 +270,40 @@ class ModelRuntime:
             row_map = np.concatenate([inverse.reshape(-1), len(uniq) + np.arange(len(new_specs))])
             targets = uniq
         plan_path = self.extractor == "lhop" and not new_specs
+        fused = self._fused_params is not None and not new_specs and len(targets) <= FUSED_MAX_TARGETS
         if plan_path:  # plain model: the rows each layer needs, once per batch (kernels.plan)
-            plan, plan_graph, plan_ids, plan_gcn_degrees = self._plan(targets, width)
+            plan, plan_graph, plan_ids, plan_gcn_degrees = self._plan(targets, width, degrees=not fused)
         else:
             batch = self._subgraphs(targets, new_specs, budget)
         t_sub = time.perf_counter()
-        rows = plan.sizes[0] if plan_path else batch.graph.num_nodes
-        with _torch_threads_for(rows, self._torch_threads), torch.inference_mode():
-            if plan_path:
-                p_rows = self.projections.get(plan_ids)
-                t_feat = time.perf_counter()
-                logits, emb = self.model.forward_plan(plan, p_rows, plan_gcn_degrees)
-            else:
-                p_rows = self._projections(batch, new_specs)
-                t_feat = time.perf_counter()
-                norm_degrees = self._norm_degrees(batch, new_specs) if self.architecture == "gcn" else None
-                logits, emb = self.model.forward_batch_projected(batch, p_rows, width or None, self.strategy,
-                                                                 norm_degrees)
-            probs = torch.softmax(logits.float(), dim=1)
-            labels = probs.argmax(dim=1)
         want_emb = any(c.return_embeddings for c in calls)
-        probs_np = probs.cpu().numpy()
-        labels_np = labels.cpu().numpy().astype(np.int64)
-        emb_np = emb.float().cpu().numpy() if want_emb else None
+        if fused:
+            table = self.projections.table_for(plan_ids if plan_path else batch.unique_ids).numpy()
+            t_feat = time.perf_counter()
+            if plan_path:
+                _, probs_np, labels_np, emb_np = plan_forward_cpu(plan, self._fused_params, table, self._dinv)
+            else:
+                _, probs_np, labels_np, emb_np = shadow_forward_cpu(batch, self._fused_params, table, width or None,
+                                                                    self.strategy)
+            emb_np = emb_np if want_emb else None
+        else:
+            rows = plan.sizes[0] if plan_path else batch.graph.num_nodes
+            with _torch_threads_for(rows, self._torch_threads), torch.inference_mode():
+                if plan_path:
+                    p_rows = self.projections.get(plan_ids)
+                    t_feat = time.perf_counter()
+                    logits, emb = self.model.forward_plan(plan, p_rows, plan_gcn_degrees)
+                else:
+                    p_rows = self._projections(batch, new_specs)
+                    t_feat = time.perf_counter()
+                    norm_degrees = self._norm_degrees(batch, new_specs) if self.architecture == "gcn" else None
+                    logits, emb = self.model.forward_batch_projected(batch, p_rows, width or None, self.strategy,
+                                                                     norm_degrees)
+                probs = torch.softmax(logits.float(), dim=1)
+                labels = probs.argmax(dim=1)
+            probs_np = probs.cpu().numpy()
+            labels_np = labels.cpu().numpy().astype(np.int64)
+            emb_np = emb.float().cpu().numpy() if want_emb else None
         t_fwd = time.perf_counter()
         if plan_path:
             kept, total = edges_on_paths(plan, plan_graph, width, self._exact_edges)  # memo: None on remote graphs
@@ -395,15 +431,17 @@ class ModelRuntime:
                 seg[hit] += nw[pos[hit]]
         return d
 
-    def _plan(self, targets: np.ndarray, width: int) -> tuple[ExecutionPlan, CSRGraph, np.ndarray, np.ndarray | None]:
-        """``(plan, graph it indexes, global ids of its nodes, GCN degrees of them or None)``."""
+    def _plan(self, targets: np.ndarray, width: int,
+              degrees: bool = True) -> tuple[ExecutionPlan, CSRGraph, np.ndarray, np.ndarray | None]:
+        """``(plan, graph it indexes, global ids of its nodes, GCN degrees of them or None)``
+        (``degrees=False``: no degrees, for the compiled forward, which reads its own)."""
         gcn = self.architecture == "gcn"
         if self.remote_graph:  # the L-hop rows from Redis, as a local graph (local id = rank in uniq)
             g, uniq, gdeg = self.graph.lhop_local(targets, self.hops)
             plan = execution_plan(g, np.searchsorted(uniq, targets), self.hops, width, self.strategy)
             return plan, g, uniq[plan.node_ids], gdeg[plan.node_ids] if gcn else None
         plan = execution_plan(self.graph, targets, self.hops, width, self.strategy)
-        degrees = self.model.norm_degrees_for(self.graph, plan.node_ids) if gcn else None
+        degrees = self.model.norm_degrees_for(self.graph, plan.node_ids) if gcn and degrees else None
         return plan, self.graph, plan.node_ids, degrees
 
     def _edges_per_subgraph(self, batch: SubgraphBatch, width: int) -> tuple[np.ndarray, np.ndarray]:

@@ -183,6 +183,8 @@ def test_expired_deadline_work_is_dropped(served, stub, monkeypatch):
         return real_process(items)
 
     monkeypatch.setattr(rt.batcher, "_process", gated)  # the batcher holds the bound method; gate that
+    # the held batch must run in the worker: one run inline (serve.batcher) would hold the event loop too
+    monkeypatch.setattr(rt.batcher, "inline_max_targets", 0)
     before = rt.batcher.items_dropped
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         blocker = pool.submit(stub.Predict, pb.PredictRequest(model="shadow", nodes=[5], sampling_width=2,
@@ -218,9 +220,9 @@ def test_duplicated_ids_cost_one_subgraph_and_are_answered_per_position(served, 
     stage = "_plan" if rt.extractor == "lhop" else "_subgraphs"  # plain models: an execution plan
     real = getattr(rt, stage)
 
-    def recording(targets, *args):
+    def recording(targets, *args, **kw):
         seen.append(np.array(targets))
-        return real(targets, *args)
+        return real(targets, *args, **kw)
 
     monkeypatch.setattr(rt, stage, recording)
     nodes = [7, 300, 7, 7, 0, 300, 799]
@@ -328,3 +330,43 @@ def test_small_batches_run_torch_on_one_thread_and_restore_the_count():
         assert torch.get_num_threads() == configured
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("model", "kernel"), [("gcn", "plan_forward_cpu"), ("shadow", "shadow_forward_cpu")])
+def test_small_batches_take_the_compiled_forward_with_the_torch_answers(served, monkeypatch, model, kernel):
+    """A small batch runs kernels.fused_forward; forcing the torch path gives the same answers."""
+    import serve.runtime as runtime_mod
+    from serve.batcher import WorkItem
+    from serve.validation import PredictCall
+
+    rt = served.server.registry.get(model)
+    assert rt._fused_params is not None, "a CPU model with a projection table gets the compiled forward"
+    calls_made = []
+    real = getattr(runtime_mod, kernel)
+
+    def counting(*args):
+        calls_made.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(runtime_mod, kernel, counting)
+    budget = rt.limits.default_ppr_budget
+
+    def run(nodes, width):
+        call = PredictCall("t", np.asarray(nodes, dtype=np.int64), [], width, budget, "request", 0.0, True, True)
+        fut = type("F", (), {"done": lambda self: False})()
+        return rt.process([WorkItem(call, len(nodes), None, None, time.monotonic(), fut)])[0]
+
+    for nodes, width in (([5], 3), ([1, 2, 3, 700, 2], 8), (list(range(0, 800, 13)), 0)):
+        before = len(calls_made)
+        fused = run(nodes, width)
+        assert len(calls_made) == before + 1
+        monkeypatch.setattr(runtime_mod, "FUSED_MAX_TARGETS", 0)
+        torch_path = run(nodes, width)
+        monkeypatch.setattr(runtime_mod, "FUSED_MAX_TARGETS", 64)
+        assert len(calls_made) == before + 1, "FUSED_MAX_TARGETS = 0 keeps the torch path"
+        np.testing.assert_allclose(fused.probabilities, torch_path.probabilities, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(fused.embeddings, torch_path.embeddings, rtol=1e-5, atol=1e-5)
+        assert np.array_equal(fused.labels, torch_path.labels)
+        assert (fused.edges_kept, fused.edges_total) == (torch_path.edges_kept, torch_path.edges_total)
+    big = run(list(range(65)), 4)  # more than FUSED_MAX_TARGETS targets: the torch path
+    assert len(big.labels) == 65 and len(calls_made) == 3

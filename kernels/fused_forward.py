@@ -1,0 +1,317 @@
+r"""Compiled inference of GCN / GraphSAGE stacks for small CPU batches: plain models on execution
+plans, shaDow models on subgraph batches.
+
+The torch forwards are the specifications: :meth:`models.base.PlainGNN.forward_plan` and
+:meth:`models.shadow.ShadowGNN.forward_batch_projected`. Per layer they transform the input rows
+(``T_1`` is the cached projection ``P``, ``T_l = H_{l-1} M_l^T`` after), aggregate with
+:func:`kernels.sampled_spmm` and add the bias, with ReLUs between. On a one-node request that
+is a dozen tensor operations per layer, each costing more than its arithmetic (a 2-layer GCN at
+width 32 touches about a thousand rows of 64 floats; a shaDow subgraph, tens). Here the same
+formulas run in one compiled call per batch:
+
+* ``gcn``: :math:`h_i = \Big(\sum_{t < k_i} w_{e_t} g_{j_t} T_{j_t}\Big) s_i g_i + g_i^2 T_i + b`,
+  :math:`g = D^{-1/2}` (plain: the full graph's GCN degrees; shaDow: the subgraph's own),
+  :math:`s_i = d_i / k_i`;
+* ``sage``: :math:`h_i = \frac{1}{k_i} \Big(\sum_{t < k_i} w_{e_t} T_{j_t, o:}\Big) + T_{i, :o} + b`
+  (:math:`T = [h W_r^T \,|\, h W_n^T]`, ``o`` the output width; no neighbour term when
+  :math:`k_i = 0`);
+
+with the kept edges :math:`e_t` of :func:`kernels.spmm.sample_positions` at the sampling width
+(a plan's layer graphs are already sampled: they run exact, their rows' :math:`d_i / k_i` given).
+Then, plain: the logits are the last layer's target rows and the embedding is the ReLU of the
+layer before; shaDow: ReLU after every layer, the readout (target row, then mean and/or max over
+the subgraph's rows) and the classifier. Softmax and arg-max of the probabilities last. Layer 1
+reads ``P`` through global ids (no gathered copy).
+
+Results equal the torch forwards up to rounding: the dense products go through NumPy's BLAS here
+and MKL in torch, and the row scale multiplies at another point of the sum (tests compare them on
+random graphs). Single-threaded: meant for the small batches that run on the event loop
+(:mod:`serve.batcher`), where the torch path's per-operation cost dominates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+
+from .plan import ExecutionPlan
+from .spmm_cpu import fastrand_period, fastrand_position
+
+__all__ = ["AGG_GCN", "AGG_SAGE", "POOL_CODES", "StackParams", "plan_forward_cpu", "shadow_forward_cpu"]
+
+AGG_GCN = 0
+AGG_SAGE = 1
+#: shaDow readout parts after the target row
+POOL_CODES = {"mean": 0, "max": 1}
+_NO_W = np.zeros(0, dtype=np.float32)
+_NO_I = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class StackParams:
+    """A model's weights after the projection, packed for the compiled forwards.
+
+    Attributes:
+        agg: :data:`AGG_GCN` or :data:`AGG_SAGE`.
+        dims: int64 ``[L, 3]``: per layer ``(in, T width, out)``; layer 1's ``in`` is unused.
+        mats: float32, the matrices ``M_l^T`` ``[in_l, T width_l]`` of layers ``2 .. L``, flat.
+        mat_off: int64 ``[L + 1]``: offset of layer ``l``'s matrix in ``mats`` (layer 1: none).
+        bias: float32, the biases of layers ``1 .. L``, flat (zeros where a layer has none).
+        bias_off: int64 ``[L + 1]``.
+        pools: int64 codes of :data:`POOL_CODES` (shaDow readout; empty for plain models).
+        cls_w: float32 ``W_c^T`` ``[(1 + n_pool) H, C]`` (shaDow classifier; empty for plain).
+        cls_b: float32 ``[C]``.
+    """
+
+    agg: int
+    dims: np.ndarray
+    mats: np.ndarray
+    mat_off: np.ndarray
+    bias: np.ndarray
+    bias_off: np.ndarray
+    pools: np.ndarray = field(default_factory=lambda: _NO_I)
+    cls_w: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
+    cls_b: np.ndarray = field(default_factory=lambda: _NO_W)
+
+    @property
+    def layers(self) -> int:
+        return int(self.dims.shape[0])
+
+    @classmethod
+    def pack(cls, agg: int, transforms: list[np.ndarray], biases: list[np.ndarray | None], outs: list[int],
+             pools: tuple[str, ...] | list[str] = (), classifier: tuple[np.ndarray, np.ndarray | None] | None = None) -> StackParams:
+        """From per-layer transform matrices ``M_l`` ``[T width, in]`` (layer 1's unused: pass what
+        the model has), biases ``[out]`` (or ``None``), output widths, and for shaDow the readout
+        pools and the classifier ``(W_c [C, (1 + n_pool) H], b_c)``."""
+        layers = len(outs)
+        if len(transforms) != layers or len(biases) != layers or layers < 1:
+            raise ValueError("one transform, bias and output width per layer")
+        dims = np.zeros((layers, 3), dtype=np.int64)
+        mats, mat_off = [], np.zeros(layers + 1, dtype=np.int64)
+        bias, bias_off = [], np.zeros(layers + 1, dtype=np.int64)
+        for i, (m, b, o) in enumerate(zip(transforms, biases, outs, strict=True)):
+            tw, fin = m.shape
+            if tw != (o if agg == AGG_GCN else 2 * o):
+                raise ValueError(f"layer {i + 1}: transform of {tw} rows for output width {o}")
+            dims[i] = (fin, tw, o)
+            mt = np.ascontiguousarray(m.T, dtype=np.float32) if i > 0 else np.zeros(0, np.float32)
+            mats.append(mt.reshape(-1))
+            mat_off[i + 1] = mat_off[i] + mt.size
+            bias.append(np.zeros(o, np.float32) if b is None else np.asarray(b, np.float32).reshape(o))
+            bias_off[i + 1] = bias_off[i] + o
+        extra = {}
+        if classifier is not None:
+            w, b = classifier
+            if w.shape[1] != outs[-1] * (1 + len(pools)):
+                raise ValueError(f"classifier takes {w.shape[1]} inputs, the readout has {outs[-1] * (1 + len(pools))}")
+            extra = {"pools": np.array([POOL_CODES[p] for p in pools], dtype=np.int64),
+                     "cls_w": np.ascontiguousarray(w.T, dtype=np.float32),
+                     "cls_b": np.zeros(w.shape[0], np.float32) if b is None else np.asarray(b, np.float32)}
+        return cls(agg, dims, np.concatenate(mats), mat_off, np.concatenate(bias), bias_off, **extra)
+
+
+@numba.njit(cache=True, nogil=True)
+def _aggregate(src, rows, n_out, o, ptr, cols, ew, rs, width, fastrand, agg, dl, bias, b0,
+               out):  # pragma: no cover - compiled
+    """Rows ``0 .. n_out - 1`` of one layer into ``out`` from transformed rows ``src[rows[j]]``;
+    ``rs``: each row's ``d_i / k_i`` when the graph is already sampled (``width`` 0), else empty."""
+    has_w = ew.shape[0] > 0
+    given_scale = rs.shape[0] > 0
+    for i in range(n_out):
+        acc = out[i]
+        for c in range(o):
+            acc[c] = 0.0
+        a = ptr[i]
+        d = ptr[i + 1] - a
+        k = d if width <= 0 or d <= width else width
+        sampled = fastrand and width > 0 and d > width
+        m = fastrand_period(d) if sampled else d
+        xi = src[rows[i]]
+        if agg == AGG_GCN:
+            for t in range(k):
+                e = a + (fastrand_position(t, d, m) if sampled else t)
+                j = cols[e]
+                coef = (ew[e] if has_w else np.float32(1.0)) * dl[j]
+                xj = src[rows[j]]
+                for c in range(o):
+                    acc[c] += coef * xj[c]
+            di = dl[i]
+            scale = (rs[i] if given_scale else np.float32(d / max(k, 1))) * di
+            self_w = di * di
+            for c in range(o):
+                acc[c] = acc[c] * scale + self_w * xi[c] + bias[b0 + c]
+        else:
+            for t in range(k):
+                e = a + (fastrand_position(t, d, m) if sampled else t)
+                j = cols[e]
+                coef = ew[e] if has_w else np.float32(1.0)
+                xj = src[rows[j]]
+                for c in range(o):
+                    acc[c] += coef * xj[o + c]
+            if k > 0:
+                inv = np.float32(1.0) / np.float32(k)
+                for c in range(o):
+                    acc[c] = acc[c] * inv + xi[c] + bias[b0 + c]
+            else:
+                for c in range(o):
+                    acc[c] = xi[c] + bias[b0 + c]
+
+
+@numba.njit(cache=True, nogil=True)
+def _relu(h):  # pragma: no cover - compiled
+    for i in range(h.shape[0]):
+        for c in range(h.shape[1]):
+            if h[i, c] < 0:
+                h[i, c] = 0.0
+
+
+@numba.njit(cache=True, nogil=True)
+def _layers(sizes, ptr, cols, ew, rs, width, fastrand, node_ids, table, agg, dl, dims, mats, mat_off, bias,
+            bias_off, relu_last, keep):  # pragma: no cover - compiled
+    """Every layer; returns the last layer's rows and the ReLU'd rows ``0 .. keep - 1`` of the one
+    before (the plain models' embedding)."""
+    layers = dims.shape[0]
+    ident = np.arange(sizes[0])
+    prev = np.zeros((keep, dims[0, 2]), dtype=np.float32)
+    h = np.empty((sizes[1], dims[0, 2]), dtype=np.float32)
+    _aggregate(table, node_ids, sizes[1], dims[0, 2], ptr, cols, ew, rs, width, fastrand, agg, dl, bias,
+               bias_off[0], h)
+    for layer in range(1, layers):
+        _relu(h)
+        prev = h[:keep].copy()
+        fin, tw, o = dims[layer, 0], dims[layer, 1], dims[layer, 2]
+        t = np.dot(h, mats[mat_off[layer]:mat_off[layer] + fin * tw].reshape((fin, tw)))
+        h = np.empty((sizes[layer + 1], o), dtype=np.float32)
+        _aggregate(t, ident, sizes[layer + 1], o, ptr, cols, ew, rs, width, fastrand, agg, dl, bias,
+                   bias_off[layer], h)
+    if relu_last:
+        _relu(h)
+    return h, prev
+
+
+@numba.njit(cache=True, nogil=True)
+def _softmax(logits):  # pragma: no cover - compiled
+    """Row-wise softmax and the arg-max of the probabilities (the first of equal ones)."""
+    b, c = logits.shape
+    probs = np.empty((b, c), dtype=np.float32)
+    labels = np.empty(b, dtype=np.int64)
+    for i in range(b):
+        mx = logits[i, 0]
+        for k in range(1, c):
+            mx = max(mx, logits[i, k])
+        s = np.float32(0.0)
+        for k in range(c):
+            probs[i, k] = np.exp(logits[i, k] - mx)
+            s += probs[i, k]
+        best = 0
+        for k in range(c):
+            probs[i, k] /= s
+            if probs[i, k] > probs[i, best]:
+                best = k
+        labels[i] = best
+    return probs, labels
+
+
+@numba.njit(cache=True, nogil=True)
+def _plain(sizes, ptr, cols, ew, rs, node_ids, table, agg, dinv_g, dims, mats, mat_off, bias,
+           bias_off):  # pragma: no cover - compiled
+    n0 = sizes[0]
+    dl = np.empty(n0 if agg == AGG_GCN else 0, dtype=np.float32)
+    for j in range(dl.shape[0]):
+        dl[j] = dinv_g[node_ids[j]]
+    b = sizes[sizes.shape[0] - 1]
+    h, emb = _layers(sizes, ptr, cols, ew, rs, 0, False, node_ids, table, agg, dl, dims, mats, mat_off, bias,
+                     bias_off, False, b)
+    logits = h[:b].copy()
+    probs, labels = _softmax(logits)
+    return logits, probs, labels, emb
+
+
+@numba.njit(cache=True, nogil=True)
+def _shadow(indptr, indices, ew, width, fastrand, node_ids, bptr, table, agg, dims, mats, mat_off, bias, bias_off,
+            pools, cls_w, cls_b):  # pragma: no cover - compiled
+    r = node_ids.shape[0]
+    has_w = ew.shape[0] > 0
+    dl = np.empty(r if agg == AGG_GCN else 0, dtype=np.float32)
+    for i in range(dl.shape[0]):  # GCN degrees inside the subgraphs: 1 + the row's weight sum
+        dh = 1.0
+        for e in range(indptr[i], indptr[i + 1]):
+            dh += ew[e] if has_w else 1.0
+        dl[i] = np.float32(max(dh, 1e-12) ** -0.5)
+    sizes = np.full(dims.shape[0] + 1, r, dtype=np.int64)
+    h, _ = _layers(sizes, indptr, indices, ew, _NO_W, width, fastrand, node_ids, table, agg, dl, dims, mats,
+                   mat_off, bias, bias_off, True, 0)
+    nb = bptr.shape[0] - 1
+    hd = h.shape[1]
+    emb = np.zeros((nb, hd * (1 + pools.shape[0])), dtype=np.float32)
+    for s in range(nb):
+        lo, hi = bptr[s], bptr[s + 1]
+        for c in range(hd):
+            emb[s, c] = h[lo, c]  # the target is its subgraph's first row
+        for p in range(pools.shape[0]):
+            off = hd * (1 + p)
+            if hi == lo:
+                continue
+            if pools[p] == 0:
+                for u in range(lo, hi):
+                    for c in range(hd):
+                        emb[s, off + c] += h[u, c]
+                inv = np.float32(1.0) / np.float32(hi - lo)
+                for c in range(hd):
+                    emb[s, off + c] *= inv
+            else:
+                for c in range(hd):
+                    emb[s, off + c] = h[lo, c]
+                for u in range(lo + 1, hi):
+                    for c in range(hd):
+                        if h[u, c] > emb[s, off + c]:
+                            emb[s, off + c] = h[u, c]
+    logits = np.dot(emb, cls_w)
+    for s in range(nb):
+        for c in range(logits.shape[1]):
+            logits[s, c] += cls_b[c]
+    probs, labels = _softmax(logits)
+    return logits, probs, labels, emb
+
+
+def _check_table(params: StackParams, table: np.ndarray) -> None:
+    if table.dtype != np.float32 or table.ndim != 2 or table.shape[1] != params.dims[0, 1]:
+        raise ValueError(f"table must be float32 [N, {params.dims[0, 1]}], got {table.dtype} {table.shape}")
+
+
+def plan_forward_cpu(plan: ExecutionPlan, params: StackParams, table: np.ndarray,
+                     dinv: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A plain model on a plan: ``(logits [B, C], probabilities [B, C], labels [B], embeddings [B, H])``.
+
+    ``table``: float32 ``[N, P]`` projections indexed by global id, valid at ``plan.node_ids``;
+    ``dinv``: float32 ``[N]`` ``D^{-1/2}`` of the full graph's GCN degrees (``gcn`` only).
+    """
+    if plan.layers != params.layers:
+        raise ValueError(f"the plan has {plan.layers} layers, the model {params.layers}")
+    _check_table(params, table)
+    if params.agg == AGG_GCN and (dinv is None or dinv.dtype != np.float32):
+        raise ValueError("gcn needs dinv, float32 [N]")
+    ew = plan.edge_weights if plan.edge_weights is not None else _NO_W
+    return _plain(np.asarray(plan.sizes, dtype=np.int64), plan.indptr, plan.cols, ew.astype(np.float32, copy=False),
+                  plan.row_scale, plan.node_ids, table, params.agg, dinv if dinv is not None else _NO_W,
+                  params.dims, params.mats, params.mat_off, params.bias, params.bias_off)
+
+
+def shadow_forward_cpu(batch, params: StackParams, table: np.ndarray, width: int | None,
+                       strategy: str = "fastrand") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A shaDow model on a :class:`~kernels.subgraph.SubgraphBatch` at sampling ``width``:
+    ``(logits [B, C], probabilities [B, C], labels [B], readout embeddings [B, (1 + n_pool) H])``.
+
+    ``table``: float32 ``[N, P]`` projections by global id, valid at ``batch.node_ids`` (no virtual ids).
+    """
+    if params.cls_w.shape[0] == 0:
+        raise ValueError("these parameters have no readout and classifier (a plain model's)")
+    _check_table(params, table)
+    g = batch.graph
+    ew = g.weights if g.weights is not None else _NO_W
+    return _shadow(g.indptr, g.indices, ew.astype(np.float32, copy=False), int(width or 0), strategy == "fastrand",
+                   batch.node_ids, np.asarray(batch.ptr, dtype=np.int64), table, params.agg, params.dims,
+                   params.mats, params.mat_off, params.bias, params.bias_off, params.pools, params.cls_w,
+                   params.cls_b)

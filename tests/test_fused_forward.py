@@ -1,0 +1,140 @@
+"""The compiled forwards (kernels.fused_forward) against their specifications: PlainGNN.forward_plan for
+plain models, ShadowGNN.forward_batch_projected for shaDow models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kernels.fused_forward import StackParams, plan_forward_cpu, shadow_forward_cpu
+from kernels.graph import CSRGraph
+from kernels.plan import execution_plan
+from kernels.subgraph import induced_batch, lhop_nodes
+from models import FeatureNorm, build_model
+from models.base import gcn_dinv32
+
+from .test_models import _one_thread  # noqa: F401 (the module-wide one-thread fixture)
+from .test_plan import _model, _weighted, ds  # noqa: F401 (the module's dataset fixture)
+
+
+def _with_isolated(g: CSRGraph) -> CSRGraph:
+    """``g`` plus three nodes without edges (rows with k = 0 at every layer)."""
+    indptr = np.concatenate([g.indptr, np.full(3, g.indptr[-1])])
+    return CSRGraph(indptr, g.indices, g.weights, g.num_nodes + 3)
+
+
+def _compare(m, g, x, targets, width, strategy="fastrand"):
+    plan = execution_plan(g, targets, m.layers, width, strategy)
+    with torch.no_grad():
+        table = m.project(x)
+        deg = m.norm_degrees_for(g, plan.node_ids)
+        want, want_emb = m.forward_plan(plan, table[torch.from_numpy(plan.node_ids)], deg)
+    dinv = gcn_dinv32(g) if m.arch == "gcn" else None
+    _check(plan_forward_cpu(plan, m.fused_params(), table.numpy(), dinv), want, want_emb, m)
+
+
+def _check(got, want, want_emb, m):
+    logits, probs, labels, emb = got
+    want_p = torch.softmax(want, dim=1)
+    b = len(want)
+    assert logits.shape == (b, m.num_classes) and emb.shape == (b, m.embedding_dim)
+    assert logits.dtype == probs.dtype == emb.dtype == np.float32 and labels.dtype == np.int64
+    np.testing.assert_allclose(logits, want.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(emb, want_emb.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(probs, want_p.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+    # the arg-max of the probabilities; a near-tie may go either way between two roundings
+    top2 = np.sort(want_p.numpy(), axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 1e-5
+    assert np.array_equal(labels[clear], want_p.argmax(dim=1).numpy()[clear])
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize(("arch", "layers"), [("gcn", 2), ("gcn", 3), ("sage", 2), ("sage", 3)])
+@pytest.mark.parametrize("width", [0, 1, 2, 5, 1000])
+@pytest.mark.parametrize("strategy", ["fastrand", "bucket"])
+def test_compiled_forward_equals_forward_plan(ds, arch, layers, width, weighted, strategy):  # noqa: F811
+    g = _with_isolated(_weighted(ds) if weighted else ds.graph)
+    x = torch.from_numpy(np.concatenate([ds.x, np.random.default_rng(2).normal(size=(3, ds.num_features))
+                                         .astype(np.float32)]))
+    m = _model(arch, ds, layers)
+    rng = np.random.default_rng(layers * 100 + width)
+    targets = np.concatenate([rng.choice(ds.graph.num_nodes, 12, replace=False), [g.num_nodes - 2]])
+    _compare(m, g, x, targets, width, strategy)
+
+
+@pytest.mark.parametrize("arch", ["gcn", "sage"])
+def test_compiled_forward_one_target_and_every_node(ds, arch):  # noqa: F811
+    m = _model(arch, ds, 2)
+    x = torch.from_numpy(ds.x)
+    _compare(m, ds.graph, x, np.array([7]), 4)
+    _compare(m, ds.graph, x, np.arange(ds.graph.num_nodes)[::-1].copy(), 3)  # every node, reversed
+
+
+def test_compiled_forward_checks_its_arguments(ds):  # noqa: F811
+    m = _model("gcn", ds, 2)
+    x = torch.from_numpy(ds.x)
+    with torch.no_grad():
+        table = m.project(x).numpy()
+    params = m.fused_params()
+    dinv = gcn_dinv32(ds.graph)
+    with pytest.raises(ValueError, match="3 layers, the model 2"):
+        plan_forward_cpu(execution_plan(ds.graph, np.array([1]), 3, 0), params, table, dinv)
+    plan = execution_plan(ds.graph, np.array([1, 2]), 2, 0)
+    with pytest.raises(ValueError, match="float32"):
+        plan_forward_cpu(plan, params, table.astype(np.float64), dinv)
+    with pytest.raises(ValueError, match=r"\[N, 8\]"):
+        plan_forward_cpu(plan, params, table[:, :4].copy(), dinv)
+    with pytest.raises(ValueError, match="gcn needs dinv"):
+        plan_forward_cpu(plan, params, table, None)
+    with pytest.raises(ValueError, match="one transform"):
+        StackParams.pack(0, [np.zeros((8, 10), np.float32)], [None, None], [8, 4])
+    with pytest.raises(ValueError, match="transform of 8 rows for output width 4"):
+        StackParams.pack(0, [np.zeros((8, 10), np.float32)], [None], [4])  # gcn: T width = output width
+
+
+def _shadow(backbone: str, ds, layers: int, pool: str):  # noqa: F811
+    torch.manual_seed(layers)
+    norm = FeatureNorm(ds.num_features, "standard").fit(ds.x, ds.split("train"))
+    return build_model({"arch": f"shadow-{backbone}", "backbone": backbone, "in_dim": ds.num_features, "hidden": 8,
+                        "num_classes": ds.num_classes, "layers": layers, "dropout": 0.5, "pool": pool},
+                       norm=norm).eval()
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize(("backbone", "layers", "pool"), [("gcn", 2, "mean"), ("gcn", 3, "none"), ("gcn", 1, "max"),
+                                                          ("sage", 2, "mean+max"), ("sage", 3, "mean"),
+                                                          ("sage", 1, "none")])
+@pytest.mark.parametrize("width", [0, 1, 3, 1000])
+@pytest.mark.parametrize("strategy", ["fastrand", "bucket"])
+def test_compiled_shadow_forward_equals_the_torch_one(ds, backbone, layers, pool, width, weighted,  # noqa: F811
+                                                      strategy):
+    g = _with_isolated(_weighted(ds) if weighted else ds.graph)
+    x = torch.from_numpy(np.concatenate([ds.x, np.random.default_rng(2).normal(size=(3, ds.num_features))
+                                         .astype(np.float32)]))
+    m = _shadow(backbone, ds, layers, pool)
+    rng = np.random.default_rng(layers * 10 + width)
+    targets = np.concatenate([rng.choice(ds.graph.num_nodes, 9, replace=False), [g.num_nodes - 1, 4]])
+    ptr, nodes = lhop_nodes(g, targets, 2)  # any induced subgraphs: 2-hop balls, one of a lone node
+    batch = induced_batch(g, ptr, nodes)
+    with torch.no_grad():
+        table = m.project(x)
+        want, want_emb = m.forward_batch_projected(batch, table[torch.from_numpy(batch.node_ids)], width or None,
+                                                   strategy)
+    got = shadow_forward_cpu(batch, m.fused_params(), table.numpy(), width or None, strategy)
+    _check(got, want, want_emb, m)
+
+
+def test_compiled_shadow_forward_checks_its_arguments(ds):  # noqa: F811
+    m = _shadow("gcn", ds, 2, "mean")
+    batch = induced_batch(ds.graph, *lhop_nodes(ds.graph, np.array([1]), 1))
+    with torch.no_grad():
+        table = m.project(torch.from_numpy(ds.x)).numpy()
+    with pytest.raises(ValueError, match="no readout"):
+        shadow_forward_cpu(batch, _model("gcn", ds, 2).fused_params(), table, 2)
+    with pytest.raises(ValueError, match="float32"):
+        shadow_forward_cpu(batch, m.fused_params(), table.astype(np.float64), 2)
+    w = np.zeros((4, 8), np.float32)
+    with pytest.raises(ValueError, match="classifier takes 8 inputs, the readout has 16"):
+        StackParams.pack(0, [np.zeros((8, 10), np.float32)], [None], [8], ["mean"], (w, None))
