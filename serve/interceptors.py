@@ -175,6 +175,8 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
     def __init__(self, metrics: ServerMetrics | None = None, gate: DrainGate | None = None) -> None:
         self._metrics = metrics
         self._gate = gate
+        # method -> (the handler it wrapped, the wrapper): built once per method, not per RPC
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
         self,
@@ -185,6 +187,9 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
         if handler is None or handler.unary_unary is None:
             return handler
         full_method = handler_call_details.method
+        known = self._wrapped.get(full_method)
+        if known is not None and known[0] is handler:
+            return known[1]
         method = full_method.rsplit("/", 1)[-1]
         metrics = self._metrics
         gate = self._gate
@@ -221,7 +226,9 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
                 if metrics is not None:
                     metrics.requests.labels(_model_of(request), method, code.name).inc()
 
-        return _wrap_unary(handler, guarded, _lenient(handler.request_deserializer))
+        wrapped = _wrap_unary(handler, guarded, _lenient(handler.request_deserializer))
+        self._wrapped[full_method] = (handler, wrapped)
+        return wrapped
 
 
 class BearerAuthInterceptor(aio.ServerInterceptor):

@@ -53,15 +53,24 @@ class ServerMetrics:
         self.queue_targets = Gauge("gnnserve_queue_targets", "Targets waiting in the batcher", ["model"], registry=r)
         self.inflight = Gauge("gnnserve_inflight_requests",
                               "RPCs admitted and not yet answered (health checks not counted)", registry=r)
+        self._per_model: dict[str, tuple] = {}
         self.models_loaded = Gauge("gnnserve_models_loaded", "Model versions being served", registry=r)
 
     def observe_request(self, model: str, timing: dict[str, float], width: int, budget: int, n: int) -> None:
         """Record one answered Predict: ``timing`` in milliseconds by stage."""
+        per_model = self._per_model.get(model)
+        if per_model is None:  # labelled children looked up once per model (labels() locks and hashes)
+            per_model = self._per_model[model] = (
+                self.sampling_width.labels(model), self.ppr_budget.labels(model), self.predictions.labels(model), {})
+        width_h, budget_h, predictions, stages = per_model
         for stage, ms in timing.items():
-            self.request_seconds.labels(model, stage).observe(ms / 1e3)
-        self.sampling_width.labels(model).observe(width)
-        self.ppr_budget.labels(model).observe(budget)
-        self.predictions.labels(model).inc(n)
+            h = stages.get(stage)
+            if h is None:
+                h = stages[stage] = self.request_seconds.labels(model, stage)
+            h.observe(ms / 1e3)
+        width_h.observe(width)
+        budget_h.observe(budget)
+        predictions.inc(n)
 
     def serve_http(self, port: int, addr: str = "0.0.0.0") -> int:
         """Expose ``/metrics`` over HTTP; returns the bound port (``port=0`` picks a free one)."""
