@@ -138,3 +138,25 @@ def test_compiled_shadow_forward_checks_its_arguments(ds):  # noqa: F811
     w = np.zeros((4, 8), np.float32)
     with pytest.raises(ValueError, match="classifier takes 8 inputs, the readout has 16"):
         StackParams.pack(0, [np.zeros((8, 10), np.float32)], [None], [8], ["mean"], (w, None))
+
+
+def test_fused_benchmark_runs_on_a_repository(tiny_repo, capsys):
+    """benchmarks/fused.py end to end on the test repository: one row per model, setting and batch size."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "fused.py"
+    spec = importlib.util.spec_from_file_location("bench_fused", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    import serve.runtime as runtime_mod
+
+    keep = runtime_mod.FUSED_MAX_TARGETS
+    try:
+        assert mod.main(["--repo", str(tiny_repo), "--models", "gcn,shadow", "--batches", "1,3", "--sets", "2",
+                         "--rounds", "1"]) == 0
+    finally:
+        runtime_mod.FUSED_MAX_TARGETS = keep
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gcn") or line.startswith("| shadow")]
+    assert len(rows) == 8  # 2 models x 2 settings x 2 batch sizes
+    assert all(float(r.rstrip(" |").rsplit("|", 1)[1]) > 0 for r in rows)

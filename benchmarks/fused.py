@@ -1,0 +1,91 @@
+"""The compiled forward (kernels.fused_forward) against the torch path, through ``ModelRuntime.process``.
+
+Loads a model repository the way the server does (``GnnServer``, projections warmed, no gRPC) and
+times ``process`` on batches of ``B`` random distinct targets, once with the compiled forward
+(``serve.runtime.FUSED_MAX_TARGETS`` large enough) and once with the torch path (0), in alternating
+rounds; per model, at its default setting and at exact width with its largest PPR budget. Reported:
+the best round's mean time per batch and the ratio torch / compiled. This is what
+``FUSED_MAX_TARGETS`` is chosen from.
+
+    python benchmarks/serve.py --datasets amazon_computers --models gcn,shadow-gcn --cache-dir DIR --train-only
+    python benchmarks/fused.py --repo DIR/amazon_computers/repo --models gcn,shadow-gcn
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repo", required=True, help="a model repository (checkpoint directories)")
+    ap.add_argument("--models", required=True, help="comma-separated model names in the repository")
+    ap.add_argument("--batches", default="1,8,16,32,64,128", help="targets per batch")
+    ap.add_argument("--sets", type=int, default=40, help="batches per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+
+    import numpy as np
+
+    import serve.runtime as runtime_mod
+    from serve.batcher import WorkItem
+    from serve.runtime import PredictCall, RuntimeOptions
+    from serve.server import GnnServer, ServerConfig
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # grpc.aio binds the server to the current loop
+    srv = GnnServer(ServerConfig(repo=args.repo, port=0, poll_s=0, runtime=RuntimeOptions(warm_projections=True)))
+    loop.run_until_complete(srv.start())
+
+    class _Pending:
+        def done(self) -> bool:
+            return False
+
+    sizes = [int(b) for b in args.batches.split(",") if b]
+    rng = np.random.default_rng(0)
+    print("## Compiled forward against the torch path (`benchmarks/fused.py`)\n")
+    print(f"`python benchmarks/fused.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
+    print(f"{datetime.date.today()}, {platform.machine()}, {len(__import__('os').sched_getaffinity(0))} CPUs; "
+          f"ms per `ModelRuntime.process` call, best of {args.rounds} alternating rounds of {args.sets} batches\n")
+    print("| model | S | K | targets | compiled ms | torch ms | torch / compiled |")
+    print("|---|---|---|---|---|---|---|")
+    try:
+        for model in args.models.split(","):
+            rt = srv.registry.get(model, "")
+            settings = {(rt.limits.default_sampling_width, rt.limits.default_ppr_budget), (0, rt.limits.max_ppr_budget)}
+            for width, budget in sorted(settings, reverse=True):
+                for b in sizes:
+                    if b > rt.graph.num_nodes:
+                        continue
+                    sets = [rng.choice(rt.graph.num_nodes, b, replace=False).astype(np.int64) for _ in range(args.sets)]
+                    best = {"compiled": float("inf"), "torch": float("inf")}
+                    for _ in range(args.rounds):
+                        for name, limit in (("compiled", max(sizes)), ("torch", 0)):
+                            runtime_mod.FUSED_MAX_TARGETS = limit
+                            t0 = time.perf_counter()
+                            for s in sets:
+                                call = PredictCall("bench", s, [], width, budget, "default", 0.0, True, False)
+                                out = rt.process([WorkItem(call, b, None, None, time.monotonic(), _Pending())])[0]
+                                if isinstance(out, BaseException):
+                                    raise out
+                            best[name] = min(best[name], 1e3 * (time.perf_counter() - t0) / len(sets))
+                    print(f"| {model} | {width or 'exact'} | {budget or '-'} | {b} | {best['compiled']:.3f} | "
+                          f"{best['torch']:.3f} | {best['torch'] / best['compiled']:.2f} |", flush=True)
+    finally:
+        loop.run_until_complete(srv.stop())
+        loop.close()
+        asyncio.set_event_loop(None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
