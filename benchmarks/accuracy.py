@@ -192,8 +192,9 @@ def run(args: argparse.Namespace) -> list[dict]:
         table = None
         for kind in args.models.split(","):
             for seed in range(args.seeds):
+                layers = args.shadow_layers if kind.startswith("shadow-") else None
                 cfg = TrainConfig(model=kind, hidden=args.hidden, epochs=args.epochs, patience=args.patience,
-                                  seed=seed, ppr_k=args.ppr_k, dropout=args.dropout)
+                                  seed=seed, ppr_k=args.ppr_k, dropout=args.dropout, layers=layers)
                 if cfg.is_shadow and table is None:
                     t0 = time.perf_counter()
                     table = ppr_table(ds.graph, need, make_ppr_config(cfg.ppr, cfg.ppr_k), cfg.ppr_k)
@@ -202,7 +203,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                 t0 = time.perf_counter()
                 res = fit(ds, cfg, ppr_lookup=table if cfg.is_shadow else None)
                 t_ours = time.perf_counter() - t0
-                row = {"dataset": name, "model": kind, "seed": seed, "ours_exact": res.test_accuracy,
+                row = {"dataset": name, "model": kind, "layers": int(cfg.layers), "seed": seed,
+                       "ours_exact": res.test_accuracy,
                        "ours_epochs": res.epochs_run, "ours_s": t_ours}
                 for w in widths:
                     row[f"ours_w{w}"] = evaluate(res.model, res.data, res.data.test, width=w, strategy="fastrand",
@@ -232,14 +234,15 @@ def table(rows: list[dict], widths: list[int]) -> str:
     head = ["dataset", "model", "seeds", "ours exact", *[f"ours S={w}" for w in widths], "PyG exact",
             "ours − PyG (pp)", f"S={widths[1] if len(widths) > 1 else widths[0]} − exact (pp)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    keys = sorted({(r["dataset"], r["model"]) for r in rows}, key=lambda k: (DATASETS.index(k[0]) if k[0] in DATASETS
-                                                                             else 99, KINDS.index(k[1])))
+    keys = sorted({(r["dataset"], r["model"], r.get("layers", 0)) for r in rows},
+                  key=lambda k: (DATASETS.index(k[0]) if k[0] in DATASETS else 99, KINDS.index(k[1]), k[2]))
     w_mid = widths[1] if len(widths) > 1 else widths[0]
-    for ds, kind in keys:
-        rs = [r for r in rows if r["dataset"] == ds and r["model"] == kind]
+    for ds, kind, layers in keys:
+        rs = [r for r in rows if r["dataset"] == ds and r["model"] == kind and r.get("layers", 0) == layers]
         ours = [r["ours_exact"] for r in rs]
         pyg = [r["pyg_exact"] for r in rs]
-        cells = [ds, kind, str(len(rs)), _fmt(ours), *[_fmt([r[f"ours_w{w}"] for r in rs]) for w in widths], _fmt(pyg),
+        label = f"{kind} (L = {layers})" if kind.startswith("shadow-") and layers else kind
+        cells = [ds, label, str(len(rs)), _fmt(ours), *[_fmt([r[f"ours_w{w}"] for r in rs]) for w in widths], _fmt(pyg),
                  f"{100 * (statistics.fmean(ours) - statistics.fmean(pyg)):+.1f}",
                  f"{100 * statistics.fmean([r[f'ours_w{w_mid}'] - r['ours_exact'] for r in rs]):+.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -261,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=200)
     ap.add_argument("--patience", type=int, default=50)
     ap.add_argument("--ppr-k", type=int, default=64)
+    ap.add_argument("--shadow-layers", type=int, default=None,
+                    help="depth of the shaDow models (default: the training module's, 3); plain models keep 2")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--jsonl", action="store_true", help="one JSON line per run on stderr")
     args = ap.parse_args(argv)
