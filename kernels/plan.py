@@ -126,6 +126,8 @@ class ExecutionPlan:
 
     def kept_per_target(self) -> np.ndarray:
         """int64 ``[B]``: edges aggregated on each target's own path, summed over the layers."""
+        if self.num_targets == 1:  # the whole plan is the target's path: layer l aggregates rows 0 .. n_l - 1
+            return np.array([sum(int(self.indptr[n]) for n in self.sizes[1:])], dtype=np.int64)
         k = np.zeros(self.sizes[0], dtype=np.float64)
         k[: len(self.indptr) - 1] = np.diff(self.indptr)
         return np.rint(self.path_sums(k)).astype(np.int64)

@@ -196,7 +196,7 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
 
         async def guarded(request: Any, context: aio.ServicerContext, inner: Callable[..., Awaitable[Any]]) -> Any:
             code = grpc.StatusCode.OK
-            admitted = False
+            admitted = counted = False
             try:
                 if isinstance(request, _Undecodable):
                     raise InvalidArgument(f"the {method} request ({request.size} bytes) is not a valid message "
@@ -219,11 +219,14 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
                     incident = uuid.uuid4().hex[:12]
                     log.exception("%s failed unexpectedly (incident %s)", method, incident)
                     message = f"internal error (incident {incident}); the server log has the details"
+                if metrics is not None:  # before the reply leaves: a client that has seen it finds it counted
+                    metrics.requests.labels(_model_of(request), method, code.name).inc()
+                    counted = True
                 await context.abort(code, message)
             finally:
                 if admitted:
                     gate.leave()  # type: ignore[union-attr]
-                if metrics is not None:
+                if metrics is not None and not counted:
                     metrics.requests.labels(_model_of(request), method, code.name).inc()
 
         wrapped = _wrap_unary(handler, guarded, _lenient(handler.request_deserializer))

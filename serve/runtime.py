@@ -260,15 +260,19 @@ class ModelRuntime:
         width = calls[0].sampling_width
         budget = calls[0].ppr_budget
         started = time.perf_counter()
-        targets = np.concatenate([c.nodes for c in calls]) if calls else np.zeros(0, np.int64)
+        if len(calls) == 1:
+            targets = calls[0].nodes
+        else:
+            targets = np.concatenate([c.nodes for c in calls]) if calls else np.zeros(0, np.int64)
         new_specs = [nn for c in calls for nn in c.new_nodes]
         # A node asked for more than once in the batch (within or across requests) gets one subgraph and
         # one forward row; ``row_map`` copies that row back to every position that asked for it.
-        uniq, inverse = np.unique(targets, return_inverse=True)
         row_map: np.ndarray | None = None
-        if len(uniq) < len(targets):
-            row_map = np.concatenate([inverse.reshape(-1), len(uniq) + np.arange(len(new_specs))])
-            targets = uniq
+        if len(targets) > 1:
+            uniq, inverse = np.unique(targets, return_inverse=True)
+            if len(uniq) < len(targets):
+                row_map = np.concatenate([inverse.reshape(-1), len(uniq) + np.arange(len(new_specs))])
+                targets = uniq
         plan_path = self.extractor == "lhop" and not new_specs
         fused = self._fused_params is not None and not new_specs and len(targets) <= FUSED_MAX_TARGETS
         if plan_path:  # plain model: the rows each layer needs, once per batch (kernels.plan)
@@ -325,7 +329,10 @@ class ModelRuntime:
         pos_e = 0
         pos_n = n_existing
         for it, c in zip(items, calls, strict=True):
-            rows = np.concatenate([np.arange(pos_e, pos_e + len(c.nodes)), np.arange(pos_n, pos_n + len(c.new_nodes))])
+            rows: slice | np.ndarray = slice(None)  # one call: every row, in order
+            if len(calls) > 1:
+                rows = np.concatenate([np.arange(pos_e, pos_e + len(c.nodes)),
+                                       np.arange(pos_n, pos_n + len(c.new_nodes))])
             pos_e += len(c.nodes)
             pos_n += len(c.new_nodes)
             timing = dict(timing_batch, queue=1e3 * (it.started - it.enqueued) if it.started else 0.0)

@@ -98,6 +98,9 @@ def test_edges_on_paths_match_a_brute_force_walk(ds, layers, width):
     kept, total = edges_on_paths(plan, g, width)
     for i, t in enumerate(targets):
         assert (int(kept[i]), int(total[i])) == _paths_brute(g, width, int(t), layers), t
+        # a one-target plan counts from its CSR prefix sums (kept_per_target's shortcut)
+        alone = execution_plan(g, np.array([t]), layers, width)
+        assert alone.kept_per_target().tolist() == [int(kept[i])], t
     assert np.all(kept <= total) and (width == 0) == bool(np.all(kept == total))
 
 
