@@ -54,9 +54,11 @@ EXACT_EDGES_EAGER_NODES = 1 << 20
 #: 0.62 ms with one on Amazon Computers), while large batches keep every thread
 SMALL_BATCH_ROWS = 4096
 #: a batch of at most this many targets on a CPU runs the compiled forward of kernels.fused_forward
-#: (one call instead of a dozen tensor operations per layer); larger batches keep the torch path, whose
-#: matrix products use every core
-FUSED_MAX_TARGETS = 64
+#: (one call instead of a dozen tensor operations per layer). Measured with benchmarks/fused.py on Amazon
+#: Computers (2 cores): single-threaded, it beat the torch path on 2 threads at every batch size up to
+#: 1024 targets (3.4 to 4.4x for one target, 1.2 to 1.7x at 1024), so by default every batch the server
+#: forms (--max-batch-targets, 1024) takes it; larger ones keep the torch path
+FUSED_MAX_TARGETS = 4096
 
 
 @contextlib.contextmanager
@@ -192,6 +194,7 @@ class ModelRuntime:
                    and ((self.extractor == "lhop" and not self.remote_graph
                          and getattr(self.model, "plan_aggregator", -1) >= 0) or self.extractor == "ppr"))
         self._fused_params = self.model.fused_params() if fusable else None
+        self._use_fused = True  # warm() turns it off for one pass, to warm the torch path too
         self._dinv = gcn_dinv32(self.graph) if fusable and self.architecture == "gcn" else None
         self.batcher = DynamicBatcher(
             self.process,
@@ -237,17 +240,18 @@ class ModelRuntime:
             rows = self.projections.warm()
             log.info("model %s v%s: projections of %d nodes cached in %.1f s", self.name, self.version, rows,
                      time.perf_counter() - t0)
-        batches = [ids]
-        if self._fused_params is not None and self.graph.num_nodes > FUSED_MAX_TARGETS:  # the torch path too
-            batches.append(np.linspace(0, self.graph.num_nodes - 1, FUSED_MAX_TARGETS + 1).astype(np.int64))
-        for width in {self.limits.default_sampling_width, 0}:
-            for batch_ids in batches:
-                call = PredictCall("warmup", batch_ids, [], width, self.limits.default_ppr_budget, "default", 0.0,
-                                   True, True)
-                item = WorkItem(call, len(batch_ids), None, None, time.monotonic(), _DoneFuture())
-                res = self.process([item])[0]
-                if isinstance(res, BaseException):
-                    raise res
+        paths = (True, False) if self._fused_params is not None else (False,)  # the compiled and the torch path
+        try:
+            for width in {self.limits.default_sampling_width, 0}:
+                for self._use_fused in paths:
+                    call = PredictCall("warmup", ids, [], width, self.limits.default_ppr_budget, "default", 0.0,
+                                       True, True)
+                    item = WorkItem(call, len(ids), None, None, time.monotonic(), _DoneFuture())
+                    res = self.process([item])[0]
+                    if isinstance(res, BaseException):
+                        raise res
+        finally:
+            self._use_fused = True
         self.ready = True
 
     async def close(self, grace_s: float | None = None) -> None:
@@ -274,7 +278,8 @@ class ModelRuntime:
                 row_map = np.concatenate([inverse.reshape(-1), len(uniq) + np.arange(len(new_specs))])
                 targets = uniq
         plan_path = self.extractor == "lhop" and not new_specs
-        fused = self._fused_params is not None and not new_specs and len(targets) <= FUSED_MAX_TARGETS
+        fused = (self._fused_params is not None and self._use_fused and not new_specs
+                 and len(targets) <= FUSED_MAX_TARGETS)
         if plan_path:  # plain model: the rows each layer needs, once per batch (kernels.plan)
             plan, plan_graph, plan_ids, plan_gcn_degrees = self._plan(targets, width, degrees=not fused)
         else:

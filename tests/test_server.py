@@ -124,9 +124,12 @@ def test_defaults_clamping_and_max_accuracy_loss(stub):
     assert r.settings.expected_accuracy == pytest.approx(cheapest.val_accuracy)
 
 
-def test_concurrent_requests_batch_and_match_one_by_one(served, stub):
+def test_concurrent_requests_batch_and_match_one_by_one(served, stub, monkeypatch):
     nodes = list(range(0, 800, 7))
     alone = {n: predict(stub, "shadow", [n], sampling_width=4, ppr_budget=16) for n in nodes}
+    # a one-node request takes well under a millisecond here: hold each batch open 50 ms so that the
+    # concurrent ones meet in the queue (a batch still leaves as soon as it is full)
+    monkeypatch.setattr(served.server.registry.get("shadow").batcher, "max_delay_s", 0.05)
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         together = dict(zip(nodes, pool.map(lambda n: predict(stub, "shadow", [n], sampling_width=4, ppr_budget=16),
                                             nodes), strict=True))
@@ -364,9 +367,12 @@ def test_small_batches_take_the_compiled_forward_with_the_torch_answers(served, 
         torch_path = run(nodes, width)
         monkeypatch.setattr(runtime_mod, "FUSED_MAX_TARGETS", 64)
         assert len(calls_made) == before + 1, "FUSED_MAX_TARGETS = 0 keeps the torch path"
+        rt._use_fused = False  # how warm() reaches the torch path
+        assert np.array_equal(run(nodes, width).labels, torch_path.labels) and len(calls_made) == before + 1
+        rt._use_fused = True
         np.testing.assert_allclose(fused.probabilities, torch_path.probabilities, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(fused.embeddings, torch_path.embeddings, rtol=1e-5, atol=1e-5)
         assert np.array_equal(fused.labels, torch_path.labels)
         assert (fused.edges_kept, fused.edges_total) == (torch_path.edges_kept, torch_path.edges_total)
-    big = run(list(range(65)), 4)  # more than FUSED_MAX_TARGETS targets: the torch path
+    big = run(list(range(65)), 4)  # more than FUSED_MAX_TARGETS (64 here) targets: the torch path
     assert len(big.labels) == 65 and len(calls_made) == 3
