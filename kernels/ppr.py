@@ -850,6 +850,10 @@ class PPRIndex:
         t = np.asarray(targets, dtype=np.int64).reshape(-1)
         if len(t) and (int(t.min()) < 0 or int(t.max()) >= self.num_nodes):
             raise ValueError(f"targets must lie in [0, {self.num_nodes}) (use ppr_new_node for new nodes)")
+        if len(t) == 1 and not return_scores:  # a one-node request: one slice, no gather
+            lo = int(self.ptr[t[0]])
+            cnt = min(int(self.ptr[t[0] + 1]) - lo, k)
+            return np.array([0, cnt], dtype=np.int64), np.asarray(self.nodes[lo : lo + cnt], dtype=np.int64)
         start = self.ptr[t]
         cnt = np.minimum(self.ptr[t + 1] - start, k)
         optr, idx = gather_ranges(start, cnt)
@@ -871,7 +875,7 @@ class PPRIndex:
         ptr, nodes = self.lookup(t, k)
         table = self.induced
         if table is not None and (self.k_max if k is None else int(k)) <= table.k:
-            return table.batch(graph, t, ptr, nodes)
+            return table.batch(graph, t, ptr, nodes, checked=True)  # our own lists: nothing to check
         return induced_batch(graph, ptr, nodes)
 
     def ensure_induced(

@@ -727,12 +727,15 @@ class InducedTable:
         return cls(k, eptr, cat(srcs, np.uint16), cat(dsts, np.uint16), weights)
 
     def batch(
-        self, graph: CSRGraph, targets: np.ndarray, ptr: np.ndarray, nodes: np.ndarray
+        self, graph: CSRGraph, targets: np.ndarray, ptr: np.ndarray, nodes: np.ndarray, *, checked: bool = False
     ) -> SubgraphBatch:
         """The :func:`induced_batch` of ``(ptr, nodes)``, where list ``b`` is a prefix (length ``<= k``)
         of the list of ``targets[b]`` this table was built from (the caller guarantees it: both come
-        from the same :class:`kernels.ppr.PPRIndex`)."""
+        from the same :class:`kernels.ppr.PPRIndex`). ``checked=True``: the caller also vouches for the
+        arrays' shapes, ranges and dtypes (int64), which are then not checked again."""
         targets = np.ascontiguousarray(targets, dtype=np.int64)
+        if checked and graph.num_nodes == self.num_nodes:
+            return self._batch(graph, targets, ptr, nodes)
         ptr, nodes = _check_lists(ptr, nodes, graph.num_nodes)
         if len(targets) != len(ptr) - 1:
             raise ValueError(f"{len(targets)} targets for {len(ptr) - 1} lists")
@@ -742,6 +745,9 @@ class InducedTable:
             raise ValueError("every list must start with its own target")
         if graph.num_nodes != self.num_nodes:
             raise ValueError(f"table built for {self.num_nodes} nodes, graph has {graph.num_nodes}")
+        return self._batch(graph, targets, ptr, nodes)
+
+    def _batch(self, graph: CSRGraph, targets: np.ndarray, ptr: np.ndarray, nodes: np.ndarray) -> SubgraphBatch:
         weighted = self.weights is not None
         ew = self.weights if weighted else _NO_F32
         scratch = _take_scratch(graph)

@@ -461,6 +461,9 @@ class ModelRuntime:
         deg = batch.graph.degrees
         kept_rows = np.minimum(deg, width) if width else deg
         layers = max(1, self.hops)
+        if batch.num_subgraphs == 1:  # one subgraph: the sums over all rows
+            return (np.array([int(kept_rows.sum()) * layers], dtype=np.int64),
+                    np.array([int(deg.sum()) * layers], dtype=np.int64))
         csum_k = np.concatenate([[0], np.cumsum(kept_rows)])
         csum_t = np.concatenate([[0], np.cumsum(deg)])
         kept = (csum_k[batch.ptr[1:]] - csum_k[batch.ptr[:-1]]) * layers

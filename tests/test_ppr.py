@@ -202,6 +202,10 @@ def test_index_equals_per_target_push_and_slices(sbm):
         np.testing.assert_array_equal(ls, rs)
         assert ln.dtype == np.int64 and lp.dtype == np.int64
         np.testing.assert_array_equal(ln[lp[:-1]], targets)
+        for i, t in enumerate(targets):  # one target at a time: the single-slice path
+            one_p, one_n = idx.lookup([t], k)
+            assert one_p.tolist() == [0, lp[i + 1] - lp[i]] and one_n.dtype == np.int64
+            np.testing.assert_array_equal(one_n, ln[lp[i] : lp[i + 1]])
     with pytest.raises(ValueError, match="k must lie"):
         idx.lookup([0], 41)
     with pytest.raises(ValueError, match="ppr_new_node"):
