@@ -160,3 +160,19 @@ def test_fused_benchmark_runs_on_a_repository(tiny_repo, capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gcn") or line.startswith("| shadow")]
     assert len(rows) == 8  # 2 models x 2 settings x 2 batch sizes
     assert all(float(r.rstrip(" |").rsplit("|", 1)[1]) > 0 for r in rows)
+
+
+def test_inline_benchmark_runs_on_a_repository(tiny_repo, capsys):
+    """benchmarks/inline.py end to end on the test repository: one row per round and setting."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_inline",
+                                                  Path(__file__).resolve().parent.parent / "benchmarks" / "inline.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--repo", str(tiny_repo), "--models", "gcn", "--concurrency", "2", "--seconds", "0.3",
+                     "--rounds", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gcn")]
+    assert [r.split("|")[4].strip() for r in rows] == ["off", "on"]
+    assert all(float(r.split("|")[5].replace(",", "")) > 0 for r in rows)
