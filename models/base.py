@@ -45,6 +45,7 @@ __all__ = [
     "gcn_dinv32",
     "glorot_",
     "linear_any",
+    "numpy32",
     "segment_ids",
 ]
 
@@ -116,15 +117,16 @@ def full_gcn_degrees(graph: CSRGraph) -> np.ndarray:
     return d
 
 
-def _numpy(t: Tensor | None) -> np.ndarray | None:
+def numpy32(t: Tensor | None) -> np.ndarray | None:
+    """A parameter as a float32 NumPy array on the host (``None`` stays ``None``)."""
     return None if t is None else t.detach().float().cpu().numpy()
 
 
 def conv_stack_arrays(convs: nn.ModuleList) -> tuple[list[np.ndarray], list[np.ndarray | None], list[int]]:
     """Per conv layer: transform matrix, bias (or ``None``) and output width, as float32 NumPy
     arrays (what :meth:`kernels.fused_forward.StackParams.pack` takes)."""
-    mats = [_numpy(c.transform_matrix()) for c in convs]
-    return mats, [_numpy(c.bias) for c in convs], [int(c.out_channels) for c in convs]
+    mats = [numpy32(c.transform_matrix()) for c in convs]
+    return mats, [numpy32(c.bias) for c in convs], [int(c.out_channels) for c in convs]
 
 
 def gcn_dinv32(graph: CSRGraph) -> np.ndarray:

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from kernels.fused_forward import AGG_GCN, AGG_SAGE, StackParams
 
-from .base import BatchLike, GNNModel, conv_stack_arrays, dropout_any, segment_ids
+from .base import BatchLike, GNNModel, conv_stack_arrays, dropout_any, numpy32, segment_ids
 from .gcn import GCNConv
 from .norm import FeatureNorm
 from .sage import SAGEConv
@@ -151,9 +151,8 @@ class ShadowGNN(GNNModel):
         """Weights after the projection, readout and classifier, packed for
         :func:`kernels.fused_forward.shadow_forward_cpu` (the compiled twin of
         :meth:`forward_batch_projected`; a snapshot: pack again after changing weights)."""
-        w, b = self.classifier.weight.detach().float().cpu().numpy(), self.classifier.bias
         return StackParams.pack(AGG_GCN if self.backbone == "gcn" else AGG_SAGE, *conv_stack_arrays(self.convs),
-                                self.pools, (w, None if b is None else b.detach().float().cpu().numpy()))
+                                self.pools, (numpy32(self.classifier.weight), numpy32(self.classifier.bias)))
 
     def forward(self, batch: BatchLike, x_rows: Tensor, width: int | None = None, strategy: str = "fastrand",
                 norm_degrees: np.ndarray | Tensor | None = None) -> Tensor:

@@ -197,6 +197,13 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
         async def guarded(request: Any, context: aio.ServicerContext, inner: Callable[..., Awaitable[Any]]) -> Any:
             code = grpc.StatusCode.OK
             admitted = counted = False
+
+            def count() -> None:
+                nonlocal counted
+                if metrics is not None and not counted:
+                    metrics.requests.labels(_model_of(request), method, code.name).inc()
+                    counted = True
+
             try:
                 if isinstance(request, _Undecodable):
                     raise InvalidArgument(f"the {method} request ({request.size} bytes) is not a valid message "
@@ -219,15 +226,12 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
                     incident = uuid.uuid4().hex[:12]
                     log.exception("%s failed unexpectedly (incident %s)", method, incident)
                     message = f"internal error (incident {incident}); the server log has the details"
-                if metrics is not None:  # before the reply leaves: a client that has seen it finds it counted
-                    metrics.requests.labels(_model_of(request), method, code.name).inc()
-                    counted = True
+                count()  # before the reply leaves: a client that has seen it finds it counted
                 await context.abort(code, message)
             finally:
                 if admitted:
                     gate.leave()  # type: ignore[union-attr]
-                if metrics is not None and not counted:
-                    metrics.requests.labels(_model_of(request), method, code.name).inc()
+                count()
 
         wrapped = _wrap_unary(handler, guarded, _lenient(handler.request_deserializer))
         self._wrapped[full_method] = (handler, wrapped)

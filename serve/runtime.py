@@ -188,8 +188,9 @@ class ModelRuntime:
             device=self.device,
         )
         self._gcn_degrees: np.ndarray | None = None
-        # on a CPU with a projection table, small batches take the compiled forward (kernels.fused_forward):
-        # plain models on a local graph (their plans index it), shaDow models; the torch path stays for the rest
+        # on a CPU with a projection table, batches up to FUSED_MAX_TARGETS take the compiled forward
+        # (kernels.fused_forward): plain models on a local graph (their plans index it), shaDow models; the
+        # torch path stays for the rest (GPU, no table, new nodes, larger batches)
         fusable = (self.device.type == "cpu" and self.projections.enabled
                    and ((self.extractor == "lhop" and not self.remote_graph
                          and getattr(self.model, "plan_aggregator", -1) >= 0) or self.extractor == "ppr"))

@@ -140,15 +140,21 @@ def test_compiled_shadow_forward_checks_its_arguments(ds):  # noqa: F811
         StackParams.pack(0, [np.zeros((8, 10), np.float32)], [None], [8], ["mean"], (w, None))
 
 
-def test_fused_benchmark_runs_on_a_repository(tiny_repo, capsys):
-    """benchmarks/fused.py end to end on the test repository: one row per model, setting and batch size."""
+def _benchmark(name: str):
+    """``benchmarks/<name>.py`` loaded as a module (the folder is not a package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "fused.py"
-    spec = importlib.util.spec_from_file_location("bench_fused", path)
+    spec = importlib.util.spec_from_file_location(f"bench_{name}",
+                                                  Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fused_benchmark_runs_on_a_repository(tiny_repo, capsys):
+    """benchmarks/fused.py end to end on the test repository: one row per model, setting and batch size."""
+    mod = _benchmark("fused")
     import serve.runtime as runtime_mod
 
     keep = runtime_mod.FUSED_MAX_TARGETS
@@ -164,13 +170,7 @@ def test_fused_benchmark_runs_on_a_repository(tiny_repo, capsys):
 
 def test_inline_benchmark_runs_on_a_repository(tiny_repo, capsys):
     """benchmarks/inline.py end to end on the test repository: one row per round and setting."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("bench_inline",
-                                                  Path(__file__).resolve().parent.parent / "benchmarks" / "inline.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _benchmark("inline")
     assert mod.main(["--repo", str(tiny_repo), "--models", "gcn", "--concurrency", "2", "--seconds", "0.3",
                      "--rounds", "1"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gcn")]
