@@ -132,6 +132,40 @@ def time_call(fn: Callable[[], object], device: torch.device, prep: Callable[[],
     return time.perf_counter() - t0
 
 
+def launch_overhead(device: torch.device, calls: int = 2000, rounds: int = 5) -> dict[str, float]:
+    """Host microseconds per call on a request-sized graph (64 rows, ~1,200 edges, F = 64: one shaDow
+    target's subgraph), where launching, not the GPU, sets the pace: ``calls`` back-to-back calls timed
+    on the host clock (one synchronisation at the end), median over ``rounds``."""
+    from kernels.spmm import sampled_spmm
+
+    rng = np.random.default_rng(0)
+    n = 64
+    deg = rng.integers(1, 40, size=n)
+    indptr = np.concatenate([[0], np.cumsum(deg)]).astype(np.int64)
+    indices = np.concatenate([np.sort(rng.choice(n, size=int(d), replace=False)) for d in deg]).astype(np.int32)
+    g = CSRGraph(indptr=indptr, indices=indices, num_nodes=n)
+    x = torch.randn(n, 64, device=device)
+    mat = baseline_csr(g, device)
+    variants: dict[str, Callable[[], object]] = {
+        "torch.sparse.mm": lambda: torch.sparse.mm(mat, x),
+        "ES-SpMM S=8 sum": lambda: sampled_spmm(g, x, 8),
+        "ES-SpMM exact sum": lambda: sampled_spmm(g, x, 0),
+        "ES-SpMM S=8 gcn": lambda: sampled_spmm(g, x, 8, "fastrand", "gcn"),
+    }
+    out: dict[str, list[float]] = {k: [] for k in variants}
+    for fn in variants.values():  # compile / memoize outside the timing
+        fn()
+    _sync(device)
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            _sync(device)
+            out[name].append((time.perf_counter() - t0) / calls * 1e6)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
 @dataclass
 class Case:
     graph: str
@@ -343,6 +377,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"{time.perf_counter() - t_start:.0f} s so far -->", flush=True)
         g.cache().clear()
     print(markdown(cases, graphs, widths, args, peak))
+    for dev in devices:
+        if dev.type == "cuda":
+            lo = launch_overhead(dev)
+            print("\nHost time per call on a request-sized graph (64 rows, ~1,200 edges, F = 64; 2,000 "
+                  "back-to-back calls, one synchronisation, median of 5 rounds):\n")
+            print("| call | us per call |\n|---|---|")
+            for k, v in lo.items():
+                print(f"| {k} | {v:.1f} |")
     print(f"\nTotal {time.perf_counter() - t_start:.0f} s; load average at end {os.getloadavg()[0]:.1f}.")
     return 0
 
