@@ -306,7 +306,7 @@ class NoopServer(AioServer):
 class PygModel:
     """Our trained plain GCN / GraphSAGE as PyG layers, answering on each request's 2-hop subgraph."""
 
-    def __init__(self, ckpt: Any, ds: Any, xn: Any) -> None:
+    def __init__(self, ckpt: Any, ds: Any, xn: Any, device: str = "cpu") -> None:
         import torch
         from torch_geometric.nn import GCNConv, SAGEConv
         from torch_geometric.nn.conv.gcn_conv import gcn_norm
@@ -317,7 +317,8 @@ class PygModel:
             raise ValueError(f"the PyG baseline covers 2-layer gcn/sage models, not {self.arch}/{model.layers}")
         self.num_nodes = ds.num_nodes
         self.num_classes = int(model.num_classes)
-        self.xn = xn
+        self.device = torch.device(device)
+        self.xn = xn.to(self.device)
         ei = torch.as_tensor(np.asarray(ds.graph.edge_index()), dtype=torch.int64)
         self.convs = []
         if self.arch == "gcn":
@@ -338,6 +339,9 @@ class PygModel:
                     c.lin_l.bias.copy_(conv.bias)
                     c.lin_r.weight.copy_(conv.weight_root)
                 self.convs.append(c.eval())
+        self.convs = [c.to(self.device) for c in self.convs]
+        self.edge_index = self.edge_index.to(self.device)
+        self.edge_weight = None if self.edge_weight is None else self.edge_weight.to(self.device)
 
     def predict(self, nodes: np.ndarray) -> tuple[np.ndarray, int]:
         """Labels of ``nodes`` and the size of their 2-hop subgraph."""
@@ -346,7 +350,7 @@ class PygModel:
         from torch_geometric.utils import k_hop_subgraph
 
         with torch.inference_mode():
-            subset, ei, mapping, emask = k_hop_subgraph(torch.from_numpy(nodes), 2, self.edge_index,
+            subset, ei, mapping, emask = k_hop_subgraph(torch.from_numpy(nodes).to(self.device), 2, self.edge_index,
                                                         relabel_nodes=True, num_nodes=self.num_nodes)
             h = self.xn[subset]
             if self.edge_weight is not None:
@@ -356,7 +360,7 @@ class PygModel:
             else:
                 h = F.relu(self.convs[0](h, ei))
                 out = self.convs[1](h, ei)
-            return out[mapping].argmax(dim=1).numpy(), len(subset)
+            return out[mapping].argmax(dim=1).cpu().numpy(), len(subset)
 
 
 class PygServer(AioServer):
@@ -517,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-main", action="store_true",
                     help="skip the floor/knob/PyG rows (e.g. only --feature-stores)")
     ap.add_argument("--json", type=Path, default=None, help="also write every figure to this file")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where gnnserve (--device of gnnserve serve) and the PyG baseline compute")
     ap.add_argument("--client-spec", default=None, help=argparse.SUPPRESS)  # child process: run clients
     args = ap.parse_args(argv)
 
@@ -566,6 +572,13 @@ def main(argv: list[str] | None = None) -> int:
     noop = NoopServer()
     base_spec = {"seed": args.seed, "clients": args.clients, "batch": args.batch}
     results: dict[str, Any] = {"load_start": load_start, "datasets": {}}
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: torch sees no CUDA device")
+        from kernels import spmm_cuda
+
+        results["device"] = (f"{torch.cuda.get_device_name()} (ES-SpMM CUDA kernel "
+                             f"{'in use' if spmm_cuda.available() else 'NOT usable: the torch path on the GPU'})")
 
     def floor(tag: str, pool: list[int]) -> dict[str, Any]:
         r = run_client(dict(base_spec, kind="noop", address=noop.address, pool=pool, queries=args.queries,
@@ -592,14 +605,15 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{d}: starting gnnserve ...")
                 t0 = time.perf_counter()
                 cfg = ServerConfig(repo=str(repo), port=0, poll_s=0, data_paths=[str(path)],
-                                   runtime=RuntimeOptions(ppr_cache_dir=str(args.cache_dir / d / "ppr")))
+                                   runtime=RuntimeOptions(ppr_cache_dir=str(args.cache_dir / d / "ppr"),
+                                                          device=args.device))
                 server = BackgroundServer(cfg).start()
                 res_d["server_start_s"] = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 assert server.server is not None
                 with torch.inference_mode():  # steady state: every node's first-layer projection cached
                     for kind in kinds:
-                        server.server.registry.get(kind).projections.warm()
+                        server.server.registry.get(kind).warm_projections()
                 res_d["projection_warm_s"] = time.perf_counter() - t0
                 log(f"{d}: gnnserve up in {res_d['server_start_s']:.0f} s, projections warmed in "
                     f"{res_d['projection_warm_s']:.1f} s")
@@ -634,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
                     with torch.inference_mode():
                         xs = {k: c.model.norm(torch.from_numpy(np.asarray(ds.x, dtype=np.float32)))
                               for k, c in ckpts.items()}
-                    pyg = PygServer({k: PygModel(c, ds, xs[k]) for k, c in ckpts.items()})
+                    pyg = PygServer({k: PygModel(c, ds, xs[k], args.device) for k, c in ckpts.items()})
                     try:
                         for kind in plain:
                             r = run_client(dict(base_spec, kind="predict", address=pyg.address, model=kind,
@@ -682,7 +696,8 @@ def report(results: dict[str, Any], args: argparse.Namespace, datasets: list[str
           f"load average at start {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} (1/5/15 min), at end "
           f"{results['load_end'][0]:.1f}; wall time {results['wall_s'] / 60:.1f} min. "
           f"Single-node: {args.queries} sequential requests (random test nodes). Load: {args.clients} async "
-          f"clients x {args.batch}-node requests for {args.seconds:g} s. Accuracy: {args.eval_nodes} test nodes.\n")
+          f"clients x {args.batch}-node requests for {args.seconds:g} s. Accuracy: {args.eval_nodes} test nodes."
+          + (f" Device: {results['device']}." if results.get("device") else "") + "\n")
     for d in datasets:
         r = results["datasets"][d]
         print(f"### {DATASETS[d]}\n")

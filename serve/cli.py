@@ -92,6 +92,9 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--inline-max-targets", type=int, default=8,
                     help="batches up to this many targets run on the event loop when the server is otherwise idle "
                          "(no thread hand-off; in-memory features only; 0 = always in the worker thread)")
+    ap.add_argument("--gpu-min-targets", type=int, default=64,
+                    help="--device cuda: batches of fewer targets run the compiled CPU forward (a CPU copy of "
+                         "the model), where the GPU's launch and copy costs outweigh its arithmetic (0 = all on GPU)")
     ap.add_argument("--max-nodes-per-request", type=int, default=4096)
     ap.add_argument("--projection-cache-bytes", type=int, default=2 << 30)
     ap.add_argument("--warm-projections", action="store_true",
@@ -134,6 +137,7 @@ def _serve(argv: Sequence[str]) -> int:
             max_queue_targets=args.max_queue_targets,
             max_delay_ms=args.max_delay_ms,
             inline_max_targets=args.inline_max_targets,
+            gpu_min_targets=args.gpu_min_targets,
             max_nodes_per_request=args.max_nodes_per_request,
             projection_budget_bytes=args.projection_cache_bytes,
             ppr_cache_dir=args.ppr_cache,

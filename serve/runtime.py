@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -95,6 +96,10 @@ class RuntimeOptions:
     #: batches of at most this many targets run on the event loop when nothing else waits (no thread
     #: hand-off; serve.batcher), when features are in memory and the graph local; 0 = never
     inline_max_targets: int = 8
+    #: ``device="cuda"``: batches of fewer targets than this take the compiled CPU forward (a CPU copy of the
+    #: model and its own projection table) instead of the GPU, where launches and copies, not arithmetic, set
+    #: a small batch's cost (docs/BENCHMARKS.md, "GPU"); 0 = every batch on the GPU
+    gpu_min_targets: int = 64
 
 
 @dataclass
@@ -140,6 +145,9 @@ class ModelRuntime:
         self.device = torch.device(options.device)
         self._torch_threads = torch.get_num_threads()  # restored after each small batch (one thread)
         model = checkpoint.model
+        # the compiled CPU forward next to a GPU model: its own CPU copy (Module.to moves in place)
+        cpu_model = (copy.deepcopy(model).cpu().eval()
+                     if self.device.type == "cuda" and options.gpu_min_targets > 0 else None)
         self.model = model.to(self.device).eval()
         self.config = checkpoint.config
         self.metrics = checkpoint.metrics
@@ -188,13 +196,20 @@ class ModelRuntime:
             device=self.device,
         )
         self._gcn_degrees: np.ndarray | None = None
-        # on a CPU with a projection table, batches up to FUSED_MAX_TARGETS take the compiled forward
+        # with a projection table, batches up to FUSED_MAX_TARGETS take the compiled CPU forward
         # (kernels.fused_forward): plain models on a local graph (their plans index it), shaDow models; the
-        # torch path stays for the rest (GPU, no table, new nodes, larger batches)
-        fusable = (self.device.type == "cpu" and self.projections.enabled
+        # torch path stays for the rest (no table, new nodes, larger batches). On a GPU, only batches of fewer
+        # than gpu_min_targets targets take it, with a CPU copy of the model and a CPU projection table.
+        fusable = (self.projections.enabled and (self.device.type == "cpu" or cpu_model is not None)
                    and ((self.extractor == "lhop" and not self.remote_graph
                          and getattr(self.model, "plan_aggregator", -1) >= 0) or self.extractor == "ppr"))
-        self._fused_params = self.model.fused_params() if fusable else None
+        self._fused_max_targets = FUSED_MAX_TARGETS if self.device.type == "cpu" else options.gpu_min_targets - 1
+        self._cpu_projections = self.projections
+        if fusable and cpu_model is not None:
+            self._cpu_projections = ProjectionCache(cpu_model.project, data.features, self.graph.num_nodes,
+                                                    int(model.projection_dim),
+                                                    budget_bytes=options.projection_budget_bytes, device="cpu")
+        self._fused_params = (cpu_model or self.model).fused_params() if fusable else None
         self._use_fused = True  # warm() turns it off for one pass, to warm the torch path too
         self._dinv = gcn_dinv32(self.graph) if fusable and self.architecture == "gcn" else None
         self.batcher = DynamicBatcher(
@@ -238,7 +253,7 @@ class ModelRuntime:
             self._exact_edges.fill()
         if self.options.warm_projections and self.projections.enabled:
             t0 = time.perf_counter()
-            rows = self.projections.warm()
+            rows = self.warm_projections()
             log.info("model %s v%s: projections of %d nodes cached in %.1f s", self.name, self.version, rows,
                      time.perf_counter() - t0)
         paths = (True, False) if self._fused_params is not None else (False,)  # the compiled and the torch path
@@ -254,6 +269,13 @@ class ModelRuntime:
         finally:
             self._use_fused = True
         self.ready = True
+
+    def warm_projections(self) -> int:
+        """Project every node's features into the projection table(s) now; returns the rows projected."""
+        rows = self.projections.warm()
+        if self._cpu_projections is not self.projections:  # a GPU model's CPU table (gpu_min_targets)
+            self._cpu_projections.warm()
+        return rows
 
     async def close(self, grace_s: float | None = None) -> None:
         self.ready = False
@@ -280,7 +302,7 @@ class ModelRuntime:
                 targets = uniq
         plan_path = self.extractor == "lhop" and not new_specs
         fused = (self._fused_params is not None and self._use_fused and not new_specs
-                 and len(targets) <= FUSED_MAX_TARGETS)
+                 and len(targets) <= min(FUSED_MAX_TARGETS, self._fused_max_targets))
         if plan_path:  # plain model: the rows each layer needs, once per batch (kernels.plan)
             plan, plan_graph, plan_ids, plan_gcn_degrees = self._plan(targets, width, degrees=not fused)
         else:
@@ -288,7 +310,7 @@ class ModelRuntime:
         t_sub = time.perf_counter()
         want_emb = any(c.return_embeddings for c in calls)
         if fused:
-            table = self.projections.table_for(plan_ids if plan_path else batch.unique_ids).numpy()
+            table = self._cpu_projections.table_for(plan_ids if plan_path else batch.unique_ids).numpy()
             t_feat = time.perf_counter()
             if plan_path:
                 _, probs_np, labels_np, emb_np = plan_forward_cpu(plan, self._fused_params, table, self._dinv)
