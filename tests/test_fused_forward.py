@@ -176,3 +176,13 @@ def test_inline_benchmark_runs_on_a_repository(tiny_repo, capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gcn")]
     assert [r.split("|")[4].strip() for r in rows] == ["off", "on"]
     assert all(float(r.split("|")[5].replace(",", "")) > 0 for r in rows)
+
+
+def test_device_split_benchmark_runs_on_a_repository(tiny_repo, capsys):
+    """benchmarks/device_split.py end to end on the test repository (the CPU variant without a GPU)."""
+    mod = _benchmark("device_split")
+    assert mod.main(["--repo", str(tiny_repo), "--models", "gcn,shadow", "--batches", "1,5", "--sets", "2",
+                     "--rounds", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| gcn", "| shadow"))]
+    assert len(rows) == 4  # 2 models x 2 batch sizes
+    assert all(float(r.split("|")[3]) > 0 for r in rows)

@@ -1,0 +1,117 @@
+"""CPU against GPU through ``ModelRuntime.process``: where ``--gpu-min-targets`` comes from.
+
+Loads a model repository the way the server does (one ``BackgroundServer`` per variant, projection
+tables filled first, no gRPC on the timed path) and times ``process`` on batches of ``B`` random
+distinct targets at each model's default setting, the variants interleaved round by round:
+
+* ``cpu``: ``--device cpu`` (the compiled forward, ``kernels.fused_forward``);
+* ``cuda``: ``--device cuda --gpu-min-targets 0`` (every batch on the GPU: the torch path with the
+  ES-SpMM CUDA kernel);
+* ``cuda-hybrid``: ``--device cuda`` with the default ``--gpu-min-targets`` (smaller batches on the
+  compiled CPU forward).
+
+Reported: the median over rounds of the mean time per batch, and cuda / cpu. The ``cuda`` variants
+are left out where torch sees no GPU.
+
+    python benchmarks/serve.py --datasets amazon_computers --models gcn,shadow-gcn --cache-dir DIR --train-only
+    python benchmarks/device_split.py --repo DIR/amazon_computers/repo --data ../shared/data/amazon_computers.npz \
+        --models gcn,shadow-gcn
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+VARIANTS = {"cpu": {"device": "cpu"}, "cuda": {"device": "cuda", "gpu_min_targets": 0},
+            "cuda-hybrid": {"device": "cuda"}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repo", required=True, help="a model repository (checkpoint directories)")
+    ap.add_argument("--data", action="append", default=[], help="dataset path(s), as for gnnserve serve --data")
+    ap.add_argument("--models", required=True, help="comma-separated model names in the repository")
+    ap.add_argument("--batches", default="1,8,16,32,64,128,256,1024", help="targets per batch")
+    ap.add_argument("--sets", type=int, default=40, help="batches per round")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: " + ", ".join(VARIANTS))
+    args = ap.parse_args(argv)
+
+    import numpy as np
+    import torch
+
+    from serve.batcher import WorkItem
+    from serve.runtime import RuntimeOptions
+    from serve.server import BackgroundServer, ServerConfig
+    from serve.validation import PredictCall
+
+    names = [v for v in args.variants.split(",") if v]
+    for v in names:
+        if v not in VARIANTS:
+            ap.error(f"unknown variant {v!r}")
+    if not torch.cuda.is_available():
+        names = [v for v in names if VARIANTS[v]["device"] == "cpu"]
+    servers = {v: BackgroundServer(ServerConfig(repo=args.repo, port=0, poll_s=0, data_paths=args.data,
+                                                runtime=RuntimeOptions(**VARIANTS[v]))).start() for v in names}
+
+    class _Pending:
+        def done(self) -> bool:
+            return False
+
+    sizes = [int(b) for b in args.batches.split(",") if b]
+    rng = np.random.default_rng(0)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    print("## CPU against GPU per batch (`benchmarks/device_split.py`)\n")
+    print(f"`python benchmarks/device_split.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
+    print(f"{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} CPUs, {device}; ms per "
+          f"`ModelRuntime.process` call, median of {args.rounds} interleaved rounds of {args.sets} batches\n")
+    print("| model | targets | " + " | ".join(f"{v} ms" for v in names) + " | cuda / cpu |")
+    print("|---|---|" + "---|" * (len(names) + 1))
+    try:
+        for model in [m for m in args.models.split(",") if m]:
+            rts = {v: s.server.registry.get(model) for v, s in servers.items()}
+            with torch.inference_mode():
+                for rt in rts.values():
+                    rt.warm_projections()
+            lim = next(iter(rts.values())).limits
+
+            def run(rt, nodes, lim=lim):
+                call = PredictCall("bench", nodes, [], lim.default_sampling_width, lim.default_ppr_budget, "default",
+                                   0.0, True, False)
+                res = rt.process([WorkItem(call, len(nodes), None, None, time.monotonic(), _Pending())])[0]
+                if isinstance(res, BaseException):
+                    raise res
+
+            for size in sizes:
+                size = min(size, lim.num_nodes)
+                times: dict[str, list[float]] = {v: [] for v in rts}
+                for _ in range(args.rounds):
+                    for v, rt in rts.items():
+                        batches = [np.sort(rng.choice(lim.num_nodes, size, replace=False)).astype(np.int64)
+                                   for _ in range(args.sets)]
+                        t0 = time.perf_counter()
+                        for nodes in batches:
+                            run(rt, nodes)
+                        times[v].append((time.perf_counter() - t0) / args.sets * 1e3)
+                med = {v: statistics.median(t) for v, t in times.items()}
+                ratio = f"{med['cuda'] / med['cpu']:.2f}" if "cuda" in med and "cpu" in med else "-"
+                print(f"| {model} | {size} | " + " | ".join(f"{med[v]:.3f}" for v in names) + f" | {ratio} |",
+                      flush=True)
+    finally:
+        for s in servers.values():
+            s.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
