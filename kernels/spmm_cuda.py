@@ -163,6 +163,7 @@ _modules: dict[tuple[int, torch.dtype], Any] = {}  # (device index, value dtype)
 _kernels: dict[tuple[int, torch.dtype, str, int], Any] = {}
 _streams: dict[tuple[int, int], Any] = {}  # (device index, torch stream handle) -> CuPy stream
 _available: bool | None = None
+_why = ""  # the probe's reason, with _available
 
 
 def _cupy() -> Any:
@@ -341,18 +342,24 @@ def available() -> bool:
     True when CuPy imports, torch sees a CUDA device, and a launch on a 3-node graph gives the
     numbers the specification gives. Setting ``GNNSERVE_DISABLE_CUDA_SPMM=1`` forces False.
     """
-    global _available
+    global _available, _why
     if _available is not None:
         return _available
     with _lock:
         if _available is None:
             ok, why = _probe()
-            _available = ok
+            _available, _why = ok, why
             if ok:
                 log.info("ES-SpMM CUDA kernel available (%s)", why)
             else:
                 log.debug("ES-SpMM CUDA kernel not used: %s; the torch path serves every call", why)
     return _available
+
+
+def status() -> tuple[bool, str]:
+    """``(available(), why)``: the probe's verdict and its reason, for messages a user acts on."""
+    ok = available()
+    return ok, _why
 
 
 def _probe() -> tuple[bool, str]:

@@ -143,6 +143,14 @@ class ModelRuntime:
         self.version = version
         self.path = Path(checkpoint.path)
         self.device = torch.device(options.device)
+        if self.device.type == "cuda":
+            from kernels import spmm_cuda
+
+            ok, why = spmm_cuda.status()
+            if not ok:
+                log.warning("model %s v%s on %s: the ES-SpMM CUDA kernel is not usable (%s); GPU aggregation "
+                            "falls back to torch's sparse kernels (install CuPy for your CUDA: gnnserve[gpu])",
+                            name, version, self.device, why)
         self._torch_threads = torch.get_num_threads()  # restored after each small batch (one thread)
         model = checkpoint.model
         # the compiled CPU forward next to a GPU model: its own CPU copy (Module.to moves in place)
@@ -209,7 +217,7 @@ class ModelRuntime:
             self._cpu_projections = ProjectionCache(cpu_model.project, data.features, self.graph.num_nodes,
                                                     int(model.projection_dim),
                                                     budget_bytes=options.projection_budget_bytes, device="cpu")
-        self._fused_params = (cpu_model or self.model).fused_params() if fusable else None
+        self._fused_params = (self.model if cpu_model is None else cpu_model).fused_params() if fusable else None
         self._use_fused = True  # warm() turns it off for one pass, to warm the torch path too
         self._dinv = gcn_dinv32(self.graph) if fusable and self.architecture == "gcn" else None
         self.batcher = DynamicBatcher(

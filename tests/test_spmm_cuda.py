@@ -148,6 +148,7 @@ def test_available_can_be_disabled(monkeypatch):
     monkeypatch.setattr(spmm_cuda, "_available", None)
     monkeypatch.setenv(spmm_cuda.DISABLE_ENV, "1")
     assert spmm_cuda.available() is False
+    assert spmm_cuda.status() == (False, f"disabled by {spmm_cuda.DISABLE_ENV}")  # the reason, for the server's warning
 
 
 # ----------------------------------------------------------------------------- nvcc
