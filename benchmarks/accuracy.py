@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         need = np.concatenate([ds.split("train"), ds.split("val"), ds.split("test")])
         table = None
         for kind in args.models.split(","):
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 layers = args.shadow_layers if kind.startswith("shadow-") else None
                 cfg = TrainConfig(model=kind, hidden=args.hidden, epochs=args.epochs, patience=args.patience,
                                   seed=seed, ppr_k=args.ppr_k, dropout=args.dropout, layers=layers)
@@ -258,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--datasets", default=",".join(DATASETS))
     ap.add_argument("--models", default=",".join(KINDS))
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds run are first-seed .. first-seed + seeds - 1 (adds seeds to an earlier run's rows)")
     ap.add_argument("--widths", default="8,16,32")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--dropout", type=float, default=0.5)
