@@ -241,7 +241,7 @@ def _stream(device_index: int, handle: int) -> Any:
         cp = _cupy()
         with cp.cuda.Device(device_index):
             try:  # CuPy >= 14 (ExternalStream is deprecated there)
-                st = cp.cuda.Stream.from_external(_TorchStreamHandle(handle, device_index))
+                st = cp.cuda.Stream.from_external(_TorchStreamHandle(handle))
             except (AttributeError, TypeError):
                 st = cp.cuda.ExternalStream(handle, device_index)
         _streams[key] = st
@@ -251,9 +251,8 @@ def _stream(device_index: int, handle: int) -> Any:
 class _TorchStreamHandle:
     """The CUDA stream protocol (``__cuda_stream__``) for a raw stream handle."""
 
-    def __init__(self, handle: int, device_index: int) -> None:
+    def __init__(self, handle: int) -> None:
         self.handle = handle
-        self.device_index = device_index
 
     def __cuda_stream__(self) -> tuple[int, int]:
         return (0, self.handle)
