@@ -153,9 +153,6 @@ class ModelRuntime:
                             name, version, self.device, why)
         self._torch_threads = torch.get_num_threads()  # restored after each small batch (one thread)
         model = checkpoint.model
-        # the compiled CPU forward next to a GPU model: its own CPU copy (Module.to moves in place)
-        cpu_model = (copy.deepcopy(model).cpu().eval()
-                     if self.device.type == "cuda" and options.gpu_min_targets > 0 else None)
         self.model = model.to(self.device).eval()
         self.config = checkpoint.config
         self.metrics = checkpoint.metrics
@@ -208,16 +205,20 @@ class ModelRuntime:
         # (kernels.fused_forward): plain models on a local graph (their plans index it), shaDow models; the
         # torch path stays for the rest (no table, new nodes, larger batches). On a GPU, only batches of fewer
         # than gpu_min_targets targets take it, with a CPU copy of the model and a CPU projection table.
-        fusable = (self.projections.enabled and (self.device.type == "cpu" or cpu_model is not None)
+        on_gpu = self.device.type == "cuda"
+        fusable = (self.projections.enabled and (not on_gpu or options.gpu_min_targets > 0)
                    and ((self.extractor == "lhop" and not self.remote_graph
                          and getattr(self.model, "plan_aggregator", -1) >= 0) or self.extractor == "ppr"))
-        self._fused_max_targets = FUSED_MAX_TARGETS if self.device.type == "cpu" else options.gpu_min_targets - 1
+        # the largest batch for the compiled forward on a GPU runtime (None: FUSED_MAX_TARGETS, read per batch)
+        self._gpu_fused_max = options.gpu_min_targets - 1 if on_gpu else None
         self._cpu_projections = self.projections
-        if fusable and cpu_model is not None:
+        cpu_model = self.model
+        if fusable and on_gpu:  # its own CPU copy of the model and a CPU projection table
+            cpu_model = copy.deepcopy(self.model).cpu().eval()
             self._cpu_projections = ProjectionCache(cpu_model.project, data.features, self.graph.num_nodes,
                                                     int(model.projection_dim),
                                                     budget_bytes=options.projection_budget_bytes, device="cpu")
-        self._fused_params = (self.model if cpu_model is None else cpu_model).fused_params() if fusable else None
+        self._fused_params = cpu_model.fused_params() if fusable else None
         self._use_fused = True  # warm() turns it off for one pass, to warm the torch path too
         self._dinv = gcn_dinv32(self.graph) if fusable and self.architecture == "gcn" else None
         self.batcher = DynamicBatcher(
@@ -310,7 +311,8 @@ class ModelRuntime:
                 targets = uniq
         plan_path = self.extractor == "lhop" and not new_specs
         fused = (self._fused_params is not None and self._use_fused and not new_specs
-                 and len(targets) <= min(FUSED_MAX_TARGETS, self._fused_max_targets))
+                 and len(targets) <= (FUSED_MAX_TARGETS if self._gpu_fused_max is None
+                                      else min(FUSED_MAX_TARGETS, self._gpu_fused_max)))
         if plan_path:  # plain model: the rows each layer needs, once per batch (kernels.plan)
             plan, plan_graph, plan_ids, plan_gcn_degrees = self._plan(targets, width, degrees=not fused)
         else:
