@@ -135,6 +135,26 @@ class PygShadow(nn.Module):
         return self.classifier(F.dropout(r, self.dropout, self.training))
 
 
+def twin_state_from(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s weights (a gnnserve GCN, GraphSAGE or shaDow model) as its PyG twin's state dict.
+
+    GCN layer ``i``: ``weight``/``bias`` -> ``GCNConv.lin.weight``/``bias``; GraphSAGE layer ``i``:
+    ``weight_neigh``/``bias``/``weight_root`` -> ``SAGEConv.lin_l.weight``/``lin_l.bias``/``lin_r.weight``;
+    the shaDow classifier as is. (``tests/test_pyg_twin.py`` trains both from the same weights.)
+    """
+    sd = model.state_dict()
+    out: dict[str, torch.Tensor] = {}
+    for i in range(len(model.convs)):
+        p = f"convs.{i}."
+        if p + "weight" in sd:
+            out[p + "lin.weight"], out[p + "bias"] = sd[p + "weight"], sd[p + "bias"]
+        else:
+            out[p + "lin_l.weight"], out[p + "lin_l.bias"] = sd[p + "weight_neigh"], sd[p + "bias"]
+            out[p + "lin_r.weight"] = sd[p + "weight_root"]
+    out.update({k: v for k, v in sd.items() if k.startswith("classifier.")})
+    return out
+
+
 def _adj_t(g) -> torch.Tensor:
     """The CSR graph as PyG's ``adj_t``: row ``i`` lists the neighbours aggregated INTO ``i``."""
     ip = torch.from_numpy(np.asarray(g.indptr, dtype=np.int64))

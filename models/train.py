@@ -65,6 +65,7 @@ __all__ = [
     "main",
     "measure_knobs",
     "predict_batched",
+    "step_logits",
     "train",
 ]
 
@@ -500,6 +501,20 @@ def _seed_all(seed: int) -> None:
     np.random.seed(seed % (2**32))
 
 
+def step_logits(model: GNNModel, data: TrainData, cfg: TrainConfig, batch: Any = None) -> Tensor:
+    """Logits of one training step as :func:`fit` computes them (in the model's current mode).
+
+    shaDow models: the ``batch`` of PPR subgraphs ``[B, C]``, the first layer applied to every
+    subgraph row (dropout per subgraph row, as in shaDow-GNN: projecting each distinct node once and
+    gathering, as serving does, would share one dropout mask among every subgraph holding a node; on
+    Cora that left 1 seed in 6 near 50 % and the mean 6 points lower). Plain models: every node ``[N, C]``.
+    """
+    if batch is not None:
+        p_rows = model.project_normalized(data.rows(batch.node_ids))
+        return model.forward_batch_projected(batch, p_rows, cfg.width_train, cfg.strategy)[0]
+    return model.propagate(data.ds.graph, model.project_normalized(data.xn), cfg.width_train, cfg.strategy)[0]
+
+
 def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress: bool = False) -> TrainResult:
     """Train one model on ``ds`` (see the module docstring) and return it with its metrics.
 
@@ -553,12 +568,7 @@ def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress:
             for chunk in _batches(perm, cfg.batch_size):
                 b = extractor.batch(chunk, cfg.ppr_k)
                 opt.zero_grad()
-                # dropout per subgraph row, as in shaDow-GNN: projecting each distinct node once and
-                # gathering (as serving does) would share one dropout mask among every subgraph that
-                # holds a node; on Cora that left 1 seed in 6 near 50% and the mean 6 points lower
-                p_rows = model.project_normalized(data.rows(b.node_ids))
-                logits = model.forward_batch_projected(b, p_rows, cfg.width_train, cfg.strategy)[0]
-                loss = F.cross_entropy(logits, data.y[torch.from_numpy(chunk).to(device)])
+                loss = F.cross_entropy(step_logits(model, data, cfg, b), data.y[torch.from_numpy(chunk).to(device)])
                 loss.backward()
                 opt.step()
                 losses.append(loss.item() * len(chunk))
@@ -567,8 +577,7 @@ def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress:
                                          strategy=cfg.strategy, batch_size=cfg.eval_batch_size)
         else:
             opt.zero_grad()
-            p = model.project_normalized(data.xn)
-            logits = model.propagate(ds.graph, p, cfg.width_train, cfg.strategy)[0]
+            logits = step_logits(model, data, cfg)
             tr = torch.from_numpy(data.train).to(device)
             loss = F.cross_entropy(logits[tr], data.y[tr])
             loss.backward()
