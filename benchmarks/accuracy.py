@@ -199,9 +199,8 @@ def train_pyg(kind: str, data: TrainData, cfg: TrainConfig, extractor) -> tuple[
     for epoch in range(cfg.epochs):
         model.train()
         if shadow:
-            for i, chunk in enumerate(np.array_split(perm := rng.permutation(data.train),
-                                                     max(1, -(-len(perm) // cfg.batch_size)))):
-                del i
+            perm = rng.permutation(data.train)
+            for chunk in (perm[i : i + cfg.batch_size] for i in range(0, len(perm), cfg.batch_size)):  # as fit
                 b = extractor.batch(chunk, cfg.ppr_k)
                 opt.zero_grad()
                 loss = F.cross_entropy(model(*_shadow_inputs(b, data)), y[torch.from_numpy(chunk)])
