@@ -319,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--patience", type=int, default=50)
     ap.add_argument("--ppr-k", type=int, default=64)
     ap.add_argument("--shadow-layers", type=int, default=None,
-                    help="depth of the shaDow models (default: the training module's, 3); plain models keep 2")
+                    help="depth of the shaDow models (default: the training module's, 1 for shaDow-SAGE and 3 for "
+                         "shaDow-GCN); plain models keep 2")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--jsonl", action="store_true", help="one JSON line per run on stderr")
     args = ap.parse_args(argv)

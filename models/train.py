@@ -72,6 +72,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_KNOB_WIDTHS = (0, 4, 8, 16, 32, 64)
+DEFAULT_LAYERS = {"gcn": 2, "sage": 2, "shadow-gcn": 3, "shadow-sage": 1}
 _SPARSE_DENSITY = 0.25
 
 
@@ -83,7 +84,9 @@ class TrainConfig:
     Attributes:
         model: ``"gcn"``, ``"sage"``, ``"shadow-gcn"`` or ``"shadow-sage"``.
         hidden: hidden width ``H``.
-        layers: number of layers (default 2 for plain models, 3 for shaDow models).
+        layers: number of layers (default: 2 for plain models, 1 for shaDow-SAGE, 3 for shaDow-GCN;
+            shaDow-SAGE at 1 layer matched or beat plain GraphSAGE on all five datasets of
+            docs/BENCHMARKS.md, at 3 it fell 5 points below on CiteSeer and Coauthor CS).
         dropout: dropout probability.
         lr, weight_decay: Adam settings (weight decay on every parameter).
         epochs: maximum epochs; patience: stop after this many epochs without a better validation accuracy.
@@ -135,7 +138,7 @@ class TrainConfig:
         if self.model not in MODEL_KINDS:
             raise ValueError(f"model must be one of {MODEL_KINDS}, got {self.model!r}")
         if self.layers is None:
-            self.layers = 3 if self.is_shadow else 2
+            self.layers = DEFAULT_LAYERS[self.model]
         if self.feature_norm not in (*NORM_MODES, "auto"):
             raise ValueError(f"feature_norm must be one of {(*NORM_MODES, 'auto')}, got {self.feature_norm!r}")
         if self.strategy not in STRATEGIES:
@@ -734,7 +737,7 @@ def build_parser(prog: str = "gnnserve train") -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="checkpoint directory to create")
     p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint directory")
     p.add_argument("--hidden", type=int, default=d.hidden)
-    p.add_argument("--layers", type=int, default=None, help="default: 2 (plain) or 3 (shaDow)")
+    p.add_argument("--layers", type=int, default=None, help="default: 2 (plain), 1 (shadow-sage) or 3 (shadow-gcn)")
     p.add_argument("--dropout", type=float, default=d.dropout)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)

@@ -24,6 +24,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Small, fast settings: enough to beat chance clearly on the synthetic graph.
 TINY_TRAIN = {"hidden": 32, "epochs": 60, "patience": 30, "seed": 0, "knob_widths": [0, 2, 4, 8],
               "knob_budgets": [8, 16, 32], "ppr_k": 32}
+# shaDow test models get 2 layers (shaDow-SAGE's default is 1): every served path then stacks layers
+TINY_SHADOW = {"layers": 2}
 
 
 def free_port() -> int:
@@ -59,7 +61,10 @@ def make_repo(root: Path, dataset: Any, kinds: dict[str, str], **settings: Any) 
         dataset.save(data_dir)
     opts = dict(TINY_TRAIN, **settings)
     for name, kind in kinds.items():
-        opts_k = opts if kind.startswith("shadow") else {k: v for k, v in opts.items() if k not in ("ppr_k", "knob_budgets")}
+        if kind.startswith("shadow"):
+            opts_k = {**TINY_SHADOW, **opts}
+        else:
+            opts_k = {k: v for k, v in opts.items() if k not in ("ppr_k", "knob_budgets")}
         train(dataset, kind, root / name / "1", progress=False, source=str(data_dir), **opts_k)
     return root
 
