@@ -53,6 +53,7 @@ from models.train import (
     PPRExtractor,
     TrainConfig,
     TrainData,
+    _batches,
     evaluate,
     fit,
     make_ppr_config,
@@ -201,8 +202,7 @@ def train_pyg(kind: str, data: TrainData, cfg: TrainConfig, extractor) -> tuple[
     for epoch in range(cfg.epochs):
         model.train()
         if shadow:
-            perm = rng.permutation(data.train)
-            for chunk in (perm[i : i + cfg.batch_size] for i in range(0, len(perm), cfg.batch_size)):  # as fit
+            for chunk in _batches(rng.permutation(data.train), cfg.batch_size):  # fit's batches
                 b = extractor.batch(chunk, cfg.ppr_k)
                 opt.zero_grad()
                 loss = F.cross_entropy(model(*_shadow_inputs(b, data)), y[torch.from_numpy(chunk)])

@@ -42,8 +42,8 @@ a GIL; every server lives in this process. Everything is measured in one run, so
         --feature-stores memory,redis-tcp,redis-unix,tiered-unix
 
 Models are trained once (hidden 64, lr 0.03 for plain models and 0.01 for shaDow, ``--epochs`` 100,
-knob widths 0/8/16/32, PPR budgets 16/32/64) into ``--cache-dir`` (default ``/tmp/gnnserve-bench-serve``) and reused; the figures are
-about serving, and both servers answer with the same weights. Check the accuracy column before
+knob widths 0/8/16/32, PPR budgets 16/32/64) into ``--cache-dir`` (default
+``/tmp/gnnserve-bench-serve``) and reused; the figures are about serving, and both servers answer with the same weights. Check the accuracy column before
 reading the others: with 10 epochs both models stayed at chance on Amazon Computers (full-batch
 training takes one step per epoch, and that graph has a long plateau; see docs/BENCHMARKS.md).
 """

@@ -21,6 +21,7 @@ import concurrent.futures
 import contextlib
 import copy
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,8 +210,8 @@ class ModelRuntime:
         fusable = (self.projections.enabled and (not on_gpu or options.gpu_min_targets > 0)
                    and ((self.extractor == "lhop" and not self.remote_graph
                          and getattr(self.model, "plan_aggregator", -1) >= 0) or self.extractor == "ppr"))
-        # the largest batch for the compiled forward on a GPU runtime (None: FUSED_MAX_TARGETS, read per batch)
-        self._gpu_fused_max = options.gpu_min_targets - 1 if on_gpu else None
+        # the largest batch for the compiled forward on a GPU runtime (a CPU runtime: FUSED_MAX_TARGETS alone)
+        self._gpu_fused_max = options.gpu_min_targets - 1 if on_gpu else math.inf
         self._cpu_projections = self.projections
         cpu_model = self.model
         if fusable and on_gpu:  # its own CPU copy of the model and a CPU projection table
@@ -311,8 +312,7 @@ class ModelRuntime:
                 targets = uniq
         plan_path = self.extractor == "lhop" and not new_specs
         fused = (self._fused_params is not None and self._use_fused and not new_specs
-                 and len(targets) <= (FUSED_MAX_TARGETS if self._gpu_fused_max is None
-                                      else min(FUSED_MAX_TARGETS, self._gpu_fused_max)))
+                 and len(targets) <= min(FUSED_MAX_TARGETS, self._gpu_fused_max))
         if plan_path:  # plain model: the rows each layer needs, once per batch (kernels.plan)
             plan, plan_graph, plan_ids, plan_gcn_degrees = self._plan(targets, width, degrees=not fused)
         else:

@@ -45,8 +45,7 @@ def _dataset(features: str):
         return ds
     rng = np.random.default_rng(1)
     x = ((rng.random(ds.x.shape) < 0.06) | (ds.x > 1.2)).astype(np.float32)  # sparse, class-correlated
-    src = np.repeat(np.arange(ds.num_nodes), np.diff(ds.graph.indptr))
-    arrays = {"edge_index": np.vstack([src, ds.graph.indices]).astype(np.int64), "x": x, "y": ds.y,
+    arrays = {"edge_index": ds.graph.edge_index(), "x": x, "y": ds.y,
               "train_mask": ds.train_mask, "val_mask": ds.val_mask, "test_mask": ds.test_mask,
               "num_classes": np.int64(ds.num_classes)}
     return dataset_from_arrays(arrays, name="twin-bow")
