@@ -39,7 +39,8 @@ import numpy as np
 from .plan import ExecutionPlan
 from .spmm_cpu import fastrand_period, fastrand_position
 
-__all__ = ["AGG_GCN", "AGG_SAGE", "POOL_CODES", "StackParams", "plan_forward_cpu", "shadow_forward_cpu"]
+__all__ = ["AGG_GCN", "AGG_SAGE", "POOL_CODES", "StackParams", "plan_forward_cpu", "plan_inner_cpu", "plan_outer_cpu",
+           "shadow_forward_cpu"]
 
 AGG_GCN = 0
 AGG_SAGE = 1
@@ -230,6 +231,40 @@ def _plain(sizes, ptr, cols, ew, rs, node_ids, table, agg, dinv_g, dims, mats, m
 
 
 @numba.njit(cache=True, nogil=True)
+def _inner(sizes, ptr, cols, ew, rs, node_ids, table, agg, dinv_g, dims, mats, mat_off, bias,
+           bias_off):  # pragma: no cover - compiled
+    """Layers ``1 .. len(dims)`` of a plain model on a plan of as many layers: the last one's target
+    rows, ReLU'd (what the next layer of the model reads)."""
+    n0 = sizes[0]
+    dl = np.empty(n0 if agg == AGG_GCN else 0, dtype=np.float32)
+    for j in range(dl.shape[0]):
+        dl[j] = dinv_g[node_ids[j]]
+    h, _ = _layers(sizes, ptr, cols, ew, rs, 0, False, node_ids, table, agg, dl, dims, mats, mat_off, bias,
+                   bias_off, True, 0)
+    return h
+
+
+@numba.njit(cache=True, nogil=True)
+def _outer(sizes, ptr, cols, ew, rs, node_ids, acts, agg, dinv_g, fin, tw, o, mat,
+           bias):  # pragma: no cover - compiled
+    """The last layer of a plain model on a one-layer plan, from the layer before's activations
+    ``acts`` (by global id): gather, transform, aggregate, softmax."""
+    n0 = sizes[0]
+    b = sizes[1]
+    dl = np.empty(n0 if agg == AGG_GCN else 0, dtype=np.float32)
+    for j in range(dl.shape[0]):
+        dl[j] = dinv_g[node_ids[j]]
+    x = np.empty((n0, fin), dtype=np.float32)
+    for j in range(n0):
+        x[j] = acts[node_ids[j]]
+    t = np.dot(x, mat.reshape((fin, tw)))
+    h = np.empty((b, o), dtype=np.float32)
+    _aggregate(t, np.arange(n0), b, o, ptr, cols, ew, rs, 0, False, agg, dl, bias, 0, h)
+    probs, labels = _softmax(h)
+    return h, probs, labels, x[:b].copy()
+
+
+@numba.njit(cache=True, nogil=True)
 def _shadow(indptr, indices, ew, width, fastrand, node_ids, bptr, table, agg, dims, mats, mat_off, bias, bias_off,
             pools, cls_w, cls_b):  # pragma: no cover - compiled
     r = node_ids.shape[0]
@@ -276,9 +311,9 @@ def _shadow(indptr, indices, ew, width, fastrand, node_ids, bptr, table, agg, di
     return logits, probs, labels, emb
 
 
-def _check_table(params: StackParams, table: np.ndarray) -> None:
-    if table.dtype != np.float32 or table.ndim != 2 or table.shape[1] != params.dims[0, 1]:
-        raise ValueError(f"table must be float32 [N, {params.dims[0, 1]}], got {table.dtype} {table.shape}")
+def _check_table(table: np.ndarray, width: int) -> None:
+    if table.dtype != np.float32 or table.ndim != 2 or table.shape[1] != width:
+        raise ValueError(f"table must be float32 [N, {width}], got {table.dtype} {table.shape}")
 
 
 def plan_forward_cpu(plan: ExecutionPlan, params: StackParams, table: np.ndarray,
@@ -288,15 +323,46 @@ def plan_forward_cpu(plan: ExecutionPlan, params: StackParams, table: np.ndarray
     ``table``: float32 ``[N, P]`` projections indexed by global id, valid at ``plan.node_ids``;
     ``dinv``: float32 ``[N]`` ``D^{-1/2}`` of the full graph's GCN degrees (``gcn`` only).
     """
-    if plan.layers != params.layers:
-        raise ValueError(f"the plan has {plan.layers} layers, the model {params.layers}")
-    _check_table(params, table)
+    args = _plan_args(plan, params, params.layers, table, int(params.dims[0, 1]), dinv)
+    return _plain(*args, params.dims, params.mats, params.mat_off, params.bias, params.bias_off)
+
+
+def _plan_args(plan: ExecutionPlan, params: StackParams, layers: int, table: np.ndarray, width: int,
+               dinv: np.ndarray | None) -> tuple:
+    if plan.layers != layers:
+        raise ValueError(f"the plan has {plan.layers} layers, expected {layers}")
+    _check_table(table, width)
     if params.agg == AGG_GCN and (dinv is None or dinv.dtype != np.float32):
         raise ValueError("gcn needs dinv, float32 [N]")
     ew = plan.edge_weights if plan.edge_weights is not None else _NO_W
-    return _plain(np.asarray(plan.sizes, dtype=np.int64), plan.indptr, plan.cols, ew.astype(np.float32, copy=False),
-                  plan.row_scale, plan.node_ids, table, params.agg, dinv if dinv is not None else _NO_W,
-                  params.dims, params.mats, params.mat_off, params.bias, params.bias_off)
+    return (np.asarray(plan.sizes, dtype=np.int64), plan.indptr, plan.cols, ew.astype(np.float32, copy=False),
+            plan.row_scale, plan.node_ids, table, params.agg, dinv if dinv is not None else _NO_W)
+
+
+def plan_inner_cpu(plan: ExecutionPlan, params: StackParams, table: np.ndarray,
+                   dinv: np.ndarray | None) -> np.ndarray:
+    """float32 ``[B, H]``: a plain model's ReLU'd layer ``L - 1`` at the targets of ``plan``, an
+    ``L - 1``-layer plan (``table`` and ``dinv`` as in :func:`plan_forward_cpu`). Each row depends
+    on its node and the width only, which is what lets a server keep it (``serve.projection.ActivationCache``)."""
+    if params.layers < 2:
+        raise ValueError("a one-layer model has no inner layers")
+    args = _plan_args(plan, params, params.layers - 1, table, int(params.dims[0, 1]), dinv)
+    return _inner(*args, params.dims[:-1], params.mats, params.mat_off, params.bias, params.bias_off)
+
+
+def plan_outer_cpu(plan: ExecutionPlan, params: StackParams, acts: np.ndarray,
+                   dinv: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A plain model's last layer on a one-layer ``plan`` from ``acts``, float32 ``[N, H]`` by global
+    id holding :func:`plan_inner_cpu`'s rows at ``plan.node_ids`` for the plan's width: the same
+    ``(logits, probabilities, labels, embeddings)`` as :func:`plan_forward_cpu` on the full plan."""
+    if params.layers < 2:
+        raise ValueError("a one-layer model has no inner layers")
+    last = params.layers - 1
+    fin, tw, o = (int(v) for v in params.dims[last])
+    args = _plan_args(plan, params, 1, acts, fin, dinv)
+    mat = params.mats[params.mat_off[last]:params.mat_off[last + 1]]
+    bias = params.bias[params.bias_off[last]:params.bias_off[last + 1]]
+    return _outer(*args, fin, tw, o, mat, bias)
 
 
 def shadow_forward_cpu(batch, params: StackParams, table: np.ndarray, width: int | None,
@@ -308,7 +374,7 @@ def shadow_forward_cpu(batch, params: StackParams, table: np.ndarray, width: int
     """
     if params.cls_w.shape[0] == 0:
         raise ValueError("these parameters have no readout and classifier (a plain model's)")
-    _check_table(params, table)
+    _check_table(table, int(params.dims[0, 1]))
     g = batch.graph
     ew = g.weights if g.weights is not None else _NO_W
     return _shadow(g.indptr, g.indices, ew.astype(np.float32, copy=False), int(width or 0), strategy == "fastrand",

@@ -44,7 +44,8 @@ from .graph import CSRGraph
 from .spmm_cpu import fastrand_period, fastrand_position
 from .subgraph import _give_scratch, _grow, _take_scratch
 
-__all__ = ["ExactPathEdges", "ExecutionPlan", "edges_on_paths", "exact_path_edges", "execution_plan"]
+__all__ = ["ExactPathEdges", "ExecutionPlan", "edges_on_paths", "edges_on_two_layer_paths", "exact_path_edges",
+           "execution_plan"]
 
 _LOW = (1 << 32) - 1
 
@@ -354,12 +355,35 @@ def edges_on_paths(
     """int64 ``([B], [B])``: edges aggregated on each target's own path over all layers, kept at the
     plan's width and exact. ``graph`` is the graph the plan was built on; ``exact``, when given, is
     its :class:`ExactPathEdges` at the plan's depth (the exact counts then come from its memo)."""
-    kept = plan.kept_per_target()
+    return _with_exact(plan.kept_per_target(), plan, graph, width, exact, plan.layers)
+
+
+def edges_on_two_layer_paths(
+    plan: ExecutionPlan, graph: CSRGraph, width: int | None, exact: ExactPathEdges | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    r""":func:`edges_on_paths` of a 2-layer model's plan, from the one-layer ``plan`` of its last layer
+    alone (the plan a server runs when it keeps the first layer's rows per node,
+    ``serve.projection.ActivationCache``): target ``t`` keeps :math:`k_t + \sum_{u \in F_1(t)} k_u`
+    edges, :math:`F_1(t) = \{t\} \cup N_S(t)` the rows layer 1 computes for it and
+    :math:`k_u = \min(d_u, S)` (``d_u`` exact)."""
+    if plan.layers != 1:
+        raise ValueError(f"expected the one-layer plan of the last layer, got {plan.layers} layers")
+    deg = graph.degrees[plan.node_ids]
+    k = np.minimum(deg, width) if width else deg
+    if plan.num_targets == 1:  # F_1 of the one target is the whole plan
+        kept = np.array([int(k[0]) + int(k.sum())], dtype=np.int64)
+    else:
+        kept = np.rint(plan.path_sums(k, 2)).astype(np.int64)
+    return _with_exact(kept, plan, graph, width, exact, 2)
+
+
+def _with_exact(kept: np.ndarray, plan: ExecutionPlan, graph: CSRGraph, width: int | None,
+                exact: ExactPathEdges | None, layers: int) -> tuple[np.ndarray, np.ndarray]:
     if not width:
         return kept, kept
     targets = plan.node_ids[: plan.num_targets]
     if exact is not None:
-        if exact.graph is not graph or exact.layers != plan.layers:
+        if exact.graph is not graph or exact.layers != layers:
             raise ValueError("exact was made for another graph or depth than this plan")
         return kept, exact(targets)
-    return kept, exact_path_edges(graph, targets, plan.layers)
+    return kept, exact_path_edges(graph, targets, layers)

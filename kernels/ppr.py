@@ -111,6 +111,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+
+def _unwrapped(a: np.ndarray) -> np.ndarray:
+    """A plain ndarray view of a memory map (the same pages): every index or slice of an
+    ``np.memmap`` builds another memmap, a few microseconds each on a one-node lookup."""
+    return np.asarray(a)
+
 _FORMAT = "gnnserve.ppr/1"
 _ALGO_VERSION = 1  # part of the index key: bump when the push or the selection changes
 _SCRATCH_KEY = "_ppr_scratch_pool"
@@ -848,12 +854,15 @@ class PPRIndex:
         if not 1 <= k <= self.k_max:
             raise ValueError(f"k must lie in [1, k_max={self.k_max}], got {k}")
         t = np.asarray(targets, dtype=np.int64).reshape(-1)
-        if len(t) and (int(t.min()) < 0 or int(t.max()) >= self.num_nodes):
+        one = len(t) == 1
+        if len(t) and not (0 <= int(t[0]) < self.num_nodes if one else
+                           (int(t.min()) >= 0 and int(t.max()) < self.num_nodes)):
             raise ValueError(f"targets must lie in [0, {self.num_nodes}) (use ppr_new_node for new nodes)")
-        if len(t) == 1 and not return_scores:  # a one-node request: one slice, no gather
-            lo = int(self.ptr[t[0]])
-            cnt = min(int(self.ptr[t[0] + 1]) - lo, k)
-            return np.array([0, cnt], dtype=np.int64), np.asarray(self.nodes[lo : lo + cnt], dtype=np.int64)
+        if one and not return_scores:  # a one-node request: one slice, no gather
+            v = int(t[0])
+            lo = int(self.ptr[v])
+            cnt = min(int(self.ptr[v + 1]) - lo, k)
+            return np.array([0, cnt], dtype=np.int64), self.nodes[lo : lo + cnt].astype(np.int64)
         start = self.ptr[t]
         cnt = np.minimum(self.ptr[t + 1] - start, k)
         optr, idx = gather_ranges(start, cnt)
@@ -950,7 +959,7 @@ class PPRIndex:
             if not info:
                 return None
             m = int(info["edges"])
-            eptr = np.load(d / "induced_eptr.npy", mmap_mode="r")
+            eptr = _unwrapped(np.load(d / "induced_eptr.npy", mmap_mode="r"))
             if eptr.shape != (self.num_nodes + 1,):
                 raise ValueError(f"induced_eptr.npy has shape {eptr.shape}, expected ({self.num_nodes + 1},)")
             names = self._INDUCED_FILES if info["weighted"] else self._INDUCED_FILES[:2]
@@ -958,7 +967,7 @@ class PPRIndex:
             for name, dt in zip(names, dts, strict=True):
                 if (d / name).stat().st_size != m * np.dtype(dt).itemsize:
                     raise ValueError(f"{name} has the wrong size")
-            arr = [np.memmap(d / name, dtype=dt, mode="r", shape=(m,)) if m else np.zeros(0, dt)
+            arr = [_unwrapped(np.memmap(d / name, dtype=dt, mode="r", shape=(m,))) if m else np.zeros(0, dt)
                    for name, dt in zip(names, dts, strict=True)]  # fmt: skip
             return InducedTable(int(info["k"]), eptr, arr[0], arr[1], arr[2] if info["weighted"] else None)
         except (OSError, ValueError, KeyError) as exc:
@@ -1087,7 +1096,7 @@ class PPRIndex:
         n, nnz = int(meta["num_nodes"]), int(meta["nnz"])
         mode = "r" if mmap else None
         try:
-            ptr = np.load(d / "ptr.npy", mmap_mode=mode)
+            ptr = _unwrapped(np.load(d / "ptr.npy", mmap_mode=mode))
             nd, sd = np.dtype(meta["nodes_dtype"]), np.dtype(meta["scores_dtype"])
             for name, dt in (("nodes.bin", nd), ("scores.bin", sd)):
                 size = (d / name).stat().st_size
@@ -1096,8 +1105,8 @@ class PPRIndex:
             if nnz == 0:
                 nodes, scores = np.zeros(0, dtype=nd), np.zeros(0, dtype=sd)
             elif mmap:
-                nodes = np.memmap(d / "nodes.bin", dtype=nd, mode="r", shape=(nnz,))
-                scores = np.memmap(d / "scores.bin", dtype=sd, mode="r", shape=(nnz,))
+                nodes = _unwrapped(np.memmap(d / "nodes.bin", dtype=nd, mode="r", shape=(nnz,)))
+                scores = _unwrapped(np.memmap(d / "scores.bin", dtype=sd, mode="r", shape=(nnz,)))
             else:
                 nodes = np.fromfile(d / "nodes.bin", dtype=nd)
                 scores = np.fromfile(d / "scores.bin", dtype=sd)

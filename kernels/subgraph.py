@@ -106,6 +106,11 @@ class SubgraphBatch:
         """Rows per subgraph, int64 ``[B]``."""
         return np.diff(self.ptr)
 
+    def edge_counts(self, width: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """int64 ``([B], [B])``: per subgraph, the edges its rows keep at sampling ``width`` (a row of
+        degree ``d`` keeps ``min(d, width)``; all with ``width`` 0 / ``None``) and all its edges."""
+        return _edge_counts(self.graph.indptr, np.asarray(self.ptr, dtype=np.int64), int(width or 0))
+
     def subgraph(self, b: int) -> CSRGraph:
         """Subgraph ``b`` alone as a :class:`CSRGraph` with local ids ``0 .. n_b - 1`` (a copy)."""
         lo, hi = int(self.ptr[b]), int(self.ptr[b + 1])
@@ -118,6 +123,19 @@ class SubgraphBatch:
             weights=w,
             num_nodes=hi - lo,
         )
+
+
+@numba.njit(cache=True, nogil=True)
+def _edge_counts(indptr, ptr, width):  # pragma: no cover - compiled
+    b = ptr.shape[0] - 1
+    kept = np.zeros(b, dtype=np.int64)
+    total = np.zeros(b, dtype=np.int64)
+    for s in range(b):
+        for r in range(ptr[s], ptr[s + 1]):
+            d = indptr[r + 1] - indptr[r]
+            total[s] += d
+            kept[s] += d if width <= 0 or d <= width else width
+    return kept, total
 
 
 @dataclass(eq=False)

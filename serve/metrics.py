@@ -54,6 +54,7 @@ class ServerMetrics:
         self.inflight = Gauge("gnnserve_inflight_requests",
                               "RPCs admitted and not yet answered (health checks not counted)", registry=r)
         self._per_model: dict[str, tuple] = {}
+        self._batch_children: dict[str, object] = {}
         self.models_loaded = Gauge("gnnserve_models_loaded", "Model versions being served", registry=r)
 
     def observe_request(self, model: str, timing: dict[str, float], width: int, budget: int, n: int) -> None:
@@ -71,6 +72,13 @@ class ServerMetrics:
         width_h.observe(width)
         budget_h.observe(budget)
         predictions.inc(n)
+
+    def observe_batch(self, model: str, targets: int) -> None:
+        """Record one executed batch of ``targets`` targets."""
+        h = self._batch_children.get(model)
+        if h is None:
+            h = self._batch_children[model] = self.batch_targets.labels(model)
+        h.observe(targets)
 
     def serve_http(self, port: int, addr: str = "0.0.0.0") -> int:
         """Expose ``/metrics`` over HTTP; returns the bound port (``port=0`` picks a free one)."""

@@ -10,6 +10,11 @@ Path of a batch (:meth:`ModelRuntime.process`, in the worker thread):
    :class:`~serve.projection.ProjectionCache` (fetching raw features from the feature store only
    for nodes not seen before); new nodes are projected from the features in the request.
 3. **forward**: ``forward_batch_projected`` at the batch's sampling width; softmax; argmax.
+
+A plain 2-layer model on the compiled CPU path keeps its first layer's output per node and width
+(:class:`~serve.projection.ActivationCache`): step 1 is then the last layer's one-layer plan, step
+2 that layer's input rows (first-layer rows computed for the nodes not seen before), step 3 the
+last layer alone.
 4. **split**: rows back to their requests, with the edges each request's subgraphs kept.
 
 Items with the same (sampling width, PPR budget) share a batch.
@@ -30,9 +35,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels.fused_forward import plan_forward_cpu, shadow_forward_cpu
+from kernels.fused_forward import plan_forward_cpu, plan_outer_cpu, shadow_forward_cpu
 from kernels.graph import CSRGraph
-from kernels.plan import ExactPathEdges, ExecutionPlan, edges_on_paths, execution_plan
+from kernels.plan import (
+    ExactPathEdges,
+    ExecutionPlan,
+    edges_on_paths,
+    edges_on_two_layer_paths,
+    execution_plan,
+)
 from kernels.subgraph import ExtraEdges, SubgraphBatch, induced_batch, lhop_nodes
 from models.base import gcn_dinv32
 
@@ -40,7 +51,7 @@ from .batcher import DynamicBatcher, WorkItem
 from .errors import InvalidArgument, Unavailable
 from .features.memory import MemoryFeatureStore
 from .metrics import ServerMetrics
-from .projection import ProjectionCache
+from .projection import ActivationCache, ProjectionCache
 from .validation import ModelLimits, PredictCall, knob_rows
 
 __all__ = ["DataBundle", "ModelRuntime", "PredictResult", "RuntimeOptions"]
@@ -91,9 +102,14 @@ class RuntimeOptions:
     graph_cache_bytes: int = 64 << 20
     #: precompute each node's induced top-K subgraph next to the PPR index when it fits (0: never)
     induced_table_bytes: int = 1 << 30
-    #: fill the projection cache for every node while a model warms up (before it is served), so the
-    #: first request for a node costs what later ones cost; startup then reads every node's features once
+    #: fill the projection cache for every node while a model warms up (before it is served), and a plain
+    #: model's activation table at its default width, so the first request for a node costs what later ones
+    #: cost; startup then reads every node's features once
     warm_projections: bool = False
+    #: plain 2-layer models on the compiled CPU path: keep each node's first-layer output per sampling
+    #: width (``serve.projection.ActivationCache``, ``[N, hidden]`` floats per width) within this many
+    #: bytes for all widths together; 0 = never
+    activation_budget_bytes: int = 256 << 20
     #: batches of at most this many targets run on the event loop when nothing else waits (no thread
     #: hand-off; serve.batcher), when features are in memory and the graph local; 0 = never
     inline_max_targets: int = 8
@@ -222,6 +238,12 @@ class ModelRuntime:
         self._fused_params = cpu_model.fused_params() if fusable else None
         self._use_fused = True  # warm() turns it off for one pass, to warm the torch path too
         self._dinv = gcn_dinv32(self.graph) if fusable and self.architecture == "gcn" else None
+        # the plan path of a 2-layer plain model: the last layer alone from per-node first-layer rows
+        # (edges_on_two_layer_paths counts a 2-layer path from the last layer's plan, hence 2 layers only)
+        self._activations = (ActivationCache(self.graph, self._fused_params, self._dinv, self._cpu_projections,
+                                             strategy=self.strategy, budget_bytes=options.activation_budget_bytes)
+                             if self._fused_params is not None and self.extractor == "lhop" and self.hops == 2
+                             and options.activation_budget_bytes > 0 else None)
         self.batcher = DynamicBatcher(
             self.process,
             max_batch_targets=options.max_batch_targets,
@@ -281,10 +303,14 @@ class ModelRuntime:
         self.ready = True
 
     def warm_projections(self) -> int:
-        """Project every node's features into the projection table(s) now; returns the rows projected."""
+        """Project every node's features into the projection table(s) now, and fill a plain 2-layer model's
+        first-layer rows at its default width; returns the rows projected."""
         rows = self.projections.warm()
         if self._cpu_projections is not self.projections:  # a GPU model's CPU table (gpu_min_targets)
             self._cpu_projections.warm()
+        if self._activations is not None:  # and a plain model's first-layer rows at its default width
+            s = self.limits.default_sampling_width
+            self._activations.warm(min(s, self.limits.max_sampling_width) if s > 0 else 0)
         return rows
 
     async def close(self, grace_s: float | None = None) -> None:
@@ -313,13 +339,22 @@ class ModelRuntime:
         plan_path = self.extractor == "lhop" and not new_specs
         fused = (self._fused_params is not None and self._use_fused and not new_specs
                  and len(targets) <= min(FUSED_MAX_TARGETS, self._gpu_fused_max))
-        if plan_path:  # plain model: the rows each layer needs, once per batch (kernels.plan)
+        acts = self._activations if fused and plan_path else None
+        if acts is not None and acts.has_table(width):  # the last layer's rows only (serve.projection)
+            plan = self._plan(targets, width, degrees=False, layers=1)[0]
+        elif plan_path:  # plain model: the rows each layer needs, once per batch (kernels.plan)
+            acts = None
             plan, plan_graph, plan_ids, plan_gcn_degrees = self._plan(targets, width, degrees=not fused)
         else:
             batch = self._subgraphs(targets, new_specs, budget)
         t_sub = time.perf_counter()
         want_emb = any(c.return_embeddings for c in calls)
-        if fused:
+        if acts is not None:
+            table = acts.table_for(plan.node_ids, width)
+            t_feat = time.perf_counter()
+            _, probs_np, labels_np, emb_np = plan_outer_cpu(plan, self._fused_params, table, self._dinv)
+            emb_np = emb_np if want_emb else None
+        elif fused:
             table = self._cpu_projections.table_for(plan_ids if plan_path else batch.unique_ids).numpy()
             t_feat = time.perf_counter()
             if plan_path:
@@ -347,7 +382,9 @@ class ModelRuntime:
             labels_np = labels.cpu().numpy().astype(np.int64)
             emb_np = emb.float().cpu().numpy() if want_emb else None
         t_fwd = time.perf_counter()
-        if plan_path:
+        if acts is not None:
+            kept, total = edges_on_two_layer_paths(plan, self.graph, width, self._exact_edges)
+        elif plan_path:
             kept, total = edges_on_paths(plan, plan_graph, width, self._exact_edges)  # memo: None on remote graphs
         else:
             kept, total = self._edges_per_subgraph(batch, width)
@@ -360,7 +397,7 @@ class ModelRuntime:
             "forward": 1e3 * (t_fwd - t_feat),
         }
         if self.server_metrics is not None:
-            self.server_metrics.batch_targets.labels(self.name).observe(len(labels_np))
+            self.server_metrics.observe_batch(self.name, len(labels_np))
         # Output rows: every call's existing nodes in call order, then every call's new nodes.
         n_existing = sum(len(c.nodes) for c in calls)
         out: list[PredictResult | BaseException] = []
@@ -476,32 +513,26 @@ class ModelRuntime:
                 seg[hit] += nw[pos[hit]]
         return d
 
-    def _plan(self, targets: np.ndarray, width: int,
-              degrees: bool = True) -> tuple[ExecutionPlan, CSRGraph, np.ndarray, np.ndarray | None]:
+    def _plan(self, targets: np.ndarray, width: int, degrees: bool = True,
+              layers: int | None = None) -> tuple[ExecutionPlan, CSRGraph, np.ndarray, np.ndarray | None]:
         """``(plan, graph it indexes, global ids of its nodes, GCN degrees of them or None)``
-        (``degrees=False``: no degrees, for the compiled forward, which reads its own)."""
+        (``degrees=False``: no degrees, for the compiled forward, which reads its own; ``layers``: the
+        last ones only, default all)."""
+        layers = self.hops if layers is None else layers
         gcn = self.architecture == "gcn"
         if self.remote_graph:  # the L-hop rows from Redis, as a local graph (local id = rank in uniq)
-            g, uniq, gdeg = self.graph.lhop_local(targets, self.hops)
-            plan = execution_plan(g, np.searchsorted(uniq, targets), self.hops, width, self.strategy)
+            g, uniq, gdeg = self.graph.lhop_local(targets, layers)
+            plan = execution_plan(g, np.searchsorted(uniq, targets), layers, width, self.strategy)
             return plan, g, uniq[plan.node_ids], gdeg[plan.node_ids] if gcn else None
-        plan = execution_plan(self.graph, targets, self.hops, width, self.strategy)
+        plan = execution_plan(self.graph, targets, layers, width, self.strategy)
         degrees = self.model.norm_degrees_for(self.graph, plan.node_ids) if gcn and degrees else None
         return plan, self.graph, plan.node_ids, degrees
 
     def _edges_per_subgraph(self, batch: SubgraphBatch, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Edges aggregated (over all layers) per target: kept at this width, and exact."""
-        deg = batch.graph.degrees
-        kept_rows = np.minimum(deg, width) if width else deg
+        kept, total = batch.edge_counts(width)
         layers = max(1, self.hops)
-        if batch.num_subgraphs == 1:  # one subgraph: the sums over all rows
-            return (np.array([int(kept_rows.sum()) * layers], dtype=np.int64),
-                    np.array([int(deg.sum()) * layers], dtype=np.int64))
-        csum_k = np.concatenate([[0], np.cumsum(kept_rows)])
-        csum_t = np.concatenate([[0], np.cumsum(deg)])
-        kept = (csum_k[batch.ptr[1:]] - csum_k[batch.ptr[:-1]]) * layers
-        total = (csum_t[batch.ptr[1:]] - csum_t[batch.ptr[:-1]]) * layers
-        return kept.astype(np.int64), total.astype(np.int64)
+        return kept * layers, total * layers
 
 
 def _weights_of(spec: Any) -> np.ndarray:

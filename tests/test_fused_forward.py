@@ -79,7 +79,7 @@ def test_compiled_forward_checks_its_arguments(ds):  # noqa: F811
         table = m.project(x).numpy()
     params = m.fused_params()
     dinv = gcn_dinv32(ds.graph)
-    with pytest.raises(ValueError, match="3 layers, the model 2"):
+    with pytest.raises(ValueError, match="3 layers, expected 2"):
         plan_forward_cpu(execution_plan(ds.graph, np.array([1]), 3, 0), params, table, dinv)
     plan = execution_plan(ds.graph, np.array([1, 2]), 2, 0)
     with pytest.raises(ValueError, match="float32"):
@@ -186,3 +186,62 @@ def test_device_split_benchmark_runs_on_a_repository(tiny_repo, capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| gcn", "| shadow"))]
     assert len(rows) == 4  # 2 models x 2 batch sizes
     assert all(float(r.split("|")[3]) > 0 for r in rows)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize(("arch", "layers"), [("gcn", 2), ("gcn", 3), ("sage", 2), ("sage", 3)])
+@pytest.mark.parametrize("width", [0, 1, 2, 5, 1000])
+@pytest.mark.parametrize("strategy", ["fastrand", "bucket"])
+def test_last_layer_from_kept_activations_equals_the_whole_plan(ds, arch, layers, width, weighted,  # noqa: F811
+                                                                 strategy):
+    """plan_inner_cpu's rows depend on the node and the width only: computed for every node at once
+    (an L - 1-layer plan), the last layer on the targets' one-layer plan gives the whole plan's outputs."""
+    from kernels.fused_forward import plan_inner_cpu, plan_outer_cpu
+
+    g = _with_isolated(_weighted(ds) if weighted else ds.graph)
+    x = torch.from_numpy(np.concatenate([ds.x, np.random.default_rng(2).normal(size=(3, ds.num_features))
+                                         .astype(np.float32)]))
+    m = _model(arch, ds, layers)
+    with torch.no_grad():
+        table = m.project(x).numpy()
+    params = m.fused_params()
+    dinv = gcn_dinv32(g) if arch == "gcn" else None
+    everyone = execution_plan(g, np.arange(g.num_nodes), layers - 1, width, strategy)
+    acts = np.zeros((g.num_nodes, m.embedding_dim), np.float32)
+    acts[everyone.node_ids[: g.num_nodes]] = plan_inner_cpu(everyone, params, table, dinv)
+    assert (acts >= 0).all(), "the rows the last layer reads are ReLU'd"
+    rng = np.random.default_rng(layers * 100 + width)
+    for targets in (np.array([g.num_nodes - 2]), np.array([11]),
+                    np.concatenate([rng.choice(ds.graph.num_nodes, 12, replace=False), [g.num_nodes - 1]])):
+        got = plan_outer_cpu(execution_plan(g, targets, 1, width, strategy), params, acts, dinv)
+        want = plan_forward_cpu(execution_plan(g, targets, layers, width, strategy), params, table, dinv)
+        for a, b in zip(got, want, strict=True):
+            assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got[3], want[3], rtol=1e-5, atol=1e-5)
+        clear = np.diff(np.sort(want[1], axis=1)[:, -2:], axis=1)[:, 0] > 1e-5
+        assert np.array_equal(got[2][clear], want[2][clear])
+
+
+def test_inner_and_outer_forwards_check_their_arguments(ds):  # noqa: F811
+    from kernels.fused_forward import plan_inner_cpu, plan_outer_cpu
+
+    m = _model("gcn", ds, 2)
+    with torch.no_grad():
+        table = m.project(torch.from_numpy(ds.x)).numpy()
+    params = m.fused_params()
+    dinv = gcn_dinv32(ds.graph)
+    acts = np.zeros((ds.graph.num_nodes, m.embedding_dim), np.float32)
+    with pytest.raises(ValueError, match="2 layers, expected 1"):
+        plan_inner_cpu(execution_plan(ds.graph, np.array([1]), 2, 0), params, table, dinv)
+    with pytest.raises(ValueError, match="2 layers, expected 1"):
+        plan_outer_cpu(execution_plan(ds.graph, np.array([1]), 2, 0), params, acts, dinv)
+    one = execution_plan(ds.graph, np.array([1, 2]), 1, 0)
+    with pytest.raises(ValueError, match=r"\[N, 8\]"):
+        plan_outer_cpu(one, params, acts[:, :3].copy(), dinv)
+    with pytest.raises(ValueError, match="gcn needs dinv"):
+        plan_inner_cpu(one, params, table, None)
+    single = StackParams.pack(0, [np.zeros((8, 10), np.float32)], [None], [8])
+    with pytest.raises(ValueError, match="no inner layers"):
+        plan_outer_cpu(one, single, acts, dinv)

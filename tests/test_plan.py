@@ -8,7 +8,7 @@ import torch
 
 from kernels.datasets import synthetic_sbm
 from kernels.graph import CSRGraph
-from kernels.plan import ExactPathEdges, edges_on_paths, execution_plan
+from kernels.plan import ExactPathEdges, edges_on_paths, edges_on_two_layer_paths, execution_plan
 from kernels.spmm import sampled_csr
 from kernels.subgraph import induced_batch, lhop_nodes
 from models import FeatureNorm, build_model
@@ -102,6 +102,25 @@ def test_edges_on_paths_match_a_brute_force_walk(ds, layers, width):
         alone = execution_plan(g, np.array([t]), layers, width)
         assert alone.kept_per_target().tolist() == [int(kept[i])], t
     assert np.all(kept <= total) and (width == 0) == bool(np.all(kept == total))
+
+
+@pytest.mark.parametrize("width", [0, 1, 3, 8, 1000])
+def test_two_layer_path_edges_from_the_last_layers_plan(ds, width):
+    """The counts a server reports when it runs a 2-layer model's last layer alone (its first layer's
+    rows kept per node) are those of the whole 2-layer plan, with and without the exact memo."""
+    g = ds.graph
+    memo = ExactPathEdges(g, 2)
+    for targets in (np.array([1]), np.array([499]), np.array([1, 77, 250, 499, 3]), np.arange(0, 500, 7)):
+        last = execution_plan(g, targets, 1, width)
+        want = edges_on_paths(execution_plan(g, targets, 2, width), g, width)
+        assert np.array_equal(edges_on_two_layer_paths(last, g, width), want)
+        assert np.array_equal(edges_on_two_layer_paths(last, g, width, memo), want)
+        for i, t in enumerate(targets[:3]):
+            assert (int(want[0][i]), int(want[1][i])) == _paths_brute(g, width, int(t), 2)
+    with pytest.raises(ValueError, match="one-layer plan"):
+        edges_on_two_layer_paths(execution_plan(g, np.array([1]), 2, width), g, width)
+    with pytest.raises(ValueError, match="another graph or depth"):
+        edges_on_two_layer_paths(execution_plan(g, np.array([1]), 1, 3), g, 3, ExactPathEdges(g, 3))
 
 
 @pytest.mark.parametrize("layers", [0, 2, 3])

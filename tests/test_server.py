@@ -335,15 +335,21 @@ def test_small_batches_run_torch_on_one_thread_and_restore_the_count():
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize(("model", "kernel"), [("gcn", "plan_forward_cpu"), ("shadow", "shadow_forward_cpu")])
-def test_small_batches_take_the_compiled_forward_with_the_torch_answers(served, monkeypatch, model, kernel):
-    """A small batch runs kernels.fused_forward; forcing the torch path gives the same answers."""
+@pytest.mark.parametrize(("model", "kernel", "activations"), [
+    ("gcn", "plan_outer_cpu", True), ("gcn", "plan_forward_cpu", False), ("shadow", "shadow_forward_cpu", False)])
+def test_small_batches_take_the_compiled_forward_with_the_torch_answers(served, monkeypatch, model, kernel,
+                                                                       activations):
+    """A small batch runs kernels.fused_forward (a plain model: the last layer alone from its activation
+    cache, or the whole plan without one); forcing the torch path gives the same answers and edge counts."""
     import serve.runtime as runtime_mod
     from serve.batcher import WorkItem
     from serve.validation import PredictCall
 
     rt = served.server.registry.get(model)
     assert rt._fused_params is not None, "a CPU model with a projection table gets the compiled forward"
+    assert (rt._activations is not None) == (model == "gcn"), "a 2-layer plain model keeps its first layer's rows"
+    if not activations:
+        monkeypatch.setattr(rt, "_activations", None)
     calls_made = []
     real = getattr(runtime_mod, kernel)
 

@@ -88,6 +88,20 @@ def test_induced_matches_scipy_unweighted(sbm_graph, sizes):
     check_batch_against_scipy(sbm_graph.to_scipy(), batch, ptr, nodes, weighted=False)
 
 
+@pytest.mark.parametrize("width", [None, 0, 1, 3, 10_000])
+def test_edge_counts_per_subgraph(sbm_graph, width):
+    rng = np.random.default_rng(5)
+    for sizes in ([1], [40], [5, 1, 17, 64]):
+        ptr, nodes = random_lists(sbm_graph.num_nodes, sizes, rng)
+        batch = induced_batch(sbm_graph, ptr, nodes)
+        kept, total = batch.edge_counts(width)
+        assert kept.dtype == total.dtype == np.int64
+        for b in range(len(sizes)):
+            deg = batch.subgraph(b).degrees
+            assert total[b] == deg.sum()
+            assert kept[b] == (np.minimum(deg, width).sum() if width else deg.sum())
+
+
 def test_induced_uses_neighbourhood_lists_with_many_edges(sbm_graph):
     # L-hop lists are dense in edges (unlike random lists): a stronger check of the row scan
     targets = np.arange(0, 800, 37)

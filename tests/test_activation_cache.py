@@ -1,0 +1,76 @@
+"""serve.projection.ActivationCache: a plain model's first-layer rows kept per node and width."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kernels.fused_forward import plan_forward_cpu, plan_inner_cpu, plan_outer_cpu
+from kernels.plan import execution_plan
+from models.base import gcn_dinv32
+from serve.features.memory import MemoryFeatureStore
+from serve.projection import ActivationCache, ProjectionCache
+
+from .test_models import _one_thread  # noqa: F401 (the module-wide one-thread fixture)
+from .test_plan import _model, ds  # noqa: F401 (the module's dataset fixture)
+
+
+def _caches(ds, arch, budget):  # noqa: F811
+    m = _model(arch, ds, 2)
+    store = MemoryFeatureStore(ds.x, registry=None)
+    proj = ProjectionCache(m.project, store, ds.graph.num_nodes, int(m.projection_dim))
+    dinv = gcn_dinv32(ds.graph) if arch == "gcn" else None
+    acts = ActivationCache(ds.graph, m.fused_params(), dinv, proj, strategy="fastrand", budget_bytes=budget)
+    return m, proj, dinv, acts
+
+
+@pytest.mark.parametrize("arch", ["gcn", "sage"])
+def test_rows_are_computed_once_per_width_and_equal_the_inner_layers(ds, arch):  # noqa: F811
+    m, _, dinv, acts = _caches(ds, arch, 1 << 20)
+    g = ds.graph
+    assert acts.has_table(4) and acts.has_table(0)
+    first = np.array([3, 250, 17])
+    table = acts.table_for(first, 4)
+    assert (acts.hits, acts.misses) == (0, 3)
+    table = acts.table_for(np.array([17, 3, 40]), 4)  # two known rows, one new
+    assert (acts.hits, acts.misses) == (2, 4)
+    with torch.no_grad():
+        ptab = m.project(torch.from_numpy(ds.x)).numpy()
+    for width in (4, 0):
+        rows = np.array([3, 17, 40, 250])
+        got = acts.table_for(rows, width)[rows]
+        want = plan_inner_cpu(execution_plan(g, rows, 1, width), m.fused_params(), ptab, dinv)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # the width-0 table is another table: the width-4 rows did not leak into it
+    assert not np.allclose(acts.table_for(np.array([250]), 0)[250], table[250]) or g.degrees[250] <= 4
+    # every node warmed: a batch's answer is the whole plan's
+    assert acts.warm(4) == g.num_nodes
+    before = acts.misses
+    targets = np.array([1, 499, 250, 42])
+    last = execution_plan(g, targets, 1, 4)
+    got = plan_outer_cpu(last, m.fused_params(), acts.table_for(last.node_ids, 4), dinv)
+    assert acts.misses == before, "warmed: no row computed again"
+    want = plan_forward_cpu(execution_plan(g, targets, 2, 4), m.fused_params(), ptab, dinv)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+    assert acts.stats()["widths"] == 2 and 0 < acts.stats()["hit_ratio"] < 1
+
+
+def test_widths_beyond_the_budget_get_no_table(ds):  # noqa: F811
+    _, _, _, acts = _caches(ds, "gcn", 0)
+    assert not acts.has_table(4) and acts.warm(4) == 0
+    _, _, _, acts = _caches(ds, "gcn", 1)  # a budget of one byte: no table fits
+    assert not acts.has_table(2)
+    hidden = _model("gcn", ds, 2).embedding_dim
+    _, _, _, acts = _caches(ds, "gcn", 2 * ds.graph.num_nodes * (4 * hidden + 1))  # room for two widths
+    assert acts.has_table(1) and acts.has_table(2) and not acts.has_table(3)
+    assert acts.has_table(1), "a width with a table keeps it"
+
+
+def test_a_one_layer_stack_is_refused(ds):  # noqa: F811
+    from kernels.fused_forward import StackParams
+
+    _, proj, _, _ = _caches(ds, "sage", 1 << 20)
+    single = StackParams.pack(1, [np.zeros((16, 10), np.float32)], [None], [8])
+    with pytest.raises(ValueError, match="no layer before its last"):
+        ActivationCache(ds.graph, single, None, proj, strategy="fastrand", budget_bytes=1 << 20)
