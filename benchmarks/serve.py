@@ -7,10 +7,11 @@ One run, bounded in requests and time, Markdown on stdout:
    calls per second from ``--clients`` concurrent async clients. Measured before and after each
    dataset, so drift in the (shared) machine's load shows.
 2. **gnnserve** (:class:`serve.server.BackgroundServer`, default :class:`RuntimeOptions`, the
-   projection cache warmed for every node first, i.e. steady state) on each dataset with plain GCN
-   and shaDow-GCN checkpoints (``--models``; GraphSAGE and shaDow-SAGE on request) at the model's
-   default (K, S), the exact
-   setting and the fastest setting of its knob table (smallest K, smallest non-zero S):
+   projection cache warmed for every node first, and a plain model's first-layer rows at its
+   default width, i.e. steady state; the other settings' rows fill as their requests come) on each
+   dataset with plain GCN and shaDow-GCN checkpoints (``--models``; GraphSAGE and shaDow-SAGE on
+   request) at the model's default (K, S), the exact setting and the fastest setting of its knob
+   table (smallest K, smallest non-zero S):
    single-node Predict p50/p99 (``--queries`` sequential requests, random test nodes), batched
    load (``--clients`` async clients each sending ``--batch``-node requests for ``--seconds``):
    node predictions per second and per-request p50/p99; accuracy on ``--eval-nodes`` test nodes
@@ -613,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
                 res_d["server_start_s"] = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 assert server.server is not None
-                with torch.inference_mode():  # steady state: every node's first-layer projection cached
+                with torch.inference_mode():  # steady state: projections (and default-width activations) cached
                     for kind in kinds:
                         server.server.registry.get(kind).warm_projections()
                 res_d["projection_warm_s"] = time.perf_counter() - t0

@@ -97,9 +97,13 @@ def _serve(argv: Sequence[str]) -> int:
                          "the model), where the GPU's launch and copy costs outweigh its arithmetic (0 = all on GPU)")
     ap.add_argument("--max-nodes-per-request", type=int, default=4096)
     ap.add_argument("--projection-cache-bytes", type=int, default=2 << 30)
+    ap.add_argument("--activation-cache-bytes", type=int, default=256 << 20,
+                    help="plain 2-layer models: keep each node's first-layer output per sampling width (one "
+                         "[nodes, hidden] float32 table per width) within this many bytes (0 = off)")
     ap.add_argument("--warm-projections", action="store_true",
-                    help="cache every node's first-layer projection while a model warms up, before it is "
-                         "served (startup reads all features once; first requests cost what later ones do)")
+                    help="cache every node's first-layer projection (and a plain model's first-layer output at "
+                         "its default width) while a model warms up, before it is served (startup reads all "
+                         "features once; first requests cost what later ones do)")
     ap.add_argument("--ppr-cache", default=None, help="directory for PPR index files (default REPO/_ppr)")
     ap.add_argument("--poll-s", type=float, default=2.0, help="repository polling interval (0 = off)")
     ap.add_argument("--grace-s", type=float, default=10.0, help="shutdown grace period")
@@ -140,6 +144,7 @@ def _serve(argv: Sequence[str]) -> int:
             gpu_min_targets=args.gpu_min_targets,
             max_nodes_per_request=args.max_nodes_per_request,
             projection_budget_bytes=args.projection_cache_bytes,
+            activation_budget_bytes=args.activation_cache_bytes,
             ppr_cache_dir=args.ppr_cache,
             graph_url=args.graph,
             graph_version=args.graph_version,

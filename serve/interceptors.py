@@ -201,7 +201,9 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
             def count() -> None:
                 nonlocal counted
                 if metrics is not None and not counted:
-                    metrics.requests.labels(_model_of(request), method, code.name).inc()
+                    # an unknown model's name is the client's: as a label, every new name would be a new series
+                    model = "" if code == grpc.StatusCode.NOT_FOUND else _model_of(request)
+                    metrics.count_request(model, method, code.name)
                     counted = True
 
             try:

@@ -268,7 +268,7 @@ class ModelRuntime:
         key = (call.sampling_width, call.ppr_budget)
         res: PredictResult = await self.batcher.submit(call, size=call.size, key=key, deadline=deadline)
         if self.server_metrics is not None:
-            self.server_metrics.queue_targets.labels(self.name).set(self.batcher.queued_targets)
+            self.server_metrics.set_queue(self.name, self.batcher.queued_targets)
         return res
 
     def observe(self, res: PredictResult) -> None:

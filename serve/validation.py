@@ -15,7 +15,7 @@ Knobs are resolved here, against the model's :class:`ModelLimits` and knob table
 from __future__ import annotations
 
 import math
-import uuid
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -86,6 +86,8 @@ def _preview(values: np.ndarray, limit: int = 5) -> str:
 
 
 def check_node_ids(nodes: np.ndarray, num_nodes: int, what: str = "node id") -> None:
+    if len(nodes) == 1 and 0 <= int(nodes[0]) < num_nodes:  # a one-node request: no masks
+        return
     bad = nodes[(nodes < 0) | (nodes >= num_nodes)]
     if len(bad):
         raise InvalidArgument(f"{what}s out of range [0, {num_nodes}): {_preview(bad)}")
@@ -159,7 +161,7 @@ def validate_predict(request, limits: ModelLimits) -> PredictCall:
         request.max_accuracy_loss if request.HasField("max_accuracy_loss") else None,
     )
     return PredictCall(
-        request_id=request.request_id or uuid.uuid4().hex[:16],
+        request_id=request.request_id or os.urandom(8).hex(),  # 16 random hex digits
         nodes=nodes,
         new_nodes=specs,
         sampling_width=s,

@@ -290,12 +290,24 @@ def test_new_version_swaps_in_and_bad_checkpoint_is_refused(tiny_repo, tmp_path)
 def test_metrics_endpoint(tiny_repo, tmp_path):
     with ServerThread(tiny_repo, {"metrics_port": 0}) as srv, grpc.insecure_channel(srv.address) as ch:
         predict(pbg.GnnServiceStub(ch), "shadow", [1, 2])
+        predict(pbg.GnnServiceStub(ch), "shadow", [3], sampling_width=2)
         with pytest.raises(grpc.RpcError):
             predict(pbg.GnnServiceStub(ch), "shadow", [10_000])
+        for name in ("no-such-model-1", "no-such-model-2"):
+            with pytest.raises(grpc.RpcError):
+                predict(pbg.GnnServiceStub(ch), name, [1])
         text = urllib.request.urlopen(f"http://127.0.0.1:{srv.server.metrics_port}/metrics", timeout=10).read().decode()
-    assert 'gnnserve_request_seconds_count{model="shadow",stage="forward"}' in text
-    assert 'gnnserve_requests_total{code="INVALID_ARGUMENT",method="Predict",model="shadow"}' in text
-    assert "gnnserve_batch_targets_bucket" in text and "gnnserve_sampling_width_bucket" in text
+    lines = set(text.splitlines())
+    assert 'gnnserve_request_seconds_count{model="shadow",stage="forward"} 2.0' in lines
+    assert 'gnnserve_request_seconds_bucket{le="+Inf",model="shadow",stage="total"} 2.0' in lines
+    assert 'gnnserve_sampling_width_bucket{le="1.0",model="shadow"} 0.0' in lines
+    assert 'gnnserve_sampling_width_bucket{le="2.0",model="shadow"} 1.0' in lines  # S = 2 in the "<= 2" bucket
+    assert 'gnnserve_predictions_total{model="shadow"} 3.0' in lines
+    assert 'gnnserve_requests_total{code="INVALID_ARGUMENT",method="Predict",model="shadow"} 1.0' in lines
+    # unknown model names are the client's: counted without a series per name
+    assert 'gnnserve_requests_total{code="NOT_FOUND",method="Predict",model=""} 2.0' in lines
+    assert "no-such-model" not in text
+    assert "gnnserve_batch_targets_bucket" in text
 
 
 def test_warm_projections_fills_the_cache_before_the_model_is_served(tiny_repo):
@@ -309,6 +321,9 @@ def test_warm_projections_fills_the_cache_before_the_model_is_served(tiny_repo):
             rt = reg._load_version("gcn", 1, tiny_repo / "gcn" / "1")  # load + warm, as the loader thread does
             assert rt.projections.enabled
             loaded[warm] = int(rt.projections._valid.sum())
+            if warm:  # and a plain model's first-layer rows at its default width
+                _, valid = rt._activations._tables[rt.limits.default_sampling_width]
+                assert valid.all()
         finally:
             reg.executor.shutdown()
             reg._loader_pool.shutdown()
