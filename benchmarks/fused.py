@@ -5,7 +5,10 @@ times ``process`` on batches of ``B`` random distinct targets, once with the com
 (``serve.runtime.FUSED_MAX_TARGETS`` large enough) and once with the torch path (0), in alternating
 rounds; per model, at its default setting and at exact width with its largest PPR budget. Reported:
 the best round's mean time per batch and the ratio torch / compiled. This is what
-``FUSED_MAX_TARGETS`` is chosen from.
+``FUSED_MAX_TARGETS`` is chosen from. A plain 2-layer model's compiled path runs the last layer
+alone from its activation cache (``serve.projection.ActivationCache``, filled for the width first:
+steady state); it is also timed without the cache (``whole plan``: both layers compiled), and the
+last column is whole plan / cached.
 
     python benchmarks/serve.py --datasets amazon_computers --models gcn,shadow-gcn --cache-dir DIR --train-only
     python benchmarks/fused.py --repo DIR/amazon_computers/repo --models gcn,shadow-gcn
@@ -56,21 +59,28 @@ def main(argv: list[str] | None = None) -> int:
     print(f"`python benchmarks/fused.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
     print(f"{datetime.date.today()}, {platform.machine()}, {len(__import__('os').sched_getaffinity(0))} CPUs; "
           f"ms per `ModelRuntime.process` call, best of {args.rounds} alternating rounds of {args.sets} batches\n")
-    print("| model | S | K | targets | compiled ms | torch ms | torch / compiled |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | S | K | targets | compiled ms | torch ms | torch / compiled | whole plan ms | whole plan / cached |")
+    print("|---|---|---|---|---|---|---|---|---|")
     try:
         for model in args.models.split(","):
             rt = srv.registry.get(model, "")
             settings = {(rt.limits.default_sampling_width, rt.limits.default_ppr_budget), (0, rt.limits.max_ppr_budget)}
+            acts = rt._activations
+            variants = [("compiled", max(sizes), acts), ("torch", 0, acts)]
+            if acts is not None:
+                variants.append(("plan", max(sizes), None))
             for width, budget in sorted(settings, reverse=True):
+                if acts is not None:
+                    acts.warm(width)
                 for b in sizes:
                     if b > rt.graph.num_nodes:
                         continue
                     sets = [rng.choice(rt.graph.num_nodes, b, replace=False).astype(np.int64) for _ in range(args.sets)]
-                    best = {"compiled": float("inf"), "torch": float("inf")}
+                    best = {name: float("inf") for name, _, _ in variants}
                     for _ in range(args.rounds):
-                        for name, limit in (("compiled", max(sizes)), ("torch", 0)):
+                        for name, limit, cache in variants:
                             runtime_mod.FUSED_MAX_TARGETS = limit
+                            rt._activations = cache
                             t0 = time.perf_counter()
                             for s in sets:
                                 call = PredictCall("bench", s, [], width, budget, "default", 0.0, True, False)
@@ -78,8 +88,11 @@ def main(argv: list[str] | None = None) -> int:
                                 if isinstance(out, BaseException):
                                     raise out
                             best[name] = min(best[name], 1e3 * (time.perf_counter() - t0) / len(sets))
+                    plan = (f"{best['plan']:.3f} | {best['plan'] / best['compiled']:.2f}" if acts is not None
+                            else "- | -")
                     print(f"| {model} | {width or 'exact'} | {budget or '-'} | {b} | {best['compiled']:.3f} | "
-                          f"{best['torch']:.3f} | {best['torch'] / best['compiled']:.2f} |", flush=True)
+                          f"{best['torch']:.3f} | {best['torch'] / best['compiled']:.2f} | {plan} |", flush=True)
+            rt._activations = acts
     finally:
         loop.run_until_complete(srv.stop())
         loop.close()
