@@ -74,3 +74,46 @@ def test_a_one_layer_stack_is_refused(ds):  # noqa: F811
     single = StackParams.pack(1, [np.zeros((16, 10), np.float32)], [None], [8])
     with pytest.raises(ValueError, match="no layer before its last"):
         ActivationCache(ds.graph, single, None, proj, strategy="fastrand", budget_bytes=1 << 20)
+
+
+@pytest.mark.parametrize("kind", ["sage", "gcn"])
+def test_a_served_plain_model_answers_the_same_with_and_without_the_cache(tmp_path, tiny_dataset, kind):
+    """Two runtimes of one checkpoint, activation cache on and off: equal labels, probabilities,
+    embeddings and edge counts, batch after batch (cold rows, warm rows, repeated ids, several widths)."""
+    import time
+
+    from serve.batcher import WorkItem
+    from serve.registry import ModelRegistry
+    from serve.runtime import RuntimeOptions, _DoneFuture
+    from serve.validation import PredictCall
+
+    from .serving import make_repo
+
+    repo = make_repo(tmp_path, tiny_dataset, {"m": kind}, epochs=15)
+    runtimes, registries = [], []
+    for budget in (1 << 20, 0):
+        reg = ModelRegistry(str(repo), RuntimeOptions(activation_budget_bytes=budget))
+        registries.append(reg)
+        runtimes.append(reg._load_version("m", 1, repo / "m" / "1"))
+    cached, plain = runtimes
+    assert cached._activations is not None and plain._activations is None
+    try:
+        rng = np.random.default_rng(0)
+        for width in (4, 0, 2, 4):
+            for nodes in ([5], [5], rng.choice(800, 12, replace=False).tolist(), [1, 2, 2, 799, 1]):
+                outs = []
+                for rt in runtimes:
+                    call = PredictCall("t", np.asarray(nodes, dtype=np.int64), [], width, 0, "request", 0.0, True, True)
+                    res = rt.process([WorkItem(call, len(nodes), None, None, time.monotonic(), _DoneFuture())])[0]
+                    assert not isinstance(res, BaseException), res
+                    outs.append(res)
+                a, b = outs
+                assert np.array_equal(a.labels, b.labels)
+                np.testing.assert_allclose(a.probabilities, b.probabilities, rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(a.embeddings, b.embeddings, rtol=1e-5, atol=1e-5)
+                assert (a.edges_kept, a.edges_total) == (b.edges_kept, b.edges_total)
+        assert cached._activations.hits > 0 and cached._activations.stats()["widths"] >= 3
+    finally:
+        for reg in registries:
+            reg.executor.shutdown()
+            reg._loader_pool.shutdown()
