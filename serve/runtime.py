@@ -10,12 +10,12 @@ Path of a batch (:meth:`ModelRuntime.process`, in the worker thread):
    :class:`~serve.projection.ProjectionCache` (fetching raw features from the feature store only
    for nodes not seen before); new nodes are projected from the features in the request.
 3. **forward**: ``forward_batch_projected`` at the batch's sampling width; softmax; argmax.
+4. **split**: rows back to their requests, with the edges each request's subgraphs kept.
 
 A plain 2-layer model on the compiled CPU path keeps its first layer's output per node and width
 (:class:`~serve.projection.ActivationCache`): step 1 is then the last layer's one-layer plan, step
 2 that layer's input rows (first-layer rows computed for the nodes not seen before), step 3 the
 last layer alone.
-4. **split**: rows back to their requests, with the edges each request's subgraphs kept.
 
 Items with the same (sampling width, PPR budget) share a batch.
 """
