@@ -162,7 +162,8 @@ def _adj_t(g) -> torch.Tensor:
     """The CSR graph as PyG's ``adj_t``: row ``i`` lists the neighbours aggregated INTO ``i``."""
     ip = torch.from_numpy(np.asarray(g.indptr, dtype=np.int64))
     idx = torch.from_numpy(np.asarray(g.indices, dtype=np.int64))
-    return torch.sparse_csr_tensor(ip, idx, torch.ones(len(idx)), size=(len(ip) - 1, len(ip) - 1))
+    return torch.sparse_csr_tensor(ip, idx, torch.ones(len(idx)), size=(len(ip) - 1, len(ip) - 1),
+                                   check_invariants=False)
 
 
 def _shadow_inputs(b, data: TrainData):

@@ -81,10 +81,10 @@ def dropout_any(x: Tensor, p: float, training: bool) -> Tensor:
     if x.layout == torch.sparse_coo:
         x = x.coalesce()
         return torch.sparse_coo_tensor(x.indices(), F.dropout(x.values(), p, True), size=x.shape,
-                                       is_coalesced=True)
+                                       is_coalesced=True, check_invariants=False)  # x's own indices
     if x.layout == torch.sparse_csr:
         vals = F.dropout(x.values(), p, True)
-        return torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), vals, size=x.shape)
+        return torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), vals, size=x.shape, check_invariants=False)
     if x.layout != torch.strided:
         raise TypeError(f"dropout on layout {x.layout} is not supported; use a dense, COO or CSR tensor")
     return F.dropout(x, p, True)

@@ -186,7 +186,8 @@ class TrainConfig:
 def _to_torch_coo(m: sp.spmatrix) -> Tensor:
     c = sp.coo_matrix(m)
     idx = torch.from_numpy(np.vstack([c.row, c.col]).astype(np.int64))
-    return torch.sparse_coo_tensor(idx, torch.from_numpy(c.data.astype(np.float32)), size=c.shape).coalesce()
+    return torch.sparse_coo_tensor(idx, torch.from_numpy(c.data.astype(np.float32)), size=c.shape,
+                                   check_invariants=False).coalesce()  # scipy's indices, in range
 
 
 class TrainData:
