@@ -10,7 +10,9 @@ Names follow Prometheus conventions (base units, ``_total`` counters):
   NOT_FOUND: a client's unknown names do not become series);
 * ``gnnserve_predictions_total{model}``: node predictions returned;
 * ``gnnserve_queue_targets{model}``: targets waiting in a model's batcher;
-* ``gnnserve_models_loaded``: model versions being served.
+* ``gnnserve_models_loaded``: model versions being served;
+* ``gnnserve_cache_lookups_total`` / ``gnnserve_cache_rows`` / ``gnnserve_cache_bytes``: the per-node
+  caches of every model version (:class:`CacheCollector`).
 
 The histograms are :class:`LightHistogram` (the same exposition as ``prometheus_client.Histogram``
 at a fraction of its cost per observation; a one-node Predict records eight). Feature stores
@@ -21,14 +23,14 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["LightHistogram", "ServerMetrics"]
+__all__ = ["CacheCollector", "LightHistogram", "ServerMetrics"]
 
 # from 0.1 ms: a one-node request's server time is 0.15 to 0.3 ms on a 2-core VM (docs/BENCHMARKS.md)
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5,
@@ -108,6 +110,46 @@ class LightHistogram:
                 cumulative.append((le, running))
             family.add_metric(list(key), cumulative, total)
         yield family
+
+
+class CacheCollector:
+    """The per-node caches of every served model version, read when ``/metrics`` is scraped:
+
+    * ``gnnserve_cache_lookups_total{model, version, cache, result}``: rows looked up, ``result``
+      ``hit`` or ``miss`` (computed and stored);
+    * ``gnnserve_cache_rows{model, version, cache}``: rows held;
+    * ``gnnserve_cache_bytes{model, version, cache}``: memory of the tables allocated.
+
+    ``cache`` is ``projection`` (first-layer projections), ``projection_cpu`` (a GPU model's CPU
+    copy) or ``activation`` (a plain model's first-layer output per width). ``snapshot`` returns
+    ``{name: {version: runtime}}``; a runtime gives ``cache_stats()``.
+    """
+
+    def __init__(self, snapshot: Callable[[], dict[str, dict[int, Any]]], registry: CollectorRegistry) -> None:
+        self._snapshot = snapshot
+        registry.register(self)
+
+    def _families(self) -> tuple[CounterMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        labels = ["model", "version", "cache"]
+        return (CounterMetricFamily("gnnserve_cache_lookups", "Rows looked up in a per-node cache, by result",
+                                    labels=[*labels, "result"]),
+                GaugeMetricFamily("gnnserve_cache_rows", "Rows held by a per-node cache", labels=labels),
+                GaugeMetricFamily("gnnserve_cache_bytes", "Memory of a per-node cache's tables", labels=labels))
+
+    def describe(self) -> list[Any]:
+        return list(self._families())
+
+    def collect(self) -> Iterator[Any]:
+        lookups, rows, nbytes = self._families()
+        for name, versions in sorted(self._snapshot().items()):
+            for version, rt in sorted(versions.items()):
+                for cache, st in rt.cache_stats().items():
+                    key = [name, str(version), cache]
+                    lookups.add_metric([*key, "hit"], st["hits"])
+                    lookups.add_metric([*key, "miss"], st["misses"])
+                    rows.add_metric(key, st["rows"])
+                    nbytes.add_metric(key, st["bytes"])
+        yield from (lookups, rows, nbytes)
 
 
 class ServerMetrics:

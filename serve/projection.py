@@ -128,6 +128,7 @@ class ProjectionCache:
             self._valid[:] = False
 
     def stats(self) -> dict[str, float]:
+        """Lookups by outcome, rows held, table bytes, raw-feature fetch time."""
         total = self.hits + self.misses
         return {
             "hits": self.hits,
@@ -135,6 +136,8 @@ class ProjectionCache:
             "hit_ratio": self.hits / total if total else 0.0,
             "fetch_seconds": self.fetch_seconds,
             "enabled": float(self.enabled),
+            "rows": int(np.count_nonzero(self._valid)) if self._valid is not None else 0,
+            "bytes": self.num_nodes * self.dim * 4 if self.enabled else 0,
         }
 
 
@@ -171,6 +174,7 @@ class ActivationCache:
         self.table_bytes = graph.num_nodes * (4 * self.dim + 1)
         self.budget_bytes = int(budget_bytes)
         self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._refused: set[int] = set()
         self.hits = 0
         self.misses = 0
 
@@ -179,6 +183,10 @@ class ActivationCache:
         if width in self._tables:
             return True
         if (len(self._tables) + 1) * self.table_bytes > self.budget_bytes:
+            if width not in self._refused:  # said once per width: its batches run the whole plan
+                self._refused.add(width)
+                log.info("activation cache: no room for width %d (%d tables of %d bytes fill the %d-byte budget); "
+                         "its batches run both layers", width, len(self._tables), self.table_bytes, self.budget_bytes)
             return False
         self._tables[width] = (np.empty((self.graph.num_nodes, self.dim), dtype=np.float32),
                                np.zeros(self.graph.num_nodes, dtype=bool))
@@ -209,6 +217,9 @@ class ActivationCache:
         return n
 
     def stats(self) -> dict[str, float]:
+        """Lookups by outcome, widths with a table, rows held (over all widths), table bytes."""
         total = self.hits + self.misses
         return {"hits": self.hits, "misses": self.misses, "hit_ratio": self.hits / total if total else 0.0,
-                "widths": len(self._tables)}
+                "widths": len(self._tables),
+                "rows": sum(int(np.count_nonzero(valid)) for _, valid in self._tables.values()),
+                "bytes": len(self._tables) * self.table_bytes}

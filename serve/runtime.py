@@ -271,6 +271,16 @@ class ModelRuntime:
             self.server_metrics.set_queue(self.name, self.batcher.queued_targets)
         return res
 
+    def cache_stats(self) -> dict[str, dict[str, float]]:
+        """The per-node caches' statistics by cache: ``projection`` (and ``projection_cpu``, a GPU
+        model's CPU table), ``activation`` for a plain model that keeps one."""
+        out = {"projection": self.projections.stats()}
+        if self._cpu_projections is not self.projections:
+            out["projection_cpu"] = self._cpu_projections.stats()
+        if self._activations is not None:
+            out["activation"] = self._activations.stats()
+        return out
+
     def observe(self, res: PredictResult) -> None:
         if self.server_metrics is not None:
             self.server_metrics.observe_request(

@@ -34,7 +34,7 @@ from grpc_reflection.v1alpha import reflection
 from clients._gen import gnnserve_pb2, gnnserve_pb2_grpc, inference_pb2, inference_pb2_grpc
 
 from .interceptors import BearerAuthInterceptor, DrainGate, ErrorMappingInterceptor
-from .metrics import ServerMetrics
+from .metrics import CacheCollector, ServerMetrics
 from .registry import ModelRegistry
 from .runtime import RuntimeOptions
 from .servicer import GnnServicer
@@ -87,6 +87,7 @@ class GnnServer:
             feature_options=config.feature_options,
             on_change=self._update_health,
         )
+        CacheCollector(self.registry.snapshot, self.metrics.registry)
         interceptors: list[aio.ServerInterceptor] = []
         if config.token:
             interceptors.append(BearerAuthInterceptor(config.token))

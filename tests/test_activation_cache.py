@@ -53,12 +53,18 @@ def test_rows_are_computed_once_per_width_and_equal_the_inner_layers(ds, arch): 
     assert acts.misses == before, "warmed: no row computed again"
     want = plan_forward_cpu(execution_plan(g, targets, 2, 4), m.fused_params(), ptab, dinv)
     np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
-    assert acts.stats()["widths"] == 2 and 0 < acts.stats()["hit_ratio"] < 1
+    st = acts.stats()
+    assert st["widths"] == 2 and 0 < st["hit_ratio"] < 1 and st["bytes"] == 2 * acts.table_bytes
+    assert st["rows"] == g.num_nodes + 4, "width 4 warmed for every node, width 0 holds the 4 rows asked for"
 
 
-def test_widths_beyond_the_budget_get_no_table(ds):  # noqa: F811
+def test_widths_beyond_the_budget_get_no_table(ds, caplog):  # noqa: F811
     _, _, _, acts = _caches(ds, "gcn", 0)
-    assert not acts.has_table(4) and acts.warm(4) == 0
+    with caplog.at_level("INFO", logger="serve.projection"):
+        assert not acts.has_table(4) and acts.warm(4) == 0 and not acts.has_table(4)
+    said = [r.getMessage() for r in caplog.records if "no room for width 4" in r.getMessage()]
+    assert len(said) == 1, "a refused width is said once"
+    assert acts.stats()["bytes"] == 0 and acts.stats()["rows"] == 0
     _, _, _, acts = _caches(ds, "gcn", 1)  # a budget of one byte: no table fits
     assert not acts.has_table(2)
     hidden = _model("gcn", ds, 2).embedding_dim

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from clients._gen import gnnserve_pb2 as pb
 from clients._gen import gnnserve_pb2_grpc as pbg
@@ -308,6 +309,21 @@ def test_metrics_endpoint(tiny_repo, tmp_path):
     assert 'gnnserve_requests_total{code="NOT_FOUND",method="Predict",model=""} 2.0' in lines
     assert "no-such-model" not in text
     assert "gnnserve_batch_targets_bucket" in text
+    # the per-node caches, per model version: a plain model's activation rows too
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    def sample(name, **labels):
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert sample("gnnserve_cache_lookups_total", model="shadow", version="1", cache="projection", result="miss") > 0
+    assert sample("gnnserve_cache_rows", model="shadow", version="1", cache="projection") > 0
+    assert sample("gnnserve_cache_bytes", model="gcn", version="1", cache="projection") > 0
+    # the gcn model served only its warm-up batches: their rows were computed once each
+    acts_rows = sample("gnnserve_cache_rows", model="gcn", version="1", cache="activation")
+    assert acts_rows > 0 and sample("gnnserve_cache_lookups_total", model="gcn", version="1", cache="activation",
+                                    result="miss") == acts_rows
+    assert sample("gnnserve_cache_bytes", model="gcn", version="1", cache="activation") > 0
 
 
 def test_warm_projections_fills_the_cache_before_the_model_is_served(tiny_repo):
