@@ -148,8 +148,9 @@ class ActivationCache:
     the missing ones (:func:`kernels.fused_forward.plan_inner_cpu` on an ``L - 1``-layer plan of
     them, from ``projections``); :func:`kernels.fused_forward.plan_outer_cpu` then runs the last
     layer. Tables are allocated on first use of a width while their total fits ``budget_bytes``;
-    a width that does not fit gets ``None`` (the caller runs the whole plan). Features and
-    weights never change under one model version, so rows are never invalidated.
+    for a width that does not fit :meth:`has_table` is false (the caller runs the whole plan).
+    Features and weights never change under one model version, so rows are never invalidated.
+    :meth:`stats` may be called from another thread (a metrics scrape).
 
     Args:
         graph: the full graph (local: plans index it).
@@ -186,7 +187,7 @@ class ActivationCache:
             if width not in self._refused:  # said once per width: its batches run the whole plan
                 self._refused.add(width)
                 log.info("activation cache: no room for width %d (%d tables of %d bytes fill the %d-byte budget); "
-                         "its batches run both layers", width, len(self._tables), self.table_bytes, self.budget_bytes)
+                         "its batches run the whole plan", width, len(self._tables), self.table_bytes, self.budget_bytes)
             return False
         self._tables[width] = (np.empty((self.graph.num_nodes, self.dim), dtype=np.float32),
                                np.zeros(self.graph.num_nodes, dtype=bool))
@@ -221,5 +222,6 @@ class ActivationCache:
         total = self.hits + self.misses
         return {"hits": self.hits, "misses": self.misses, "hit_ratio": self.hits / total if total else 0.0,
                 "widths": len(self._tables),
-                "rows": sum(int(np.count_nonzero(valid)) for _, valid in self._tables.values()),
+                # list(): one C call under the GIL, while the serving thread may add a width
+                "rows": sum(int(np.count_nonzero(valid)) for _, valid in list(self._tables.values())),
                 "bytes": len(self._tables) * self.table_bytes}

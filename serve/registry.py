@@ -134,7 +134,8 @@ class ModelRegistry:
         return rt
 
     def snapshot(self) -> dict[str, dict[int, ModelRuntime]]:
-        return {k: dict(v) for k, v in self._models.items()}
+        # list() and dict() copy in one C call each: safe from the metrics thread while a version loads
+        return {k: dict(v) for k, v in list(self._models.items())}
 
     def versions(self, name: str) -> list[int]:
         return sorted(self._models.get(name, {}))
