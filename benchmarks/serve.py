@@ -47,9 +47,10 @@ a GIL; every server lives in this process. Everything is measured in one run, so
 
 Models are trained once (hidden 64, lr 0.03 for plain models and 0.01 for shaDow, ``--epochs`` 100,
 knob widths 0/8/16/32, PPR budgets 16/32/64) into ``--cache-dir`` (default
-``/tmp/gnnserve-bench-serve``) and reused; the figures are about serving, and both servers answer with the same weights. Check the accuracy column before
-reading the others: with 10 epochs both models stayed at chance on Amazon Computers (full-batch
-training takes one step per epoch, and that graph has a long plateau; see docs/BENCHMARKS.md).
+``/tmp/gnnserve-bench-serve``) and reused; the figures are about serving, and both servers answer
+with the same weights. Check the accuracy column before reading the others: with 10 epochs both
+models stayed at chance on Amazon Computers (full-batch training takes one step per epoch, and that
+graph has a long plateau; see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -767,11 +768,12 @@ def report_main(r: dict[str, Any], args: argparse.Namespace) -> None:
     print("|" + "---|" * 18)
     for x in r["rows"]:
         s, ld = x["seq"], x["load"]
+        f50 = floor_of(s)[0]
         ratio = ld["per_s"] / base["load"]["per_s"] if base else None
         dacc = 100 * (x["accuracy"] - base["accuracy"]) if base else None
         print(f"| {x['server']} | {x['model']} | {x['setting']} | {x['S'] or 'exact'} | {x['K'] or '-'} | "
               f"{fmt(s['p50_ms'])} | {fmt(s['p99_ms'])} | {fmt(s.get('server_p50_ms'))} | "
-              f"{fmt(floor_of(s)[0])} | {fmt(s['p50_ms'] / floor_of(s)[0], 2)} | {fmt(ld['per_s'], 0)} | "
+              f"{fmt(f50)} | {fmt(s['p50_ms'] / f50, 2)} | {fmt(ld['per_s'], 0)} | "
               f"{fmt(ld['p50_ms'], 1)} | "
               f"{fmt(ld['p99_ms'], 1)} | {fmt(ld.get('batch_p50'), 0)} | {fmt(100 * x['accuracy'])} | "
               f"{fmt(100 * x['edges_kept'], 1)} | {fmt(ratio, 1)} | {fmt(dacc, 2)} |")

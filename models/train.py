@@ -738,7 +738,8 @@ def build_parser(prog: str = "gnnserve train") -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="checkpoint directory to create")
     p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint directory")
     p.add_argument("--hidden", type=int, default=d.hidden)
-    p.add_argument("--layers", type=int, default=None, help="default: 2 (plain), 1 (shadow-sage) or 3 (shadow-gcn)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="default: " + ", ".join(f"{n} for {k}" for k, n in DEFAULT_LAYERS.items()))
     p.add_argument("--dropout", type=float, default=d.dropout)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)

@@ -52,7 +52,7 @@ from .errors import InvalidArgument, Unavailable
 from .features.memory import MemoryFeatureStore
 from .metrics import ServerMetrics
 from .projection import ActivationCache, ProjectionCache
-from .validation import ModelLimits, PredictCall, knob_rows
+from .validation import ModelLimits, PredictCall, knob_rows, resolve_knobs
 
 __all__ = ["DataBundle", "ModelRuntime", "PredictResult", "RuntimeOptions"]
 
@@ -319,8 +319,7 @@ class ModelRuntime:
         if self._cpu_projections is not self.projections:  # a GPU model's CPU table (gpu_min_targets)
             self._cpu_projections.warm()
         if self._activations is not None:  # and a plain model's first-layer rows at its default width
-            s = self.limits.default_sampling_width
-            self._activations.warm(min(s, self.limits.max_sampling_width) if s > 0 else 0)
+            self._activations.warm(resolve_knobs(self.limits, None, None, None)[0])  # the width a knob-less request gets
         return rows
 
     async def close(self, grace_s: float | None = None) -> None:
@@ -349,11 +348,12 @@ class ModelRuntime:
         plan_path = self.extractor == "lhop" and not new_specs
         fused = (self._fused_params is not None and self._use_fused and not new_specs
                  and len(targets) <= min(FUSED_MAX_TARGETS, self._gpu_fused_max))
-        acts = self._activations if fused and plan_path else None
-        if acts is not None and acts.has_table(width):  # the last layer's rows only (serve.projection)
+        acts = self._activations
+        if not (fused and plan_path and acts is not None and acts.has_table(width)):
+            acts = None
+        if acts is not None:  # the last layer's rows only (serve.projection)
             plan = self._plan(targets, width, degrees=False, layers=1)[0]
         elif plan_path:  # plain model: the rows each layer needs, once per batch (kernels.plan)
-            acts = None
             plan, plan_graph, plan_ids, plan_gcn_degrees = self._plan(targets, width, degrees=not fused)
         else:
             batch = self._subgraphs(targets, new_specs, budget)
