@@ -45,7 +45,7 @@ from .spmm_cpu import fastrand_period, fastrand_position
 from .subgraph import _give_scratch, _grow, _take_scratch
 
 __all__ = ["ExactPathEdges", "ExecutionPlan", "edges_on_paths", "edges_on_two_layer_paths", "exact_path_edges",
-           "execution_plan"]
+           "execution_plan", "walk_bounds", "walk_sums"]
 
 _LOW = (1 << 32) - 1
 
@@ -316,6 +316,50 @@ def exact_path_edges(graph: CSRGraph, targets: np.ndarray, layers: int) -> np.nd
         return np.zeros(len(t), dtype=np.int64)
     exact = execution_plan(graph, t, layers - 1, 0)
     return np.rint(exact.path_sums(graph.degrees[exact.node_ids], layers)).astype(np.int64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _walk_sums(indptr, indices, out):  # pragma: no cover - compiled
+    n = len(indptr) - 1
+    for i in range(n):
+        out[0, i] = indptr[i + 1] - indptr[i]
+    for j in range(1, out.shape[0]):
+        for i in range(n):
+            acc = 0.0
+            for e in range(indptr[i], indptr[i + 1]):
+                acc += out[j - 1, indices[e]]
+            out[j, i] = acc
+
+
+def walk_sums(graph: CSRGraph, hops: int) -> np.ndarray:
+    r"""float64 ``[hops + 1, N]``: :math:`c_j = A^j d` for ``j = 0 .. hops``, in ``O(hops * E)``.
+
+    :math:`c_j[t]` sums the degree of the node each length-``j`` walk from ``t`` ends on. Every node
+    within ``k`` hops of ``t`` ends some walk of length at most ``k``, so
+    :math:`\sum_{j \le k} c_j[t]` bounds the edges of the rows within ``k`` hops (the edges of an
+    induced ``k``-hop scope, the rows a plan expands): a price of a request before it runs, for
+    every node at once, where the exact counts cost a ball expansion per node (a hub's exact pass
+    can aggregate millions of edges). Equal when the ball has no cycles.
+    """
+    out = np.zeros((max(0, hops) + 1, graph.num_nodes), dtype=np.float64)
+    if graph.num_nodes:
+        _walk_sums(graph.indptr, graph.indices, out)
+    return out
+
+
+def walk_bounds(graph: CSRGraph, layers: int) -> np.ndarray:
+    r"""float64 ``[N]``: an upper bound of :func:`exact_path_edges` for every node.
+
+    An exact ``L``-layer pass aggregates, at layer ``l``, the rows within ``L - l`` hops of the
+    target, so with :math:`c_j` of :func:`walk_sums`
+
+    .. math:: \text{edges}(t) \le \sum_{j=0}^{L-1} (L - j)\, c_j[t]
+    """
+    if layers <= 0:
+        return np.zeros(graph.num_nodes, dtype=np.float64)
+    c = walk_sums(graph, layers - 1)
+    weights = np.arange(layers, 0, -1, dtype=np.float64)  # L - j for j = 0 .. L-1
+    return weights @ c
 
 
 class ExactPathEdges:

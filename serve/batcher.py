@@ -8,8 +8,9 @@ only items with the same key share a batch (e.g. same model version and sampling
 one forward pass runs at one width).
 
 Guarantees:
-* the queue is bounded in targets: ``submit`` raises :class:`~serve.errors.Overloaded` at once
-  when it is full, so overload turns into RESOURCE_EXHAUSTED instead of unbounded latency/memory;
+* the queue is bounded in targets and in estimated work (``WorkItem.work``): ``submit`` raises
+  :class:`~serve.errors.Overloaded` at once when it is full, so overload turns into
+  RESOURCE_EXHAUSTED instead of unbounded latency/memory;
 * an item whose deadline has passed, or whose caller went away, is dropped before its batch runs
   (its future gets :class:`~serve.errors.DeadlineExceeded` / is left cancelled);
 * an exception from ``process`` fails exactly the items of that batch;
@@ -20,7 +21,8 @@ on the event loop itself instead of the worker thread. It skips two thread hand-
 wake-up and the loop's wake-up for the result), most of what an idle server adds to a one-node
 request beyond its compute; requests that arrive meanwhile wait in the socket and batch together
 next. Only for a ``process`` that never waits on I/O (in-memory features, a local graph): it blocks
-the loop while it runs.
+the loop while it runs, so the batch's estimated work must also be at most ``inline_max_work`` (a
+one-target request can still be expensive: an exact pass over a hub's neighbourhood).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import asyncio
 import collections
 import concurrent.futures
 import logging
+import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +54,7 @@ class WorkItem:
     deadline: float | None  # on the batcher's clock; None = no deadline
     enqueued: float
     future: asyncio.Future[Any]
+    work: int = 0  # estimated cost (edges aggregated); admission and the inline decision use it
     started: float = field(default=0.0)  # when its batch began (queue time = started - enqueued)
     batch_size: int = 0  # targets in the batch it ran in
 
@@ -67,6 +71,11 @@ class DynamicBatcher:
         executor: where ``process`` runs (default: a private single-thread pool).
         inline_max_targets: batches up to this size run on the event loop when nothing else
             waits (module docstring); 0 = always in ``executor``.
+        inline_max_work: and only when their items' estimated work adds up to at most this
+            (``None``: no bound): an expensive batch of few targets (an exact-width request on a
+            hub, new nodes with long neighbour lists) must not block the loop.
+        max_queue_work: bound of the queue in estimated work (``None``: none); like the target
+            bound, beyond it ``submit`` raises ``Overloaded``.
         clock: monotonic clock in seconds (deadlines are on this clock).
         name: for logs and error messages.
     """
@@ -80,6 +89,8 @@ class DynamicBatcher:
         max_delay_s: float = 0.0,
         executor: concurrent.futures.Executor | None = None,
         inline_max_targets: int = 0,
+        inline_max_work: int | None = None,
+        max_queue_work: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         name: str = "batcher",
     ) -> None:
@@ -87,6 +98,9 @@ class DynamicBatcher:
             raise ValueError("max_batch_targets and max_queue_targets must be >= 1, max_delay_s and "
                              "inline_max_targets >= 0")
         self.inline_max_targets = inline_max_targets
+        self.inline_max_work = math.inf if inline_max_work is None else inline_max_work
+        self.max_queue_work = math.inf if max_queue_work is None else max_queue_work
+        self._queued_work = 0
         self.batches_inline = 0
         self._process = process
         self.max_batch_targets = max_batch_targets
@@ -120,8 +134,10 @@ class DynamicBatcher:
             self._wakeup = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"{self.name}-loop")
 
-    async def submit(self, payload: Any, *, size: int, key: Hashable = None, deadline: float | None = None) -> Any:
-        """Queue one request and wait for its result (raises what its processing raised)."""
+    async def submit(self, payload: Any, *, size: int, key: Hashable = None, deadline: float | None = None,
+                     work: int = 0) -> Any:
+        """Queue one request and wait for its result (raises what its processing raised).
+        ``work``: its estimated cost, in the unit of ``max_queue_work`` / ``inline_max_work``."""
         if self._closing:
             raise Unavailable(f"{self.name}: shutting down, not accepting new requests")
         self.start()
@@ -130,10 +146,16 @@ class DynamicBatcher:
                 f"{self.name}: queue full ({self._queued_targets} targets waiting, limit "
                 f"{self.max_queue_targets}); retry with backoff"
             )
+        if self._queued_work + work > self.max_queue_work and self._queued_work > 0:
+            raise Overloaded(
+                f"{self.name}: queue full ({self._queued_work} units of work waiting, limit "
+                f"{self.max_queue_work}); retry with backoff"
+            )
         loop = asyncio.get_running_loop()
-        item = WorkItem(payload, size, key, deadline, self._clock(), loop.create_future())
+        item = WorkItem(payload, size, key, deadline, self._clock(), loop.create_future(), work)
         self._queue.append(item)
         self._queued_targets += size
+        self._queued_work += work
         assert self._wakeup is not None
         self._wakeup.set()
         return await item.future
@@ -159,6 +181,7 @@ class DynamicBatcher:
         while self._queue:
             it = self._queue.popleft()
             self._queued_targets -= it.size
+            self._queued_work -= it.work
             if not it.future.done():
                 it.future.set_exception(exc)
 
@@ -173,10 +196,12 @@ class DynamicBatcher:
             it = self._queue.popleft()
             if it.future.done():  # caller cancelled (client went away)
                 self._queued_targets -= it.size
+                self._queued_work -= it.work
                 self.items_dropped += 1
                 continue
             if it.deadline is not None and it.deadline <= now:
                 self._queued_targets -= it.size
+                self._queued_work -= it.work
                 self.items_dropped += 1
                 it.future.set_exception(
                     DeadlineExceeded(f"deadline passed after {1e3 * (now - it.enqueued):.1f} ms in the queue; dropped")
@@ -190,6 +215,7 @@ class DynamicBatcher:
             batch.append(it)
             targets += it.size
             self._queued_targets -= it.size
+            self._queued_work -= it.work
         kept.extend(self._queue)
         self._queue = kept
         return batch
@@ -229,7 +255,8 @@ class DynamicBatcher:
                 it.started, it.batch_size = started, total
             self._running_batch = True
             try:
-                if total <= self.inline_max_targets and not self._queue:
+                if (total <= self.inline_max_targets and not self._queue
+                        and sum(it.work for it in batch) <= self.inline_max_work):
                     self.batches_inline += 1
                     results = self._process(batch)
                 else:

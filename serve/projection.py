@@ -159,10 +159,13 @@ class ActivationCache:
         projections: the model's CPU :class:`ProjectionCache` (enabled).
         strategy: the model's sampling strategy.
         budget_bytes: bound on all tables together (with their validity bitmaps).
+        reserved_width: a width whose table always has room (the model's default width): other
+            widths get a table only while one is left for it.
     """
 
     def __init__(self, graph: CSRGraph, params: StackParams, dinv: np.ndarray | None,
-                 projections: ProjectionCache, *, strategy: str, budget_bytes: int) -> None:
+                 projections: ProjectionCache, *, strategy: str, budget_bytes: int,
+                 reserved_width: int | None = None) -> None:
         if params.layers < 2:
             raise ValueError("a one-layer model has no layer before its last")
         self.graph = graph
@@ -174,16 +177,25 @@ class ActivationCache:
         self.dim = int(params.dims[-1, 0])
         self.table_bytes = graph.num_nodes * (4 * self.dim + 1)
         self.budget_bytes = int(budget_bytes)
+        self.reserved_width = reserved_width
         self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._refused: set[int] = set()
         self.hits = 0
         self.misses = 0
 
+    def widths(self) -> list[int]:
+        """The widths that have a table, ascending."""
+        return sorted(list(self._tables))
+
     def has_table(self, width: int) -> bool:
         """Whether ``width`` has a table, allocating it if the budget has room."""
         if width in self._tables:
             return True
-        if (len(self._tables) + 1) * self.table_bytes > self.budget_bytes:
+        # room stays for the reserved width (the model's default) until it has its table: widths that
+        # clients choose must not take the budget from the width a knob-less request gets
+        held_back = int(self.reserved_width is not None and width != self.reserved_width
+                        and self.reserved_width not in self._tables)
+        if (len(self._tables) + 1 + held_back) * self.table_bytes > self.budget_bytes:
             if width not in self._refused:  # said once per width: its batches run the whole plan
                 self._refused.add(width)
                 log.info("activation cache: no room for width %d (%d tables of %d bytes fill the %d-byte budget); "

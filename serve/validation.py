@@ -51,6 +51,7 @@ class ModelLimits:
     default_ppr_budget: int
     max_nodes_per_request: int
     knob_table: tuple[KnobRow, ...] = ()
+    max_new_node_edges: int = MAX_NEW_NODE_NEIGHBORS  # neighbours over all new nodes of one request
 
 
 @dataclass
@@ -153,6 +154,12 @@ def validate_predict(request, limits: ModelLimits) -> PredictCall:
             "split it (the SDK chunks long lists automatically)"
         )
     check_node_ids(nodes, limits.num_nodes)
+    if new_nodes:
+        edges = sum(len(nn.neighbors) for nn in new_nodes)
+        if edges > limits.max_new_node_edges:
+            raise InvalidArgument(
+                f"new nodes have {edges} neighbours in all, more than the limit of {limits.max_new_node_edges} "
+                "per request; send fewer or split the request")
     specs = [_validate_new_node(i, nn, limits) for i, nn in enumerate(new_nodes)]
     s, k, chosen_by, expected = resolve_knobs(
         limits,

@@ -1,0 +1,197 @@
+"""Declared sizes of a request, read from its bytes before protobuf parses them.
+
+Parsing a request costs memory in proportion to what it declares, not to its size on the wire: a
+packed ``int64`` id takes one byte on the wire and eight in the parsed message (and more as a
+NumPy copy), so a 64 MiB message of small ids would cost about 512 MiB and seconds of work before
+the node limit could be checked on the parsed message. :func:`check_predict` and
+:func:`check_infer` walk the top-level fields of a ``gnnserve.v1.PredictRequest`` /
+``inference.ModelInferRequest`` instead, count what they declare (node ids, new nodes, new-node
+edges, requested outputs), and raise :class:`~serve.errors.InvalidArgument` before anything is
+allocated. The walk reads every field header once and skips payloads; it stops as soon as a count
+passes its limit, and it refuses a message that encodes more fields than any valid request has,
+so its own cost is bounded too. Messages shorter than any limit skip it (:meth:`WireLimits.needs_scan`).
+
+Protobuf wire format: each field is a varint key ``(number << 3) | type`` followed by a varint
+(type 0), 8 bytes (type 1), a varint length and that many bytes (type 2), or 4 bytes (type 5).
+A packed repeated varint field is one type-2 field whose payload is the varints back to back: its
+element count is the number of bytes without the continuation bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .errors import InvalidArgument
+
+__all__ = ["WireLimits", "check_infer", "check_predict"]
+
+_HIGH = bytes(range(128, 256))  # bytes with the continuation bit: every varint has exactly one byte without it
+
+
+@dataclass(frozen=True)
+class WireLimits:
+    """What a request may declare (server-wide; the per-model checks after parsing still apply)."""
+
+    max_nodes: int = 4096  # ids + new nodes per request
+    max_new_node_edges: int = 100_000  # neighbours over all new nodes of one request
+    max_outputs: int = 3  # distinct KServe outputs (LABELS, PROBABILITIES, EMBEDDINGS)
+    max_parameters: int = 64  # KServe request parameters
+
+    def needs_scan(self, size: int) -> bool:
+        """Whether a message of ``size`` bytes could declare more than a limit allows (every element
+        takes at least one byte)."""
+        return size > min(self.max_nodes, self.max_new_node_edges, 1 << 12)
+
+    @property
+    def max_fields(self) -> int:
+        """Field headers a valid request can hold: one per id and per new-node edge (unpacked
+        encoding), a few per new node, plus a margin for scalar fields."""
+        return 2 * self.max_nodes + self.max_new_node_edges + 8 * self.max_nodes + 4096
+
+
+class _Walk:
+    """Field-by-field reader of one message with a shared budget of field headers."""
+
+    def __init__(self, buf: bytes | memoryview, budget: int) -> None:
+        self.buf = memoryview(buf)
+        self.budget = budget
+
+    def _varint(self, pos: int, end: int) -> tuple[int, int]:
+        buf = self.buf
+        value = shift = 0
+        while True:
+            if pos >= end or shift > 63:
+                raise _Malformed
+            b = buf[pos]
+            pos += 1
+            value |= (b & 0x7F) << shift
+            if b < 0x80:
+                return value, pos
+            shift += 7
+
+    def fields(self, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+        """``(number, wire type, payload start, payload end)`` per field; a varint field's payload
+        is its encoded bytes."""
+        pos = start
+        while pos < end:
+            self.budget -= 1
+            if self.budget < 0:
+                raise _TooManyFields
+            key, pos = self._varint(pos, end)
+            number, wtype = key >> 3, key & 7
+            if wtype == 0:
+                _, nxt = self._varint(pos, end)
+            elif wtype == 1:
+                nxt = pos + 8
+            elif wtype == 2:
+                length, pos = self._varint(pos, end)
+                nxt = pos + length
+            elif wtype == 5:
+                nxt = pos + 4
+            else:  # groups (3, 4) are not proto3; anything else is corrupt
+                raise _Malformed
+            if nxt > end:
+                raise _Malformed
+            yield number, wtype, pos, nxt
+            pos = nxt
+
+    def count(self, wtype: int, start: int, end: int, width: int = 0, cap: int = 1 << 62) -> int:
+        """Elements of a repeated scalar field occurrence: packed (type 2) or one element.
+        ``width`` 0 = varints, else the fixed size of one element. Past ``cap`` elements the result
+        may be a lower bound (a packed varint payload is not read when its length alone exceeds it)."""
+        if wtype != 2:
+            return 1
+        if width:
+            return (end - start) // width
+        if end - start > 10 * cap:  # at most 10 bytes per varint: more than ``cap`` for sure
+            return (end - start + 9) // 10
+        payload = self.buf[start:end].tobytes()
+        return len(payload) - len(payload.translate(None, _HIGH))
+
+
+class _Malformed(Exception):
+    pass
+
+
+class _TooManyFields(Exception):
+    pass
+
+
+def _too_many_nodes(n: int, limits: WireLimits) -> InvalidArgument:
+    return InvalidArgument(
+        f"request has at least {n} nodes, more than the limit of {limits.max_nodes} per request; "
+        "split it (the SDK chunks long lists automatically)")
+
+
+def _walk(check, buf: bytes, limits: WireLimits) -> None:
+    if not limits.needs_scan(len(buf)):
+        return
+    try:
+        check(_Walk(buf, limits.max_fields), len(buf), limits)
+    except _Malformed:
+        return  # protobuf's own parse rejects it with its message (INVALID_ARGUMENT)
+    except _TooManyFields:
+        raise InvalidArgument(f"request encodes more than {limits.max_fields} fields, more than any valid "
+                              "request of this server's limits") from None
+
+
+def check_predict(buf: bytes, limits: WireLimits) -> None:
+    """Refuse a ``PredictRequest`` that declares more nodes or new-node edges than ``limits`` allow."""
+    _walk(_predict, buf, limits)
+
+
+def _predict(w: _Walk, end: int, limits: WireLimits) -> None:
+    nodes = edges = 0
+    for number, wtype, s, e in w.fields(0, end):
+        if number == 3:  # repeated int64 nodes
+            nodes += w.count(wtype, s, e, cap=limits.max_nodes)
+        elif number == 10 and wtype == 2:  # repeated NewNode new_nodes
+            nodes += 1
+            for n2, t2, s2, e2 in w.fields(s, e):
+                if n2 == 2:  # repeated int64 neighbors
+                    edges += w.count(t2, s2, e2, cap=limits.max_new_node_edges)
+            if edges > limits.max_new_node_edges:
+                raise InvalidArgument(
+                    f"new nodes have at least {edges} neighbours in all, more than the limit of "
+                    f"{limits.max_new_node_edges} per request; send fewer or split the request")
+        if nodes > limits.max_nodes:
+            raise _too_many_nodes(nodes, limits)
+
+
+def check_infer(buf: bytes, limits: WireLimits) -> None:
+    """Refuse a KServe ``ModelInferRequest`` that declares more input elements than ``limits.max_nodes``,
+    more requested outputs than exist, or more parameters than ``limits.max_parameters``."""
+    _walk(_infer, buf, limits)
+
+
+# InferTensorContents: field number -> element width on the wire when packed (0 = varint)
+_CONTENT_WIDTH = {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 4, 7: 8}
+
+
+def _infer(w: _Walk, end: int, limits: WireLimits) -> None:
+    elements = outputs = params = 0
+    for number, wtype, s, e in w.fields(0, end):
+        if number == 5 and wtype == 2:  # repeated InferInputTensor inputs
+            for n2, t2, s2, e2 in w.fields(s, e):
+                if n2 == 5 and t2 == 2:  # InferTensorContents contents
+                    for n3, t3, s3, e3 in w.fields(s2, e2):
+                        if n3 in _CONTENT_WIDTH:
+                            elements += w.count(t3, s3, e3, _CONTENT_WIDTH[n3], cap=limits.max_nodes)
+                        elif n3 == 8:  # repeated bytes: one element each
+                            elements += 1
+                        if elements > limits.max_nodes:
+                            raise _too_many_nodes(elements, limits)
+        elif number == 7 and wtype == 2:  # repeated bytes raw_input_contents: int64 ids
+            elements += (e - s) // 8
+        elif number == 6:
+            outputs += 1
+            if outputs > limits.max_outputs:
+                raise InvalidArgument(f"request asks for more than {limits.max_outputs} outputs; each of "
+                                      "LABELS, PROBABILITIES and EMBEDDINGS may be requested once")
+        elif number == 4:
+            params += 1
+            if params > limits.max_parameters:
+                raise InvalidArgument(f"request has more than {limits.max_parameters} parameters")
+        if elements > limits.max_nodes:
+            raise _too_many_nodes(elements, limits)
