@@ -2,8 +2,10 @@ r"""ES-SpMM: sparse-dense aggregation with deterministic per-row edge sampling.
 
 This module is the specification of the operation (the torch path, used on CPU and for autograd)
 and the single dispatch point: :func:`sampled_spmm` runs the CUDA kernel of
-:mod:`kernels.spmm_cuda` when ``x`` lives on a GPU, CuPy works and no gradient is needed, and the
-torch path otherwise. Tests hold the CUDA kernel to this file.
+:mod:`kernels.spmm_cuda` when ``x`` lives on a GPU, CuPy works and no gradient is needed, the
+compiled CPU kernel of :mod:`kernels.spmm_cpu` (or, for some exact passes, ``torch.sparse.mm``)
+when ``x`` is on the CPU and no gradient is needed, and the torch path otherwise. Tests hold both
+kernels to this file.
 
 Sampling (Lin, Luo and Ceze, "Accelerating SpMM Kernel with Cache-First Edge Sampling"). Row ``i``
 has ``d_i`` edges at positions ``0 .. d_i - 1`` of its CSR slice; with sampling width ``S`` it keeps
@@ -46,8 +48,10 @@ warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta 
 
 __all__ = [
     "AGGREGATORS",
+    "EXACT_BACKEND",
     "FASTRAND_PRIME",
     "STRATEGIES",
+    "exact_csr_view",
     "forget_samples",
     "kept_edges",
     "sample_positions",
@@ -229,10 +233,83 @@ def _csr_key(graph: CSRGraph, width: int, strategy: str, aggregator: str, device
     return exact, (("exact", aggregator, str(device), dtype) if exact else (width, strategy, aggregator, str(device), dtype))
 
 
-def _memoized(graph: CSRGraph, width: int, strategy: str, aggregator: str, x: torch.Tensor) -> bool:
-    """Whether :func:`sampled_csr` already holds this pass's matrix (a repeated pass over one graph)."""
-    memo = graph.cache().get("spmm_csr")
-    return bool(memo) and _csr_key(graph, width, strategy, aggregator, x.device, x.dtype)[1] in memo
+# ----------------------------------------------------------------------------- exact pass through MKL
+#: how :func:`sampled_spmm` runs an exact pass on the CPU without gradient: ``"auto"`` (the rule of
+#: :func:`_exact_through_torch`), ``"kernel"`` (always the compiled kernel) or ``"torch"`` (always
+#: ``torch.sparse.mm``); the benchmark and the tests pin it to time and check both
+EXACT_BACKEND = "auto"
+
+
+def _exact_through_torch(graph: CSRGraph) -> bool:
+    """Whether an exact CPU pass goes to ``torch.sparse.mm`` rather than the compiled kernel.
+
+    Measured on the 2-vCPU VM (docs/BENCHMARKS.md, 2026-11-25): the compiled kernel's exact pass is
+    as fast as MKL's or faster on Amazon Computers, Coauthor Physics and the arxiv-shaped graph at
+    F = 64 and 256 when both run on the same threads. MKL wins where it has more threads: when
+    numba's thread count is capped below torch's (``NUMBA_NUM_THREADS``), so ``"auto"`` sends a
+    graph big enough for the parallel kernel there, and keeps the kernel everywhere else.
+    """
+    if EXACT_BACKEND == "torch":
+        return True
+    if EXACT_BACKEND == "kernel" or graph.num_edges == 0:
+        return False
+    from . import spmm_cpu
+
+    return graph.num_nodes >= spmm_cpu.PARALLEL_ROWS and spmm_cpu.kernel_threads() < torch.get_num_threads()
+
+
+def exact_csr_view(graph: CSRGraph, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The graph's adjacency (its weights, or ones) as a CPU torch sparse CSR tensor, built per call
+    over the graph's own arrays, so that it can never be stale.
+
+    * ``col_indices`` is the graph's ``indices`` array itself (no copy): an in-place edit of it is
+      what the next product reads;
+    * ``crow_indices`` is ``indptr`` itself when ``indices`` is int64, else an int32 copy made on
+      this call (O(N); torch wants both index arrays in one dtype, and MKL takes int32 without a
+      copy of the O(E) side);
+    * ``values`` is the graph's ``weights`` array itself when the dtypes agree (a float64 pass
+      converts it on this call), or, unweighted, ones. The ones are the only thing kept between
+      calls, in ``graph.cache()`` under ``("spmm_ones", E, dtype)``: they depend on the edge count
+      and dtype alone, which are in the key, never on the arrays' contents, so a mutated or
+      replaced array cannot make them stale.
+    """
+    with warnings.catch_warnings():
+        # a memory-mapped graph is read-only; torch.sparse.mm only reads these views
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        indices = torch.from_numpy(np.ascontiguousarray(graph.indices))
+        if indices.dtype == torch.int32:
+            crow = torch.from_numpy(graph.indptr.astype(np.int32))
+        else:
+            crow = torch.from_numpy(np.ascontiguousarray(graph.indptr, dtype=np.int64))
+        if graph.weights is None:
+            key = ("spmm_ones", graph.num_edges, dtype)
+            values = graph.cache().get(key)
+            if values is None:
+                values = torch.ones(graph.num_edges, dtype=dtype)
+                graph.cache()[key] = values
+        else:
+            values = torch.from_numpy(np.ascontiguousarray(graph.weights)).to(dtype)
+    n = graph.num_nodes
+    return torch.sparse_csr_tensor(crow, indices, values, size=(n, n), check_invariants=False)
+
+
+def _exact_spmm_mkl(graph: CSRGraph, x: torch.Tensor, aggregator: str, dinv: torch.Tensor | None) -> torch.Tensor:
+    """An exact pass without gradient as one ``torch.sparse.mm`` over :func:`exact_csr_view`, the
+    aggregator's scales applied to the dense operands (``mean``: ``1 / d_i`` on the output rows;
+    ``gcn``: ``D^{-1/2}`` on the rows of ``x`` and of the output, then the self term)."""
+    x = x.detach().contiguous()
+    mat = exact_csr_view(graph, x.dtype)
+    if aggregator == "gcn":
+        assert dinv is not None
+        col = dinv.to(x.dtype).unsqueeze(1)
+        out = torch.sparse.mm(mat, x * col)
+        out.mul_(col)
+        return out.addcmul_(x, col * col)
+    out = torch.sparse.mm(mat, x)
+    if aggregator == "mean":
+        deg = torch.from_numpy(np.diff(graph.indptr)).clamp_(min=1)  # rows without edges are zero anyway
+        out.div_(deg.to(x.dtype).unsqueeze(1))
+    return out
 
 
 def sampled_csr(
@@ -387,19 +464,23 @@ def sampled_spmm(
         ``[N, F]`` tensor on ``x``'s device.
 
     The CUDA kernel runs when ``x`` is on a GPU, CuPy is usable and ``x`` needs no gradient. On
-    the CPU, a pass that needs no gradient runs the fused compiled kernel of
-    :mod:`kernels.spmm_cpu` unless the graph already memoizes this pass's sparse matrix (then one
-    MKL product is cheaper: repeated passes over one graph, as in training). Any other case takes
-    the torch path, which is the specification both kernels are tested against.
+    the CPU, a float32/float64 pass that needs no gradient runs the fused compiled kernel of
+    :mod:`kernels.spmm_cpu` (parallel over rows on large graphs), except an exact pass that
+    :func:`_exact_through_torch` sends to ``torch.sparse.mm`` over :func:`exact_csr_view` (nothing
+    sampled, nothing memoized). Any other case takes the torch path, which is the specification
+    both kernels are tested against (and memoizes its sparse matrices on the graph, for
+    training's repeated passes).
     """
     no_grad = not (torch.is_grad_enabled() and x.requires_grad)
     if no_grad and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
         width = _check_args(graph, x, width, strategy, aggregator)
-        if not _memoized(graph, width, strategy, aggregator, x):
-            from .spmm_cpu import sampled_spmm_cpu
+        dinv = _gcn_dinv(graph, x.device, x.dtype, norm_degrees) if aggregator == "gcn" else None
+        exact = width <= 0 or graph.num_edges == 0 or _max_degree(graph) <= width
+        if exact and graph.num_nodes and _exact_through_torch(graph):
+            return _exact_spmm_mkl(graph, x, aggregator, dinv)
+        from .spmm_cpu import sampled_spmm_cpu
 
-            dinv = _gcn_dinv(graph, x.device, x.dtype, norm_degrees) if aggregator == "gcn" else None
-            return sampled_spmm_cpu(graph, x, width, strategy, aggregator, dinv)
+        return sampled_spmm_cpu(graph, x, width, strategy, aggregator, dinv)
     if x.is_cuda and no_grad:
         from . import spmm_cuda
 

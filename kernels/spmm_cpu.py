@@ -2,18 +2,35 @@
 
 :func:`kernels.spmm.sampled_spmm_torch` is the specification. It builds the sampled matrix as a
 torch sparse CSR tensor (a dozen tensor operations: positions, values, rescaling, normalisation)
-and then multiplies; on the small graphs of a serving request (an execution plan's layer graphs,
-a batch of PPR subgraphs: hundreds to a few thousand rows) those operations, not the arithmetic,
-are most of the cost. This kernel computes the same formulas (module docstring of
+and then multiplies. This kernel computes the same formulas (module docstring of
 :mod:`kernels.spmm`) row by row, sampling each row's positions as it goes, parallel over rows:
 
 ``out_i = c_i * sum_{t < k_i} w_{i p_i(t)} g_{j} x_j  (+ x_i / D_i for gcn)``, ``j = col(i, p_i(t))``
 
 with ``c_i = d_i / k_i`` (sum), ``1 / k_i`` (mean), ``(d_i / k_i) D_i^{-1/2}`` (gcn) and
 ``g_j = D_j^{-1/2}`` for gcn (1 otherwise). It has no autograd: :func:`kernels.spmm.sampled_spmm`
-sends it CPU tensors that need no gradient, and everything else to the torch path. Accumulation
-is in the dtype of ``x`` (float32 or float64), in edge order within a row, so results equal the
-torch path up to rounding (tests compare them on random graphs).
+sends it CPU tensors that need no gradient, and everything else to the torch path.
+
+How it is fast (each measured against the previous version on Amazon Computers, see
+``docs/BENCHMARKS.md``):
+
+* **no integer division per edge.** The fastrand positions ``((t * 577) mod d + t // m) mod d``
+  are walked incrementally: ``(t * 577) mod d`` grows by ``577 mod d`` and wraps with one
+  subtraction, ``t // m`` is a counter that steps every ``m`` edges. Same positions, same order
+  (:func:`fastrand_position` stays the closed form the other compiled paths share).
+* **arithmetic in the dtype of** ``x``: edge coefficients and row scales are cast to it, so a
+  float32 product never widens to float64 in the inner loop, which LLVM vectorises over features.
+* **four kept edges per step**: four gathered rows are combined before the output row is
+  touched, which halves the loads and stores of the accumulator and keeps four independent
+  gathers in flight.
+* **parallel over rows** in chunks handed out dynamically (a degree-skewed graph, or a core
+  another process is using, does not leave a thread idle), on ``min(torch's, numba's)`` thread
+  count (:func:`kernel_threads`).
+
+Accumulation is in the dtype of ``x`` (float32 or float64), in edge order within a row except that
+each group of four kept edges is summed pairwise before it is added, so results equal the torch
+path up to rounding (tests compare them on random graphs). The result does not depend on the
+thread count: a row is always one thread's work.
 """
 
 from __future__ import annotations
@@ -26,12 +43,14 @@ from numba import prange
 from .graph import CSRGraph
 from .spmm import FASTRAND_PRIME
 
-__all__ = ["fastrand_period", "fastrand_position", "sampled_spmm_cpu"]
+__all__ = ["fastrand_period", "fastrand_position", "kernel_threads", "sampled_spmm_cpu"]
 
 _AGG_CODE = {"sum": 0, "mean": 1, "gcn": 2}
 _NO_W = np.zeros(0, dtype=np.float32)
 #: below this many output rows the kernel runs on one thread (a parallel region costs more than it saves)
 PARALLEL_ROWS = 4096
+#: the parallel kernel hands out rows in about this many chunks per thread (dynamic scheduling)
+CHUNKS_PER_THREAD = 16
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -47,37 +66,98 @@ def fastrand_position(t, d, m):  # pragma: no cover - compiled
     return ((t * FASTRAND_PRIME) % d + t // m) % d
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _next_position(b, off, tm, step, d, m):  # pragma: no cover - compiled
+    """One step of the incremental fastrand walk: the current position ``(b + off) mod d`` and the
+    state after it (``b = (t * 577) mod d``, ``off = t // m``, ``tm = t mod m``, ``step = 577 mod d``).
+    With ``step = 1`` and ``m`` above the row length it yields ``0, 1, 2, ...``."""
+    pos = b + off  # b < d and off <= t < d: one subtraction reduces it
+    if pos >= d:
+        pos -= d
+    b += step
+    if b >= d:
+        b -= d
+    tm += 1
+    if tm == m:
+        tm = 0
+        off += 1
+    return pos, b, off, tm
+
+
 def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pragma: no cover - compiled
     n, f = out.shape
     has_w = weights.shape[0] > 0
+    one = x.dtype.type(1.0)
     for i in prange(n):
         s0 = indptr[i]
         d = indptr[i + 1] - s0
         k = d if width <= 0 or d <= width else width
-        sampled = fastrand and width > 0 and d > width
-        m = fastrand_period(d) if sampled else d
         row = out[i]
         for c in range(f):
             row[c] = 0.0
-        for t in range(k):
-            pos = fastrand_position(t, d, m) if sampled else t
-            e = s0 + pos
-            j = indices[e]
-            coef = weights[e] if has_w else 1.0
-            if agg == 2:
-                coef *= dinv[j]
-            xj = x[j]
-            for c in range(f):
-                row[c] += coef * xj[c]
-        if k > 0:
-            if agg == 1:
-                scale = 1.0 / k
+        if fastrand and width > 0 and d > width:
+            step = FASTRAND_PRIME % d
+            m = fastrand_period(d)
+        else:  # the first k edges
+            step = 1
+            m = d + 1
+        b = 0
+        off = 0
+        tm = 0
+        t = 0
+        while t + 4 <= k:
+            p0, b, off, tm = _next_position(b, off, tm, step, d, m)
+            p1, b, off, tm = _next_position(b, off, tm, step, d, m)
+            p2, b, off, tm = _next_position(b, off, tm, step, d, m)
+            p3, b, off, tm = _next_position(b, off, tm, step, d, m)
+            e0 = s0 + p0
+            e1 = s0 + p1
+            e2 = s0 + p2
+            e3 = s0 + p3
+            j0 = indices[e0]
+            j1 = indices[e1]
+            j2 = indices[e2]
+            j3 = indices[e3]
+            if has_w:
+                c0 = x.dtype.type(weights[e0])
+                c1 = x.dtype.type(weights[e1])
+                c2 = x.dtype.type(weights[e2])
+                c3 = x.dtype.type(weights[e3])
             else:
-                scale = d / k
+                c0 = one
+                c1 = one
+                c2 = one
+                c3 = one
+            if agg == 2:
+                c0 *= dinv[j0]
+                c1 *= dinv[j1]
+                c2 *= dinv[j2]
+                c3 *= dinv[j3]
+            x0 = x[j0]
+            x1 = x[j1]
+            x2 = x[j2]
+            x3 = x[j3]
+            for c in range(f):
+                row[c] += (c0 * x0[c] + c1 * x1[c]) + (c2 * x2[c] + c3 * x3[c])
+            t += 4
+        while t < k:
+            p0, b, off, tm = _next_position(b, off, tm, step, d, m)
+            e0 = s0 + p0
+            j0 = indices[e0]
+            c0 = x.dtype.type(weights[e0]) if has_w else one
+            if agg == 2:
+                c0 *= dinv[j0]
+            x0 = x[j0]
+            for c in range(f):
+                row[c] += c0 * x0[c]
+            t += 1
+        if k > 0:
+            scale = 1.0 / k if agg == 1 else d / k
             if agg == 2:
                 scale *= dinv[i]
+            sc = x.dtype.type(scale)
             for c in range(f):
-                row[c] *= scale
+                row[c] *= sc
         if agg == 2:
             self_w = dinv[i] * dinv[i]
             xi = x[i]
@@ -87,6 +167,14 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pr
 
 _serial = numba.njit(cache=True, nogil=True)(_kernel)
 _parallel = numba.njit(cache=True, nogil=True, parallel=True)(_kernel)
+
+
+def kernel_threads() -> int:
+    """Threads the parallel kernel uses: torch's configured count (``torch.set_num_threads``,
+    ``OMP_NUM_THREADS``), capped by numba's (``NUMBA_NUM_THREADS``, or a lower
+    ``numba.set_num_threads`` on the calling thread), at least 1. On a 2-core machine with the
+    defaults: 2."""
+    return max(1, min(torch.get_num_threads(), numba.get_num_threads()))
 
 
 def sampled_spmm_cpu(
@@ -103,6 +191,18 @@ def sampled_spmm_cpu(
     out = np.empty_like(xn)
     w = graph.weights if graph.weights is not None else _NO_W
     d = dinv.detach().to(x.dtype).numpy() if dinv is not None else np.zeros(0, dtype=xn.dtype)
-    run = _parallel if graph.num_nodes >= PARALLEL_ROWS else _serial
-    run(graph.indptr, graph.indices, w, xn, int(width), strategy == "fastrand", _AGG_CODE[aggregator], d, out)
+    args = (graph.indptr, graph.indices, w, xn, int(width), strategy == "fastrand", _AGG_CODE[aggregator], d, out)
+    n = graph.num_nodes
+    threads = kernel_threads() if n >= PARALLEL_ROWS else 1
+    if threads == 1:
+        _serial(*args)
+    else:
+        before = numba.get_num_threads()
+        chunk = max(1, -(-n // (threads * CHUNKS_PER_THREAD)))
+        numba.set_num_threads(threads)
+        try:
+            with numba.parallel_chunksize(chunk):
+                _parallel(*args)
+        finally:
+            numba.set_num_threads(before)
     return torch.from_numpy(out)

@@ -1,0 +1,234 @@
+"""The fast CPU paths of the public ``kernels.sampled_spmm`` against its torch twin (the specification).
+
+Every call here goes through :func:`kernels.sampled_spmm` on CPU tensors without gradient, which
+runs the compiled kernel of :mod:`kernels.spmm_cpu` (serial or parallel over rows) or, for exact
+passes, ``torch.sparse.mm`` over :func:`kernels.spmm.exact_csr_view`; the answer is compared with
+:func:`kernels.sampled_spmm_torch` on random graphs that hold every kind of row (no edges, below,
+at and above the width, nnz a multiple of 577).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+import torch
+
+from kernels import sampled_spmm, sampled_spmm_torch, spmm_cpu
+from kernels import spmm as spmm_mod
+from kernels.graph import CSRGraph
+
+STRATEGIES = ("fastrand", "bucket")
+AGGREGATORS = ("sum", "mean", "gcn")
+WIDTHS = (0, 1, 7, 16, 577, 5000)
+
+
+def make_graph(seed: int, *, n: int = 1300, weighted: bool = False, big_rows: bool = True) -> CSRGraph:
+    """A random graph: degrees drawn from a skewed mix with many empty rows; with ``big_rows`` three
+    rows of 577, 1154 (multiples of the fastrand prime) and 1000 edges, each with distinct columns."""
+    rng = np.random.default_rng(seed)
+    degs = rng.choice([0, 0, 1, 2, 6, 7, 8, 15, 16, 17, 40, 120], size=n)
+    if big_rows:
+        degs[rng.choice(n, size=3, replace=False)] = (577, 1154, 1000)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(degs, out=indptr[1:])
+    indices = np.concatenate([np.sort(rng.choice(n, size=int(d), replace=False)) for d in degs] + [np.zeros(0)])
+    w = rng.uniform(0.1, 2.0, size=len(indices)).astype(np.float32) if weighted else None
+    g = CSRGraph(indptr, indices.astype(np.int32), w, n)
+    g.validate()
+    return g
+
+
+def fresh(g: CSRGraph) -> CSRGraph:
+    return CSRGraph(g.indptr, g.indices, g.weights, g.num_nodes)
+
+
+_SPEC: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def spec(g: CSRGraph, x: torch.Tensor, width: int, strategy: str, aggregator: str, key: tuple | None = None):
+    """The torch twin's answer and the same on ``|x|`` (memoized under ``key`` when given)."""
+    if key is not None and key in _SPEC:
+        return _SPEC[key]
+    out = (sampled_spmm_torch(fresh(g), x, width, strategy, aggregator),
+           sampled_spmm_torch(fresh(g), x.abs(), width, strategy, aggregator))
+    if key is not None:
+        _SPEC[key] = out
+    return out
+
+
+def assert_matches_spec(got: torch.Tensor, g: CSRGraph, x: torch.Tensor, width: int, strategy: str, aggregator: str,
+                        what: str, key: tuple | None = None) -> None:
+    # rounding error grows with the sum of magnitudes (scale), not with the (possibly cancelling) result
+    want, scale = spec(g, x, width, strategy, aggregator, key)
+    f32 = x.dtype == torch.float32
+    tol = (4e-6 if f32 else 1e-13) * scale + (2e-5 if f32 else 1e-12)
+    assert got.dtype == x.dtype and got.shape == want.shape, what
+    err = (got - want).abs()
+    assert bool(torch.all(err <= tol)), f"{what}: max error {float(err.max()):.3g}"
+
+
+@pytest.fixture
+def parallel_always(monkeypatch):
+    """Every graph takes the parallel kernel, however small."""
+    monkeypatch.setattr(spmm_cpu, "PARALLEL_ROWS", 0)
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def exact_backend(request, monkeypatch):
+    monkeypatch.setattr(spmm_mod, "EXACT_BACKEND", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("seed, weighted, f", [(0, False, 5), (1, True, 13), (2, False, 67), (3, True, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_public_function_matches_torch_twin(seed, weighted, f, dtype, parallel, exact_backend, monkeypatch):
+    if parallel:
+        monkeypatch.setattr(spmm_cpu, "PARALLEL_ROWS", 0)
+    g = make_graph(seed, weighted=weighted)
+    assert (g.degrees == 0).any() and (g.degrees % 577 == 0).sum() >= 3  # empty rows, 577 and 1154
+    x = torch.from_numpy(np.random.default_rng(100 + seed).standard_normal((g.num_nodes, f))).to(dtype)
+    with torch.no_grad():
+        for strategy in STRATEGIES:
+            for aggregator in AGGREGATORS:
+                for width in WIDTHS:
+                    got = sampled_spmm(g, x, width, strategy, aggregator)
+                    assert_matches_spec(got, g, x, width, strategy, aggregator,
+                                        f"{strategy} {aggregator} S={width} {dtype} parallel={parallel}",
+                                        key=(seed, dtype, width, strategy, aggregator))
+    assert not g.cache().get("spmm_csr"), "the fast paths memoize no sparse matrix"
+
+
+def test_fast_kernel_reads_the_fastrand_positions():
+    """A row whose columns are its own positions: the kernel's sum is the sum of the kept positions,
+    which must be the formula's (distinct, including the rows of nnz 577 and 1154)."""
+    for d, width in [(577, 16), (1154, 16), (1154, 600), (1731, 1000), (600, 7), (578, 577), (40, 39)]:
+        n = d
+        indptr = np.array([0, d] + [d] * (n - 1), dtype=np.int64)
+        g = CSRGraph(indptr, np.arange(d, dtype=np.int32), None, n)
+        x = torch.arange(n, dtype=torch.float64).unsqueeze(1)
+        t = torch.arange(width)
+        pos = spmm_mod.sample_positions(torch.full((width,), d), t, width, "fastrand")
+        assert len(set(pos.tolist())) == width
+        with torch.no_grad():
+            got = sampled_spmm(g, x, width, "fastrand", "mean")
+        assert float(got[0, 0]) == pytest.approx(float(pos.double().mean()), rel=1e-12), (d, width)
+
+
+def test_parallel_equals_serial_exactly(parallel_always):
+    g = make_graph(5, weighted=True)
+    x = torch.randn(g.num_nodes, 37)
+    with torch.no_grad():
+        par = [sampled_spmm(g, x, w, s, a) for w in (0, 7, 16) for s in STRATEGIES for a in AGGREGATORS]
+    spmm_cpu.PARALLEL_ROWS = 10**9  # the fixture restores it
+    with torch.no_grad():
+        ser = [sampled_spmm(g, x, w, s, a) for w in (0, 7, 16) for s in STRATEGIES for a in AGGREGATORS]
+    for p, s in zip(par, ser, strict=True):
+        assert torch.equal(p, s)
+
+
+def test_large_graph_parallel_path_and_chunking():
+    """A graph above PARALLEL_ROWS: the natural parallel path, several chunks per thread."""
+    g = make_graph(6, n=9000, big_rows=True)
+    assert g.num_nodes >= spmm_cpu.PARALLEL_ROWS
+    x = torch.randn(g.num_nodes, 33)
+    with torch.no_grad():
+        for width in (0, 16):
+            for aggregator in ("sum", "mean"):
+                got = sampled_spmm(g, x, width, "fastrand", aggregator)
+                assert_matches_spec(got, g, x, width, "fastrand", aggregator, f"S={width} {aggregator}")
+
+
+def test_thread_count_follows_torch_and_numba(monkeypatch):
+    torch_threads = torch.get_num_threads()
+    assert spmm_cpu.kernel_threads() == max(1, min(torch_threads, numba.get_num_threads()))
+    g = make_graph(7, n=5000)
+    x = torch.randn(g.num_nodes, 8)
+    with torch.no_grad():
+        want = sampled_spmm(g, x, 16)
+    seen = []
+    real = spmm_cpu._parallel
+
+    def spy(*args):
+        seen.append(numba.get_num_threads())
+        return real(*args)
+
+    def no_serial(*args):
+        raise AssertionError("a graph above PARALLEL_ROWS ran serially with more than one thread")
+
+    monkeypatch.setattr(spmm_cpu, "_parallel", spy)
+    try:
+        torch.set_num_threads(1)  # torch's configured count caps the kernel: one thread, serial
+        assert spmm_cpu.kernel_threads() == 1
+        with torch.no_grad():
+            assert torch.equal(sampled_spmm(g, x, 16), want)
+        assert seen == []
+        if numba.config.NUMBA_NUM_THREADS >= 2:
+            torch.set_num_threads(2)
+            monkeypatch.setattr(spmm_cpu, "_serial", no_serial)
+            with torch.no_grad():
+                assert torch.equal(sampled_spmm(g, x, 16), want)  # the result does not depend on it
+            assert seen == [2]
+            assert numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS  # restored after the call
+    finally:
+        torch.set_num_threads(torch_threads)
+
+
+def test_exact_dispatch_rule(monkeypatch):
+    """``auto``: the kernel unless numba has fewer threads than torch; then MKL over the view."""
+    g = make_graph(8, n=5000, weighted=True)
+    x = torch.randn(g.num_nodes, 12)
+    calls = []
+    real = spmm_mod._exact_spmm_mkl
+    monkeypatch.setattr(spmm_mod, "_exact_spmm_mkl", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(spmm_mod, "EXACT_BACKEND", "auto")
+    with torch.no_grad():
+        sampled_spmm(g, x, 0)
+        sampled_spmm(g, x, 16)  # sampled passes never go to MKL
+    assert calls == []
+    torch_threads = torch.get_num_threads()
+    before = numba.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        numba.set_num_threads(1)
+        with torch.no_grad():
+            got = sampled_spmm(g, x, 0, aggregator="gcn")
+            small = make_graph(9, n=300, big_rows=False)  # below PARALLEL_ROWS: the serial kernel, whatever the threads
+            sampled_spmm(small, torch.randn(300, 3), 0)
+        assert calls == [1]
+        assert_matches_spec(got, g, x, 0, "fastrand", "gcn", "gcn through MKL")
+    finally:
+        torch.set_num_threads(torch_threads)
+        numba.set_num_threads(before)
+
+
+def test_exact_view_is_never_stale(monkeypatch):
+    """The MKL path reads the graph's arrays on every call: an in-place edit of the columns or the
+    weights is seen by the next call (the only thing kept is the ones of an unweighted graph)."""
+    monkeypatch.setattr(spmm_mod, "EXACT_BACKEND", "torch")
+    for weighted in (False, True):
+        g = make_graph(10, n=500, weighted=weighted, big_rows=False)
+        x = torch.randn(g.num_nodes, 6)
+        with torch.no_grad():
+            first = sampled_spmm(g, x, 0)
+            g.indices[:] = np.sort(np.random.default_rng(1).integers(0, 500, size=g.num_edges)).astype(np.int32)
+            if weighted:
+                g.weights *= 3.0
+            second = sampled_spmm(g, x, 0)
+        want = torch.from_numpy(g.to_scipy() @ x.numpy())
+        torch.testing.assert_close(second, want, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(first, second)
+        assert [k for k in g.cache() if isinstance(k, tuple) and k[0] == "spmm_ones"] == (
+            [] if weighted else [("spmm_ones", g.num_edges, torch.float32)])
+
+
+def test_exact_view_shares_the_graph_arrays():
+    g = make_graph(11, n=400, weighted=True, big_rows=False)
+    mat = spmm_mod.exact_csr_view(g, torch.float32)
+    assert mat.col_indices().data_ptr() == g.indices.ctypes.data
+    assert mat.values().data_ptr() == g.weights.ctypes.data
+    torch.testing.assert_close(mat.to_dense(), torch.from_numpy(g.to_scipy().toarray()))
+    empty = CSRGraph(np.zeros(5, dtype=np.int64), np.zeros(0, dtype=np.int32), None, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(spmm_mod._exact_spmm_mkl(empty, torch.ones(4, 3), "sum", None), torch.zeros(4, 3))
