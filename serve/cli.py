@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -111,20 +110,30 @@ def _serve(argv: Sequence[str]) -> int:
                     help="after SIGTERM, keep refusing new RPCs with UNAVAILABLE for at least this long "
                          "before closing the listener (give load balancers time to route away)")
     ap.add_argument("--workers", type=int, default=1, help="batch worker threads")
-    ap.add_argument("--token-file", default=None, help="require 'authorization: Bearer <token>' (token in this file)")
+    ap.add_argument("--token-file", default=None,
+                    help="require 'authorization: Bearer <token>' (token in this file; default: the file named by "
+                         "$GNNSERVE_TOKEN_FILE, else $GNNSERVE_TOKEN); a blank or unreadable token refuses to start")
     ap.add_argument("--tls-cert", default=None)
     ap.add_argument("--tls-key", default=None)
-    ap.add_argument("--tls-client-ca", default=None, help="require client certificates signed by this CA")
+    ap.add_argument("--tls-client-ca", default=None,
+                    help="require client certificates signed by this CA (mutual TLS; needs --tls-cert/--tls-key)")
+    ap.add_argument("--insecure", action="store_true",
+                    help="allow a non-loopback --host with neither a token nor client certificates (without "
+                         "it such a server refuses to start; with it, it logs a warning)")
     ap.add_argument("--ready-file", default=None, help="write the bound port here once models are served")
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--log-json", action="store_true", help="structured JSON logs")
     args = ap.parse_args(argv)
     setup_logging(args.log_level, args.log_json)
-    token = None
-    if args.token_file:
-        token = open(args.token_file).read().strip()
-    elif os.environ.get("GNNSERVE_TOKEN"):
-        token = os.environ["GNNSERVE_TOKEN"]
+    from .security import SecurityConfigError, check_security_config, resolve_token
+
+    try:  # fail closed, before anything loads (GnnServer checks again, and logs --insecure's warning)
+        token = resolve_token(args.token_file)
+        check_security_config(host=args.host, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                              tls_client_ca=args.tls_client_ca, insecure=args.insecure)
+    except SecurityConfigError as exc:
+        print(f"gnnserve serve: {exc}", file=sys.stderr)
+        return 2
     feature_options: dict = {}
     if args.feature_version is not None:
         feature_options["version"] = int(args.feature_version)
@@ -163,6 +172,7 @@ def _serve(argv: Sequence[str]) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
+        insecure=args.insecure,
     )
     if args.device == "cuda":
         import torch
@@ -172,6 +182,9 @@ def _serve(argv: Sequence[str]) -> int:
             return 2
     try:
         asyncio.run(serve_forever(cfg, ready_file=args.ready_file))
+    except SecurityConfigError as exc:
+        print(f"gnnserve serve: {exc}", file=sys.stderr)
+        return 2
     except (OSError, ValueError) as exc:
         logging.getLogger("gnnserve").error("cannot start: %s", exc)
         return 1

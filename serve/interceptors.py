@@ -23,6 +23,7 @@ Health checks stay open so orchestrators can probe without the token.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import uuid
@@ -244,9 +245,11 @@ class BearerAuthInterceptor(aio.ServerInterceptor):
     """Requires ``authorization: Bearer <token>`` on every RPC but health checks and reflection."""
 
     def __init__(self, token: str) -> None:
-        if not token:
-            raise ValueError("bearer token must be non-empty")
-        self._expected = f"Bearer {token}".encode()
+        if not token or not token.strip():
+            raise ValueError("bearer token must be non-empty and not blank")
+        # compared as SHA-256 digests with hmac.compare_digest: constant time in the content and,
+        # unlike comparing the raw values, in the length of the expected token as well
+        self._expected = hashlib.sha256(f"Bearer {token}".encode()).digest()
 
     async def intercept_service(
         self,
@@ -261,7 +264,7 @@ class BearerAuthInterceptor(aio.ServerInterceptor):
             if key.lower() == "authorization":
                 given = value.encode() if isinstance(value, str) else bytes(value)
                 break
-        if hmac.compare_digest(given, self._expected):
+        if hmac.compare_digest(hashlib.sha256(given).digest(), self._expected):
             return await continuation(handler_call_details)
         handler = await continuation(handler_call_details)
 

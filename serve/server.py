@@ -37,6 +37,7 @@ from .interceptors import BearerAuthInterceptor, DrainGate, ErrorMappingIntercep
 from .metrics import CacheCollector, ServerMetrics
 from .registry import ModelRegistry
 from .runtime import RuntimeOptions
+from .security import check_security_config
 from .servicer import GnnServicer
 from .triton import TritonServicer
 
@@ -67,12 +68,19 @@ class ServerConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None  # require client certificates signed by this CA
+    #: allow a non-loopback bind with neither a token nor client certificates (logged as a warning)
+    insecure: bool = False
 
 
 class GnnServer:
     """Build with a :class:`ServerConfig`, then ``await start()``, ``await wait()`` / ``await stop()``."""
 
     def __init__(self, config: ServerConfig) -> None:
+        # fail closed before anything is built or bound (serve.security: blank token, half TLS, open bind)
+        for warning in check_security_config(host=config.host, token=config.token, tls_cert=config.tls_cert,
+                                             tls_key=config.tls_key, tls_client_ca=config.tls_client_ca,
+                                             insecure=config.insecure):
+            log.warning("%s", warning)
         self.config = config
         self.metrics = ServerMetrics()
         self.executor = concurrent.futures.ThreadPoolExecutor(config.workers, thread_name_prefix="gnnserve-worker")
@@ -89,7 +97,7 @@ class GnnServer:
         )
         CacheCollector(self.registry.snapshot, self.metrics.registry)
         interceptors: list[aio.ServerInterceptor] = []
-        if config.token:
+        if config.token is not None:
             interceptors.append(BearerAuthInterceptor(config.token))
         self.gate = DrainGate(self.metrics.inflight)
         interceptors.append(ErrorMappingInterceptor(self.metrics, self.gate))

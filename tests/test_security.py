@@ -37,7 +37,8 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def make_certs(d: Path) -> Path:
-    """A CA and a server certificate for localhost / 127.0.0.1 (EC P-256, 2 days); an unrelated CA."""
+    """A CA, a server certificate for localhost / 127.0.0.1 and a client certificate signed by the CA
+    (EC P-256, 2 days); an unrelated CA."""
     d.mkdir(parents=True, exist_ok=True)
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     for ca in ("ca", "other-ca"):
@@ -47,6 +48,9 @@ def make_certs(d: Path) -> Path:
     _openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost", cwd=d)
     _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
              "-out", "server.pem", "-days", "2", "-extfile", "server.ext", cwd=d)
+    _openssl("req", *ec, "-keyout", "client.key", "-out", "client.csr", "-subj", "/CN=gnnserve test client", cwd=d)
+    _openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-out", "client.pem", "-days", "2", cwd=d)
     return d
 
 
