@@ -15,6 +15,12 @@ requests never fail; a removed version stops taking requests and is closed after
 drains. A checkpoint that fails to load is logged with the reason and skipped; the other models
 keep serving, and it is retried when its directory changes.
 
+Explicit control (Triton's repository extension; :meth:`ModelRegistry.unload` / :meth:`~ModelRegistry.load`):
+an unloaded model, or one version of it, stops taking requests at once (NOT_FOUND) and its runtimes
+close after their queues drain. It is then *held*: the poller does not load it again, even when its
+directory changes or a new version of it appears, until an explicit load (or a restart: holds are
+not persisted). A load lifts the hold and loads what the repository has for that model now.
+
 Data a checkpoint needs is found by the dataset fingerprint in its config: ``data_paths``
 (``--data``), then ``REPO/_data/<fingerprint>``, then the source path recorded at training time.
 Versions trained on the same data share one graph, one feature store and one PPR index.
@@ -108,6 +114,9 @@ class ModelRegistry:
         self._data_index: dict[str, Path] | None = None
         self._closing = False
         self._draining: set[asyncio.Future[None]] = set()
+        # explicitly unloaded: (name, None) = the whole model, (name, version) = one version (see unload)
+        self._held: set[tuple[str, int | None]] = set()
+        self._control = asyncio.Lock()  # one repository change at a time: the poller, load, unload
 
     # ------------------------------------------------------------------ lookup
     def get(self, name: str, version: str | int = "") -> ModelRuntime:
@@ -165,12 +174,96 @@ class ModelRegistry:
 
     async def refresh(self) -> bool:
         """Load new versions, drop removed ones. Returns whether the served set changed."""
+        async with self._control:
+            return await self._refresh()
+
+    # ------------------------------------------------------------------ explicit control (Triton's repository API)
+    def held(self, name: str, version: int) -> bool:
+        """Whether ``name`` v``version`` was explicitly unloaded (the poller leaves it alone)."""
+        return (name, None) in self._held or (name, version) in self._held
+
+    async def unload(self, name: str, version: int | None = None) -> list[int]:
+        """Stop serving ``name`` (every version, or one) and hold it unloaded; returns the versions that
+        were served. :class:`ModelNotFound` when it is neither served nor in the repository."""
+        async with self._control:
+            on_disk = self.scan().get(name, {})
+            served = self._models.get(name, {})
+            if version is None:
+                if not served and not on_disk:
+                    raise ModelNotFound(f"model {name[:64]!r} is not in the repository")
+                self._held.add((name, None))
+                gone = sorted(served)
+            else:
+                if version not in served and version not in on_disk:
+                    raise ModelNotFound(f"model {name[:64]!r} has no version {version} in the repository")
+                self._held.add((name, version))
+                gone = [version] if version in served else []
+            for v in gone:
+                rt = self._models[name].pop(v)
+                log.info("model %s v%d unloaded on request; draining", name, v)
+                task = asyncio.ensure_future(rt.close(grace_s=30))
+                self._draining.add(task)
+                task.add_done_callback(self._draining.discard)
+            if name in self._models and not self._models[name]:
+                del self._models[name]
+            self.metrics.models_loaded.set(sum(len(v) for v in self._models.values()))
+            if gone and self.on_change is not None:
+                self.on_change()
+            return gone
+
+    async def load(self, name: str, version: int | None = None) -> list[int]:
+        """Lift the unload hold on ``name`` (or on one version) and load what the repository holds for it
+        now, retrying versions that failed before; returns the versions served afterwards.
+        :class:`ModelNotFound` when the repository has no such model (version), :class:`RepositoryError`
+        with the reason when a version fails to load."""
+        async with self._control:
+            on_disk = self.scan().get(name, {})
+            if not on_disk or (version is not None and version not in on_disk):
+                what = f"model {name[:64]!r}" + (f" version {version}" if version is not None else "")
+                raise ModelNotFound(f"{what} is not in the repository")
+            if version is None:
+                self._held = {h for h in self._held if h[0] != name}
+            else:
+                self._held.discard((name, version))
+                if (name, None) in self._held:  # the model stays unloaded but for this version
+                    self._held.discard((name, None))
+                    self._held.update((name, v) for v in on_disk if v != version)
+            for v, path in on_disk.items():
+                if version is None or v == version:
+                    self._failed.pop(path, None)  # retried now even if its directory did not change
+            await self._refresh()
+            served = self._models.get(name, {})
+            missing = [v for v in on_disk if (version is None or v == version) and v not in served]
+            if missing:
+                reasons = "; ".join(f"v{v}: {self._failed.get(on_disk[v], (0.0, 'not loaded'))[1]}" for v in missing)
+                raise RepositoryError(f"model {name!r} failed to load: {reasons}")
+            return sorted(served)
+
+    def index(self) -> list[tuple[str, int, str, str]]:
+        """``(name, version, state, reason)`` for every version in the repository or served: ``READY``,
+        or ``UNAVAILABLE`` and why (unloaded, the reason it failed to load, loading, not loaded yet)."""
+        on_disk = self.scan()
+        out = []
+        for name in sorted(set(on_disk) | set(self._models)):
+            served = self._models.get(name, {})
+            for v in sorted(set(on_disk.get(name, {})) | set(served)):
+                rt = served.get(v)
+                if rt is not None:
+                    out.append((name, v, "READY", "") if rt.ready else (name, v, "UNAVAILABLE", "loading"))
+                elif self.held(name, v):
+                    out.append((name, v, "UNAVAILABLE", "unloaded"))
+                else:
+                    failed = self._failed.get(on_disk[name][v])
+                    out.append((name, v, "UNAVAILABLE", failed[1] if failed else "not loaded yet"))
+        return out
+
+    async def _refresh(self) -> bool:
         loop = asyncio.get_running_loop()
         on_disk = self.scan()
         changed = False
         for name, versions in on_disk.items():
             for version, path in versions.items():
-                if version in self._models.get(name, {}):
+                if version in self._models.get(name, {}) or self.held(name, version):
                     continue
                 stamp = _dir_stamp(path)
                 failed = self._failed.get(path)

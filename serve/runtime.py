@@ -52,6 +52,7 @@ from .errors import InvalidArgument, Unavailable
 from .features.memory import MemoryFeatureStore
 from .metrics import ServerMetrics
 from .projection import ActivationCache, ProjectionCache
+from .stats import ModelStats
 from .validation import ModelLimits, PredictCall, knob_rows, resolve_knobs
 
 __all__ = ["DataBundle", "ModelRuntime", "PredictResult", "RuntimeOptions"]
@@ -255,6 +256,7 @@ class ModelRuntime:
                                 if isinstance(data.features, MemoryFeatureStore) and not self.remote_graph else 0),
             name=f"{name}/v{version}",
         )
+        self.stats = ModelStats()  # Triton's ModelStatistics (serve.stats): recorded in submit and process
         self.ready = False
 
     # ------------------------------------------------------------------ serving API
@@ -266,7 +268,13 @@ class ModelRuntime:
                 f"model {self.name}: this replica reads the graph from Redis (--graph) and cannot place new "
                 "nodes (that needs the whole graph in memory); send them to a server started without --graph")
         key = (call.sampling_width, call.ppr_budget)
-        res: PredictResult = await self.batcher.submit(call, size=call.size, key=key, deadline=deadline)
+        t0 = time.perf_counter_ns()
+        try:
+            res: PredictResult = await self.batcher.submit(call, size=call.size, key=key, deadline=deadline)
+        except BaseException:
+            self.stats.failed(time.perf_counter_ns() - t0)
+            raise
+        self.stats.succeeded(call.size, time.perf_counter_ns() - t0, res.timing)
         if self.server_metrics is not None:
             self.server_metrics.set_queue(self.name, self.batcher.queued_targets)
         return res
@@ -408,6 +416,8 @@ class ModelRuntime:
         }
         if self.server_metrics is not None:
             self.server_metrics.observe_batch(self.name, len(labels_np))
+        if self.ready:  # not warm-up batches
+            self.stats.executed(len(labels_np), t_feat - started, t_fwd - t_feat, time.perf_counter() - t_fwd)
         # Output rows: every call's existing nodes in call order, then every call's new nodes.
         n_existing = sum(len(c.nodes) for c in calls)
         out: list[PredictResult | BaseException] = []

@@ -110,7 +110,8 @@ class GnnServer:
             ],
         )
         gnnserve_pb2_grpc.add_GnnServiceServicer_to_server(GnnServicer(self.registry), self.server)
-        inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(TritonServicer(self.registry), self.server)
+        inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(TritonServicer(self.registry, self.gate),
+                                                                      self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (GNN_SERVICE, TRITON_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

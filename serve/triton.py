@@ -4,16 +4,51 @@ Tensor mapping (so ``tritonclient.grpc.InferenceServerClient`` works unchanged):
 
 * input ``NODE_IDS``: INT64, shape ``[n]`` (or ``[n, 1]``), raw little-endian or ``int64_contents``;
 * outputs ``LABELS`` (INT64 ``[n]``), ``PROBABILITIES`` (FP32 ``[n, C]``), ``EMBEDDINGS``
-  (FP32 ``[n, H]``); all of them when the request names none;
+  (FP32 ``[n, H]``); ``LABELS`` and ``PROBABILITIES`` when the request names none. A request that
+  names an output twice, names one the model does not have, or names more outputs than there are is
+  refused with INVALID_ARGUMENT before any work (each named output is built once per request: a
+  repeated name would multiply the response's size);
 * request parameters ``sampling_width``, ``ppr_budget`` (integers) and ``max_accuracy_loss``
   (number) are the knobs; the response parameters report the settings used and the timing.
+
+Triton's extensions of the service, and what gnnserve does with each:
+
+* ``ModelStreamInfer``: a bidirectional stream of ``ModelInferRequest``; every request is answered
+  on the stream, in the order sent, with the same validation and knobs as ``ModelInfer``. A request
+  that fails gets a response with ``error_message`` (its status code's name and the message) and the
+  stream goes on. Up to :data:`STREAM_WINDOW` requests of one stream run at once (they batch
+  together); answers still leave in order.
+* ``ModelConfig``: a Triton model configuration (platform and backend ``gnnserve``, every version
+  served, ``max_batch_size`` = the node limit per request, ``NODE_IDS`` dims ``[1]`` reshaped to a
+  scalar per node, the outputs with their dims, the batcher's queue delay, and ``parameters`` with
+  the knobs and their ranges as JSON strings, plus the architecture and the knob table).
+* ``ModelStatistics``: :mod:`serve.stats` (native ``Predict`` and KServe requests alike).
+* ``RepositoryIndex`` / ``RepositoryModelLoad`` / ``RepositoryModelUnload``: the model repository
+  through :class:`serve.registry.ModelRegistry` (its docstring has the unload rule: an unloaded
+  model stays unloaded, whatever the poller sees, until it is loaded again). Parameters: ``version``
+  (gnnserve's own: one version instead of the whole model) and ``unload_dependents`` (accepted;
+  gnnserve models have no dependents); ``config`` overrides and uploaded ``file:`` contents are not
+  supported (UNIMPLEMENTED).
+* ``LogSettings``: ``log_info``, ``log_warning``, ``log_error``, ``log_verbose_level`` set the level of
+  the server's loggers (``serve``, ``kernels``, ``models``): DEBUG when the verbose level is above 0,
+  else the lowest enabled of INFO, WARNING, ERROR, else nothing. Python's levels are thresholds, so a
+  setting that enables a level while disabling a more severe one is refused, as are other settings
+  and values (INVALID_ARGUMENT); ``log_file`` is ``""`` (stderr) and ``log_format`` ``default``.
+* ``TraceSetting``, system and CUDA shared memory: UNIMPLEMENTED, with a message naming what is
+  supported. ``ServerMetadata.extensions`` lists exactly the extensions served (:data:`EXTENSIONS`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import time
-from typing import TYPE_CHECKING
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
+import grpc
 import numpy as np
 from grpc import aio
 
@@ -21,22 +56,52 @@ from clients._gen import gnnserve_pb2 as gpb
 from clients._gen import inference_pb2 as pb
 from clients._gen import inference_pb2_grpc as pb_grpc
 
-from .errors import InvalidArgument, ModelNotFound, Unavailable
+from .errors import GnnServeError, InvalidArgument, ModelNotFound, Unavailable, status_for
+from .interceptors import bounded
+from .registry import RepositoryError
 from .servicer import deadline_of
 from .validation import validate_predict
 
 if TYPE_CHECKING:
+    from .interceptors import DrainGate
     from .registry import ModelRegistry
+    from .runtime import ModelRuntime
 
-__all__ = ["TritonServicer"]
+__all__ = ["EXTENSIONS", "TritonServicer", "Unimplemented"]
+
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "gnnserve"
 SERVER_VERSION = "0.1.0"
+PLATFORM = "gnnserve"
 INPUT = "NODE_IDS"
 OUTPUTS = ("LABELS", "PROBABILITIES", "EMBEDDINGS")
+DEFAULT_OUTPUTS = ("LABELS", "PROBABILITIES")
 KNOBS = ("sampling_width", "ppr_budget", "max_accuracy_loss")
+#: Triton's names of the protocol extensions this server implements (ServerMetadata.extensions)
+EXTENSIONS = ("parameters", "model_repository", "model_configuration", "statistics", "logging")
+#: requests of one ModelStreamInfer stream that run at once
+STREAM_WINDOW = 64
+#: the loggers LogSettings controls
+LOGGERS = ("serve", "kernels", "models")
+
+_SUPPORTED = (f"gnnserve implements {', '.join(EXTENSIONS)} and ModelStreamInfer besides the core protocol; "
+              "send tensors in the request itself (raw_input_contents)")
 
 
+class Unimplemented(GnnServeError):
+    """A Triton extension gnnserve does not implement."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class FailedPrecondition(GnnServeError):
+    """The repository holds the model, but it cannot be loaded (the message says why)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+# ---------------------------------------------------------------------- request parsing
 def _param_value(p: pb.InferParameter) -> float | int | str | bool:
     which = p.WhichOneof("parameter_choice")
     if which is None:
@@ -67,17 +132,41 @@ def _float_param(name: str, p: pb.InferParameter) -> float:
         raise InvalidArgument(f"parameter {name} must be a number, got {v!r}") from None
 
 
-def _node_ids(request: pb.ModelInferRequest) -> np.ndarray:
+def requested_outputs(request: pb.ModelInferRequest) -> list[str]:
+    """The outputs a request names, in its order (the default ones when it names none).
+
+    Refuses, before anything is built, more names than the model has outputs, a name it does not
+    have, and a name given twice: Triton refuses these too, and each name costs a copy of that output.
+    """
+    outs = request.outputs
+    if not outs:
+        return list(DEFAULT_OUTPUTS)
+    if len(outs) > len(OUTPUTS):
+        raise InvalidArgument(f"request asks for {len(outs)} outputs; this model has {len(OUTPUTS)}: "
+                              f"{list(OUTPUTS)} (name each at most once)")
+    wanted = [o.name for o in outs]
+    unknown = sorted(set(wanted) - set(OUTPUTS))
+    if unknown:
+        raise InvalidArgument(f"unknown outputs {[u[:64] for u in unknown]}; this model has {list(OUTPUTS)}")
+    if len(set(wanted)) < len(wanted):
+        repeated = sorted({w for w in wanted if wanted.count(w) > 1})
+        raise InvalidArgument(f"output {', '.join(repeated)} requested more than once; name each output at most once")
+    return wanted
+
+
+def _node_ids(request: pb.ModelInferRequest, max_nodes: int) -> np.ndarray:
     if len(request.inputs) != 1 or request.inputs[0].name != INPUT:
-        names = [i.name for i in request.inputs]
+        names = [i.name[:64] for i in request.inputs[:8]]
         raise InvalidArgument(f"expected exactly one input named {INPUT!r} (INT64, shape [n]), got {names}")
     tensor = request.inputs[0]
     if tensor.datatype != "INT64":
-        raise InvalidArgument(f"input {INPUT} must be INT64, got {tensor.datatype or 'no datatype'}")
+        raise InvalidArgument(f"input {INPUT} must be INT64, got {tensor.datatype[:32] or 'no datatype'}")
     shape = list(tensor.shape)
     if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1) or any(d < 0 for d in shape):
-        raise InvalidArgument(f"input {INPUT} must have shape [n] or [n, 1], got {shape}")
+        raise InvalidArgument(f"input {INPUT} must have shape [n] or [n, 1], got {shape[:4]}")
     n = shape[0]
+    if n > max_nodes:
+        raise InvalidArgument(f"request has {n} nodes, more than the limit of {max_nodes} per request; split it")
     if len(request.raw_input_contents):
         raw = request.raw_input_contents[0]
         if len(raw) != 8 * n:
@@ -89,10 +178,183 @@ def _node_ids(request: pb.ModelInferRequest) -> np.ndarray:
     return ids
 
 
-class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, registry: ModelRegistry) -> None:
-        self.registry = registry
+def _repository_param(name: str, p: pb.ModelRepositoryParameter) -> Any:
+    which = p.WhichOneof("parameter_choice")
+    if which is None:
+        raise InvalidArgument(f"repository parameter {name[:64]!r} has no value")
+    return getattr(p, which)
 
+
+def _version_param(params: Any) -> int | None:
+    if "version" not in params:
+        return None
+    v = _repository_param("version", params["version"])
+    if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, str) and v.isdigit())) or int(v) < 1:
+        raise InvalidArgument(f"parameter version must be a positive integer, got {str(v)[:32]!r}")
+    return int(v)
+
+
+def _check_repository(name: str, registry: ModelRegistry) -> None:
+    if name not in ("", registry.repo.name):
+        raise InvalidArgument(f"repository {name[:64]!r}: this server has one model repository "
+                              f"({registry.repo.name!r}); leave repository_name empty")
+
+
+# ---------------------------------------------------------------------- model configuration
+def model_config(rt: ModelRuntime) -> pb.ModelConfig:
+    """Triton's view of one model version (see the module docstring)."""
+    lim = rt.limits
+    emb_dim = int(getattr(rt.model, "embedding_dim", -1))
+    scalar = pb.ModelTensorReshape()  # dims [1] per node, sent as a [n] tensor
+    cfg = pb.ModelConfig(
+        name=rt.name,
+        platform=PLATFORM,
+        backend=PLATFORM,
+        version_policy=pb.ModelVersionPolicy(all=pb.ModelVersionPolicy.All()),
+        max_batch_size=lim.max_nodes_per_request,
+        input=[pb.ModelInput(name=INPUT, data_type=pb.TYPE_INT64, dims=[1], reshape=scalar)],
+        output=[
+            pb.ModelOutput(name="LABELS", data_type=pb.TYPE_INT64, dims=[1], reshape=scalar),
+            pb.ModelOutput(name="PROBABILITIES", data_type=pb.TYPE_FP32, dims=[rt.num_classes]),
+            pb.ModelOutput(name="EMBEDDINGS", data_type=pb.TYPE_FP32, dims=[emb_dim]),
+        ],
+        instance_group=[pb.ModelInstanceGroup(
+            name=f"{rt.name}_0", count=1,
+            kind=pb.ModelInstanceGroup.KIND_GPU if rt.device.type == "cuda" else pb.ModelInstanceGroup.KIND_CPU,
+            gpus=[rt.device.index or 0] if rt.device.type == "cuda" else [],
+        )],
+        dynamic_batching=pb.ModelDynamicBatching(
+            max_queue_delay_microseconds=max(0, round(rt.options.max_delay_ms * 1000))),
+    )
+    ppr = lim.extractor == "ppr"
+    params = {
+        "sampling_width": {"type": "int", "min": 0, "max": lim.max_sampling_width,
+                           "default": lim.default_sampling_width,
+                           "doc": "edges kept per node in each aggregation; 0 = exact; larger values are clamped"},
+        "ppr_budget": ({"type": "int", "min": 1, "max": lim.max_ppr_budget, "default": lim.default_ppr_budget,
+                        "doc": "nodes in each target's PPR subgraph; larger values are clamped"} if ppr else
+                       {"type": "int", "min": 0, "max": 0, "default": 0,
+                        "doc": "not used by this model (L-hop neighbourhoods, no PPR subgraph)"}),
+        "max_accuracy_loss": {"type": "float", "min": 0.0, "max": 1.0,
+                              "doc": "the cheapest knob-table setting whose validation accuracy is within "
+                                     "this of exact; an explicit sampling_width or ppr_budget wins"},
+    }
+    for key, value in params.items():
+        cfg.parameters[key].string_value = json.dumps(value)
+    cfg.parameters["architecture"].string_value = rt.architecture
+    cfg.parameters["extractor"].string_value = lim.extractor
+    cfg.parameters["strategy"].string_value = rt.strategy
+    cfg.parameters["num_nodes"].string_value = str(lim.num_nodes)
+    cfg.parameters["num_classes"].string_value = str(rt.num_classes)
+    cfg.parameters["knob_table"].string_value = json.dumps(
+        [{"ppr_budget": r.ppr_budget, "sampling_width": r.sampling_width, "val_accuracy": r.val_accuracy,
+          "latency_ms_per_node": r.latency_ms_per_node} for r in lim.knob_table])
+    return cfg
+
+
+# ---------------------------------------------------------------------- statistics
+def _duration(count_ns: tuple[int, int]) -> pb.StatisticDuration:
+    return pb.StatisticDuration(count=count_ns[0], ns=count_ns[1])
+
+
+def model_statistics(rt: ModelRuntime) -> pb.ModelStatistics:
+    s = rt.stats.snapshot()
+    out = pb.ModelStatistics(
+        name=rt.name, version=str(rt.version), last_inference=s.last_inference_ms,
+        inference_count=s.inference_count, execution_count=s.execution_count,
+        inference_stats=pb.InferStatistics(
+            success=_duration(s.success), fail=_duration(s.fail), queue=_duration(s.queue),
+            compute_input=_duration(s.compute_input), compute_infer=_duration(s.compute_infer),
+            compute_output=_duration(s.compute_output),
+        ),
+    )
+    for size in sorted(s.batches):
+        b = s.batches[size]
+        out.batch_stats.add(
+            batch_size=size, compute_input=pb.StatisticDuration(count=b.count, ns=b.compute_input_ns),
+            compute_infer=pb.StatisticDuration(count=b.count, ns=b.compute_infer_ns),
+            compute_output=pb.StatisticDuration(count=b.count, ns=b.compute_output_ns),
+        )
+    return out
+
+
+# ---------------------------------------------------------------------- log settings
+class LogState:
+    """Triton's log settings over Python logging levels (see the module docstring)."""
+
+    BOOLS = ("log_info", "log_warning", "log_error")
+
+    def __init__(self, loggers: tuple[str, ...] = LOGGERS) -> None:
+        self.loggers = [logging.getLogger(n) for n in loggers]
+        level = self.loggers[0].getEffectiveLevel()
+        self.values: dict[str, Any] = {
+            "log_info": level <= logging.INFO, "log_warning": level <= logging.WARNING,
+            "log_error": level <= logging.ERROR, "log_verbose_level": 1 if level <= logging.DEBUG else 0,
+            "log_file": "", "log_format": "default",
+        }
+
+    @staticmethod
+    def level_of(v: dict[str, Any]) -> int:
+        if v["log_verbose_level"] > 0:
+            return logging.DEBUG
+        for key, level in (("log_info", logging.INFO), ("log_warning", logging.WARNING), ("log_error", logging.ERROR)):
+            if v[key]:
+                return level
+        return logging.CRITICAL + 1
+
+    def update(self, settings: Any) -> None:
+        new = dict(self.values)
+        for key, sv in settings.items():
+            which = sv.WhichOneof("parameter_choice")
+            if key not in new:
+                raise InvalidArgument(f"unknown log setting {key[:64]!r}; gnnserve has {sorted(new)}")
+            if which is None:
+                raise InvalidArgument(f"log setting {key} has no value (gnnserve cannot clear a log setting)")
+            value = getattr(sv, which)
+            if key in self.BOOLS:
+                if which != "bool_param":
+                    raise InvalidArgument(f"log setting {key} is a bool, got {which}")
+            elif key == "log_verbose_level":
+                if which != "uint32_param":
+                    raise InvalidArgument(f"log setting {key} is a uint32, got {which}")
+            elif which != "string_param" or value != self.values[key]:
+                what = "stderr only (log_file \"\")" if key == "log_file" else "the default format only"
+                raise InvalidArgument(f"log setting {key} cannot be changed: gnnserve logs to {what}")
+            new[key] = value
+        v = new
+        # Python's levels are thresholds: enabling a level implies every more severe one
+        if (v["log_verbose_level"] > 0 and not (v["log_info"] and v["log_warning"] and v["log_error"])) or \
+                (v["log_info"] and not (v["log_warning"] and v["log_error"])) or \
+                (v["log_warning"] and not v["log_error"]):
+            raise InvalidArgument("log settings: a level cannot be on while a more severe one is off (Python "
+                                  "logging levels are thresholds): log_verbose_level > 0 needs log_info, "
+                                  "log_info needs log_warning, log_warning needs log_error")
+        level = self.level_of(v)
+        log.warning("log settings changed to %s: level %s", v, logging.getLevelName(level))  # before it is off
+        for lg in self.loggers:
+            lg.setLevel(level)
+        self.values = v
+
+    def response(self) -> pb.LogSettingsResponse:
+        out = pb.LogSettingsResponse()
+        for key, value in self.values.items():
+            sv = out.settings[key]
+            if isinstance(value, bool):
+                sv.bool_param = value
+            elif isinstance(value, int):
+                sv.uint32_param = value
+            else:
+                sv.string_param = value
+        return out
+
+
+class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, registry: ModelRegistry, gate: DrainGate | None = None) -> None:
+        self.registry = registry
+        self.gate = gate  # streams admit each request through it (the interceptor wraps unary calls only)
+        self.log_state = LogState()
+
+    # ------------------------------------------------------------------ core protocol
     async def ServerLive(self, request: pb.ServerLiveRequest, context: aio.ServicerContext) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
@@ -109,7 +371,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: aio.ServicerContext
     ) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=["parameters"])
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=list(EXTENSIONS))
 
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: aio.ServicerContext
@@ -130,19 +392,20 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> pb.ModelInferResponse:
+        return await self._infer(request, deadline_of(context))
+
+    async def _infer(self, request: pb.ModelInferRequest, deadline: float | None) -> pb.ModelInferResponse:
         t0 = time.perf_counter()
+        wanted = requested_outputs(request)  # first: a bad list is refused before any work
         rt = self.registry.get(request.model_name, request.model_version)
-        wanted = [o.name for o in request.outputs] or ["LABELS", "PROBABILITIES"]
-        unknown = sorted(set(wanted) - set(OUTPUTS))
-        if unknown:
-            raise InvalidArgument(f"unknown outputs {unknown}; this model has {list(OUTPUTS)}")
         unknown_params = sorted(set(request.parameters) - set(KNOBS))
         if unknown_params:
-            raise InvalidArgument(f"unknown request parameters {unknown_params}; supported: {list(KNOBS)}")
+            raise InvalidArgument(f"unknown request parameters {[u[:64] for u in unknown_params[:8]]}; "
+                                  f"supported: {list(KNOBS)}")
         greq = gpb.PredictRequest(
             model=rt.name,
             version=str(rt.version),
-            nodes=_node_ids(request).tolist(),
+            nodes=_node_ids(request, rt.limits.max_nodes_per_request).tolist(),
             request_id=request.id,
             return_probabilities="PROBABILITIES" in wanted,
             return_embeddings="EMBEDDINGS" in wanted,
@@ -155,7 +418,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         if "max_accuracy_loss" in params:
             greq.max_accuracy_loss = _float_param("max_accuracy_loss", params["max_accuracy_loss"])
         call = validate_predict(greq, rt.limits)
-        res = await rt.submit(call, deadline=deadline_of(context))
+        res = await rt.submit(call, deadline=deadline)
         res.timing["total"] = 1e3 * (time.perf_counter() - t0)
         rt.observe(res)
         resp = pb.ModelInferResponse(model_name=rt.name, model_version=str(rt.version), id=request.id)
@@ -181,3 +444,157 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         p["edges_total"].int64_param = res.edges_total
         p["total_ms"].double_param = res.timing["total"]
         return resp
+
+    # ------------------------------------------------------------------ streaming
+    async def _stream_one(self, request: pb.ModelInferRequest, deadline: float | None) -> pb.ModelStreamInferResponse:
+        """One request of a stream, answered: its response, or its error as ``error_message``."""
+        admitted = False
+        try:
+            if self.gate is not None:
+                self.gate.enter("ModelStreamInfer")
+                admitted = True
+            return pb.ModelStreamInferResponse(infer_response=await self._infer(request, deadline))
+        except Exception as exc:
+            mapped = status_for(exc)
+            if mapped is None:
+                incident = uuid.uuid4().hex[:12]
+                log.exception("ModelStreamInfer request failed unexpectedly (incident %s)", incident)
+                code, message = grpc.StatusCode.INTERNAL, f"internal error (incident {incident}); " \
+                                                          "the server log has the details"
+            else:
+                code, message = mapped
+                log.info("ModelStreamInfer request -> %s: %s", code.name, bounded(message))
+            resp = pb.ModelStreamInferResponse(error_message=bounded(f"{code.name}: {message}"))
+            # the request's model and id, so a client can tell which request failed
+            resp.infer_response.model_name = request.model_name[:256]
+            resp.infer_response.model_version = request.model_version[:64]
+            resp.infer_response.id = request.id[:256]
+            return resp
+        finally:
+            if admitted:
+                self.gate.leave()  # type: ignore[union-attr]
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: aio.ServicerContext
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        deadline = deadline_of(context)
+        pending: asyncio.Queue[asyncio.Future[pb.ModelStreamInferResponse] | None] = asyncio.Queue(STREAM_WINDOW)
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    await pending.put(asyncio.ensure_future(self._stream_one(request, deadline)))
+            finally:
+                await pending.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                task = await pending.get()
+                if task is None:
+                    break
+                yield await task
+        finally:
+            reader.cancel()
+            while not pending.empty():
+                task = pending.get_nowait()
+                if task is not None:
+                    task.cancel()
+
+    # ------------------------------------------------------------------ model configuration and statistics
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: aio.ServicerContext) -> pb.ModelConfigResponse:
+        rt = self.registry.get(request.name, request.version)
+        return pb.ModelConfigResponse(config=model_config(rt))
+
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: aio.ServicerContext
+    ) -> pb.ModelStatisticsResponse:
+        out = pb.ModelStatisticsResponse()
+        if request.name:
+            rt = self.registry.get(request.name, request.version)  # NOT_FOUND for an unknown one
+            runtimes = [rt] if request.version else [
+                r for v, r in sorted(self.registry.snapshot().get(rt.name, {}).items())]
+        else:
+            if request.version:
+                raise InvalidArgument("a version needs a model name")
+            runtimes = [r for _, vs in sorted(self.registry.snapshot().items()) for _, r in sorted(vs.items())]
+        out.model_stats.extend(model_statistics(r) for r in runtimes)
+        return out
+
+    # ------------------------------------------------------------------ repository
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: aio.ServicerContext
+    ) -> pb.RepositoryIndexResponse:
+        _check_repository(request.repository_name, self.registry)
+        out = pb.RepositoryIndexResponse()
+        for name, version, state, reason in self.registry.index():
+            if request.ready and state != "READY":
+                continue
+            out.models.add(name=name, version=str(version), state=state, reason=bounded(reason, 512))
+        return out
+
+    def _repository_request(self, request: Any, allowed: tuple[str, ...]) -> int | None:
+        _check_repository(request.repository_name, self.registry)
+        if not request.model_name:
+            raise InvalidArgument("model_name is empty")
+        for key in request.parameters:
+            if key == "config" or key.startswith("file:"):
+                raise Unimplemented(f"parameter {key[:64]!r}: gnnserve loads checkpoints from its repository as they "
+                                    "are; it takes no configuration override or uploaded model files")
+            if key not in allowed:
+                raise InvalidArgument(f"unknown parameter {key[:64]!r}; supported: {list(allowed)}")
+        return _version_param(request.parameters)
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: aio.ServicerContext
+    ) -> pb.RepositoryModelLoadResponse:
+        version = self._repository_request(request, ("version",))
+        try:
+            await self.registry.load(request.model_name, version)
+        except RepositoryError as exc:
+            raise FailedPrecondition(str(exc)) from None
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: aio.ServicerContext
+    ) -> pb.RepositoryModelUnloadResponse:
+        version = self._repository_request(request, ("version", "unload_dependents"))
+        if "unload_dependents" in request.parameters:
+            v = _repository_param("unload_dependents", request.parameters["unload_dependents"])
+            if not isinstance(v, bool):
+                raise InvalidArgument("parameter unload_dependents must be a bool")
+        await self.registry.unload(request.model_name, version)
+        return pb.RepositoryModelUnloadResponse()
+
+    # ------------------------------------------------------------------ settings
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: aio.ServicerContext) -> pb.LogSettingsResponse:
+        if request.settings:
+            self.log_state.update(request.settings)
+        return self.log_state.response()
+
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: aio.ServicerContext) -> Any:
+        raise Unimplemented("TraceSetting: gnnserve has no request tracing; every response carries its timing "
+                            "(response parameter total_ms) and the metrics port has latency by stage. " + _SUPPORTED)
+
+    # ------------------------------------------------------------------ shared memory: not supported
+    async def _no_shared_memory(self, kind: str) -> Any:
+        raise Unimplemented(f"{kind} shared memory is not supported by gnnserve. {_SUPPORTED}")
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: aio.ServicerContext) -> Any:
+        return await self._no_shared_memory("system")
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: aio.ServicerContext) -> Any:
+        return await self._no_shared_memory("system")
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: aio.ServicerContext) -> Any:
+        return await self._no_shared_memory("system")
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: aio.ServicerContext) -> Any:
+        return await self._no_shared_memory("CUDA")
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: aio.ServicerContext) -> Any:
+        return await self._no_shared_memory("CUDA")
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: aio.ServicerContext) -> Any:
+        return await self._no_shared_memory("CUDA")
+

@@ -23,4 +23,16 @@ def test_generated_modules_import_and_carry_services():
         "Predict", "ListModels", "GetModel",
     }
     assert inference_pb2.DESCRIPTOR.package == "inference"
+    # the six core KServe v2 RPCs and Triton's extensions of the same service (tests/test_triton_ext.py
+    # checks every message and field against tritonclient's own copy of the protocol)
+    methods = inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name
+    assert set(methods) == {
+        "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
+        "ModelStreamInfer", "ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad",
+        "RepositoryModelUnload", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
+        "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
+        "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings",
+    }
+    stream = methods["ModelStreamInfer"]
+    assert stream.client_streaming and stream.server_streaming
     assert hasattr(gnnserve_pb2_grpc, "GnnServiceStub") and hasattr(inference_pb2_grpc, "GRPCInferenceServiceServicer")

@@ -1,0 +1,117 @@
+"""Per model version request statistics, as Triton's ``ModelStatistics`` defines them.
+
+One :class:`ModelStats` lives on each :class:`serve.runtime.ModelRuntime` and is recorded at two
+places only: ``ModelRuntime.submit`` (every request of the native ``Predict`` and of KServe
+``ModelInfer`` / ``ModelStreamInfer`` goes through it) and ``ModelRuntime.process`` (once per
+executed batch). What the counters mean:
+
+* ``success``: requests answered, with their time in ``submit`` (queue + batch + hand-back);
+  ``fail``: requests that reached ``submit``'s batcher and failed there (queue full, deadline passed,
+  cancelled, an error in the batch). Requests refused by validation before that are not counted,
+  as Triton does not count a request its model never saw.
+* ``queue``: time from the batcher's queue to the start of the request's batch;
+  ``compute_input``: the batch's subgraph / execution-plan stage and its feature (projection) fetch;
+  ``compute_infer``: the batch's forward pass; ``compute_output``: the rest of the request's time in
+  ``submit`` (edge counts, the per-request split of the batch's outputs and the hand-back to the
+  caller). Each of these is counted once per successful request, durations summed in nanoseconds.
+* ``inference_count``: node ids answered (Triton counts each item of a batched request as one
+  inference: a node is gnnserve's item); ``execution_count``: batches executed (several requests can
+  share one); ``batch_stats``: per executed batch size (in nodes), the count and the batch's input,
+  infer and output durations.
+* ``last_inference``: milliseconds since the epoch of the last successful request.
+
+Counters are guarded by one lock: ``submit`` runs on the event loop, ``process`` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BatchStats", "ModelStats", "StatsSnapshot"]
+
+
+@dataclass
+class BatchStats:
+    count: int = 0
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
+
+
+@dataclass
+class StatsSnapshot:
+    """A consistent copy of one version's counters (durations in ns, each as ``(count, ns)``)."""
+
+    success: tuple[int, int] = (0, 0)
+    fail: tuple[int, int] = (0, 0)
+    queue: tuple[int, int] = (0, 0)
+    compute_input: tuple[int, int] = (0, 0)
+    compute_infer: tuple[int, int] = (0, 0)
+    compute_output: tuple[int, int] = (0, 0)
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    batches: dict[int, BatchStats] = field(default_factory=dict)
+
+
+def _ns(ms: float) -> int:
+    return max(0, round(ms * 1e6))
+
+
+class ModelStats:
+    """Counters of one model version (see the module docstring for their meaning)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # [count, ns] per duration
+        self._d: dict[str, list[int]] = {k: [0, 0] for k in ("success", "fail", "queue", "compute_input",
+                                                              "compute_infer", "compute_output")}
+        self._inferences = 0
+        self._executions = 0
+        self._last_ms = 0
+        self._batches: dict[int, BatchStats] = {}
+
+    def succeeded(self, items: int, total_ns: int, timing_ms: dict[str, Any]) -> None:
+        """A request of ``items`` nodes answered after ``total_ns`` in ``submit``; ``timing_ms`` is its
+        :class:`~serve.runtime.PredictResult` timing (``queue``, ``subgraph``, ``features``, ``forward``)."""
+        queue = _ns(timing_ms.get("queue", 0.0))
+        inp = _ns(timing_ms.get("subgraph", 0.0) + timing_ms.get("features", 0.0))
+        infer = _ns(timing_ms.get("forward", 0.0))
+        out = max(0, total_ns - queue - inp - infer)
+        now_ms = time.time_ns() // 1_000_000
+        with self._lock:
+            d = self._d
+            for key, ns in (("success", total_ns), ("queue", queue), ("compute_input", inp),
+                            ("compute_infer", infer), ("compute_output", out)):
+                d[key][0] += 1
+                d[key][1] += ns
+            self._inferences += items
+            self._last_ms = now_ms
+
+    def failed(self, total_ns: int) -> None:
+        with self._lock:
+            self._d["fail"][0] += 1
+            self._d["fail"][1] += max(0, total_ns)
+
+    def executed(self, batch_size: int, input_s: float, infer_s: float, output_s: float) -> None:
+        """One batch of ``batch_size`` nodes ran (stage durations in seconds)."""
+        with self._lock:
+            self._executions += 1
+            b = self._batches.get(batch_size)
+            if b is None:
+                b = self._batches[batch_size] = BatchStats()
+            b.count += 1
+            b.compute_input_ns += max(0, round(input_s * 1e9))
+            b.compute_infer_ns += max(0, round(infer_s * 1e9))
+            b.compute_output_ns += max(0, round(output_s * 1e9))
+
+    def snapshot(self) -> StatsSnapshot:
+        with self._lock:
+            d = {k: (v[0], v[1]) for k, v in self._d.items()}
+            batches = {k: BatchStats(b.count, b.compute_input_ns, b.compute_infer_ns, b.compute_output_ns)
+                       for k, b in self._batches.items()}
+            return StatsSnapshot(inference_count=self._inferences, execution_count=self._executions,
+                                 last_inference_ms=self._last_ms, batches=batches, **d)
