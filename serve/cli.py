@@ -123,8 +123,15 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--ready-file", default=None, help="write the bound port here once models are served")
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--log-json", action="store_true", help="structured JSON logs")
+    ap.add_argument("--allow-overcommit", action="store_true",
+                    help="start even when the cache budgets plus the estimated graph, features and PPR index "
+                         "exceed the machine's memory (serve/memory_budget.py; refused by default)")
     args = ap.parse_args(argv)
     setup_logging(args.log_level, args.log_json)
+    from .memory_budget import refuse_overcommit
+
+    if (code := refuse_overcommit(args)) is not None:
+        return code
     from .security import SecurityConfigError, check_security_config, resolve_token
 
     try:  # fail closed, before anything loads (GnnServer checks again, and logs --insecure's warning)

@@ -1,0 +1,184 @@
+"""Refuse, at start, a ``gnnserve serve`` configuration that cannot fit in the machine's memory.
+
+``gnnserve serve`` calls :func:`refuse_overcommit` before it loads anything. It adds up, for the
+model repository on disk (every ``REPO/<name>/<version>/config.json``, read as JSON: no weights,
+no torch):
+
+* the **cache budgets** the options allow the process to fill:
+
+  - ``--projection-cache-bytes``, per model version: the projection table is kept only when the
+    whole table (``N x P x 4`` bytes, ``P`` the projection width) fits, so a version counts the
+    table's size if it fits in the budget and nothing otherwise;
+  - ``--activation-cache-bytes``, per plain 2-layer model version (its first-layer outputs, one
+    table per sampling width), the budget as given;
+  - ``--induced-table-bytes``, per distinct PPR configuration served from a local graph;
+  - ``--graph-cache-bytes``, with ``--graph`` (stateless replica);
+  - ``--hot-bytes``, with features in Redis;
+
+* the **resident data** estimated from each distinct dataset's sizes (``config.json["dataset"]``):
+  the CSR graph (``(N + 1) x 8`` bytes of row pointers and ``E x 4`` or ``8`` of column ids), the
+  features (``N x F x 4``, when they are held in memory) and each PPR top-K index (``N x K`` ids
+  and float32 scores, plus row pointers), all skipped for a stateless replica (``--graph``).
+
+The total is compared with the machine's memory: ``MemTotal`` of ``/proc/meminfo`` (else
+``os.sysconf``), or the cgroup's ``memory.max`` when that is lower (a container's limit). A total
+above it is refused with a message listing the terms and exit code 2; ``--allow-overcommit``
+starts anyway (e.g. when the graph and index are memory-mapped from a fast disk and only part of
+them is ever touched).
+
+The estimate leaves out the Python/torch runtime (a few hundred MB), model weights (small) and
+per-batch working memory, so a configuration that passes can still run short; it catches the
+budgets and graphs that cannot fit at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MemoryEstimate", "estimate", "machine_memory_bytes", "refuse_overcommit"]
+
+_GIB = float(1 << 30)
+
+
+def machine_memory_bytes() -> int | None:
+    """Physical memory of this machine (``/proc/meminfo`` MemTotal, else ``os.sysconf``), lowered
+    to the cgroup v2/v1 memory limit when one is set; ``None`` when nothing can be read."""
+    total: int | None = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    total = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        total = None
+    if total is None:
+        try:
+            total = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+        except (ValueError, OSError, AttributeError):
+            total = None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            raw = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if raw.isdigit():
+            limit = int(raw)
+            if limit < (1 << 60) and (total is None or limit < total):
+                total = limit
+        break
+    return total
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes by term (``items``: (description, bytes)), their sum and the machine's memory."""
+
+    items: list[tuple[str, int]] = field(default_factory=list)
+    machine_bytes: int | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(b for _, b in self.items)
+
+    def add(self, what: str, nbytes: int) -> None:
+        if nbytes > 0:
+            self.items.append((what, int(nbytes)))
+
+    def describe(self, limit: int = 12) -> str:
+        top = sorted(self.items, key=lambda t: -t[1])
+        lines = [f"  {b / _GIB:10.2f} GiB  {what}" for what, b in top[:limit]]
+        if len(top) > limit:
+            rest = sum(b for _, b in top[limit:])
+            lines.append(f"  {rest / _GIB:10.2f} GiB  ({len(top) - limit} more terms)")
+        return "\n".join(lines)
+
+
+def _checkpoints(repo: Path) -> list[tuple[str, dict[str, Any]]]:
+    """``(name/version, config.json)`` of every checkpoint in ``repo`` (unreadable ones skipped:
+    the registry reports them when it loads)."""
+    out = []
+    if not repo.is_dir():
+        return out
+    for mdir in sorted(repo.iterdir()):
+        if not mdir.is_dir() or mdir.name.startswith(("_", ".")):
+            continue
+        for vdir in sorted(mdir.iterdir()):
+            if not (vdir.is_dir() and vdir.name.isdigit()):
+                continue
+            try:
+                conf = json.loads((vdir / "config.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(conf, dict) and isinstance(conf.get("dataset"), dict):
+                out.append((f"{mdir.name}/{vdir.name}", conf))
+    return out
+
+
+def _projection_dim(model: dict[str, Any]) -> int:
+    hidden = int(model.get("hidden", 0))
+    backbone = model.get("backbone") or model.get("arch", "gcn")
+    return hidden if str(backbone).endswith("gcn") else 2 * hidden
+
+
+def estimate(args: Any) -> MemoryEstimate:
+    """The memory a ``gnnserve serve`` configuration (its parsed ``args``) may use (module docstring)."""
+    est = MemoryEstimate(machine_bytes=machine_memory_bytes())
+    stateless = bool(getattr(args, "graph", None))
+    features_local = not stateless and str(getattr(args, "features", "memory")) == "memory"
+    datasets: dict[str, dict[str, Any]] = {}
+    ppr_indexes: dict[str, tuple[int, int]] = {}  # (graph fp, PPR config) -> (N, K)
+    for tag, conf in _checkpoints(Path(args.repo)):
+        d = conf["dataset"]
+        n = int(d.get("num_nodes", 0))
+        model = conf.get("model", {}) if isinstance(conf.get("model"), dict) else {}
+        table = n * _projection_dim(model) * 4
+        if 0 < table <= int(args.projection_cache_bytes):
+            est.add(f"projection table of {tag} ({n:,} nodes x {_projection_dim(model)})", table)
+        if conf.get("extractor") == "lhop" and int(conf.get("hops", 0)) == 2:
+            est.add(f"activation cache budget of {tag} (--activation-cache-bytes)", int(args.activation_cache_bytes))
+        fp = str(d.get("graph_fingerprint") or d.get("fingerprint") or tag)
+        datasets.setdefault(fp, d)
+        if conf.get("extractor") == "ppr" and not stateless:
+            key = fp + json.dumps(conf.get("ppr"), sort_keys=True)
+            ppr_indexes[key] = (n, int(conf.get("max_ppr_budget") or (conf.get("ppr") or {}).get("topk", 0)))
+    if not stateless:
+        for d in datasets.values():
+            n, e, f = int(d.get("num_nodes", 0)), int(d.get("num_edges", 0)), int(d.get("num_features", 0))
+            idb = 4 if n < 2**31 else 8
+            est.add(f"graph of {d.get('name', '?')} ({n:,} nodes, {e:,} edges)", (n + 1) * 8 + e * idb)
+            if features_local:
+                est.add(f"features of {d.get('name', '?')} ({n:,} x {f} float32)", n * f * 4)
+        for n, k in ppr_indexes.values():
+            est.add(f"PPR top-{k} index ({n:,} nodes)", n * k * 8 + (n + 1) * 8)
+        if ppr_indexes:
+            est.add(f"induced-table budget x {len(ppr_indexes)} PPR index(es) (--induced-table-bytes)",
+                    len(ppr_indexes) * int(args.induced_table_bytes))
+    else:
+        est.add("graph row cache (--graph-cache-bytes)", int(args.graph_cache_bytes))
+    if not features_local:  # features in Redis: the hot tier in front of it
+        est.add("feature hot tier (--hot-bytes)", int(getattr(args, "hot_bytes", 0) or 0))
+    return est
+
+
+def refuse_overcommit(args: Any) -> int | None:
+    """``None`` when the configuration fits (or ``args.allow_overcommit``); else print why on stderr
+    and return the exit code 2."""
+    import sys
+
+    if getattr(args, "allow_overcommit", False):
+        return None
+    est = estimate(args)
+    if est.machine_bytes is None or est.total <= est.machine_bytes:
+        return None
+    print(f"gnnserve serve: refusing to start: the cache budgets and estimated resident data add up to "
+          f"{est.total / _GIB:.2f} GiB, more than this machine's memory of {est.machine_bytes / _GIB:.2f} GiB:\n"
+          f"{est.describe()}\n"
+          "Lower the budgets (--projection-cache-bytes, --activation-cache-bytes, --induced-table-bytes, "
+          "--graph-cache-bytes, --hot-bytes), serve fewer models or datasets per process (or a stateless "
+          "replica with --graph), or pass --allow-overcommit to start anyway.", file=sys.stderr)
+    return 2

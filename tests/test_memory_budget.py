@@ -1,0 +1,121 @@
+"""`gnnserve serve` refuses, at start, budgets and data that exceed the machine's memory (serve/memory_budget.py).
+
+Through the real console entry (a subprocess `gnnserve serve ...`), on a tiny checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from serve.memory_budget import estimate, machine_memory_bytes
+
+_SCRIPT = Path(sys.executable).parent / "gnnserve"  # the console script `pip install` made
+GNNSERVE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-c", "import sys; from serve.cli import main; sys.exit(main())"]
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from models.train import train
+
+    root = tmp_path_factory.mktemp("membudget")
+    train("synthetic:300", "gcn", root / "m" / "1", progress=False, epochs=2, patience=2, knob_widths=(0, 4),
+          knob_accuracy_nodes=30, knob_latency_nodes=10, knob_repeats=1)
+    return root
+
+
+def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.run([*GNNSERVE, "serve", *args], capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=REPO_ROOT)
+
+
+def test_machine_memory_is_read() -> None:
+    mem = machine_memory_bytes()
+    assert mem is not None and mem > 256 << 20
+
+
+def test_absurd_budget_is_refused_through_the_cli(repo: Path) -> None:
+    absurd = str(1 << 60)  # an exbibyte of activation cache
+    res = _run("--repo", str(repo), "--port", "0", "--poll-s", "0", "--activation-cache-bytes", absurd)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "refusing to start" in res.stderr
+    assert "--activation-cache-bytes" in res.stderr and "--allow-overcommit" in res.stderr
+    assert "GiB" in res.stderr
+
+
+def test_absurd_hot_tier_is_refused_with_redis_features(repo: Path) -> None:
+    # checked before anything connects: no Redis needs to run at this URL
+    res = _run("--repo", str(repo), "--port", "0", "--features", "redis://127.0.0.1:1/0", "--hot-bytes", str(1 << 60))
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "feature hot tier" in res.stderr
+
+
+def _serve_until_ready(repo: Path, tmp_path: Path, *extra: str) -> tuple[int, str]:
+    """Start `gnnserve serve`, wait for its ready file, stop it; (exit code or 0 if it became ready, stderr)."""
+    ready = tmp_path / "ready"
+    log = tmp_path / "serve.log"
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    with open(log, "w") as err:
+        proc = subprocess.Popen([*GNNSERVE, "serve", "--repo", str(repo), "--port", "0", "--poll-s", "0",
+                                 "--ready-file", str(ready), *extra], stdout=subprocess.DEVNULL, stderr=err,
+                                env=env, cwd=REPO_ROOT)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and proc.poll() is None and not ready.exists():
+                time.sleep(0.2)
+            code = proc.poll()
+            became_ready = ready.exists()
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    text = log.read_text()
+    return (0 if became_ready else (code if code is not None else -1)), text
+
+
+def test_allow_overcommit_starts_anyway(repo: Path, tmp_path: Path) -> None:
+    code, text = _serve_until_ready(repo, tmp_path, "--activation-cache-bytes", str(1 << 60), "--allow-overcommit")
+    assert code == 0, text[-3000:]
+    assert "refusing" not in text
+
+
+def test_default_budgets_start(repo: Path, tmp_path: Path) -> None:
+    code, text = _serve_until_ready(repo, tmp_path)
+    assert code == 0, text[-3000:]
+
+
+def _args(repo: Path, **kw) -> argparse.Namespace:
+    base = dict(repo=str(repo), graph=None, features="memory", hot_bytes=0, projection_cache_bytes=2 << 30,
+                activation_cache_bytes=256 << 20, induced_table_bytes=1 << 30, graph_cache_bytes=64 << 20)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_estimate_terms(repo: Path) -> None:
+    conf = json.loads((repo / "m" / "1" / "config.json").read_text())
+    n, e, f = (conf["dataset"][k] for k in ("num_nodes", "num_edges", "num_features"))
+    terms = dict((what.split(" (")[0].split(" of ")[0], b) for what, b in estimate(_args(repo)).items)
+    assert terms["graph"] == (n + 1) * 8 + e * 4
+    assert terms["features"] == n * f * 4
+    assert terms["projection table"] == n * conf["model"]["hidden"] * 4
+    assert terms["activation cache budget"] == 256 << 20
+    # a projection budget smaller than the table: the cache stays off, nothing counted
+    small = estimate(_args(repo, projection_cache_bytes=100))
+    assert not any(what.startswith("projection") for what, _ in small.items)
+    # stateless: no local graph or features; the row cache and hot tier count instead
+    st = estimate(_args(repo, graph="redis://x", hot_bytes=5 << 20))
+    names = [what for what, _ in st.items]
+    assert not any(w.startswith(("graph of", "features of")) for w in names)
+    assert any(w.startswith("graph row cache") for w in names) and any(w.startswith("feature hot tier") for w in names)
