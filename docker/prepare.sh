@@ -5,12 +5,14 @@
 #   3. load the graph's adjacency rows and the PPR top-K lists of the repository's models into Redis
 #      (verified before going live), so replicas started with --graph hold no graph (GRAPH_LOAD=0 skips).
 # Settings (environment): REPO, DATASET, MODEL_NAME, MODEL_KIND, REDIS_URL, TRAIN_ARGS, GRAPH_LOAD, GNNSERVE.
+# In the compose stack REDIS_URL carries no password and GNNSERVE is gnnserve-launch (docker/launch.py),
+# which adds the password from $REDIS_PASSWORD_FILE inside the gnnserve process (never in `ps`).
 set -eu
 REPO="${REPO:-/models}"
 DATASET="${DATASET:-synthetic:20000:0}"
 MODEL_NAME="${MODEL_NAME:-demo}"
 MODEL_KIND="${MODEL_KIND:-shadow-sage}"
-REDIS_URL="${REDIS_URL:?set REDIS_URL, e.g. redis://:password@redis:6379/0}"
+REDIS_URL="${REDIS_URL:?set REDIS_URL, e.g. redis://redis:6379/0 (password from REDIS_PASSWORD_FILE with GNNSERVE=gnnserve-launch)}"
 TRAIN_ARGS="${TRAIN_ARGS:-}"
 GNNSERVE="${GNNSERVE:-gnnserve}"
 GRAPH_LOAD="${GRAPH_LOAD:-1}"
