@@ -510,6 +510,7 @@ class PredictPlan:
             request_id=self.request_id,
             nodes=self.nodes.copy(),
             num_classes=c,
+            data_version=" | ".join(dict.fromkeys(r.data_version for r in rs)),
         )
 
 

@@ -120,7 +120,11 @@ class PredictResult:
     has none); ``settings`` and ``timing`` as described on their classes; ``model`` / ``version``
     the model that answered (a chunked call is pinned to the version that answered its first
     chunk); ``request_id`` the id the server logged (chunks after the first are logged as
-    ``"<request_id>/<i>"``).
+    ``"<request_id>/<i>"``); ``data_version`` the data the answer was computed from, pinned by
+    version and content digest (``"features:v3:<checksum>"``, ``";graph:v2:<checksum>"`` appended
+    on a stateless replica, ``"memory:<dataset fingerprint>"`` for in-process data; empty from a
+    server that predates it). A chunked call whose chunks were answered from different data (say,
+    replicas mid-rollout) lists each distinct value, joined by ``" | "``.
 
     Example::
 
@@ -139,6 +143,7 @@ class PredictResult:
     request_id: str
     nodes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     num_classes: int = 0
+    data_version: str = ""
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -163,6 +168,7 @@ class PredictResult:
             "model": self.model,
             "version": self.version,
             "request_id": self.request_id,
+            "data_version": self.data_version,
             "nodes": self.nodes.tolist(),
             "num_new_nodes": self.num_new_nodes,
             "labels": self.labels.tolist(),

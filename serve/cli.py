@@ -75,7 +75,12 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--features", default="memory",
                     help="feature store: 'memory' (default) or a Redis URL (redis://, rediss://, unix://, redis+cluster://)")
     ap.add_argument("--feature-version", default=None, help="feature version to read from Redis (default: latest live)")
-    ap.add_argument("--hot-bytes", type=int, default=0, help="hot-tier budget in bytes in front of Redis (0 = off)")
+    ap.add_argument("--hot-bytes", type=int, default=0,
+                    help="feature cache in bytes in front of the store (0 = off): --hot-fraction of it is the static "
+                         "hot tier (the nodes most frequent in the first PPR model's top-K lists, fetched at load), "
+                         "the rest an LRU")
+    ap.add_argument("--hot-fraction", type=float, default=0.75,
+                    help="share of --hot-bytes for the static hot tier (default 0.75; 0 = LRU only)")
     ap.add_argument("--graph", default=None,
                     help="stateless replica: read the graph and PPR top-K lists from this Redis URL (loaded with "
                          "`gnnserve graph load`) instead of datasets on disk; features default to the same URL")
@@ -146,6 +151,9 @@ def _serve(argv: Sequence[str]) -> int:
         feature_options["version"] = int(args.feature_version)
     if args.hot_bytes:
         feature_options["cache_bytes"] = args.hot_bytes
+        feature_options["hot_fraction"] = args.hot_fraction
+        if args.hot_fraction > 0:
+            feature_options["hot"] = "ppr"  # serve.features.HOT_FROM_PPR: installed from the PPR index at load
     cfg = ServerConfig(
         repo=args.repo,
         host=args.host,

@@ -7,6 +7,9 @@ logged with its traceback and answered ``INTERNAL`` without internals in the rep
 
 from __future__ import annotations
 
+import logging
+import uuid
+
 import grpc
 
 __all__ = [
@@ -20,6 +23,8 @@ __all__ = [
     "Unavailable",
     "status_for",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class GnnServeError(Exception):
@@ -74,21 +79,54 @@ class Unauthenticated(GnnServeError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
+def _reference(exc: BaseException) -> str:
+    """The id a client can quote to the operator: the request id the exception carries, else a
+    fresh incident id (both appear in the server log line with the details)."""
+    rid = getattr(exc, "request_id", "") or ""
+    return f"request {rid}" if rid else f"incident {uuid.uuid4().hex[:12]}"
+
+
+#: (error class name, gRPC status, what failed, what to do) for the store errors, most specific first
+_STORE_ERRORS: tuple[tuple[str, grpc.StatusCode, str, str], ...] = (
+    ("DataVersionChanged", grpc.StatusCode.DATA_LOSS,
+     "the data version this model was serving was deleted or replaced in the store (Redis)",
+     "the server refuses to mix data versions: the operator must reload the model or restart the server"),
+    ("GraphCorrupt", grpc.StatusCode.DATA_LOSS, "graph data failed its checks in the store and was not used",
+     "the operator should run `gnnserve graph verify` and reload the graph"),
+    ("GraphUnavailable", grpc.StatusCode.UNAVAILABLE, "the graph store (Redis) is unavailable or not ready",
+     "retry with backoff"),
+    ("GraphNotFound", grpc.StatusCode.UNAVAILABLE, "graph data this request needs is missing from the store (Redis)",
+     "retry later; the operator should (re)load the graph with `gnnserve graph load`"),
+    ("FeatureCorrupt", grpc.StatusCode.DATA_LOSS, "feature data failed its checks in the store and was not used",
+     "the operator should run `gnnserve features verify` and reload the features"),
+    ("FeatureUnavailable", grpc.StatusCode.UNAVAILABLE, "the feature store (Redis) is unavailable or not ready",
+     "retry with backoff"),
+    ("FeatureNotFound", grpc.StatusCode.UNAVAILABLE, "features this request needs are missing from the store (Redis)",
+     "retry later; the operator should (re)load them with `gnnserve features load`"),
+)
+
+
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
     """The (code, message) a known exception maps to, or ``None`` for an unexpected one.
 
-    Feature-store errors are mapped here too, so the store layer stays free of gRPC.
+    Feature- and graph-store errors are mapped here too, so the store layer stays free of gRPC.
+    Their messages name infrastructure (the masked Redis URL: host, port, user) and the driver's
+    exception text: those go to the server log only (one WARNING line with a reference), and the
+    client gets what failed, what to do, and the reference (the request id when the exception
+    carries one, else an incident id) to quote to the operator.
     """
     if isinstance(exc, GnnServeError):
         return exc.code, exc.message
     try:
-        from .features.base import FeatureCorrupt, FeatureNotFound, FeatureUnavailable
+        from .features.base import FeatureStoreError
     except ImportError:  # pragma: no cover - the store package is part of serve
         return None
-    if isinstance(exc, FeatureUnavailable):
-        return grpc.StatusCode.UNAVAILABLE, f"feature store unavailable: {exc}"
-    if isinstance(exc, FeatureCorrupt):
-        return grpc.StatusCode.DATA_LOSS, f"feature data failed its checks: {exc}"
-    if isinstance(exc, FeatureNotFound):
-        return grpc.StatusCode.UNAVAILABLE, f"features missing from the store: {exc}"
+    if not isinstance(exc, FeatureStoreError):
+        return None
+    names = {c.__name__ for c in type(exc).__mro__}
+    for cls_name, code, what, todo in _STORE_ERRORS:
+        if cls_name in names:
+            ref = _reference(exc)
+            log.warning("%s (%s) -> %s: %s", type(exc).__name__, ref, code.name, exc)
+            return code, f"{what}; {todo} ({ref}: the server log has the details)"
     return None

@@ -81,8 +81,10 @@ from .features.base import FeatureCorrupt, FeatureNotFound, FeatureUnavailable, 
 from .features.redis_store import (
     DEFAULT_SHARDS,
     RedisTarget,
+    VersionPin,
     connect,
     fetch_blobs,
+    fetch_blobs_checked,
     parse_redis_url,
     redis_errors,
     write_blobs,
@@ -298,10 +300,26 @@ class _RowCache:
 
 
 # =========================================================================== the store
-def _resolve_version(client: Any, target: RedisTarget, fingerprint: str) -> int:
+def _resolve_version(client: Any, target: RedisTarget, fingerprint: str, dataset_fingerprint: str | None = None) -> int:
+    """The ``current`` version, or with ``dataset_fingerprint`` the newest live version loaded from
+    that dataset (a warning names ``current`` when it holds another dataset's graph)."""
     keys = GraphKeys(fingerprint, 1)
-    with redis_errors(target, "resolving the graph version"):
-        cur = client.get(keys.current)
+    try:
+        with redis_errors(target, "resolving the graph version"):
+            cur = client.get(keys.current)
+            if dataset_fingerprint:
+                for v in sorted((int(x) for x in client.smembers(keys.versions)), reverse=True):
+                    m = {_s(k): _s(x) for k, x in client.hgetall(GraphKeys(fingerprint, v).meta).items()}
+                    if m.get("state") == "live" and m.get("dataset_fingerprint") == dataset_fingerprint:
+                        if cur is not None and int(cur) != v:
+                            log.warning("graph %s: the current version v%s was not loaded from dataset %s (the "
+                                        "model's); using v%d, the newest live version that was", fingerprint,
+                                        _s(cur), dataset_fingerprint, v)
+                        return v
+                raise GraphNotFound(f"no live version of graph {fingerprint} at {target.masked} was loaded from "
+                                    f"dataset {dataset_fingerprint} (the model's): load it with `gnnserve graph load`")
+    except (FeatureUnavailable, FeatureCorrupt) as exc:
+        raise _retag(exc) from None
     if cur is None:
         raise GraphNotFound(f"no live graph version for graph {fingerprint} at {target.masked}: "
                             "load one with `gnnserve graph load`")
@@ -327,8 +345,13 @@ class RedisGraphStore:
     Args:
         url: Redis URL (any form :mod:`serve.features.redis_store` accepts; cluster included).
         fingerprint: the graph fingerprint (a checkpoint's ``graph_fingerprint``).
-        version: graph version; ``None`` = the ``current`` pointer.
+        version: graph version; ``None`` = the ``current`` pointer (with
+            ``expect_dataset_fingerprint``: the newest live version loaded from that dataset).
         expect_dataset_fingerprint: refuse a version loaded from another dataset.
+        watch_interval: seconds between background checks of the pinned version's digest (0 = only
+            on fetches). The version is pinned by number and ``checksum`` like the features'
+            (:class:`serve.features.redis_store.VersionPin`): a version deleted or re-loaded with
+            other content raises :class:`~serve.features.base.DataVersionChanged`, never mixes.
         cache_bytes: LRU budget for decoded rows and lists (0 = off).
         chunk_size: keys per ``MGET``.
         client: an existing redis-py client (not closed by :meth:`close`).
@@ -341,7 +364,8 @@ class RedisGraphStore:
     def __init__(self, url: str, fingerprint: str, version: int | None = None, *,
                  expect_dataset_fingerprint: str | None = None, cache_bytes: int = DEFAULT_GRAPH_CACHE,
                  chunk_size: int = 1024, socket_timeout: float = 1.0, connect_timeout: float = 0.5,
-                 retries: int = 2, client: Any = None) -> None:
+                 retries: int = 2, client: Any = None, watch_interval: float = 5.0) -> None:
+        self._pin: VersionPin | None = None
         self._target = parse_redis_url(url)
         self._owns = client is None
         try:
@@ -352,7 +376,7 @@ class RedisGraphStore:
         self._chunk = int(chunk_size)
         self.fingerprint = fingerprint
         if version is None:
-            version = _resolve_version(self._client, self._target, fingerprint)
+            version = _resolve_version(self._client, self._target, fingerprint, expect_dataset_fingerprint)
         keys = GraphKeys(fingerprint, version)
         meta = _read_meta(self._client, self._target, keys)
         where = f"graph {fingerprint} v{version} at {self._target.masked}"
@@ -377,6 +401,10 @@ class RedisGraphStore:
             raise GraphCorrupt(f"graph metadata of {where} is incomplete ({exc})") from None
         self.version = int(version)
         self.meta = meta
+        if not meta.get("checksum"):
+            raise GraphCorrupt(f"{where} is live but carries no checksum: rerun `gnnserve graph load`")
+        self._pin = VersionPin(self._client, self._target, self.keys.meta, kind="graph", version=self.version,
+                               digest=meta["checksum"], interval=watch_interval if self._owns else 0.0)
         big = int(self.index_dtype.itemsize == 8)
         self._adj = _Decoder(b"ga", big | (2 * self.is_weighted), self.index_dtype,
                              np.dtype("<f4") if self.is_weighted else None, self.num_nodes, False, "adjacency row")
@@ -399,11 +427,13 @@ class RedisGraphStore:
             arr = np.asarray(missing, dtype=np.int64)
             try:
                 with redis_errors(self._target, f"fetching {len(missing)} graph rows ({dec.what})"):
-                    values = fetch_blobs(self._client, keys, arr, cluster=self._target.cluster,
-                                         chunk_size=self._chunk)
+                    values, digest = fetch_blobs_checked(self._client, keys, arr, self.keys.meta,
+                                                         cluster=self._target.cluster, chunk_size=self._chunk)
             except (FeatureUnavailable, FeatureCorrupt) as exc:
                 raise _retag(exc) from None
             self.round_trips += 1
+            assert self._pin is not None
+            self._pin.check(digest)  # rows of a re-loaded version never meet cached rows of the old one
             gone = [i for i, v in zip(missing, values, strict=True) if v is None]
             if gone:
                 raise GraphNotFound(
@@ -526,6 +556,28 @@ class RedisGraphStore:
         nodes = uniq[lnodes]
         return self._batch_from(uniq, rows, lptr, nodes), lptr, nodes
 
+    # ---------------------------------------------------------------- data version
+    @property
+    def digest(self) -> str:
+        """The content digest (the load's ``checksum``) pinned at open time."""
+        return self._pin.digest if self._pin is not None else ""
+
+    @property
+    def data_version(self) -> str:
+        """``graph:v<version>:<checksum>``; raises :class:`DataVersionChanged` once a check saw the
+        pinned version deleted or replaced."""
+        assert self._pin is not None
+        self._pin.raise_if_changed()
+        return self._pin.label
+
+    def check_version(self) -> None:
+        """Read the stored digest now; raises :class:`DataVersionChanged` if it is not the pinned one."""
+        assert self._pin is not None
+        try:
+            self._pin.poll()
+        except FeatureUnavailable as exc:
+            raise _retag(exc) from None
+
     # ---------------------------------------------------------------- misc
     def ping(self) -> bool:
         try:
@@ -536,10 +588,12 @@ class RedisGraphStore:
 
     def stats(self) -> dict[str, Any]:
         return {"url": self._target.masked, "fingerprint": self.fingerprint, "version": self.version,
-                "cluster": self._target.cluster, "cache_rows": len(self.cache), "cache_bytes": self.cache.nbytes,
+                "digest": self.digest, "cluster": self._target.cluster, "cache_rows": len(self.cache), "cache_bytes": self.cache.nbytes,
                 "cache_hits": self.cache.hits, "cache_misses": self.cache.misses, "round_trips": self.round_trips}
 
     def close(self) -> None:
+        if self._pin is not None:
+            self._pin.stop()
         if self._owns and self._client is not None:
             try:
                 self._client.close()
@@ -596,9 +650,13 @@ class GraphLoadReport:
     seconds: float
     checksum: str
     state: str
+    already_live: bool = False  # a re-run on a live version: compared, nothing written
 
     def summary(self) -> str:
         mib = self.bytes_written / 2**20
+        if self.already_live:
+            return (f"graph {self.fingerprint} v{self.version} at {self.url}: already live and identical to the "
+                    f"dataset (checksum {self.checksum}); nothing written ({self.seconds:.1f} s)")
         return (f"graph {self.fingerprint} v{self.version} at {self.url}: {self.state}; {self.num_nodes} nodes, "
                 f"{self.num_edges} edges, PPR configs {sorted(self.ppr_configs) or 'none'}; {self.keys_written} "
                 f"keys, {mib:.1f} MiB of blobs in {self.seconds:.1f} s; checksum {self.checksum}")
@@ -636,8 +694,12 @@ def load_graph(dataset: Any, redis_url: str, *, version: int = 1, ppr: Sequence[
     shard on a cluster) and read back; the BLAKE2b digest of each chunk of each part is computed
     from what Redis returned and compared with what was written. Only when every chunk of every
     part matches does the version turn ``live`` (with ``count`` and ``checksum``) and the
-    ``current`` pointer move to it (never backwards). Running it again rewrites the same bytes
-    (idempotent); a ``live`` version is never rewritten with other data (refused).
+    ``current`` pointer move to it (never backwards). Running it again on a version still
+    ``loading`` (an interrupted load) rewrites it. A ``live`` version is never written to nor taken
+    offline: a re-run with the same content only reads every chunk back and compares (the report
+    says ``already_live``); one with other content, or whose stored chunks differ from the
+    dataset, is refused with :class:`GraphCorrupt` and the version stays live and untouched:
+    load a new ``version`` instead (replicas pick the newest live one of their dataset).
 
     Args:
         ppr: :class:`kernels.ppr.PPRConfig` objects; each index is opened from / built into
@@ -669,13 +731,23 @@ def load_graph(dataset: Any, redis_url: str, *, version: int = 1, ppr: Sequence[
     try:
         with redis_errors(target, "starting the graph load"):
             old = {_s(k): _s(v) for k, v in cl.hgetall(keys.meta).items()}
-            if old.get("state") == "live" and (old.get("ppr") != json.dumps(ppr_meta, sort_keys=True)
-                                               or old.get("num_edges") != str(graph.num_edges)):
+            live = old.get("state") == "live"
+            if live and (old.get("ppr") != json.dumps(ppr_meta, sort_keys=True)
+                         or old.get("num_edges") != str(graph.num_edges)
+                         or old.get("dataset_fingerprint") != dataset.fingerprint()
+                         or old.get("shards") != str(shards) or old.get("index_dtype") != idt.str):
                 raise GraphCorrupt(f"graph {fp} v{version} at {target.masked} is live with other content: "
-                                   "load a new --version")
+                                   "live versions are never rewritten; load a new --version")
+            if live:
+                keys = GraphKeys(fp, version, int(old["shards"]))
+                log.info("graph %s v%d is live: comparing it with the dataset, writing nothing", fp, version)
+        if live:
+            return _compare_live(cl, target, keys, graph, indexes, idt, old, chunk_size, t0, ppr_meta)
+        with redis_errors(target, "starting the graph load"):
             cl.sadd(keys.versions, version)
             cl.hset(keys.meta, mapping={
                 "format": GRAPH_FORMAT, "fingerprint": fp, "version": version, "state": "loading",
+                "checksum": "",  # before any row: a replica pinned to an older load of this number refuses
                 "num_nodes": n, "num_edges": graph.num_edges,
                 "max_degree": int(graph.degrees.max()) if n else 0, "weighted": int(graph.weights is not None),
                 "index_dtype": idt.str, "shards": shards, "chunk_size": chunk_size,
@@ -718,6 +790,40 @@ def load_graph(dataset: Any, redis_url: str, *, version: int = 1, ppr: Sequence[
             cl.close()
     return GraphLoadReport(target.masked, fp, version, n, graph.num_edges, ppr_meta, written, nbytes,
                            time.perf_counter() - t0, checksum, "live")
+
+
+def _compare_live(cl: Any, target: RedisTarget, keys: GraphKeys, graph: Any, indexes: dict[str, tuple[Any, str]],
+                  idt: np.dtype, old: dict[str, str], chunk_size: int, t0: float,
+                  ppr_meta: dict[str, dict[str, Any]]) -> GraphLoadReport:
+    """A re-run of ``load_graph`` on a live version: read back, compare, write nothing."""
+    digests: list[bytes] = []
+    bad: list[str] = []
+    n = graph.num_nodes
+    for a in range(0, n, chunk_size):
+        b = min(n, a + chunk_size)
+        ids = np.arange(a, b, dtype=np.int64)
+        for part, blobs in _chunk_blobs(graph, indexes, a, b, idt):
+            with redis_errors(target, f"comparing graph chunk {a}..{b} ({part})"):
+                back = fetch_blobs(cl, _part_keys(keys, part), ids, cluster=target.cluster, chunk_size=1024)
+            diff = [a + i for i, (x, y) in enumerate(zip(back, blobs, strict=True)) if x != y]
+            if diff:
+                bad.append(f"{part}: nodes {summarize_ids(np.asarray(diff))}")
+            h = hashlib.blake2b(digest_size=16)
+            for x in back:
+                if x is not None:
+                    h.update(x)
+            digests.append(h.digest())
+    checksum = hashlib.blake2b(b"".join(digests), digest_size=16, person=b"gnnserve.graph").hexdigest()
+    where = f"graph {keys.fingerprint} v{keys.version} at {target.masked}"
+    if bad:
+        raise GraphCorrupt(f"{where} is live and differs from this dataset ({'; '.join(bad[:5])}): nothing was "
+                           "written and the version stays live; load a new --version (replicas pin versions by "
+                           "checksum and refuse a changed one)")
+    if checksum != old.get("checksum"):
+        raise GraphCorrupt(f"{where} is live but its checksum {old.get('checksum')!r} does not match its rows "
+                           f"({checksum}): nothing was written; load a new --version")
+    return GraphLoadReport(target.masked, keys.fingerprint, keys.version, n, graph.num_edges, ppr_meta, 0, 0,
+                           time.perf_counter() - t0, checksum, "live", already_live=True)
 
 
 def verify_graph(dataset: Any, redis_url: str, *, version: int | None = None, ppr_cache_dir: str | None = None,

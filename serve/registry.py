@@ -335,6 +335,10 @@ class ModelRegistry:
         else:
             data = self._data_for(ckpt.dataset_fingerprint, ckpt.config["dataset"].get("source"), path)
         index = self._ppr_index(data, ckpt.ppr_config) if ckpt.extractor == "ppr" else None
+        if index is not None:  # --hot-bytes: the static hot tier from the first PPR model's index
+            from .features import install_hot_from_index
+
+            install_hot_from_index(data.features, index)
         rt = ModelRuntime(name, version, ckpt, data, index, self.options, self.executor, self.metrics)
         rt.warm()
         log.info("loaded %s v%d in %.1f s", name, version, time.perf_counter() - t0)
@@ -418,7 +422,10 @@ class ModelRegistry:
         ds = self._find_dataset(fingerprint, source, ckpt_path)
         from .features import open_store
 
-        store = open_store(self.feature_url, dataset=ds, registry=self.metrics.registry, **self.feature_options)
+        # Redis: only a live version loaded from this very dataset (the newest such one unless
+        # --feature-version names one); anything else is refused with the reason in the log
+        store = open_store(self.feature_url, dataset=ds, expect_dataset_fingerprint=fingerprint,
+                           registry=self.metrics.registry, **self.feature_options)
         bundle = DataBundle(
             fingerprint=fingerprint,
             graph=ds.graph,

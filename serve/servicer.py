@@ -95,6 +95,9 @@ def predict_response(rt: ModelRuntime, res: PredictResult) -> pb.PredictResponse
     t.features_ms = res.timing["features"]
     t.forward_ms = res.timing["forward"]
     t.batch_size = res.batch_size
+    from .features import data_version  # raises DataVersionChanged once a pinned version changed
+
+    resp.data_version = data_version(rt.data.features, rt.data.graph, rt.dataset_fingerprint)
     return resp
 
 

@@ -77,7 +77,7 @@ class Timing(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., subgraph_ms: _Optional[float] = ..., features_ms: _Optional[float] = ..., forward_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class PredictResponse(_message.Message):
-    __slots__ = ("model", "version", "request_id", "labels", "num_classes", "probabilities", "embedding_dim", "embeddings", "settings", "timing")
+    __slots__ = ("model", "version", "request_id", "labels", "num_classes", "probabilities", "embedding_dim", "embeddings", "settings", "timing", "data_version")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class PredictResponse(_message.Message):
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
+    DATA_VERSION_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     request_id: str
@@ -98,7 +99,8 @@ class PredictResponse(_message.Message):
     embeddings: _containers.RepeatedScalarFieldContainer[float]
     settings: Settings
     timing: Timing
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., probabilities: _Optional[_Iterable[float]] = ..., embedding_dim: _Optional[int] = ..., embeddings: _Optional[_Iterable[float]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
+    data_version: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., probabilities: _Optional[_Iterable[float]] = ..., embedding_dim: _Optional[int] = ..., embeddings: _Optional[_Iterable[float]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., data_version: _Optional[str] = ...) -> None: ...
 
 class KnobRow(_message.Message):
     __slots__ = ("ppr_budget", "sampling_width", "val_accuracy", "latency_ms_per_node", "edges_kept_fraction")

@@ -20,6 +20,7 @@ import numpy as np
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from .base import (
+    DataVersionChanged,
     FeatureCorrupt,
     FeatureNotFound,
     FeatureStore,
@@ -44,7 +45,9 @@ from .redis_store import RedisFeatureStore, mask_url, parse_redis_url
 from .tiered import TieredFeatureStore, hot_set_from_index
 
 __all__ = [
+    "HOT_FROM_PPR",
     "REDIS_SCHEMES",
+    "DataVersionChanged",
     "FeatureCorrupt",
     "FeatureLoadError",
     "FeatureNotFound",
@@ -59,9 +62,11 @@ __all__ = [
     "TieredFeatureStore",
     "VerifyReport",
     "check_node_ids",
+    "data_version",
     "dedupe_ids",
     "delete_features",
     "hot_set_from_index",
+    "install_hot_from_index",
     "is_redis_url",
     "list_versions",
     "load_features",
@@ -70,6 +75,10 @@ __all__ = [
     "parse_redis_url",
     "verify_features",
 ]
+
+#: ``open_store(hot=HOT_FROM_PPR)``: tiered, with the static hot tier installed later from the
+#: model's PPR index (:func:`install_hot_from_index`; what ``gnnserve serve --hot-bytes`` asks for)
+HOT_FROM_PPR = "ppr"
 
 #: URL schemes that select the Redis store
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
@@ -87,7 +96,7 @@ def open_store(
     fingerprint: str | None = None,
     version: int | None = None,
     expect_dataset_fingerprint: str | None = None,
-    hot: np.ndarray | tuple[np.ndarray, np.ndarray] | None = None,
+    hot: np.ndarray | tuple[np.ndarray, np.ndarray] | str | None = None,
     cache_bytes: int = 0,
     hot_fraction: float = 0.75,
     device: str | None = None,
@@ -111,7 +120,9 @@ def open_store(
     Tiered: when ``cache_bytes > 0`` or ``hot`` is given, the base store is wrapped in a
     :class:`TieredFeatureStore` with that byte budget (default 256 MiB when only ``hot`` is given).
     ``hot`` is either ranked node ids or a PPR top-K index as ``(ptr, nodes)`` CSR arrays, from
-    which :func:`hot_set_from_index` ranks nodes by frequency. ``device`` puts the cached rows on a
+    which :func:`hot_set_from_index` ranks nodes by frequency, or :data:`HOT_FROM_PPR` (``"ppr"``):
+    the hot share of the budget stays free until :func:`install_hot_from_index` hands it the
+    index of the first PPR model served from this store (the index is built after the store opens). ``device`` puts the cached rows on a
     torch device (``"cuda"`` when the server runs with ``--device cuda``).
 
     A store passed in stays the caller's to close; one opened here is closed with the tiered store.
@@ -157,18 +168,65 @@ def open_store(
     if not tiered:
         return base
     hot_ids: np.ndarray | None
-    if hot is None:
+    if hot is None or (isinstance(hot, str) and hot == HOT_FROM_PPR):
         hot_ids = None
     elif isinstance(hot, tuple):
         ptr, nodes = hot
         hot_ids = hot_set_from_index(ptr, nodes, base.num_nodes)
+    elif isinstance(hot, str):
+        base.close()
+        raise ValueError(f"hot must be node ids, (ptr, nodes) or {HOT_FROM_PPR!r}, got {hot!r}")
     else:
         hot_ids = np.asarray(hot)
     try:
-        return TieredFeatureStore(
+        store = TieredFeatureStore(
             base, hot_ids=hot_ids, budget_bytes=cache_bytes or (256 << 20), hot_fraction=hot_fraction,
             device=device, name=name, registry=registry, close_backend=not isinstance(spec, FeatureStore),
         )
     except BaseException:
         base.close()
         raise
+    store.hot_from_ppr_pending = isinstance(hot, str)
+    return store
+
+
+def install_hot_from_index(store: Any, index: Any) -> int:
+    """Give a store opened with ``hot=HOT_FROM_PPR`` its static hot tier from a PPR top-K index.
+
+    ``index`` is a :class:`kernels.ppr.PPRIndex` (``ptr``/``nodes`` CSR arrays): nodes are ranked
+    by how many top-K lists hold them (:func:`hot_set_from_index`). Only the first call per
+    store installs a tier (models trained on one dataset share its store); any other store, or
+    an index without the full lists in memory (a stateless replica's Redis-backed index), is left
+    as it is. Returns the number of hot rows installed (0 when nothing was done).
+    """
+    if not (isinstance(store, TieredFeatureStore) and getattr(store, "hot_from_ppr_pending", False)):
+        return 0
+    ptr, nodes = getattr(index, "ptr", None), getattr(index, "nodes", None)
+    if ptr is None or nodes is None:
+        import logging
+
+        logging.getLogger(__name__).info(
+            "feature store %s: the PPR index is not in memory (stateless replica): no static hot tier, LRU only",
+            store.name)
+        return 0
+    store.hot_from_ppr_pending = False
+    return store.set_hot(hot_set_from_index(np.asarray(ptr), np.asarray(nodes), store.num_nodes))
+
+
+def data_version(features: Any, graph: Any = None, dataset_fingerprint: str = "") -> str:
+    """What a response echoes as the data it was computed from.
+
+    ``features:v<N>:<checksum>`` for Redis features (the version and content digest pinned at
+    open time), plus ``;graph:v<M>:<checksum>`` when the graph is in Redis too (stateless
+    replica); ``memory:<dataset fingerprint>`` for features held in memory.
+
+    Raises:
+        DataVersionChanged: a store noticed its pinned version deleted or replaced.
+    """
+    parts = []
+    fv = getattr(features, "data_version", "")
+    parts.append(fv if fv else f"memory:{dataset_fingerprint}")
+    gv = getattr(graph, "data_version", "") if graph is not None else ""
+    if gv:
+        parts.append(gv)
+    return ";".join(parts)

@@ -16,6 +16,8 @@ A feature store maps node ids to rows of a float32 feature matrix ``[N, F]``:
   :class:`FeatureCorrupt`      a stored blob failed its checks (length, header,    DATA_LOSS
                                NaN/inf): never used
   :class:`FeatureNotFound`     keys or a feature version are missing / not live    UNAVAILABLE
+  :class:`DataVersionChanged`  the pinned version was deleted or reloaded with       DATA_LOSS
+                               other content (digest differs)
   :class:`InvalidNodeIds`      ids not 1-D integers or out of range (a caller      INVALID_ARGUMENT
                                bug: the server validates requests before this)
   =========================  ==================================================  ==============
@@ -39,6 +41,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from .metrics import metrics_for
 
 __all__ = [
+    "DataVersionChanged",
     "FeatureCorrupt",
     "FeatureNotFound",
     "FeatureStore",
@@ -92,6 +95,24 @@ class FeatureNotFound(FeatureStoreError):
         super().__init__(message)
         self.node_ids = np.zeros(0, dtype=np.int64) if node_ids is None else np.asarray(node_ids, np.int64)
         self.num_missing = int(num_missing if num_missing is not None else len(self.node_ids))
+
+
+class DataVersionChanged(FeatureCorrupt):
+    """The data version a server pinned at open time (by number *and* content digest) was deleted
+    or replaced under the same number: answering would mix old cached rows with new fetched ones,
+    so every request that would touch it is refused (DATA_LOSS) until the model is reloaded.
+
+    Attributes:
+        kind: ``"features"`` or ``"graph"``.
+        version: the pinned version number.
+        pinned: the content digest (the load's checksum) pinned at open time.
+        found: the digest stored under that number now (``""``: a load under that number is running).
+    """
+
+    def __init__(self, message: str, *, kind: str = "features", version: int = 0, pinned: str = "",
+                 found: str = "") -> None:
+        super().__init__(message)
+        self.kind, self.version, self.pinned, self.found = kind, int(version), pinned, found
 
 
 class InvalidNodeIds(FeatureStoreError, ValueError):

@@ -5,8 +5,12 @@ The CLI (``gnnserve features load --dataset PATH.npz --redis URL [--verify]``) c
 
 How a load runs (key schema and blob format: :mod:`serve.features.redis_store`):
 
-1. A lock key (``SET NX`` with a 30 s TTL, refreshed per chunk) keeps two loaders of one version
-   apart. A loader that dies leaves the lock to expire.
+1. A lock key (``SET NX`` with a 30 s TTL and a random token) keeps two loaders of one version
+   apart. A loader that dies leaves the lock to expire. Before every chunk it writes (and before
+   marking the version live) the loader refreshes the lock with a compare-and-refresh script that
+   extends the TTL only while the key still holds *its* token: a loader that stalled past the
+   TTL, whose lock was then taken by another loader, stops with :class:`FeatureLoadError`
+   instead of writing on (and never extends the other loader's lock).
 2. The metadata hash is created in state ``loading`` with the shape, encoding, chunking and the
    fingerprints of the source (``feature_fingerprint``: hash of ``x``; ``dataset_fingerprint``).
    An existing hash for the same features is resumed; one for different features is refused
@@ -78,6 +82,11 @@ local cur = tonumber(redis.call('GET', KEYS[1]))
 local v = tonumber(ARGV[1])
 if (not cur) or cur < v then redis.call('SET', KEYS[1], ARGV[1]) return v end
 return cur
+"""
+# Extends the lock only if it still holds our token (KEYS[1] = lock, ARGV = token, TTL in ms).
+_REFRESH = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
 """
 # Deletes the lock only if it still holds our token.
 _UNLOCK = """
@@ -460,6 +469,7 @@ def _load_locked(
                 if max_chunks is not None and written >= max_chunks:
                     complete = False
                     continue
+                _refresh_lock(cl, target, keys, token)
                 _write_chunk(cl, target, keys, codec, c, a, b, blobs, token)
                 recorded[c] = _digest(blobs)
                 written += 1
@@ -476,7 +486,7 @@ def _load_locked(
         if already_live and attempt == 0:
             log.info("graph %s v%d is already live: verifying", fp, version)
         verify = _verify(cl, target, keys, {**meta, "chunk_size": str(chunk_size)}, x=x, progress=progress,
-                         on_chunk=lambda: _refresh_lock(cl, target, keys))
+                         on_chunk=lambda: _refresh_lock(cl, target, keys, token))
         if verify.ok:
             break
         with redis_errors(target, "marking bad chunks"):
@@ -497,6 +507,7 @@ def _load_locked(
 
     state = meta.get("state", "loading")
     if complete and verify is not None and verify.ok and state != "live":
+        _refresh_lock(cl, target, keys, token)
         with redis_errors(target, "marking the version live"):
             cl.hset(keys.meta, mapping={"state": "live", "checksum": verify.checksum, "count": str(verify.count),
                                         "chunks_done": str(total), "live_at": _now()})
@@ -525,16 +536,20 @@ def _write_chunk(cl: Any, target: RedisTarget, keys: FeatureKeys, codec: BlobCod
         raise FeatureCorrupt(f"chunk {c} of graph {keys.fingerprint} v{keys.version} read back differently "
                              f"from what was written ({len(bad)} nodes, e.g. {bad[:5].tolist()}): is another "
                              "writer or an eviction policy at work?", node_ids=bad[:256], num_bad=len(bad))
+    _refresh_lock(cl, target, keys, token)
     with redis_errors(target, f"recording chunk {c}"):
-        pipe = cl.pipeline(transaction=False)
-        pipe.hset(keys.chunks, str(c), _digest(blobs))
-        pipe.pexpire(keys.lock, _LOCK_TTL_MS)
-        pipe.execute()
+        cl.hset(keys.chunks, str(c), _digest(blobs))
 
 
-def _refresh_lock(cl: Any, target: RedisTarget, keys: FeatureKeys) -> None:
+def _refresh_lock(cl: Any, target: RedisTarget, keys: FeatureKeys, token: str) -> None:
+    """Extend our lock's TTL; :class:`FeatureLoadError` if the lock is no longer ours."""
     with redis_errors(target, "refreshing the load lock"):
-        cl.pexpire(keys.lock, _LOCK_TTL_MS)
+        ok = int(cl.eval(_REFRESH, 1, keys.lock, token, str(_LOCK_TTL_MS)))
+    if not ok:
+        raise FeatureLoadError(
+            f"the load of graph {keys.fingerprint} v{keys.version} at {target.masked} lost its lock {keys.lock} (it "
+            f"expired after {_LOCK_TTL_MS // 1000} s without a refresh and another loader may hold it now): stopped "
+            "without writing more; run the load again once no other loader runs (it resumes)")
 
 
 def verify_features(

@@ -68,6 +68,7 @@ from __future__ import annotations
 import logging
 import re
 import struct
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -82,6 +83,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from .base import (
+    DataVersionChanged,
     FeatureCorrupt,
     FeatureNotFound,
     FeatureStore,
@@ -98,8 +100,10 @@ __all__ = [
     "RedisFeatureStore",
     "RedisTarget",
     "TransientRetry",
+    "VersionPin",
     "connect",
     "fetch_blobs",
+    "fetch_blobs_checked",
     "mask_url",
     "parse_redis_url",
     "read_meta",
@@ -479,10 +483,15 @@ def resolve_version(client: Any, target: RedisTarget, fingerprint: str,
                 )
             return int(cur)
         versions = sorted((int(v) for v in client.smembers(keys.versions)), reverse=True)
+        cur = client.get(keys.current)
         for v in versions:
             meta = client.hgetall(FeatureKeys(fingerprint, v).meta)
             m = {_s(k): _s(val) for k, val in meta.items()}
             if m.get("state") == "live" and m.get("dataset_fingerprint") == dataset_fingerprint:
+                if cur is not None and int(cur) != v:
+                    log.warning("features of graph %s: the current version v%s was not loaded from dataset %s "
+                                "(the model's); using v%d, the newest live version that was", fingerprint,
+                                _s(cur), dataset_fingerprint, v)
                 return v
     raise FeatureNotFound(
         f"no live feature version of graph {fingerprint} holds dataset {dataset_fingerprint} at {target.masked}"
@@ -702,6 +711,111 @@ def write_blobs(client: Any, keys: FeatureKeys, ids: np.ndarray, blobs: Sequence
     pipe.execute()
 
 
+
+def fetch_blobs_checked(client: Any, keys: Any, ids: np.ndarray, meta_key: str, *, cluster: bool,
+                        chunk_size: int = DEFAULT_CHUNK) -> tuple[list[bytes | None], str | None]:
+    """:func:`fetch_blobs` plus the version's stored ``checksum`` field, read *after* the blobs in
+    the same round trip (standalone: one pipeline; cluster: one more command in the cluster
+    pipeline). Returns ``(values, checksum or None when the metadata is gone)``.
+
+    Reading the digest after the rows means: if it still equals the digest pinned at open time,
+    the rows were read from that content (a reload under the same number first resets the
+    checksum and sets the new one only when it goes live).
+    """
+    n = len(ids)
+    key_list = keys.node_keys(ids)
+    if not cluster:
+        pipe = client.pipeline(transaction=False)
+        for a in range(0, n, chunk_size):
+            pipe.mget(key_list[a : a + chunk_size])
+        pipe.hget(meta_key, "checksum")
+        replies = pipe.execute()
+        out: list[bytes | None] = []
+        for part in replies[:-1]:
+            out.extend(part)
+        ck = replies[-1]
+        return out, (None if ck is None else _s(ck))
+    values = fetch_blobs(client, keys, ids, cluster=True, chunk_size=chunk_size) if n else []
+    ck = client.hget(meta_key, "checksum")
+    return values, (None if ck is None else _s(ck))
+
+
+class VersionPin:
+    """A data version pinned by number *and* content digest (the load's ``checksum``).
+
+    The stores check the digest stored under the pinned number on every fetch from Redis
+    (:meth:`check`, on the digest :func:`fetch_blobs_checked` read in the same round trip) and,
+    with ``interval > 0``, every ``interval`` seconds from a daemon thread (:meth:`poll`), so a
+    version deleted and re-loaded with other content under the same number is noticed even
+    when every row a request needs is cached. Once noticed, :attr:`error` holds the
+    :class:`DataVersionChanged` to raise (it clears if the pinned content comes back).
+    """
+
+    def __init__(self, client: Any, target: RedisTarget, meta_key: str, *, kind: str, version: int,
+                 digest: str, interval: float = 0.0) -> None:
+        self.client, self.target, self.meta_key = client, target, meta_key
+        self.kind, self.version, self.digest = kind, int(version), digest
+        self.error: DataVersionChanged | None = None
+        self.checks = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if interval > 0:
+            self._thread = threading.Thread(target=self._watch, args=(float(interval),),
+                                            name=f"gnnserve-pin-{kind}-v{version}", daemon=True)
+            self._thread.start()
+
+    @property
+    def label(self) -> str:
+        """``"<kind>:v<version>:<digest>"``: what a response echoes as its data version."""
+        return f"{self.kind}:v{self.version}:{self.digest}"
+
+    def check(self, found: str | None) -> None:
+        """Raise :class:`DataVersionChanged` unless ``found`` (the stored digest) is the pinned one.
+
+        ``None`` (no metadata: the version was deleted, or Redis lost its data) passes: a load
+        creates the metadata (digest ``""``) before it writes any row, so without metadata no row
+        of other content can have been written; missing rows then raise ``FeatureNotFound`` as
+        usual, and the same content loaded again (same digest) is served again.
+        """
+        self.checks += 1
+        if found is None or found == self.digest:
+            self.error = None
+            return
+        what = "is being re-loaded (state loading)" if found == "" else f"now holds other content (digest {found})"
+        err = DataVersionChanged(
+            f"{self.kind} version {self.version} pinned at open time with digest {self.digest} {what} at "
+            f"{self.target.masked}: refusing to mix data versions; reload the model (or restart the server) to "
+            "pick up the data now in Redis", kind=self.kind, version=self.version, pinned=self.digest,
+            found=found or "")
+        if self.error is None:
+            log.error("%s", err)
+        self.error = err
+        raise err
+
+    def poll(self) -> None:
+        """Read the stored digest now and :meth:`check` it (Redis errors propagate as store errors)."""
+        with redis_errors(self.target, f"checking the pinned {self.kind} version"):
+            ck = self.client.hget(self.meta_key, "checksum")
+        self.check(None if ck is None else _s(ck))
+
+    def raise_if_changed(self) -> None:
+        """Raise the last :class:`DataVersionChanged` seen, without any I/O."""
+        if self.error is not None:
+            raise self.error
+
+    def _watch(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.poll()
+            except DataVersionChanged:
+                continue
+            except Exception as exc:  # Redis down: the next fetch reports it; keep watching
+                log.debug("pinned %s version check failed: %s", self.kind, exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 # =========================================================================== the store
 class RedisFeatureStore(FeatureStore):
     """Features of one live version in Redis (standalone, TLS, unix socket or Cluster).
@@ -720,6 +834,13 @@ class RedisFeatureStore(FeatureStore):
         name, registry: label and Prometheus registry (see :class:`FeatureStore`).
         client: an existing redis-py client to use instead of connecting from ``url`` (``url``
             still names it in messages); it is not closed by :meth:`close`.
+        watch_interval: seconds between background checks of the pinned version's digest
+            (0 = only on fetches); see :class:`VersionPin`.
+
+    The version is pinned by number and content: its ``checksum`` (the load's digest) is read at
+    open time, every fetch re-reads it in the same round trip, and a different (or missing)
+    digest raises :class:`~serve.features.base.DataVersionChanged` instead of returning rows of
+    other content. :attr:`data_version` (``features:v<N>:<checksum>``) is what responses echo.
 
     Raises (from the constructor):
         FeatureUnavailable: Redis cannot be reached.
@@ -748,8 +869,10 @@ class RedisFeatureStore(FeatureStore):
         name: str | None = None,
         registry: CollectorRegistry | None = REGISTRY,
         client: Any = None,
+        watch_interval: float = 5.0,
     ) -> None:
         super().__init__(name=name, registry=registry)
+        self._pin: VersionPin | None = None
         self._target = parse_redis_url(url)
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
@@ -767,13 +890,20 @@ class RedisFeatureStore(FeatureStore):
             self._keys = FeatureKeys(fingerprint, version)
             meta = read_meta(self._client, self._target, self._keys)
             self._apply_meta(meta, expect_num_nodes, expect_num_features, expect_dataset_fingerprint)
+            digest = meta.get("checksum", "")
+            if not digest:
+                raise FeatureCorrupt(f"features of graph {fingerprint} v{self._keys.version} at {self._target.masked} "
+                                     "are live but carry no checksum: verify them with `gnnserve features verify`")
+            self._pin = VersionPin(self._client, self._target, self._keys.meta, kind="features",
+                                   version=self._keys.version, digest=digest,
+                                   interval=watch_interval if self._owns_client else 0.0)
         except BaseException:
             self.close()
             raise
         self._roundtrip_bytes = 0
-        log.info("feature store %s: %s graph %s v%d (N=%d, F=%d, %s, %s)", self.name, self._target.masked,
-                 fingerprint, self._keys.version, self._n, self._f, self._codec.dtype.name,
-                 "cluster" if self._target.cluster else self._target.scheme)
+        log.info("feature store %s: %s graph %s v%d (N=%d, F=%d, %s, %s), pinned to digest %s", self.name,
+                 self._target.masked, fingerprint, self._keys.version, self._n, self._f, self._codec.dtype.name,
+                 "cluster" if self._target.cluster else self._target.scheme, digest)
 
     def _apply_meta(self, meta: dict[str, str], expect_n: int | None, expect_f: int | None,
                     expect_ds: str | None) -> None:
@@ -831,6 +961,24 @@ class RedisFeatureStore(FeatureStore):
         return self._target.masked
 
     @property
+    def digest(self) -> str:
+        """The content digest (the load's ``checksum``) this store pinned at open time."""
+        return self._pin.digest if self._pin is not None else ""
+
+    @property
+    def data_version(self) -> str:
+        """``features:v<version>:<checksum>``; raises :class:`DataVersionChanged` once a check saw
+        the pinned version deleted or replaced."""
+        assert self._pin is not None
+        self._pin.raise_if_changed()
+        return self._pin.label
+
+    def check_version(self) -> None:
+        """Read the stored digest now; raises :class:`DataVersionChanged` if it is not the pinned one."""
+        assert self._pin is not None
+        self._pin.poll()
+
+    @property
     def keys(self) -> FeatureKeys:
         return self._keys
 
@@ -847,8 +995,10 @@ class RedisFeatureStore(FeatureStore):
     # ---------------------------------------------------------------- reads
     def _fetch_unique(self, ids: np.ndarray) -> np.ndarray:
         with redis_errors(self._target, f"fetching {len(ids)} feature rows"):
-            values = fetch_blobs(self._client, self._keys, ids, cluster=self._target.cluster,
-                                 chunk_size=self._chunk)
+            values, found = fetch_blobs_checked(self._client, self._keys, ids, self._keys.meta,
+                                                cluster=self._target.cluster, chunk_size=self._chunk)
+        assert self._pin is not None
+        self._pin.check(found)  # before decoding: rows of other content are never returned
         try:
             return self._codec.decode(values, ids)
         except FeatureNotFound as exc:
@@ -902,6 +1052,8 @@ class RedisFeatureStore(FeatureStore):
             return False
 
     def close(self) -> None:
+        if self._pin is not None:
+            self._pin.stop()
         if not self._closed and self._owns_client and getattr(self, "_client", None) is not None:
             try:
                 self._client.close()
@@ -917,6 +1069,7 @@ class RedisFeatureStore(FeatureStore):
             "url": self._target.masked,
             "fingerprint": self._fingerprint,
             "version": self.version,
+            "digest": self.digest,
             "cluster": self._target.cluster,
             "shards": self._keys.shards,
             "chunk_size": self._chunk,

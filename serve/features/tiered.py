@@ -164,32 +164,16 @@ class TieredFeatureStore(FeatureStore):
             raise ValueError(f"hot_fraction must lie in [0, 1], got {hot_fraction}")
         self.backend = backend
         self._close_backend = close_backend
-        n, f = backend.num_nodes, backend.num_features
         self._dtype = np.dtype(backend.dtype)
-        self._row_bytes = f * self._dtype.itemsize
-        capacity = int(budget_bytes // self._row_bytes)
-        hot = np.zeros(0, dtype=np.int64)
-        if hot_ids is not None and capacity:
-            hot_ids = check_node_ids(hot_ids, n)
-            _, first = np.unique(hot_ids, return_index=True)  # drop repeats, keep priority order
-            ranked = hot_ids[np.sort(first)]
-            hot = ranked[: int(capacity * hot_fraction)]
-        self._h = len(hot)
-        self._c = capacity - self._h  # LRU rows
-        total = self._h + self._c
+        self._row_bytes = backend.num_features * self._dtype.itemsize
+        self._capacity = int(budget_bytes // self._row_bytes)
+        self._hot_fraction = float(hot_fraction)
         self._budget = int(budget_bytes)
         self._device = device
-        self._rows = _Rows(total, f, self._dtype, device)
-        self._slot = np.full(n, -1, dtype=np.int32 if total < 2**31 - 1 else np.int64)
-        self._node = np.full(total, -1, dtype=np.int64)
-        self._filled = np.zeros(total, dtype=bool)
-        self._last = np.zeros(total, dtype=np.int64)
-        self._slot[hot] = np.arange(self._h, dtype=self._slot.dtype)
-        self._node[: self._h] = hot
-        self._free = np.arange(total - 1, self._h - 1, -1, dtype=np.int64)  # a stack: pops slot H first
-        self._nfree = self._c
-        self._tick = 0
         self._lock = threading.Lock()
+        self._layout(self._rank_hot(hot_ids))
+        #: set by ``open_store(hot="ppr")``: the hot tier waits for ``install_hot_from_index``
+        self.hot_from_ppr_pending = False
         self._hits_hot = self._hits_lru = self._misses = self._evictions = 0
         self._backend_latency = LatencyWindow()
         self._backend_errors: dict[str, int] = {}
@@ -202,6 +186,53 @@ class TieredFeatureStore(FeatureStore):
                  self.name, self._h, self._c, budget_bytes / 2**20, device or "numpy", backend.name)
         if warm and self._h:
             self.warm()
+
+    def _rank_hot(self, hot_ids: np.ndarray | None) -> np.ndarray:
+        """The static tier's ids: ``hot_ids`` without repeats, cut to the hot share of the budget."""
+        if hot_ids is None or not self._capacity:
+            return np.zeros(0, dtype=np.int64)
+        hot_ids = check_node_ids(hot_ids, self.backend.num_nodes)
+        _, first = np.unique(hot_ids, return_index=True)  # drop repeats, keep priority order
+        return hot_ids[np.sort(first)][: int(self._capacity * self._hot_fraction)]
+
+    def _layout(self, hot: np.ndarray) -> None:
+        """(Re)build both tiers empty, ``hot`` reserving the first slots."""
+        n, f = self.backend.num_nodes, self.backend.num_features
+        self._h = len(hot)
+        self._c = self._capacity - self._h  # LRU rows
+        total = self._h + self._c
+        self._rows = _Rows(total, f, self._dtype, self._device)
+        self._slot = np.full(n, -1, dtype=np.int32 if total < 2**31 - 1 else np.int64)
+        self._node = np.full(total, -1, dtype=np.int64)
+        self._filled = np.zeros(total, dtype=bool)
+        self._last = np.zeros(total, dtype=np.int64)
+        self._slot[hot] = np.arange(self._h, dtype=self._slot.dtype)
+        self._node[: self._h] = hot
+        self._free = np.arange(total - 1, self._h - 1, -1, dtype=np.int64)  # a stack: pops slot H first
+        self._nfree = self._c
+        self._tick = 0
+
+    def set_hot(self, hot_ids: np.ndarray, *, warm: bool = True) -> int:
+        """Install a static hot tier after construction (e.g. once the PPR index exists).
+
+        The budget is split again (``hot_fraction`` of it for the first of ``hot_ids``); rows
+        cached so far are dropped, then the hot rows are fetched (``warm``). Returns the number
+        of hot rows.
+        """
+        hot = self._rank_hot(np.asarray(hot_ids))
+        with self._lock:
+            self._layout(hot)
+        self._update_bytes()
+        log.info("tiered feature store %s: static hot tier of %d rows installed, LRU %d rows", self.name,
+                 self._h, self._c)
+        if warm and self._h:
+            self.warm()
+        return self._h
+
+    @property
+    def data_version(self) -> str:
+        """The backend's data version (see ``RedisFeatureStore.data_version``), ``""`` if it has none."""
+        return str(getattr(self.backend, "data_version", "") or "")
 
     # ---------------------------------------------------------------- shape
     @property
