@@ -12,17 +12,30 @@ What one run does:
    while training is ``width_train`` (default exact);
 4. early stopping on validation accuracy (ties broken by validation loss), keeping the best
    weights; everything is seeded, so a seed gives the same weights on the same machine;
-5. measure the knob table on the validation nodes through the serving path (subgraph extraction
-   -> induced batch -> gather cached projections -> ``forward_batch_projected``), pick the
-   default knobs and write the checkpoint atomically (:mod:`models.checkpoint`).
+5. measure the knob table on bounded samples of the validation nodes through the serving path
+   (subgraph extraction -> induced batch -> gather cached projections -> ``forward_batch_projected``):
+   accuracy on up to ``knob_accuracy_nodes`` (10,000) nodes with a 95 % Wilson interval, latency on
+   up to ``knob_latency_nodes`` (256) of them, so the table's cost does not grow with the graph;
+   pick the default knobs and write the checkpoint atomically (:mod:`models.checkpoint`).
 
 Plain models are evaluated on the full graph while training (identical to their L-hop serving path
-at exact width, which the tests check); shaDow models on PPR batches.
+at exact width, which the tests check); shaDow models on PPR batches of at most ``eval_nodes``
+(10,000) validation and test nodes, so only those nodes and the training nodes need PPR lists.
+
+Every stage (load, build graph, PPR lists, fit, knob table, write) is logged with its wall time
+(logger ``models.train``; ``gnnserve train`` prints these lines on stderr) and recorded in
+``metrics.json["stage_times_s"]``; long stages show tqdm bars unless ``--no-progress``.
+
+Full-batch training holds the whole graph's activations: plain models need memory that grows
+with N x hidden x layers plus the graph (issue #19 reported 10.8 GB for a whole ``gnnserve train``
+of a 2-layer GCN on ``synthetic:2000000``). There is no mini-batch mode for plain models yet; for
+graphs that do not fit, train a shaDow model (mini-batches of PPR subgraphs) instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as _dt
 import logging
@@ -65,15 +78,31 @@ __all__ = [
     "main",
     "measure_knobs",
     "predict_batched",
+    "sample_nodes",
     "step_logits",
     "train",
+    "wilson_interval",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("models.train")  # the same name when run as `python -m models.train`
 
 DEFAULT_KNOB_WIDTHS = (0, 4, 8, 16, 32, 64)
 DEFAULT_LAYERS = {"gcn": 2, "sage": 2, "shadow-gcn": 3, "shadow-sage": 1}
 _SPARSE_DENSITY = 0.25
+
+
+@contextlib.contextmanager
+def stage(name: str, times: dict[str, float] | None = None, what: str = ""):
+    """Log the start and the wall time of one stage of a training run; add the time to ``times[name]``."""
+    log.info("%s: %s ...", name, what or "started")
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        dt = time.perf_counter() - t0
+        if times is not None:
+            times[name] = round(times.get(name, 0.0) + dt, 3)
+        log.info("%s: done in %.1f s", name, dt)
 
 
 # ============================================================================ configuration
@@ -104,6 +133,12 @@ class TrainConfig:
         knob_budgets: PPR budgets of the knob table (``None``: powers of two below ``ppr_k``, and ``ppr_k``).
         knob_batch_size: targets per batch while measuring the knob table.
         knob_repeats: timed passes per knob setting (the fastest is kept).
+        knob_latency_nodes: validation nodes timed per knob setting (a seeded sample; 0 = all).
+        knob_accuracy_nodes: validation nodes whose accuracy is measured per knob setting (a seeded
+            sample, the same for every setting so rows compare paired; 0 = all).
+        eval_nodes: shaDow models: validation nodes evaluated after each epoch and test nodes
+            evaluated at the end (seeded samples; 0 = all). Plain models use every node (the
+            full-graph pass computes them all anyway).
         knob_tolerance: the default knobs are the cheapest whose validation accuracy is within this
             fraction of the exact setting at ``ppr_k``.
         device: torch device.
@@ -132,6 +167,9 @@ class TrainConfig:
     knob_batch_size: int = 64
     knob_tolerance: float = 0.005
     knob_repeats: int = 3
+    knob_latency_nodes: int = 256
+    knob_accuracy_nodes: int = 10_000
+    eval_nodes: int = 10_000
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -148,6 +186,9 @@ class TrainConfig:
         for name in ("hidden", "epochs", "batch_size", "eval_batch_size", "ppr_k", "knob_batch_size"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("knob_latency_nodes", "knob_accuracy_nodes", "eval_nodes"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 = all), got {getattr(self, name)}")
         if self.patience < 0 or self.lr <= 0 or self.weight_decay < 0:
             raise ValueError("need patience >= 0, lr > 0 and weight_decay >= 0")
         self.width_train = int(self.width_train) if self.width_train else None
@@ -307,12 +348,27 @@ def make_ppr_config(ppr: dict[str, Any] | None, k: int) -> Any:
     return PPRConfig(**kw)
 
 
-def ppr_table(graph: CSRGraph, targets: np.ndarray, ppr_cfg: Any, k: int) -> TopKTable:
-    """Compute the top-``k`` PPR lists of ``targets`` (push method of :mod:`kernels.ppr`)."""
+def ppr_table(graph: CSRGraph, targets: np.ndarray, ppr_cfg: Any, k: int, *, progress: bool = False,
+              chunk: int = 8192) -> TopKTable:
+    """Compute the top-``k`` PPR lists of ``targets`` (push method of :mod:`kernels.ppr`), in chunks
+    of ``chunk`` targets (a tqdm bar over them with ``progress``)."""
+    from tqdm.auto import tqdm
+
     from kernels.ppr import ppr_topk
 
     t = np.unique(np.asarray(targets, dtype=np.int64))
-    ptr, nodes = ppr_topk(graph, t, ppr_cfg, k=int(k))[:2]
+    ptrs: list[np.ndarray] = []
+    parts: list[np.ndarray] = []
+    with tqdm(total=len(t), desc="PPR lists", unit="node", disable=not progress, leave=False,
+              dynamic_ncols=True) as bar:
+        for i in range(0, len(t), chunk):
+            p, nodes = ppr_topk(graph, t[i : i + chunk], ppr_cfg, k=int(k))[:2]
+            ptrs.append(np.diff(p))
+            parts.append(nodes)
+            bar.update(len(t[i : i + chunk]))
+    lens = np.concatenate(ptrs) if ptrs else np.zeros(0, dtype=np.int64)
+    ptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    nodes = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     return TopKTable(graph.num_nodes, t, ptr, nodes)
 
 
@@ -375,11 +431,41 @@ def evaluate(model: GNNModel, data: TrainData, nodes: np.ndarray, *, width: int 
     return acc, loss
 
 
+def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``correct / n`` (95 % at ``z = 1.96``); ``(0, 1)`` when ``n = 0``."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = correct / n
+    z2 = z * z
+    den = 1.0 + z2 / n
+    centre = (p + z2 / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / den
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def sample_nodes(nodes: np.ndarray, limit: int, seed: int = 0) -> np.ndarray:
+    """At most ``limit`` of ``nodes`` (0 = all): a seeded uniform sample, in random order."""
+    nodes = np.asarray(nodes, dtype=np.int64)
+    if limit <= 0 or len(nodes) <= limit:
+        return nodes
+    return np.random.default_rng(seed).choice(nodes, size=int(limit), replace=False)
+
+
 @torch.no_grad()
 def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.ndarray, *,
                   widths: Sequence[int], budgets: Sequence[int], strategy: str, batch_size: int,
-                  repeats: int = 3) -> list[dict[str, Any]]:
+                  repeats: int = 3, latency_nodes: int = 0, accuracy_nodes: int = 0, seed: int = 0,
+                  progress: bool = False) -> list[dict[str, Any]]:
     """The knob table on ``nodes``: one row per (K, S) with accuracy, latency and kept edges.
+
+    Samples: accuracy is measured on ``accuracy_nodes`` of ``nodes`` (a seeded uniform sample, the
+    same nodes for every setting, so the rows' differences are paired; 0 = all), latency on the
+    first ``latency_nodes`` of that sample (0 = the whole accuracy sample). Plain models' accuracy
+    comes from one full-graph pass per width (:meth:`propagate`: the same logits as their execution
+    plans, since ES-SpMM keeps the same edges of a row wherever the row is aggregated; cheaper than
+    a plan per batch once the sample holds thousands of nodes). Each row stores
+    ``accuracy_nodes``, ``latency_nodes`` and ``val_accuracy_ci95`` (the 95 % Wilson interval of
+    its accuracy on the sample). The cost is bounded by the sample sizes, not by the graph.
 
     Latency is the wall time of the serving path per node, over batches of ``batch_size`` targets:
     for a plain model its execution plan (:mod:`kernels.plan`), gathering the cached projections,
@@ -387,13 +473,17 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
     ``forward_batch_projected``; then argmax. After one untimed warm-up batch; the table
     keeps the fastest of ``repeats`` passes (the machine is shared: the minimum is the stable
     statistic). Projections are computed once beforehand and not timed (the server caches them per
-    node). ``edges_kept_fraction`` = edges aggregated at width S / edges at exact width (shaDow:
-    of the batches' subgraphs; plain models: on the targets' own paths, as the server reports).
+    node). ``edges_kept_fraction`` = edges aggregated at width S / edges at exact width (shaDow: of
+    the accuracy sample's subgraphs; plain models: on the latency sample's own paths, as the server
+    reports).
     """
+    from tqdm.auto import tqdm
+
     model.eval()
     proj = project_all(model, data)
-    nodes = np.asarray(nodes, dtype=np.int64)
-    y = data.y[torch.from_numpy(nodes).to(data.y.device)]
+    acc_nodes = sample_nodes(nodes, accuracy_nodes, seed)
+    lat_nodes = acc_nodes[: latency_nodes] if latency_nodes > 0 else acc_nodes
+    y = data.y[torch.from_numpy(acc_nodes).to(data.y.device)]
     rows = []
     graph = data.ds.graph
     plan_path = hasattr(model, "forward_plan")
@@ -412,37 +502,74 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
         logits = model.forward_batch_projected(b, p_rows, width, strategy, model.norm_degrees_for(graph, b.node_ids))[0]
         return logits, lambda: (kept_edges(b.graph, width), b.graph.num_edges)
 
-    def one_pass(k: int, width: int | None, record: bool) -> tuple[float, list[Tensor], int, int]:
+    acc_index = torch.from_numpy(acc_nodes).to(proj.device)
+
+    def accuracy_pass(k: int, widths_k: list[int]) -> dict[int, tuple[int, int, int]]:
+        """Per width: (correct, kept edges, exact edges) over the accuracy sample (untimed; plain
+        models: no edges). shaDow: each batch is extracted once and run at every width."""
+        if plan_path:  # one full-graph pass: the same logits as the plans (tests/test_knob_table.py)
+            out = {}
+            for s in widths_k:
+                logits = model.propagate(graph, proj, s or None, strategy)[0][acc_index]
+                out[s] = (int((logits.argmax(1) == y).sum().item()), 0, 0)
+            return out
+        acc = {s: [0, 0, 0] for s in widths_k}
+        for i, chunk in enumerate(_batches(acc_nodes, batch_size)):
+            b = extractor.batch(chunk, k)
+            p_rows = proj[torch.from_numpy(b.node_ids).to(proj.device)]
+            nd = model.norm_degrees_for(graph, b.node_ids)
+            yc = y[i * batch_size : i * batch_size + len(chunk)]
+            for s in widths_k:
+                logits = model.forward_batch_projected(b, p_rows, s or None, strategy, nd)[0]
+                a = acc[s]
+                a[0] += int((logits.argmax(1) == yc).sum().item())
+                a[1] += kept_edges(b.graph, s or None)
+                a[2] += b.graph.num_edges
+        return {s: (a[0], a[1], a[2]) for s, a in acc.items()}
+
+    def timed_pass(k: int, width: int | None, count: bool) -> tuple[float, int, int]:
+        """Serving time of the latency sample; with ``count``, its (kept, exact) edges (counted untimed)."""
         elapsed = 0.0
         kept = total = 0
-        preds: list[Tensor] = []
-        for chunk in _batches(nodes, batch_size):
+        for chunk in _batches(lat_nodes, batch_size):
             t0 = time.perf_counter()
             logits, count_edges = serve_batch(chunk, k, width)
-            pred = logits.argmax(1)
+            logits.argmax(1)
             elapsed += time.perf_counter() - t0
-            if record:
-                preds.append(pred)
+            if count:
                 k_e, t_e = count_edges()
                 kept += k_e
                 total += t_e
-        return elapsed, preds, kept, total
+        return elapsed, kept, total
 
-    for k in budgets:
-        for s in widths:
-            width = int(s) or None
-            serve_batch(nodes[:batch_size], k, width)  # untimed warm-up
-            elapsed, preds, kept, total = one_pass(k, width, True)
-            for _ in range(max(0, repeats - 1)):
-                elapsed = min(elapsed, one_pass(k, width, False)[0])
-            acc = (torch.cat(preds) == y).float().mean().item()
-            rows.append({
-                "ppr_budget": int(k),
-                "sampling_width": int(s),
-                "val_accuracy": round(acc, 6),
-                "latency_ms_per_node": elapsed * 1000.0 / max(len(nodes), 1),
-                "edges_kept_fraction": kept / total if total else 1.0,
-            })
+    settings = [(int(k), int(s)) for k in budgets for s in widths]
+    bar = tqdm(settings, desc="knob table", unit="setting", disable=not progress, leave=False, dynamic_ncols=True)
+    accuracy: dict[int, dict[int, tuple[int, int, int]]] = {}
+    for k, s in bar:
+        bar.set_postfix(K=k, S=s)
+        width = s or None
+        if k not in accuracy:
+            accuracy[k] = accuracy_pass(k, [int(w) for w in widths])
+        correct, kept, total = accuracy[k][s]
+        serve_batch(lat_nodes[:batch_size], k, width)  # untimed warm-up
+        elapsed, lat_kept, lat_total = timed_pass(k, width, plan_path)
+        if plan_path:  # plain models: edges on the latency sample's paths
+            kept, total = lat_kept, lat_total
+        for _ in range(max(0, repeats - 1)):
+            elapsed = min(elapsed, timed_pass(k, width, False)[0])
+        n = len(acc_nodes)
+        lo, hi = wilson_interval(correct, n)
+        rows.append({
+            "ppr_budget": k,
+            "sampling_width": s,
+            "val_accuracy": round(correct / n, 6) if n else float("nan"),
+            "latency_ms_per_node": elapsed * 1000.0 / max(len(lat_nodes), 1),
+            "edges_kept_fraction": kept / total if total else 1.0,
+            "accuracy_nodes": n,
+            "latency_nodes": len(lat_nodes),
+            "val_accuracy_ci95": [round(lo, 6), round(hi, 6)],
+        })
+    bar.close()
     return rows
 
 
@@ -476,6 +603,9 @@ class TrainResult:
     ppr_time_s: float = 0.0
     ppr_config: Any = None
     history: list[dict[str, float]] = field(default_factory=list)
+    num_val_eval: int = 0  # validation nodes evaluated per epoch (shaDow: a bounded sample)
+    num_test_eval: int = 0  # test nodes behind test_accuracy
+    knob_nodes: np.ndarray | None = None  # the knob table's accuracy sample of validation nodes
 
 
 class EarlyStopping:
@@ -519,7 +649,8 @@ def step_logits(model: GNNModel, data: TrainData, cfg: TrainConfig, batch: Any =
     return model.propagate(data.ds.graph, model.project_normalized(data.xn), cfg.width_train, cfg.strategy)[0]
 
 
-def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress: bool = False) -> TrainResult:
+def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress: bool = False,
+        stage_times: dict[str, float] | None = None) -> TrainResult:
     """Train one model on ``ds`` (see the module docstring) and return it with its metrics.
 
     Args:
@@ -529,7 +660,8 @@ def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress:
             holding at least ``cfg.ppr_k`` entries per node for the train, val and test nodes,
             e.g. a :class:`kernels.ppr.PPRIndex` or :class:`TopKTable`) computed with the
             settings ``cfg.ppr``; ``None`` computes them here.
-        progress: show a tqdm bar over epochs.
+        progress: show tqdm bars (PPR lists, epochs).
+        stage_times: filled with the wall time of ``ppr_lists`` (shaDow, computed here) and ``fit``.
     """
     from tqdm.auto import tqdm
 
@@ -547,16 +679,27 @@ def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress:
 
     ppr_time = 0.0
     ppr_cfg = None
+    val_nodes, test_nodes = data.val, data.test
+    # the knob table's accuracy sample (its first knob_latency_nodes are timed): drawn here so that a
+    # shaDow model's PPR lists cover it
+    knob_nodes = sample_nodes(data.val, cfg.knob_accuracy_nodes, cfg.seed)
     if cfg.is_shadow:
+        # bounded evaluation: the PPR lists and the per-epoch validation cost do not grow with N
+        val_nodes = np.sort(sample_nodes(data.val, cfg.eval_nodes, cfg.seed))
+        test_nodes = np.sort(sample_nodes(data.test, cfg.eval_nodes, cfg.seed + 1))
         ppr_cfg = make_ppr_config(cfg.ppr, cfg.ppr_k)
         if ppr_lookup is None:
-            t0 = time.perf_counter()
-            need = np.concatenate([data.train, data.val, data.test])
-            ppr_lookup = ppr_table(ds.graph, need, ppr_cfg, cfg.ppr_k)
-            ppr_time = time.perf_counter() - t0
+            need = np.concatenate([data.train, val_nodes, test_nodes, knob_nodes])
+            with stage("ppr_lists", stage_times, f"PPR top-{cfg.ppr_k} lists of {len(np.unique(need)):,} "
+                       f"train/val/test nodes"):
+                t0 = time.perf_counter()
+                ppr_lookup = ppr_table(ds.graph, need, ppr_cfg, cfg.ppr_k, progress=progress)
+                ppr_time = time.perf_counter() - t0
         extractor: Any = PPRExtractor(ds.graph, ppr_lookup)
     else:
         extractor = LHopExtractor(ds.graph, model.layers)
+    log.info("fit: %s, %d train nodes, up to %d epochs, validation on %d nodes", cfg.model, len(data.train),
+             cfg.epochs, len(val_nodes))
 
     stopper = EarlyStopping(cfg.patience)
     history: list[dict[str, float]] = []
@@ -577,7 +720,7 @@ def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress:
                 opt.step()
                 losses.append(loss.item() * len(chunk))
             train_loss = sum(losses) / len(data.train)
-            val_acc, val_loss = evaluate(model, data, data.val, extractor=extractor, k=cfg.ppr_k,
+            val_acc, val_loss = evaluate(model, data, val_nodes, extractor=extractor, k=cfg.ppr_k,
                                          strategy=cfg.strategy, batch_size=cfg.eval_batch_size)
         else:
             opt.zero_grad()
@@ -596,11 +739,15 @@ def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress:
             break
     bar.close()
     train_time = time.perf_counter() - t_start
+    if stage_times is not None:
+        stage_times["fit"] = round(stage_times.get("fit", 0.0) + train_time, 3)
+    log.info("fit: %d epochs in %.1f s (best epoch %d, val %.4f)", epochs_run, train_time, stopper.best_epoch,
+             stopper.best[0])
     assert stopper.best_state is not None
     model.load_state_dict(stopper.best_state)
     model.eval()
     if cfg.is_shadow:
-        test_acc = evaluate(model, data, data.test, extractor=extractor, k=cfg.ppr_k, strategy=cfg.strategy,
+        test_acc = evaluate(model, data, test_nodes, extractor=extractor, k=cfg.ppr_k, strategy=cfg.strategy,
                             batch_size=cfg.eval_batch_size)[0]
     else:
         test_acc = evaluate(model, data, data.test, strategy=cfg.strategy)[0]
@@ -608,6 +755,7 @@ def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress:
         model=model, config=cfg, data=data, extractor=extractor, best_epoch=stopper.best_epoch,
         epochs_run=epochs_run, val_accuracy=stopper.best[0], val_loss=stopper.best[1], test_accuracy=test_acc,
         train_time_s=train_time, ppr_time_s=ppr_time, ppr_config=ppr_cfg, history=history,
+        num_val_eval=len(val_nodes), num_test_eval=len(test_nodes), knob_nodes=knob_nodes,
     )
 
 
@@ -629,6 +777,7 @@ def train(
     progress: bool = True,
     ppr_lookup: Any = None,
     source: str | None = None,
+    stage_times: dict[str, float] | None = None,
     **settings: Any,
 ) -> Path:
     """Train a model and write its checkpoint directory; returns the directory.
@@ -642,6 +791,11 @@ def train(
         progress: show a progress bar.
         ppr_lookup: precomputed PPR top-K lists (see :func:`fit`).
         source: dataset source recorded in the checkpoint (default: the resolved spec).
+        stage_times: wall times of stages run before (e.g. ``{"load": ...}``), recorded in
+            ``metrics.json["stage_times_s"]`` with this run's own (``ppr_lists``, ``fit``,
+            ``knob_table``; ``write`` is only logged: the metrics are part of what it writes); a
+            dataset loaded by :func:`kernels.datasets.load_dataset` adds its ``load_times``
+            (``read`` or ``generate``, and ``build_graph``; both inside ``load``).
         **settings: any :class:`TrainConfig` field (``hidden``, ``layers``, ``dropout``, ``lr``,
             ``weight_decay``, ``epochs``, ``patience``, ``seed``, ``width_train``, ``ppr_k``, ``ppr``, ...).
 
@@ -656,15 +810,29 @@ def train(
     if out.exists() and not overwrite:
         raise CheckpointError(f"{out} already exists; pass overwrite=True (CLI: --overwrite) or choose another --out")
     cfg = TrainConfig(model=model, **settings)
-    ds = dataset if isinstance(dataset, GraphDataset) else load_dataset(dataset)
+    times: dict[str, float] = dict(stage_times or {})
+    if isinstance(dataset, GraphDataset):
+        ds = dataset
+    else:
+        with stage("load", times, f"dataset {dataset}"):
+            ds = load_dataset(dataset)
+    for name, dt in getattr(ds, "load_times", {}).items():
+        times.setdefault(name, round(float(dt), 3))
     log.info("training %s on %r", cfg.model, ds)
-    res = fit(ds, cfg, ppr_lookup=ppr_lookup, progress=progress)
+    res = fit(ds, cfg, ppr_lookup=ppr_lookup, progress=progress, stage_times=times)
 
-    t0 = time.perf_counter()
-    rows = measure_knobs(res.model, res.data, res.extractor, res.data.val, widths=cfg.knob_widths,
-                         budgets=cfg.budgets(), strategy=cfg.strategy, batch_size=cfg.knob_batch_size,
-                         repeats=cfg.knob_repeats)
-    knob_time = time.perf_counter() - t0
+    n_settings = len(cfg.knob_widths) * len(cfg.budgets())
+    n_acc = min(len(res.data.val), cfg.knob_accuracy_nodes or len(res.data.val))
+    n_lat = min(n_acc, cfg.knob_latency_nodes or n_acc)
+    with stage("knob_table", times, f"{n_settings} settings x (accuracy on {n_acc:,} validation nodes, "
+               f"latency on {n_lat:,} x {cfg.knob_repeats})"):
+        t0 = time.perf_counter()
+        knob_nodes = res.knob_nodes if res.knob_nodes is not None else res.data.val
+        rows = measure_knobs(res.model, res.data, res.extractor, knob_nodes, widths=cfg.knob_widths,
+                             budgets=cfg.budgets(), strategy=cfg.strategy, batch_size=cfg.knob_batch_size,
+                             repeats=cfg.knob_repeats, latency_nodes=cfg.knob_latency_nodes,
+                             accuracy_nodes=cfg.knob_accuracy_nodes, seed=cfg.seed, progress=progress)
+        knob_time = time.perf_counter() - t0
     default_k, default_s = choose_defaults(rows, cfg.knob_tolerance)
     kmax = cfg.ppr_k if cfg.is_shadow else 0
     exact = next(r for r in rows if r["ppr_budget"] == kmax and r["sampling_width"] == 0)
@@ -704,12 +872,19 @@ def train(
         "num_train": len(res.data.train),
         "num_val": len(res.data.val),
         "num_test": len(res.data.test),
+        "num_val_evaluated": res.num_val_eval,
+        "num_test_evaluated": res.num_test_eval,
+        "stage_times_s": times,
         "history": res.history,
     }
     knobs = {
         "format_version": 1,
         "measured_on": "val",
-        "num_nodes": len(res.data.val),
+        "num_nodes": rows[0]["accuracy_nodes"],
+        "population_nodes": len(res.data.val),
+        "accuracy_nodes": rows[0]["accuracy_nodes"],
+        "latency_nodes": rows[0]["latency_nodes"],
+        "accuracy_interval": "val_accuracy_ci95: 95 % Wilson score interval on the accuracy sample",
         "batch_size": cfg.knob_batch_size,
         "repeats": cfg.knob_repeats,
         "strategy": cfg.strategy,
@@ -718,7 +893,10 @@ def train(
         "latency": "wall time per node of extract + induced batch + gather cached projections + forward + argmax",
         "rows": rows,
     }
-    return save_checkpoint(out, res.model, config, metrics, knobs, overwrite=overwrite)
+    with stage("write", times, f"checkpoint {out}"):
+        path = save_checkpoint(out, res.model, config, metrics, knobs, overwrite=overwrite)
+    log.info("stage times: %s", ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))
+    return path
 
 
 # ============================================================================ CLI
@@ -758,9 +936,29 @@ def build_parser(prog: str = "gnnserve train") -> argparse.ArgumentParser:
     p.add_argument("--knob-widths", type=_int_list, default=d.knob_widths, help="e.g. 0,4,8,16,32,64")
     p.add_argument("--knob-budgets", type=_int_list, default=None, help="e.g. 8,16,32,64")
     p.add_argument("--knob-batch-size", type=int, default=d.knob_batch_size)
+    p.add_argument("--knob-latency-nodes", type=int, default=d.knob_latency_nodes,
+                   help="validation nodes timed per knob setting (0 = all)")
+    p.add_argument("--knob-accuracy-nodes", type=int, default=d.knob_accuracy_nodes,
+                   help="validation nodes whose accuracy each knob setting measures, with a 95%% interval (0 = all)")
+    p.add_argument("--eval-nodes", type=int, default=d.eval_nodes,
+                   help="shaDow: validation nodes per epoch and test nodes at the end (0 = all)")
     p.add_argument("--device", default=d.device)
     p.add_argument("--no-progress", action="store_true")
     return p
+
+
+def _stage_logging() -> None:
+    """Print the stage lines of ``models.train`` and ``kernels.datasets`` on stderr (INFO), once."""
+    fmt = logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S")
+    for name in ("models.train", "kernels.datasets"):
+        lg = logging.getLogger(name)
+        if not any(getattr(h, "_gnnserve_stage", False) for h in lg.handlers):
+            h = logging.StreamHandler(sys.stderr)
+            h.setFormatter(fmt)
+            h._gnnserve_stage = True  # type: ignore[attr-defined]
+            lg.addHandler(h)
+        lg.setLevel(logging.INFO)
+        lg.propagate = False
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "gnnserve train") -> int:
@@ -769,26 +967,30 @@ def main(argv: Sequence[str] | None = None, prog: str = "gnnserve train") -> int
 
     tune_malloc()
     args = build_parser(prog).parse_args(argv)
+    _stage_logging()
     ppr: dict[str, Any] = {}
     if args.ppr_alpha is not None:
         ppr["alpha"] = args.ppr_alpha
     if args.ppr_eps is not None:
         ppr["eps"] = args.ppr_eps
+    times: dict[str, float] = {}
     try:
-        ds = load_dataset(args.dataset)
+        with stage("load", times, f"dataset {args.dataset}"):
+            ds = load_dataset(args.dataset)
     except (DatasetError, OSError, ValueError) as exc:
         print(f"error: cannot load dataset {args.dataset}: {exc}", file=sys.stderr)
         return 2
     try:
         out = train(
             ds, args.model, args.out, overwrite=args.overwrite, progress=not args.no_progress,
-            source=_dataset_source(args.dataset, ds),
+            source=_dataset_source(args.dataset, ds), stage_times=times,
             hidden=args.hidden, layers=args.layers, dropout=args.dropout, lr=args.lr,
             weight_decay=args.weight_decay, epochs=args.epochs, patience=args.patience, seed=args.seed,
             width_train=args.width_train or None, strategy=args.strategy, feature_norm=args.feature_norm,
             binarize=args.binarize, pool=args.pool, batch_size=args.batch_size, ppr_k=args.ppr_k,
             ppr=ppr or None, knob_widths=args.knob_widths, knob_budgets=args.knob_budgets,
-            knob_batch_size=args.knob_batch_size, device=args.device,
+            knob_batch_size=args.knob_batch_size, knob_latency_nodes=args.knob_latency_nodes,
+            knob_accuracy_nodes=args.knob_accuracy_nodes, eval_nodes=args.eval_nodes, device=args.device,
         )
     except (CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -801,9 +1003,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "gnnserve train") -> int
     print(f"  {ck.arch} on {ck.config['dataset']['name']}: val {m['val_accuracy']:.4f}  test {m['test_accuracy']:.4f}  "
           f"(best epoch {m['best_epoch']}, {m['train_time_s']:.1f} s)")
     print(f"  default knobs: K={ck.default_ppr_budget} S={ck.default_sampling_width} ({ck.strategy})")
-    print("  | K | S | val acc | ms/node | edges kept |")
+    meta = ck.knobs_meta
+    print(f"  knob table: accuracy on {meta.get('accuracy_nodes', meta.get('num_nodes'))} of "
+          f"{meta.get('population_nodes', meta.get('num_nodes'))} validation nodes, latency on "
+          f"{meta.get('latency_nodes', meta.get('num_nodes'))} ({m.get('knob_time_s', 0):.1f} s)")
+    print("  | K | S | val acc | 95% interval | ms/node | edges kept |")
     for r in ck.knobs:
-        print(f"  | {r['ppr_budget']} | {r['sampling_width']} | {r['val_accuracy']:.4f} | "
+        ci = r.get("val_accuracy_ci95")
+        ci_s = f"{ci[0]:.4f}-{ci[1]:.4f}" if ci else "-"
+        print(f"  | {r['ppr_budget']} | {r['sampling_width']} | {r['val_accuracy']:.4f} | {ci_s} | "
               f"{r['latency_ms_per_node']:.4f} | {r['edges_kept_fraction']:.3f} |")
     return 0
 
