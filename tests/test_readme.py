@@ -61,7 +61,7 @@ def bash_commands() -> list[str]:
 
 def test_readme_commands_are_the_tested_ones():
     assert bash_commands() == EXPECTED_COMMANDS
-    assert len(code_blocks("python")) == 2
+    assert len(code_blocks("python")) == 3
 
 
 def _gnnserve() -> list[str]:
@@ -176,8 +176,7 @@ def test_train_serve_query_redis_triton(tmp_path, cora_path, redis_server):
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
         # the README's Python snippets, with the server's address
-        sdk, triton = code_blocks("python")
-        for snippet in (sdk, triton):
+        for snippet in code_blocks("python"):  # the SDK, tritonclient and Triton-user snippets
             if "tritonclient" in snippet and importlib.util.find_spec("tritonclient") is None:
                 continue
             proc = subprocess.run([sys.executable, "-c", snippet.replace("localhost:8500", f"127.0.0.1:{port}")],
