@@ -484,8 +484,10 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 async for request in request_iterator:
                     await pending.put(asyncio.ensure_future(self._stream_one(request, deadline)))
-            finally:
-                await pending.put(None)
+            except Exception as exc:  # the client's half failed: answer what was read, then end
+                log.info("ModelStreamInfer: reading the stream failed (%s); answering what was read", exc)
+            # the end of the requests (not when cancelled: then nobody reads the answers any more)
+            await pending.put(None)
 
         reader = asyncio.ensure_future(read())
         try:

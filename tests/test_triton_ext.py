@@ -12,6 +12,7 @@ gnnserve API and with what the scenario was made to provoke.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import logging
@@ -256,6 +257,28 @@ def client_stream(address: str, count: str, bad: str) -> dict[str, Any]:
             "stream_s": stream_s, "after": after}
 
 
+def client_stream_cancel(address: str, count: str) -> dict[str, Any]:
+    """``count`` requests on a stream, cancelled at once; then a new stream on the same client."""
+    import queue
+
+    import tritonclient.grpc as tg
+
+    c = tg.InferenceServerClient(address)
+    got: queue.Queue[Any] = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    for i in range(int(count)):
+        c.async_stream_infer("shadow", _inputs(tg, [i % 800, (i * 7) % 800]), request_id=f"r{i}")
+    c.stop_stream(cancel_requests=True)
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    while not got.empty():
+        got.get()
+    c.async_stream_infer("shadow", _inputs(tg, [5]), request_id="again")
+    result, error = got.get(timeout=60)
+    c.stop_stream()
+    c.close()
+    return {"again": result.get_response().id if error is None else _err(error)}
+
+
 def client_stream_aio(address: str, count: str) -> dict[str, Any]:
     """``stream_infer`` of ``tritonclient.grpc.aio``: request 3 is broken, the others answer in order."""
     import tritonclient.grpc as tg
@@ -364,6 +387,7 @@ def client_auth(address: str, token: str) -> dict[str, Any]:
     import queue
 
     import tritonclient.grpc as tg
+    from tritonclient.utils import InferenceServerException
 
     auth = {"authorization": f"Bearer {token}"}
     c = tg.InferenceServerClient(address)
@@ -378,7 +402,8 @@ def client_auth(address: str, token: str) -> dict[str, Any]:
     for label, headers in (("stream", None), ("stream_with_token", auth)):
         got: queue.Queue[Any] = queue.Queue()
         c.start_stream(callback=lambda result, error, got=got: got.put((result, error)), headers=headers)
-        c.async_stream_infer("gcn", _inputs(tg, [1, 2]))
+        with contextlib.suppress(InferenceServerException):  # refused already: the callback has the error
+            c.async_stream_infer("gcn", _inputs(tg, [1, 2]))
         result, error = got.get(timeout=60)
         c.stop_stream()
         out[label] = {"error": _err(error)} if error is not None else {"labels": result.as_numpy("LABELS").tolist()}
@@ -589,6 +614,16 @@ def test_stream_of_1000_matches_unary_and_survives_bad_requests(server):
     assert out["mismatches"] == []
     assert out["unary_checked"] >= 6  # every (nodes, knobs) combination seen was compared with a unary call
     assert out["after"] and len(out["after"]) == 1
+
+
+def test_stream_cancelled_by_the_client_leaves_nothing_running(server):
+    out = run_client(server.address, "stream_cancel", 500)
+    assert out["again"] == "again"
+    gate = server.server.gate
+    t_end = time.monotonic() + 60
+    while gate.inflight and time.monotonic() < t_end:  # the cancelled stream's requests end or are cancelled
+        time.sleep(0.05)
+    assert gate.inflight == 0
 
 
 def test_stream_through_aio_client(server):
