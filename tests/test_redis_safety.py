@@ -496,3 +496,28 @@ def test_install_hot_from_index_ranks_the_ppr_index(redis_factory, tiny_repo, ti
         assert isinstance(store.backend, RedisFeatureStore)
     finally:
         store.close()
+
+
+def test_version_pin_check_semantics():
+    """``None`` (metadata gone) passes, ``""`` (a re-load running) and another digest raise and are
+    remembered; an unreachable metadata master (cluster) relies on the last check."""
+    from serve.features import DataVersionChanged
+    from serve.features.redis_store import DIGEST_UNREACHABLE, VersionPin, parse_redis_url
+
+    pin = VersionPin(None, parse_redis_url("redis://u:pw@10.0.0.9:6390/0"), "m", kind="features", version=3,
+                     digest="abc")
+    assert pin.label == "features:v3:abc"
+    pin.check("abc")
+    pin.check(None)
+    pin.check(DIGEST_UNREACHABLE)
+    for found in ("", "def"):
+        with pytest.raises(DataVersionChanged) as ei:
+            pin.check(found)
+        assert ei.value.pinned == "abc" and ei.value.found == found and "pw" not in str(ei.value)
+    with pytest.raises(DataVersionChanged):
+        pin.check(DIGEST_UNREACHABLE)  # the last check saw a change
+    with pytest.raises(DataVersionChanged):
+        pin.raise_if_changed()
+    pin.check("abc")  # the pinned content is back
+    pin.raise_if_changed()
+    pin.check(DIGEST_UNREACHABLE)

@@ -41,6 +41,15 @@ written and verified), ``checksum`` (see :mod:`serve.features.loader`), ``featur
 ``dataset_fingerprint``, ``dataset_name``, ``created_at``, ``live_at``, ``key_format``. The store
 only opens a version whose state is ``live``.
 
+Which version a server opens, and pinning: without an explicit version the server opens the
+newest live version loaded from the model's dataset (``dataset_fingerprint``), not blindly the
+``current`` pointer, which may name another dataset's features. The opened version is pinned by
+number *and* content: its ``checksum`` is read at open time and re-read (``HGET``) in the same
+round trip as every fetch, and every few seconds in the background (:class:`VersionPin`). A
+version deleted and re-loaded under the pinned number (``checksum`` empty while it loads, then
+another one) raises :class:`~serve.features.base.DataVersionChanged`: the server never mixes rows
+of two contents. Responses echo ``features:v<version>:<checksum>``.
+
 URLs
 ----
 * ``redis://[[user]:password@]host[:port][/db][?option=value...]``: TCP.
@@ -721,6 +730,11 @@ def fetch_blobs_checked(client: Any, keys: Any, ids: np.ndarray, meta_key: str, 
     Reading the digest after the rows means: if it still equals the digest pinned at open time,
     the rows were read from that content (a reload under the same number first resets the
     checksum and sets the new one only when it goes live).
+
+    Cluster: the metadata key lives on one master. While that master is unreachable the rows from
+    the others are still returned, with :data:`DIGEST_UNREACHABLE` for the digest (no reload can
+    start meanwhile: a load writes that key before any row); :meth:`VersionPin.check` then relies
+    on the last check.
     """
     n = len(ids)
     key_list = keys.node_keys(ids)
@@ -736,8 +750,17 @@ def fetch_blobs_checked(client: Any, keys: Any, ids: np.ndarray, meta_key: str, 
         ck = replies[-1]
         return out, (None if ck is None else _s(ck))
     values = fetch_blobs(client, keys, ids, cluster=True, chunk_size=chunk_size) if n else []
-    ck = client.hget(meta_key, "checksum")
+    try:
+        ck = client.hget(meta_key, "checksum")
+    except (rex.ConnectionError, rex.TimeoutError, rex.ClusterDownError, rex.TryAgainError,
+            rex.RedisClusterException, OSError) as exc:
+        log.debug("the metadata master is unreachable (%s): rows served on the last digest check", type(exc).__name__)
+        return values, DIGEST_UNREACHABLE
     return values, (None if ck is None else _s(ck))
+
+
+#: the digest :func:`fetch_blobs_checked` reports when the metadata's cluster master is unreachable
+DIGEST_UNREACHABLE = "\x00unreachable"
 
 
 class VersionPin:
@@ -778,6 +801,9 @@ class VersionPin:
         usual, and the same content loaded again (same digest) is served again.
         """
         self.checks += 1
+        if found == DIGEST_UNREACHABLE:
+            self.raise_if_changed()
+            return
         if found is None or found == self.digest:
             self.error = None
             return
