@@ -79,10 +79,10 @@ class Unauthenticated(GnnServeError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
-def _reference(exc: BaseException) -> str:
-    """The id a client can quote to the operator: the request id the exception carries, else a
-    fresh incident id (both appear in the server log line with the details)."""
-    rid = getattr(exc, "request_id", "") or ""
+def _reference(exc: BaseException, request_id: str = "") -> str:
+    """The id a client can quote to the operator: the request id (given, or carried by the
+    exception), else a fresh incident id; the server log line with the details names it."""
+    rid = request_id or getattr(exc, "request_id", "") or ""
     return f"request {rid}" if rid else f"incident {uuid.uuid4().hex[:12]}"
 
 
@@ -106,14 +106,15 @@ _STORE_ERRORS: tuple[tuple[str, grpc.StatusCode, str, str], ...] = (
 )
 
 
-def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
+def status_for(exc: BaseException, request_id: str = "") -> tuple[grpc.StatusCode, str] | None:
     """The (code, message) a known exception maps to, or ``None`` for an unexpected one.
 
     Feature- and graph-store errors are mapped here too, so the store layer stays free of gRPC.
     Their messages name infrastructure (the masked Redis URL: host, port, user) and the driver's
     exception text: those go to the server log only (one WARNING line with a reference), and the
     client gets what failed, what to do, and the reference (the request id when the exception
-    carries one, else an incident id) to quote to the operator.
+    carries one, else an incident id) to quote to the operator. ``request_id``: the id of the
+    request being answered, when the caller knows it (the interceptor has the request).
     """
     if isinstance(exc, GnnServeError):
         return exc.code, exc.message
@@ -126,7 +127,7 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
     names = {c.__name__ for c in type(exc).__mro__}
     for cls_name, code, what, todo in _STORE_ERRORS:
         if cls_name in names:
-            ref = _reference(exc)
+            ref = _reference(exc, request_id)
             log.warning("%s (%s) -> %s: %s", type(exc).__name__, ref, code.name, exc)
             return code, f"{what}; {todo} ({ref}: the server log has the details)"
     return None

@@ -377,6 +377,7 @@ def test_status_for_maps_store_errors_without_their_text():
         assert got_code == code and phrase in msg, msg
         for leak in ("10.1.2.3", "6380", "bob", "redis://", "ConnectionError"):
             assert leak not in msg
+    assert "(request r-7:" in status_for(FeatureUnavailable(text), request_id="r-7")[1]
     exc = FeatureUnavailable(text)
     exc.request_id = "req-42"  # type: ignore[attr-defined]
     assert "(request req-42:" in status_for(exc)[1]
