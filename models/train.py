@@ -26,10 +26,16 @@ Every stage (load, build graph, PPR lists, fit, knob table, write) is logged wit
 (logger ``models.train``; ``gnnserve train`` prints these lines on stderr) and recorded in
 ``metrics.json["stage_times_s"]``; long stages show tqdm bars unless ``--no-progress``.
 
-Full-batch training holds the whole graph's activations: plain models need memory that grows
-with N x hidden x layers plus the graph (issue #19 reported 10.8 GB for a whole ``gnnserve train``
-of a 2-layer GCN on ``synthetic:2000000``). There is no mini-batch mode for plain models yet; for
-graphs that do not fit, train a shaDow model (mini-batches of PPR subgraphs) instead.
+Full-batch training holds the whole graph's activations and gradients: its memory grows with
+N x (F + hidden x layers) plus the graph (:func:`full_batch_bytes`; 1.9 GB measured for a 2-layer
+GCN on a 200,000-node ``products``-shaped graph). Plain models therefore have a **mini-batch mode**
+(``minibatch="on"``, or ``"auto"``: when :func:`full_batch_bytes` exceeds ``minibatch_above_bytes``,
+8 GiB): each step takes ``batch_size`` training targets, builds their execution plan
+(:mod:`kernels.plan`, the serving path) with every row sampled to ``minibatch_width`` edges by
+ES-SpMM (rescaled, deterministic per row), projects only the plan's nodes and back-propagates
+through :meth:`forward_plan` with the full graph's GCN degrees. Validation and test accuracy are
+then measured on plans of at most ``eval_nodes`` nodes at exact width, and the knob table's accuracy
+on plans too, so no step holds a full-graph activation.
 """
 
 from __future__ import annotations
@@ -74,13 +80,16 @@ __all__ = [
     "TrainData",
     "TrainResult",
     "evaluate",
+    "evaluate_plans",
     "fit",
+    "full_batch_bytes",
     "main",
     "measure_knobs",
     "predict_batched",
     "sample_nodes",
     "step_logits",
     "train",
+    "use_minibatch",
     "wilson_interval",
 ]
 
@@ -136,9 +145,13 @@ class TrainConfig:
         knob_latency_nodes: validation nodes timed per knob setting (a seeded sample; 0 = all).
         knob_accuracy_nodes: validation nodes whose accuracy is measured per knob setting (a seeded
             sample, the same for every setting so rows compare paired; 0 = all).
-        eval_nodes: shaDow models: validation nodes evaluated after each epoch and test nodes
-            evaluated at the end (seeded samples; 0 = all). Plain models use every node (the
-            full-graph pass computes them all anyway).
+        eval_nodes: shaDow models and plain models in mini-batch mode: validation nodes evaluated
+            after each epoch and test nodes evaluated at the end (seeded samples; 0 = all).
+            Full-batch plain models use every node (the full-graph pass computes them all anyway).
+        minibatch: plain models: ``"on"`` (mini-batches of sampled plans), ``"off"`` (full batch) or
+            ``"auto"`` (on when :func:`full_batch_bytes` exceeds ``minibatch_above_bytes``).
+        minibatch_width: sampling width of the training plans in mini-batch mode (0 = exact).
+        minibatch_above_bytes: the ``"auto"`` threshold.
         knob_tolerance: the default knobs are the cheapest whose validation accuracy is within this
             fraction of the exact setting at ``ppr_k``.
         device: torch device.
@@ -170,6 +183,9 @@ class TrainConfig:
     knob_latency_nodes: int = 256
     knob_accuracy_nodes: int = 10_000
     eval_nodes: int = 10_000
+    minibatch: str = "auto"
+    minibatch_width: int = 16
+    minibatch_above_bytes: int = 8 << 30
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -186,7 +202,9 @@ class TrainConfig:
         for name in ("hidden", "epochs", "batch_size", "eval_batch_size", "ppr_k", "knob_batch_size"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("knob_latency_nodes", "knob_accuracy_nodes", "eval_nodes"):
+        if self.minibatch not in ("auto", "on", "off"):
+            raise ValueError(f"minibatch must be 'auto', 'on' or 'off', got {self.minibatch!r}")
+        for name in ("knob_latency_nodes", "knob_accuracy_nodes", "eval_nodes", "minibatch_width"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"{name} must be >= 0 (0 = all), got {getattr(self, name)}")
         if self.patience < 0 or self.lr <= 0 or self.weight_decay < 0:
@@ -455,13 +473,13 @@ def sample_nodes(nodes: np.ndarray, limit: int, seed: int = 0) -> np.ndarray:
 def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.ndarray, *,
                   widths: Sequence[int], budgets: Sequence[int], strategy: str, batch_size: int,
                   repeats: int = 3, latency_nodes: int = 0, accuracy_nodes: int = 0, seed: int = 0,
-                  progress: bool = False) -> list[dict[str, Any]]:
+                  progress: bool = False, full_graph: bool = True) -> list[dict[str, Any]]:
     """The knob table on ``nodes``: one row per (K, S) with accuracy, latency and kept edges.
 
     Samples: accuracy is measured on ``accuracy_nodes`` of ``nodes`` (a seeded uniform sample, the
     same nodes for every setting, so the rows' differences are paired; 0 = all), latency on the
     first ``latency_nodes`` of that sample (0 = the whole accuracy sample). Plain models' accuracy
-    comes from one full-graph pass per width (:meth:`propagate`: the same logits as their execution
+    comes from one full-graph pass per width when ``full_graph`` (else from plans, batch by batch) (:meth:`propagate`: the same logits as their execution
     plans, since ES-SpMM keeps the same edges of a row wherever the row is aggregated; cheaper than
     a plan per batch once the sample holds thousands of nodes). Each row stores
     ``accuracy_nodes``, ``latency_nodes`` and ``val_accuracy_ci95`` (the 95 % Wilson interval of
@@ -507,13 +525,19 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
     def accuracy_pass(k: int, widths_k: list[int]) -> dict[int, tuple[int, int, int]]:
         """Per width: (correct, kept edges, exact edges) over the accuracy sample (untimed; plain
         models: no edges). shaDow: each batch is extracted once and run at every width."""
-        if plan_path:  # one full-graph pass: the same logits as the plans (tests/test_knob_table.py)
+        if plan_path and full_graph:  # one full-graph pass: the same logits as the plans (tests/test_knob_table.py)
             out = {}
             for s in widths_k:
                 logits = model.propagate(graph, proj, s or None, strategy)[0][acc_index]
                 out[s] = (int((logits.argmax(1) == y).sum().item()), 0, 0)
             return out
         acc = {s: [0, 0, 0] for s in widths_k}
+        if plan_path:  # plans batch by batch (no full-graph activations)
+            for i, chunk in enumerate(_batches(acc_nodes, batch_size)):
+                yc = y[i * batch_size : i * batch_size + len(chunk)]
+                for s in widths_k:
+                    acc[s][0] += int((serve_batch(chunk, k, s or None)[0].argmax(1) == yc).sum().item())
+            return {s: (a[0], 0, 0) for s, a in acc.items()}
         for i, chunk in enumerate(_batches(acc_nodes, batch_size)):
             b = extractor.batch(chunk, k)
             p_rows = proj[torch.from_numpy(b.node_ids).to(proj.device)]
@@ -606,6 +630,7 @@ class TrainResult:
     num_val_eval: int = 0  # validation nodes evaluated per epoch (shaDow: a bounded sample)
     num_test_eval: int = 0  # test nodes behind test_accuracy
     knob_nodes: np.ndarray | None = None  # the knob table's accuracy sample of validation nodes
+    minibatch: bool = False  # a plain model trained in mini-batch mode
 
 
 class EarlyStopping:
@@ -647,6 +672,48 @@ def step_logits(model: GNNModel, data: TrainData, cfg: TrainConfig, batch: Any =
         p_rows = model.project_normalized(data.rows(batch.node_ids))
         return model.forward_batch_projected(batch, p_rows, cfg.width_train, cfg.strategy)[0]
     return model.propagate(data.ds.graph, model.project_normalized(data.xn), cfg.width_train, cfg.strategy)[0]
+
+
+def full_batch_bytes(ds: GraphDataset, cfg: TrainConfig) -> int:
+    """Rough peak memory of full-batch training of a plain model: 3 x (N x (F + 4 x hidden x layers)
+    x 4 + E x 16) bytes (features and their normalised copy, activations and gradients per layer,
+    the graph and its aggregation buffers). Calibrated on a 200,000-node ``products`` graph, 2-layer
+    GCN, hidden 64: 1.94 GB estimated, 1.92 GB peak RSS measured for the whole ``gnnserve train``."""
+    n, e = ds.num_nodes, ds.graph.num_edges
+    return int(3 * (n * (ds.num_features + 4 * cfg.hidden * int(cfg.layers or 2)) * 4 + e * 16))
+
+
+def use_minibatch(ds: GraphDataset, cfg: TrainConfig) -> bool:
+    """Whether :func:`fit` trains a plain model in mini-batch mode (see the module docstring)."""
+    if cfg.is_shadow or cfg.minibatch == "off":
+        return False
+    return cfg.minibatch == "on" or full_batch_bytes(ds, cfg) > cfg.minibatch_above_bytes
+
+
+def plan_logits(model: GNNModel, data: TrainData, targets: np.ndarray, width: int | None, strategy: str) -> Tensor:
+    """Logits ``[len(targets), C]`` (in ``targets``' order) through the targets' execution plan at
+    ``width``, projecting only the plan's nodes (with autograd when enabled)."""
+    graph = data.ds.graph
+    t = np.asarray(targets, dtype=np.int64)
+    plan = execution_plan(graph, np.unique(t), model.hops, width, strategy)
+    p_rows = model.project_normalized(data.rows(plan.node_ids))
+    logits = model.forward_plan(plan, p_rows, model.norm_degrees_for(graph, plan.node_ids))[0]
+    return logits[torch.from_numpy(np.searchsorted(plan.node_ids[: plan.num_targets], t)).to(logits.device)]
+
+
+@torch.no_grad()
+def evaluate_plans(model: GNNModel, data: TrainData, nodes: np.ndarray, strategy: str, batch_size: int,
+                   width: int | None = None) -> tuple[float, float]:
+    """``(accuracy, mean cross-entropy)`` of a plain model on ``nodes`` through execution plans."""
+    nodes = np.asarray(nodes, dtype=np.int64)
+    if len(nodes) == 0:
+        return float("nan"), float("nan")
+    was = model.training
+    model.eval()
+    logits = torch.cat([plan_logits(model, data, c, width, strategy) for c in _batches(nodes, batch_size)])
+    model.train(was)
+    y = data.y[torch.from_numpy(nodes).to(data.y.device)]
+    return (logits.argmax(1) == y).float().mean().item(), F.cross_entropy(logits, y).item()
 
 
 def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress: bool = False,
@@ -698,6 +765,12 @@ def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress:
         extractor: Any = PPRExtractor(ds.graph, ppr_lookup)
     else:
         extractor = LHopExtractor(ds.graph, model.layers)
+    minibatch = use_minibatch(ds, cfg)
+    if minibatch:
+        val_nodes = np.sort(sample_nodes(data.val, cfg.eval_nodes, cfg.seed))
+        test_nodes = np.sort(sample_nodes(data.test, cfg.eval_nodes, cfg.seed + 1))
+        log.info("fit: mini-batch mode (full batch would need about %.1f GiB): %d targets per step, plans "
+                 "sampled to width %s", full_batch_bytes(ds, cfg) / 2**30, cfg.batch_size, cfg.minibatch_width or "exact")
     log.info("fit: %s, %d train nodes, up to %d epochs, validation on %d nodes", cfg.model, len(data.train),
              cfg.epochs, len(val_nodes))
 
@@ -722,6 +795,17 @@ def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress:
             train_loss = sum(losses) / len(data.train)
             val_acc, val_loss = evaluate(model, data, val_nodes, extractor=extractor, k=cfg.ppr_k,
                                          strategy=cfg.strategy, batch_size=cfg.eval_batch_size)
+        elif minibatch:
+            losses = []
+            for chunk in _batches(rng.permutation(data.train), cfg.batch_size):
+                opt.zero_grad()
+                logits = plan_logits(model, data, chunk, cfg.minibatch_width or None, cfg.strategy)
+                loss = F.cross_entropy(logits, data.y[torch.from_numpy(chunk).to(device)])
+                loss.backward()
+                opt.step()
+                losses.append(loss.item() * len(chunk))
+            train_loss = sum(losses) / len(data.train)
+            val_acc, val_loss = evaluate_plans(model, data, val_nodes, cfg.strategy, cfg.eval_batch_size)
         else:
             opt.zero_grad()
             logits = step_logits(model, data, cfg)
@@ -749,13 +833,15 @@ def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress:
     if cfg.is_shadow:
         test_acc = evaluate(model, data, test_nodes, extractor=extractor, k=cfg.ppr_k, strategy=cfg.strategy,
                             batch_size=cfg.eval_batch_size)[0]
+    elif minibatch:
+        test_acc = evaluate_plans(model, data, test_nodes, cfg.strategy, cfg.eval_batch_size)[0]
     else:
         test_acc = evaluate(model, data, data.test, strategy=cfg.strategy)[0]
     return TrainResult(
         model=model, config=cfg, data=data, extractor=extractor, best_epoch=stopper.best_epoch,
         epochs_run=epochs_run, val_accuracy=stopper.best[0], val_loss=stopper.best[1], test_accuracy=test_acc,
         train_time_s=train_time, ppr_time_s=ppr_time, ppr_config=ppr_cfg, history=history,
-        num_val_eval=len(val_nodes), num_test_eval=len(test_nodes), knob_nodes=knob_nodes,
+        num_val_eval=len(val_nodes), num_test_eval=len(test_nodes), knob_nodes=knob_nodes, minibatch=minibatch,
     )
 
 
@@ -831,7 +917,8 @@ def train(
         rows = measure_knobs(res.model, res.data, res.extractor, knob_nodes, widths=cfg.knob_widths,
                              budgets=cfg.budgets(), strategy=cfg.strategy, batch_size=cfg.knob_batch_size,
                              repeats=cfg.knob_repeats, latency_nodes=cfg.knob_latency_nodes,
-                             accuracy_nodes=cfg.knob_accuracy_nodes, seed=cfg.seed, progress=progress)
+                             accuracy_nodes=cfg.knob_accuracy_nodes, seed=cfg.seed, progress=progress,
+                             full_graph=not res.minibatch)
         knob_time = time.perf_counter() - t0
     default_k, default_s = choose_defaults(rows, cfg.knob_tolerance)
     kmax = cfg.ppr_k if cfg.is_shadow else 0
@@ -874,6 +961,7 @@ def train(
         "num_test": len(res.data.test),
         "num_val_evaluated": res.num_val_eval,
         "num_test_evaluated": res.num_test_eval,
+        "minibatch": res.minibatch,
         "stage_times_s": times,
         "history": res.history,
     }
@@ -929,7 +1017,13 @@ def build_parser(prog: str = "gnnserve train") -> argparse.ArgumentParser:
     p.add_argument("--feature-norm", choices=(*NORM_MODES, "auto"), default=d.feature_norm)
     p.add_argument("--binarize", action="store_true", help="map non-zero features to 1 (e.g. Coauthor counts)")
     p.add_argument("--pool", choices=POOLS, default=d.pool, help="shaDow readout pooling")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="shaDow: targets per training batch")
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="targets per training batch (shaDow; plain models in mini-batch mode)")
+    p.add_argument("--minibatch", choices=("auto", "on", "off"), default=d.minibatch,
+                   help="plain models: train on mini-batches of sampled plans; auto = when full-batch training "
+                        f"would need more than {d.minibatch_above_bytes >> 30} GiB (models.train.full_batch_bytes)")
+    p.add_argument("--minibatch-width", type=int, default=d.minibatch_width,
+                   help="sampling width of the mini-batch training plans (0 = exact)")
     p.add_argument("--ppr-k", type=int, default=d.ppr_k, help="shaDow: maximum PPR budget K")
     p.add_argument("--ppr-alpha", type=float, default=None, help="shaDow: PPR teleport setting (see kernels.ppr)")
     p.add_argument("--ppr-eps", type=float, default=None, help="shaDow: PPR push tolerance")
@@ -990,7 +1084,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "gnnserve train") -> int
             binarize=args.binarize, pool=args.pool, batch_size=args.batch_size, ppr_k=args.ppr_k,
             ppr=ppr or None, knob_widths=args.knob_widths, knob_budgets=args.knob_budgets,
             knob_batch_size=args.knob_batch_size, knob_latency_nodes=args.knob_latency_nodes,
-            knob_accuracy_nodes=args.knob_accuracy_nodes, eval_nodes=args.eval_nodes, device=args.device,
+            knob_accuracy_nodes=args.knob_accuracy_nodes, eval_nodes=args.eval_nodes, minibatch=args.minibatch,
+            minibatch_width=args.minibatch_width, device=args.device,
         )
     except (CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
