@@ -49,8 +49,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -67,12 +65,15 @@ from tests.serving import ServerProcess  # noqa: E402
 MODELS = ("gcn", "shadow-gcn")
 # A training run in a child process: models.train.train with JSON settings, stage lines on stderr,
 # then the child's peak RSS.
-_TRAIN_CHILD = """
-import json, resource, sys
+# The peak is VmHWM: getrusage's ru_maxrss survives exec on Linux, so it would report the parent's
+# resident size at the fork when that was larger.
+_HWM = "int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1])"
+_TRAIN_CHILD = f"""
+import json, sys
 from models.train import _stage_logging, train
 _stage_logging()
 train(sys.argv[1], sys.argv[2], sys.argv[3], progress=False, overwrite=True, **json.loads(sys.argv[4]))
-print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
+print("PEAK_RSS_KB", {_HWM}, file=sys.stderr)
 """
 
 
@@ -87,6 +88,41 @@ def _proc_status(pid: int) -> dict[str, int]:
     except OSError:
         pass
     return out
+
+
+# Loading (generating) and saving a dataset in a child process, so that the benchmark process does
+# not keep the generator's peak memory while the server runs: prints one JSON line of figures.
+_LOAD_CHILD = f"""
+import json, sys, time
+import numpy as np
+from kernels.datasets import load_dataset
+spec, repo, pool, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+t0 = time.perf_counter()
+ds = load_dataset(spec)
+load_s = time.perf_counter() - t0
+deg = np.diff(np.asarray(ds.graph.indptr))
+d = repo + "/_data/" + ds.fingerprint()
+t0 = time.perf_counter()
+ds.save(d)
+save_s = time.perf_counter() - t0
+test = ds.split("test")
+rng = np.random.default_rng(seed)
+print(json.dumps({{"load_s": load_s, "load_times": dict(ds.load_times), "save_s": save_s, "data_dir": d,
+                  "num_nodes": ds.num_nodes, "num_edges": ds.graph.num_edges, "mean_degree": float(deg.mean()),
+                  "max_degree": int(deg.max()), "num_features": ds.num_features, "num_classes": ds.num_classes,
+                  "pool": [int(v) for v in rng.choice(test, size=min(pool, len(test)), replace=False)],
+                  "peak_rss": {_HWM} * 1024}}))
+"""
+
+
+def load_child(spec: str, repo: Path, pool: int, seed: int) -> dict[str, Any]:
+    """Load or generate ``spec`` and save it under ``repo/_data`` in a child process; its figures."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", _LOAD_CHILD, spec, str(repo), str(pool), str(seed)],
+                          capture_output=True, text=True, env=env, cwd=REPO)
+    if proc.returncode != 0:
+        raise RuntimeError(f"loading {spec} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def train_child(data: Path, kind: str, out: Path, settings: dict[str, Any], log_path: Path) -> dict[str, Any]:
@@ -106,34 +142,24 @@ def train_child(data: Path, kind: str, out: Path, settings: dict[str, Any], log_
     return {"wall_s": wall, "peak_rss": peak, "stages": metrics.get("stage_times_s", {}),
             "test_accuracy": metrics["test_accuracy"], "val_accuracy": metrics["val_accuracy"],
             "epochs_run": metrics["epochs_run"], "default_S": conf["default_sampling_width"],
-            "default_K": conf["default_ppr_budget"], "ppr": conf.get("ppr")}
+            "default_K": conf["default_ppr_budget"], "ppr": conf.get("ppr"), "minibatch": metrics.get("minibatch")}
 
 
 def bench_dataset(label: str, spec: str, args: argparse.Namespace, kinds: list[str], work: Path,
                   noop: NoopServer, log: Any) -> dict[str, Any]:
-    from kernels.datasets import GraphDataset, load_dataset
+    from kernels.datasets import GraphDataset
 
     res: dict[str, Any] = {"label": label, "spec": spec, "models": {}}
     repo = work / "repo"
-    log(f"{label}: loading {spec} ...")
-    t0 = time.perf_counter()
-    ds = load_dataset(spec)
-    res["load_s"] = time.perf_counter() - t0
-    res["load_times"] = dict(ds.load_times)
-    deg = np.diff(np.asarray(ds.graph.indptr))
-    res.update(num_nodes=ds.num_nodes, num_edges=ds.graph.num_edges, mean_degree=float(deg.mean()),
-               max_degree=int(deg.max()), num_features=ds.num_features, num_classes=ds.num_classes)
-    data_dir = repo / "_data" / ds.fingerprint()
-    t0 = time.perf_counter()
-    ds.save(data_dir)
-    res["save_s"] = time.perf_counter() - t0
-    rng = np.random.default_rng(args.seed)
-    test = ds.split("test")
-    pool = [int(v) for v in rng.choice(test, size=min(args.pool, len(test)), replace=False)]
-    log(f"{label}: N={ds.num_nodes:,} E={ds.graph.num_edges:,} (mean degree {deg.mean():.1f}, max {deg.max():,}), "
-        f"loaded in {res['load_s']:.1f} s {res['load_times']}, saved in {res['save_s']:.1f} s")
-    del ds, deg, test
-    gc.collect()
+    log(f"{label}: loading {spec} (child process) ...")
+    info = load_child(spec, repo, args.pool, args.seed)
+    pool = info.pop("pool")
+    data_dir = Path(info.pop("data_dir"))
+    res["load_peak_rss"] = info.pop("peak_rss")
+    res.update(info)
+    log(f"{label}: N={res['num_nodes']:,} E={res['num_edges']:,} (mean degree {res['mean_degree']:.1f}, max "
+        f"{res['max_degree']:,}), loaded in {res['load_s']:.1f} s {res['load_times']}, saved in {res['save_s']:.1f} s, "
+        f"peak RSS {res['load_peak_rss'] / 2**30:.2f} GiB")
 
     for kind in kinds:
         settings = dict(TRAIN_SETTINGS, epochs=args.epochs, patience=args.epochs, eval_nodes=args.eval_nodes,
@@ -205,8 +231,8 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"### {d['label']}\n")
         print(f"N = {d['num_nodes']:,}, E = {d['num_edges']:,} (CSR entries; mean degree {d['mean_degree']:.1f}, "
               f"max {d['max_degree']:,}), F = {d['num_features']}, C = {d['num_classes']}. Load {d['load_s']:.1f} s "
-              f"(" + ", ".join(f"{k} {v:.1f} s" for k, v in lt.items()) + f"), saved as a dataset directory in "
-              f"{d['save_s']:.1f} s. Server (both models, --warm-projections): ready in {d['server_start_s']:.1f} s, "
+              f"(" + ", ".join(f"{k} {v:.1f} s" for k, v in lt.items()) + f"; peak RSS "
+              f"{d['load_peak_rss'] / 2**30:.2f} GiB), saved as a dataset directory in {d['save_s']:.1f} s. Server (both models, --warm-projections): ready in {d['server_start_s']:.1f} s, "
               f"RSS {d['server_rss_ready'] / 2**30:.2f} GiB at ready, {d.get('server_rss_end', 0) / 2**30:.2f} GiB "
               f"after the load, peak {d.get('server_hwm', 0) / 2**30:.2f} GiB.\n")
         print("| model | epochs | test acc | train wall s | PPR lists s | fit s | knob table s | train peak RSS GiB | "
@@ -235,6 +261,8 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
                 ("server RSS at ready GiB", lambda d: fmt(d["server_rss_ready"] / 2**30))]
         for kind in results["kinds"]:
             rows += [
+                (f"{kind} training mode", lambda d, k=kind: "mini-batch" if d["models"][k]["train"].get("minibatch")
+                 else "full batch" if not k.startswith("shadow") else "PPR batches"),
                 (f"{kind} train wall s", lambda d, k=kind: fmt(d["models"][k]["train"]["wall_s"], 1)),
                 (f"{kind} single p50 ms (x floor)", lambda d, k=kind: (
                     f"{fmt(d['models'][k]['seq']['p50_ms'])} ({fmt(d['models'][k]['seq']['p50_ms'] / d['models'][k]['seq']['floor_p50_ms'])}x)")),
