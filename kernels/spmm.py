@@ -243,11 +243,13 @@ EXACT_BACKEND = "auto"
 def _exact_through_torch(graph: CSRGraph) -> bool:
     """Whether an exact CPU pass goes to ``torch.sparse.mm`` rather than the compiled kernel.
 
-    Measured on the 2-vCPU VM (docs/BENCHMARKS.md, 2026-11-25): the compiled kernel's exact pass is
-    as fast as MKL's or faster on Amazon Computers, Coauthor Physics and the arxiv-shaped graph at
-    F = 64 and 256 when both run on the same threads. MKL wins where it has more threads: when
-    numba's thread count is capped below torch's (``NUMBA_NUM_THREADS``), so ``"auto"`` sends a
-    graph big enough for the parallel kernel there, and keeps the kernel everywhere else.
+    ``"auto"``: MKL for a graph of at least :data:`kernels.spmm_cpu.PARALLEL_ROWS` rows, the kernel
+    below (a request-sized graph, where building the CSR view and entering MKL cost more than the
+    product). Measured on the 2-vCPU VM (docs/BENCHMARKS.md, 2026-11-25), the kernel's exact pass
+    ranged from 0.6x to 1.2x of ``torch.sparse.mm`` on a quiet machine, depending on the graph and F
+    (and from 1.6x to 2.4x faster on a loaded one), while MKL over :func:`exact_csr_view` stayed
+    within 0.87x to 1.01x of the baseline in every run: the kernel has nothing to skip in an exact
+    pass, so MKL's product is the safe choice there.
     """
     if EXACT_BACKEND == "torch":
         return True
@@ -255,7 +257,7 @@ def _exact_through_torch(graph: CSRGraph) -> bool:
         return False
     from . import spmm_cpu
 
-    return graph.num_nodes >= spmm_cpu.PARALLEL_ROWS and spmm_cpu.kernel_threads() < torch.get_num_threads()
+    return graph.num_nodes >= spmm_cpu.PARALLEL_ROWS
 
 
 def exact_csr_view(graph: CSRGraph, dtype: torch.dtype = torch.float32) -> torch.Tensor:

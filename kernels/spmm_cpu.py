@@ -22,13 +22,14 @@ How it is fast (each measured against the previous version on Amazon Computers, 
   float32 product never widens to float64 in the inner loop, which LLVM vectorises over features.
 * **four kept edges per step**: four gathered rows are combined before the output row is
   touched, which halves the loads and stores of the accumulator and keeps four independent
-  gathers in flight.
+  gathers in flight; the first kept edge writes the row (no zeroing pass) and a row whose scale
+  is 1 (a ``sum`` row that keeps all its edges) is not rescaled.
 * **parallel over rows** in chunks handed out dynamically (a degree-skewed graph, or a core
   another process is using, does not leave a thread idle), on ``min(torch's, numba's)`` thread
   count (:func:`kernel_threads`).
 
 Accumulation is in the dtype of ``x`` (float32 or float64), in edge order within a row except that
-each group of four kept edges is summed pairwise before it is added, so results equal the torch
+after the first kept edge each group of four is summed pairwise before it is added, so results equal the torch
 path up to rounding (tests compare them on random graphs). The result does not depend on the
 thread count: a row is always one thread's work.
 """
@@ -93,8 +94,9 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pr
         d = indptr[i + 1] - s0
         k = d if width <= 0 or d <= width else width
         row = out[i]
-        for c in range(f):
-            row[c] = 0.0
+        if k == 0:
+            for c in range(f):
+                row[c] = 0.0
         if fastrand and width > 0 and d > width:
             step = FASTRAND_PRIME % d
             m = fastrand_period(d)
@@ -105,6 +107,17 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pr
         off = 0
         tm = 0
         t = 0
+        if k > 0:  # the first kept edge initialises the row (no separate zeroing pass)
+            p0, b, off, tm = _next_position(b, off, tm, step, d, m)
+            e0 = s0 + p0
+            j0 = indices[e0]
+            c0 = x.dtype.type(weights[e0]) if has_w else one
+            if agg == 2:
+                c0 *= dinv[j0]
+            x0 = x[j0]
+            for c in range(f):
+                row[c] = c0 * x0[c]
+            t = 1
         while t + 4 <= k:
             p0, b, off, tm = _next_position(b, off, tm, step, d, m)
             p1, b, off, tm = _next_position(b, off, tm, step, d, m)
@@ -156,8 +169,9 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pr
             if agg == 2:
                 scale *= dinv[i]
             sc = x.dtype.type(scale)
-            for c in range(f):
-                row[c] *= sc
+            if sc != one:  # an unsampled sum row keeps its sum as it is
+                for c in range(f):
+                    row[c] *= sc
         if agg == 2:
             self_w = dinv[i] * dinv[i]
             xi = x[i]

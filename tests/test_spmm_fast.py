@@ -116,7 +116,8 @@ def test_fast_kernel_reads_the_fastrand_positions():
         assert float(got[0, 0]) == pytest.approx(float(pos.double().mean()), rel=1e-12), (d, width)
 
 
-def test_parallel_equals_serial_exactly(parallel_always):
+def test_parallel_equals_serial_exactly(parallel_always, monkeypatch):
+    monkeypatch.setattr(spmm_mod, "EXACT_BACKEND", "kernel")  # exact passes too: the kernel both times
     g = make_graph(5, weighted=True)
     x = torch.randn(g.num_nodes, 37)
     with torch.no_grad():
@@ -176,31 +177,29 @@ def test_thread_count_follows_torch_and_numba(monkeypatch):
 
 
 def test_exact_dispatch_rule(monkeypatch):
-    """``auto``: the kernel unless numba has fewer threads than torch; then MKL over the view."""
+    """``auto``: an exact pass on a graph of PARALLEL_ROWS rows or more goes to MKL over the view;
+    sampled passes and exact passes on smaller graphs run the kernel."""
     g = make_graph(8, n=5000, weighted=True)
+    assert g.num_nodes >= spmm_cpu.PARALLEL_ROWS
     x = torch.randn(g.num_nodes, 12)
     calls = []
     real = spmm_mod._exact_spmm_mkl
     monkeypatch.setattr(spmm_mod, "_exact_spmm_mkl", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(spmm_mod, "EXACT_BACKEND", "auto")
     with torch.no_grad():
-        sampled_spmm(g, x, 0)
-        sampled_spmm(g, x, 16)  # sampled passes never go to MKL
-    assert calls == []
-    torch_threads = torch.get_num_threads()
-    before = numba.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        numba.set_num_threads(1)
-        with torch.no_grad():
-            got = sampled_spmm(g, x, 0, aggregator="gcn")
-            small = make_graph(9, n=300, big_rows=False)  # below PARALLEL_ROWS: the serial kernel, whatever the threads
-            sampled_spmm(small, torch.randn(300, 3), 0)
+        sampled_spmm(g, x, 16)  # sampled: the kernel
+        small = make_graph(9, n=300, big_rows=False)  # below PARALLEL_ROWS: the serial kernel
+        sampled_spmm(small, torch.randn(300, 3), 0)
+        assert calls == []
+        got = sampled_spmm(g, x, 0, aggregator="gcn")
         assert calls == [1]
-        assert_matches_spec(got, g, x, 0, "fastrand", "gcn", "gcn through MKL")
-    finally:
-        torch.set_num_threads(torch_threads)
-        numba.set_num_threads(before)
+        sampled_spmm(g, x, int(g.degrees.max()), aggregator="mean")  # a width no row exceeds is exact
+        assert calls == [1, 1]
+    assert_matches_spec(got, g, x, 0, "fastrand", "gcn", "gcn through MKL")
+    monkeypatch.setattr(spmm_mod, "EXACT_BACKEND", "kernel")
+    with torch.no_grad():
+        sampled_spmm(g, x, 0)
+    assert calls == [1, 1]
 
 
 def test_exact_view_is_never_stale(monkeypatch):
