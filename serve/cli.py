@@ -99,7 +99,20 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--gpu-min-targets", type=int, default=64,
                     help="--device cuda: batches of fewer targets run the compiled CPU forward (a CPU copy of "
                          "the model), where the GPU's launch and copy costs outweigh its arithmetic (0 = all on GPU)")
-    ap.add_argument("--max-nodes-per-request", type=int, default=4096)
+    ap.add_argument("--max-nodes-per-request", type=int, default=4096,
+                    help="ids plus new nodes per request; checked on the request's bytes before it is parsed")
+    ap.add_argument("--max-new-node-edges", type=int, default=100_000,
+                    help="neighbours over all new nodes of one request")
+    ap.add_argument("--max-request-work", type=int, default=50_000_000,
+                    help="refuse (RESOURCE_EXHAUSTED) a request whose estimated work, in edges aggregated, "
+                         "exceeds this (an exact-width request on a hub of a deep plain model, say)")
+    ap.add_argument("--max-queue-work", type=int, default=500_000_000,
+                    help="bound of each model's queue in estimated work (edges), beside --max-queue-targets")
+    ap.add_argument("--inline-max-work", type=int, default=20_000,
+                    help="a batch runs on the event loop (see --inline-max-targets) only when its estimated "
+                         "work is at most this many edges")
+    ap.add_argument("--max-concurrent-rpcs", type=int, default=1000,
+                    help="RPCs run at once (a stream counts as one); more get RESOURCE_EXHAUSTED")
     ap.add_argument("--projection-cache-bytes", type=int, default=2 << 30)
     ap.add_argument("--activation-cache-bytes", type=int, default=256 << 20,
                     help="plain 2-layer models: keep each node's first-layer output per sampling width (one "
@@ -114,7 +127,8 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--drain-s", type=float, default=0.0,
                     help="after SIGTERM, keep refusing new RPCs with UNAVAILABLE for at least this long "
                          "before closing the listener (give load balancers time to route away)")
-    ap.add_argument("--workers", type=int, default=1, help="batch worker threads")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="batch worker threads per model (each model has its own: a slow one never stalls another)")
     ap.add_argument("--token-file", default=None,
                     help="require 'authorization: Bearer <token>' (token in this file; default: the file named by "
                          "$GNNSERVE_TOKEN_FILE, else $GNNSERVE_TOKEN); a blank or unreadable token refuses to start")
@@ -167,6 +181,10 @@ def _serve(argv: Sequence[str]) -> int:
             inline_max_targets=args.inline_max_targets,
             gpu_min_targets=args.gpu_min_targets,
             max_nodes_per_request=args.max_nodes_per_request,
+            max_new_node_edges=args.max_new_node_edges,
+            max_request_work=args.max_request_work,
+            max_queue_work=args.max_queue_work,
+            inline_max_work=args.inline_max_work,
             projection_budget_bytes=args.projection_cache_bytes,
             activation_budget_bytes=args.activation_cache_bytes,
             ppr_cache_dir=args.ppr_cache,
@@ -183,6 +201,7 @@ def _serve(argv: Sequence[str]) -> int:
         grace_s=args.grace_s,
         drain_s=args.drain_s,
         workers=args.workers,
+        max_concurrent_rpcs=args.max_concurrent_rpcs,
         token=token,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,

@@ -5,8 +5,12 @@
 other exception is logged with its traceback and a request id, and answered ``INTERNAL`` with
 only that id, never internals. A request whose bytes do not parse is answered ``INVALID_ARGUMENT``
 (not gRPC's own UNKNOWN with the parser's exception text), and messages are bounded to
-:data:`MAX_DETAILS_CHARS` (they can echo request fields). It also counts finished RPCs by code,
-and admits RPCs through the server's :class:`DrainGate`.
+:data:`MAX_DETAILS_CHARS` (they can echo request fields). ``Predict`` and ``ModelInfer`` requests
+are first checked on their bytes for what they declare (:mod:`serve.wire`): a request of more ids
+than the limit is refused before protobuf allocates them. It also counts finished RPCs by code (a
+call the client cancelled or whose deadline passed as ``CANCELLED`` / ``DEADLINE_EXCEEDED``, never
+``OK``; the ``model`` label only ever names a served model, so client-chosen names cannot grow the
+series), and admits RPCs through the server's :class:`DrainGate`.
 
 :class:`DrainGate` is the first step of a graceful stop. Once it closes, every new RPC but health
 checks and Triton's ``ServerLive`` is answered ``UNAVAILABLE`` by the server's own handler, and
@@ -35,6 +39,7 @@ from grpc import aio
 
 from .errors import InvalidArgument, Unavailable, status_for
 from .metrics import ServerMetrics
+from .wire import WireLimits, check_infer, check_predict
 
 __all__ = ["MAX_DETAILS_CHARS", "BearerAuthInterceptor", "DrainGate", "ErrorMappingInterceptor", "bounded"]
 
@@ -48,6 +53,10 @@ _OPEN_METHODS = (
 
 
 MAX_DETAILS_CHARS = 1024
+
+PREDICT_METHOD = "/gnnserve.v1.GnnService/Predict"
+INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+STREAM_INFER_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 _UNGATED_METHODS = ("/grpc.health.v1.Health/", "/inference.GRPCInferenceService/ServerLive")
 
@@ -124,6 +133,26 @@ def _model_of(request: Any) -> str:
     return ""
 
 
+def _request_id_of(request: Any) -> str:
+    """The client's id of a request (``PredictRequest.request_id``, ``ModelInferRequest.id``), or ""."""
+    for attr in ("request_id", "id"):
+        v = getattr(request, attr, None)
+        if isinstance(v, str) and v:
+            return v[:64]
+    return ""
+
+
+def unparsed_reason(request: Any) -> str | None:
+    """Why a request that reached a handler is not a message: refused from its bytes or undecodable
+    (for stream handlers, which get these stand-ins per message, see :class:`ErrorMappingInterceptor`);
+    ``None`` for a parsed message."""
+    if isinstance(request, _Refused):
+        return request.message
+    if isinstance(request, _Undecodable):
+        return f"the request ({request.size} bytes) is not a valid message of its type and cannot be parsed"
+    return None
+
+
 class _Undecodable:
     """Stands in for a request whose bytes do not parse (answered INVALID_ARGUMENT by the handler)."""
 
@@ -131,8 +160,17 @@ class _Undecodable:
         self.size = size
 
 
-def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
-    """A deserializer that returns :class:`_Undecodable` instead of raising.
+class _Refused:
+    """Stands in for a request refused from its bytes, before parsing (:mod:`serve.wire`)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None,
+             precheck: Callable[[bytes], None] | None = None) -> Callable[[bytes], Any] | None:
+    """A deserializer that returns :class:`_Undecodable` instead of raising, and :class:`_Refused`
+    when ``precheck`` (a declared-size check of the raw bytes) refuses the request.
 
     gRPC answers a deserializer's exception with UNKNOWN and the exception's class and text
     (``Unexpected <class 'google.protobuf.message.DecodeError'>: ...``): a malformed request would
@@ -142,6 +180,11 @@ def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], A
         return None
 
     def parse(data: bytes) -> Any:
+        if precheck is not None:
+            try:
+                precheck(data)
+            except InvalidArgument as exc:
+                return _Refused(exc.message)
         try:
             return deserializer(data)
         except Exception:
@@ -173,9 +216,20 @@ def _wrap_unary(
 class ErrorMappingInterceptor(aio.ServerInterceptor):
     """Maps exceptions to status codes (see module docstring) and counts RPCs by code."""
 
-    def __init__(self, metrics: ServerMetrics | None = None, gate: DrainGate | None = None) -> None:
+    def __init__(self, metrics: ServerMetrics | None = None, gate: DrainGate | None = None, *,
+                 wire_limits: WireLimits | None = None,
+                 model_label: Callable[[str], str] | None = None) -> None:
         self._metrics = metrics
         self._gate = gate
+        # the declared-size checks of request bytes, by full method name (serve.wire)
+        limits = wire_limits or WireLimits()
+        self._prechecks: dict[str, Callable[[bytes], None]] = {
+            PREDICT_METHOD: lambda data: check_predict(data, limits),
+            INFER_METHOD: lambda data: check_infer(data, limits),
+        }
+        # a request's model name as a metric label: only names the server knows ("" otherwise), so a
+        # client cannot make a new time series per name it sends
+        self._model_label = model_label or (lambda name: "")
         # method -> (the handler it wrapped, the wrapper): built once per method, not per RPC
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
@@ -185,15 +239,30 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
+        if handler is None:
             return handler
         full_method = handler_call_details.method
+        if handler.stream_stream is not None and full_method == STREAM_INFER_METHOD:
+            # each message of the stream gets the declared-size check and the lenient parse; the
+            # handler answers a stand-in (unparsed_reason) with an error message on the stream
+            known = self._wrapped.get(full_method)
+            if known is not None and known[0] is handler:
+                return known[1]
+            wrapped = grpc.stream_stream_rpc_method_handler(
+                handler.stream_stream,
+                request_deserializer=_lenient(handler.request_deserializer, self._prechecks[INFER_METHOD]),
+                response_serializer=handler.response_serializer)
+            self._wrapped[full_method] = (handler, wrapped)
+            return wrapped
+        if handler.unary_unary is None:
+            return handler
         known = self._wrapped.get(full_method)
         if known is not None and known[0] is handler:
             return known[1]
         method = full_method.rsplit("/", 1)[-1]
         metrics = self._metrics
         gate = self._gate
+        model_label = self._model_label
 
         async def guarded(request: Any, context: aio.ServicerContext, inner: Callable[..., Awaitable[Any]]) -> Any:
             code = grpc.StatusCode.OK
@@ -202,15 +271,15 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
             def count() -> None:
                 nonlocal counted
                 if metrics is not None and not counted:
-                    # an unknown model's name is the client's: as a label, every new name would be a new series
-                    model = "" if code == grpc.StatusCode.NOT_FOUND else _model_of(request)
-                    metrics.count_request(model, method, code.name)
+                    metrics.count_request(model_label(_model_of(request)), method, code.name)
                     counted = True
 
             try:
                 if isinstance(request, _Undecodable):
                     raise InvalidArgument(f"the {method} request ({request.size} bytes) is not a valid message "
                                           "of its type and cannot be parsed")
+                if isinstance(request, _Refused):
+                    raise InvalidArgument(request.message)
                 if gate is not None and gate.gates(full_method):
                     gate.enter(method)
                     admitted = True
@@ -218,8 +287,13 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
             except aio.AbortError:
                 code = context.code() or grpc.StatusCode.UNKNOWN
                 raise
+            except asyncio.CancelledError:  # the client cancelled, or its deadline passed while we worked
+                remaining = context.time_remaining()
+                code = (grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0
+                        else grpc.StatusCode.CANCELLED)
+                raise
             except Exception as exc:
-                mapped = status_for(exc)
+                mapped = status_for(exc, _request_id_of(request))
                 if mapped is not None:
                     code, message = mapped
                     message = bounded(message)
@@ -236,7 +310,8 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
                     gate.leave()  # type: ignore[union-attr]
                 count()
 
-        wrapped = _wrap_unary(handler, guarded, _lenient(handler.request_deserializer))
+        wrapped = _wrap_unary(handler, guarded,
+                              _lenient(handler.request_deserializer, self._prechecks.get(full_method)))
         self._wrapped[full_method] = (handler, wrapped)
         return wrapped
 

@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -65,6 +67,47 @@ def _dir_stamp(path: Path) -> float:
         return 0.0
 
 
+#: model names a NOT_FOUND message lists at most
+NOT_FOUND_NAMES = 10
+#: characters of a client-sent model name a message repeats at most
+SHOWN_NAME_CHARS = 64
+
+
+def _shown(name: str) -> str:
+    """A client-sent model name for a message, cut to :data:`SHOWN_NAME_CHARS` characters."""
+    if len(name) <= SHOWN_NAME_CHARS:
+        return repr(name)
+    return f"{name[:SHOWN_NAME_CHARS]!r}... ({len(name)} characters)"
+
+
+def _in_daemon_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    """Run ``fn(*args)`` in a new daemon thread; its result as a future of ``loop``.
+
+    Model loads run here rather than in a ``ThreadPoolExecutor``: the interpreter joins a pool's
+    threads at exit, so a SIGTERM during a long load (a PPR index build, a store that does not
+    answer) would keep the process alive until the load ended, past any grace period. A daemon
+    thread is abandoned at exit instead; awaiting the future can be cancelled at any time.
+    """
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not fut.done():
+            (fut.set_result if ok else fut.set_exception)(value)
+
+    def run() -> None:
+        try:
+            value = fn(*args)
+        except BaseException as exc:
+            ok, value = False, exc
+        else:
+            ok = True
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, ok, value)
+
+    threading.Thread(target=run, name="gnnserve-loader", daemon=True).start()
+    return fut
+
+
 def _transient(exc: BaseException) -> bool:
     from .features.base import FeatureUnavailable
 
@@ -77,7 +120,10 @@ class ModelRegistry:
     Args:
         repo: the repository directory.
         options: runtime options (device, batching, limits).
-        executor: where batches (and loading) run.
+        executor: where every model's batches run (shared); ``None`` (the server's default): each
+            model name gets its own pool of ``workers`` threads, so a slow model (a Redis-backed one
+            waiting on its store, a heavy batch) never holds up the batches of another.
+        workers: threads per model when ``executor`` is not given.
         metrics: server metrics (feature-store metrics register on its registry too).
         data_paths: explicit dataset paths (``.npz``, dataset dirs) searched first by fingerprint.
         feature_url: feature store URL (``memory`` default, ``redis://...``); see serve.features.
@@ -91,6 +137,7 @@ class ModelRegistry:
         options: RuntimeOptions | None = None,
         *,
         executor: concurrent.futures.Executor | None = None,
+        workers: int = 1,
         metrics: ServerMetrics | None = None,
         data_paths: list[str] | None = None,
         feature_url: str = "memory",
@@ -101,8 +148,11 @@ class ModelRegistry:
         if not self.repo.is_dir():
             raise RepositoryError(f"model repository {self.repo} is not a directory")
         self.options = options or RuntimeOptions()
-        self.executor = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gnnserve-worker")
-        self._loader_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gnnserve-loader")
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        self.executor = executor  # shared by every model when given
+        self.workers = workers
+        self._executors: dict[str, concurrent.futures.ThreadPoolExecutor] = {}  # per model name
         self.metrics = metrics or ServerMetrics()
         self.data_paths = list(data_paths or [])
         self.feature_url = feature_url
@@ -123,15 +173,14 @@ class ModelRegistry:
         """The runtime for ``name`` (latest version unless given). NOT_FOUND / UNAVAILABLE otherwise."""
         versions = self._models.get(name)
         if not versions:
-            known = ", ".join(sorted(self._models)) or "none loaded"
-            raise ModelNotFound(f"model {name!r} not found (models: {known})")
+            raise ModelNotFound(f"model {_shown(name)} not found ({self._known_names()})")
         if version in ("", None):
             rt = versions[max(versions)]
         else:
             try:
                 v = int(version)
             except (TypeError, ValueError):
-                raise ModelNotFound(f"model {name!r} has no version {version!r} (versions: "
+                raise ModelNotFound(f"model {name!r} has no version {_shown(str(version))} (versions: "
                                     f"{', '.join(map(str, sorted(versions)))})") from None
             rt = versions.get(v)
             if rt is None:
@@ -141,6 +190,21 @@ class ModelRegistry:
         if not rt.ready:
             raise Unavailable(f"model {name!r} v{rt.version} is not ready")
         return rt
+
+    def _known_names(self) -> str:
+        """The served model names for a NOT_FOUND message: the first few (the message travels to any
+        client, and a repository can hold many models; ListModels lists them all)."""
+        names = sorted(self._models)
+        if not names:
+            return "no model is loaded"
+        shown = ", ".join(names[:NOT_FOUND_NAMES])
+        more = len(names) - NOT_FOUND_NAMES
+        return f"models: {shown}" + (f" and {more} more (ListModels lists them)" if more > 0 else "")
+
+    def label_of(self, name: str) -> str:
+        """``name`` as a metric label: itself for a model this server serves, else "" (client-chosen
+        names must not create time series)."""
+        return name if name in self._models else ""
 
     def snapshot(self) -> dict[str, dict[int, ModelRuntime]]:
         # list() and dict() copy in one C call each: safe from the metrics thread while a version loads
@@ -272,7 +336,7 @@ class ModelRegistry:
                 if not (path / "config.json").exists():
                     continue  # still being written: checkpoints land atomically, config last
                 try:
-                    rt = await loop.run_in_executor(self._loader_pool, self._load_version, name, version, path)
+                    rt = await _in_daemon_thread(loop, self._load_version, name, version, path)
                 except Exception as exc:
                     reason = f"{type(exc).__name__}: {exc}"
                     # Redis (graph or features) unreachable: retry at the next scan, not only when the
@@ -281,6 +345,9 @@ class ModelRegistry:
                     log.error("model %s v%d at %s refused: %s", name, version, path, reason)
                     continue
                 self._failed.pop(path, None)
+                if self._closing:  # the server began to stop while this version loaded
+                    await rt.close(0)
+                    return changed
                 self._models.setdefault(name, {})[version] = rt
                 changed = True
                 log.info("serving model %s v%d (%s, %s) from %s", name, version, rt.architecture, rt.extractor, path)
@@ -321,7 +388,22 @@ class ModelRegistry:
                         close()
                     except Exception:
                         log.exception("closing a data store failed")
-        self._loader_pool.shutdown(wait=False, cancel_futures=True)
+        self.shutdown_executors()
+
+    def executor_for(self, name: str) -> concurrent.futures.Executor:
+        """Where model ``name``'s batches run: the shared executor, or the model's own pool."""
+        if self.executor is not None:
+            return self.executor
+        pool = self._executors.get(name)
+        if pool is None:
+            pool = self._executors[name] = concurrent.futures.ThreadPoolExecutor(
+                self.workers, thread_name_prefix=f"gnnserve-{name[:16]}")
+        return pool
+
+    def shutdown_executors(self) -> None:
+        """Stop the per-model pools (running batches finish; queued ones are cancelled)."""
+        for pool in self._executors.values():
+            pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ one version
     def _load_version(self, name: str, version: int, path: Path) -> ModelRuntime:
@@ -339,7 +421,7 @@ class ModelRegistry:
             from .features import install_hot_from_index
 
             install_hot_from_index(data.features, index)
-        rt = ModelRuntime(name, version, ckpt, data, index, self.options, self.executor, self.metrics)
+        rt = ModelRuntime(name, version, ckpt, data, index, self.options, self.executor_for(name), self.metrics)
         rt.warm()
         log.info("loaded %s v%d in %.1f s", name, version, time.perf_counter() - t0)
         return rt

@@ -17,7 +17,7 @@ A plain 2-layer model on the compiled CPU path keeps its first layer's output pe
 2 that layer's input rows (first-layer rows computed for the nodes not seen before), step 3 the
 last layer alone.
 
-Items with the same (sampling width, PPR budget) share a batch.
+Items with the same (sampling width, PPR budget, whether they bring new nodes) share a batch.
 """
 
 from __future__ import annotations
@@ -43,12 +43,13 @@ from kernels.plan import (
     edges_on_paths,
     edges_on_two_layer_paths,
     execution_plan,
+    walk_sums,
 )
 from kernels.subgraph import ExtraEdges, SubgraphBatch, induced_batch, lhop_nodes
 from models.base import gcn_dinv32
 
 from .batcher import DynamicBatcher, WorkItem
-from .errors import InvalidArgument, Unavailable
+from .errors import InvalidArgument, Overloaded, Unavailable
 from .features.memory import MemoryFeatureStore
 from .metrics import ServerMetrics
 from .projection import ActivationCache, ProjectionCache
@@ -114,6 +115,15 @@ class RuntimeOptions:
     #: batches of at most this many targets run on the event loop when nothing else waits (no thread
     #: hand-off; serve.batcher), when features are in memory and the graph local; 0 = never
     inline_max_targets: int = 8
+    #: ... and only when their estimated work (edges aggregated, :meth:`ModelRuntime.estimate_work`) is at
+    #: most this: an exact-width request on a hub or new nodes with long neighbour lists go to the worker
+    inline_max_work: int = 20_000
+    #: a request whose estimated work exceeds this is refused (RESOURCE_EXHAUSTED) before it is queued
+    max_request_work: int = 50_000_000
+    #: the batcher's queue bound in estimated work (beside max_queue_targets)
+    max_queue_work: int = 500_000_000
+    #: neighbours over all new nodes of one request
+    max_new_node_edges: int = 100_000
     #: ``device="cuda"``: batches of fewer targets than this take the compiled CPU forward (a CPU copy of the
     #: model and its own projection table) instead of the GPU, where launches and copies, not arithmetic, set
     #: a small batch's cost (docs/BENCHMARKS.md, "GPU"); 0 = every batch on the GPU
@@ -209,7 +219,20 @@ class ModelRuntime:
             default_ppr_budget=min(int(checkpoint.default_ppr_budget or max_k), max_k) if max_k else 0,
             max_nodes_per_request=options.max_nodes_per_request,
             knob_table=knob_rows(checkpoint.knobs),
+            max_new_node_edges=options.max_new_node_edges,
         )
+        # the price of a request before it runs (estimate_work): per node, a bound of its exact pass
+        self._walk_bound = self._scope_bound = self._nbr_scope_bound = None
+        if self.extractor == "lhop" and not self.remote_graph:
+            c = walk_sums(self.graph, self.hops)  # c_j = A^j d, j = 0..L (kernels.plan)
+            layers = max(1, self.hops)
+            # a plan's pass; an induced L-hop scope (the path a batch with new nodes takes, every row at every
+            # layer); a new node's scope, its neighbours' (L - 1)-hop balls
+            self._walk_bound = (np.arange(layers, 0, -1, dtype=np.float64) @ c[:layers]).astype(np.float32)
+            self._scope_bound = (layers * c.sum(axis=0)).astype(np.float32)
+            self._nbr_scope_bound = (layers * c[:layers].sum(axis=0)).astype(np.float32)
+            del c
+        self._mean_degree = (self.graph.num_edges / max(1, self.graph.num_nodes)) if self.graph.num_nodes else 0.0
         self.projections = ProjectionCache(
             self.model.project,
             data.features,
@@ -242,7 +265,8 @@ class ModelRuntime:
         # the plan path of a 2-layer plain model: the last layer alone from per-node first-layer rows
         # (edges_on_two_layer_paths counts a 2-layer path from the last layer's plan, hence 2 layers only)
         self._activations = (ActivationCache(self.graph, self._fused_params, self._dinv, self._cpu_projections,
-                                             strategy=self.strategy, budget_bytes=options.activation_budget_bytes)
+                                             strategy=self.strategy, budget_bytes=options.activation_budget_bytes,
+                                             reserved_width=resolve_knobs(self.limits, None, None, None)[0])
                              if self._fused_params is not None and self.extractor == "lhop" and self.hops == 2
                              and options.activation_budget_bytes > 0 else None)
         self.batcher = DynamicBatcher(
@@ -254,6 +278,8 @@ class ModelRuntime:
             # never on the loop when a batch may wait on Redis (features or graph rows)
             inline_max_targets=(options.inline_max_targets
                                 if isinstance(data.features, MemoryFeatureStore) and not self.remote_graph else 0),
+            inline_max_work=options.inline_max_work,
+            max_queue_work=options.max_queue_work,
             name=f"{name}/v{version}",
         )
         self.stats = ModelStats()  # Triton's ModelStatistics (serve.stats): recorded in submit and process
@@ -267,10 +293,19 @@ class ModelRuntime:
             raise InvalidArgument(
                 f"model {self.name}: this replica reads the graph from Redis (--graph) and cannot place new "
                 "nodes (that needs the whole graph in memory); send them to a server started without --graph")
-        key = (call.sampling_width, call.ppr_budget)
+        work = self.estimate_work(call)
+        if work > self.options.max_request_work:
+            raise Overloaded(
+                f"model {self.name}: this request would aggregate about {work} edges, more than the limit of "
+                f"{self.options.max_request_work} per request; use a smaller sampling_width (the exact width 0 "
+                "costs most on high-degree nodes), fewer nodes per request, or fewer new-node neighbours")
+        # a batch with new nodes takes induced subgraphs for every target (no plan, no induced table):
+        # requests with new nodes batch among themselves, so the others keep their fast path
+        key = (call.sampling_width, call.ppr_budget, bool(call.new_nodes))
         t0 = time.perf_counter_ns()
         try:
-            res: PredictResult = await self.batcher.submit(call, size=call.size, key=key, deadline=deadline)
+            res: PredictResult = await self.batcher.submit(call, size=call.size, key=key, deadline=deadline,
+                                                           work=work)
         except BaseException:
             self.stats.failed(time.perf_counter_ns() - t0)
             raise
@@ -278,6 +313,59 @@ class ModelRuntime:
         if self.server_metrics is not None:
             self.server_metrics.set_queue(self.name, self.batcher.queued_targets)
         return res
+
+    def activation_widths(self) -> list[int]:
+        """The sampling widths whose first-layer rows this model keeps (empty without an activation cache)."""
+        return [] if self._activations is None else self._activations.widths()
+
+    def estimate_work(self, call: PredictCall) -> int:
+        """The edges ``call`` would aggregate at most, before anything is computed (admission, the
+        inline decision). Upper bounds (tested against the answers' ``edges_kept``), as cheap as a
+        lookup per node, from :func:`kernels.plan.walk_sums` computed once per model:
+
+        * plain (L-hop) model, no new nodes (an execution plan): per distinct node, the walk bound of
+          its exact pass, capped at ``S (1 + S)^(L - l)`` edges for layer ``l`` when sampled at width
+          ``S``; with new nodes (induced L-hop scopes, every row at every layer): ``L`` times the
+          walk bound of the node's L-hop ball. A remote graph has no per-node bound: the mean degree
+          stands in for it;
+        * shaDow model: ``L K min(S, K)`` per target (a K-node subgraph, at most S edges per row);
+        * a new node: twice its neighbours (its edges count both ways), their degrees (the push or
+          the scope reads their rows) and its subgraph's cost as above.
+
+        Requests with and without new nodes never share a batch (:meth:`submit`), so a batch's work
+        is the sum of its requests'.
+        """
+        s, k = call.sampling_width, call.ppr_budget
+        layers = max(1, self.hops)
+        nodes = call.nodes
+        if len(nodes) > 1:
+            nodes = np.unique(nodes)  # a repeated id costs one subgraph and one forward row
+        local = not self.remote_graph
+        if self.extractor == "ppr":  # K-node subgraphs, at most min(S, K) edges per row and layer
+            per_target = float(layers * k * (min(s, k) if s else k))
+            work = per_target * len(nodes)
+        elif self._scope_bound is None:  # a remote graph: no per-node bound, the mean degree stands in
+            per_target = _sampled_edges_bound(min(s, self._mean_degree) if s else self._mean_degree, layers)
+            work = per_target * len(nodes)
+        elif call.new_nodes:  # the batch takes induced L-hop scopes (every row at every layer)
+            work = float(self._scope_bound[nodes].sum())
+        else:  # an execution plan; sampled rows keep at most S edges
+            cap = _sampled_edges_bound(s, layers) if s else math.inf
+            if len(nodes) == 1:
+                work = min(float(self._walk_bound[nodes[0]]), cap)
+            else:
+                work = float(np.minimum(self._walk_bound[nodes], cap).sum())
+        for spec in call.new_nodes:
+            d = len(spec.neighbors)
+            # the push or the scope reads the neighbours' rows; the new edges count both ways
+            work += 2 * d + (float(self.graph.degrees[spec.neighbors].sum()) if d and local else 0.0)
+            if self.extractor == "ppr" or self._nbr_scope_bound is None:
+                work += per_target
+            elif d:  # its scope: itself and its neighbours' (L - 1)-hop balls, every row at every layer
+                work += float(self._nbr_scope_bound[spec.neighbors].sum()) + layers * (2 * d + 1)
+            else:
+                work += layers
+        return int(min(work, 2**62))
 
     def cache_stats(self) -> dict[str, dict[str, float]]:
         """The per-node caches' statistics by cache: ``projection`` (and ``projection_cpu``, a GPU
@@ -553,6 +641,12 @@ class ModelRuntime:
         kept, total = batch.edge_counts(width)
         layers = max(1, self.hops)
         return kept * layers, total * layers
+
+
+def _sampled_edges_bound(width: float, layers: int) -> float:
+    """Edges an L-layer pass keeps per target at most when every row keeps ``width``: layer ``l``
+    aggregates at most ``(1 + width)^(L - l)`` rows of ``width`` edges each."""
+    return float(sum(width * (1.0 + width) ** (layers - layer) for layer in range(1, layers + 1)))
 
 
 def _weights_of(spec: Any) -> np.ndarray:

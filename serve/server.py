@@ -16,7 +16,6 @@ from the traffic a balancer still sends.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import signal
@@ -40,6 +39,7 @@ from .runtime import RuntimeOptions
 from .security import check_security_config
 from .servicer import GnnServicer
 from .triton import TritonServicer
+from .wire import WireLimits
 
 __all__ = ["BackgroundServer", "GnnServer", "ServerConfig", "serve_forever"]
 
@@ -63,7 +63,9 @@ class ServerConfig:
     poll_s: float = 2.0  # repository watch interval; 0 = no watching
     grace_s: float = 10.0
     drain_s: float = 0.0  # minimum time the listener refuses with UNAVAILABLE before gRPC closes
-    workers: int = 1
+    workers: int = 1  # batch worker threads per model
+    #: RPCs the server runs at once (streams count as one each); more get RESOURCE_EXHAUSTED from gRPC
+    max_concurrent_rpcs: int = 1000
     token: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -83,12 +85,11 @@ class GnnServer:
             log.warning("%s", warning)
         self.config = config
         self.metrics = ServerMetrics()
-        self.executor = concurrent.futures.ThreadPoolExecutor(config.workers, thread_name_prefix="gnnserve-worker")
         self.health = health.aio.HealthServicer()
         self.registry = ModelRegistry(
             config.repo,
             config.runtime,
-            executor=self.executor,
+            workers=config.workers,
             metrics=self.metrics,
             data_paths=config.data_paths,
             feature_url=config.feature_url,
@@ -100,9 +101,16 @@ class GnnServer:
         if config.token is not None:
             interceptors.append(BearerAuthInterceptor(config.token))
         self.gate = DrainGate(self.metrics.inflight)
-        interceptors.append(ErrorMappingInterceptor(self.metrics, self.gate))
+        rt_opts = config.runtime
+        wire_limits = WireLimits(max_nodes=rt_opts.max_nodes_per_request,
+                                 max_new_node_edges=rt_opts.max_new_node_edges)
+        interceptors.append(ErrorMappingInterceptor(self.metrics, self.gate, wire_limits=wire_limits,
+                                                    model_label=self.registry.label_of))
+        if config.max_concurrent_rpcs < 1:
+            raise ValueError("max_concurrent_rpcs must be >= 1")
         self.server = aio.server(
             interceptors=interceptors,
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs,
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -182,7 +190,6 @@ class GnnServer:
             self._watch_task.cancel()
         await asyncio.gather(self._drain_then_stop_grpc(grace), self.registry.close(grace))
         self.metrics.close()
-        self.executor.shutdown(wait=False, cancel_futures=True)
         self._stopped.set()
         log.info("stopped")
 
@@ -208,7 +215,19 @@ async def serve_forever(config: ServerConfig, ready_file: str | None = None) -> 
     """Run until SIGTERM/SIGINT; ``ready_file`` gets the bound port once models are served."""
     server = GnnServer(config)
     server.install_signal_handlers()
-    port = await server.start()
+    # a signal during start-up (models still loading) stops the server at once: start() is abandoned,
+    # not awaited to its end (a load can take minutes; loads run in daemon threads, see serve.registry)
+    starting = asyncio.ensure_future(server.start())
+    stopped = asyncio.ensure_future(server.wait())
+    await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        log.info("stopped while starting; model loads still running are abandoned")
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        return
+    stopped.cancel()
+    port = starting.result()
     if ready_file:
         Path(ready_file).write_text(f"{port}\n")
     await server.wait()

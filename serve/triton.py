@@ -57,7 +57,7 @@ from clients._gen import inference_pb2 as pb
 from clients._gen import inference_pb2_grpc as pb_grpc
 
 from .errors import GnnServeError, InvalidArgument, ModelNotFound, Unavailable, status_for
-from .interceptors import bounded
+from .interceptors import bounded, unparsed_reason
 from .registry import RepositoryError
 from .servicer import deadline_of
 from .validation import validate_predict
@@ -448,6 +448,9 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
     # ------------------------------------------------------------------ streaming
     async def _stream_one(self, request: pb.ModelInferRequest, deadline: float | None) -> pb.ModelStreamInferResponse:
         """One request of a stream, answered: its response, or its error as ``error_message``."""
+        problem = unparsed_reason(request)
+        if problem is not None:  # refused from its bytes, or undecodable: the stream goes on
+            return pb.ModelStreamInferResponse(error_message=bounded(f"INVALID_ARGUMENT: {problem}"))
         admitted = False
         try:
             if self.gate is not None:
@@ -455,7 +458,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
                 admitted = True
             return pb.ModelStreamInferResponse(infer_response=await self._infer(request, deadline))
         except Exception as exc:
-            mapped = status_for(exc)
+            mapped = status_for(exc, request.id[:64])
             if mapped is None:
                 incident = uuid.uuid4().hex[:12]
                 log.exception("ModelStreamInfer request failed unexpectedly (incident %s)", incident)

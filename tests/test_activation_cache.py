@@ -121,5 +121,4 @@ def test_a_served_plain_model_answers_the_same_with_and_without_the_cache(tmp_pa
         assert cached._activations.hits > 0 and cached._activations.stats()["widths"] >= 3
     finally:
         for reg in registries:
-            reg.executor.shutdown()
-            reg._loader_pool.shutdown()
+            reg.shutdown_executors()

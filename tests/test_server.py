@@ -341,8 +341,7 @@ def test_warm_projections_fills_the_cache_before_the_model_is_served(tiny_repo):
                 _, valid = rt._activations._tables[rt.limits.default_sampling_width]
                 assert valid.all()
         finally:
-            reg.executor.shutdown()
-            reg._loader_pool.shutdown()
+            reg.shutdown_executors()
     assert loaded[True] == 800  # every node of tiny_dataset
     assert loaded[False] < 800  # without the option only the warm-up request's nodes are projected
 

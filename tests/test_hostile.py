@@ -1,0 +1,474 @@
+"""A hostile client cannot hurt the server (issue #23): bounded work per request, bounded labels,
+honest status counts, one model never stalling another, a stop that a model load cannot outlive.
+
+Everything runs against a real server on loopback (in-process :class:`serve.server.BackgroundServer`
+or a ``gnnserve serve`` subprocess), real trained models and, where a store is needed, a real
+``redis-server``. Memory tests read the server process's resident set (``/proc/PID/status``)
+around the request; event-loop tests time health checks while the heavy request runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clients._gen import gnnserve_pb2 as pb
+from clients._gen import gnnserve_pb2_grpc as pbg
+from clients._gen import inference_pb2 as ipb
+from clients._gen import inference_pb2_grpc as ipbg
+
+from .hostile_support import INFER, PREDICT, PeakRss, id_bomb, raw_call
+from .hostile_support import hub_dataset as make_hub_dataset
+from .reliability_support import check_answer
+from .serving import REPO_ROOT, ServerProcess, ServerThread, make_repo
+
+DOCUMENTED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+              grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE}
+
+
+def metric_samples(port: int, name: str) -> list[tuple[dict[str, str], float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return [(s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name == name]
+
+
+def wait_for_count(port: int, method: str, code: str, value: float, timeout: float = 30) -> None:
+    seen = None
+    t_end = time.monotonic() + timeout
+    while time.monotonic() < t_end:
+        seen = sum(v for labels, v in metric_samples(port, "gnnserve_requests_total")
+                   if labels.get("method") == method and labels.get("code") == code)
+        if seen == value:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{method} {code} counted {seen} times, not {value}")
+
+
+@pytest.fixture(scope="module")
+def hub_dataset():
+    return make_hub_dataset()
+
+
+@pytest.fixture(scope="module")
+def hub_repo(tmp_path_factory, hub_dataset):
+    return make_repo(tmp_path_factory.mktemp("hubrepo"), hub_dataset, {"hub": "gcn"}, epochs=5, patience=5,
+                     knob_widths=[0, 4])
+
+
+# ------------------------------------------------------------------- 5. work before limits
+def test_declared_node_count_is_refused_from_the_bytes_before_parsing(tiny_repo, tiny_dataset):
+    """40 million one-byte ids (a 40 MB message that parses into 320 MB of int64 and far more as a
+    list) are refused from the message's bytes: INVALID_ARGUMENT, and the server's resident set
+    grows by about the message itself, not by what it declares."""
+    n = 40_000_000
+    bombs = {method: id_bomb(method, "gcn", n) for method in (PREDICT, INFER)}
+    with ServerProcess(tiny_repo, "--poll-s", "0") as srv, grpc.insecure_channel(
+            srv.address, options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
+        assert srv.proc is not None
+        for method, data in bombs.items():
+            raw_call(ch, PREDICT, pb.PredictRequest(model="gcn", nodes=[1]).SerializeToString())  # warm path
+            with PeakRss(srv.proc.pid) as mem:
+                t0 = time.perf_counter()
+                _, err = raw_call(ch, method, data)
+                took = time.perf_counter() - t0
+            assert err is not None and err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+            assert "more than the limit of 4096" in err.details()
+            grown = mem.peak - mem.before
+            print(f"{method}: {len(data) / 1e6:.0f} MB refused in {took * 1e3:.0f} ms, peak RSS +{grown / 1e6:.0f} MB")
+            # the message itself (gRPC's receive buffers and the bytes handed to the deserializer: 118 MB
+            # seen for the first 40 MB message, 7 MB for the second) and nothing of what it declares (the
+            # parsed ids alone would be 320 MB, their NumPy copy as much again)
+            assert grown < 4 * len(data), f"RSS grew by {grown / 1e6:.0f} MB for a {len(data) / 1e6:.0f} MB message"
+        resp, err = raw_call(ch, PREDICT, pb.PredictRequest(model="gcn", nodes=[5], return_probabilities=True)
+                             .SerializeToString())
+        assert err is None
+        check_answer(pb.PredictResponse.FromString(resp), [5], tiny_repo, tiny_dataset, "gcn")
+
+
+def test_new_node_neighbours_are_bounded_per_request(served):
+    """200 new nodes of 600 neighbours each (120,000 in all, each node within its own limit) are
+    refused as a whole: the total per request is bounded."""
+    rng = np.random.default_rng(0)
+    req = pb.PredictRequest(model="shadow")
+    for _ in range(200):
+        nn = req.new_nodes.add()
+        nn.features.extend([0.1] * 16)
+        nn.neighbors.extend(rng.choice(800, 600, replace=False).tolist())
+    with grpc.insecure_channel(served.address) as ch:
+        try:
+            pbg.GnnServiceStub(ch).Predict(req, timeout=60)
+            raise AssertionError("accepted")
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+            assert "more than the limit of 100000 per request" in err.details()
+
+
+def test_concurrent_rpcs_are_bounded(tiny_repo, tiny_dataset):
+    """With --max-concurrent-rpcs 2, a third RPC while two run gets RESOURCE_EXHAUSTED at once;
+    the two finish correctly."""
+    opts = {"max_concurrent_rpcs": 2, "poll_s": 0, "runtime_kw": {"max_delay_ms": 1500.0, "inline_max_targets": 0}}
+    with ServerThread(tiny_repo, opts) as srv, grpc.insecure_channel(srv.address) as ch:
+        stub = pbg.GnnServiceStub(ch)
+        held = [stub.Predict.future(pb.PredictRequest(model="gcn", nodes=[v], return_probabilities=True), timeout=60)
+                for v in (3, 4)]
+        time.sleep(0.5)  # both admitted and waiting in the held-open batch
+        t0 = time.perf_counter()
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Predict(pb.PredictRequest(model="gcn", nodes=[5]), timeout=60)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert time.perf_counter() - t0 < 1.0, "refused only after the held batch ran"
+        for fut, v in zip(held, (3, 4), strict=True):
+            check_answer(fut.result(), [v], tiny_repo, tiny_dataset, "gcn")
+
+
+def test_estimated_work_bounds_the_edges_each_request_aggregates(served, tiny_repo):
+    """``ModelRuntime.estimate_work`` is an upper bound of what a request aggregates (the answer's
+    ``edges_kept``), for plain and shaDow models, at exact and sampled widths, with new nodes."""
+    rng = np.random.default_rng(5)
+    reg = served.server.registry
+    with grpc.insecure_channel(served.address) as ch:
+        stub = pbg.GnnServiceStub(ch)
+        for model in ("gcn", "shadow"):
+            rt = reg.get(model)
+            for _ in range(25):
+                nodes = rng.integers(0, 800, rng.integers(1, 6)).tolist()
+                width = int(rng.choice([0, 1, 2, 4, 8, 64]))
+                req = pb.PredictRequest(model=model, nodes=nodes, sampling_width=width)
+                if rng.random() < 0.3:
+                    nn = req.new_nodes.add()
+                    nn.features.extend(rng.normal(size=16).astype(np.float32).tolist())
+                    nn.neighbors.extend(rng.choice(800, int(rng.integers(1, 30)), replace=False).tolist())
+                resp = stub.Predict(req, timeout=60)
+                from serve.validation import validate_predict
+
+                est = rt.estimate_work(validate_predict(req, rt.limits))
+                assert est >= resp.settings.edges_kept, (model, nodes, width, est, resp.settings.edges_kept)
+
+
+def test_an_expensive_request_is_refused_before_it_runs(hub_repo, hub_dataset):
+    """An exact-width request on the hub is priced (walk bound of its 2-layer pass) and refused with
+    RESOURCE_EXHAUSTED when that exceeds --max-request-work; the same node sampled, and an ordinary
+    node exact, are answered."""
+    from kernels.plan import exact_path_edges, walk_bounds
+
+    g = hub_dataset.graph
+    hub_work = walk_bounds(g, 2)[0]
+    assert hub_work >= exact_path_edges(g, np.array([0]), 2)[0] > g.num_edges // 2
+    limit = int(hub_work // 4)
+    opts = {"poll_s": 0, "runtime_kw": {"max_request_work": limit}}
+    with ServerThread(hub_repo, opts) as srv, grpc.insecure_channel(srv.address) as ch:
+        stub = pbg.GnnServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Predict(pb.PredictRequest(model="hub", nodes=[0], sampling_width=0), timeout=60)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"more than the limit of {limit} per request" in info.value.details()
+        assert "sampling_width" in info.value.details()
+        assert stub.Predict(pb.PredictRequest(model="hub", nodes=[0], sampling_width=4), timeout=60).labels
+        ok = stub.Predict(pb.PredictRequest(model="hub", nodes=[7], sampling_width=0), timeout=60)
+        assert ok.settings.edges_kept <= walk_bounds(g, 2)[7]
+
+
+# ------------------------------------------------------------------- 6. heavy work off the loop
+def test_a_heavy_request_runs_off_the_event_loop(hub_repo):
+    """Exact requests on the hub (one target each, under --inline-max-targets) are priced above
+    --inline-max-work and go to the worker thread: health checks keep answering while they run.
+    A cheap one-node request still runs inline."""
+    opts = {"poll_s": 0, "runtime_kw": {"activation_budget_bytes": 0}}  # every hub request pays its whole pass
+    with ServerThread(hub_repo, opts) as srv, grpc.insecure_channel(srv.address) as ch:
+        stub = pbg.GnnServiceStub(ch)
+        health = health_pb2_grpc.HealthStub(ch)
+        rt = srv.server.registry.get("hub")
+        inline0 = rt.batcher.batches_inline
+        stub.Predict(pb.PredictRequest(model="hub", nodes=[9], sampling_width=4), timeout=60)
+        assert rt.batcher.batches_inline == inline0 + 1, "a cheap request should still run inline"
+        heavy_ms: list[float] = []
+        stop = threading.Event()
+
+        def heavy() -> None:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                stub.Predict(pb.PredictRequest(model="hub", nodes=[0], sampling_width=0), timeout=120)
+                heavy_ms.append(1e3 * (time.perf_counter() - t0))
+
+        inline1 = rt.batcher.batches_inline
+        th = threading.Thread(target=heavy)
+        th.start()
+        probes: list[float] = []
+        try:
+            t_end = time.monotonic() + 3.0
+            while time.monotonic() < t_end or len(heavy_ms) < 3:
+                t0 = time.perf_counter()
+                health.Check(health_pb2.HealthCheckRequest(service=""), timeout=30)
+                probes.append(1e3 * (time.perf_counter() - t0))
+                time.sleep(0.003)
+        finally:
+            stop.set()
+            th.join(120)
+        assert rt.batcher.batches_inline == inline1, "a heavy request ran on the event loop"
+        heavy_p50 = float(np.median(heavy_ms))
+        probe_p99 = float(np.percentile(probes, 99))
+        print(f"heavy request p50 {heavy_p50:.1f} ms ({len(heavy_ms)}), health check p99 {probe_p99:.1f} ms "
+              f"({len(probes)} probes)")
+        assert probe_p99 < max(heavy_p50, 20.0), "health checks waited for the heavy requests"
+
+
+# ------------------------------------------------------------------- 4. bounded metric labels
+def test_client_chosen_model_names_never_become_metric_labels(tiny_repo):
+    """ModelReady, ModelMetadata and Predict with 20 made-up names each, and Predict with made-up names
+    while draining: every gnnserve_requests_total series is labelled with a served model or ""."""
+    srv = ServerThread(tiny_repo, {"metrics_port": 0, "poll_s": 0, "drain_s": 5.0}).start()
+    stopping = threading.Thread(target=srv.stop, kwargs={"grace_s": 10.0})
+    try:
+        with grpc.insecure_channel(srv.address) as ch:
+            triton = ipbg.GRPCInferenceServiceStub(ch)
+            stub = pbg.GnnServiceStub(ch)
+            for i in range(20):
+                name = f"made-up-{i}-{'x' * i}"
+                assert not triton.ModelReady(ipb.ModelReadyRequest(name=name), timeout=10).ready
+                with pytest.raises(grpc.RpcError):
+                    triton.ModelMetadata(ipb.ModelMetadataRequest(name=name), timeout=10)
+                with pytest.raises(grpc.RpcError):
+                    stub.Predict(pb.PredictRequest(model=name, nodes=[1]), timeout=10)
+            stub.Predict(pb.PredictRequest(model="gcn", nodes=[1]), timeout=10)
+            port = srv.server.metrics_port
+            stopping.start()  # a graceful stop: the listener refuses with UNAVAILABLE for drain_s
+            refused = 0
+            t_end = time.monotonic() + 30
+            while refused < 20 and time.monotonic() < t_end:
+                try:
+                    stub.Predict(pb.PredictRequest(model=f"draining-{refused}", nodes=[1]), timeout=10)
+                except grpc.RpcError as exc:
+                    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                        refused += 1
+            assert refused == 20
+            labels = {lab["model"] for lab, _ in metric_samples(port, "gnnserve_requests_total")}
+            codes = {lab["code"] for lab, _ in metric_samples(port, "gnnserve_requests_total")}
+        assert "UNAVAILABLE" in codes
+        assert labels <= {"", "gcn", "shadow"}, labels
+        assert "gcn" in labels
+    finally:
+        if stopping.is_alive() or not stopping.ident:
+            stopping.join(60) if stopping.ident else srv.stop()
+
+
+def test_deadline_and_cancellation_are_counted_as_such(tiny_repo):
+    """A call whose deadline passes while its batch is held, and a call the client cancels, are
+    counted DEADLINE_EXCEEDED and CANCELLED, never OK."""
+    opts = {"metrics_port": 0, "poll_s": 0, "runtime_kw": {"max_delay_ms": 800.0, "inline_max_targets": 0}}
+    with ServerThread(tiny_repo, opts) as srv, grpc.insecure_channel(srv.address) as ch:
+        stub = pbg.GnnServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Predict(pb.PredictRequest(model="gcn", nodes=[1]), timeout=0.2)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_for_count(srv.server.metrics_port, "Predict", "DEADLINE_EXCEEDED", 1)
+        fut = stub.Predict.future(pb.PredictRequest(model="gcn", nodes=[2]), timeout=30)
+        time.sleep(0.2)
+        fut.cancel()
+        wait_for_count(srv.server.metrics_port, "Predict", "CANCELLED", 1)
+        time.sleep(1.0)  # the held batches have run by now
+        ok = sum(v for lab, v in metric_samples(srv.server.metrics_port, "gnnserve_requests_total")
+                 if lab.get("code") == "OK" and lab.get("method") == "Predict")
+        assert ok == 0
+
+
+# ------------------------------------------------------------------------- 7. smaller items
+def test_not_found_names_a_bounded_number_of_models(tmp_path, tiny_repo):
+    repo = tmp_path / "many"
+    shutil.copytree(tiny_repo / "_data", repo / "_data")
+    for i in range(13):
+        shutil.copytree(tiny_repo / "gcn", repo / f"m{i:02d}")
+    with ServerThread(repo, {"poll_s": 0}) as srv, grpc.insecure_channel(srv.address) as ch:
+        stub = pbg.GnnServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Predict(pb.PredictRequest(model="nope", nodes=[1]), timeout=30)
+        msg = info.value.details()
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        assert sum(f"m{i:02d}" in msg for i in range(13)) == 10 and "and 3 more" in msg, msg
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Predict(pb.PredictRequest(model="y" * 50_000, nodes=[1]), timeout=30)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND and len(info.value.details()) < 300
+
+
+def test_client_widths_leave_room_for_the_default_width(tiny_repo):
+    """An activation budget of two tables: client-chosen widths take one, the model's default width
+    keeps the other (before, widths 3 and 5 took both and every default request ran the whole plan)."""
+    from models.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(tiny_repo / "gcn" / "1")
+    table = 800 * (4 * int(ckpt.config["model"]["hidden"]) + 1)
+    opts = {"poll_s": 0, "runtime_kw": {"activation_budget_bytes": 2 * table}}
+    with ServerThread(tiny_repo, opts) as srv, grpc.insecure_channel(srv.address) as ch:
+        stub = pbg.GnnServiceStub(ch)
+        rt = srv.server.registry.get("gcn")
+        default = rt.limits.default_sampling_width
+        widths = [w for w in (3, 5, 6) if w != default][:2]
+        for w in widths:
+            stub.Predict(pb.PredictRequest(model="gcn", nodes=[1, 2], sampling_width=w), timeout=30)
+        stub.Predict(pb.PredictRequest(model="gcn", nodes=[1, 2]), timeout=30)
+        held = rt.cache_stats()["activation"]
+        assert held["widths"] == 2
+        assert default in rt.activation_widths() and widths[1] not in rt.activation_widths()
+
+
+def test_one_stalled_model_does_not_stall_another(tiny_repo, tiny_dataset):
+    """Redis paused: model gcn's batch waits on it for uncached rows; model shadow, whose rows are
+    cached, answers meanwhile (each model has its own worker; before, one thread served all)."""
+    from serve.features import load_features
+
+    from .redis_server import RedisServer, find_redis_server
+
+    if find_redis_server() is None:
+        pytest.skip("no redis-server binary")
+    redis = RedisServer().start()
+    try:
+        load_features(tiny_dataset, redis.url, version=1, progress=False)
+        opts = {"feature_url": redis.url, "poll_s": 0,
+                "feature_options": {"socket_timeout": 20.0, "retries": 0}}
+        with ServerThread(tiny_repo, opts) as srv, grpc.insecure_channel(srv.address) as ch:
+            stub = pbg.GnnServiceStub(ch)
+            cached = [10, 11, 12]
+            stub.Predict(pb.PredictRequest(model="shadow", nodes=cached), timeout=30)  # rows now cached
+            redis.pause()
+            try:
+                stalled = stub.Predict.future(pb.PredictRequest(model="gcn", nodes=[700, 701]), timeout=60)
+                time.sleep(0.5)
+                assert not stalled.done(), "gcn's rows should need Redis"
+                t0 = time.perf_counter()
+                resp = stub.Predict(pb.PredictRequest(model="shadow", nodes=cached, return_probabilities=True),
+                                    timeout=30)
+                took = time.perf_counter() - t0
+                assert not stalled.done()
+            finally:
+                redis.resume()
+            print(f"shadow answered in {took * 1e3:.0f} ms while gcn waited on a paused Redis")
+            assert took < 2.0
+            check_answer(resp, cached, tiny_repo, tiny_dataset, "shadow")
+            stalled.result()  # and gcn's request completes once Redis is back
+    finally:
+        redis.cleanup()
+
+
+def test_sigterm_while_a_model_loads_exits_within_the_grace(tiny_repo, tmp_path):
+    """The feature store is a socket that accepts connections and never answers, so the model load
+    hangs on it; SIGTERM during that load stops the server within the grace period (exit 0),
+    instead of waiting for the load."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    port = silent.getsockname()[1]
+    log = tmp_path / "server.log"
+    cmd = [sys.executable, "-m", "serve.cli", "serve", "--repo", str(tiny_repo), "--port", "0", "--poll-s", "0",
+           "--grace-s", "2", "--features", f"redis://127.0.0.1:{port}/0?socket_timeout=60"]
+    try:
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                    env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+            try:
+                t_end = time.monotonic() + 120
+                while b"listening on" not in log.read_bytes():
+                    assert proc.poll() is None and time.monotonic() < t_end, log.read_text()
+                    time.sleep(0.1)
+                time.sleep(1.0)  # the load is under way, waiting on the silent store
+                assert proc.poll() is None
+                t0 = time.monotonic()
+                proc.terminate()
+                rc = proc.wait(30)
+                took = time.monotonic() - t0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        print(f"exited {rc} {took:.2f} s after SIGTERM")
+        assert rc == 0, log.read_text()
+        assert took < 2.0 + 3.0, f"took {took:.1f} s; log:\n{log.read_text()}"
+        assert "stopped while starting" in log.read_text()
+    finally:
+        silent.close()
+
+
+# ------------------------------------------------------------------------- fuzzing the wire
+def _mutations() -> st.SearchStrategy[bytes]:
+    valid = [pb.PredictRequest(model="gcn", nodes=[1, 2, 3], sampling_width=2).SerializeToString(),
+             pb.PredictRequest(model="shadow", nodes=[5], ppr_budget=8, max_accuracy_loss=0.01).SerializeToString()]
+
+    @st.composite
+    def mutate(draw: st.DrawFn) -> bytes:
+        data = bytearray(draw(st.sampled_from(valid)))
+        for _ in range(draw(st.integers(1, 4))):
+            op = draw(st.sampled_from(["flip", "cut", "insert"]))
+            pos = draw(st.integers(0, max(0, len(data) - 1)))
+            if op == "flip" and data:
+                data[pos] ^= draw(st.integers(1, 255))
+            elif op == "cut":
+                del data[pos:]
+            else:
+                data[pos:pos] = draw(st.binary(min_size=1, max_size=12))
+        return bytes(data)
+
+    return st.one_of(st.binary(max_size=256), mutate())
+
+
+@settings(max_examples=150, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=_mutations(), method=st.sampled_from([PREDICT, INFER]))
+def test_random_bytes_on_the_wire_get_documented_codes(served, tiny_repo, tiny_dataset, data, method):
+    with grpc.insecure_channel(served.address) as ch:
+        _, err = raw_call(ch, method, data, timeout=60)
+        assert err is None or err.code() in DOCUMENTED, (err.code(), err.details())
+        resp, err = raw_call(ch, PREDICT, pb.PredictRequest(model="gcn", nodes=[3], return_probabilities=True)
+                             .SerializeToString())
+        assert err is None
+        check_answer(pb.PredictResponse.FromString(resp), [3], tiny_repo, tiny_dataset, "gcn")
+
+
+def test_the_hostile_benchmark_runs(tiny_repo):
+    """benchmarks/hostile.py --quick: every scenario runs and reports what the battery asserts (each bomb
+    refused with INVALID_ARGUMENT, the flood partly RESOURCE_EXHAUSTED, probes correct)."""
+    res = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "hostile.py"), "--quick", "--repo",
+                          str(tiny_repo)], capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| ") and "scenario" not in line]
+    assert len(rows) == 8, res.stdout
+    for line in rows[:4]:
+        assert "INVALID_ARGUMENT" in line and "OK" not in line.split("|")[3], line
+    assert "0 wrong" in rows[4] and "probes" in rows[4]
+    assert "RESOURCE_EXHAUSTED" in rows[7] and "probe correct: True" in rows[7]
+    assert all("probe correct: False" not in line for line in rows)
+
+
+def test_a_stream_refuses_bad_messages_and_goes_on(served, tiny_repo, tiny_dataset):
+    """ModelStreamInfer: an id bomb (refused from its bytes) and undecodable bytes each get an error
+    message on the stream; the valid request after them is answered correctly."""
+    good = ipb.ModelInferRequest(model_name="gcn", id="good",
+                                 raw_input_contents=[np.array([3], dtype=np.int64).tobytes()],
+                                 inputs=[ipb.ModelInferRequest.InferInputTensor(name="NODE_IDS", datatype="INT64",
+                                                                                shape=[1])])
+    msgs = [id_bomb(INFER, "gcn", 2_000_000), b"\xff\xff\xff", good.SerializeToString()]
+    with grpc.insecure_channel(served.address) as ch:
+        fn = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer", request_serializer=None,
+                              response_deserializer=None)
+        out = [ipb.ModelStreamInferResponse.FromString(b) for b in fn(iter(msgs), timeout=60)]
+    assert len(out) == 3
+    assert out[0].error_message.startswith("INVALID_ARGUMENT") and "more than the limit of 4096" in out[0].error_message
+    assert out[1].error_message.startswith("INVALID_ARGUMENT") and "cannot be parsed" in out[1].error_message
+    assert not out[2].error_message and out[2].infer_response.id == "good"
+    resp = out[2].infer_response
+    labels = np.frombuffer(resp.raw_output_contents[[o.name for o in resp.outputs].index("LABELS")], dtype=np.int64)
+    from .reliability_support import reference
+
+    assert labels.tolist() == reference(tiny_repo, tiny_dataset, "gcn", int(resp.parameters["sampling_width"].int64_param),
+                                        0, [3]).argmax(1).tolist()
