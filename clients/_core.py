@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -167,7 +167,7 @@ def node_array(nodes: int | Iterable[int] | np.ndarray) -> np.ndarray:
         return np.arange(nodes.start, nodes.stop, nodes.step, dtype=np.int64)
     if isinstance(nodes, (str, bytes)):
         raise InvalidArgumentError(f"nodes must be integer node ids, got a string {nodes!r}")
-    arr = np.asarray(nodes if isinstance(nodes, (np.ndarray, Sequence)) else list(nodes))
+    arr = np.asarray(nodes if isinstance(nodes, (np.ndarray, Sequence)) else list(cast(Iterable[int], nodes)))
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
     if arr.ndim != 1:
