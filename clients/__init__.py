@@ -33,13 +33,14 @@ from .errors import (
     UnavailableError,
     UnimplementedError,
 )
-from .types import Backoff, KnobRow, ModelInfo, NewNode, PredictResult, Settings, Timing
+from .types import Backoff, ClientOptions, KnobRow, ModelInfo, NewNode, PredictResult, Settings, Timing
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncGnnClient",
     "Backoff",
+    "ClientOptions",
     "DataLossError",
     "DeadlineExceededError",
     "GnnClient",

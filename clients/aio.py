@@ -38,15 +38,16 @@ from ._core import (
 )
 from ._gen import gnnserve_pb2 as pb
 from ._gen import gnnserve_pb2_grpc as pb_grpc
-from .client import PemSource, _ClientBase
+from .client import _ClientBase
 from .errors import DeadlineExceededError, GnnServeError, NotFoundError, UnavailableError
-from .types import Backoff, ModelInfo, NewNode, PredictResult
+from .types import ClientOptions, ModelInfo, NewNode, PredictResult
 
 __all__ = ["AsyncGnnClient"]
 
 
 class AsyncGnnClient(_ClientBase):
-    """Asyncio client for a gnnserve server; arguments as for :class:`clients.GnnClient`.
+    """Asyncio client for a gnnserve server; arguments as for :class:`clients.GnnClient` (a
+    :class:`~clients.types.ClientOptions` and/or its fields as keywords).
 
     The channel is opened on first use inside the running event loop; use one client per event
     loop. Use it as ``async with`` or ``await client.close()``. Concurrent calls on one client are
@@ -59,38 +60,8 @@ class AsyncGnnClient(_ClientBase):
             info = await client.get_model("cora-sage")
     """
 
-    def __init__(
-        self,
-        address: str,
-        *,
-        tls: bool = False,
-        root_certificates: PemSource | None = None,
-        client_cert: PemSource | None = None,
-        client_key: PemSource | None = None,
-        tls_server_name: str | None = None,
-        token: str | None = None,
-        timeout: float | None = None,
-        max_retries: int = 3,
-        backoff: Backoff | None = None,
-        retry_resource_exhausted: bool = False,
-        channel_options: Sequence[tuple[str, Any]] | dict[str, Any] | None = None,
-        max_nodes_per_call: int | None = None,
-    ) -> None:
-        super().__init__(
-            address,
-            tls=tls,
-            root_certificates=root_certificates,
-            client_cert=client_cert,
-            client_key=client_key,
-            tls_server_name=tls_server_name,
-            token=token,
-            timeout=timeout,
-            max_retries=max_retries,
-            backoff=backoff,
-            retry_resource_exhausted=retry_resource_exhausted,
-            channel_options=channel_options,
-            max_nodes_per_call=max_nodes_per_call,
-        )
+    def __init__(self, address: str, options: ClientOptions | None = None, **overrides: Any) -> None:
+        super().__init__(address, options, **overrides)
         self._channel: aio.Channel | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stub: Any = None

@@ -13,8 +13,8 @@ The asyncio twin with the same methods is :class:`clients.aio.AsyncGnnClient`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -37,61 +37,41 @@ from ._core import (
 from ._gen import gnnserve_pb2 as pb
 from ._gen import gnnserve_pb2_grpc as pb_grpc
 from .errors import DeadlineExceededError, GnnServeError, NotFoundError, UnavailableError
-from .types import Backoff, ModelInfo, NewNode, PredictResult
+from .types import Backoff, ClientOptions, ModelInfo, NewNode, PemSource, PredictResult
 
 __all__ = ["GnnClient", "PemSource"]
 
 log = logging.getLogger("clients")
 
-PemSource = bytes | str | os.PathLike[str]
 DEFAULT_MAX_NODES_PER_REQUEST = 4096  # the server's default, used if a server does not report its limit
 
 
 class _ClientBase:
     """Configuration, argument handling and caches shared by the blocking and the asyncio client."""
 
-    def __init__(
-        self,
-        address: str,
-        *,
-        tls: bool = False,
-        root_certificates: PemSource | None = None,
-        client_cert: PemSource | None = None,
-        client_key: PemSource | None = None,
-        tls_server_name: str | None = None,
-        token: str | None = None,
-        timeout: float | None = None,
-        max_retries: int = 3,
-        backoff: Backoff | None = None,
-        retry_resource_exhausted: bool = False,
-        channel_options: Sequence[tuple[str, Any]] | dict[str, Any] | None = None,
-        max_nodes_per_call: int | None = None,
-    ) -> None:
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds (or None for no deadline), got {timeout}")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-        if max_nodes_per_call is not None and max_nodes_per_call < 1:
-            raise ValueError(f"max_nodes_per_call must be >= 1, got {max_nodes_per_call}")
+    def __init__(self, address: str, options: ClientOptions | None = None, **overrides: Any) -> None:
+        # keywords are ClientOptions fields (a misspelt one is a TypeError naming it)
+        opts = dataclasses.replace(options or ClientOptions(), **overrides) if overrides else (options or ClientOptions())
+        self.options = opts
         self.address = address
-        self.timeout = timeout
-        self.max_retries = int(max_retries)
-        self.backoff = backoff if backoff is not None else Backoff()
-        self.max_nodes_per_call = max_nodes_per_call
+        self.timeout = opts.timeout
+        self.max_retries = int(opts.max_retries)
+        self.backoff = opts.backoff if opts.backoff is not None else Backoff()
+        self.max_nodes_per_call = opts.max_nodes_per_call
         self.retry_codes = frozenset(
             {grpc.StatusCode.UNAVAILABLE}
-            | ({grpc.StatusCode.RESOURCE_EXHAUSTED} if retry_resource_exhausted else set())
+            | ({grpc.StatusCode.RESOURCE_EXHAUSTED} if opts.retry_resource_exhausted else set())
         )
         self._config = ChannelConfig.build(
             address,
-            tls=tls,
-            root_certificates=root_certificates,
-            client_cert=client_cert,
-            client_key=client_key,
-            tls_server_name=tls_server_name,
-            token=token,
+            tls=opts.tls,
+            root_certificates=opts.root_certificates,
+            client_cert=opts.client_cert,
+            client_key=opts.client_key,
+            tls_server_name=opts.tls_server_name,
+            token=opts.token,
             backoff=self.backoff,
-            channel_options=channel_options,
+            channel_options=opts.channel_options,
         )
         self._limits: dict[tuple[str, str], ChunkLimits] = {}
         self._lock = threading.Lock()
@@ -186,24 +166,8 @@ class GnnClient(_ClientBase):
 
     Args:
         address: ``"host:port"`` (``grpcs://host:port`` turns TLS on; any gRPC target works).
-        tls: use TLS and verify the server's certificate (against ``root_certificates``, or the
-            system's roots when none are given). Giving any certificate also turns TLS on.
-        root_certificates: CA certificate(s) to verify the server with: PEM bytes, a PEM string or a path.
-        client_cert, client_key: a client certificate and its key (PEM bytes, string or path) for
-            servers that require client certificates (mutual TLS).
-        tls_server_name: the name to check the server's certificate against, when it differs from
-            the host in ``address``.
-        token: bearer token sent as ``authorization: Bearer <token>`` on every call.
-        timeout: default deadline in seconds for each method call, covering every chunk and
-            retry of the call (None = no deadline). Each method also takes ``timeout=``.
-        max_retries: retries after ``UNAVAILABLE`` (0 = none); never for other codes unless
-            ``retry_resource_exhausted`` adds ``RESOURCE_EXHAUSTED``.
-        backoff: delays between retries (:class:`~clients.types.Backoff`: exponential with jitter).
-        retry_resource_exhausted: also retry calls refused because the server's queue is full.
-        channel_options: extra gRPC channel options (they override the client's own, e.g.
-            ``{"grpc.max_receive_message_length": 16 << 20}``).
-        max_nodes_per_call: send at most this many nodes per request (the server's own
-            ``max_nodes_per_request`` applies too); longer lists are split and reassembled in order.
+        options: a :class:`~clients.types.ClientOptions` (TLS, token, timeout, retries, chunking).
+        **overrides: any :class:`~clients.types.ClientOptions` field as a keyword (it overrides ``options``).
 
     The client may be shared between threads. Use it as a context manager or call :meth:`close`.
 
@@ -217,38 +181,8 @@ class GnnClient(_ClientBase):
             print(res.labels[:10], res.settings.chosen_by)
     """
 
-    def __init__(
-        self,
-        address: str,
-        *,
-        tls: bool = False,
-        root_certificates: PemSource | None = None,
-        client_cert: PemSource | None = None,
-        client_key: PemSource | None = None,
-        tls_server_name: str | None = None,
-        token: str | None = None,
-        timeout: float | None = None,
-        max_retries: int = 3,
-        backoff: Backoff | None = None,
-        retry_resource_exhausted: bool = False,
-        channel_options: Sequence[tuple[str, Any]] | dict[str, Any] | None = None,
-        max_nodes_per_call: int | None = None,
-    ) -> None:
-        super().__init__(
-            address,
-            tls=tls,
-            root_certificates=root_certificates,
-            client_cert=client_cert,
-            client_key=client_key,
-            tls_server_name=tls_server_name,
-            token=token,
-            timeout=timeout,
-            max_retries=max_retries,
-            backoff=backoff,
-            retry_resource_exhausted=retry_resource_exhausted,
-            channel_options=channel_options,
-            max_nodes_per_call=max_nodes_per_call,
-        )
+    def __init__(self, address: str, options: ClientOptions | None = None, **overrides: Any) -> None:
+        super().__init__(address, options, **overrides)
         cfg = self._config
         if cfg.credentials is not None:
             self._channel = grpc.secure_channel(cfg.target, cfg.credentials, options=cfg.options)

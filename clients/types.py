@@ -15,13 +15,14 @@ Example::
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Backoff", "KnobRow", "ModelInfo", "NewNode", "PredictResult", "Settings", "Timing"]
+__all__ = ["Backoff", "ClientOptions", "KnobRow", "ModelInfo", "NewNode", "PredictResult", "Settings", "Timing"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,58 @@ class Backoff:
         """The jittered delay for retry ``attempt`` given a uniform draw ``rand`` in [0, 1)."""
         return self.nominal(attempt) * (1.0 - self.jitter * rand)
 
+
+
+PemSource = bytes | str | os.PathLike  # PEM bytes, a PEM string or a path
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """How a :class:`~clients.GnnClient` / :class:`~clients.AsyncGnnClient` connects and calls: one
+    value that both take (``GnnClient(address, options)``), or its fields as keywords
+    (``GnnClient(address, token="s3cret", timeout=5.0)``; keywords override ``options``).
+
+    Attributes:
+        tls: use TLS and verify the server's certificate (against ``root_certificates``, or the
+            system's roots when none are given). Giving any certificate also turns TLS on.
+        root_certificates: CA certificate(s) to verify the server with: PEM bytes, a PEM string or a path.
+        client_cert, client_key: a client certificate and its key (PEM bytes, string or path) for
+            servers that require client certificates (mutual TLS).
+        tls_server_name: the name to check the server's certificate against, when it differs from
+            the host in the address.
+        token: bearer token sent as ``authorization: Bearer <token>`` on every call.
+        timeout: default deadline in seconds for each method call, covering every chunk and
+            retry of the call (None = no deadline). Each method also takes ``timeout=``.
+        max_retries: retries after ``UNAVAILABLE`` (0 = none); never for other codes unless
+            ``retry_resource_exhausted`` adds ``RESOURCE_EXHAUSTED``.
+        backoff: delays between retries (:class:`Backoff`: exponential with jitter).
+        retry_resource_exhausted: also retry calls refused because the server's queue is full.
+        channel_options: extra gRPC channel options (they override the client's own, e.g.
+            ``{"grpc.max_receive_message_length": 16 << 20}``).
+        max_nodes_per_call: send at most this many nodes per request (the server's own
+            ``max_nodes_per_request`` applies too); longer lists are split and reassembled in order.
+    """
+
+    tls: bool = False
+    root_certificates: PemSource | None = None
+    client_cert: PemSource | None = None
+    client_key: PemSource | None = None
+    tls_server_name: str | None = None
+    token: str | None = None
+    timeout: float | None = None
+    max_retries: int = 3
+    backoff: Backoff | None = None  # None: Backoff()
+    retry_resource_exhausted: bool = False
+    channel_options: Sequence[tuple[str, Any]] | dict[str, Any] | None = None
+    max_nodes_per_call: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds (or None for no deadline), got {self.timeout}")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.max_nodes_per_call is not None and self.max_nodes_per_call < 1:
+            raise ValueError(f"max_nodes_per_call must be >= 1, got {self.max_nodes_per_call}")
 
 @dataclass(frozen=True)
 class Settings:

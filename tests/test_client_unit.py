@@ -477,3 +477,26 @@ def test_cli_help_exits_0(capsys):
     out = capsys.readouterr().out
     assert "--nodes" in out and "--max-accuracy-loss" in out
     assert models_main(["--help"]) == 0
+
+
+def test_client_options_one_value_or_keywords():
+    """Both clients take one ClientOptions, its fields as keywords, or both (keywords win); a misspelt
+    keyword is a TypeError naming it, a bad value a ValueError."""
+    import pytest
+
+    from clients import AsyncGnnClient, Backoff, ClientOptions, GnnClient
+
+    opts = ClientOptions(token="t0", timeout=2.0, max_retries=5, backoff=Backoff(initial_s=0.01))
+    with GnnClient("127.0.0.1:1", opts) as c:
+        assert (c.timeout, c.max_retries, c.backoff.initial_s) == (2.0, 5, 0.01)
+        assert c.options is opts
+    with GnnClient("127.0.0.1:1", opts, timeout=7.0) as c:
+        assert c.timeout == 7.0 and c.options.token == "t0" and c.max_retries == 5
+    a = AsyncGnnClient("127.0.0.1:1", max_nodes_per_call=10, retry_resource_exhausted=True)
+    assert a.max_nodes_per_call == 10 and len(a.retry_codes) == 2 and a.backoff == Backoff()
+    with pytest.raises(TypeError, match="tiemout"):
+        GnnClient("127.0.0.1:1", tiemout=1.0)
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        GnnClient("127.0.0.1:1", opts, timeout=0)
+    with pytest.raises(ValueError, match="max_retries"):
+        ClientOptions(max_retries=-1)
