@@ -27,8 +27,8 @@ Every stage (load, build graph, PPR lists, fit, knob table, write) is logged wit
 ``metrics.json["stage_times_s"]``; long stages show tqdm bars unless ``--no-progress``.
 
 Full-batch training holds the whole graph's activations and gradients: its memory grows with
-N x (F + hidden x layers) plus the graph (:func:`full_batch_bytes`; 1.9 GB measured for a 2-layer
-GCN on a 200,000-node ``products``-shaped graph, 3.1 GB on 500,000 nodes). Plain models therefore have a **mini-batch mode**
+N x (F + hidden x layers) plus the graph (:func:`full_batch_bytes`; 10.7 GB measured for a 2-layer
+GCN on ``synthetic:2000000``, 3.1 GB on a 500,000-node ``products``-shaped graph). Plain models therefore have a **mini-batch mode**
 (``minibatch="on"``, or ``"auto"``: when :func:`full_batch_bytes` exceeds ``minibatch_above_bytes``,
 8 GiB): each step takes ``batch_size`` training targets, builds their execution plan
 (:mod:`kernels.plan`, the serving path) with every row sampled to ``minibatch_width`` edges by
@@ -676,12 +676,14 @@ def step_logits(model: GNNModel, data: TrainData, cfg: TrainConfig, batch: Any =
 
 def full_batch_bytes(ds: GraphDataset, cfg: TrainConfig) -> int:
     """Rough peak memory of a ``gnnserve train`` run of a plain model in full batch:
-    1.5 x (N x (F + 4 x hidden x layers) x 4 + E x 16) + 1 GiB (features and their normalised copy,
-    activations and gradients per layer, the graph and its aggregation buffers; the runtime).
-    Fitted to two measured peaks, 2-layer GCN, hidden 64, ``products`` shape (mean degree ~50):
-    200,000 nodes 1.92 GB measured (1.97 estimated), 500,000 nodes 3.09 GB (3.5 estimated)."""
+    N x F x 8 (features and their normalised copy) + N x hidden x layers x 34 (activations,
+    dropout masks, gradients and optimiser state, about 8.5 float32 copies) + E x 16 (graph and
+    aggregation buffers) + 1 GiB (the runtime). Fitted to three measured peaks of 2-layer GCNs,
+    hidden 64: ``synthetic:2000000`` (F = 32, 23.7 M CSR edges) 10.67 GB measured, 10.67 estimated;
+    the ``products`` shape (F = 100, mean degree ~50) at 500,000 nodes 3.09 GB (4.05 estimated) and
+    at 200,000 nodes 1.92 GB (2.26 estimated)."""
     n, e = ds.num_nodes, ds.graph.num_edges
-    return int(1.5 * (n * (ds.num_features + 4 * cfg.hidden * int(cfg.layers or 2)) * 4 + e * 16)) + (1 << 30)
+    return int(n * ds.num_features * 8 + n * cfg.hidden * int(cfg.layers or 2) * 34 + e * 16) + (1 << 30)
 
 
 def use_minibatch(ds: GraphDataset, cfg: TrainConfig) -> bool:
