@@ -2,10 +2,11 @@
 
 Loads a model repository the way the server does (``GnnServer``, projections warmed, no gRPC) and
 times ``process`` on batches of ``B`` random distinct targets, once with the compiled forward
-(``serve.runtime.FUSED_MAX_TARGETS`` large enough) and once with the torch path (0), in alternating
-rounds; per model, at its default setting and at exact width with its largest PPR budget. Reported:
-the best round's mean time per batch and the ratio torch / compiled. This is what
-``FUSED_MAX_TARGETS`` is chosen from. A plain 2-layer model's compiled path runs the last layer
+(``plain-compiled`` / ``plain-activations`` / ``shadow-compiled`` of ``serve.paths``) and once with
+the torch path (``plain-torch`` / ``subgraph-torch``), in alternating rounds; per model, at its
+default setting and at exact width with its largest PPR budget. Reported: the best round's mean time
+per batch and the ratio torch / compiled. This is what ``RuntimeOptions.fused_max_targets``
+(``serve.runtime.FUSED_MAX_TARGETS``) is chosen from. A plain 2-layer model's compiled path runs the last layer
 alone from its activation cache (``serve.projection.ActivationCache``, filled for the width first:
 steady state); it is also timed without the cache (``whole plan``: both layers compiled), and the
 last column is whole plan / cached.
@@ -39,7 +40,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    import serve.runtime as runtime_mod
     from serve.batcher import WorkItem
     from serve.runtime import PredictCall, RuntimeOptions
     from serve.server import GnnServer, ServerConfig
@@ -65,26 +65,28 @@ def main(argv: list[str] | None = None) -> int:
         for model in args.models.split(","):
             rt = srv.registry.get(model, "")
             settings = {(rt.limits.default_sampling_width, rt.limits.default_ppr_budget), (0, rt.limits.max_ppr_budget)}
-            acts = rt._activations
-            variants = [("compiled", max(sizes), acts), ("torch", 0, acts)]
+            by_name = {p.name: p for p in rt.paths}
+            plain = rt.extractor == "lhop"
+            acts = by_name.get("plain-activations")
+            variants = [("compiled", acts or by_name["plain-compiled" if plain else "shadow-compiled"]),
+                        ("torch", by_name["plain-torch" if plain else "subgraph-torch"])]
             if acts is not None:
-                variants.append(("plan", max(sizes), None))
+                variants.append(("plan", by_name["plain-compiled"]))
             for width, budget in sorted(settings, reverse=True):
                 if acts is not None:
-                    acts.warm(width)
+                    rt._activations.warm(width)
                 for b in sizes:
                     if b > rt.graph.num_nodes:
                         continue
                     sets = [rng.choice(rt.graph.num_nodes, b, replace=False).astype(np.int64) for _ in range(args.sets)]
-                    best = {name: float("inf") for name, _, _ in variants}
+                    best = {name: float("inf") for name, _ in variants}
                     for _ in range(args.rounds):
-                        for name, limit, cache in variants:
-                            runtime_mod.FUSED_MAX_TARGETS = limit
-                            rt._activations = cache
+                        for name, path in variants:
                             t0 = time.perf_counter()
                             for s in sets:
                                 call = PredictCall("bench", s, [], width, budget, "default", 0.0, True, False)
-                                out = rt.process([WorkItem(call, b, None, None, time.monotonic(), _Pending())])[0]
+                                item = WorkItem(call, b, None, None, time.monotonic(), _Pending())
+                                out = rt.process([item], path=path)[0]
                                 if isinstance(out, BaseException):
                                     raise out
                             best[name] = min(best[name], 1e3 * (time.perf_counter() - t0) / len(sets))
@@ -92,7 +94,6 @@ def main(argv: list[str] | None = None) -> int:
                             else "- | -")
                     print(f"| {model} | {width or 'exact'} | {budget or '-'} | {b} | {best['compiled']:.3f} | "
                           f"{best['torch']:.3f} | {best['torch'] / best['compiled']:.2f} | {plan} |", flush=True)
-            rt._activations = acts
     finally:
         loop.run_until_complete(srv.stop())
         loop.close()

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from serve.batcher import WorkItem
     from serve.registry import ModelRegistry
-    from serve.runtime import RuntimeOptions, _DoneFuture
+    from serve.runtime import RuntimeOptions, _WarmupFuture
     from serve.validation import PredictCall
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.sets):
                 ids = rng.choice(n, bs, replace=False).astype(np.int64)
                 call = PredictCall("bench", ids, [], w, k, "bench", 0.0, True, False)
-                item = WorkItem(call, bs, None, None, time.monotonic(), _DoneFuture())
+                item = WorkItem(call, bs, None, None, time.monotonic(), _WarmupFuture())
                 t = time.perf_counter()
                 res = rt.process([item])[0]
                 times.append(time.perf_counter() - t)

@@ -62,6 +62,7 @@ def setup_logging(level: str = "INFO", json_logs: bool = False) -> None:
 
 
 def _serve(argv: Sequence[str]) -> int:
+    from .paths import PATH_NAMES
     from .runtime import RuntimeOptions
     from .server import ServerConfig, serve_forever
 
@@ -111,6 +112,9 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--inline-max-work", type=int, default=20_000,
                     help="a batch runs on the event loop (see --inline-max-targets) only when its estimated "
                          "work is at most this many edges")
+    ap.add_argument("--serving-path", default=None, choices=PATH_NAMES,
+                    help="prefer this serving path (serve.paths) for every batch it can take; a model that cannot "
+                         "take it is refused (for tests and comparisons)")
     ap.add_argument("--max-concurrent-rpcs", type=int, default=1000,
                     help="RPCs run at once (a stream counts as one); more get RESOURCE_EXHAUSTED")
     ap.add_argument("--projection-cache-bytes", type=int, default=2 << 30)
@@ -185,6 +189,7 @@ def _serve(argv: Sequence[str]) -> int:
             max_request_work=args.max_request_work,
             max_queue_work=args.max_queue_work,
             inline_max_work=args.inline_max_work,
+            serving_path=args.serving_path,
             projection_budget_bytes=args.projection_cache_bytes,
             activation_budget_bytes=args.activation_cache_bytes,
             ppr_cache_dir=args.ppr_cache,

@@ -35,13 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels.fused_forward import plan_forward_cpu, plan_outer_cpu, shadow_forward_cpu
 from kernels.graph import CSRGraph
 from kernels.plan import (
     ExactPathEdges,
     ExecutionPlan,
-    edges_on_paths,
-    edges_on_two_layer_paths,
     execution_plan,
     walk_sums,
 )
@@ -52,6 +49,7 @@ from .batcher import DynamicBatcher, WorkItem
 from .errors import InvalidArgument, Overloaded, Unavailable
 from .features.memory import MemoryFeatureStore
 from .metrics import ServerMetrics
+from .paths import PATH_NAMES, ServingPath, paths_for
 from .projection import ActivationCache, ProjectionCache
 from .stats import ModelStats
 from .validation import ModelLimits, PredictCall, knob_rows, resolve_knobs
@@ -118,12 +116,21 @@ class RuntimeOptions:
     #: ... and only when their estimated work (edges aggregated, :meth:`ModelRuntime.estimate_work`) is at
     #: most this: an exact-width request on a hub or new nodes with long neighbour lists go to the worker
     inline_max_work: int = 20_000
+    #: batches of at most this many targets take a compiled path (serve.paths); larger ones the torch paths
+    fused_max_targets: int = FUSED_MAX_TARGETS
+    #: a path name of serve.paths.PATH_NAMES to prefer for every batch it can take (tests, benchmarks);
+    #: None = the runtime's own order
+    serving_path: str | None = None
     #: a request whose estimated work exceeds this is refused (RESOURCE_EXHAUSTED) before it is queued
     max_request_work: int = 50_000_000
     #: the batcher's queue bound in estimated work (beside max_queue_targets)
     max_queue_work: int = 500_000_000
     #: neighbours over all new nodes of one request
     max_new_node_edges: int = 100_000
+
+    def __post_init__(self) -> None:
+        if self.serving_path is not None and self.serving_path not in PATH_NAMES:
+            raise ValueError(f"unknown serving path {self.serving_path!r}; the paths are {', '.join(PATH_NAMES)}")
     #: ``device="cuda"``: batches of fewer targets than this take the compiled CPU forward (a CPU copy of the
     #: model and its own projection table) instead of the GPU, where launches and copies, not arithmetic, set
     #: a small batch's cost (docs/BENCHMARKS.md, "GPU"); 0 = every batch on the GPU
@@ -151,6 +158,7 @@ class PredictResult:
     batch_size: int
     edges_kept: int
     edges_total: int
+    path: str = ""  # the serving path that answered (serve.paths)
 
 
 class ModelRuntime:
@@ -193,7 +201,7 @@ class ModelRuntime:
         self.extractor = str(checkpoint.extractor)
         self.num_classes = int(model.num_classes)
         self.strategy = str(checkpoint.strategy)
-        self.hops = int(getattr(model, "layers", 2))
+        self.num_layers = int(getattr(model, "layers", 2))  # the model's layers (= hops of a plain model's scope)
         self.dataset_fingerprint = data.fingerprint
         self.feature_store_name = data.feature_store_name
         if self.extractor == "ppr" and ppr_index is None:
@@ -201,7 +209,7 @@ class ModelRuntime:
         max_k = min(int(checkpoint.max_ppr_budget), int(ppr_index.k_max)) if ppr_index is not None else 0
         self.remote_graph = bool(getattr(self.graph, "is_remote", False))
         # plain models on a local graph: each node's exact path-edge count, kept once computed
-        self._exact_edges = (ExactPathEdges(self.graph, self.hops)
+        self._exact_edges = (ExactPathEdges(self.graph, self.num_layers)
                              if self.extractor == "lhop" and not self.remote_graph else None)
         if self.remote_graph:
             max_deg = max(1, int(self.graph.max_degree))
@@ -224,8 +232,8 @@ class ModelRuntime:
         # the price of a request before it runs (estimate_work): per node, a bound of its exact pass
         self._walk_bound = self._scope_bound = self._nbr_scope_bound = None
         if self.extractor == "lhop" and not self.remote_graph:
-            c = walk_sums(self.graph, self.hops)  # c_j = A^j d, j = 0..L (kernels.plan)
-            layers = max(1, self.hops)
+            c = walk_sums(self.graph, self.num_layers)  # c_j = A^j d, j = 0..L (kernels.plan)
+            layers = max(1, self.num_layers)
             # a plan's pass; an induced L-hop scope (the path a batch with new nodes takes, every row at every
             # layer); a new node's scope, its neighbours' (L - 1)-hop balls
             self._walk_bound = (np.arange(layers, 0, -1, dtype=np.float64) @ c[:layers]).astype(np.float32)
@@ -252,6 +260,8 @@ class ModelRuntime:
                          and getattr(self.model, "plan_aggregator", -1) >= 0) or self.extractor == "ppr"))
         # the largest batch for the compiled forward on a GPU runtime (a CPU runtime: FUSED_MAX_TARGETS alone)
         self._gpu_fused_max = options.gpu_min_targets - 1 if on_gpu else math.inf
+        #: the largest batch a compiled path takes (serve.paths)
+        self.fused_max_targets = min(options.fused_max_targets, self._gpu_fused_max)
         self._cpu_projections = self.projections
         cpu_model = self.model
         if fusable and on_gpu:  # its own CPU copy of the model and a CPU projection table
@@ -260,15 +270,16 @@ class ModelRuntime:
                                                     int(model.projection_dim),
                                                     budget_bytes=options.projection_budget_bytes, device="cpu")
         self._fused_params = cpu_model.fused_params() if fusable else None
-        self._use_fused = True  # warm() turns it off for one pass, to warm the torch path too
         self._dinv = gcn_dinv32(self.graph) if fusable and self.architecture == "gcn" else None
         # the plan path of a 2-layer plain model: the last layer alone from per-node first-layer rows
         # (edges_on_two_layer_paths counts a 2-layer path from the last layer's plan, hence 2 layers only)
         self._activations = (ActivationCache(self.graph, self._fused_params, self._dinv, self._cpu_projections,
                                              strategy=self.strategy, budget_bytes=options.activation_budget_bytes,
                                              reserved_width=resolve_knobs(self.limits, None, None, None)[0])
-                             if self._fused_params is not None and self.extractor == "lhop" and self.hops == 2
+                             if self._fused_params is not None and self.extractor == "lhop" and self.num_layers == 2
                              and options.activation_budget_bytes > 0 else None)
+        #: the serving paths this runtime takes, in order of preference (decided once; serve.paths)
+        self.paths = paths_for(self, options.serving_path)
         self.batcher = DynamicBatcher(
             self.process,
             max_batch_targets=options.max_batch_targets,
@@ -336,7 +347,7 @@ class ModelRuntime:
         is the sum of its requests'.
         """
         s, k = call.sampling_width, call.ppr_budget
-        layers = max(1, self.hops)
+        layers = max(1, self.num_layers)
         nodes = call.nodes
         if len(nodes) > 1:
             nodes = np.unique(nodes)  # a repeated id costs one subgraph and one forward row
@@ -387,25 +398,25 @@ class ModelRuntime:
         """Compile and exercise the whole path once (numba JIT, torch lazy init), then mark ready."""
         n = min(num_nodes, self.graph.num_nodes)
         ids = np.linspace(0, self.graph.num_nodes - 1, n).astype(np.int64)
-        if self._exact_edges is not None and self.hops <= 2 and self.graph.num_nodes <= EXACT_EDGES_EAGER_NODES:
+        if self._exact_edges is not None and self.num_layers <= 2 and self.graph.num_nodes <= EXACT_EDGES_EAGER_NODES:
             self._exact_edges.fill()
         if self.options.warm_projections and self.projections.enabled:
             t0 = time.perf_counter()
             rows = self.warm_projections()
             log.info("model %s v%s: projections of %d nodes cached in %.1f s", self.name, self.version, rows,
                      time.perf_counter() - t0)
-        paths = (True, False) if self._fused_params is not None else (False,)  # the compiled and the torch path
-        try:
-            for width in {self.limits.default_sampling_width, 0}:
-                for self._use_fused in paths:
-                    call = PredictCall("warmup", ids, [], width, self.limits.default_ppr_budget, "default", 0.0,
-                                       True, True)
-                    item = WorkItem(call, len(ids), None, None, time.monotonic(), _DoneFuture())
-                    res = self.process([item])[0]
-                    if isinstance(res, BaseException):
-                        raise res
-        finally:
-            self._use_fused = True
+        for width in {self.limits.default_sampling_width, 0}:
+            # every path a batch of existing nodes can take (an L-hop model's induced scopes serve only
+            # batches with new nodes: not warmed, an exact scope of a deep model can be the whole graph)
+            for path in self.paths:
+                if not path.accepts(len(ids), False, width):
+                    continue
+                call = PredictCall("warmup", ids, [], width, self.limits.default_ppr_budget, "default", 0.0,
+                                   True, True)
+                item = WorkItem(call, len(ids), None, None, time.monotonic(), _WarmupFuture())
+                res = self.process([item], path=path)[0]
+                if isinstance(res, BaseException):
+                    raise res
         self.ready = True
 
     def warm_projections(self) -> int:
@@ -423,7 +434,10 @@ class ModelRuntime:
         await self.batcher.stop(grace_s)
 
     # ------------------------------------------------------------------ the pipeline
-    def process(self, items: list[WorkItem]) -> list[PredictResult | BaseException]:
+    def process(self, items: list[WorkItem], path: ServingPath | None = None) -> list[PredictResult | BaseException]:
+        """Answer one batch (the batcher's worker, or the loop for inline batches): distinct targets,
+        one serving path (``path``, or the first of :attr:`paths` that accepts the batch), rows split
+        back per request."""
         calls: list[PredictCall] = [it.payload for it in items]
         width = calls[0].sampling_width
         budget = calls[0].ppr_budget
@@ -441,59 +455,12 @@ class ModelRuntime:
             if len(uniq) < len(targets):
                 row_map = np.concatenate([inverse.reshape(-1), len(uniq) + np.arange(len(new_specs))])
                 targets = uniq
-        plan_path = self.extractor == "lhop" and not new_specs
-        fused = (self._fused_params is not None and self._use_fused and not new_specs
-                 and len(targets) <= min(FUSED_MAX_TARGETS, self._gpu_fused_max))
-        acts = self._activations
-        if not (fused and plan_path and acts is not None and acts.has_table(width)):
-            acts = None
-        if acts is not None:  # the last layer's rows only (serve.projection)
-            plan = self._plan(targets, width, degrees=False, layers=1)[0]
-        elif plan_path:  # plain model: the rows each layer needs, once per batch (kernels.plan)
-            plan, plan_graph, plan_ids, plan_gcn_degrees = self._plan(targets, width, degrees=not fused)
-        else:
-            batch = self._subgraphs(targets, new_specs, budget)
-        t_sub = time.perf_counter()
         want_emb = any(c.return_embeddings for c in calls)
-        if acts is not None:
-            table = acts.table_for(plan.node_ids, width)
-            t_feat = time.perf_counter()
-            _, probs_np, labels_np, emb_np = plan_outer_cpu(plan, self._fused_params, table, self._dinv)
-            emb_np = emb_np if want_emb else None
-        elif fused:
-            table = self._cpu_projections.table_for(plan_ids if plan_path else batch.unique_ids).numpy()
-            t_feat = time.perf_counter()
-            if plan_path:
-                _, probs_np, labels_np, emb_np = plan_forward_cpu(plan, self._fused_params, table, self._dinv)
-            else:
-                _, probs_np, labels_np, emb_np = shadow_forward_cpu(batch, self._fused_params, table, width or None,
-                                                                    self.strategy)
-            emb_np = emb_np if want_emb else None
-        else:
-            rows = plan.sizes[0] if plan_path else batch.graph.num_nodes
-            with _torch_threads_for(rows, self._torch_threads), torch.inference_mode():
-                if plan_path:
-                    p_rows = self.projections.get(plan_ids)
-                    t_feat = time.perf_counter()
-                    logits, emb = self.model.forward_plan(plan, p_rows, plan_gcn_degrees)
-                else:
-                    p_rows = self._projections(batch, new_specs)
-                    t_feat = time.perf_counter()
-                    norm_degrees = self._norm_degrees(batch, new_specs) if self.architecture == "gcn" else None
-                    logits, emb = self.model.forward_batch_projected(batch, p_rows, width or None, self.strategy,
-                                                                     norm_degrees)
-                probs = torch.softmax(logits.float(), dim=1)
-                labels = probs.argmax(dim=1)
-            probs_np = probs.cpu().numpy()
-            labels_np = labels.cpu().numpy().astype(np.int64)
-            emb_np = emb.float().cpu().numpy() if want_emb else None
-        t_fwd = time.perf_counter()
-        if acts is not None:
-            kept, total = edges_on_two_layer_paths(plan, self.graph, width, self._exact_edges)
-        elif plan_path:
-            kept, total = edges_on_paths(plan, plan_graph, width, self._exact_edges)  # memo: None on remote graphs
-        else:
-            kept, total = self._edges_per_subgraph(batch, width)
+        if path is None:  # the first path of this runtime's that takes the batch (serve.paths)
+            path = next(p for p in self.paths if p.accepts(len(targets), bool(new_specs), width))
+        o = path.run(targets, new_specs, width, budget, want_emb)
+        probs_np, labels_np, emb_np, kept, total = o.probs, o.labels, o.emb, o.kept, o.total
+        t_sub, t_feat, t_fwd = o.t_sub, o.t_feat, o.t_fwd
         if row_map is not None:
             probs_np, labels_np, kept, total = probs_np[row_map], labels_np[row_map], kept[row_map], total[row_map]
             emb_np = None if emb_np is None else emb_np[row_map]
@@ -529,6 +496,7 @@ class ModelRuntime:
                     batch_size=len(labels_np),
                     edges_kept=int(kept[rows].sum()),
                     edges_total=int(total[rows].sum()),
+                    path=path.name,
                 )
             )
         return out
@@ -545,7 +513,7 @@ class ModelRuntime:
                 return self.ppr_index.induced_batch(g, targets, budget)
             ptr, nodes = self.ppr_index.lookup(targets, budget)
         else:
-            ptr, nodes = lhop_nodes(g, targets, self.hops)
+            ptr, nodes = lhop_nodes(g, targets, self.num_layers)
         extra = None
         if new_specs:
             extra = self._extra_edges(new_specs)
@@ -577,9 +545,9 @@ class ModelRuntime:
             nodes, _scores = ppr_new_node(self.graph, spec.neighbors, spec.weights, self.ppr_index.config)
             nodes = np.asarray(nodes, dtype=np.int64)[:budget]
             return np.where(nodes == n, v, nodes) if j else nodes
-        if self.hops == 0 or len(spec.neighbors) == 0:
+        if self.num_layers == 0 or len(spec.neighbors) == 0:
             return np.array([v], dtype=np.int64)
-        _, scope = lhop_nodes(self.graph, spec.neighbors, self.hops - 1)
+        _, scope = lhop_nodes(self.graph, spec.neighbors, self.num_layers - 1)
         return np.concatenate([[v], np.unique(scope)]).astype(np.int64)
 
     def _projections(self, batch: SubgraphBatch, new_specs: list) -> torch.Tensor:
@@ -626,7 +594,7 @@ class ModelRuntime:
         """``(plan, graph it indexes, global ids of its nodes, GCN degrees of them or None)``
         (``degrees=False``: no degrees, for the compiled forward, which reads its own; ``layers``: the
         last ones only, default all)."""
-        layers = self.hops if layers is None else layers
+        layers = self.num_layers if layers is None else layers
         gcn = self.architecture == "gcn"
         if self.remote_graph:  # the L-hop rows from Redis, as a local graph (local id = rank in uniq)
             g, uniq, gdeg = self.graph.lhop_local(targets, layers)
@@ -639,7 +607,7 @@ class ModelRuntime:
     def _edges_per_subgraph(self, batch: SubgraphBatch, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Edges aggregated (over all layers) per target: kept at this width, and exact."""
         kept, total = batch.edge_counts(width)
-        layers = max(1, self.hops)
+        layers = max(1, self.num_layers)
         return kept * layers, total * layers
 
 
@@ -653,8 +621,9 @@ def _weights_of(spec: Any) -> np.ndarray:
     return spec.weights if spec.weights is not None else np.ones(len(spec.neighbors), np.float32)
 
 
-class _DoneFuture:
-    """Stand-in future for warm-up items processed synchronously."""
+class _WarmupFuture:
+    """The future of a warm-up item, which :meth:`ModelRuntime.warm` processes directly: never done
+    (``done()`` is False), so the item counts as live, as a waiting request's would."""
 
     def done(self) -> bool:
         return False

@@ -87,11 +87,14 @@ def ServerThread(repo: Path, options: dict[str, Any] | None = None) -> Any:
 class ServerProcess:
     """``gnnserve serve`` in a subprocess; ``start()`` returns once models are served."""
 
-    def __init__(self, repo: Path, *args: str, env: dict[str, str] | None = None, log_path: Path | None = None):
+    def __init__(self, repo: Path, *args: str, env: dict[str, str] | None = None, log_path: Path | None = None,
+                 tree: Path | None = None):
+        """``tree``: the source tree to run (default this one; benchmarks/ab.py runs a base commit's)."""
         self.repo = repo
         self.args = list(args)
+        self.tree = tree or REPO_ROOT
         self.env = dict(os.environ, **(env or {}))
-        self.env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + self.env.get("PYTHONPATH", "")
+        self.env["PYTHONPATH"] = str(self.tree) + os.pathsep + self.env.get("PYTHONPATH", "")
         self.log_path = log_path or repo / f"server-{os.getpid()}-{time.monotonic_ns()}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
@@ -107,7 +110,7 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "serve.cli", "serve", "--repo", str(self.repo), "--port", str(self.port),
                "--ready-file", str(ready), *self.args]
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO_ROOT)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=self.tree)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if ready.exists() and ready.read_text().strip():

@@ -90,7 +90,7 @@ def test_a_served_plain_model_answers_the_same_with_and_without_the_cache(tmp_pa
 
     from serve.batcher import WorkItem
     from serve.registry import ModelRegistry
-    from serve.runtime import RuntimeOptions, _DoneFuture
+    from serve.runtime import RuntimeOptions, _WarmupFuture
     from serve.validation import PredictCall
 
     from .serving import make_repo
@@ -110,7 +110,7 @@ def test_a_served_plain_model_answers_the_same_with_and_without_the_cache(tmp_pa
                 outs = []
                 for rt in runtimes:
                     call = PredictCall("t", np.asarray(nodes, dtype=np.int64), [], width, 0, "request", 0.0, True, True)
-                    res = rt.process([WorkItem(call, len(nodes), None, None, time.monotonic(), _DoneFuture())])[0]
+                    res = rt.process([WorkItem(call, len(nodes), None, None, time.monotonic(), _WarmupFuture())])[0]
                     assert not isinstance(res, BaseException), res
                     outs.append(res)
                 a, b = outs

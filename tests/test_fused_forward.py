@@ -155,14 +155,8 @@ def _benchmark(name: str):
 def test_fused_benchmark_runs_on_a_repository(tiny_repo, capsys):
     """benchmarks/fused.py end to end on the test repository: one row per model, setting and batch size."""
     mod = _benchmark("fused")
-    import serve.runtime as runtime_mod
-
-    keep = runtime_mod.FUSED_MAX_TARGETS
-    try:
-        assert mod.main(["--repo", str(tiny_repo), "--models", "gcn,shadow", "--batches", "1,3", "--sets", "2",
-                         "--rounds", "1"]) == 0
-    finally:
-        runtime_mod.FUSED_MAX_TARGETS = keep
+    assert mod.main(["--repo", str(tiny_repo), "--models", "gcn,shadow", "--batches", "1,3", "--sets", "2",
+                     "--rounds", "1"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gcn") or line.startswith("| shadow")]
     assert len(rows) == 8  # 2 models x 2 settings x 2 batch sizes
     cells = [[c.strip() for c in r.strip(" |").split("|")] for r in rows]

@@ -1,0 +1,144 @@
+"""A/B of the serving path: this tree against a base commit, side by side in one run.
+
+Starts two ``gnnserve serve`` subprocesses over the same model repository, one from a git worktree
+of ``--base`` and one from this working tree, and alternates blocks of ``--block`` one-node
+``Predict`` calls between them from one client (so both see the same moments of a shared, noisy
+machine), then alternates batched-load phases (``--clients`` threads, ``--batch`` nodes per
+request). Reports, per model, p50/p99 of the one-node calls and batched node predictions per
+second for each side, and the ratio new / base.
+
+    python benchmarks/ab.py --repo DIR --base ca485fe --models gcn,shadow-gcn
+    python benchmarks/ab.py --dataset ../shared/data/amazon_computers.npz --base ca485fe   # trains first
+
+Without ``--repo`` it trains a plain GCN and a shaDow-GCN on ``--dataset`` (``--epochs``) into
+``--cache-dir`` and reuses them on later runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from clients._gen import gnnserve_pb2 as pb  # noqa: E402
+from clients._gen import gnnserve_pb2_grpc as pbg  # noqa: E402
+from tests.serving import ServerProcess  # noqa: E402
+
+
+def one_node_block(stub, model: str, nodes: np.ndarray, out: list[float]) -> None:
+    for v in nodes:
+        t0 = time.perf_counter()
+        stub.Predict(pb.PredictRequest(model=model, nodes=[int(v)]), timeout=60)
+        out.append(1e3 * (time.perf_counter() - t0))
+
+
+def load_phase(address: str, model: str, num_nodes: int, clients: int, batch: int, seconds: float) -> float:
+    done = [0] * clients
+
+    def run(i: int) -> None:
+        rng = np.random.default_rng(i)
+        with grpc.insecure_channel(address) as ch:
+            stub = pbg.GnnServiceStub(ch)
+            t_end = time.monotonic() + seconds
+            while time.monotonic() < t_end:
+                stub.Predict(pb.PredictRequest(model=model, nodes=rng.integers(0, num_nodes, batch).tolist()),
+                             timeout=60)
+                done[i] += batch
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done) / (time.monotonic() - t0)
+
+
+def train_repo(dataset: Path, cache: Path, models: list[str], epochs: int) -> Path:
+    from kernels.datasets import load_dataset
+    from tests.serving import make_repo
+
+    repo = cache / dataset.stem
+    todo = {m: m for m in models if not (repo / m / "1" / "config.json").exists()}
+    if todo:
+        print(f"training {', '.join(todo)} on {dataset.name} ({epochs} epochs) into {repo} ...", flush=True)
+        make_repo(repo, load_dataset(str(dataset)), todo, hidden=64, epochs=epochs, patience=epochs,
+                  knob_widths=[0, 8, 16, 32], knob_budgets=[16, 32, 64], ppr_k=64)
+    return repo
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repo", type=Path, default=None)
+    ap.add_argument("--dataset", type=Path, default=ROOT.parent / "shared" / "data" / "amazon_computers.npz")
+    ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/gnnserve-bench-ab"))
+    ap.add_argument("--epochs", type=int, default=100)
+    ap.add_argument("--models", default="gcn,shadow-gcn")
+    ap.add_argument("--base", default="HEAD", help="git revision to compare this working tree with")
+    ap.add_argument("--rounds", type=int, default=8, help="alternating blocks per model")
+    ap.add_argument("--block", type=int, default=50, help="one-node calls per block")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=3.0, help="per batched-load phase (two per side)")
+    args = ap.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    repo = args.repo or train_repo(args.dataset, args.cache_dir, models, args.epochs)
+    base_rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="gnnserve-ab-") as tmpd:
+        base_tree = Path(tmpd) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base_tree), base_rev], cwd=ROOT, check=True)
+        try:
+            common = ("--poll-s", "0", "--warm-projections")
+            with ServerProcess(repo, *common, tree=base_tree) as base, ServerProcess(repo, *common) as new:
+                rows = []
+                for model in models:
+                    with grpc.insecure_channel(base.address) as cb, grpc.insecure_channel(new.address) as cn:
+                        sb, sn = pbg.GnnServiceStub(cb), pbg.GnnServiceStub(cn)
+                        num_nodes = sn.GetModel(pb.GetModelRequest(name=model), timeout=30).num_nodes
+                        rng = np.random.default_rng(0)
+                        lat = {"base": [], "new": []}
+                        for stub in (sb, sn):  # warm both
+                            one_node_block(stub, model, rng.integers(0, num_nodes, 20), [])
+                        for r in range(args.rounds):
+                            nodes = rng.integers(0, num_nodes, args.block)
+                            order = (("base", sb), ("new", sn)) if r % 2 == 0 else (("new", sn), ("base", sb))
+                            for side, stub in order:
+                                one_node_block(stub, model, nodes, lat[side])
+                    tput = {"base": [], "new": []}
+                    for side, srv in (("base", base), ("new", new), ("new", new), ("base", base)):
+                        tput[side].append(load_phase(srv.address, model, num_nodes, args.clients, args.batch,
+                                                     args.seconds))
+                    p = {s: (np.percentile(v, 50), np.percentile(v, 99)) for s, v in lat.items()}
+                    t = {s: float(np.mean(v)) for s, v in tput.items()}
+                    rows.append(f"| {model} | {p['base'][0]:.3f} / {p['base'][1]:.3f} | {p['new'][0]:.3f} / "
+                                f"{p['new'][1]:.3f} | {p['new'][0] / p['base'][0]:.2f} | {t['base']:,.0f} | "
+                                f"{t['new']:,.0f} | {t['new'] / t['base']:.2f} |")
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, check=False)
+    print(f"\n`python benchmarks/ab.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
+    print(f"{datetime.date.today()}, {platform.machine()}, {len(os.sched_getaffinity(0))} CPUs; base {base_rev}, "
+          f"new = this tree; {args.rounds} alternating blocks of {args.block} one-node calls per side, batched load "
+          f"{args.clients} clients x {args.batch} nodes, 2 x {args.seconds:.0f} s per side\n")
+    print("| model | base one-node p50 / p99 ms | new p50 / p99 ms | new / base p50 | base nodes/s | new nodes/s "
+          "| new / base |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

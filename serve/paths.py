@@ -1,0 +1,260 @@
+"""The serving paths of a model version: every way :class:`~serve.runtime.ModelRuntime` answers a batch.
+
+Each path runs the same four stages on a batch of distinct targets (plus the batch's new nodes):
+**subgraph** (the rows to compute: an execution plan or induced subgraphs), **rows** (their inputs:
+first-layer projections or cached first-layer outputs), **forward** (the layers, softmax, argmax)
+and **edge counts** (edges aggregated, kept and exact, per target). A runtime decides once, when it
+is built, which paths it has (:func:`paths_for`); per batch it takes the first of them that
+accepts the batch (by its size and whether it brings new nodes). ``RuntimeOptions.serving_path``
+puts one path first (its batches take it wherever it applies; others fall to the next path), which
+is how tests and benchmarks reach a path without touching private state.
+
+==================  =====================================================  ====================================
+path                when it is taken                                        what it caches (beyond the model)
+==================  =====================================================  ====================================
+plain-activations   plain 2-layer model, compiled forward, no new nodes,     first-layer projections per node;
+                    at most ``fused_max_targets`` targets, the width has a   first-layer outputs per node and
+                    table in the activation budget                           width (``ActivationCache``)
+plain-compiled      plain model on a local graph, compiled forward, no new   first-layer projections per node
+                    nodes, at most ``fused_max_targets`` targets
+plain-torch         plain model, no new nodes (larger batches, a remote      first-layer projections per node
+                    graph, or no projection table)
+shadow-compiled     shaDow model, compiled forward, no new nodes, at most    projections; the induced top-K
+                    ``fused_max_targets`` targets                            table beside the PPR index
+subgraph-torch      shaDow batches beyond the compiled forward, and every    projections; the induced table
+                    batch with new nodes (PPR push or L-hop scope on the     when there are no new nodes
+                    graph plus their edges)
+==================  =====================================================  ====================================
+
+The torch paths (``plain-torch``, ``subgraph-torch``) are the specification: ``tests/test_paths.py``
+runs every path on the same batches against them and against the offline model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+
+from kernels.fused_forward import plan_forward_cpu, plan_outer_cpu, shadow_forward_cpu
+from kernels.plan import edges_on_paths, edges_on_two_layer_paths
+
+if TYPE_CHECKING:
+    from .runtime import ModelRuntime
+
+__all__ = ["PATH_NAMES", "PathOutput", "ServingPath", "paths_for"]
+
+
+@dataclass
+class PathOutput:
+    """One batch's answers, row per distinct target then per new node, and its stage marks."""
+
+    probs: np.ndarray  # float32 [n, C]
+    labels: np.ndarray  # int64 [n]
+    emb: np.ndarray | None  # float32 [n, H] when asked
+    kept: np.ndarray  # int64 [n]: edges aggregated at the batch's width
+    total: np.ndarray  # int64 [n]: edges an exact pass aggregates
+    t_sub: float  # perf_counter marks: subgraph done, rows ready, forward done
+    t_feat: float
+    t_fwd: float
+
+
+class ServingPath:
+    """One way to answer a batch; subclasses say when they apply and run the four stages."""
+
+    name: ClassVar[str]
+
+    def __init__(self, rt: ModelRuntime) -> None:
+        self.rt = rt
+
+    @staticmethod
+    def available(rt: ModelRuntime) -> bool:
+        """Whether a runtime can take this path at all (decided once, at construction)."""
+        raise NotImplementedError
+
+    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
+        """Whether this path answers a batch of ``targets`` distinct targets (with new nodes or not)."""
+        raise NotImplementedError
+
+    def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<serving path {self.name}>"
+
+
+def _compiled_fits(rt: ModelRuntime, targets: int, new_nodes: bool) -> bool:
+    return not new_nodes and targets <= rt.fused_max_targets
+
+
+def _torch_answers(rt: ModelRuntime, rows: int, forward: Any, want_emb: bool) -> tuple[Any, ...]:
+    """Run ``forward() -> (logits, emb, t_feat)`` under the batch's torch thread count; NumPy answers."""
+    from .runtime import _torch_threads_for
+
+    with _torch_threads_for(rows, rt._torch_threads), torch.inference_mode():
+        logits, emb, t_feat = forward()
+        probs = torch.softmax(logits.float(), dim=1)
+        labels = probs.argmax(dim=1)
+    emb_np = emb.float().cpu().numpy() if want_emb else None
+    return probs.cpu().numpy(), labels.cpu().numpy().astype(np.int64), emb_np, t_feat
+
+
+class ActivationPath(ServingPath):
+    """A plain 2-layer model's last layer alone, from cached first-layer rows (serve.projection)."""
+
+    name = "plain-activations"
+
+    @staticmethod
+    def available(rt: ModelRuntime) -> bool:
+        return rt._activations is not None
+
+    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
+        acts = self.rt._activations
+        return _compiled_fits(self.rt, targets, new_nodes) and acts is not None and acts.has_table(width)
+
+    def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
+        rt = self.rt
+        plan = rt._plan(targets, width, degrees=False, layers=1)[0]
+        t_sub = time.perf_counter()
+        table = rt._activations.table_for(plan.node_ids, width)  # type: ignore[union-attr]
+        t_feat = time.perf_counter()
+        _, probs, labels, emb = plan_outer_cpu(plan, rt._fused_params, table, rt._dinv)
+        t_fwd = time.perf_counter()
+        kept, total = edges_on_two_layer_paths(plan, rt.graph, width, rt._exact_edges)
+        return PathOutput(probs, labels, emb if want_emb else None, kept, total, t_sub, t_feat, t_fwd)
+
+
+class CompiledPlanPath(ServingPath):
+    """A plain model's execution plan through the compiled forward (kernels.fused_forward)."""
+
+    name = "plain-compiled"
+
+    @staticmethod
+    def available(rt: ModelRuntime) -> bool:
+        return rt._fused_params is not None and rt.extractor == "lhop"
+
+    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
+        return _compiled_fits(self.rt, targets, new_nodes)
+
+    def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
+        rt = self.rt
+        plan, plan_graph, plan_ids, _ = rt._plan(targets, width, degrees=False)
+        t_sub = time.perf_counter()
+        table = rt._cpu_projections.table_for(plan_ids).numpy()
+        t_feat = time.perf_counter()
+        _, probs, labels, emb = plan_forward_cpu(plan, rt._fused_params, table, rt._dinv)
+        t_fwd = time.perf_counter()
+        kept, total = edges_on_paths(plan, plan_graph, width, rt._exact_edges)
+        return PathOutput(probs, labels, emb if want_emb else None, kept, total, t_sub, t_feat, t_fwd)
+
+
+class TorchPlanPath(ServingPath):
+    """A plain model's execution plan through the model's torch layers (the plain specification)."""
+
+    name = "plain-torch"
+
+    @staticmethod
+    def available(rt: ModelRuntime) -> bool:
+        return rt.extractor == "lhop"
+
+    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
+        return not new_nodes
+
+    def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
+        rt = self.rt
+        plan, plan_graph, plan_ids, degrees = rt._plan(targets, width, degrees=True)
+        t_sub = time.perf_counter()
+
+        def forward() -> tuple[Any, Any, float]:
+            p_rows = rt.projections.get(plan_ids)
+            t_feat = time.perf_counter()
+            logits, emb = rt.model.forward_plan(plan, p_rows, degrees)
+            return logits, emb, t_feat
+
+        probs, labels, emb, t_feat = _torch_answers(rt, plan.sizes[0], forward, want_emb)
+        t_fwd = time.perf_counter()
+        kept, total = edges_on_paths(plan, plan_graph, width, rt._exact_edges)  # memo: None on remote graphs
+        return PathOutput(probs, labels, emb, kept, total, t_sub, t_feat, t_fwd)
+
+
+class CompiledShadowPath(ServingPath):
+    """A shaDow model's block-diagonal subgraph batch through the compiled forward."""
+
+    name = "shadow-compiled"
+
+    @staticmethod
+    def available(rt: ModelRuntime) -> bool:
+        return rt._fused_params is not None and rt.extractor == "ppr"
+
+    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
+        return _compiled_fits(self.rt, targets, new_nodes)
+
+    def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
+        rt = self.rt
+        batch = rt._subgraphs(targets, [], budget)
+        t_sub = time.perf_counter()
+        table = rt._cpu_projections.table_for(batch.unique_ids).numpy()
+        t_feat = time.perf_counter()
+        _, probs, labels, emb = shadow_forward_cpu(batch, rt._fused_params, table, width or None, rt.strategy)
+        t_fwd = time.perf_counter()
+        kept, total = rt._edges_per_subgraph(batch, width)
+        return PathOutput(probs, labels, emb if want_emb else None, kept, total, t_sub, t_feat, t_fwd)
+
+
+class TorchSubgraphPath(ServingPath):
+    """Induced subgraphs (PPR top-K or L-hop scopes, new nodes placed on the graph plus their edges)
+    through the model's torch layers: the shaDow specification, and every batch with new nodes."""
+
+    name = "subgraph-torch"
+
+    @staticmethod
+    def available(rt: ModelRuntime) -> bool:
+        return True
+
+    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
+        # a plain model's induced L-hop scopes equal its plan at exact width only (kernels.plan): they
+        # serve the batches a plan cannot, those with new nodes
+        return new_nodes or self.rt.extractor == "ppr"
+
+    def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
+        rt = self.rt
+        batch = rt._subgraphs(targets, new_specs, budget)
+        t_sub = time.perf_counter()
+
+        def forward() -> tuple[Any, Any, float]:
+            p_rows = rt._projections(batch, new_specs)
+            t_feat = time.perf_counter()
+            norm_degrees = rt._norm_degrees(batch, new_specs) if rt.architecture == "gcn" else None
+            logits, emb = rt.model.forward_batch_projected(batch, p_rows, width or None, rt.strategy, norm_degrees)
+            return logits, emb, t_feat
+
+        probs, labels, emb, t_feat = _torch_answers(rt, batch.graph.num_nodes, forward, want_emb)
+        t_fwd = time.perf_counter()
+        kept, total = rt._edges_per_subgraph(batch, width)
+        return PathOutput(probs, labels, emb, kept, total, t_sub, t_feat, t_fwd)
+
+
+#: every path, in the order a runtime prefers them
+PATHS: tuple[type[ServingPath], ...] = (ActivationPath, CompiledPlanPath, TorchPlanPath, CompiledShadowPath,
+                                        TorchSubgraphPath)
+PATH_NAMES: tuple[str, ...] = tuple(p.name for p in PATHS)
+
+
+def paths_for(rt: ModelRuntime, first: str | None = None) -> tuple[ServingPath, ...]:
+    """The paths ``rt`` can take, in order of preference; ``first`` (a path name) leads when given.
+
+    Raises ``ValueError`` for an unknown name or a path this runtime cannot take.
+    """
+    paths = [cls(rt) for cls in PATHS if cls.available(rt)]
+    if first is not None:
+        if first not in PATH_NAMES:
+            raise ValueError(f"unknown serving path {first!r}; the paths are {', '.join(PATH_NAMES)}")
+        chosen = [p for p in paths if p.name == first]
+        if not chosen:
+            raise ValueError(f"model {rt.name} v{rt.version} cannot take serving path {first!r}; it has "
+                             f"{', '.join(p.name for p in paths)}")
+        paths = chosen + [p for p in paths if p.name != first]
+    return tuple(paths)

@@ -1,0 +1,165 @@
+"""One specification for every serving path (serve.paths).
+
+Every path a runtime has runs the same random batches (exact and sampled widths, repeated ids, one
+and many targets) through the public ``ModelRuntime.process(items, path=...)``; each must give the
+torch path's labels, probabilities, embeddings and edge counts, and the torch path must give the
+offline model's probabilities (``tests/reliability_support.reference``: no server code). Models:
+GCN, GraphSAGE, shaDow-GCN and shaDow-SAGE on a synthetic graph, GCN and shaDow-SAGE on Cora
+(skipped where the shared data is absent). The served variants (inline and worker thread, a forced
+path through ``RuntimeOptions.serving_path``) answer the same over gRPC.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from clients._gen import gnnserve_pb2 as pb
+from clients._gen import gnnserve_pb2_grpc as pbg
+
+from .conftest import dataset_path
+from .reliability_support import reference
+from .serving import ServerThread, make_repo
+
+KINDS = {"gcn": "gcn", "sage": "sage", "sgcn": "shadow-gcn", "ssage": "shadow-sage"}
+TORCH = {"lhop": "plain-torch", "ppr": "subgraph-torch"}
+
+
+@pytest.fixture(scope="module")
+def four_repo(tmp_path_factory, small_dataset):
+    return make_repo(tmp_path_factory.mktemp("paths"), small_dataset, KINDS, epochs=20, patience=20)
+
+
+@pytest.fixture(scope="module")
+def cora():
+    from kernels.datasets import load_dataset
+
+    return load_dataset(str(dataset_path("cora")))
+
+
+@pytest.fixture(scope="module")
+def cora_repo(tmp_path_factory, cora):
+    return make_repo(tmp_path_factory.mktemp("cora-paths"), cora, {"gcn": "gcn", "ssage": "shadow-sage"},
+                     epochs=15, patience=15, knob_widths=[0, 4])
+
+
+class _Live:
+    def done(self) -> bool:
+        return False
+
+
+def _run(rt, path, nodes, width, budget):
+    from serve.batcher import WorkItem
+    from serve.validation import PredictCall
+
+    call = PredictCall("spec", np.asarray(nodes, dtype=np.int64), [], width, budget, "request", 0.0, True, True)
+    res = rt.process([WorkItem(call, len(nodes), None, None, time.monotonic(), _Live())], path=path)[0]
+    assert not isinstance(res, BaseException), res
+    assert res.path == path.name
+    return res
+
+
+def _check_every_path(srv, repo, ds, models, rng, batches=6):
+    seen: set[str] = set()
+    for model in models:
+        rt = srv.server.registry.get(model)
+        names = [p.name for p in rt.paths]
+        torch_path = next(p for p in rt.paths if p.name == TORCH[rt.extractor])
+        for _ in range(batches):
+            n = int(rng.choice([1, 3, 17]))
+            nodes = rng.integers(0, ds.num_nodes, n).tolist()
+            if n > 1:
+                nodes.append(nodes[0])  # a repeated id: one row, copied
+            width = int(rng.choice([0, 2, 5]))
+            budget = rt.limits.default_ppr_budget
+            want = _run(rt, torch_path, nodes, width, budget)
+            ref = reference(repo, ds, model, width, budget, nodes)
+            np.testing.assert_allclose(want.probabilities, ref, rtol=1e-4, atol=1e-5)
+            for path in rt.paths:
+                if path is torch_path or not path.accepts(len(set(nodes)), False, width):
+                    continue
+                got = _run(rt, path, nodes, width, budget)
+                seen.add(path.name)
+                assert np.array_equal(got.labels, want.labels), (model, path.name, nodes, width)
+                np.testing.assert_allclose(got.probabilities, want.probabilities, rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(got.embeddings, want.embeddings, rtol=1e-4, atol=1e-5)
+                assert (got.edges_kept, got.edges_total) == (want.edges_kept, want.edges_total), (model, path.name)
+        seen.add(torch_path.name)
+        assert names[-1] == "subgraph-torch", names  # every runtime can answer new nodes
+    return seen
+
+
+def test_every_path_meets_the_specification(four_repo, small_dataset):
+    rng = np.random.default_rng(0)
+    with ServerThread(four_repo, {"poll_s": 0}) as srv:
+        seen = _check_every_path(srv, four_repo, small_dataset, list(KINDS), rng)
+    from serve.paths import PATH_NAMES
+
+    assert seen == set(PATH_NAMES), f"paths never compared: {set(PATH_NAMES) - seen}"
+
+
+def test_every_path_meets_the_specification_on_cora(cora_repo, cora):
+    rng = np.random.default_rng(1)
+    with ServerThread(cora_repo, {"poll_s": 0}) as srv:
+        seen = _check_every_path(srv, cora_repo, cora, ["gcn", "ssage"], rng, batches=4)
+    assert {"plain-activations", "plain-torch", "shadow-compiled", "subgraph-torch"} <= seen
+
+
+def test_batches_with_new_nodes_take_the_subgraph_path(four_repo):
+    from serve.batcher import WorkItem
+    from serve.validation import NewNodeSpec, PredictCall
+
+    with ServerThread(four_repo, {"poll_s": 0}) as srv:
+        for model in KINDS:
+            rt = srv.server.registry.get(model)
+            spec = NewNodeSpec(np.ones(16, np.float32), np.array([1, 2, 3], np.int64), None)
+            call = PredictCall("n", np.array([4, 5], np.int64), [spec], 2, rt.limits.default_ppr_budget, "request",
+                               0.0, True, False)
+            res = rt.process([WorkItem(call, 3, None, None, time.monotonic(), _Live())])[0]
+            assert res.path == "subgraph-torch" and len(res.labels) == 3
+
+
+@pytest.mark.parametrize("variant", ["inline", "worker", "forced-torch"])
+def test_served_variants_answer_as_the_specification(four_repo, small_dataset, variant):
+    """Over gRPC: batches on the event loop (inline), in the worker thread only, and with the torch path
+    forced for every model that has it first (serving_path) give the offline model's answers."""
+    runtime_kw: dict = {"inline_max_targets": 8 if variant == "inline" else 0}
+    models = list(KINDS)
+    if variant == "forced-torch":
+        runtime_kw["serving_path"] = "subgraph-torch"
+    with ServerThread(four_repo, {"poll_s": 0, "runtime_kw": runtime_kw}) as srv, \
+            grpc.insecure_channel(srv.address) as ch:
+        stub = pbg.GnnServiceStub(ch)
+        rng = np.random.default_rng(2)
+        for model in models:
+            rt = srv.server.registry.get(model)
+            if variant == "forced-torch":
+                assert rt.paths[0].name == "subgraph-torch"
+            for _ in range(3):
+                nodes = rng.integers(0, small_dataset.num_nodes, int(rng.integers(1, 5))).tolist()
+                width = int(rng.choice([0, 3]))
+                resp = stub.Predict(pb.PredictRequest(model=model, nodes=nodes, sampling_width=width,
+                                                      return_probabilities=True), timeout=60)
+                got = np.asarray(resp.probabilities, np.float32).reshape(len(nodes), -1)
+                ref = reference(four_repo, small_dataset, model, width, resp.settings.ppr_budget, nodes)
+                np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+        if variant == "inline":
+            assert sum(srv.server.registry.get(m).batcher.batches_inline for m in models) > 0
+
+
+def test_a_forced_path_must_exist_and_apply(four_repo):
+    """serving_path names a path of serve.paths: an unknown name refuses every model, a path a model
+    cannot take refuses that model (the reason in the registry's failures), the others serve it."""
+    with ServerThread(four_repo, {"poll_s": 0, "runtime_kw": {"serving_path": "shadow-compiled"}}) as srv:
+        reg = srv.server.registry
+        assert reg.get("sgcn").paths[0].name == "shadow-compiled"
+        assert reg.get("ssage").paths[0].name == "shadow-compiled"
+        failures = reg.failures()
+        assert len(failures) == 2 and all("cannot take serving path 'shadow-compiled'" in r for r in failures.values())
+    from serve.runtime import RuntimeOptions
+
+    with pytest.raises(ValueError, match="unknown serving path 'nope'; the paths are plain-activations"):
+        RuntimeOptions(serving_path="nope")
