@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from .knob_rules import cheapest_within, exact_reference
+
 __all__ = ["Backoff", "ClientOptions", "KnobRow", "ModelInfo", "NewNode", "PredictResult", "Settings", "Timing"]
 
 
@@ -296,17 +298,15 @@ class ModelInfo:
         return None if ref is None else ref.val_accuracy
 
     def _exact_row(self) -> KnobRow | None:
-        exact = [r for r in self.knob_table if r.sampling_width == 0]
-        if not exact:
-            return None
-        return max(exact, key=lambda r: (r.ppr_budget, r.val_accuracy))
+        return exact_reference(self.knob_table)
 
     def best_knobs(self, max_accuracy_loss: float) -> KnobRow | None:
         """The fastest knob-table row whose validation accuracy is within ``max_accuracy_loss``
         (absolute: 0.01 = one point) of exact; None when the table has no exact row.
 
         This is the rule the server applies to ``predict(..., max_accuracy_loss=L)`` without
-        explicit knobs, so a client can see in advance what it will get.
+        explicit knobs (both call :func:`clients.knob_rules.cheapest_within`), so a client can see
+        in advance what it will get.
 
         Example::
 
@@ -315,11 +315,7 @@ class ModelInfo:
         """
         if not (math.isfinite(max_accuracy_loss) and max_accuracy_loss >= 0):
             raise ValueError(f"max_accuracy_loss must be finite and >= 0, got {max_accuracy_loss}")
-        ref = self._exact_row()
-        if ref is None:
-            return None
-        ok = [r for r in self.knob_table if r.val_accuracy >= ref.val_accuracy - max_accuracy_loss - 1e-12]
-        return min(ok, key=lambda r: (r.latency_ms_per_node, -r.val_accuracy))
+        return cheapest_within(self.knob_table, max_accuracy_loss)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -598,15 +598,11 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
 
 
 def choose_defaults(rows: list[dict[str, Any]], tolerance: float) -> tuple[int, int]:
-    """Default ``(K, S)``: the smallest K, then the smallest S > 0 (else exact), whose validation
-    accuracy is within ``tolerance`` of exact width at the largest K (deterministic: no timings)."""
-    kmax = max(r["ppr_budget"] for r in rows)
-    ref = next(r["val_accuracy"] for r in rows if r["ppr_budget"] == kmax and r["sampling_width"] == 0)
-    ok = [r for r in rows if r["val_accuracy"] >= ref - tolerance - 1e-12]
-    k = min(r["ppr_budget"] for r in ok if r["sampling_width"] == 0) if any(
-        r["sampling_width"] == 0 for r in ok) else kmax
-    widths = sorted(r["sampling_width"] for r in ok if r["ppr_budget"] == k and r["sampling_width"] > 0)
-    return k, (widths[0] if widths else 0)
+    """Default ``(K, S)`` of a knob table (rows as stored in knobs.json):
+    :func:`clients.knob_rules.default_knobs`, the rule the SDK and the server share."""
+    from clients.knob_rules import default_knobs, rows_of
+
+    return default_knobs(rows_of(rows), tolerance)
 
 
 # ============================================================================ training

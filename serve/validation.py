@@ -8,7 +8,8 @@ Knobs are resolved here, against the model's :class:`ModelLimits` and knob table
   the budget does not apply and is echoed as 0.
 * ``max_accuracy_loss`` L: finite, in [0, 1]. The server picks the knob-table row with the lowest
   measured latency whose validation accuracy is at least ``exact - L`` (exact = the table's
-  exact-width row at the largest budget). An explicit S or K fixes that coordinate.
+  exact-width row at the largest budget). An explicit S or K fixes that coordinate. The rule is
+  :func:`clients.knob_rules.cheapest_within`, the one the SDK's ``ModelInfo.best_knobs`` applies.
 * nothing given: the model's defaults.
 """
 
@@ -20,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from clients.knob_rules import cheapest_within
 
 from .errors import InvalidArgument
 
@@ -119,16 +122,12 @@ def resolve_knobs(
     k = clamp_k(ppr_budget) if ppr_budget is not None else None
     chosen_by = "request"
     if max_accuracy_loss is not None and limits.knob_table and (s is None or k is None):
-        rows = [r for r in limits.knob_table if (s is None or r.sampling_width == s) and (k is None or lhop or r.ppr_budget == k)]
-        exact_rows = [r for r in limits.knob_table if r.sampling_width == 0]
-        if rows and exact_rows:
-            ref = max(exact_rows, key=lambda r: (r.ppr_budget, r.val_accuracy)).val_accuracy
-            ok = [r for r in rows if r.val_accuracy >= ref - max_accuracy_loss - 1e-12]
-            if ok:
-                best = min(ok, key=lambda r: (r.latency_ms_per_node, -r.val_accuracy))
-                s = clamp_s(best.sampling_width) if s is None else s
-                k = clamp_k(best.ppr_budget) if k is None else k
-                chosen_by = "max_accuracy_loss"
+        best = cheapest_within(limits.knob_table, max_accuracy_loss, sampling_width=s,
+                               ppr_budget=None if lhop else k)
+        if best is not None:
+            s = clamp_s(best.sampling_width) if s is None else s
+            k = clamp_k(best.ppr_budget) if k is None else k
+            chosen_by = "max_accuracy_loss"
     if s is None and k is None and chosen_by == "request":
         chosen_by = "default"
     s = clamp_s(limits.default_sampling_width) if s is None else s

@@ -1,0 +1,89 @@
+"""The knob rules, in one place: how a setting (PPR budget K, sampling width S) is chosen from a
+model's knob table. Torch-free and NumPy-free: the SDK (``ModelInfo.best_knobs``), the server
+(``serve.validation.resolve_knobs``) and training (``models.train`` picks a checkpoint's defaults)
+all call these functions, so a client can see in advance what the server will pick.
+
+A knob-table row is anything with ``ppr_budget``, ``sampling_width`` (0 = exact),
+``val_accuracy`` and ``latency_ms_per_node`` (``clients.types.KnobRow``, ``serve.validation.KnobRow``).
+
+* **exact reference**: the exact-width row (S = 0) at the largest budget K.
+* **cheapest within a loss L**: among the rows whose validation accuracy is at least
+  ``reference - L``, the one with the lowest measured latency per node (ties: higher accuracy);
+  an explicit S or K restricts the rows to that value.
+* **defaults** (chosen at training time, deterministic, no timings): the smallest K whose exact row
+  is within the tolerance of the reference, then the smallest S > 0 within it at that K (else exact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+__all__ = ["KnobTableRow", "Row", "cheapest_within", "default_knobs", "exact_reference", "rows_of"]
+
+#: slack for comparing accuracies stored as floats
+EPS = 1e-12
+
+
+class KnobTableRow(Protocol):
+    @property
+    def ppr_budget(self) -> int: ...
+
+    @property
+    def sampling_width(self) -> int: ...
+
+    @property
+    def val_accuracy(self) -> float: ...
+
+    @property
+    def latency_ms_per_node(self) -> float: ...
+
+
+R = TypeVar("R", bound=KnobTableRow)
+
+
+class Row(NamedTuple):
+    """A knob-table row with just what the rules read."""
+
+    ppr_budget: int
+    sampling_width: int
+    val_accuracy: float
+    latency_ms_per_node: float
+
+
+def rows_of(dicts: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """Rows as stored in a checkpoint's knobs.json (dicts) for the functions below."""
+    return [Row(int(d["ppr_budget"]), int(d["sampling_width"]), float(d["val_accuracy"]),
+                float(d["latency_ms_per_node"])) for d in dicts]
+
+
+def exact_reference(rows: Sequence[R]) -> R | None:
+    """The exact-width row at the largest budget (None when the table has no exact row)."""
+    exact = [r for r in rows if r.sampling_width == 0]
+    return max(exact, key=lambda r: (r.ppr_budget, r.val_accuracy)) if exact else None
+
+
+def cheapest_within(rows: Sequence[R], max_loss: float, *, sampling_width: int | None = None,
+                    ppr_budget: int | None = None) -> R | None:
+    """The fastest row within ``max_loss`` (absolute: 0.01 = one point) of the exact reference, among
+    the rows with the given ``sampling_width`` / ``ppr_budget`` (None = any); None if there is none."""
+    ref = exact_reference(rows)
+    if ref is None:
+        return None
+    ok = [r for r in rows
+          if (sampling_width is None or r.sampling_width == sampling_width)
+          and (ppr_budget is None or r.ppr_budget == ppr_budget)
+          and r.val_accuracy >= ref.val_accuracy - max_loss - EPS]
+    return min(ok, key=lambda r: (r.latency_ms_per_node, -r.val_accuracy)) if ok else None
+
+
+def default_knobs(rows: Sequence[R], tolerance: float) -> tuple[int, int]:
+    """A checkpoint's default ``(K, S)`` (module docstring); the table must hold an exact row."""
+    ref = exact_reference(rows)
+    if ref is None:
+        raise ValueError("a knob table needs an exact-width row (sampling_width 0) to choose defaults")
+    ok = [r for r in rows if r.val_accuracy >= ref.val_accuracy - tolerance - EPS]
+    exact_ok = [r.ppr_budget for r in ok if r.sampling_width == 0]
+    k = min(exact_ok) if exact_ok else ref.ppr_budget
+    widths = sorted(r.sampling_width for r in ok if r.ppr_budget == k and r.sampling_width > 0)
+    return k, (widths[0] if widths else 0)
