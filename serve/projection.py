@@ -179,6 +179,7 @@ class ActivationCache:
         self.budget_bytes = int(budget_bytes)
         self.reserved_width = reserved_width
         self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._filled: dict[int, int] = {}  # rows held per width
         self._refused: set[int] = set()
         self.hits = 0
         self.misses = 0
@@ -203,7 +204,13 @@ class ActivationCache:
             return False
         self._tables[width] = (np.empty((self.graph.num_nodes, self.dim), dtype=np.float32),
                                np.zeros(self.graph.num_nodes, dtype=bool))
+        self._filled[width] = 0
         return True
+
+    def complete(self, width: int) -> bool:
+        """Whether every node's row of ``width`` is held (then a batch at that width only aggregates
+        its targets' last-layer rows)."""
+        return self._filled.get(width, -1) == self.graph.num_nodes
 
     def table_for(self, node_ids: np.ndarray, width: int) -> np.ndarray:
         """The ``[N, H]`` table of ``width`` (which :meth:`has_table`) with the rows of the distinct
@@ -218,6 +225,7 @@ class ActivationCache:
             assert proj is not None, "the activation cache reads an enabled projection cache"
             table[missing] = plan_inner_cpu(inner, self.params, proj.numpy(), self.dinv)
             valid[missing] = True
+            self._filled[width] += len(missing)  # node_ids are distinct
         return table
 
     def warm(self, width: int, chunk: int = 4096) -> int:

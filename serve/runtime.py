@@ -329,6 +329,10 @@ class ModelRuntime:
         """The sampling widths whose first-layer rows this model keeps (empty without an activation cache)."""
         return [] if self._activations is None else self._activations.widths()
 
+    def activations_complete(self, width: int) -> bool:
+        """Whether the activation cache holds every node's first-layer row at ``width``."""
+        return self._activations is not None and self._activations.complete(width)
+
     def estimate_work(self, call: PredictCall) -> int:
         """The edges ``call`` would aggregate at most, before anything is computed (admission, the
         inline decision). Upper bounds (tested against the answers' ``edges_kept``), as cheap as a
@@ -336,7 +340,9 @@ class ModelRuntime:
 
         * plain (L-hop) model, no new nodes (an execution plan): per distinct node, the walk bound of
           its exact pass, capped at ``S (1 + S)^(L - l)`` edges for layer ``l`` when sampled at width
-          ``S``; with new nodes (induced L-hop scopes, every row at every layer): ``L`` times the
+          ``S``; when the activation cache holds every node's first-layer row at that width (after
+          ``--warm-projections``, or once every row was asked for), its degree (at most ``S``): only
+          the last layer runs; with new nodes (induced L-hop scopes, every row at every layer): ``L`` times the
           walk bound of the node's L-hop ball. A remote graph has no per-node bound: the mean degree
           stands in for it;
         * shaDow model: ``L K min(S, K)`` per target (a K-node subgraph, at most S edges per row);
@@ -360,6 +366,10 @@ class ModelRuntime:
             work = per_target * len(nodes)
         elif call.new_nodes:  # the batch takes induced L-hop scopes (every row at every layer)
             work = float(self._scope_bound[nodes].sum())
+        elif len(nodes) <= self.fused_max_targets and self.activations_complete(s):
+            # the activation path with every first-layer row held: the last layer's rows alone
+            deg = self.graph.degrees[nodes]
+            work = float(np.minimum(deg, s).sum() if s else deg.sum())
         else:  # an execution plan; sampled rows keep at most S edges
             cap = _sampled_edges_bound(s, layers) if s else math.inf
             if len(nodes) == 1:

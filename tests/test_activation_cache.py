@@ -122,3 +122,22 @@ def test_a_served_plain_model_answers_the_same_with_and_without_the_cache(tmp_pa
     finally:
         for reg in registries:
             reg.shutdown_executors()
+
+
+def test_a_warmed_width_is_complete_and_priced_by_the_last_layer(tiny_repo):
+    """After --warm-projections the default width's table holds every row (activations_complete), and a
+    request at that width is priced by its targets' degrees (only the last layer runs)."""
+    import numpy as np
+
+    from serve.validation import PredictCall, resolve_knobs
+
+    from .serving import ServerThread
+
+    with ServerThread(tiny_repo, {"poll_s": 0, "runtime_kw": {"warm_projections": True}}) as srv:
+        rt = srv.server.registry.get("gcn")
+        s = resolve_knobs(rt.limits, None, None, None)[0]
+        assert rt.activations_complete(s) and not rt.activations_complete(s + 1)
+        nodes = np.array([3, 9, 700])
+        call = PredictCall("w", nodes, [], s, 0, "default", 0.0, False, False)
+        deg = rt.graph.degrees[nodes]
+        assert rt.estimate_work(call) == int(np.minimum(deg, s).sum() if s else deg.sum())

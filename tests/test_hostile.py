@@ -156,7 +156,13 @@ def test_estimated_work_bounds_the_edges_each_request_aggregates(served, tiny_re
                 resp = stub.Predict(req, timeout=60)
                 from serve.validation import validate_predict
 
-                est = rt.estimate_work(validate_predict(req, rt.limits))
+                call = validate_predict(req, rt.limits)
+                est = rt.estimate_work(call)
+                if not call.new_nodes and rt.activations_complete(call.sampling_width):
+                    # every first-layer row cached: the estimate is the last layer's rows (what runs),
+                    # while edges_kept reports the 2-layer paths those rows stand for
+                    assert est <= resp.settings.edges_kept
+                    continue
                 assert est >= resp.settings.edges_kept, (model, nodes, width, est, resp.settings.edges_kept)
 
 
