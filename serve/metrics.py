@@ -32,7 +32,7 @@ from prometheus_client.utils import floatToGoString
 
 __all__ = ["CacheCollector", "LightHistogram", "ServerMetrics"]
 
-# from 0.1 ms: a one-node request's server time is 0.15 to 0.3 ms on a 2-core VM (docs/BENCHMARKS.md)
+# from 0.1 ms: a one-node request's server time is a fraction of a millisecond (docs/BENCHMARKS.md)
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5,
                     1.0, 2.5, 10.0)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)

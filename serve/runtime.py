@@ -59,18 +59,17 @@ __all__ = ["DataBundle", "ModelRuntime", "PredictResult", "RuntimeOptions"]
 log = logging.getLogger(__name__)
 
 # A plain model of at most 2 layers on at most this many nodes gets its exact path-edge counts for every
-# node at warm-up (0.04 to 0.1 s for Amazon Computers' 13,752 nodes); otherwise each node's count is
-# computed on first use (at 3 layers the whole graph took 11 s there: the 2-hop balls reach the hubs).
+# node at warm-up; otherwise each node's count is computed on first use (at 3 layers the 2-hop balls reach
+# the hubs and the whole graph costs seconds). Timings: docs/BENCHMARKS.md, "Serving over gRPC".
 EXACT_EDGES_EAGER_NODES = 1 << 20
-#: a batch computing fewer rows than this runs torch on one thread: waking its OpenMP team costs
-#: more than a small operation saves (a single-node shaDow request took 0.80 ms with 2 threads and
-#: 0.62 ms with one on Amazon Computers), while large batches keep every thread
+#: a batch computing fewer rows than this runs torch on one thread: waking its OpenMP team costs more
+#: than a small operation saves, while large batches keep every thread (docs/BENCHMARKS.md, "Serving
+#: over gRPC", SMALL_BATCH_ROWS)
 SMALL_BATCH_ROWS = 4096
-#: a batch of at most this many targets on a CPU runs the compiled forward of kernels.fused_forward
-#: (one call instead of a dozen tensor operations per layer). Measured with benchmarks/fused.py on Amazon
-#: Computers (2 cores): single-threaded, it beat the torch path on 2 threads at every batch size up to
-#: 1024 targets (3.4 to 4.4x for one target, 1.2 to 1.7x at 1024), so by default every batch the server
-#: forms (--max-batch-targets, 1024) takes it; larger ones keep the torch path
+#: the default RuntimeOptions.fused_max_targets: a batch of at most this many targets on a CPU takes a
+#: compiled path (serve.paths; one call instead of a dozen tensor operations per layer). benchmarks/fused.py
+#: found it faster than the torch path at every batch size the server forms (docs/BENCHMARKS.md,
+#: "Serving over gRPC"), so by default every batch (--max-batch-targets, 1024) takes it
 FUSED_MAX_TARGETS = 4096
 
 
