@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from clients._gen import gnnserve_pb2 as pb  # noqa: E402
 from clients._gen import inference_pb2 as ipb  # noqa: E402
-from tests.hostile_support import INFER, PREDICT, PeakRss, hub_dataset, id_bomb, raw_call  # noqa: E402
+from tests.hostile_support import INFER, PREDICT, PeakRss, hub_dataset, id_bomb, neighbour_bomb, raw_call  # noqa: E402
 from tests.reliability_support import answers_match  # noqa: E402
 
 ROWS: list[dict] = []
@@ -104,12 +104,7 @@ def bombs(srv, ch, repo, ds, n: int, reps: int) -> None:
             codes[code_of(raw_call(ch, INFER, data)[1])] += 1
     row(f"ModelInfer: 4,096 ids, EMBEDDINGS requested 100,000 times ({len(data) / 1e6:.1f} MB)", reps, codes,
         (mem.peak - mem.before) / 1e6, "-", f"probe correct: {probe(ch, repo, ds)}")
-    rng = np.random.default_rng(0)
-    req2 = pb.PredictRequest(model="shadow")
-    for _ in range(200):
-        nn = req2.new_nodes.add()
-        nn.features.extend([0.1] * 16)
-        nn.neighbors.extend(rng.choice(800, 600, replace=False).tolist())
+    req2 = neighbour_bomb("shadow")
     codes = Counter()
     with PeakRss(srv.proc.pid) as mem:
         for _ in range(reps):
@@ -238,16 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.fuzz, args.names, args.ids, args.reps, args.seconds, args.flood = 40, 10, 200_000, 1, 1.0, 80
-    from kernels.datasets import synthetic_sbm
-    from tests.serving import ServerProcess, make_repo
+    from tests.serving import ServerProcess, ensure_tiny_repo, make_repo, tiny_dataset
 
-    ds = synthetic_sbm(800, num_classes=4, avg_degree=10, num_features=16, seed=3, name="tiny")
+    ds = tiny_dataset()
     with tempfile.TemporaryDirectory(prefix="gnnserve-hostile-") as tmpd:
         tmp = Path(tmpd)
-        repo = args.repo or tmp / "repo"
-        if not (repo / "gcn" / "1").exists():
-            print(f"training the tiny models into {repo} ...", flush=True)
-            make_repo(repo, ds, {"shadow": "shadow-sage", "gcn": "gcn"})
+        repo = ensure_tiny_repo(args.repo or tmp / "repo", ds)
         hub_repo = tmp / "hub"
         print("training a GCN on the 20,000-node hub graph ...", flush=True)
         make_repo(hub_repo, hub_dataset(), {"hub": "gcn"}, epochs=5, patience=5, knob_widths=[0, 4])

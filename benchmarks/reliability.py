@@ -303,16 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", action="append", default=[], help="scenario names to skip")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    from kernels.datasets import synthetic_sbm
-    from tests.serving import ServerThread, make_repo
+    from tests.serving import ServerThread, ensure_tiny_repo, tiny_dataset
 
-    ds = synthetic_sbm(800, num_classes=4, avg_degree=10, num_features=16, seed=3, name="tiny")
+    ds = tiny_dataset()
     with tempfile.TemporaryDirectory(prefix="gnnserve-rel-") as tmpd:
         tmp = Path(tmpd)
-        repo = args.repo or tmp / "repo"
-        if not (repo / "gcn" / "1").exists():
-            print(f"training the tiny models into {repo} ...", flush=True)
-            make_repo(repo, ds, {"shadow": "shadow-sage", "gcn": "gcn"})
+        repo = ensure_tiny_repo(args.repo or tmp / "repo", ds)
         t0 = time.time()
         with ServerThread(repo) as srv:
             if "bad_input" not in args.skip:

@@ -29,9 +29,9 @@ def small_dataset():
 @pytest.fixture(scope="session")
 def tiny_dataset():
     """The synthetic graph every server test serves (deterministic)."""
-    from kernels.datasets import synthetic_sbm
+    from .serving import tiny_dataset as make
 
-    return synthetic_sbm(800, num_classes=4, avg_degree=10, num_features=16, seed=3, name="tiny")
+    return make()
 
 
 @pytest.fixture(scope="session")

@@ -97,3 +97,19 @@ def hub_dataset(num_nodes: int = 20_000, seed: int = 11):
     ei = np.stack([np.concatenate([src, np.zeros_like(others)]), np.concatenate([g.indices, others])])
     ds.graph = CSRGraph.from_edge_index(ei, g.num_nodes, symmetrize=True)
     return ds
+
+
+def neighbour_bomb(model: str, nodes: int = 200, per_node: int = 600, num_nodes: int = 800, features: int = 16):
+    """A PredictRequest of ``nodes`` new nodes with ``per_node`` distinct neighbours each: every node
+    within its own limit, the request over the per-request total."""
+    import numpy as np
+
+    from clients._gen import gnnserve_pb2 as pb
+
+    rng = np.random.default_rng(0)
+    req = pb.PredictRequest(model=model)
+    for _ in range(nodes):
+        nn = req.new_nodes.add()
+        nn.features.extend([0.1] * features)
+        nn.neighbors.extend(rng.choice(num_nodes, per_node, replace=False).tolist())
+    return req

@@ -51,6 +51,22 @@ def wait_for_metric(port: int, name: str, value: float, timeout: float = 60) -> 
     raise AssertionError(f"{name} is {seen}, not {value}, after {timeout} s")
 
 
+def tiny_dataset() -> Any:
+    """The 800-node synthetic graph the server tests serve (tests/conftest.py's ``tiny_dataset``)."""
+    from kernels.datasets import synthetic_sbm
+
+    return synthetic_sbm(800, num_classes=4, avg_degree=10, num_features=16, seed=3, name="tiny")
+
+
+def ensure_tiny_repo(repo: Path, dataset: Any) -> Path:
+    """``repo`` holding the tiny shaDow-SAGE "shadow" and GCN "gcn" models, trained there if absent
+    (the benchmarks that replay the reliability and hostile-client scenarios)."""
+    if not (repo / "gcn" / "1").exists():
+        print(f"training the tiny models into {repo} ...", flush=True)
+        make_repo(repo, dataset, {"shadow": "shadow-sage", "gcn": "gcn"})
+    return repo
+
+
 def make_repo(root: Path, dataset: Any, kinds: dict[str, str], **settings: Any) -> Path:
     """Train ``{model_name: kind}`` on ``dataset`` into ``root`` (a model repository)."""
     from models.train import train

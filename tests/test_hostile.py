@@ -30,7 +30,7 @@ from clients._gen import gnnserve_pb2_grpc as pbg
 from clients._gen import inference_pb2 as ipb
 from clients._gen import inference_pb2_grpc as ipbg
 
-from .hostile_support import INFER, PREDICT, PeakRss, id_bomb, raw_call
+from .hostile_support import INFER, PREDICT, PeakRss, id_bomb, neighbour_bomb, raw_call
 from .hostile_support import hub_dataset as make_hub_dataset
 from .reliability_support import check_answer
 from .serving import REPO_ROOT, ServerProcess, ServerThread, make_repo
@@ -103,12 +103,7 @@ def test_declared_node_count_is_refused_from_the_bytes_before_parsing(tiny_repo,
 def test_new_node_neighbours_are_bounded_per_request(served):
     """200 new nodes of 600 neighbours each (120,000 in all, each node within its own limit) are
     refused as a whole: the total per request is bounded."""
-    rng = np.random.default_rng(0)
-    req = pb.PredictRequest(model="shadow")
-    for _ in range(200):
-        nn = req.new_nodes.add()
-        nn.features.extend([0.1] * 16)
-        nn.neighbors.extend(rng.choice(800, 600, replace=False).tolist())
+    req = neighbour_bomb("shadow")
     with grpc.insecure_channel(served.address) as ch:
         try:
             pbg.GnnServiceStub(ch).Predict(req, timeout=60)
