@@ -404,8 +404,14 @@ def test_sigterm_while_a_model_loads_exits_within_the_grace(tiny_repo, tmp_path)
 
 # ------------------------------------------------------------------------- fuzzing the wire
 def _mutations() -> st.SearchStrategy[bytes]:
+    infer = ipb.ModelInferRequest(model_name="gcn", raw_input_contents=[np.arange(3, dtype=np.int64).tobytes()],
+                                  inputs=[ipb.ModelInferRequest.InferInputTensor(name="NODE_IDS", datatype="INT64",
+                                                                                 shape=[3])])
+    infer.parameters["sampling_width"].int64_param = 2
+    infer.outputs.add(name="LABELS")
     valid = [pb.PredictRequest(model="gcn", nodes=[1, 2, 3], sampling_width=2).SerializeToString(),
-             pb.PredictRequest(model="shadow", nodes=[5], ppr_budget=8, max_accuracy_loss=0.01).SerializeToString()]
+             pb.PredictRequest(model="shadow", nodes=[5], ppr_budget=8, max_accuracy_loss=0.01).SerializeToString(),
+             infer.SerializeToString()]
 
     @st.composite
     def mutate(draw: st.DrawFn) -> bytes:
