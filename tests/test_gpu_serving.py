@@ -86,7 +86,7 @@ def test_cuda_shadow_forward_runs_the_es_spmm_kernel(served_cuda, cuda_stub, mon
 
     monkeypatch.setattr(spmm_cuda, "sampled_spmm_cuda", spy)
     r, _ = _predict(cuda_stub, "shadow", [3, 14, 15], sampling_width=2, ppr_budget=16)
-    layers = served_cuda.server.registry.get("shadow").hops
+    layers = served_cuda.server.registry.get("shadow").num_layers
     assert widths == [2] * layers, "each shaDow layer aggregates through the CUDA kernel at the asked width"
     assert 0 < r.settings.edges_kept < r.settings.edges_total
 

@@ -171,7 +171,9 @@ def test_an_expensive_request_is_refused_before_it_runs(hub_repo, hub_dataset):
     hub_work = walk_bounds(g, 2)[0]
     assert hub_work >= exact_path_edges(g, np.array([0]), 2)[0] > g.num_edges // 2
     limit = int(hub_work // 4)
-    opts = {"poll_s": 0, "runtime_kw": {"max_request_work": limit}}
+    # no activation cache: with every first-layer row cached (warm-up's batch holds the hub, whose rows
+    # are every node) an exact hub request only runs its last layer, and is priced so
+    opts = {"poll_s": 0, "runtime_kw": {"max_request_work": limit, "activation_budget_bytes": 0}}
     with ServerThread(hub_repo, opts) as srv, grpc.insecure_channel(srv.address) as ch:
         stub = pbg.GnnServiceStub(ch)
         with pytest.raises(grpc.RpcError) as info:

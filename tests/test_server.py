@@ -93,9 +93,9 @@ def test_plain_model_edge_counts_come_from_the_warm_memo(served, stub, tiny_data
     assert rt._exact_edges is not None and bool(np.all(rt._exact_edges._memo >= 0))  # filled at warm-up
     nodes = np.array([3, 50, 777])
     r = predict(stub, "gcn", nodes, sampling_width=2)
-    plan = execution_plan(tiny_dataset.graph, nodes, rt.hops, 2, rt.strategy)
+    plan = execution_plan(tiny_dataset.graph, nodes, rt.num_layers, 2, rt.strategy)
     assert r.settings.edges_kept == int(plan.kept_per_target().sum())
-    assert r.settings.edges_total == int(exact_path_edges(tiny_dataset.graph, nodes, rt.hops).sum())
+    assert r.settings.edges_total == int(exact_path_edges(tiny_dataset.graph, nodes, rt.num_layers).sum())
     assert r.settings.edges_kept < r.settings.edges_total
 
 
