@@ -41,17 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from serve.batcher import WorkItem
-    from serve.runtime import PredictCall, RuntimeOptions
+    from serve.runtime import PredictCall, RuntimeOptions, _WarmupFuture
     from serve.server import GnnServer, ServerConfig
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)  # grpc.aio binds the server to the current loop
     srv = GnnServer(ServerConfig(repo=args.repo, port=0, poll_s=0, runtime=RuntimeOptions(warm_projections=True)))
     loop.run_until_complete(srv.start())
-
-    class _Pending:
-        def done(self) -> bool:
-            return False
 
     sizes = [int(b) for b in args.batches.split(",") if b]
     rng = np.random.default_rng(0)
@@ -85,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                             t0 = time.perf_counter()
                             for s in sets:
                                 call = PredictCall("bench", s, [], width, budget, "default", 0.0, True, False)
-                                item = WorkItem(call, b, None, None, time.monotonic(), _Pending())
+                                item = WorkItem(call, b, None, None, time.monotonic(), _WarmupFuture())
                                 out = rt.process([item], path=path)[0]
                                 if isinstance(out, BaseException):
                                     raise out

@@ -347,17 +347,20 @@ def walk_sums(graph: CSRGraph, hops: int) -> np.ndarray:
     return out
 
 
-def walk_bounds(graph: CSRGraph, layers: int) -> np.ndarray:
+def walk_bounds(graph: CSRGraph, layers: int, sums: np.ndarray | None = None) -> np.ndarray:
     r"""float64 ``[N]``: an upper bound of :func:`exact_path_edges` for every node.
 
     An exact ``L``-layer pass aggregates, at layer ``l``, the rows within ``L - l`` hops of the
     target, so with :math:`c_j` of :func:`walk_sums`
 
     .. math:: \text{edges}(t) \le \sum_{j=0}^{L-1} (L - j)\, c_j[t]
+
+    ``sums``: :func:`walk_sums` of the graph to at least ``L - 1`` hops, when the caller has them
+    (the server derives other bounds from the same sums); computed here otherwise.
     """
     if layers <= 0:
         return np.zeros(graph.num_nodes, dtype=np.float64)
-    c = walk_sums(graph, layers - 1)
+    c = walk_sums(graph, layers - 1) if sums is None else sums[:layers]
     weights = np.arange(layers, 0, -1, dtype=np.float64)  # L - j for j = 0 .. L-1
     return weights @ c
 

@@ -177,11 +177,15 @@ class DynamicBatcher:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ internals
+    def _release(self, it: WorkItem) -> None:
+        """Take a dequeued item's targets and work off the queue's totals."""
+        self._queued_targets -= it.size
+        self._queued_work -= it.work
+
     def _fail_queued(self, exc: BaseException) -> None:
         while self._queue:
             it = self._queue.popleft()
-            self._queued_targets -= it.size
-            self._queued_work -= it.work
+            self._release(it)
             if not it.future.done():
                 it.future.set_exception(exc)
 
@@ -195,13 +199,11 @@ class DynamicBatcher:
         while self._queue:
             it = self._queue.popleft()
             if it.future.done():  # caller cancelled (client went away)
-                self._queued_targets -= it.size
-                self._queued_work -= it.work
+                self._release(it)
                 self.items_dropped += 1
                 continue
             if it.deadline is not None and it.deadline <= now:
-                self._queued_targets -= it.size
-                self._queued_work -= it.work
+                self._release(it)
                 self.items_dropped += 1
                 it.future.set_exception(
                     DeadlineExceeded(f"deadline passed after {1e3 * (now - it.enqueued):.1f} ms in the queue; dropped")
@@ -214,8 +216,7 @@ class DynamicBatcher:
                 continue
             batch.append(it)
             targets += it.size
-            self._queued_targets -= it.size
-            self._queued_work -= it.work
+            self._release(it)
         kept.extend(self._queue)
         self._queue = kept
         return batch

@@ -226,6 +226,7 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
         self._prechecks: dict[str, Callable[[bytes], None]] = {
             PREDICT_METHOD: lambda data: check_predict(data, limits),
             INFER_METHOD: lambda data: check_infer(data, limits),
+            STREAM_INFER_METHOD: lambda data: check_infer(data, limits),  # per message of the stream
         }
         # a request's model name as a metric label: only names the server knows ("" otherwise), so a
         # client cannot make a new time series per name it sends
@@ -242,23 +243,20 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
         if handler is None:
             return handler
         full_method = handler_call_details.method
+        known = self._wrapped.get(full_method)
+        if known is not None and known[0] is handler:
+            return known[1]
         if handler.stream_stream is not None and full_method == STREAM_INFER_METHOD:
             # each message of the stream gets the declared-size check and the lenient parse; the
             # handler answers a stand-in (unparsed_reason) with an error message on the stream
-            known = self._wrapped.get(full_method)
-            if known is not None and known[0] is handler:
-                return known[1]
             wrapped = grpc.stream_stream_rpc_method_handler(
                 handler.stream_stream,
-                request_deserializer=_lenient(handler.request_deserializer, self._prechecks[INFER_METHOD]),
+                request_deserializer=_lenient(handler.request_deserializer, self._prechecks[full_method]),
                 response_serializer=handler.response_serializer)
             self._wrapped[full_method] = (handler, wrapped)
             return wrapped
         if handler.unary_unary is None:
             return handler
-        known = self._wrapped.get(full_method)
-        if known is not None and known[0] is handler:
-            return known[1]
         method = full_method.rsplit("/", 1)[-1]
         metrics = self._metrics
         gate = self._gate

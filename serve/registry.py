@@ -241,6 +241,16 @@ class ModelRegistry:
         async with self._control:
             return await self._refresh()
 
+    def _retire(self, name: str, version: int, why: str) -> None:
+        """Stop serving ``name`` v``version`` at once; its runtime closes after its queue drains."""
+        rt = self._models[name].pop(version)
+        if not self._models[name]:
+            del self._models[name]
+        log.info("model %s v%d %s; draining", name, version, why)
+        task = asyncio.ensure_future(rt.close(grace_s=30))
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
+
     # ------------------------------------------------------------------ explicit control (Triton's repository API)
     def held(self, name: str, version: int) -> bool:
         """Whether ``name`` v``version`` was explicitly unloaded (the poller leaves it alone)."""
@@ -254,22 +264,16 @@ class ModelRegistry:
             served = self._models.get(name, {})
             if version is None:
                 if not served and not on_disk:
-                    raise ModelNotFound(f"model {name[:64]!r} is not in the repository")
+                    raise ModelNotFound(f"model {_shown(name)} is not in the repository")
                 self._held.add((name, None))
                 gone = sorted(served)
             else:
                 if version not in served and version not in on_disk:
-                    raise ModelNotFound(f"model {name[:64]!r} has no version {version} in the repository")
+                    raise ModelNotFound(f"model {_shown(name)} has no version {version} in the repository")
                 self._held.add((name, version))
                 gone = [version] if version in served else []
             for v in gone:
-                rt = self._models[name].pop(v)
-                log.info("model %s v%d unloaded on request; draining", name, v)
-                task = asyncio.ensure_future(rt.close(grace_s=30))
-                self._draining.add(task)
-                task.add_done_callback(self._draining.discard)
-            if name in self._models and not self._models[name]:
-                del self._models[name]
+                self._retire(name, v, "unloaded on request")
             self.metrics.models_loaded.set(sum(len(v) for v in self._models.values()))
             if gone and self.on_change is not None:
                 self.on_change()
@@ -283,7 +287,7 @@ class ModelRegistry:
         async with self._control:
             on_disk = self.scan().get(name, {})
             if not on_disk or (version is not None and version not in on_disk):
-                what = f"model {name[:64]!r}" + (f" version {version}" if version is not None else "")
+                what = f"model {_shown(name)}" + (f" version {version}" if version is not None else "")
                 raise ModelNotFound(f"{what} is not in the repository")
             if version is None:
                 self._held = {h for h in self._held if h[0] != name}
@@ -354,14 +358,8 @@ class ModelRegistry:
         for name in list(self._models):
             for version in list(self._models[name]):
                 if version not in on_disk.get(name, {}):
-                    rt = self._models[name].pop(version)
-                    log.info("model %s v%d removed from the repository; draining", name, version)
-                    task = asyncio.ensure_future(rt.close(grace_s=30))
-                    self._draining.add(task)
-                    task.add_done_callback(self._draining.discard)
+                    self._retire(name, version, "removed from the repository")
                     changed = True
-            if not self._models[name]:
-                del self._models[name]
         self.metrics.models_loaded.set(sum(len(v) for v in self._models.values()))
         if changed and self.on_change is not None:
             self.on_change()

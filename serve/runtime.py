@@ -40,6 +40,7 @@ from kernels.plan import (
     ExactPathEdges,
     ExecutionPlan,
     execution_plan,
+    walk_bounds,
     walk_sums,
 )
 from kernels.subgraph import ExtraEdges, SubgraphBatch, induced_batch, lhop_nodes
@@ -126,14 +127,14 @@ class RuntimeOptions:
     max_queue_work: int = 500_000_000
     #: neighbours over all new nodes of one request
     max_new_node_edges: int = 100_000
-
-    def __post_init__(self) -> None:
-        if self.serving_path is not None and self.serving_path not in PATH_NAMES:
-            raise ValueError(f"unknown serving path {self.serving_path!r}; the paths are {', '.join(PATH_NAMES)}")
     #: ``device="cuda"``: batches of fewer targets than this take the compiled CPU forward (a CPU copy of the
     #: model and its own projection table) instead of the GPU, where launches and copies, not arithmetic, set
     #: a small batch's cost (docs/BENCHMARKS.md, "GPU"); 0 = every batch on the GPU
     gpu_min_targets: int = 64
+
+    def __post_init__(self) -> None:
+        if self.serving_path is not None and self.serving_path not in PATH_NAMES:
+            raise ValueError(f"unknown serving path {self.serving_path!r}; the paths are {', '.join(PATH_NAMES)}")
 
 
 @dataclass
@@ -235,7 +236,7 @@ class ModelRuntime:
             layers = max(1, self.num_layers)
             # a plan's pass; an induced L-hop scope (the path a batch with new nodes takes, every row at every
             # layer); a new node's scope, its neighbours' (L - 1)-hop balls
-            self._walk_bound = (np.arange(layers, 0, -1, dtype=np.float64) @ c[:layers]).astype(np.float32)
+            self._walk_bound = walk_bounds(self.graph, layers, sums=c).astype(np.float32)
             self._scope_bound = (layers * c.sum(axis=0)).astype(np.float32)
             self._nbr_scope_bound = (layers * c[:layers].sum(axis=0)).astype(np.float32)
             del c
@@ -324,6 +325,10 @@ class ModelRuntime:
             self.server_metrics.set_queue(self.name, self.batcher.queued_targets)
         return res
 
+    def _path_for(self, targets: int, new_nodes: bool, width: int) -> ServingPath:
+        """The first of this runtime's paths that takes such a batch (serve.paths)."""
+        return next(p for p in self.paths if p.accepts(targets, new_nodes, width))
+
     def activation_widths(self) -> list[int]:
         """The sampling widths whose first-layer rows this model keeps (empty without an activation cache)."""
         return [] if self._activations is None else self._activations.widths()
@@ -365,7 +370,7 @@ class ModelRuntime:
             work = per_target * len(nodes)
         elif call.new_nodes:  # the batch takes induced L-hop scopes (every row at every layer)
             work = float(self._scope_bound[nodes].sum())
-        elif len(nodes) <= self.fused_max_targets and self.activations_complete(s):
+        elif self.activations_complete(s) and self._path_for(len(nodes), False, s).name == "plain-activations":
             # the activation path with every first-layer row held: the last layer's rows alone
             deg = self.graph.degrees[nodes]
             work = float(np.minimum(deg, s).sum() if s else deg.sum())
@@ -465,8 +470,8 @@ class ModelRuntime:
                 row_map = np.concatenate([inverse.reshape(-1), len(uniq) + np.arange(len(new_specs))])
                 targets = uniq
         want_emb = any(c.return_embeddings for c in calls)
-        if path is None:  # the first path of this runtime's that takes the batch (serve.paths)
-            path = next(p for p in self.paths if p.accepts(len(targets), bool(new_specs), width))
+        if path is None:
+            path = self._path_for(len(targets), bool(new_specs), width)
         o = path.run(targets, new_specs, width, budget, want_emb)
         probs_np, labels_np, emb_np, kept, total = o.probs, o.labels, o.emb, o.kept, o.total
         t_sub, t_feat, t_fwd = o.t_sub, o.t_feat, o.t_fwd

@@ -46,17 +46,13 @@ def cora_repo(tmp_path_factory, cora):
                      epochs=15, patience=15, knob_widths=[0, 4])
 
 
-class _Live:
-    def done(self) -> bool:
-        return False
-
-
 def _run(rt, path, nodes, width, budget):
     from serve.batcher import WorkItem
+    from serve.runtime import _WarmupFuture
     from serve.validation import PredictCall
 
     call = PredictCall("spec", np.asarray(nodes, dtype=np.int64), [], width, budget, "request", 0.0, True, True)
-    res = rt.process([WorkItem(call, len(nodes), None, None, time.monotonic(), _Live())], path=path)[0]
+    res = rt.process([WorkItem(call, len(nodes), None, None, time.monotonic(), _WarmupFuture())], path=path)[0]
     assert not isinstance(res, BaseException), res
     assert res.path == path.name
     return res
@@ -110,6 +106,7 @@ def test_every_path_meets_the_specification_on_cora(cora_repo, cora):
 
 def test_batches_with_new_nodes_take_the_subgraph_path(four_repo):
     from serve.batcher import WorkItem
+    from serve.runtime import _WarmupFuture
     from serve.validation import NewNodeSpec, PredictCall
 
     with ServerThread(four_repo, {"poll_s": 0}) as srv:
@@ -118,7 +115,7 @@ def test_batches_with_new_nodes_take_the_subgraph_path(four_repo):
             spec = NewNodeSpec(np.ones(16, np.float32), np.array([1, 2, 3], np.int64), None)
             call = PredictCall("n", np.array([4, 5], np.int64), [spec], 2, rt.limits.default_ppr_budget, "request",
                                0.0, True, False)
-            res = rt.process([WorkItem(call, 3, None, None, time.monotonic(), _Live())])[0]
+            res = rt.process([WorkItem(call, 3, None, None, time.monotonic(), _WarmupFuture())])[0]
             assert res.path == "subgraph-torch" and len(res.labels) == 3
 
 
