@@ -34,17 +34,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for_metric(port: int, name: str, value: float, timeout: float = 60) -> None:
-    """Poll the Prometheus endpoint on ``port`` until the unlabelled sample ``name`` equals ``value``."""
+def metric_samples(port: int, name: str) -> list[tuple[dict[str, str], float]]:
+    """``(labels, value)`` of every sample ``name`` the Prometheus endpoint on ``port`` exposes now."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return [(s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name == name]
+
+
+def wait_for_metric(port: int, name: str, value: float, timeout: float = 60) -> None:
+    """Poll the Prometheus endpoint on ``port`` until the unlabelled sample ``name`` equals ``value``."""
     seen = None
     t_end = time.monotonic() + timeout
     while time.monotonic() < t_end:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        seen = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name]
+        seen = [v for _, v in metric_samples(port, name)]
         if seen == [value]:
             return
         time.sleep(0.02)

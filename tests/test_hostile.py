@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import grpc
 import numpy as np
@@ -33,18 +32,10 @@ from clients._gen import inference_pb2_grpc as ipbg
 from .hostile_support import INFER, PREDICT, PeakRss, id_bomb, neighbour_bomb, raw_call
 from .hostile_support import hub_dataset as make_hub_dataset
 from .reliability_support import check_answer
-from .serving import REPO_ROOT, ServerProcess, ServerThread, make_repo
+from .serving import REPO_ROOT, ServerProcess, ServerThread, make_repo, metric_samples
 
 DOCUMENTED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
               grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE}
-
-
-def metric_samples(port: int, name: str) -> list[tuple[dict[str, str], float]]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return [(s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples
-            if s.name == name]
 
 
 def wait_for_count(port: int, method: str, code: str, value: float, timeout: float = 30) -> None:

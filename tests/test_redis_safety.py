@@ -20,7 +20,6 @@ import dataclasses
 import logging
 import threading
 import time
-import urllib.request
 
 import grpc
 import numpy as np
@@ -437,11 +436,10 @@ def test_a_loader_that_lost_its_lock_stops_writing(redis_factory, tiny_dataset):
 
 # =========================================================================== 5. --hot-bytes
 def _hot_bytes(metrics_port: int) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
+    from .serving import metric_samples
 
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-               if s.name == "gnnserve_feature_cache_bytes" and s.labels.get("tier") == "hot")
+    return sum(v for labels, v in metric_samples(metrics_port, "gnnserve_feature_cache_bytes")
+               if labels.get("tier") == "hot")
 
 
 def test_serve_hot_bytes_builds_the_static_hot_tier_from_the_ppr_index(redis_factory, tiny_repo, tiny_dataset,
