@@ -142,6 +142,20 @@ def _request_id_of(request: Any) -> str:
     return ""
 
 
+def error_status(exc: Exception, method: str, request_id: str = "") -> tuple[grpc.StatusCode, str]:
+    """The status a failed call (or a failed request of a stream) is answered with, logged once: a
+    known exception's code and message (the caller bounds it as it sends it); anything else INTERNAL
+    with an incident id only, its traceback in the log under that id."""
+    mapped = status_for(exc, request_id)
+    if mapped is not None:
+        code, message = mapped
+        log.info("%s -> %s: %s", method, code.name, bounded(message))
+        return code, message
+    incident = uuid.uuid4().hex[:12]
+    log.exception("%s failed unexpectedly (incident %s)", method, incident)
+    return grpc.StatusCode.INTERNAL, f"internal error (incident {incident}); the server log has the details"
+
+
 def unparsed_reason(request: Any) -> str | None:
     """Why a request that reached a handler is not a message: refused from its bytes or undecodable
     (for stream handlers, which get these stand-ins per message, see :class:`ErrorMappingInterceptor`);
@@ -291,18 +305,9 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
                         else grpc.StatusCode.CANCELLED)
                 raise
             except Exception as exc:
-                mapped = status_for(exc, _request_id_of(request))
-                if mapped is not None:
-                    code, message = mapped
-                    message = bounded(message)
-                    log.info("%s -> %s: %s", method, code.name, message)
-                else:
-                    code = grpc.StatusCode.INTERNAL
-                    incident = uuid.uuid4().hex[:12]
-                    log.exception("%s failed unexpectedly (incident %s)", method, incident)
-                    message = f"internal error (incident {incident}); the server log has the details"
+                code, message = error_status(exc, method, _request_id_of(request))
                 count()  # before the reply leaves: a client that has seen it finds it counted
-                await context.abort(code, message)
+                await context.abort(code, bounded(message))
             finally:
                 if admitted:
                     gate.leave()  # type: ignore[union-attr]

@@ -44,7 +44,6 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -56,8 +55,8 @@ from clients._gen import gnnserve_pb2 as gpb
 from clients._gen import inference_pb2 as pb
 from clients._gen import inference_pb2_grpc as pb_grpc
 
-from .errors import GnnServeError, InvalidArgument, ModelNotFound, Unavailable, status_for
-from .interceptors import bounded, unparsed_reason
+from .errors import GnnServeError, InvalidArgument, ModelNotFound, Unavailable
+from .interceptors import bounded, error_status, unparsed_reason
 from .registry import RepositoryError
 from .servicer import deadline_of
 from .validation import validate_predict
@@ -458,15 +457,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
                 admitted = True
             return pb.ModelStreamInferResponse(infer_response=await self._infer(request, deadline))
         except Exception as exc:
-            mapped = status_for(exc, request.id[:64])
-            if mapped is None:
-                incident = uuid.uuid4().hex[:12]
-                log.exception("ModelStreamInfer request failed unexpectedly (incident %s)", incident)
-                code, message = grpc.StatusCode.INTERNAL, f"internal error (incident {incident}); " \
-                                                          "the server log has the details"
-            else:
-                code, message = mapped
-                log.info("ModelStreamInfer request -> %s: %s", code.name, bounded(message))
+            code, message = error_status(exc, "ModelStreamInfer request", request.id[:64])
             resp = pb.ModelStreamInferResponse(error_message=bounded(f"{code.name}: {message}"))
             # the request's model and id, so a client can tell which request failed
             resp.infer_response.model_name = request.model_name[:256]
