@@ -1,0 +1,772 @@
+"""The ordered log of accepted graph updates: a file (single server) or a Redis stream (replicas).
+
+Every accepted update is one record: opaque bytes (a serialized ``UpdateGraphRequest``) with a
+dense, monotone version ``1, 2, 3, ...`` per graph. A server replays the log on start; stateless
+replicas over one Redis follow each other's updates through it. Both implementations share the
+:class:`UpdateLog` protocol:
+
+* ``append(payload, expect_version=None) -> version``: assigns ``head + 1``, stores the record
+  durably (see below) before returning. With ``expect_version`` the append is refused with
+  :class:`VersionConflict` unless ``head == expect_version`` (the caller holds its lock and has
+  applied every earlier record, so nothing written by another writer is ever skipped).
+* ``read(after=0, limit=None)``: the records with version ``> after``, ascending and dense (the
+  first one is ``after + 1``). A follower always reads by version from its own last applied one,
+  so a missed notification never loses a record. ``after < base`` (those records were compacted
+  into a snapshot) raises :class:`RecordsCompacted`; ``after > head`` (the log is behind its
+  reader: it was lost or replaced) raises :class:`UpdateLogError`; a gap raises it too.
+* ``head()``: the newest version (0 = empty); ``base``: the version before the first record kept
+  (0 unless compacted); ``wait(after, timeout)``: ``read`` that blocks up to ``timeout`` seconds
+  until a record ``> after`` exists (``[]`` on timeout); ``size_bytes()``; ``truncate_before(v)``
+  (compaction: drop records ``<= v``, ``head`` stays, ``base`` becomes ``v``); ``close()``.
+
+File log (:class:`FileUpdateLog`)
+---------------------------------
+A 20-byte file header, then the records back to back (little-endian)::
+
+    header: b"GNNULOG\\x01" | base (u64) | CRC32 of the 16 bytes before it (u32)
+    record: b"GUR1" | version (u64) | length (u32) | CRC32 of version (u64) + payload (u32) | payload
+
+Opening scans the whole file: versions must run ``base + 1, base + 2, ...`` and every CRC must
+match. A damaged *last* record (short, bad CRC or zero-filled: a crash in the middle of a write)
+is cut off with a WARNING; damage anywhere before the end (a valid record follows it) is
+:class:`UpdateLogError` naming the byte offset, and nothing is changed. An append is one
+``pwrite`` of the whole record (the file is unbuffered), so an acknowledged record survives the
+process being killed (it is in the page cache); with ``fsync=True`` it is also ``fsync``-ed before
+``append`` returns and survives a machine crash. A failed write is cut back off, so it never
+leaves damage in front of later records. ``truncate_before`` writes the kept records into a temp
+file (fsynced) and ``os.replace``-s it over the log: a crash leaves either the old or the new log.
+One process at a time: a sidecar ``<path>.lock`` is held with ``flock`` while the log is open
+(a second opener gets :class:`UpdateLogError`). Thread-safe.
+
+Redis log (:class:`RedisUpdateLog`)
+-----------------------------------
+Keys (``<fp>`` the graph fingerprint; the ``{log}`` hash tag keeps them in one Cluster slot, so
+the Lua scripts below may touch them together)::
+
+    gnnserve:live:<fp>:{log}           stream: one entry per record, id "<version>-1", field u = payload,
+                                       c = payload bytes appended so far (for size_bytes)
+    gnnserve:live:<fp>:{log}:head      string: the newest version
+    gnnserve:live:<fp>:{log}:base      string: the compaction base (absent = 0)
+    gnnserve:live:<fp>:{log}:bytes     string: payload bytes ever appended
+    gnnserve:live:<fp>:{log}:trimmed   string: payload bytes of the compacted records
+
+``append`` is one Lua script (atomic): check ``expect_version`` against ``head``, ``XADD`` with
+the explicit id ``<head + 1>-1`` (refused by Redis if the stream already holds a later id: a
+damaged log is never written over), then ``INCR`` the head. ``read`` is one script returning
+``head``, ``base`` and ``XRANGE <after + 1>-0 +`` together, so the checks above are made against
+one consistent state. ``wait`` reads first, then blocks with ``XREAD BLOCK`` from id
+``<after>-1`` (entries with a greater id: versions ``> after``) in slices shorter than the socket
+timeout, and when woken reads again by version. ``truncate_before(v)``: ``XTRIM MINID <v + 1>-0``
+and ``base = v`` in one script.
+
+Durability on Redis is Redis's: an acknowledged record survives a Redis restart only with
+``appendonly yes`` (and a machine crash only with ``appendfsync always``); a WARNING says so when
+the server reports AOF off. If Redis loses the log anyway (restart without persistence), the head
+falls behind the servers' versions: their appends get :class:`VersionConflict` naming the loss and
+their reads :class:`UpdateLogError`, never a silently re-used version number.
+
+Redis unreachable: every call fails with :class:`UpdateLogUnavailable` within the bounded retries
+of :func:`serve.features.redis_store.connect` (``(retries + 1) * socket_timeout`` at worst, at once
+when the connection is refused), never hangs; its message names neither the host nor the
+password and says what to do. URLs (TLS, unix sockets, passwords, Cluster) are the feature
+store's (:func:`serve.features.redis_store.parse_redis_url`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import struct
+import threading
+import time
+import zlib
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "FileUpdateLog",
+    "RecordsCompacted",
+    "RedisUpdateLog",
+    "UpdateLog",
+    "UpdateLogError",
+    "UpdateLogUnavailable",
+    "VersionConflict",
+    "log_keys",
+]
+
+log = logging.getLogger(__name__)
+
+LIVE_PREFIX = "gnnserve:live"
+_FILE_MAGIC = b"GNNULOG\x01"
+_FILE_HDR = struct.Struct("<8sQI")  # magic, base, crc32(magic + base)
+_REC_MAGIC = b"GUR1"
+_REC_HDR = struct.Struct("<4sQII")  # magic, version, length, crc32(version + payload)
+_U64 = struct.Struct("<Q")
+MAX_RECORD = 1 << 30  # bytes of one payload
+
+
+# =========================================================================== errors
+class UpdateLogError(RuntimeError):
+    """The log cannot be used as asked: damaged (not a torn tail), a version conflict, a gap."""
+
+
+class UpdateLogUnavailable(UpdateLogError):
+    """The log's storage (Redis) cannot be reached: the server answers UNAVAILABLE."""
+
+
+class VersionConflict(UpdateLogError):
+    """``append(expect_version=e)`` found ``head != e``: another writer came first (``head > e``:
+    apply its records and retry) or the log lost records (``head < e``)."""
+
+    def __init__(self, message: str, *, head: int, expected: int) -> None:
+        super().__init__(message)
+        self.head = head
+        self.expected = expected
+
+
+class RecordsCompacted(UpdateLogError):
+    """``read(after)`` with ``after < base``: those records were folded into a snapshot and dropped."""
+
+    def __init__(self, message: str, *, base: int, after: int) -> None:
+        super().__init__(message)
+        self.base = base
+        self.after = after
+
+
+@runtime_checkable
+class UpdateLog(Protocol):
+    """What :mod:`serve.live` needs of a log (see the module docstring for the semantics)."""
+
+    def append(self, payload: bytes, *, expect_version: int | None = None) -> int: ...
+
+    def read(self, after: int = 0, limit: int | None = None) -> list[tuple[int, bytes]]: ...
+
+    def head(self) -> int: ...
+
+    def wait(self, after: int, timeout: float) -> list[tuple[int, bytes]]: ...
+
+    def size_bytes(self) -> int: ...
+
+    def truncate_before(self, version: int) -> None: ...
+
+    @property
+    def base(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def _check_after(after: int, limit: int | None) -> tuple[int, int | None]:
+    after = int(after)
+    if after < 0:
+        raise ValueError(f"after must be >= 0, got {after}")
+    if limit is not None:
+        limit = int(limit)
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1 or None, got {limit}")
+    return after, limit
+
+
+def _conflict(head: int, expected: int, where: str) -> VersionConflict:
+    if head < expected:
+        msg = (f"{where}: the log ends at version {head}, behind version {expected} that the caller has applied: "
+               "the log lost records (a Redis restart without persistence, or another log file); restore it or "
+               "rebuild the graph from a snapshot")
+    else:
+        msg = (f"{where}: the log is at version {head}, not {expected}: another writer appended first; apply its "
+               "records and retry")
+    return VersionConflict(msg, head=head, expected=expected)
+
+
+def _check_range(after: int, head: int, base: int, where: str) -> None:
+    if after < base:
+        raise RecordsCompacted(f"{where}: records 1..{base} were compacted into a snapshot; the caller at version "
+                               f"{after} must restart from that snapshot", base=base, after=after)
+    if after > head:
+        raise UpdateLogError(f"{where}: the log ends at version {head}, behind version {after} that the caller has "
+                             "applied: the log lost records or was replaced")
+
+
+# =========================================================================== file log
+class FileUpdateLog:
+    """Append-only file log (format and guarantees in the module docstring).
+
+    Args:
+        path: the log file (created with its directory when absent).
+        fsync: ``fsync`` every append (survives a machine crash, not only the process dying).
+
+    Raises (constructor): :class:`UpdateLogError` when the file is damaged before its last record,
+    is not a log, or is open in another process.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False) -> None:
+        self.path = Path(path)
+        self.fsync = bool(fsync)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._closed = False
+        self._fd = -1
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise UpdateLogError(f"update log {self.path} is open in another process (or twice in this one): "
+                                     "one server writes a file log; use a Redis log for several") from None
+            raise
+        try:
+            self._open()
+        except BaseException:
+            self._release()
+            raise
+
+    # ---------------------------------------------------------------- opening
+    def _open(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = fd
+        size = os.fstat(fd).st_size
+        if size < _FILE_HDR.size:
+            head = os.pread(fd, size, 0)
+            if head != _header(0)[:size]:  # a compacted log is never torn (os.replace): only a new one is
+                raise UpdateLogError(f"{self.path} is not an update log (it starts with {head[:8]!r})")
+            if size:
+                log.warning("update log %s: its header was cut short (a crash while creating it): starting it "
+                            "again, it held no records", self.path)
+            self._write_all(_header(0), 0)
+            os.ftruncate(fd, _FILE_HDR.size)
+            self._sync(directory=True)
+            size = _FILE_HDR.size
+        magic, base, crc = _FILE_HDR.unpack(os.pread(fd, _FILE_HDR.size, 0))
+        if magic != _FILE_MAGIC:
+            raise UpdateLogError(f"{self.path} is not an update log (it starts with {magic!r})")
+        if crc != zlib.crc32(_FILE_HDR.pack(magic, base, 0)[:16]):
+            raise UpdateLogError(f"update log {self.path}: its header (byte offset 0) fails its CRC")
+        self._base = int(base)
+        self._offsets = array("q")
+        self._end = _FILE_HDR.size
+        self._scan(size)
+
+    def _scan(self, size: int) -> None:
+        """Index every record; cut a torn tail off, refuse damage before it."""
+        if size == _FILE_HDR.size:
+            return
+        with mmap.mmap(self._fd, size, prot=mmap.PROT_READ) as mm:
+            off = _FILE_HDR.size
+            expect = self._base + 1
+            while off < size:
+                problem = _record_problem(mm, off, size)
+                if problem is None:
+                    _, version, length, _ = _REC_HDR.unpack_from(mm, off)
+                    if version != expect:
+                        raise UpdateLogError(f"update log {self.path}: the record at byte offset {off} has version "
+                                             f"{version}, expected {expect} (versions must be dense)")
+                    self._offsets.append(off)
+                    off += _REC_HDR.size + length
+                    expect += 1
+                    continue
+                later = _next_valid_record(mm, off + 1, size)
+                if later is not None:
+                    raise UpdateLogError(f"update log {self.path} is damaged at byte offset {off} ({problem}); a "
+                                         f"valid record follows at byte offset {later}, so this is not a torn "
+                                         "write: restore the log from a copy or rebuild the graph from a snapshot")
+                break
+        if off < size:
+            log.warning("update log %s: cut off %d bytes of a torn last record at byte offset %d (a crash in "
+                        "the middle of a write; that update was never acknowledged)", self.path, size - off, off)
+            os.ftruncate(self._fd, off)
+            self._sync()
+        self._end = off
+
+    # ---------------------------------------------------------------- helpers
+    def _write_all(self, data: bytes | memoryview, offset: int) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self._fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    def _sync(self, *, directory: bool = False) -> None:
+        if not self.fsync:
+            return
+        os.fsync(self._fd)
+        if directory:
+            _fsync_dir(self.path.parent)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UpdateLogError(f"update log {self.path} is closed")
+
+    @property
+    def _head(self) -> int:
+        return self._base + len(self._offsets)
+
+    # ---------------------------------------------------------------- API
+    @property
+    def base(self) -> int:
+        return self._base
+
+    def head(self) -> int:
+        with self._lock:
+            return self._head
+
+    def size_bytes(self) -> int:
+        with self._lock:
+            return self._end
+
+    def append(self, payload: bytes, *, expect_version: int | None = None) -> int:
+        data = bytes(payload)
+        if len(data) > MAX_RECORD:
+            raise ValueError(f"an update log record holds at most {MAX_RECORD} bytes, got {len(data)}")
+        with self._lock:
+            self._check_open()
+            head = self._head
+            if expect_version is not None and int(expect_version) != head:
+                raise _conflict(head, int(expect_version), f"update log {self.path}")
+            version = head + 1
+            rec = _encode_record(version, data)
+            off = self._end
+            try:
+                self._write_all(rec, off)
+                self._sync()
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, off)  # no partial record in front of later ones
+                raise UpdateLogError(f"update log {self.path}: writing record {version} failed ({exc}); it was "
+                                     "not stored") from None
+            self._offsets.append(off)
+            self._end = off + len(rec)
+            self._cond.notify_all()
+            return version
+
+    def read(self, after: int = 0, limit: int | None = None) -> list[tuple[int, bytes]]:
+        after, limit = _check_after(after, limit)
+        with self._lock:
+            self._check_open()
+            return self._read_locked(after, limit)
+
+    def _read_locked(self, after: int, limit: int | None) -> list[tuple[int, bytes]]:
+        head = self._head
+        _check_range(after, head, self._base, f"update log {self.path}")
+        first = after - self._base  # index of record after + 1
+        last = head - self._base if limit is None else min(head - self._base, first + limit)
+        if first >= last:
+            return []
+        lo = self._offsets[first]
+        hi = self._offsets[last] if last < len(self._offsets) else self._end
+        buf = os.pread(self._fd, hi - lo, lo)
+        out: list[tuple[int, bytes]] = []
+        pos = 0
+        for i in range(first, last):
+            magic, version, length, crc = _REC_HDR.unpack_from(buf, pos)
+            payload = buf[pos + _REC_HDR.size : pos + _REC_HDR.size + length]
+            if (magic != _REC_MAGIC or version != self._base + 1 + i or len(payload) != length
+                    or zlib.crc32(payload, zlib.crc32(_U64.pack(version))) != crc):
+                raise UpdateLogError(f"update log {self.path}: the record at byte offset {lo + pos} changed on "
+                                     "disk since it was written (CRC or framing mismatch)")
+            out.append((int(version), payload))
+            pos += _REC_HDR.size + length
+        return out
+
+    def wait(self, after: int, timeout: float, *, limit: int | None = 1024) -> list[tuple[int, bytes]]:
+        """Records ``> after`` (at most ``limit``), waiting up to ``timeout`` s for an append of this
+        process; ``[]`` on timeout or when the log is closed meanwhile."""
+        after, limit = _check_after(after, limit)
+        deadline = time.monotonic() + max(0.0, float(timeout))
+        with self._cond:
+            self._check_open()
+            while self._head <= after:
+                _check_range(after, self._head, self._base, f"update log {self.path}")
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    return []
+                self._cond.wait(left)
+                if self._closed:
+                    return []
+            return self._read_locked(after, limit)
+
+    def truncate_before(self, version: int) -> None:
+        version = int(version)
+        with self._lock:
+            self._check_open()
+            if version <= self._base:
+                return
+            if version > self._head:
+                raise ValueError(f"cannot compact update log {self.path} up to version {version}: its head is "
+                                 f"{self._head}")
+            k = version - self._base  # records kept start at index k
+            keep_from = self._offsets[k] if k < len(self._offsets) else self._end
+            tmp = self.path.with_name(self.path.name + ".compact.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, _header(version))
+                pos = keep_from
+                while pos < self._end:
+                    chunk = os.pread(self._fd, min(8 << 20, self._end - pos), pos)
+                    if not chunk:
+                        raise UpdateLogError(f"update log {self.path} shrank while being compacted")
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    pos += len(chunk)
+                os.fsync(fd)  # the rename must never expose an empty file
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            os.close(fd)
+            os.replace(tmp, self.path)
+            _fsync_dir(self.path.parent)
+            new_fd = os.open(self.path, os.O_RDWR)
+            os.close(self._fd)
+            self._fd = new_fd
+            shift = keep_from - _FILE_HDR.size
+            self._offsets = array("q", (o - shift for o in self._offsets[k:]))
+            self._end -= shift
+            self._base = version
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._release()
+
+    def _release(self) -> None:
+        if self._fd >= 0 and not self._closed:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._closed = True
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> FileUpdateLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"FileUpdateLog({str(self.path)!r}, base={self._base}, head={self._head}, fsync={self.fsync})"
+
+
+def _header(base: int) -> bytes:
+    body = _FILE_HDR.pack(_FILE_MAGIC, base, 0)[:16]
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def _encode_record(version: int, payload: bytes) -> bytes:
+    crc = zlib.crc32(payload, zlib.crc32(_U64.pack(version)))
+    return _REC_HDR.pack(_REC_MAGIC, version, len(payload), crc) + payload
+
+
+def _record_problem(mm: Any, off: int, size: int) -> str | None:
+    """Why the record at ``off`` is not valid (``None``: it is)."""
+    if size - off < _REC_HDR.size:
+        return f"{size - off} bytes left, shorter than a record header"
+    magic, version, length, crc = _REC_HDR.unpack_from(mm, off)
+    if magic != _REC_MAGIC:
+        return f"bad record magic {bytes(magic)!r}"
+    if length > MAX_RECORD:
+        return f"record length {length} over the limit"
+    end = off + _REC_HDR.size + length
+    if end > size:
+        return f"record of {length} bytes runs past the end of the file"
+    if zlib.crc32(mm[off + _REC_HDR.size : end], zlib.crc32(_U64.pack(version))) != crc:
+        return "CRC mismatch"
+    return None
+
+
+def _next_valid_record(mm: Any, start: int, size: int) -> int | None:
+    """Offset of the first valid record at or after ``start`` (a torn tail is never followed by one)."""
+    pos = start
+    while True:
+        pos = mm.find(_REC_MAGIC, pos, size)
+        if pos < 0:
+            return None
+        if _record_problem(mm, pos, size) is None:
+            return pos
+        pos += 1
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+# =========================================================================== Redis log
+def log_keys(fingerprint: str) -> dict[str, str]:
+    """The Redis keys of a graph's log (see the module docstring)."""
+    if not fingerprint or any(c in fingerprint for c in "{}: \n"):
+        raise ValueError(f"bad graph fingerprint {fingerprint!r}")
+    stream = f"{LIVE_PREFIX}:{fingerprint}:{{log}}"
+    return {"stream": stream, "head": f"{stream}:head", "base": f"{stream}:base", "bytes": f"{stream}:bytes",
+            "trimmed": f"{stream}:trimmed"}
+
+
+# KEYS: stream, head, bytes; ARGV: payload, expected head ('' = any)
+_APPEND = """
+local head = tonumber(redis.call('GET', KEYS[2]) or '0')
+if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= head then
+  return {'conflict', string.format('%d', head)}
+end
+local v = head + 1
+local total = redis.call('INCRBY', KEYS[3], 0) + string.len(ARGV[1])
+local r = redis.pcall('XADD', KEYS[1], string.format('%d-1', v), 'u', ARGV[1], 'c', string.format('%d', total))
+if type(r) == 'table' and r.err then
+  return {'damaged', r.err}
+end
+redis.call('SET', KEYS[3], string.format('%d', total))
+return {'ok', string.format('%d', redis.call('INCR', KEYS[2]))}
+"""
+
+# KEYS: stream, head, base; ARGV: first id, count ('' = all)
+_READ = """
+local head = redis.call('GET', KEYS[2]) or '0'
+local base = redis.call('GET', KEYS[3]) or '0'
+local recs
+if ARGV[2] == '' then
+  recs = redis.call('XRANGE', KEYS[1], ARGV[1], '+')
+else
+  recs = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])
+end
+return {head, base, recs}
+"""
+
+# KEYS: stream, head, base, trimmed; ARGV: version
+_TRUNCATE = """
+local head = tonumber(redis.call('GET', KEYS[2]) or '0')
+local base = tonumber(redis.call('GET', KEYS[3]) or '0')
+local v = tonumber(ARGV[1])
+if v <= base then return {'ok', string.format('%d', base)} end
+if v > head then return {'ahead', string.format('%d', head)} end
+local e = redis.call('XRANGE', KEYS[1], string.format('%d-1', v), string.format('%d-1', v))
+if #e == 0 then return {'damaged', string.format('record %d is missing', v)} end
+local fields = e[1][2]
+local c = nil
+for i = 1, #fields, 2 do if fields[i] == 'c' then c = fields[i + 1] end end
+if not c then return {'damaged', string.format('record %d has no byte count', v)} end
+redis.call('XTRIM', KEYS[1], 'MINID', string.format('%d-0', v + 1))
+redis.call('SET', KEYS[3], string.format('%d', v))
+redis.call('SET', KEYS[4], c)
+return {'ok', string.format('%d', v)}
+"""
+
+
+def _b2s(v: Any) -> str:
+    return v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
+
+
+class RedisUpdateLog:
+    """A graph's update log in Redis (schema and guarantees in the module docstring).
+
+    Args:
+        url: any URL :func:`serve.features.redis_store.parse_redis_url` accepts (TLS, unix socket,
+            password, ``redis+cluster://``).
+        graph_fingerprint: the graph's fingerprint (the log's key).
+        client: an existing redis-py client (not closed by :meth:`close`).
+        socket_timeout, connect_timeout, retries: of the client made here; a call on an
+            unreachable Redis fails within about ``(retries + 1) * socket_timeout``.
+        block_slice: seconds one ``XREAD BLOCK`` of :meth:`wait` lasts at most (default half the
+            socket timeout, so a blocked read never looks like a dead server).
+        wait_limit: records :meth:`wait` returns at most.
+    """
+
+    def __init__(self, url: str, graph_fingerprint: str, *, client: Any = None, socket_timeout: float = 1.0,
+                 connect_timeout: float = 0.5, retries: int = 2, block_slice: float | None = None,
+                 wait_limit: int = 1024) -> None:
+        from .features.redis_store import connect, parse_redis_url
+
+        self._target = parse_redis_url(url)
+        self.fingerprint = graph_fingerprint
+        self.keys = log_keys(graph_fingerprint)
+        self._owns = client is None
+        self._closed = False
+        self.wait_limit = int(wait_limit)
+        self.block_slice = float(block_slice) if block_slice is not None else max(0.01, socket_timeout / 2)
+        if client is None:
+            with self._errors("connecting to the update log"):
+                client = connect(self._target, socket_timeout=socket_timeout, connect_timeout=connect_timeout,
+                                 retries=retries)
+        self._client = client
+        self._append = client.register_script(_APPEND)
+        self._read = client.register_script(_READ)
+        self._truncate = client.register_script(_TRUNCATE)
+        self._warn_without_aof()
+
+    # ---------------------------------------------------------------- errors
+    def _clean(self, text: str) -> str:
+        """``text`` without the URL, the host names, the socket path or the password."""
+        t = self._target
+        out = t.scrub(text).replace(t.masked, "the log's Redis")
+        hosts = sorted({f"{h}:{p}" for h, p in t.nodes} | {h for h, _ in t.nodes} | ({t.path} if t.path else set()),
+                       key=len, reverse=True)
+        for h in hosts:
+            if h:
+                out = out.replace(h, "<redis>")
+        return out
+
+    @contextlib.contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        from .features.base import FeatureStoreError, FeatureUnavailable
+        from .features.redis_store import redis_errors
+
+        try:
+            with redis_errors(self._target, what):
+                yield
+        except UpdateLogError:
+            raise
+        except FeatureUnavailable as exc:
+            raise UpdateLogUnavailable(
+                f"{self._clean(str(exc))}: graph updates are refused until the update log's Redis answers again; "
+                "check that it is running and reachable and that the URL's credentials are right, then retry"
+            ) from None
+        except FeatureStoreError as exc:  # WRONGTYPE: a key of the log holds something else
+            raise UpdateLogError(f"update log of graph {self.fingerprint} is damaged: {self._clean(str(exc))}") from None
+
+    def _warn_without_aof(self) -> None:
+        try:
+            info = self._client.info("persistence")
+        except Exception:  # INFO may be disabled (managed Redis) or Redis down: appends will say so
+            return
+        vals = [info] if "aof_enabled" in info else [v for v in info.values() if isinstance(v, dict)]
+        if any(str(v.get("aof_enabled", "1")) == "0" for v in vals):
+            log.warning("update log of graph %s: Redis runs without appendonly, so acknowledged updates are lost "
+                        "if it restarts (servers then refuse new updates: the log is behind them); set "
+                        "appendonly yes (appendfsync always to survive a machine crash)", self.fingerprint)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UpdateLogError(f"update log of graph {self.fingerprint} is closed")
+
+    @property
+    def _where(self) -> str:
+        return f"update log of graph {self.fingerprint}"
+
+    # ---------------------------------------------------------------- API
+    def append(self, payload: bytes, *, expect_version: int | None = None) -> int:
+        self._check_open()
+        data = bytes(payload)
+        if len(data) > MAX_RECORD:
+            raise ValueError(f"an update log record holds at most {MAX_RECORD} bytes, got {len(data)}")
+        k = self.keys
+        exp = "" if expect_version is None else str(int(expect_version))
+        with self._errors("appending to the update log"):
+            status, value = self._append(keys=[k["stream"], k["head"], k["bytes"]], args=[data, exp])
+        status, value = _b2s(status), _b2s(value)
+        if status == "conflict":
+            raise _conflict(int(value), int(exp), self._where)
+        if status != "ok":
+            raise UpdateLogError(f"{self._where} is damaged: Redis refused the next record ({self._clean(value)}); "
+                                 "its head counter is behind its stream")
+        return int(value)
+
+    def _read_raw(self, after: int, limit: int | None) -> list[tuple[int, bytes]]:
+        k = self.keys
+        with self._errors("reading the update log"):
+            head, base, recs = self._read(keys=[k["stream"], k["head"], k["base"]],
+                                          args=[f"{after + 1}-0", "" if limit is None else str(limit)])
+        head, base = int(_b2s(head)), int(_b2s(base))
+        _check_range(after, head, base, self._where)
+        out: list[tuple[int, bytes]] = []
+        for i, (rid, fields) in enumerate(recs):
+            want = after + 1 + i
+            if _b2s(rid) != f"{want}-1":
+                raise UpdateLogError(f"{self._where}: record {want} is missing (found id {_b2s(rid)}): the log is "
+                                     "damaged; rebuild the graph from a snapshot")
+            payload = None
+            for j in range(0, len(fields) - 1, 2):
+                if _b2s(fields[j]) == "u":
+                    payload = fields[j + 1]
+            if payload is None:
+                raise UpdateLogError(f"{self._where}: record {want} has no payload field")
+            out.append((want, bytes(payload)))
+        expected = head - after if limit is None else min(limit, head - after)
+        if len(out) < expected:
+            raise UpdateLogError(f"{self._where}: the head is {head} but records from {after + len(out) + 1} on are "
+                                 "missing from the stream (Redis lost data or the stream was trimmed by hand)")
+        return out
+
+    def read(self, after: int = 0, limit: int | None = None) -> list[tuple[int, bytes]]:
+        after, limit = _check_after(after, limit)
+        self._check_open()
+        return self._read_raw(after, limit)
+
+    def head(self) -> int:
+        self._check_open()
+        with self._errors("reading the update log's head"):
+            v = self._client.get(self.keys["head"])
+        return int(_b2s(v)) if v is not None else 0
+
+    @property
+    def base(self) -> int:
+        self._check_open()
+        with self._errors("reading the update log's base"):
+            v = self._client.get(self.keys["base"])
+        return int(_b2s(v)) if v is not None else 0
+
+    def wait(self, after: int, timeout: float) -> list[tuple[int, bytes]]:
+        """Records ``> after`` (at most ``wait_limit``), blocking up to ``timeout`` s; ``[]`` on timeout."""
+        after, _ = _check_after(after, None)
+        recs = self.read(after, self.wait_limit)
+        if recs:
+            return recs
+        deadline = time.monotonic() + max(0.0, float(timeout))
+        stream = self.keys["stream"]
+        while not self._closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            ms = max(1, int(1000 * min(left, self.block_slice)))
+            with self._errors("waiting on the update log"):
+                got = self._client.xread({stream: f"{after}-1"}, count=1, block=ms)
+            if got:
+                return self.read(after, self.wait_limit)  # by version: never skips one
+        return []
+
+    def size_bytes(self) -> int:
+        """Payload bytes of the records kept (not Redis's own overhead)."""
+        self._check_open()
+        with self._errors("reading the update log's size"):
+            total, trimmed = self._client.mget([self.keys["bytes"], self.keys["trimmed"]])
+        return int(_b2s(total or b"0")) - int(_b2s(trimmed or b"0"))
+
+    def truncate_before(self, version: int) -> None:
+        self._check_open()
+        version = int(version)
+        k = self.keys
+        with self._errors("compacting the update log"):
+            status, value = self._truncate(keys=[k["stream"], k["head"], k["base"], k["trimmed"]], args=[version])
+        status, value = _b2s(status), _b2s(value)
+        if status == "ahead":
+            raise ValueError(f"cannot compact the {self._where} up to version {version}: its head is {value}")
+        if status != "ok":
+            raise UpdateLogError(f"{self._where} is damaged: {value}")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns:
+            with contextlib.suppress(Exception):
+                self._client.close()
+
+    def __repr__(self) -> str:
+        return f"RedisUpdateLog({self._target.masked!r}, {self.fingerprint!r})"
