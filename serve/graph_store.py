@@ -58,6 +58,23 @@ How a replica uses it (per batch, :class:`RedisGraphStore`)
   hot nodes are not fetched again. Graph versions are immutable, so cached rows never go stale.
 * New nodes (``new_nodes`` in a request) need the push or BFS over the whole graph: a replica
   in this mode refuses them with INVALID_ARGUMENT (run a single-process server for those).
+
+Live updates: the overlay
+-------------------------
+A stored version is an immutable snapshot. Updates accepted since (:mod:`serve.live`, through the
+update log) are applied on top of it in each replica's memory: :meth:`RedisGraphStore.apply_rows`
+replaces whole adjacency rows (and adds nodes ``N_base .. num_nodes - 1``, which exist only in the
+overlay: such a node without a row given has no edges), :meth:`RedisGraphStore.apply_lists` whole
+PPR top-K lists. Every read (``adjacency``, ``ppr_lists``, ``local_graph``, the induced and L-hop
+batches and their GCN degrees, :class:`RedisPPRIndex`) takes an overlay row before the LRU or
+Redis; decoded snapshot rows in the LRU stay valid, as the snapshot never changes.
+``num_nodes`` and ``num_edges`` follow the overlay exactly; ``max_degree`` is
+``max(stored max degree, longest overlay row)``, an upper bound once the stored maximum's row
+shrank. A weighted row on an unweighted snapshot makes the graph weighted (``is_weighted``): every
+row without weights then weighs 1 per edge, in the batches' weights and the GCN degrees alike.
+The overlay is changed only under the caller's write lock: no read of the store may run while
+``apply_*`` does (reads need no lock of their own); :meth:`RedisGraphStore.overlay_stats` is safe
+from any thread.
 """
 
 from __future__ import annotations
@@ -115,6 +132,8 @@ _VER = 1
 _SCORE_CODES = {"none": 0, "float16": 1, "float32": 2}
 _SCORE_DTYPES = {1: np.dtype("<f2"), 2: np.dtype("<f4")}
 _INT32_MAX = np.iinfo(np.int32).max
+_EMPTY_IDS = np.zeros(0, dtype=np.int64)
+_EMPTY_IDS.setflags(write=False)
 _SET_CURRENT = """
 local cur = tonumber(redis.call('GET', KEYS[1]))
 local v = tonumber(ARGV[1])
@@ -415,13 +434,56 @@ class RedisGraphStore:
                                          self.num_nodes, True, f"PPR list ({ck})")
         self.cache = _RowCache(cache_bytes)
         self.round_trips = 0
+        # the overlay of live updates (module docstring): changed only by apply_*, under the caller's lock
+        self.base_num_nodes = self.num_nodes
+        self._base_num_edges = self.num_edges
+        self._base_max_degree = self.max_degree
+        self._ov_rows: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        self._ov_lists: dict[str, dict[int, tuple[np.ndarray, np.ndarray | None]]] = {}
+        self._ov_degrees: dict[int, int] = {}  # length -> how many overlay rows have it (for max_degree)
+        self._ov_lock = threading.Lock()  # guards the counters below for overlay_stats()
+        self._ov_row_bytes = 0
+        self._ov_list_bytes = 0
+        self._ov_list_count = 0
         log.info("graph store: %s (N=%d, E=%d, PPR configs %s)", where, self.num_nodes, self.num_edges,
                  sorted(self.ppr_meta) or "none")
 
     # ---------------------------------------------------------------- raw rows
-    def _rows(self, kind: str, ids: np.ndarray, keys: _PartKeys, dec: _Decoder) -> dict[int, Any]:
-        """Decoded rows of ``ids`` (distinct), from the LRU or one pipelined fetch."""
+    def _rows(self, kind: str, ids: np.ndarray, keys: _PartKeys, dec: _Decoder,
+              overlay: dict[int, tuple[np.ndarray, np.ndarray | None]] | None) -> dict[int, Any]:
+        """Rows of ``ids`` (distinct): overlay rows first, then the snapshot's (LRU or Redis).
+
+        A node added live (``>= base_num_nodes``) without an overlay row has an empty adjacency
+        row; without an overlay PPR list it is :class:`GraphNotFound`.
+        """
         lst = [int(i) for i in ids]
+        if not overlay and self.num_nodes == self.base_num_nodes:
+            return self._snapshot_rows(kind, lst, keys, dec)
+        found: dict[int, Any] = {}
+        rest: list[int] = []
+        fresh: list[int] = []
+        base_n = self.base_num_nodes
+        for i in lst:
+            v = overlay.get(i) if overlay else None
+            if v is not None:
+                found[i] = v
+            elif i >= base_n:
+                fresh.append(i)
+            else:
+                rest.append(i)
+        if fresh:
+            if kind != "a":
+                raise GraphNotFound(f"no {dec.what} for nodes {summarize_ids(np.asarray(fresh))}: they were added "
+                                    f"after graph {self.fingerprint} v{self.version} was stored and no list was "
+                                    "applied for them (apply_lists)")
+            for i in fresh:
+                found[i] = (_EMPTY_IDS, None)
+        if rest:
+            found.update(self._snapshot_rows(kind, rest, keys, dec))
+        return found
+
+    def _snapshot_rows(self, kind: str, lst: list[int], keys: _PartKeys, dec: _Decoder) -> dict[int, Any]:
+        """Decoded stored rows of the distinct ``lst``, from the LRU or one pipelined fetch."""
         found, missing = self.cache.get_many(kind, lst)
         if missing:
             arr = np.asarray(missing, dtype=np.int64)
@@ -447,18 +509,109 @@ class RedisGraphStore:
 
     def adjacency(self, ids: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
         """``{node: (neighbour ids, weights or None)}`` for distinct ``ids``."""
-        return self._rows("a", ids, self.keys.adj, self._adj)
+        return self._rows("a", ids, self.keys.adj, self._adj, self._ov_rows)
 
     def ppr_lists(self, config_key: str, ids: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
         dec = self._ppr_dec.get(config_key)
         if dec is None:
             raise GraphNotFound(self._no_ppr(config_key))
-        return self._rows("p" + config_key, ids, self.keys.ppr(config_key), dec)
+        return self._rows("p" + config_key, ids, self.keys.ppr(config_key), dec, self._ov_lists.get(config_key))
 
     def _no_ppr(self, config_key: str) -> str:
         return (f"graph {self.fingerprint} v{self.version} at {self._target.masked} has no PPR lists for config "
                 f"{config_key} (it has {sorted(self.ppr_meta) or 'none'}): load them with "
                 "`gnnserve graph load --repo REPO` (or --ppr-k/--ppr-alpha/--ppr-eps matching the model)")
+
+    # ---------------------------------------------------------------- the overlay
+    def apply_rows(self, rows: dict[int, tuple[np.ndarray, np.ndarray | None]], num_nodes: int) -> None:
+        """From now on the adjacency row of each node in ``rows`` is the one given.
+
+        Args:
+            rows: ``{node: (neighbour ids, weights or None)}``: ids sorted, distinct, in
+                ``[0, num_nodes)`` (any integer dtype, stored as int64); weights float
+                ``[len(ids)]``, finite. A weighted row makes the whole graph weighted (rows without
+                weights weigh 1 per edge).
+            num_nodes: the node count from now on (``>=`` the current one): nodes
+                ``base_num_nodes .. num_nodes - 1`` exist only in the overlay.
+
+        Raises:
+            ValueError: a malformed row or a shrinking ``num_nodes``; nothing changes.
+            GraphUnavailable / GraphCorrupt / GraphNotFound: fetching the stored rows being
+                replaced (their lengths give ``num_edges``) failed; nothing changes.
+
+        Call it under the caller's write lock: no read of this store may run meanwhile.
+        """
+        n = int(num_nodes)
+        if n < self.num_nodes:
+            raise ValueError(f"num_nodes cannot shrink: the graph has {self.num_nodes} nodes, got {n}")
+        clean: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        for node, (ids, w) in rows.items():
+            v = int(node)
+            if not 0 <= v < n:
+                raise ValueError(f"adjacency row for node {v} outside [0, {n})")
+            clean[v] = _clean_row(v, ids, w, n, sorted_ids=True, what="adjacency row")
+        if not clean and n == self.num_nodes:
+            return
+        replaced = [v for v in clean if v < self.base_num_nodes and v not in self._ov_rows]
+        stored = self._snapshot_rows("a", replaced, self.keys.adj, self._adj) if replaced else {}
+        delta = 0
+        for v, row in clean.items():
+            old = self._ov_rows.get(v)
+            old_len = len(old[0]) if old is not None else len(stored[v][0]) if v in stored else 0
+            delta += len(row[0]) - old_len
+        with self._ov_lock:
+            for v, row in clean.items():
+                old = self._ov_rows.get(v)
+                if old is not None:
+                    self._ov_row_bytes -= _RowCache._size(old)
+                    _count_degree(self._ov_degrees, len(old[0]), -1)
+                self._ov_rows[v] = row
+                self._ov_row_bytes += _RowCache._size(row)
+                _count_degree(self._ov_degrees, len(row[0]), +1)
+            self.num_nodes = n
+            self.num_edges += delta
+            self.max_degree = max(self._base_max_degree, max(self._ov_degrees, default=0))
+            if any(row[1] is not None for row in clean.values()):
+                self.is_weighted = True
+
+    def apply_lists(self, config_key: str, lists: dict[int, tuple[np.ndarray, np.ndarray | None]]) -> None:
+        """From now on the top-K PPR list of each node in ``lists`` (under configuration
+        ``config_key``) is the one given: ``{node: (ids, scores or None)}``, the node itself first,
+        ids distinct and in ``[0, num_nodes)``, at most ``k_max`` of them. Nodes added by
+        :meth:`apply_rows` need one before a lookup. Same locking and errors as :meth:`apply_rows`.
+        """
+        if config_key not in self._ppr_dec:
+            raise GraphNotFound(self._no_ppr(config_key))
+        k_max = int(self.ppr_meta[config_key]["k_max"])
+        n = self.num_nodes
+        clean: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        for node, (ids, scores) in lists.items():
+            v = int(node)
+            if not 0 <= v < n:
+                raise ValueError(f"PPR list for node {v} outside [0, {n})")
+            row = _clean_row(v, ids, scores, n, sorted_ids=False, what=f"PPR list ({config_key})")
+            if len(row[0]) > k_max:
+                raise ValueError(f"PPR list ({config_key}) of node {v} has {len(row[0])} entries, more than "
+                                 f"k_max = {k_max}")
+            clean[v] = row
+        with self._ov_lock:
+            lay = self._ov_lists.setdefault(config_key, {})
+            for v, row in clean.items():
+                old = lay.get(v)
+                if old is not None:
+                    self._ov_list_bytes -= _RowCache._size(old)
+                else:
+                    self._ov_list_count += 1
+                lay[v] = row
+                self._ov_list_bytes += _RowCache._size(row)
+
+    def overlay_stats(self) -> dict[str, int]:
+        """What the overlay holds: ``rows``/``row_bytes`` (adjacency), ``lists``/``list_bytes``
+        (PPR, all configurations), ``bytes`` (both), ``new_nodes``. Safe from any thread."""
+        with self._ov_lock:
+            return {"rows": len(self._ov_rows), "row_bytes": self._ov_row_bytes, "lists": self._ov_list_count,
+                    "list_bytes": self._ov_list_bytes, "bytes": self._ov_row_bytes + self._ov_list_bytes,
+                    "new_nodes": self.num_nodes - self.base_num_nodes}
 
     def ppr_index(self, cfg: Any) -> RedisPPRIndex:
         """A :class:`RedisPPRIndex` view for a :class:`kernels.ppr.PPRConfig`."""
@@ -477,9 +630,10 @@ class RedisGraphStore:
         parts = [rows[int(i)] for i in uniq]
         deg = np.fromiter((len(p[0]) for p in parts), dtype=np.int64, count=u)
         cols = np.concatenate([p[0] for p in parts]).astype(np.int64) if u else np.zeros(0, np.int64)
-        if self.is_weighted:
-            w = np.concatenate([p[1] for p in parts]).astype(np.float32) if u else np.zeros(0, np.float32)
-            wsum = np.fromiter((float(p[1].sum(dtype=np.float64)) for p in parts), dtype=np.float64, count=u)
+        if self.is_weighted:  # rows without weights (unweighted snapshot or overlay row) weigh 1 per edge
+            ws = [p[1] if p[1] is not None else np.ones(len(p[0]), np.float32) for p in parts]
+            w = np.concatenate(ws).astype(np.float32) if u else np.zeros(0, np.float32)
+            wsum = np.fromiter((float(x.sum(dtype=np.float64)) for x in ws), dtype=np.float64, count=u)
         else:
             w = None
             wsum = deg.astype(np.float64)
@@ -589,7 +743,8 @@ class RedisGraphStore:
     def stats(self) -> dict[str, Any]:
         return {"url": self._target.masked, "fingerprint": self.fingerprint, "version": self.version,
                 "digest": self.digest, "cluster": self._target.cluster, "cache_rows": len(self.cache), "cache_bytes": self.cache.nbytes,
-                "cache_hits": self.cache.hits, "cache_misses": self.cache.misses, "round_trips": self.round_trips}
+                "cache_hits": self.cache.hits, "cache_misses": self.cache.misses, "round_trips": self.round_trips,
+                "overlay": self.overlay_stats()}
 
     def close(self) -> None:
         if self._pin is not None:
@@ -620,6 +775,13 @@ class RedisPPRIndex:
     def num_nodes(self) -> int:
         return self.store.num_nodes
 
+    def apply_lists(self, config_key: str, lists: dict[int, tuple[np.ndarray, np.ndarray | None]]) -> None:
+        """:meth:`RedisGraphStore.apply_lists` for this index's configuration (``config_key`` must be
+        ``config.key()``)."""
+        if config_key != self.config.key():
+            raise ValueError(f"this index holds PPR lists of config {self.config.key()}, not {config_key}")
+        self.store.apply_lists(config_key, lists)
+
     def lookup(self, targets: Any, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """First ``k`` entries of each target's list: ``(ptr int64 [B + 1], nodes int64)``."""
         k = self.k_max if k is None else int(k)
@@ -634,6 +796,43 @@ class RedisPPRIndex:
         np.cumsum([len(p) for p in parts], out=ptr[1:])
         nodes = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         return ptr, nodes
+
+
+def _clean_row(node: int, ids: Any, extra: Any, n: int, *, sorted_ids: bool,
+               what: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """A checked, private, read-only copy of an overlay row (``ValueError`` names what is wrong)."""
+    a = np.asarray(ids)
+    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+        raise ValueError(f"{what} of node {node}: ids must be a 1-D integer array, got {a.dtype} {a.shape}")
+    a = np.array(a, dtype=np.int64)
+    if len(a) and (int(a.min()) < 0 or int(a.max()) >= n):
+        raise ValueError(f"{what} of node {node}: ids must lie in [0, {n}), found {int(a.min())} .. {int(a.max())}")
+    if sorted_ids:
+        if len(a) > 1 and not bool((a[1:] > a[:-1]).all()):
+            raise ValueError(f"{what} of node {node}: ids must be sorted and distinct")
+    else:
+        if not len(a) or int(a[0]) != node:
+            raise ValueError(f"{what} of node {node} must start with the node itself")
+        if len(np.unique(a)) != len(a):
+            raise ValueError(f"{what} of node {node}: ids must be distinct")
+    a.setflags(write=False)
+    if extra is None:
+        return a, None
+    e = np.array(extra, dtype=np.float32)
+    if e.shape != a.shape:
+        raise ValueError(f"{what} of node {node}: {e.shape[0] if e.ndim == 1 else e.shape} values for {len(a)} ids")
+    if not bool(np.isfinite(e).all()):
+        raise ValueError(f"{what} of node {node} holds NaN or infinite values")
+    e.setflags(write=False)
+    return a, e
+
+
+def _count_degree(hist: dict[int, int], degree: int, step: int) -> None:
+    c = hist.get(degree, 0) + step
+    if c:
+        hist[degree] = c
+    else:
+        hist.pop(degree, None)
 
 
 # =========================================================================== loading
