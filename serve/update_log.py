@@ -49,8 +49,10 @@ the Lua scripts below may touch them together)::
     gnnserve:live:<fp>:{log}:base      string: the compaction base (absent = 0)
     gnnserve:live:<fp>:{log}:bytes     string: payload bytes ever appended
     gnnserve:live:<fp>:{log}:trimmed   string: payload bytes of the compacted records
+    gnnserve:live:<fp>:{log}:epoch     string: a random id set by the first append (the log's identity)
 
-``append`` is one Lua script (atomic): check ``expect_version`` against ``head``, ``XADD`` with
+``append`` is one Lua script (atomic): check the epoch (once an object has seen its log, it never
+writes into another one) and ``expect_version`` against ``head``, ``XADD`` with
 the explicit id ``<head + 1>-1`` (refused by Redis if the stream already holds a later id: a
 damaged log is never written over), then ``INCR`` the head. ``read`` is one script returning
 ``head``, ``base`` and ``XRANGE <after + 1>-0 +`` together, so the checks above are made against
@@ -63,7 +65,9 @@ Durability on Redis is Redis's: an acknowledged record survives a Redis restart 
 ``appendonly yes`` (and a machine crash only with ``appendfsync always``); a WARNING says so when
 the server reports AOF off. If Redis loses the log anyway (restart without persistence), the head
 falls behind the servers' versions: their appends get :class:`VersionConflict` naming the loss and
-their reads :class:`UpdateLogError`, never a silently re-used version number.
+their reads :class:`UpdateLogError`; and once a new log was started in its place (another epoch),
+every call of an object that saw the old one raises :class:`UpdateLogError`: a version number is
+never silently re-used for another update.
 
 Redis unreachable: every call fails with :class:`UpdateLogUnavailable` within the bounded retries
 of :func:`serve.features.redis_store.connect` (``(retries + 1) * socket_timeout`` at worst, at once
@@ -518,15 +522,21 @@ def log_keys(fingerprint: str) -> dict[str, str]:
         raise ValueError(f"bad graph fingerprint {fingerprint!r}")
     stream = f"{LIVE_PREFIX}:{fingerprint}:{{log}}"
     return {"stream": stream, "head": f"{stream}:head", "base": f"{stream}:base", "bytes": f"{stream}:bytes",
-            "trimmed": f"{stream}:trimmed"}
+            "trimmed": f"{stream}:trimmed", "epoch": f"{stream}:epoch"}
 
 
-# KEYS: stream, head, bytes; ARGV: payload, expected head ('' = any)
+# KEYS: stream, head, bytes, epoch; ARGV: payload, expected head ('' = any), epoch for a new log,
+# expected epoch ('' = the caller has seen none yet)
 _APPEND = """
+local epoch = redis.call('GET', KEYS[4])
+if ARGV[4] ~= '' and epoch ~= ARGV[4] then
+  return {'epoch', epoch or ''}
+end
 local head = tonumber(redis.call('GET', KEYS[2]) or '0')
 if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= head then
-  return {'conflict', string.format('%d', head)}
+  return {'conflict', string.format('%d', head), epoch or ''}
 end
+if not epoch then redis.call('SET', KEYS[4], ARGV[3]) end
 local v = head + 1
 local total = redis.call('INCRBY', KEYS[3], 0) + string.len(ARGV[1])
 local r = redis.pcall('XADD', KEYS[1], string.format('%d-1', v), 'u', ARGV[1], 'c', string.format('%d', total))
@@ -534,20 +544,21 @@ if type(r) == 'table' and r.err then
   return {'damaged', r.err}
 end
 redis.call('SET', KEYS[3], string.format('%d', total))
-return {'ok', string.format('%d', redis.call('INCR', KEYS[2]))}
+return {'ok', string.format('%d', redis.call('INCR', KEYS[2])), redis.call('GET', KEYS[4])}
 """
 
-# KEYS: stream, head, base; ARGV: first id, count ('' = all)
+# KEYS: stream, head, base, epoch; ARGV: first id, count ('' = all)
 _READ = """
 local head = redis.call('GET', KEYS[2]) or '0'
 local base = redis.call('GET', KEYS[3]) or '0'
+local epoch = redis.call('GET', KEYS[4]) or ''
 local recs
 if ARGV[2] == '' then
   recs = redis.call('XRANGE', KEYS[1], ARGV[1], '+')
 else
   recs = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])
 end
-return {head, base, recs}
+return {head, base, recs, epoch}
 """
 
 # KEYS: stream, head, base, trimmed; ARGV: version
@@ -599,6 +610,7 @@ class RedisUpdateLog:
         self.keys = log_keys(graph_fingerprint)
         self._owns = client is None
         self._closed = False
+        self._epoch: str | None = None  # the log's identity, from the first answer that carries one
         self.wait_limit = int(wait_limit)
         self.block_slice = float(block_slice) if block_slice is not None else max(0.01, socket_timeout / 2)
         if client is None:
@@ -615,7 +627,7 @@ class RedisUpdateLog:
     def _clean(self, text: str) -> str:
         """``text`` without the URL, the host names, the socket path or the password."""
         t = self._target
-        out = t.scrub(text).replace(t.masked, "the log's Redis")
+        out = t.scrub(text).replace(t.masked, "<redis>")
         hosts = sorted({f"{h}:{p}" for h, p in t.nodes} | {h for h, _ in t.nodes} | ({t.path} if t.path else set()),
                        key=len, reverse=True)
         for h in hosts:
@@ -656,6 +668,19 @@ class RedisUpdateLog:
         if self._closed:
             raise UpdateLogError(f"update log of graph {self.fingerprint} is closed")
 
+    def _check_epoch(self, epoch: Any) -> None:
+        """The log must stay the one this object first saw: a log that Redis lost and a server
+        started again re-uses version numbers for other updates."""
+        e = _b2s(epoch) if epoch is not None else ""
+        if self._epoch is None:
+            if e:
+                self._epoch = e
+            return
+        if e != self._epoch:
+            raise UpdateLogError(f"{self._where} was lost and started again ({'another' if e else 'no'} log "
+                                 "in its place): this server's graph holds updates of the old one; restart it "
+                                 "(from a snapshot) to follow the new log")
+
     @property
     def _where(self) -> str:
         return f"update log of graph {self.fingerprint}"
@@ -669,8 +694,13 @@ class RedisUpdateLog:
         k = self.keys
         exp = "" if expect_version is None else str(int(expect_version))
         with self._errors("appending to the update log"):
-            status, value = self._append(keys=[k["stream"], k["head"], k["bytes"]], args=[data, exp])
+            status, value, *rest = self._append(keys=[k["stream"], k["head"], k["bytes"], k["epoch"]],
+                                                args=[data, exp, os.urandom(12).hex(), self._epoch or ""])
         status, value = _b2s(status), _b2s(value)
+        if status == "epoch":
+            self._check_epoch(value)
+        elif status in ("ok", "conflict"):
+            self._check_epoch(rest[0])
         if status == "conflict":
             raise _conflict(int(value), int(exp), self._where)
         if status != "ok":
@@ -681,10 +711,11 @@ class RedisUpdateLog:
     def _read_raw(self, after: int, limit: int | None) -> list[tuple[int, bytes]]:
         k = self.keys
         with self._errors("reading the update log"):
-            head, base, recs = self._read(keys=[k["stream"], k["head"], k["base"]],
-                                          args=[f"{after + 1}-0", "" if limit is None else str(limit)])
+            head, base, recs, epoch = self._read(keys=[k["stream"], k["head"], k["base"], k["epoch"]],
+                                                 args=[f"{after + 1}-0", "" if limit is None else str(limit)])
         head, base = int(_b2s(head)), int(_b2s(base))
         _check_range(after, head, base, self._where)
+        self._check_epoch(epoch)
         out: list[tuple[int, bytes]] = []
         for i, (rid, fields) in enumerate(recs):
             want = after + 1 + i

@@ -404,25 +404,36 @@ def test_redis_truncate_before_and_lost_log(redis_server):
     c.delete(*keys)
     with pytest.raises(UpdateLogError, match="lost records"):
         b.read(12)
-    with pytest.raises(VersionConflict, match="lost records"):
-        a.append(b"y", expect_version=12)
+    with pytest.raises(UpdateLogError, match="was lost and started again") as ei:
+        a.append(b"y", expect_version=12)  # it never writes into a log other than the one it saw
+    assert not isinstance(ei.value, VersionConflict)
+    assert c.exists(f"gnnserve:live:{g}:{{log}}") == 0
+    # a server that never saw the old log starts a new one and gets past version 12
+    fresh = RedisUpdateLog(redis_server.url, g, **FAST)
+    assert fresh.head() == 0
+    for v in range(1, 16):
+        assert fresh.append(b"new-%d" % v, expect_version=v - 1) == v
+    with pytest.raises(UpdateLogError, match="was lost and started again"):
+        b.read(12)  # versions 13.. of the new log are other updates than b's 1..12
+    with pytest.raises(UpdateLogError, match="was lost and started again"):
+        a.append(b"y", expect_version=15)
+    assert fresh.read(14) == [(15, b"new-15")]
     # the head counter lost but the stream kept: appending never writes over it
-    a.append(b"r1")
     c.delete(f"gnnserve:live:{g}:{{log}}:head")
     with pytest.raises(UpdateLogError, match="damaged"):
-        a.append(b"r2")
+        fresh.append(b"r2")
     # a record deleted from the stream: a reader never skips it
-    c.set(f"gnnserve:live:{g}:{{log}}:head", 1)
-    a.append(b"r2")
-    a.append(b"r3")
-    c.xdel(f"gnnserve:live:{g}:{{log}}", "2-1")
-    with pytest.raises(UpdateLogError, match="record 2 is missing"):
-        b.read(0)
+    c.set(f"gnnserve:live:{g}:{{log}}:head", 15)
+    fresh.append(b"16")
+    fresh.append(b"17")
+    c.xdel(f"gnnserve:live:{g}:{{log}}", "16-1")
+    with pytest.raises(UpdateLogError, match="record 16 is missing"):
+        fresh.read(14)
     with pytest.raises(UpdateLogError, match="missing"):
-        b.read(1)
+        fresh.read(15)
     c.close()
-    a.close()
-    b.close()
+    for lg in (a, b, fresh):
+        lg.close()
 
 
 def _prompt(call, limit: float = 3.0) -> UpdateLogUnavailable:
@@ -465,11 +476,13 @@ def test_redis_down_is_unavailable_promptly(redis_factory, password):
         assert "running and reachable" in msg, msg
         if password:
             assert "s3cr" not in msg and "et/pw" not in msg and "s3cr%3Aet" not in msg, msg
-    # back (empty: killed without persistence): the same objects work again, and see the loss
+    # back (empty: killed without persistence): the same objects reconnect, and see the loss
     srv.start()
     assert lg.head() == 0
     with pytest.raises(UpdateLogError, match="lost records"):
         follower.read(1)
+    with pytest.raises(UpdateLogError, match="was lost"):
+        lg.append(b"b")
     lg.close()
     follower.close()
 
