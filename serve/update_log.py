@@ -165,6 +165,15 @@ class UpdateLog(Protocol):
     def close(self) -> None: ...
 
 
+def _payload_bytes(payload: Any) -> bytes:
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise TypeError(f"an update log record is bytes, got {type(payload).__name__}")
+    data = bytes(payload)
+    if len(data) > MAX_RECORD:
+        raise ValueError(f"an update log record holds at most {MAX_RECORD} bytes, got {len(data)}")
+    return data
+
+
 def _check_after(after: int, limit: int | None) -> tuple[int, int | None]:
     after = int(after)
     if after < 0:
@@ -233,6 +242,8 @@ class FileUpdateLog:
 
     # ---------------------------------------------------------------- opening
     def _open(self) -> None:
+        with contextlib.suppress(FileNotFoundError):  # a compaction that crashed before its os.replace
+            os.unlink(self.path.with_name(self.path.name + ".compact.tmp"))
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         self._fd = fd
         size = os.fstat(fd).st_size
@@ -324,9 +335,7 @@ class FileUpdateLog:
             return self._end
 
     def append(self, payload: bytes, *, expect_version: int | None = None) -> int:
-        data = bytes(payload)
-        if len(data) > MAX_RECORD:
-            raise ValueError(f"an update log record holds at most {MAX_RECORD} bytes, got {len(data)}")
+        data = _payload_bytes(payload)
         with self._lock:
             self._check_open()
             head = self._head
@@ -688,9 +697,7 @@ class RedisUpdateLog:
     # ---------------------------------------------------------------- API
     def append(self, payload: bytes, *, expect_version: int | None = None) -> int:
         self._check_open()
-        data = bytes(payload)
-        if len(data) > MAX_RECORD:
-            raise ValueError(f"an update log record holds at most {MAX_RECORD} bytes, got {len(data)}")
+        data = _payload_bytes(payload)
         k = self.keys
         exp = "" if expect_version is None else str(int(expect_version))
         with self._errors("appending to the update log"):

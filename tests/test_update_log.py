@@ -69,7 +69,11 @@ def test_file_log_round_trip_and_reopen(tmp_path):
         assert lg.append(b"") == 31 and lg.read(30) == [(31, b"")]
     with pytest.raises(UpdateLogError, match="closed"):
         lg.append(b"x")
+    with FileUpdateLog(tmp_path / "other.log") as other, pytest.raises(TypeError, match="bytes"):
+        other.append(5)  # type: ignore[arg-type]
+    (p.parent / (p.name + ".compact.tmp")).write_bytes(b"half a compaction")
     with FileUpdateLog(p) as lg:
+        assert not (p.parent / (p.name + ".compact.tmp")).exists()
         assert lg.head() == 31
         assert lg.read(0, limit=3) == [(1, payload(1)), (2, payload(2)), (3, payload(3))]
         assert lg.append(b"again") == 32
