@@ -7,6 +7,7 @@ from .datasets import DatasetError, GraphDataset, load_dataset, load_npz, save_n
 from .graph import CSRGraph, GraphFormatError
 from .graph_edit import EditEffect, GraphEdit, GraphEditError, apply_edit
 from .ppr import PPRConfig, PPRIndex, PPRIndexError, ppr_exact, ppr_new_node, ppr_topk
+from .ppr_live import LivePPRIndex
 from .spmm import kept_edges, sampled_spmm, sampled_spmm_torch
 from .subgraph import ExtraEdges, InducedTable, SubgraphBatch, induced_batch, lhop_nodes
 
@@ -20,6 +21,7 @@ __all__ = [
     "GraphEditError",
     "GraphFormatError",
     "InducedTable",
+    "LivePPRIndex",
     "PPRConfig",
     "PPRIndex",
     "PPRIndexError",

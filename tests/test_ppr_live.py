@@ -1,0 +1,349 @@
+"""The live PPR index (kernels.ppr_live): recomputed lists, quality against exact PPR, induced batches.
+
+Exact PPR (SciPy power iteration) is the quality reference; recomputed lists must equal the very
+push a fresh computation runs (``ppr_topk`` on the edited graph).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernels.ppr_live as pl
+from kernels.datasets import load_npz, synthetic_sbm
+from kernels.graph import CSRGraph
+from kernels.graph_edit import GraphEdit, apply_edit, edit_from_pairs
+from kernels.ppr import PPRConfig, PPRIndex, PPRIndexError, _weighted_degree, ppr_exact, ppr_topk
+from kernels.ppr_live import LivePPRIndex, row_change_bounds
+from kernels.subgraph import induced_batch
+
+from .conftest import dataset_path
+
+SBM_CFG = PPRConfig(topk=24, eps=1e-4)
+
+
+@pytest.fixture(scope="module")
+def sbm():
+    return synthetic_sbm(500, num_classes=4, avg_degree=8, num_features=4, seed=3).graph
+
+
+@pytest.fixture(scope="module")
+def sbm_base(sbm):
+    return PPRIndex.build(sbm, SBM_CFG, progress=False)
+
+
+def make_edit(rng, g, *, new=True, adds=3, rems=3):
+    """A valid random edit: some new nodes linked to existing ones, edge removals and additions."""
+    n = g.num_nodes
+    m = int(rng.integers(0, 3)) if new else 0
+    ptr, nbrs = [0], []
+    for j in range(m):
+        k = int(rng.integers(1, 5))
+        nbrs.extend(int(x) for x in rng.choice(n + j, size=k, replace=False))
+        ptr.append(len(nbrs))
+    src = g.row_ids()
+    keep = src < g.indices
+    ex_s, ex_d = src[keep].astype(np.int64), g.indices[keep].astype(np.int64)
+    pick = rng.choice(len(ex_s), size=min(rems, len(ex_s)), replace=False)
+    rem = [(int(ex_s[i]), int(ex_d[i])) for i in pick]
+    add: list[tuple[int, int]] = []
+    while len(add) < adds:
+        u, v = (int(x) for x in rng.integers(n + m, size=2))
+        if u == v or (u < n and v < n and v in g.neighbors(u)) or (u, v) in add or (v, u) in add:
+            continue
+        if u >= n or v >= n:  # a new node: make sure it does not already list the other end
+            a, b = max(u, v), min(u, v)
+            if b in nbrs[ptr[a - n] : ptr[a - n + 1]]:
+                continue
+        add.append((u, v))
+    return GraphEdit.make(
+        new_count=m, new_ptr=ptr, new_nbrs=nbrs,
+        add_src=[a for a, _ in add], add_dst=[b for _, b in add],
+        rem_src=[a for a, _ in rem], rem_dst=[b for _, b in rem],
+    )  # fmt: skip
+
+
+def run_sequence(live, g, rng, steps, cfg, *, on_step=None, **kw):
+    """Apply ``steps`` random edits, checking after each that every list is what the bookkeeping
+    says (fresh ``ppr_topk`` for the recomputed and new nodes, unchanged otherwise)."""
+    ptr, nodes, scores = live.lookup(np.arange(g.num_nodes), return_scores=True)
+    model = {v: (nodes[ptr[v] : ptr[v + 1]], scores[ptr[v] : ptr[v + 1]]) for v in range(g.num_nodes)}
+    totals = {"recomputed": 0, "new": 0, "dirty": 0}
+    for _ in range(steps):
+        eff = apply_edit(g, make_edit(rng, g, **kw))
+        st = live.apply(g, eff.graph, eff.changed_rows, eff.new_ids)
+        g = eff.graph
+        for key in totals:
+            totals[key] += st[key]
+        assert st["recomputed"] == len(live.last_recomputed) and st["new"] == len(eff.new_ids)
+        np.testing.assert_array_equal(live.last_new, eff.new_ids)
+        targets = np.concatenate([live.last_recomputed, live.last_new])
+        assert len(np.unique(targets)) == len(targets)
+        if len(targets):
+            fptr, fnodes, fscores = ppr_topk(g, targets, cfg)
+            lptr, lnodes, lscores = live.lookup(targets, return_scores=True)
+            np.testing.assert_array_equal(lptr, fptr)
+            np.testing.assert_array_equal(lnodes, fnodes)
+            np.testing.assert_array_equal(lscores, fscores)
+            for b, t in enumerate(targets):
+                model[int(t)] = (fnodes[fptr[b] : fptr[b + 1]], fscores[fptr[b] : fptr[b + 1]])
+        assert live.num_nodes == g.num_nodes
+        ptr, nodes, scores = live.lookup(np.arange(g.num_nodes), return_scores=True)
+        for v in range(g.num_nodes):
+            np.testing.assert_array_equal(nodes[ptr[v] : ptr[v + 1]], model[v][0])
+            np.testing.assert_array_equal(scores[ptr[v] : ptr[v + 1]], model[v][1])
+        if on_step is not None:
+            on_step(g)
+    return g, totals
+
+
+# ============================================================================ (1) recomputed lists
+@pytest.mark.parametrize("merge_fraction", [0.25, 0.0])
+def test_recomputed_lists_equal_a_fresh_push(sbm, sbm_base, merge_fraction):
+    live = LivePPRIndex(sbm_base, merge_fraction=merge_fraction)
+    g, totals = run_sequence(live, sbm, np.random.default_rng(1), 12, SBM_CFG)
+    assert 0 < totals["recomputed"] < 12 * sbm.num_nodes  # some, not all
+    assert totals["new"] > 0
+    np.testing.assert_array_equal(live.ptr[-1], len(live.nodes))  # merged views agree with lookups
+    ptr, nodes = live.lookup(np.arange(g.num_nodes))
+    np.testing.assert_array_equal(live.ptr, ptr)
+    np.testing.assert_array_equal(live.nodes, nodes)
+    assert live.fingerprint == g.fingerprint()
+    live.check_graph(g)
+    with pytest.raises(PPRIndexError):
+        live.check_graph(sbm)
+    assert sbm_base.num_nodes == sbm.num_nodes  # the base is untouched
+    np.testing.assert_array_equal(sbm_base.lookup(np.arange(5))[1], PPRIndex.build(sbm, SBM_CFG, progress=False)
+                                  .lookup(np.arange(5))[1])  # fmt: skip
+
+
+def test_recomputed_lists_equal_a_fresh_push_on_weighted_lazy_graph():
+    rng = np.random.default_rng(4)
+    ei = rng.integers(0, 300, size=(2, 1500))
+    g = CSRGraph.from_edge_index(ei, num_nodes=300, weights=rng.uniform(0.2, 3.0, 1500), symmetrize=True,
+                                 remove_self_loops=True)  # fmt: skip
+    cfg = PPRConfig(topk=16, eps=1e-4, lazy=True)
+    live = LivePPRIndex(PPRIndex.build(g, cfg, progress=False))
+    _, totals = run_sequence(live, g, np.random.default_rng(5), 6, cfg)
+    assert totals["recomputed"] > 0
+
+
+def test_recomputed_lists_on_cora():
+    g = load_npz(dataset_path("cora")).graph
+    cfg = PPRConfig(topk=32, eps=1e-4)
+    live = LivePPRIndex(PPRIndex.build(g, cfg, progress=False))
+    _, totals = run_sequence(live, g, np.random.default_rng(2), 5, cfg)
+    assert 0 < totals["recomputed"] < 5 * g.num_nodes
+
+
+def test_tolerance_controls_the_recomputation(sbm, sbm_base):
+    u, v = 3, 7
+    assert v not in sbm.neighbors(u)
+    eff = apply_edit(sbm, edit_from_pairs(add=[(u, v)]))
+    lax = LivePPRIndex(sbm_base, tol_factor=1e9)
+    st = lax.apply(sbm, eff.graph, eff.changed_rows, eff.new_ids)
+    assert st["recomputed"] == 0 and st["dirty"] > 0  # nothing moved enough, but subgraphs changed
+    strict = LivePPRIndex(sbm_base, tol_factor=1e-6)
+    st_strict = strict.apply(sbm, eff.graph, eff.changed_rows, eff.new_ids)
+    default = LivePPRIndex(sbm_base)
+    st_default = default.apply(sbm, eff.graph, eff.changed_rows, eff.new_ids)
+    l1 = LivePPRIndex(sbm_base, rule="l1")
+    st_l1 = l1.apply(sbm, eff.graph, eff.changed_rows, eff.new_ids)
+    assert st_strict["recomputed"] >= st_l1["recomputed"] >= st_default["recomputed"] > 0
+    assert {u, v} <= set(default.last_recomputed.tolist())
+    # the strict rule recomputes every source that reaches the changed rows within a few hops
+    assert st_strict["recomputed"] > sbm.num_nodes // 2
+    with pytest.raises(ValueError, match="rule"):
+        LivePPRIndex(sbm_base, rule="linf")
+
+
+def test_apply_checks_its_arguments(sbm, sbm_base):
+    live = LivePPRIndex(sbm_base)
+    eff = apply_edit(sbm, GraphEdit.make(new_count=1, new_ptr=[0, 1], new_nbrs=[0]))
+    with pytest.raises(ValueError, match="new_ids"):
+        live.apply(sbm, eff.graph, eff.changed_rows, np.array([7]))
+    with pytest.raises(ValueError, match="old_graph"):
+        live.apply(eff.graph, eff.graph, eff.changed_rows, np.zeros(0, dtype=np.int64))
+
+
+# ============================================================================ (2) quality
+def recall(ptr, nodes, exact, k):
+    out = []
+    for b in range(len(ptr) - 1):
+        top = set(np.argsort(-exact[b], kind="stable")[:k].tolist())
+        out.append(len(top & set(nodes[ptr[b] : ptr[b + 1]].tolist())) / k)
+    return float(np.mean(out))
+
+
+@pytest.mark.parametrize("dataset", ["sbm", "cora"])
+def test_maintained_lists_are_as_good_as_a_fresh_index(sbm, sbm_base, dataset):
+    if dataset == "sbm":
+        g0, cfg, base, steps = sbm, SBM_CFG, sbm_base, 20
+    else:
+        g0, cfg = load_npz(dataset_path("cora")).graph, PPRConfig(topk=32, eps=1e-4)
+        base, steps = PPRIndex.build(g0, cfg, progress=False), 20
+    rng = np.random.default_rng(7)
+    live = LivePPRIndex(base)
+    g = g0
+    touched: set[int] = set()
+    for _ in range(steps):
+        eff = apply_edit(g, make_edit(rng, g, adds=6, rems=6))
+        live.apply(g, eff.graph, eff.changed_rows, eff.new_ids)
+        touched |= set(eff.changed_rows.tolist())
+        g = eff.graph
+    # the targets the edits concern most: the edited rows and their neighbours
+    near = np.unique(np.concatenate([g.neighbors(v) for v in touched] + [np.array(sorted(touched))]))
+    targets = np.sort(rng.choice(near[near < g0.num_nodes], size=min(120, len(near)), replace=False))
+    k = cfg.topk
+    exact = ppr_exact(g, targets, cfg)
+    fresh = PPRIndex.build(g, cfg, progress=False)
+    r_fresh = recall(*fresh.lookup(targets), exact, k)
+    r_live = recall(*live.lookup(targets), exact, k)
+    r_stale = recall(*base.lookup(targets), exact, k)
+    assert r_live >= r_fresh - 0.02, (r_live, r_fresh, r_stale)
+    assert r_stale < r_live - 0.02  # the edits did move these lists: the check above has teeth
+
+
+# ============================================================================ (3) induced batches
+def batches_equal(a, b):
+    assert a.graph.num_nodes == b.graph.num_nodes
+    np.testing.assert_array_equal(a.graph.indptr, b.graph.indptr)
+    np.testing.assert_array_equal(a.graph.indices, b.graph.indices)
+    assert (a.graph.weights is None) == (b.graph.weights is None)
+    if a.graph.weights is not None:
+        np.testing.assert_array_equal(a.graph.weights, b.graph.weights)
+    for f in ("node_ids", "ptr", "target_rows", "unique_ids", "row_to_unique"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+
+
+@pytest.mark.parametrize("with_table", [False, True])
+def test_induced_batch_equals_inducing_from_the_graph(sbm, with_table, monkeypatch):
+    base = PPRIndex.build(sbm, SBM_CFG, progress=False)
+    if with_table:
+        assert base.ensure_induced(sbm, max_bytes=1 << 30)
+    live = LivePPRIndex(base)
+    calls = {"graph": 0}
+    real = pl.induced_batch
+
+    def counting(*a, **kw):
+        calls["graph"] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(pl, "induced_batch", counting)
+    rng = np.random.default_rng(9)
+    k_half = SBM_CFG.topk // 2
+
+    def check_batches(g):
+        n = g.num_nodes
+        for k in (None, k_half):
+            t = rng.choice(n, size=16, replace=False)
+            if rng.random() < 0.5:
+                t[0] = n - 1  # often a new node
+            batches_equal(live.induced_batch(g, t, k), induced_batch(g, *live.lookup(t, k)))
+            one = t[:1]
+            batches_equal(live.induced_batch(g, one, k), induced_batch(g, *live.lookup(one, k)))
+        clean = np.flatnonzero(~live.is_dirty(np.arange(n)))
+        if len(clean) >= 8:
+            t = rng.choice(clean, size=8, replace=False)
+            before = calls["graph"]
+            batches_equal(live.induced_batch(g, t), induced_batch(g, *live.lookup(t)))
+            assert calls["graph"] == before + (0 if with_table else 1)  # clean targets: the table
+
+    g, _ = run_sequence(live, sbm, np.random.default_rng(3), 8, SBM_CFG, on_step=check_batches)
+    # soundness of the dirty marks: a clean target's subgraph is the one the offline lists and graph give
+    n0 = sbm.num_nodes
+    dirty = live.is_dirty(np.arange(n0))
+    assert 0 < dirty.sum() < n0
+    for t in range(n0):
+        now = induced_batch(g, *live.lookup([t]))
+        then = induced_batch(sbm, *base.lookup([t]))
+        same = (now.graph.num_edges == then.graph.num_edges and np.array_equal(now.node_ids, then.node_ids)
+                and np.array_equal(now.graph.indices, then.graph.indices))  # fmt: skip
+        if not dirty[t]:
+            assert same, t
+    assert live.is_dirty(np.arange(n0, g.num_nodes)).all()  # new nodes are never in the table
+    # after edits, ensure_induced builds a table of the current lists and clears the marks
+    assert live.ensure_induced(g, max_bytes=1 << 30)
+    assert live.induced is not None and live.induced.num_nodes == g.num_nodes
+    assert not live.is_dirty(np.arange(g.num_nodes)).any()
+    t = rng.choice(g.num_nodes, size=12, replace=False)
+    before = calls["graph"]
+    batches_equal(live.induced_batch(g, t), induced_batch(g, *live.lookup(t)))
+    assert calls["graph"] == before
+
+
+# ============================================================================ (4) lookups
+def test_lookup_contract(sbm, sbm_base):
+    live = LivePPRIndex(sbm_base)
+    # before any edit: the base's lists
+    for t in ([5], [0, 7, 499], np.arange(40)):
+        for k in (None, 1, 9):
+            a, b = live.lookup(t, k, return_scores=True), sbm_base.lookup(t, k, return_scores=True)
+            for x, y in zip(a, b, strict=True):
+                np.testing.assert_array_equal(x, y)
+    edit = GraphEdit.make(new_count=2, new_ptr=[0, 3, 5], new_nbrs=[1, 2, 3, 500, 4], add_src=[10], add_dst=[500])
+    eff = apply_edit(sbm, edit)
+    live.apply(sbm, eff.graph, eff.changed_rows, eff.new_ids)
+    g = eff.graph
+    assert live.num_nodes == len(live) == 502
+    full_ptr, full_nodes, full_scores = ppr_topk(g, [500, 501], SBM_CFG)
+    ptr, nodes, scores = live.lookup([500, 501], return_scores=True)
+    np.testing.assert_array_equal(ptr, full_ptr)
+    np.testing.assert_array_equal(nodes, full_nodes)
+    np.testing.assert_array_equal(scores, full_scores)
+    assert nodes[0] == 500 and nodes[ptr[1]] == 501 and 1 in nodes[: ptr[1]]
+    assert ptr.dtype == nodes.dtype == np.int64 and scores.dtype == np.float32
+    for v in (500, 3, 250):  # new, recomputed or not: one-target and batch paths agree, k < k_max is a prefix
+        p1, n1, s1 = live.lookup(v, return_scores=True)
+        p2, n2 = live.lookup(np.array([v, v]), 5)
+        np.testing.assert_array_equal(n2[: p2[1]], n1[:5])
+        np.testing.assert_array_equal(n2[p2[1] :], n1[:5])
+        assert p1.tolist() == [0, len(n1)] and len(s1) == len(n1) and n1[0] == v
+        assert np.all(np.diff(s1[1:]) <= 0)
+        assert live.lookup([v], 3)[1].tolist() == n1[:3].tolist()
+    empty = live.lookup(np.zeros(0, dtype=np.int64))
+    assert empty[0].tolist() == [0] and len(empty[1]) == 0
+    with pytest.raises(ValueError, match="k must lie"):
+        live.lookup([1], SBM_CFG.topk + 1)
+    with pytest.raises(ValueError, match="targets must lie"):
+        live.lookup([502])
+    with pytest.raises(ValueError, match="targets must lie"):
+        live.lookup([1, 502])
+    assert live.k_max == SBM_CFG.topk and live.config == SBM_CFG
+
+
+# ============================================================================ the bound
+@pytest.mark.parametrize("cfg", [PPRConfig(topk=8), PPRConfig(topk=8, lazy=True)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_perturbation_bounds_hold_for_exact_ppr(cfg, weighted):
+    rng = np.random.default_rng(21 + weighted)
+    n = 120
+    ei = rng.integers(0, n, size=(2, 400))
+    w = rng.uniform(0.3, 2.0, 400) if weighted else None
+    g = CSRGraph.from_edge_index(ei, num_nodes=n, weights=w, symmetrize=True, remove_self_loops=True)
+    a = cfg.teleport
+    for _ in range(4):
+        eff = apply_edit(g, make_edit(rng, g, new=False, adds=2, rems=2))
+        g2 = eff.graph
+        rows = eff.changed_rows
+        l1, mx = row_change_bounds(g, g2, rows)
+        src = rng.choice(n, size=30, replace=False)
+        old, new = ppr_exact(g, src, cfg), ppr_exact(g2, src, cfg)
+        wd2 = _weighted_degree(g2)
+        what = np.where(wd2 > 0, wd2, 1.0)
+        for b in range(len(src)):
+            d = new[b] - old[b]
+            b_l1 = (1 - a) / a * np.sum(old[b, rows] * l1)
+            b_node = (1 - a) / a * np.sum(old[b, rows] * mx)
+            assert np.abs(d).sum() <= b_l1 + 1e-9
+            assert np.all(np.abs(d) <= what * b_node + 1e-9)
+        g = g2
+    # a one-edge addition between unit-degree rows: the bounds by hand
+    h = CSRGraph.from_edge_index(np.array([[0, 2], [1, 3]]), num_nodes=4, symmetrize=True)
+    h2 = apply_edit(h, edit_from_pairs(add=[(0, 2)])).graph
+    l1, mx = row_change_bounds(h, h2, np.array([0, 2]))
+    np.testing.assert_allclose(l1, [1.0, 1.0])  # row 0: (0, 1) -> (1/2, 1/2) on nodes 1, 2
+    # the largest |Delta(x)| / w'(x): node 1 (or 3), degree 1, loses 1/2; node 2 (or 0) gains 1/2 over degree 2
+    np.testing.assert_allclose(mx, [0.5, 0.5])
+    l1, mx = row_change_bounds(h, h2, np.array([1]))  # an unchanged row moves by nothing
+    assert l1.tolist() == [0.0] and mx.tolist() == [0.0]
