@@ -21,8 +21,10 @@ commands are in :mod:`clients.cli`.
 from .aio import AsyncGnnClient
 from .client import GnnClient
 from .errors import (
+    AbortedError,
     DataLossError,
     DeadlineExceededError,
+    FailedPreconditionError,
     GnnServeError,
     InternalError,
     InvalidArgumentError,
@@ -33,16 +35,28 @@ from .errors import (
     UnavailableError,
     UnimplementedError,
 )
-from .types import Backoff, ClientOptions, KnobRow, ModelInfo, NewNode, PredictResult, Settings, Timing
+from .types import (
+    Backoff,
+    ClientOptions,
+    KnobRow,
+    ModelInfo,
+    NewNode,
+    PredictResult,
+    Settings,
+    Timing,
+    UpdateResult,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AbortedError",
     "AsyncGnnClient",
     "Backoff",
     "ClientOptions",
     "DataLossError",
     "DeadlineExceededError",
+    "FailedPreconditionError",
     "GnnClient",
     "GnnServeError",
     "InternalError",
@@ -59,5 +73,6 @@ __all__ = [
     "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",
+    "UpdateResult",
     "__version__",
 ]

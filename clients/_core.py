@@ -34,7 +34,7 @@ from .errors import (
     InvalidArgumentError,
     error_for_code,
 )
-from .types import Backoff, KnobRow, ModelInfo, NewNode, PredictResult, Settings, Timing
+from .types import Backoff, KnobRow, ModelInfo, NewNode, PredictResult, Settings, Timing, UpdateResult
 
 log = logging.getLogger("clients")
 
@@ -196,10 +196,12 @@ def _opt_int(name: str, value: int | None) -> int | None:
 
 
 def knob_fields(
-    sampling_width: int | None, ppr_budget: int | None, max_accuracy_loss: float | None
+    sampling_width: int | None, ppr_budget: int | None, max_accuracy_loss: float | None,
+    min_graph_version: int | None = None,
 ) -> dict[str, Any]:
-    """The optional knob fields of a PredictRequest; ranges are checked by the server."""
-    out: dict[str, Any] = {}
+    """The optional knob fields of a PredictRequest (and its read-your-writes version); ranges are
+    checked by the server."""
+    out: dict[str, Any] = _min_version(min_graph_version)
     s = _opt_int("sampling_width", sampling_width)
     k = _opt_int("ppr_budget", ppr_budget)
     if s is not None:
@@ -211,6 +213,84 @@ def knob_fields(
             raise InvalidArgumentError(f"max_accuracy_loss must be a number, got {max_accuracy_loss!r}")
         out["max_accuracy_loss"] = float(max_accuracy_loss)
     return out
+
+
+def _min_version(value: int | None) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < 0:
+        raise InvalidArgumentError(f"min_graph_version must be a non-negative integer, got {value!r}")
+    return {"min_graph_version": int(value)} if int(value) else {}
+
+
+def _edge_list(edges: Any, what: str, weights: bool) -> list[pb.Edge]:
+    """``Edge`` messages from pairs ``(u, v)`` / triples ``(u, v, w)`` or an array ``[k, 2]`` / ``[k, 3]``."""
+    if edges is None:
+        return []
+    rows = list(edges.tolist() if isinstance(edges, np.ndarray) else edges)
+    out = []
+    for i, e in enumerate(rows):
+        try:
+            parts = list(e)
+        except TypeError:
+            raise InvalidArgumentError(f"{what}[{i}]: an edge is a pair (u, v){' or a triple (u, v, w)' if weights else ''}, "
+                                       f"got {e!r}") from None
+        if len(parts) not in ((2, 3) if weights else (2,)):
+            raise InvalidArgumentError(f"{what}[{i}]: an edge is a pair (u, v){' or a triple (u, v, w)' if weights else ''}, "
+                                       f"got {len(parts)} values")
+        ids = node_array(parts[:2])
+        msg = pb.Edge(src=int(ids[0]), dst=int(ids[1]))
+        if len(parts) == 3:
+            w = parts[2]
+            if isinstance(w, bool) or not isinstance(w, Real):
+                raise InvalidArgumentError(f"{what}[{i}]: the weight must be a number, got {w!r}")
+            msg.weight = float(w)
+        out.append(msg)
+    return out
+
+
+def update_request(
+    model: str, version: str, *, features: Any = None, new_nodes: Any = None, add_edges: Any = None,
+    remove_edges: Any = None, expect_graph_version: int | None = None, request_id: str | None = None,
+) -> pb.UpdateGraphRequest:
+    """An ``UpdateGraphRequest`` from the SDK's arguments (see :meth:`clients.GnnClient.update_graph`)."""
+    req = pb.UpdateGraphRequest(model=model, version=version, request_id=request_id or "")
+    if features is not None:
+        if isinstance(features, dict):
+            items = list(features.items())
+        else:
+            try:
+                ids, rows = features
+            except (TypeError, ValueError):
+                raise InvalidArgumentError("features must be a dict {node: row} or a pair (node_ids, rows [n, F])") from None
+            ids = node_array(ids)
+            rows = np.asarray(rows, dtype=np.float64)
+            if rows.ndim != 2 or rows.shape[0] != len(ids):
+                raise InvalidArgumentError(f"features: {len(ids)} node ids but rows of shape {rows.shape}")
+            items = list(zip(ids.tolist(), rows, strict=True))
+        for i, (node, row) in enumerate(items):
+            ids = node_array(node)
+            if len(ids) != 1:
+                raise InvalidArgumentError(f"features[{i}]: one node id per row, got {node!r}")
+            req.features.add(node=int(ids[0]), features=_float_list(row, f"features[{i}]"))
+    if new_nodes is not None:
+        req.new_nodes.extend(new_node_messages(new_nodes) if not isinstance(new_nodes, pb.NewNode) else [new_nodes])
+    req.remove_edges.extend(_edge_list(remove_edges, "remove_edges", weights=False))
+    req.add_edges.extend(_edge_list(add_edges, "add_edges", weights=True))
+    if expect_graph_version is not None:
+        if isinstance(expect_graph_version, bool) or not isinstance(expect_graph_version, Integral) \
+                or int(expect_graph_version) < 0:
+            raise InvalidArgumentError(f"expect_graph_version must be a non-negative integer, got {expect_graph_version!r}")
+        req.expect_graph_version = int(expect_graph_version)
+    return req
+
+
+def update_result_from_pb(resp: pb.UpdateGraphResponse, client_ms: float) -> UpdateResult:
+    return UpdateResult(graph_version=int(resp.graph_version),
+                        new_node_ids=np.fromiter(resp.new_node_ids, dtype=np.int64, count=len(resp.new_node_ids)),
+                        num_nodes=int(resp.num_nodes), num_edges=int(resp.num_edges), request_id=resp.request_id,
+                        invalidated={k: int(v) for k, v in resp.invalidated.items()}, apply_ms=float(resp.apply_ms),
+                        client_ms=client_ms)
 
 
 def _float_list(values: Any, what: str) -> list[float]:
@@ -295,6 +375,8 @@ def model_info_from_pb(m: pb.ModelInfo) -> ModelInfo:
         dataset_fingerprint=m.dataset_fingerprint,
         ready=bool(m.ready),
         feature_store=m.feature_store,
+        graph_version=int(m.graph_version),
+        read_only=bool(m.read_only),
     )
 
 
@@ -460,6 +542,9 @@ class PredictPlan:
             self.version = resp.version  # pin the rest of the call to this version
             if not self.request_id:
                 self.request_id = resp.request_id
+            if resp.graph_version:  # later chunks: no older graph than the first chunk's
+                self.knobs = {**self.knobs, "min_graph_version": max(int(resp.graph_version),
+                                                                     int(self.knobs.get("min_graph_version", 0)))}
         self.limits.num_classes = c
         if self.return_embeddings:
             self.limits.embedding_dim = h
@@ -511,6 +596,7 @@ class PredictPlan:
             nodes=self.nodes.copy(),
             num_classes=c,
             data_version=" | ".join(dict.fromkeys(r.data_version for r in rs)),
+            graph_version=max(int(r.graph_version) for r in rs),
         )
 
 

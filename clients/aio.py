@@ -35,12 +35,14 @@ from ._core import (
     model_info_from_pb,
     new_node_messages,
     node_array,
+    update_request,
+    update_result_from_pb,
 )
 from ._gen import gnnserve_pb2 as pb
 from ._gen import gnnserve_pb2_grpc as pb_grpc
 from .client import _ClientBase
 from .errors import DeadlineExceededError, GnnServeError, NotFoundError, UnavailableError
-from .types import ClientOptions, ModelInfo, NewNode, PredictResult
+from .types import ClientOptions, ModelInfo, NewNode, PredictResult, UpdateResult
 
 __all__ = ["AsyncGnnClient"]
 
@@ -145,6 +147,7 @@ class AsyncGnnClient(_ClientBase):
         version: str | int | None = None,
         timeout: float | None = None,
         request_id: str | None = None,
+        min_graph_version: int | None = None,
     ) -> PredictResult:
         """Classify existing nodes; see :meth:`clients.GnnClient.predict`.
 
@@ -156,7 +159,7 @@ class AsyncGnnClient(_ClientBase):
         self._ensure_channel()
         model, ver = self._model_args(model, version)
         ids = node_array(nodes)
-        knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss)
+        knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss, min_graph_version)
         state = self._state("Predict", timeout)
         limits = await self._chunk_limits(model, ver, len(ids), state)
         plan = self._plan(model, ver, ids, [], knobs, return_probabilities, return_embeddings, request_id, limits)
@@ -176,6 +179,7 @@ class AsyncGnnClient(_ClientBase):
         version: str | int | None = None,
         timeout: float | None = None,
         request_id: str | None = None,
+        min_graph_version: int | None = None,
     ) -> PredictResult:
         """Classify nodes that are not in the graph; see :meth:`clients.GnnClient.predict_new_node`.
 
@@ -187,12 +191,41 @@ class AsyncGnnClient(_ClientBase):
         self._ensure_channel()
         model, ver = self._model_args(model, version)
         msgs = new_node_messages(features, neighbors, edge_weights)
-        knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss)
+        knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss, min_graph_version)
         state = self._state("Predict", timeout)
         limits = await self._chunk_limits(model, ver, len(msgs), state)
         plan = self._plan(model, ver, np.zeros(0, dtype=np.int64), msgs, knobs, return_probabilities,
                           return_embeddings, request_id, limits)
         return await self._run(plan, state, t0, model, ver)
+
+    async def update_graph(
+        self,
+        model: str,
+        *,
+        features: dict[int, Sequence[float]] | tuple[Any, Any] | None = None,
+        new_nodes: Sequence[NewNode] | NewNode | None = None,
+        add_edges: Iterable[Sequence[Any]] | np.ndarray | None = None,
+        remove_edges: Iterable[Sequence[int]] | np.ndarray | None = None,
+        expect_graph_version: int | None = None,
+        version: str | int | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> UpdateResult:
+        """Change the graph ``model`` serves on; see :meth:`clients.GnnClient.update_graph`.
+
+        Example::
+
+            up = await client.update_graph("cora-gcn", add_edges=[(1, 2)])
+            res = await client.predict("cora-gcn", [1, 2], min_graph_version=up.graph_version)
+        """
+        t0 = time.perf_counter()
+        model, ver = self._model_args(model, version)
+        req = update_request(model, ver, features=features, new_nodes=new_nodes, add_edges=add_edges,
+                             remove_edges=remove_edges, expect_graph_version=expect_graph_version,
+                             request_id=request_id)
+        state = self._state("UpdateGraph", timeout, retries=expect_graph_version is not None)
+        resp = await self._invoke(state, self._ensure_channel().UpdateGraph, req)
+        return update_result_from_pb(resp, 1e3 * (time.perf_counter() - t0))
 
     async def list_models(self, timeout: float | None = None) -> list[ModelInfo]:
         """Every loaded model version with its knob table; see :meth:`clients.GnnClient.list_models`.

@@ -1,4 +1,4 @@
-"""The client side of the ``gnnserve`` command: ``gnnserve predict`` and ``gnnserve models``.
+"""The client side of the ``gnnserve`` command: ``gnnserve predict``, ``gnnserve models`` and ``gnnserve update``.
 
 ``serve.cli`` hands these subcommands to :func:`predict_main` and :func:`models_main`, which
 return the exit code: 0 on success, 2 for bad arguments or ``INVALID_ARGUMENT``, 1 for any other
@@ -9,6 +9,7 @@ Examples::
     gnnserve predict --server 127.0.0.1:8500 --model cora-sage --nodes 0-9,42 --width 16 --budget 64
     gnnserve predict --server 127.0.0.1:8500 --model cora-sage --nodes @ids.txt --json
     gnnserve models --server 127.0.0.1:8500
+    echo '{"add_edges": [[1, 2]], "features": {"7": [0.1, 0.2]}}' | gnnserve update --model cora-gcn -
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .client import GnnClient
 from .errors import GnnServeError, InvalidArgumentError
 from .types import ModelInfo, PredictResult
 
-__all__ = ["NodeSpecError", "models_main", "parse_nodes", "predict_main"]
+__all__ = ["NodeSpecError", "models_main", "parse_nodes", "predict_main", "read_updates", "update_main"]
 
 DEFAULT_SERVER = "127.0.0.1:8500"
 MAX_RANGE = 50_000_000  # ids in one --nodes range: a typo like 0-9999999999 should not eat the memory
@@ -194,6 +195,8 @@ def _predict_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     ap.add_argument("--request-id", default=None, help="id the server logs for this call")
     ap.add_argument("--max-nodes-per-call", type=int, default=None, help="split requests into at most this many nodes")
+    ap.add_argument("--min-graph-version", type=int, default=None, metavar="V",
+                    help="answer only from a graph at version V or newer (what 'gnnserve update' printed)")
     _connection_args(ap)
     return ap
 
@@ -254,6 +257,7 @@ def _predict(args: argparse.Namespace, out: TextIO) -> int:
             return_probabilities=True,
             version=args.version,
             request_id=args.request_id,
+            min_graph_version=args.min_graph_version,
         )
     if args.json:
         json.dump(res.to_dict(probabilities=args.probabilities, embeddings=False), out)
@@ -349,3 +353,124 @@ if __name__ == "__main__":  # python -m clients.cli predict|models ...
         print("usage: python -m clients.cli {predict,models} [options]", file=sys.stderr)
         raise SystemExit(2)
     raise SystemExit(cmds[sys.argv[1]](sys.argv[2:]))
+
+
+# --------------------------------------------------------------------------- update
+_UPDATE_KEYS = {"features", "new_nodes", "add_edges", "remove_edges", "expect_graph_version", "request_id"}
+
+
+def read_updates(text: str, where: str = "<updates>") -> list[dict[str, Any]]:
+    """The updates of an update file: one JSON object per line (blank lines and ``#`` comments
+    skipped), or one JSON array of objects. Each object has any of ``features`` (``{"node": [F
+    floats]}``), ``new_nodes`` (``[{"features": [...], "neighbors": [...], "edge_weights": [...]}]``),
+    ``add_edges`` (``[[u, v]]`` or ``[[u, v, w]]``), ``remove_edges`` (``[[u, v]]``),
+    ``expect_graph_version`` and ``request_id``; each object is one atomic update.
+
+    Example::
+
+        >>> read_updates('{"add_edges": [[1, 2]]}')
+        [{'add_edges': [[1, 2]]}]
+    """
+    stripped = text.strip()
+    if stripped.startswith("["):
+        try:
+            items = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise _UsageError(f"{where}: not valid JSON: {exc}") from None
+        places = [f"{where}: item {i}" for i in range(len(items))]
+    else:
+        items, places = [], []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            try:
+                items.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise _UsageError(f"{where}:{n}: not valid JSON: {exc}") from None
+            places.append(f"{where}:{n}")
+    for item, place in zip(items, places, strict=True):
+        if not isinstance(item, dict):
+            raise _UsageError(f"{place}: an update is a JSON object, got {type(item).__name__}")
+        unknown = set(item) - _UPDATE_KEYS
+        if unknown:
+            raise _UsageError(f"{place}: unknown field(s) {sorted(unknown)}; an update has {sorted(_UPDATE_KEYS)}")
+    if not items:
+        raise _UsageError(f"{where}: no updates in it")
+    return items
+
+
+def _update_args(item: dict[str, Any], place: str) -> dict[str, Any]:
+    from .types import NewNode
+
+    kw: dict[str, Any] = {}
+    feats = item.get("features")
+    if feats is not None:
+        if not isinstance(feats, dict):
+            raise _UsageError(f"{place}: features must be an object {{\"node\": [floats]}}")
+        try:
+            kw["features"] = {int(k): v for k, v in feats.items()}
+        except ValueError:
+            raise _UsageError(f"{place}: features keys must be node ids") from None
+    nodes = item.get("new_nodes")
+    if nodes is not None:
+        try:
+            kw["new_nodes"] = [NewNode(features=n["features"], neighbors=n.get("neighbors", []),
+                                       edge_weights=n.get("edge_weights")) for n in nodes]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _UsageError(f"{place}: new_nodes: each needs features and neighbors ({exc})") from None
+    for key in ("add_edges", "remove_edges", "expect_graph_version", "request_id"):
+        if item.get(key) is not None:
+            kw[key] = item[key]
+    return kw
+
+
+def _update_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="gnnserve update",
+        description="Apply graph updates (features, new nodes, edge additions and removals) to the graph a model "
+                    "serves on. Each update is atomic; they are applied in file order and the new graph version "
+                    "is printed after each (pass it to 'gnnserve predict --min-graph-version').",
+        epilog="FILE: one JSON object per line, or a JSON array; '-' reads stdin. Example line: "
+               '{"features": {"7": [0.1, 0.2]}, "add_edges": [[1, 2], [3, 4, 0.5]], "remove_edges": [[5, 6]], '
+               '"new_nodes": [{"features": [0.3, 0.1], "neighbors": [1, 2]}]}',
+    )
+    ap.add_argument("file", help="update file (JSON lines or a JSON array), '-' for stdin")
+    ap.add_argument("--model", required=True, help="any model served on the graph to change")
+    ap.add_argument("--version", default=None, help="model version (default: latest)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object per update")
+    _connection_args(ap)
+    return ap
+
+
+def _update(args: argparse.Namespace, out: TextIO) -> int:
+    if args.file == "-":
+        text, where = sys.stdin.read(), "<stdin>"
+    else:
+        try:
+            text, where = Path(args.file).read_text(), args.file
+        except OSError as exc:
+            raise _UsageError(f"cannot read {args.file!r}: {exc.strerror or exc}") from None
+    items = read_updates(text, where)
+    with _client(args) as client:
+        for i, item in enumerate(items):
+            res = client.update_graph(args.model, version=args.version, **_update_args(item, f"{where}: update {i}"))
+            if args.json:
+                json.dump({"graph_version": res.graph_version, "new_node_ids": res.new_node_ids.tolist(),
+                           "num_nodes": res.num_nodes, "num_edges": res.num_edges, "request_id": res.request_id,
+                           "invalidated": res.invalidated, "apply_ms": round(res.apply_ms, 3)}, out)
+                out.write("\n")
+            else:
+                new = f"  new nodes {res.new_node_ids.tolist()}" if len(res.new_node_ids) else ""
+                out.write(f"graph version {res.graph_version}: {res.num_nodes} nodes, {res.num_edges} edges{new}  "
+                          f"(applied in {res.apply_ms:.2f} ms)\n")
+    return 0
+
+
+def update_main(argv: Sequence[str] | None = None) -> int:
+    """``gnnserve update``: returns the exit code (0 ok, 2 bad arguments / INVALID_ARGUMENT, 1 other errors).
+
+    Example::
+
+        update_main(["--server", "127.0.0.1:8500", "--model", "cora-gcn", "updates.jsonl"])
+    """
+    return _run("gnnserve update", _update_parser, argv, _update)

@@ -33,11 +33,13 @@ from ._core import (
     model_info_from_pb,
     new_node_messages,
     node_array,
+    update_request,
+    update_result_from_pb,
 )
 from ._gen import gnnserve_pb2 as pb
 from ._gen import gnnserve_pb2_grpc as pb_grpc
 from .errors import DeadlineExceededError, GnnServeError, NotFoundError, UnavailableError
-from .types import Backoff, ClientOptions, ModelInfo, NewNode, PemSource, PredictResult
+from .types import Backoff, ClientOptions, ModelInfo, NewNode, PemSource, PredictResult, UpdateResult
 
 __all__ = ["GnnClient", "PemSource"]
 
@@ -249,6 +251,7 @@ class GnnClient(_ClientBase):
         version: str | int | None = None,
         timeout: float | None = None,
         request_id: str | None = None,
+        min_graph_version: int | None = None,
     ) -> PredictResult:
         """Classify existing nodes of the model's graph.
 
@@ -281,7 +284,7 @@ class GnnClient(_ClientBase):
         t0 = time.perf_counter()
         model, ver = self._model_args(model, version)
         ids = node_array(nodes)
-        knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss)
+        knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss, min_graph_version)
         state = self._state("Predict", timeout)
         limits = self._chunk_limits(model, ver, len(ids), state)
         plan = self._plan(model, ver, ids, [], knobs, return_probabilities, return_embeddings, request_id, limits)
@@ -301,6 +304,7 @@ class GnnClient(_ClientBase):
         version: str | int | None = None,
         timeout: float | None = None,
         request_id: str | None = None,
+        min_graph_version: int | None = None,
     ) -> PredictResult:
         """Classify nodes that are not in the stored graph, from raw features and edges.
 
@@ -319,12 +323,57 @@ class GnnClient(_ClientBase):
         t0 = time.perf_counter()
         model, ver = self._model_args(model, version)
         msgs = new_node_messages(features, neighbors, edge_weights)
-        knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss)
+        knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss, min_graph_version)
         state = self._state("Predict", timeout)
         limits = self._chunk_limits(model, ver, len(msgs), state)
         plan = self._plan(model, ver, np.zeros(0, dtype=np.int64), msgs, knobs, return_probabilities,
                           return_embeddings, request_id, limits)
         return self._run(plan, state, t0, model, ver)
+
+    def update_graph(
+        self,
+        model: str,
+        *,
+        features: dict[int, Sequence[float]] | tuple[Any, Any] | None = None,
+        new_nodes: Sequence[NewNode] | NewNode | None = None,
+        add_edges: Iterable[Sequence[Any]] | np.ndarray | None = None,
+        remove_edges: Iterable[Sequence[int]] | np.ndarray | None = None,
+        expect_graph_version: int | None = None,
+        version: str | int | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> UpdateResult:
+        """Change the graph ``model`` serves on (every model on that graph sees it), atomically.
+
+        Args:
+            model: any model served on the graph. version: a loaded version (default: the latest).
+            features: new raw features of existing nodes: ``{node: row}`` or ``(node_ids, rows [n, F])``.
+            new_nodes: :class:`~clients.types.NewNode` objects (features, neighbours, optional weights);
+                they get the ids ``num_nodes, num_nodes + 1, ...`` (``result.new_node_ids``).
+            add_edges: ``(u, v)`` or ``(u, v, weight)`` per edge, or an array ``[k, 2]`` / ``[k, 3]``;
+                edges are undirected and may name this call's new nodes.
+            remove_edges: ``(u, v)`` per edge; removals apply before additions (remove and add the
+                same edge to re-weight it).
+            expect_graph_version: apply only if the graph is still at this version (else
+                :class:`~clients.errors.AbortedError`): optimistic concurrency.
+
+        A bad entry is :class:`~clients.errors.InvalidArgumentError` naming it, and nothing of the call
+        is applied. Not retried (an update is not idempotent), unless ``expect_graph_version`` is given:
+        then a retry of an update that did land fails with ABORTED instead of applying twice.
+
+        Example::
+
+            up = client.update_graph("cora-gcn", add_edges=[(1, 2)], features={7: x7})
+            res = client.predict("cora-gcn", [1, 2, 7], min_graph_version=up.graph_version)
+        """
+        t0 = time.perf_counter()
+        model, ver = self._model_args(model, version)
+        req = update_request(model, ver, features=features, new_nodes=new_nodes, add_edges=add_edges,
+                             remove_edges=remove_edges, expect_graph_version=expect_graph_version,
+                             request_id=request_id)
+        state = self._state("UpdateGraph", timeout, retries=expect_graph_version is not None)
+        resp = self._invoke(state, self._stub.UpdateGraph, req)
+        return update_result_from_pb(resp, 1e3 * (time.perf_counter() - t0))
 
     def list_models(self, timeout: float | None = None) -> list[ModelInfo]:
         """Every loaded model version with its knob table.

@@ -155,6 +155,19 @@ class UnimplementedError(GnnServeError):
     default_code = grpc.StatusCode.UNIMPLEMENTED
 
 
+class AbortedError(GnnServeError):
+    """``ABORTED``: an update's ``expect_graph_version`` no longer held (another update came first)."""
+
+    default_code = grpc.StatusCode.ABORTED
+
+
+class FailedPreconditionError(GnnServeError):
+    """``FAILED_PRECONDITION``: the server cannot do this in its present state (a read-only server
+    asked for a graph update)."""
+
+    default_code = grpc.StatusCode.FAILED_PRECONDITION
+
+
 # The one place status codes meet exception classes; codes not listed map to GnnServeError itself.
 _BY_CODE: dict[grpc.StatusCode, type[GnnServeError]] = {
     cls.default_code: cls
@@ -169,6 +182,8 @@ _BY_CODE: dict[grpc.StatusCode, type[GnnServeError]] = {
         DataLossError,
         InternalError,
         UnimplementedError,
+        AbortedError,
+        FailedPreconditionError,
     )
 }
 

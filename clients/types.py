@@ -24,7 +24,8 @@ import numpy as np
 
 from .knob_rules import cheapest_within, exact_reference
 
-__all__ = ["Backoff", "ClientOptions", "KnobRow", "ModelInfo", "NewNode", "PredictResult", "Settings", "Timing"]
+__all__ = ["Backoff", "ClientOptions", "KnobRow", "ModelInfo", "NewNode", "PredictResult", "Settings", "Timing",
+           "UpdateResult"]
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,8 @@ class PredictResult:
     has none); ``settings`` and ``timing`` as described on their classes; ``model`` / ``version``
     the model that answered (a chunked call is pinned to the version that answered its first
     chunk); ``request_id`` the id the server logged (chunks after the first are logged as
-    ``"<request_id>/<i>"``); ``data_version`` the data the answer was computed from, pinned by
+    ``"<request_id>/<i>"``); ``graph_version`` the live graph's version that answered (see
+    :meth:`GnnClient.update_graph`); ``data_version`` the data the answer was computed from, pinned by
     version and content digest (``"features:v3:<checksum>"``, ``";graph:v2:<checksum>"`` appended
     on a stateless replica, ``"memory:<dataset fingerprint>"`` for in-process data; empty from a
     server that predates it). A chunked call whose chunks were answered from different data (say,
@@ -199,6 +201,9 @@ class PredictResult:
     nodes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     num_classes: int = 0
     data_version: str = ""
+    #: the live graph's version the answer was computed on (0 before any update); a chunked call's later
+    #: chunks are asked for at least the first chunk's version, and this is the newest that answered
+    graph_version: int = 0
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -290,6 +295,10 @@ class ModelInfo:
     dataset_fingerprint: str
     ready: bool
     feature_store: str
+    #: updates applied to the model's graph (UpdateGraph); 0 = the graph as loaded
+    graph_version: int = 0
+    #: whether the server refuses graph updates for this model (``--read-only``, or no update log)
+    read_only: bool = False
 
     @property
     def exact_accuracy(self) -> float | None:
@@ -334,3 +343,27 @@ class NewNode:
     features: Sequence[float] | np.ndarray
     neighbors: Sequence[int] | np.ndarray
     edge_weights: Sequence[float] | np.ndarray | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class UpdateResult:
+    """The answer to one :meth:`GnnClient.update_graph` call.
+
+    ``graph_version`` is the version that includes the update: pass it as ``min_graph_version`` to
+    :meth:`GnnClient.predict` to read your own write on any replica. ``new_node_ids`` are the ids the
+    call's new nodes got, in order; ``invalidated`` the cached rows the server dropped, per cache.
+
+    Example::
+
+        up = client.update_graph("cora-gcn", add_edges=[(1, 2)])
+        res = client.predict("cora-gcn", [1, 2], min_graph_version=up.graph_version)
+    """
+
+    graph_version: int
+    new_node_ids: np.ndarray
+    num_nodes: int
+    num_edges: int
+    request_id: str
+    invalidated: dict[str, int]
+    apply_ms: float
+    client_ms: float = 0.0

@@ -117,6 +117,37 @@ def full_gcn_degrees(graph: CSRGraph) -> np.ndarray:
     return d
 
 
+def carry_gcn_degrees(old: CSRGraph, new: CSRGraph, changed_rows: np.ndarray) -> None:
+    """Memoize on ``new`` (an edit of ``old`` that changed ``changed_rows`` and may have added nodes at
+    the end) the GCN degrees ``old`` has memoized, recomputing only the changed rows: a live graph's
+    update then costs O(N) copies instead of a pass over every edge."""
+    src, dst = old.cache(), new.cache()
+    d_old = src.get("models:gcn_degrees")
+    if d_old is None or "models:gcn_degrees" in dst:
+        return
+    rows = np.asarray(changed_rows, dtype=np.int64)
+    d = np.empty(new.num_nodes, dtype=np.float64)
+    d[: len(d_old)] = d_old
+    starts, ends = new.indptr[rows], new.indptr[rows + 1]
+    if new.weights is None:
+        d[rows] = (ends - starts) + 1.0
+    else:
+        cs = np.concatenate([[0.0], np.cumsum(new.weights[np.concatenate([np.arange(a, b) for a, b in
+                                                                          zip(starts, ends, strict=True)])
+                                                       if len(rows) else np.zeros(0, np.int64)],
+                                              dtype=np.float64)])
+        lens = ends - starts
+        bounds = np.concatenate([[0], np.cumsum(lens)])
+        d[rows] = cs[bounds[1:]] - cs[bounds[:-1]] + 1.0
+    dst["models:gcn_degrees"] = d
+    v_old = src.get("models:gcn_dinv32")
+    if v_old is not None:
+        v = np.empty(new.num_nodes, dtype=np.float32)
+        v[: len(v_old)] = v_old
+        v[rows] = (np.maximum(d[rows], 1e-12) ** -0.5).astype(np.float32)
+        dst["models:gcn_dinv32"] = v
+
+
 def numpy32(t: Tensor | None) -> np.ndarray | None:
     """A parameter as a float32 NumPy array on the host (``None`` stays ``None``)."""
     return None if t is None else t.detach().float().cpu().numpy()

@@ -22,6 +22,7 @@ COMMANDS = {
     "serve": "run the gRPC server over a model repository",
     "predict": "query a server (client SDK)",
     "models": "list a server's models and knob tables (client SDK)",
+    "update": "apply graph updates (features, new nodes, edges) from a file to a live server (client SDK)",
     "features": "load features into Redis / verify a load",
     "graph": "load a graph's adjacency and PPR top-K lists into Redis (stateless replicas) / verify",
     "bench": "measure a model's latency-accuracy curve over its knob settings (and plot it)",
@@ -146,6 +147,18 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--ready-file", default=None, help="write the bound port here once models are served")
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--log-json", action="store_true", help="structured JSON logs")
+    ap.add_argument("--read-only", action="store_true",
+                    help="refuse UpdateGraph (FAILED_PRECONDITION); logged updates are still replayed")
+    ap.add_argument("--max-update-size", type=int, default=100_000,
+                    help="entries (feature rows, new nodes and their edges, edges) per UpdateGraph request")
+    ap.add_argument("--update-log-dir", default=None,
+                    help="where each graph's update log lives (default REPO/_live; with Redis features or "
+                         "--graph the log is a Redis stream beside the data)")
+    ap.add_argument("--update-log-fsync", action="store_true",
+                    help="fsync the update log after every update (survive a machine crash, not only a "
+                         "process crash; costs a disk flush per update)")
+    ap.add_argument("--read-your-writes-timeout-s", type=float, default=1.0,
+                    help="how long a Predict with min_graph_version waits for that version before UNAVAILABLE")
     ap.add_argument("--allow-overcommit", action="store_true",
                     help="start even when the cache budgets plus the estimated graph, features and PPR index "
                          "exceed the machine's memory (serve/memory_budget.py; refused by default)")
@@ -198,6 +211,11 @@ def _serve(argv: Sequence[str]) -> int:
             graph_cache_bytes=args.graph_cache_bytes,
             induced_table_bytes=args.induced_table_bytes,
             warm_projections=args.warm_projections,
+            read_only=args.read_only,
+            max_update_size=args.max_update_size,
+            update_log_dir=args.update_log_dir,
+            update_log_fsync=args.update_log_fsync,
+            read_your_writes_timeout_s=args.read_your_writes_timeout_s,
         ),
         data_paths=args.data,
         feature_url=args.features,
@@ -245,6 +263,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
     "export-onnx": _delegate("models.export_onnx"),
     "predict": _delegate("clients.cli", "predict_main"),
     "models": _delegate("clients.cli", "models_main"),
+    "update": _delegate("clients.cli", "update_main"),
     "features": _delegate("serve.features.cli"),
     "graph": _delegate("serve.graph_store"),
     "bench": _delegate("serve.bench"),

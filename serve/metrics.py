@@ -183,6 +183,19 @@ class ServerMetrics:
         self._per_model: dict[str, tuple] = {}
         self._children: dict[tuple[str, ...], Any] = {}  # labelled children of the counter and gauge, by labels
         self.models_loaded = Gauge("gnnserve_models_loaded", "Model versions being served", registry=r)
+        # the live graph (serve.live); ``graph`` = the first 12 characters of the dataset fingerprint
+        self.graph_updates = Counter("gnnserve_graph_updates", "Graph updates applied (UpdateGraph and log replay)",
+                                     ["graph"], registry=r)
+        self.graph_version = Gauge("gnnserve_graph_version", "Version of each live graph", ["graph"], registry=r)
+        self.update_seconds = LightHistogram(
+            "gnnserve_graph_update_seconds", "Update to visible: validation, log append and apply", ["graph"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.rows_invalidated = Counter("gnnserve_graph_rows_invalidated",
+                                        "Cached rows dropped by graph updates, per cache", ["graph", "cache"],
+                                        registry=r)
+        self.update_log_bytes = Gauge("gnnserve_graph_update_log_bytes", "Size of each graph's update log",
+                                      ["graph"], registry=r)
 
     def observe_request(self, model: str, timing: dict[str, float], width: int, budget: int, n: int) -> None:
         """Record one answered Predict: ``timing`` in milliseconds by stage."""

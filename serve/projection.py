@@ -127,6 +127,28 @@ class ProjectionCache:
         if self._valid is not None:
             self._valid[:] = False
 
+    def invalidate_rows(self, node_ids: np.ndarray) -> int:
+        """Drop the rows of ``node_ids`` (their features changed); returns the rows that were held."""
+        if self._valid is None or not len(node_ids):
+            return 0
+        held = int(np.count_nonzero(self._valid[node_ids]))
+        self._valid[node_ids] = False
+        return held
+
+    def grow(self, num_nodes: int) -> None:
+        """Room for ``num_nodes`` nodes (new nodes of a live graph; their rows start empty). The table
+        keeps spare rows so that a stream of single new nodes does not copy it each time."""
+        if num_nodes <= self.num_nodes:
+            return
+        if self._table is not None and self._valid is not None and num_nodes > len(self._valid):
+            cap = max(num_nodes, len(self._valid) + len(self._valid) // 8 + 64)
+            table = torch.empty((cap, self.dim), dtype=torch.float32, device=self.device)
+            table[: self.num_nodes] = self._table[: self.num_nodes]
+            valid = np.zeros(cap, dtype=bool)
+            valid[: self.num_nodes] = self._valid[: self.num_nodes]
+            self._table, self._valid = table, valid
+        self.num_nodes = num_nodes
+
     def stats(self) -> dict[str, float]:
         """Lookups by outcome, rows held, table bytes, raw-feature fetch time."""
         total = self.hits + self.misses
@@ -149,7 +171,8 @@ class ActivationCache:
     them, from ``projections``); :func:`kernels.fused_forward.plan_outer_cpu` then runs the last
     layer. Tables are allocated on first use of a width while their total fits ``budget_bytes``;
     for a width that does not fit :meth:`has_table` is false (the caller runs the whole plan).
-    Features and weights never change under one model version, so rows are never invalidated.
+    On a live graph (:mod:`serve.live`) :meth:`rebase` moves it to the updated graph, dropping the rows
+    the update changed.
     :meth:`stats` may be called from another thread (a metrics scrape).
 
     Args:
@@ -202,10 +225,37 @@ class ActivationCache:
                 log.info("activation cache: no room for width %d (%d tables of %d bytes fill the %d-byte budget); "
                          "its batches run the whole plan", width, len(self._tables), self.table_bytes, self.budget_bytes)
             return False
-        self._tables[width] = (np.empty((self.graph.num_nodes, self.dim), dtype=np.float32),
-                               np.zeros(self.graph.num_nodes, dtype=bool))
+        cap = self._capacity()
+        self._tables[width] = (np.empty((cap, self.dim), dtype=np.float32), np.zeros(cap, dtype=bool))
         self._filled[width] = 0
         return True
+
+    def _capacity(self) -> int:
+        return max([self.graph.num_nodes] + [len(v) for _, v in self._tables.values()])
+
+    def rebase(self, graph: CSRGraph, dinv: np.ndarray | None, stale: np.ndarray) -> int:
+        """Serve ``graph`` (the updated graph: same nodes plus new ones) from now on, dropping the rows
+        of ``stale`` at every width; returns the rows dropped that were held."""
+        n = graph.num_nodes
+        dropped = 0
+        for width, (table, valid) in list(self._tables.items()):
+            if n > len(valid):  # spare rows: a stream of single new nodes does not copy every time
+                cap = max(n, len(valid) + len(valid) // 8 + 64)
+                t2 = np.empty((cap, self.dim), dtype=np.float32)
+                t2[: len(valid)] = table
+                v2 = np.zeros(cap, dtype=bool)
+                v2[: len(valid)] = valid
+                table, valid = t2, v2
+                self._tables[width] = (table, valid)
+            if len(stale):
+                held = int(np.count_nonzero(valid[stale]))
+                valid[stale] = False
+                self._filled[width] -= held
+                dropped += held
+        self.graph = graph
+        self.dinv = dinv
+        self.table_bytes = n * (4 * self.dim + 1)
+        return dropped
 
     def complete(self, width: int) -> bool:
         """Whether every node's row of ``width`` is held (then a batch at that width only aggregates

@@ -379,6 +379,8 @@ class ModelRegistry:
         runtimes = [rt for vs in self._models.values() for rt in vs.values()]
         await asyncio.gather(*(rt.close(grace_s) for rt in runtimes), return_exceptions=True)
         for bundle in self._data.values():
+            if bundle.live is not None:
+                bundle.live.close()
             for part in (bundle.features, bundle.graph):
                 close = getattr(part, "close", None)
                 if close is not None and (part is bundle.features or getattr(part, "is_remote", False)):
@@ -414,12 +416,17 @@ class ModelRegistry:
             data = self._remote_data_for(ckpt.dataset_fingerprint, ckpt.graph_fingerprint)
         else:
             data = self._data_for(ckpt.dataset_fingerprint, ckpt.config["dataset"].get("source"), path)
+        live = self._live_for(data)
         index = self._ppr_index(data, ckpt.ppr_config) if ckpt.extractor == "ppr" else None
         if index is not None:  # --hot-bytes: the static hot tier from the first PPR model's index
             from .features import install_hot_from_index
 
-            install_hot_from_index(data.features, index)
+            install_hot_from_index(data.features.base, index)
         rt = ModelRuntime(name, version, ckpt, data, index, self.options, self.executor_for(name), self.metrics)
+        live.attach(rt)
+        replayed = live.replay()  # the graph's logged updates (the first model on it: all of them)
+        if replayed:
+            log.info("graph %s: %d logged updates replayed, now at version %d", live.label, replayed, live.version)
         rt.warm()
         log.info("loaded %s v%d in %.1f s", name, version, time.perf_counter() - t0)
         return rt
@@ -432,16 +439,52 @@ class ModelRegistry:
         cfg = PPRConfig(**ppr_config)
         key = repr(cfg)
         idx = data.ppr_indexes.get(key)
-        if idx is None and getattr(data.graph, "is_remote", False):
+        if idx is not None:
+            return idx
+        if getattr(data.graph, "is_remote", False):
             idx = data.graph.ppr_index(cfg)  # lists in Redis; GraphNotFound names the missing config
-            data.ppr_indexes[key] = idx
-        if idx is None:
+        else:
+            # on a graph changed by updates (serve.live) this is an index of the current graph (its own
+            # fingerprint): built now, then kept up to date with the graph like the others
             cache_dir = Path(self.options.ppr_cache_dir or self.repo / "_ppr")
             idx = PPRIndex.open_or_build(cache_dir, data.graph, cfg)
             if self.options.induced_table_bytes > 0:
                 idx.ensure_induced(data.graph, max_bytes=self.options.induced_table_bytes)
-            data.ppr_indexes[key] = idx
+        if data.live is not None:
+            idx = data.live.wrap_index(idx)
+        data.ppr_indexes[key] = idx
         return idx
+
+    def _live_for(self, data: DataBundle) -> Any:
+        """The dataset's :class:`serve.live.LiveGraph` with its update log (made on first use)."""
+        if data.live is not None:
+            return data.live
+        from .features import is_redis_url
+        from .live import LiveGraph
+        from .update_log import FileUpdateLog, RedisUpdateLog, UpdateLogError
+
+        o = self.options
+        redis_url = o.graph_url or (self.feature_url if is_redis_url(self.feature_url) else None)
+        if redis_url:  # replicas share one log next to the data they share
+            update_log: Any = RedisUpdateLog(redis_url, data.fingerprint)
+        else:
+            log_dir = Path(o.update_log_dir) if o.update_log_dir else self.repo / "_live"
+            path = log_dir / f"{data.fingerprint}.log"
+            try:
+                update_log = FileUpdateLog(path, fsync=o.update_log_fsync)
+            except UpdateLogError as exc:
+                if "another process" not in str(exc) and "twice" not in str(exc):
+                    raise  # a damaged log: refuse to serve a graph that would silently lose updates
+                log.warning("graph %s: %s. This server serves the graph as loaded, without those updates, and "
+                            "refuses new ones (FAILED_PRECONDITION); for several servers that take updates, keep "
+                            "features (and the graph) in Redis, or give each its own --update-log-dir",
+                            data.fingerprint[:12], exc)
+                update_log = None
+        data.live = LiveGraph(data, update_log, read_only=o.read_only, max_update_size=o.max_update_size,
+                              metrics=self.metrics)
+        if redis_url:
+            data.live.follow()
+        return data.live
 
     def _find_dataset(self, fingerprint: str, source: str | None, ckpt_path: Path) -> GraphDataset:
         cands: list[str] = []

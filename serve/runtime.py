@@ -35,16 +35,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels.graph import CSRGraph
+from kernels.graph import CSRGraph, gather_ranges
 from kernels.plan import (
     ExactPathEdges,
     ExecutionPlan,
     execution_plan,
+    update_walk_sums,
     walk_bounds,
     walk_sums,
 )
 from kernels.subgraph import ExtraEdges, SubgraphBatch, induced_batch, lhop_nodes
-from models.base import gcn_dinv32
+from models.base import carry_gcn_degrees, gcn_dinv32
 
 from .batcher import DynamicBatcher, WorkItem
 from .errors import InvalidArgument, Overloaded, Unavailable
@@ -132,6 +133,18 @@ class RuntimeOptions:
     #: a small batch's cost (docs/BENCHMARKS.md, "GPU"); 0 = every batch on the GPU
     gpu_min_targets: int = 64
 
+    #: refuse UpdateGraph (the graph stays as loaded plus its logged updates)
+    read_only: bool = False
+    #: entries (feature rows, new nodes and their edges, edges) per UpdateGraph request
+    max_update_size: int = 100_000
+    #: where the embedded default keeps each graph's update log (``<dir>/<dataset fingerprint>.log``);
+    #: None = ``REPO/_live``. With Redis features or graph the log is a Redis stream beside them
+    update_log_dir: str | None = None
+    #: fsync the update log after every update (survives a machine crash, not only a process crash)
+    update_log_fsync: bool = False
+    #: how long a Predict with ``min_graph_version`` waits for that version before UNAVAILABLE
+    read_your_writes_timeout_s: float = 1.0
+
     def __post_init__(self) -> None:
         if self.serving_path is not None and self.serving_path not in PATH_NAMES:
             raise ValueError(f"unknown serving path {self.serving_path!r}; the paths are {', '.join(PATH_NAMES)}")
@@ -146,6 +159,8 @@ class DataBundle:
     features: Any  # serve.features FeatureStore
     feature_store_name: str
     ppr_indexes: dict[str, Any] = field(default_factory=dict)  # PPRConfig key -> PPRIndex
+    #: the graph's updates (serve.live.LiveGraph): its version, lock and update log
+    live: Any = None
 
 
 @dataclass
@@ -159,6 +174,7 @@ class PredictResult:
     edges_kept: int
     edges_total: int
     path: str = ""  # the serving path that answered (serve.paths)
+    graph_version: int = 0  # the live graph's version the answer was computed on (serve.live)
 
 
 class ModelRuntime:
@@ -208,39 +224,19 @@ class ModelRuntime:
             raise ValueError(f"model {name} v{version} needs a PPR index")
         max_k = min(int(checkpoint.max_ppr_budget), int(ppr_index.k_max)) if ppr_index is not None else 0
         self.remote_graph = bool(getattr(self.graph, "is_remote", False))
+        self._max_k = max_k
+        self._checkpoint_defaults = (int(checkpoint.default_sampling_width), int(checkpoint.default_ppr_budget or 0),
+                                     knob_rows(checkpoint.knobs))
         # plain models on a local graph: each node's exact path-edge count, kept once computed
         self._exact_edges = (ExactPathEdges(self.graph, self.num_layers)
                              if self.extractor == "lhop" and not self.remote_graph else None)
-        if self.remote_graph:
-            max_deg = max(1, int(self.graph.max_degree))
-        else:
-            max_deg = int(self.graph.degrees.max()) if self.graph.num_edges else 1
-        max_width = max(1, min(max_deg, max_k - 1) if max_k else max_deg)
-        self.limits = ModelLimits(
-            name=name,
-            num_nodes=self.graph.num_nodes,
-            num_features=int(model.in_dim),
-            extractor=self.extractor,
-            max_ppr_budget=max_k,
-            max_sampling_width=max_width,
-            default_sampling_width=int(checkpoint.default_sampling_width),
-            default_ppr_budget=min(int(checkpoint.default_ppr_budget or max_k), max_k) if max_k else 0,
-            max_nodes_per_request=options.max_nodes_per_request,
-            knob_table=knob_rows(checkpoint.knobs),
-            max_new_node_edges=options.max_new_node_edges,
-        )
-        # the price of a request before it runs (estimate_work): per node, a bound of its exact pass
+        # the price of a request before it runs (estimate_work): per node, a bound of its exact pass, from
+        # the walk sums c_j = A^j d, j = 0..L (kernels.plan; kept, so that a graph update recomputes only
+        # the entries it changed)
         self._walk_bound = self._scope_bound = self._nbr_scope_bound = None
-        if self.extractor == "lhop" and not self.remote_graph:
-            c = walk_sums(self.graph, self.num_layers)  # c_j = A^j d, j = 0..L (kernels.plan)
-            layers = max(1, self.num_layers)
-            # a plan's pass; an induced L-hop scope (the path a batch with new nodes takes, every row at every
-            # layer); a new node's scope, its neighbours' (L - 1)-hop balls
-            self._walk_bound = walk_bounds(self.graph, layers, sums=c).astype(np.float32)
-            self._scope_bound = (layers * c.sum(axis=0)).astype(np.float32)
-            self._nbr_scope_bound = (layers * c[:layers].sum(axis=0)).astype(np.float32)
-            del c
-        self._mean_degree = (self.graph.num_edges / max(1, self.graph.num_nodes)) if self.graph.num_nodes else 0.0
+        self._walk_sums = (walk_sums(self.graph, self.num_layers)
+                           if self.extractor == "lhop" and not self.remote_graph else None)
+        self._graph_derived()
         self.projections = ProjectionCache(
             self.model.project,
             data.features,
@@ -288,13 +284,87 @@ class ModelRuntime:
             executor=executor,
             # never on the loop when a batch may wait on Redis (features or graph rows)
             inline_max_targets=(options.inline_max_targets
-                                if isinstance(data.features, MemoryFeatureStore) and not self.remote_graph else 0),
+                                if isinstance(getattr(data.features, "base", data.features), MemoryFeatureStore)
+                                and not self.remote_graph else 0),
             inline_max_work=options.inline_max_work,
             max_queue_work=options.max_queue_work,
             name=f"{name}/v{version}",
         )
         self.stats = ModelStats()  # Triton's ModelStatistics (serve.stats): recorded in submit and process
         self.ready = False
+
+    def _graph_derived(self) -> None:
+        """What the runtime derives from the whole graph: its limits and the per-node bounds that price
+        a request (rebuilt by :meth:`rebase` when the graph changes)."""
+        if self.remote_graph:
+            max_deg = max(1, int(self.graph.max_degree))
+        else:
+            max_deg = int(self.graph.degrees.max()) if self.graph.num_edges else 1
+        max_k = self._max_k
+        max_width = max(1, min(max_deg, max_k - 1) if max_k else max_deg)
+        default_width, default_budget, knobs = self._checkpoint_defaults
+        if self._walk_sums is not None:
+            c = self._walk_sums
+            layers = max(1, self.num_layers)
+            # a plan's pass; an induced L-hop scope (the path a batch with new nodes takes, every row at every
+            # layer); a new node's scope, its neighbours' (L - 1)-hop balls
+            self._walk_bound = walk_bounds(self.graph, layers, sums=c).astype(np.float32)
+            self._scope_bound = (layers * c.sum(axis=0)).astype(np.float32)
+            self._nbr_scope_bound = (layers * c[:layers].sum(axis=0)).astype(np.float32)
+        self._mean_degree = (self.graph.num_edges / max(1, self.graph.num_nodes)) if self.graph.num_nodes else 0.0
+        # assigned last: a request validated against these limits finds every array above sized for them
+        self.limits = ModelLimits(
+            name=self.name,
+            num_nodes=self.graph.num_nodes,
+            num_features=int(self.model.in_dim),
+            extractor=self.extractor,
+            max_ppr_budget=max_k,
+            max_sampling_width=max_width,
+            default_sampling_width=default_width,
+            default_ppr_budget=min(default_budget or max_k, max_k) if max_k else 0,
+            max_nodes_per_request=self.options.max_nodes_per_request,
+            knob_table=knobs,
+            max_new_node_edges=self.options.max_new_node_edges,
+        )
+
+    def rebase(self, graph: CSRGraph | Any, old: CSRGraph | Any, changed_rows: np.ndarray,
+               feature_ids: np.ndarray, new_ids: np.ndarray) -> dict[str, int]:
+        """Serve the updated ``graph`` from now on (:mod:`serve.live`, under its write lock: no batch runs),
+        dropping exactly the cached values the update changed; returns the rows dropped per cache.
+
+        ``changed_rows``: nodes whose adjacency row changed (new nodes and every endpoint of an added or
+        removed edge); ``feature_ids``: existing nodes with new features; ``new_ids``: the new nodes.
+        """
+        inv: dict[str, int] = {}
+        n = graph.num_nodes
+        self.graph = graph
+        feats = np.asarray(feature_ids, dtype=np.int64)
+        for cache in {id(self.projections): self.projections, id(self._cpu_projections): self._cpu_projections}.values():
+            cache.grow(n)
+            inv["projection"] = inv.get("projection", 0) + cache.invalidate_rows(feats)
+        if not self.remote_graph:
+            gcn = self.architecture == "gcn"
+            carry_gcn_degrees(old, graph, changed_rows)
+            if self._dinv is not None:
+                self._dinv = gcn_dinv32(graph)
+            if self._walk_sums is not None:
+                self._walk_sums = update_walk_sums(graph, self._walk_sums, changed_rows)
+            if self._activations is not None:
+                # a node's first-layer row reads its own row and projection and its neighbours' projections
+                # (and, for GCN, their degrees): the changed rows, the changed features and their neighbours
+                grown = np.concatenate([changed_rows, feats])
+                spread = np.concatenate([feats, changed_rows]) if gcn else feats
+                stale = np.unique(np.concatenate([grown, _neighbours(graph, spread)]))
+                inv["activation"] = self._activations.rebase(graph, self._dinv, stale)
+            if self._exact_edges is not None and len(changed_rows):
+                ball = changed_rows
+                for _ in range(max(0, self.num_layers - 1)):  # whose (L-1)-hop ball holds a changed row
+                    ball = np.unique(np.concatenate([ball, _neighbours(graph, ball)]))
+                inv["exact_edges"] = self._exact_edges.rebase(graph, ball)
+            elif self._exact_edges is not None:
+                self._exact_edges.rebase(graph, changed_rows)
+        self._graph_derived()
+        return inv
 
     # ------------------------------------------------------------------ serving API
     async def submit(self, call: PredictCall, deadline: float | None = None) -> PredictResult:
@@ -472,7 +542,13 @@ class ModelRuntime:
         want_emb = any(c.return_embeddings for c in calls)
         if path is None:
             path = self._path_for(len(targets), bool(new_specs), width)
-        o = path.run(targets, new_specs, width, budget, want_emb)
+        live = self.data.live
+        if live is None:
+            graph_version = 0
+            o = path.run(targets, new_specs, width, budget, want_emb)
+        else:  # one graph version for the whole batch (serve.live: an update waits for it)
+            with live.reading() as graph_version:
+                o = path.run(targets, new_specs, width, budget, want_emb)
         probs_np, labels_np, emb_np, kept, total = o.probs, o.labels, o.emb, o.kept, o.total
         t_sub, t_feat, t_fwd = o.t_sub, o.t_feat, o.t_fwd
         if row_map is not None:
@@ -511,6 +587,7 @@ class ModelRuntime:
                     edges_kept=int(kept[rows].sum()),
                     edges_total=int(total[rows].sum()),
                     path=path.name,
+                    graph_version=graph_version,
                 )
             )
         return out
@@ -623,6 +700,15 @@ class ModelRuntime:
         kept, total = batch.edge_counts(width)
         layers = max(1, self.num_layers)
         return kept * layers, total * layers
+
+
+def _neighbours(graph: CSRGraph, ids: np.ndarray) -> np.ndarray:
+    """The neighbours of ``ids`` (with repeats), from the CSR rows."""
+    if not len(ids):
+        return np.zeros(0, dtype=np.int64)
+    starts = graph.indptr[ids]
+    _, idx = gather_ranges(starts, graph.indptr[ids + 1] - starts)
+    return np.asarray(graph.indices[idx], dtype=np.int64)
 
 
 def _sampled_edges_bound(width: float, layers: int) -> float:

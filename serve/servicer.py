@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+import uuid
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -12,6 +14,7 @@ from grpc import aio
 from clients._gen import gnnserve_pb2 as pb
 from clients._gen import gnnserve_pb2_grpc as pb_grpc
 
+from .errors import Unavailable
 from .validation import validate_predict
 
 if TYPE_CHECKING:
@@ -52,6 +55,10 @@ def model_info(rt: ModelRuntime, versions: list[str]) -> pb.ModelInfo:
         max_sampling_width=lim.max_sampling_width,
         max_nodes_per_request=lim.max_nodes_per_request,
     )
+    live = rt.data.live
+    if live is not None:
+        info.graph_version = live.version
+        info.read_only = live.read_only
     for r in lim.knob_table:
         info.knob_table.add(
             ppr_budget=r.ppr_budget,
@@ -98,7 +105,26 @@ def predict_response(rt: ModelRuntime, res: PredictResult) -> pb.PredictResponse
     from .features import data_version  # raises DataVersionChanged once a pinned version changed
 
     resp.data_version = data_version(rt.data.features, rt.data.graph, rt.dataset_fingerprint)
+    resp.graph_version = res.graph_version
     return resp
+
+
+async def _reach_version(rt: ModelRuntime, version: int, deadline: float | None) -> None:
+    """Read-your-writes: wait (briefly) until the model's graph is at ``version`` or newer."""
+    live = rt.data.live
+    current = live.version if live is not None else 0
+    if current >= version:
+        return
+    if live is None:
+        raise Unavailable(f"model {rt.name} v{rt.version} is still loading")
+    timeout = rt.options.read_your_writes_timeout_s
+    if deadline is not None:
+        timeout = min(timeout, max(0.0, deadline - time.monotonic()))
+    ok = await asyncio.get_running_loop().run_in_executor(None, live.wait_for, version, timeout)
+    if not ok:
+        raise Unavailable(f"graph version {version} is not visible on this server yet (it is at {live.version} "
+                          f"after waiting {timeout:.2f} s); retry, or send the request to the server that took "
+                          "the update")
 
 
 class GnnServicer(pb_grpc.GnnServiceServicer):
@@ -108,6 +134,8 @@ class GnnServicer(pb_grpc.GnnServiceServicer):
     async def Predict(self, request: pb.PredictRequest, context: aio.ServicerContext) -> pb.PredictResponse:
         t0 = time.perf_counter()
         rt = self.registry.get(request.model, request.version)
+        if request.min_graph_version:
+            await _reach_version(rt, request.min_graph_version, deadline_of(context))
         call = validate_predict(request, rt.limits)
         res = await rt.submit(call, deadline=deadline_of(context))
         resp = predict_response(rt, res)
@@ -118,6 +146,25 @@ class GnnServicer(pb_grpc.GnnServiceServicer):
         log.debug("predict model=%s v=%s request_id=%s n=%d S=%d K=%d total=%.2fms", rt.name, rt.version,
                   call.request_id, call.size, call.sampling_width, call.ppr_budget, total_ms)
         return resp
+
+    async def UpdateGraph(self, request: pb.UpdateGraphRequest,
+                          context: aio.ServicerContext) -> pb.UpdateGraphResponse:
+        rt = self.registry.get(request.model, request.version)
+        live = rt.data.live
+        if live is None:
+            raise Unavailable(f"model {rt.name} v{rt.version} is still loading")
+        if not request.request_id:
+            request.request_id = uuid.uuid4().hex
+        # validation, the log append and the apply wait on locks and I/O: off the event loop
+        res = await asyncio.get_running_loop().run_in_executor(None, live.update, request)
+        log.info("update graph=%s version=%d request_id=%s new=%d apply=%.2fms", live.label, res.version,
+                 request.request_id, len(res.new_ids), res.apply_ms)
+        out = pb.UpdateGraphResponse(graph_version=res.version, new_node_ids=res.new_ids.tolist(),
+                                     num_nodes=res.num_nodes, num_edges=res.num_edges,
+                                     request_id=request.request_id, apply_ms=res.apply_ms)
+        for cache, rows in res.invalidated.items():
+            out.invalidated[cache] = rows
+        return out
 
     async def ListModels(self, request: pb.ListModelsRequest, context: aio.ServicerContext) -> pb.ListModelsResponse:
         out = pb.ListModelsResponse()

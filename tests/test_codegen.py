@@ -20,7 +20,7 @@ def test_generated_modules_import_and_carry_services():
 
     assert gnnserve_pb2.DESCRIPTOR.package == "gnnserve.v1"
     assert set(gnnserve_pb2.DESCRIPTOR.services_by_name["GnnService"].methods_by_name) == {
-        "Predict", "ListModels", "GetModel",
+        "Predict", "ListModels", "GetModel", "UpdateGraph",
     }
     assert inference_pb2.DESCRIPTOR.package == "inference"
     # the six core KServe v2 RPCs and Triton's extensions of the same service (tests/test_triton_ext.py

@@ -42,6 +42,9 @@ EXPECTED_COMMANDS = [
     " --plot docs/knob-curve.png",
     "gnnserve features load --dataset ../shared/data/cora.npz --redis redis://localhost:6379/0",
     "gnnserve serve --repo repo --features redis://localhost:6379/0 --hot-bytes 268435456",
+    """echo '{"add_edges": [[1, 3]]}' > update.jsonl""",
+    "gnnserve update --server localhost:8500 --model cora update.jsonl",
+    "gnnserve predict --server localhost:8500 --model cora --nodes 1,3 --min-graph-version 1",
 ]
 
 
@@ -175,8 +178,11 @@ def test_train_serve_query_redis_triton(tmp_path, cora_path, redis_server):
         png = (tmp_path / "knob-curve.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
-        # the README's Python snippets, with the server's address
+        # the README's Python snippets, with the server's address (the graph update's after the Redis
+        # comparison below, which needs both servers on the graph as loaded)
         for snippet in code_blocks("python"):  # the SDK, tritonclient and Triton-user snippets
+            if "update_graph" in snippet:
+                continue
             if "tritonclient" in snippet and importlib.util.find_spec("tritonclient") is None:
                 continue
             proc = subprocess.run([sys.executable, "-c", snippet.replace("localhost:8500", f"127.0.0.1:{port}")],
@@ -199,5 +205,18 @@ def test_train_serve_query_redis_triton(tmp_path, cora_path, redis_server):
             assert abs(ra.probabilities - rb.probabilities).max() < 1e-5
         finally:
             assert rsrv.stop() == 0, rsrv.log.read_text()[-3000:]
+
+        # the live graph: an update from the shell, a read of it, then the Python snippet's update
+        subprocess.run(cmds[9], shell=True, cwd=tmp_path, check=True)  # the echo writing update.jsonl
+        out = run_cmd(cmds[10], subst, tmp_path).stdout
+        assert "graph version 1:" in out, out
+        pred = run_cmd(cmds[11], subst, tmp_path).stdout
+        assert len(re.findall(r"^\s*\d+\s+\d+", pred, flags=re.M)) == 2, pred
+        snippet = next(s for s in code_blocks("python") if "update_graph" in s)
+        proc = subprocess.run([sys.executable, "-c", snippet.replace("localhost:8500", f"127.0.0.1:{port}")],
+                              cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        first, second = proc.stdout.strip().splitlines()
+        assert first.startswith("2 ") and second.startswith("2 "), proc.stdout  # version 2 answered it
     finally:
         assert srv.stop() == 0, srv.log.read_text()[-3000:]

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agnnserve/v1/gnnserve.proto\x12\x0bgnnserve.v1\"D\n\x07NewNode\x12\x10\n\x08\x66\x65\x61tures\x18\x01 \x03(\x02\x12\x11\n\tneighbors\x18\x02 \x03(\x03\x12\x14\n\x0c\x65\x64ge_weights\x18\x03 \x03(\x02\"\xc3\x02\n\x0ePredictRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05nodes\x18\x03 \x03(\x03\x12\x1b\n\x0esampling_width\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\nppr_budget\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x1e\n\x11max_accuracy_loss\x18\x06 \x01(\x01H\x02\x88\x01\x01\x12\x1c\n\x14return_probabilities\x18\x07 \x01(\x08\x12\x19\n\x11return_embeddings\x18\x08 \x01(\x08\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\'\n\tnew_nodes\x18\n \x03(\x0b\x32\x14.gnnserve.v1.NewNodeB\x11\n\x0f_sampling_widthB\r\n\x0b_ppr_budgetB\x14\n\x12_max_accuracy_loss\"\xb2\x01\n\x08Settings\x12\x16\n\x0esampling_width\x18\x01 \x01(\x05\x12\x12\n\nppr_budget\x18\x02 \x01(\x05\x12\x10\n\x08strategy\x18\x03 \x01(\t\x12\x11\n\textractor\x18\x04 \x01(\t\x12\x11\n\tchosen_by\x18\x05 \x01(\t\x12\x19\n\x11\x65xpected_accuracy\x18\x06 \x01(\x01\x12\x12\n\nedges_kept\x18\x07 \x01(\x04\x12\x13\n\x0b\x65\x64ges_total\x18\x08 \x01(\x04\"~\n\x06Timing\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x13\n\x0bsubgraph_ms\x18\x02 \x01(\x01\x12\x13\n\x0b\x66\x65\x61tures_ms\x18\x03 \x01(\x01\x12\x12\n\nforward_ms\x18\x04 \x01(\x01\x12\x10\n\x08total_ms\x18\x05 \x01(\x01\x12\x12\n\nbatch_size\x18\x06 \x01(\r\"\x90\x02\n\x0fPredictResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06labels\x18\x04 \x03(\x03\x12\x13\n\x0bnum_classes\x18\x05 \x01(\r\x12\x15\n\rprobabilities\x18\x06 \x03(\x02\x12\x15\n\rembedding_dim\x18\x07 \x01(\r\x12\x12\n\nembeddings\x18\x08 \x03(\x02\x12\'\n\x08settings\x18\t \x01(\x0b\x32\x15.gnnserve.v1.Settings\x12#\n\x06timing\x18\n \x01(\x0b\x32\x13.gnnserve.v1.Timing\x12\x14\n\x0c\x64\x61ta_version\x18\x0b \x01(\t\"\x85\x01\n\x07KnobRow\x12\x12\n\nppr_budget\x18\x01 \x01(\x05\x12\x16\n\x0esampling_width\x18\x02 \x01(\x05\x12\x14\n\x0cval_accuracy\x18\x03 \x01(\x01\x12\x1b\n\x13latency_ms_per_node\x18\x04 \x01(\x01\x12\x1b\n\x13\x65\x64ges_kept_fraction\x18\x05 \x01(\x01\"\x97\x04\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08versions\x18\x03 \x03(\t\x12\x14\n\x0c\x61rchitecture\x18\x04 \x01(\t\x12\x11\n\textractor\x18\x05 \x01(\t\x12\x14\n\x0cnum_features\x18\x06 \x01(\r\x12\x13\n\x0bnum_classes\x18\x07 \x01(\r\x12\x11\n\tnum_nodes\x18\x08 \x01(\x04\x12\x16\n\x0emax_ppr_budget\x18\t \x01(\x05\x12\x1e\n\x16\x64\x65\x66\x61ult_sampling_width\x18\n \x01(\x05\x12\x1a\n\x12\x64\x65\x66\x61ult_ppr_budget\x18\x0b \x01(\x05\x12\x10\n\x08strategy\x18\x0c \x01(\t\x12(\n\nknob_table\x18\r \x03(\x0b\x32\x14.gnnserve.v1.KnobRow\x12\x34\n\x07metrics\x18\x0e \x03(\x0b\x32#.gnnserve.v1.ModelInfo.MetricsEntry\x12\x1b\n\x13\x64\x61taset_fingerprint\x18\x0f \x01(\t\x12\r\n\x05ready\x18\x10 \x01(\x08\x12\x15\n\rfeature_store\x18\x11 \x01(\t\x12\x1a\n\x12max_sampling_width\x18\x12 \x01(\x05\x12\x1d\n\x15max_nodes_per_request\x18\x13 \x01(\x05\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x13\n\x11ListModelsRequest\"<\n\x12ListModelsResponse\x12&\n\x06models\x18\x01 \x03(\x0b\x32\x16.gnnserve.v1.ModelInfo\"0\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t2\xe3\x01\n\nGnnService\x12\x44\n\x07Predict\x12\x1b.gnnserve.v1.PredictRequest\x1a\x1c.gnnserve.v1.PredictResponse\x12M\n\nListModels\x12\x1e.gnnserve.v1.ListModelsRequest\x1a\x1f.gnnserve.v1.ListModelsResponse\x12@\n\x08GetModel\x12\x1c.gnnserve.v1.GetModelRequest\x1a\x16.gnnserve.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agnnserve/v1/gnnserve.proto\x12\x0bgnnserve.v1\"D\n\x07NewNode\x12\x10\n\x08\x66\x65\x61tures\x18\x01 \x03(\x02\x12\x11\n\tneighbors\x18\x02 \x03(\x03\x12\x14\n\x0c\x65\x64ge_weights\x18\x03 \x03(\x02\"\xde\x02\n\x0ePredictRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05nodes\x18\x03 \x03(\x03\x12\x1b\n\x0esampling_width\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\nppr_budget\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x1e\n\x11max_accuracy_loss\x18\x06 \x01(\x01H\x02\x88\x01\x01\x12\x1c\n\x14return_probabilities\x18\x07 \x01(\x08\x12\x19\n\x11return_embeddings\x18\x08 \x01(\x08\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\'\n\tnew_nodes\x18\n \x03(\x0b\x32\x14.gnnserve.v1.NewNode\x12\x19\n\x11min_graph_version\x18\x0b \x01(\x04\x42\x11\n\x0f_sampling_widthB\r\n\x0b_ppr_budgetB\x14\n\x12_max_accuracy_loss\"\xb2\x01\n\x08Settings\x12\x16\n\x0esampling_width\x18\x01 \x01(\x05\x12\x12\n\nppr_budget\x18\x02 \x01(\x05\x12\x10\n\x08strategy\x18\x03 \x01(\t\x12\x11\n\textractor\x18\x04 \x01(\t\x12\x11\n\tchosen_by\x18\x05 \x01(\t\x12\x19\n\x11\x65xpected_accuracy\x18\x06 \x01(\x01\x12\x12\n\nedges_kept\x18\x07 \x01(\x04\x12\x13\n\x0b\x65\x64ges_total\x18\x08 \x01(\x04\"~\n\x06Timing\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x13\n\x0bsubgraph_ms\x18\x02 \x01(\x01\x12\x13\n\x0b\x66\x65\x61tures_ms\x18\x03 \x01(\x01\x12\x12\n\nforward_ms\x18\x04 \x01(\x01\x12\x10\n\x08total_ms\x18\x05 \x01(\x01\x12\x12\n\nbatch_size\x18\x06 \x01(\r\"\xa7\x02\n\x0fPredictResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06labels\x18\x04 \x03(\x03\x12\x13\n\x0bnum_classes\x18\x05 \x01(\r\x12\x15\n\rprobabilities\x18\x06 \x03(\x02\x12\x15\n\rembedding_dim\x18\x07 \x01(\r\x12\x12\n\nembeddings\x18\x08 \x03(\x02\x12\'\n\x08settings\x18\t \x01(\x0b\x32\x15.gnnserve.v1.Settings\x12#\n\x06timing\x18\n \x01(\x0b\x32\x13.gnnserve.v1.Timing\x12\x14\n\x0c\x64\x61ta_version\x18\x0b \x01(\t\x12\x15\n\rgraph_version\x18\x0c \x01(\x04\"\x85\x01\n\x07KnobRow\x12\x12\n\nppr_budget\x18\x01 \x01(\x05\x12\x16\n\x0esampling_width\x18\x02 \x01(\x05\x12\x14\n\x0cval_accuracy\x18\x03 \x01(\x01\x12\x1b\n\x13latency_ms_per_node\x18\x04 \x01(\x01\x12\x1b\n\x13\x65\x64ges_kept_fraction\x18\x05 \x01(\x01\"\xc1\x04\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08versions\x18\x03 \x03(\t\x12\x14\n\x0c\x61rchitecture\x18\x04 \x01(\t\x12\x11\n\textractor\x18\x05 \x01(\t\x12\x14\n\x0cnum_features\x18\x06 \x01(\r\x12\x13\n\x0bnum_classes\x18\x07 \x01(\r\x12\x11\n\tnum_nodes\x18\x08 \x01(\x04\x12\x16\n\x0emax_ppr_budget\x18\t \x01(\x05\x12\x1e\n\x16\x64\x65\x66\x61ult_sampling_width\x18\n \x01(\x05\x12\x1a\n\x12\x64\x65\x66\x61ult_ppr_budget\x18\x0b \x01(\x05\x12\x10\n\x08strategy\x18\x0c \x01(\t\x12(\n\nknob_table\x18\r \x03(\x0b\x32\x14.gnnserve.v1.KnobRow\x12\x34\n\x07metrics\x18\x0e \x03(\x0b\x32#.gnnserve.v1.ModelInfo.MetricsEntry\x12\x1b\n\x13\x64\x61taset_fingerprint\x18\x0f \x01(\t\x12\r\n\x05ready\x18\x10 \x01(\x08\x12\x15\n\rfeature_store\x18\x11 \x01(\t\x12\x1a\n\x12max_sampling_width\x18\x12 \x01(\x05\x12\x1d\n\x15max_nodes_per_request\x18\x13 \x01(\x05\x12\x15\n\rgraph_version\x18\x14 \x01(\x04\x12\x11\n\tread_only\x18\x15 \x01(\x08\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x13\n\x11ListModelsRequest\"<\n\x12ListModelsResponse\x12&\n\x06models\x18\x01 \x03(\x0b\x32\x16.gnnserve.v1.ModelInfo\"0\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\",\n\nFeatureRow\x12\x0c\n\x04node\x18\x01 \x01(\x03\x12\x10\n\x08\x66\x65\x61tures\x18\x02 \x03(\x02\"@\n\x04\x45\x64ge\x12\x0b\n\x03src\x18\x01 \x01(\x03\x12\x0b\n\x03\x64st\x18\x02 \x01(\x03\x12\x13\n\x06weight\x18\x03 \x01(\x02H\x00\x88\x01\x01\x42\t\n\x07_weight\"\xa7\x02\n\x12UpdateGraphRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12)\n\x08\x66\x65\x61tures\x18\x03 \x03(\x0b\x32\x17.gnnserve.v1.FeatureRow\x12\'\n\tnew_nodes\x18\x04 \x03(\x0b\x32\x14.gnnserve.v1.NewNode\x12\'\n\x0cremove_edges\x18\x05 \x03(\x0b\x32\x11.gnnserve.v1.Edge\x12$\n\tadd_edges\x18\x06 \x03(\x0b\x32\x11.gnnserve.v1.Edge\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12!\n\x14\x65xpect_graph_version\x18\x08 \x01(\x04H\x00\x88\x01\x01\x42\x17\n\x15_expect_graph_version\"\x8a\x02\n\x13UpdateGraphResponse\x12\x15\n\rgraph_version\x18\x01 \x01(\x04\x12\x14\n\x0cnew_node_ids\x18\x02 \x03(\x03\x12\x11\n\tnum_nodes\x18\x03 \x01(\x04\x12\x11\n\tnum_edges\x18\x04 \x01(\x04\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x46\n\x0binvalidated\x18\x06 \x03(\x0b\x32\x31.gnnserve.v1.UpdateGraphResponse.InvalidatedEntry\x12\x10\n\x08\x61pply_ms\x18\x07 \x01(\x01\x1a\x32\n\x10InvalidatedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xb5\x02\n\nGnnService\x12\x44\n\x07Predict\x12\x1b.gnnserve.v1.PredictRequest\x1a\x1c.gnnserve.v1.PredictResponse\x12M\n\nListModels\x12\x1e.gnnserve.v1.ListModelsRequest\x1a\x1f.gnnserve.v1.ListModelsResponse\x12@\n\x08GetModel\x12\x1c.gnnserve.v1.GetModelRequest\x1a\x16.gnnserve.v1.ModelInfo\x12P\n\x0bUpdateGraph\x12\x1f.gnnserve.v1.UpdateGraphRequest\x1a .gnnserve.v1.UpdateGraphResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,28 +33,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELINFO_METRICSENTRY']._loaded_options = None
   _globals['_MODELINFO_METRICSENTRY']._serialized_options = b'8\001'
+  _globals['_UPDATEGRAPHRESPONSE_INVALIDATEDENTRY']._loaded_options = None
+  _globals['_UPDATEGRAPHRESPONSE_INVALIDATEDENTRY']._serialized_options = b'8\001'
   _globals['_NEWNODE']._serialized_start=43
   _globals['_NEWNODE']._serialized_end=111
   _globals['_PREDICTREQUEST']._serialized_start=114
-  _globals['_PREDICTREQUEST']._serialized_end=437
-  _globals['_SETTINGS']._serialized_start=440
-  _globals['_SETTINGS']._serialized_end=618
-  _globals['_TIMING']._serialized_start=620
-  _globals['_TIMING']._serialized_end=746
-  _globals['_PREDICTRESPONSE']._serialized_start=749
-  _globals['_PREDICTRESPONSE']._serialized_end=1021
-  _globals['_KNOBROW']._serialized_start=1024
-  _globals['_KNOBROW']._serialized_end=1157
-  _globals['_MODELINFO']._serialized_start=1160
-  _globals['_MODELINFO']._serialized_end=1695
-  _globals['_MODELINFO_METRICSENTRY']._serialized_start=1649
-  _globals['_MODELINFO_METRICSENTRY']._serialized_end=1695
-  _globals['_LISTMODELSREQUEST']._serialized_start=1697
-  _globals['_LISTMODELSREQUEST']._serialized_end=1716
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1718
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1778
-  _globals['_GETMODELREQUEST']._serialized_start=1780
-  _globals['_GETMODELREQUEST']._serialized_end=1828
-  _globals['_GNNSERVICE']._serialized_start=1831
-  _globals['_GNNSERVICE']._serialized_end=2058
+  _globals['_PREDICTREQUEST']._serialized_end=464
+  _globals['_SETTINGS']._serialized_start=467
+  _globals['_SETTINGS']._serialized_end=645
+  _globals['_TIMING']._serialized_start=647
+  _globals['_TIMING']._serialized_end=773
+  _globals['_PREDICTRESPONSE']._serialized_start=776
+  _globals['_PREDICTRESPONSE']._serialized_end=1071
+  _globals['_KNOBROW']._serialized_start=1074
+  _globals['_KNOBROW']._serialized_end=1207
+  _globals['_MODELINFO']._serialized_start=1210
+  _globals['_MODELINFO']._serialized_end=1787
+  _globals['_MODELINFO_METRICSENTRY']._serialized_start=1741
+  _globals['_MODELINFO_METRICSENTRY']._serialized_end=1787
+  _globals['_LISTMODELSREQUEST']._serialized_start=1789
+  _globals['_LISTMODELSREQUEST']._serialized_end=1808
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1810
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1870
+  _globals['_GETMODELREQUEST']._serialized_start=1872
+  _globals['_GETMODELREQUEST']._serialized_end=1920
+  _globals['_FEATUREROW']._serialized_start=1922
+  _globals['_FEATUREROW']._serialized_end=1966
+  _globals['_EDGE']._serialized_start=1968
+  _globals['_EDGE']._serialized_end=2032
+  _globals['_UPDATEGRAPHREQUEST']._serialized_start=2035
+  _globals['_UPDATEGRAPHREQUEST']._serialized_end=2330
+  _globals['_UPDATEGRAPHRESPONSE']._serialized_start=2333
+  _globals['_UPDATEGRAPHRESPONSE']._serialized_end=2599
+  _globals['_UPDATEGRAPHRESPONSE_INVALIDATEDENTRY']._serialized_start=2549
+  _globals['_UPDATEGRAPHRESPONSE_INVALIDATEDENTRY']._serialized_end=2599
+  _globals['_GNNSERVICE']._serialized_start=2602
+  _globals['_GNNSERVICE']._serialized_end=2911
 # @@protoc_insertion_point(module_scope)

@@ -17,7 +17,7 @@ class NewNode(_message.Message):
     def __init__(self, features: _Optional[_Iterable[float]] = ..., neighbors: _Optional[_Iterable[int]] = ..., edge_weights: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class PredictRequest(_message.Message):
-    __slots__ = ("model", "version", "nodes", "sampling_width", "ppr_budget", "max_accuracy_loss", "return_probabilities", "return_embeddings", "request_id", "new_nodes")
+    __slots__ = ("model", "version", "nodes", "sampling_width", "ppr_budget", "max_accuracy_loss", "return_probabilities", "return_embeddings", "request_id", "new_nodes", "min_graph_version")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class PredictRequest(_message.Message):
     RETURN_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_NODES_FIELD_NUMBER: _ClassVar[int]
+    MIN_GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     nodes: _containers.RepeatedScalarFieldContainer[int]
@@ -38,7 +39,8 @@ class PredictRequest(_message.Message):
     return_embeddings: bool
     request_id: str
     new_nodes: _containers.RepeatedCompositeFieldContainer[NewNode]
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., nodes: _Optional[_Iterable[int]] = ..., sampling_width: _Optional[int] = ..., ppr_budget: _Optional[int] = ..., max_accuracy_loss: _Optional[float] = ..., return_probabilities: bool = ..., return_embeddings: bool = ..., request_id: _Optional[str] = ..., new_nodes: _Optional[_Iterable[_Union[NewNode, _Mapping]]] = ...) -> None: ...
+    min_graph_version: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., nodes: _Optional[_Iterable[int]] = ..., sampling_width: _Optional[int] = ..., ppr_budget: _Optional[int] = ..., max_accuracy_loss: _Optional[float] = ..., return_probabilities: bool = ..., return_embeddings: bool = ..., request_id: _Optional[str] = ..., new_nodes: _Optional[_Iterable[_Union[NewNode, _Mapping]]] = ..., min_graph_version: _Optional[int] = ...) -> None: ...
 
 class Settings(_message.Message):
     __slots__ = ("sampling_width", "ppr_budget", "strategy", "extractor", "chosen_by", "expected_accuracy", "edges_kept", "edges_total")
@@ -77,7 +79,7 @@ class Timing(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., subgraph_ms: _Optional[float] = ..., features_ms: _Optional[float] = ..., forward_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class PredictResponse(_message.Message):
-    __slots__ = ("model", "version", "request_id", "labels", "num_classes", "probabilities", "embedding_dim", "embeddings", "settings", "timing", "data_version")
+    __slots__ = ("model", "version", "request_id", "labels", "num_classes", "probabilities", "embedding_dim", "embeddings", "settings", "timing", "data_version", "graph_version")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +91,7 @@ class PredictResponse(_message.Message):
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     DATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     request_id: str
@@ -100,7 +103,8 @@ class PredictResponse(_message.Message):
     settings: Settings
     timing: Timing
     data_version: str
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., probabilities: _Optional[_Iterable[float]] = ..., embedding_dim: _Optional[int] = ..., embeddings: _Optional[_Iterable[float]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., data_version: _Optional[str] = ...) -> None: ...
+    graph_version: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., probabilities: _Optional[_Iterable[float]] = ..., embedding_dim: _Optional[int] = ..., embeddings: _Optional[_Iterable[float]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., data_version: _Optional[str] = ..., graph_version: _Optional[int] = ...) -> None: ...
 
 class KnobRow(_message.Message):
     __slots__ = ("ppr_budget", "sampling_width", "val_accuracy", "latency_ms_per_node", "edges_kept_fraction")
@@ -117,7 +121,7 @@ class KnobRow(_message.Message):
     def __init__(self, ppr_budget: _Optional[int] = ..., sampling_width: _Optional[int] = ..., val_accuracy: _Optional[float] = ..., latency_ms_per_node: _Optional[float] = ..., edges_kept_fraction: _Optional[float] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "versions", "architecture", "extractor", "num_features", "num_classes", "num_nodes", "max_ppr_budget", "default_sampling_width", "default_ppr_budget", "strategy", "knob_table", "metrics", "dataset_fingerprint", "ready", "feature_store", "max_sampling_width", "max_nodes_per_request")
+    __slots__ = ("name", "version", "versions", "architecture", "extractor", "num_features", "num_classes", "num_nodes", "max_ppr_budget", "default_sampling_width", "default_ppr_budget", "strategy", "knob_table", "metrics", "dataset_fingerprint", "ready", "feature_store", "max_sampling_width", "max_nodes_per_request", "graph_version", "read_only")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +148,8 @@ class ModelInfo(_message.Message):
     FEATURE_STORE_FIELD_NUMBER: _ClassVar[int]
     MAX_SAMPLING_WIDTH_FIELD_NUMBER: _ClassVar[int]
     MAX_NODES_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     versions: _containers.RepeatedScalarFieldContainer[str]
@@ -163,7 +169,9 @@ class ModelInfo(_message.Message):
     feature_store: str
     max_sampling_width: int
     max_nodes_per_request: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., extractor: _Optional[str] = ..., num_features: _Optional[int] = ..., num_classes: _Optional[int] = ..., num_nodes: _Optional[int] = ..., max_ppr_budget: _Optional[int] = ..., default_sampling_width: _Optional[int] = ..., default_ppr_budget: _Optional[int] = ..., strategy: _Optional[str] = ..., knob_table: _Optional[_Iterable[_Union[KnobRow, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., dataset_fingerprint: _Optional[str] = ..., ready: bool = ..., feature_store: _Optional[str] = ..., max_sampling_width: _Optional[int] = ..., max_nodes_per_request: _Optional[int] = ...) -> None: ...
+    graph_version: int
+    read_only: bool
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., extractor: _Optional[str] = ..., num_features: _Optional[int] = ..., num_classes: _Optional[int] = ..., num_nodes: _Optional[int] = ..., max_ppr_budget: _Optional[int] = ..., default_sampling_width: _Optional[int] = ..., default_ppr_budget: _Optional[int] = ..., strategy: _Optional[str] = ..., knob_table: _Optional[_Iterable[_Union[KnobRow, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., dataset_fingerprint: _Optional[str] = ..., ready: bool = ..., feature_store: _Optional[str] = ..., max_sampling_width: _Optional[int] = ..., max_nodes_per_request: _Optional[int] = ..., graph_version: _Optional[int] = ..., read_only: bool = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
@@ -182,3 +190,66 @@ class GetModelRequest(_message.Message):
     name: str
     version: str
     def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class FeatureRow(_message.Message):
+    __slots__ = ("node", "features")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    node: int
+    features: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, node: _Optional[int] = ..., features: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class Edge(_message.Message):
+    __slots__ = ("src", "dst", "weight")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    src: int
+    dst: int
+    weight: float
+    def __init__(self, src: _Optional[int] = ..., dst: _Optional[int] = ..., weight: _Optional[float] = ...) -> None: ...
+
+class UpdateGraphRequest(_message.Message):
+    __slots__ = ("model", "version", "features", "new_nodes", "remove_edges", "add_edges", "request_id", "expect_graph_version")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    NEW_NODES_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_EDGES_FIELD_NUMBER: _ClassVar[int]
+    ADD_EDGES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPECT_GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    features: _containers.RepeatedCompositeFieldContainer[FeatureRow]
+    new_nodes: _containers.RepeatedCompositeFieldContainer[NewNode]
+    remove_edges: _containers.RepeatedCompositeFieldContainer[Edge]
+    add_edges: _containers.RepeatedCompositeFieldContainer[Edge]
+    request_id: str
+    expect_graph_version: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., features: _Optional[_Iterable[_Union[FeatureRow, _Mapping]]] = ..., new_nodes: _Optional[_Iterable[_Union[NewNode, _Mapping]]] = ..., remove_edges: _Optional[_Iterable[_Union[Edge, _Mapping]]] = ..., add_edges: _Optional[_Iterable[_Union[Edge, _Mapping]]] = ..., request_id: _Optional[str] = ..., expect_graph_version: _Optional[int] = ...) -> None: ...
+
+class UpdateGraphResponse(_message.Message):
+    __slots__ = ("graph_version", "new_node_ids", "num_nodes", "num_edges", "request_id", "invalidated", "apply_ms")
+    class InvalidatedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NEW_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_NODES_FIELD_NUMBER: _ClassVar[int]
+    NUM_EDGES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INVALIDATED_FIELD_NUMBER: _ClassVar[int]
+    APPLY_MS_FIELD_NUMBER: _ClassVar[int]
+    graph_version: int
+    new_node_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_nodes: int
+    num_edges: int
+    request_id: str
+    invalidated: _containers.ScalarMap[str, int]
+    apply_ms: float
+    def __init__(self, graph_version: _Optional[int] = ..., new_node_ids: _Optional[_Iterable[int]] = ..., num_nodes: _Optional[int] = ..., num_edges: _Optional[int] = ..., request_id: _Optional[str] = ..., invalidated: _Optional[_Mapping[str, int]] = ..., apply_ms: _Optional[float] = ...) -> None: ...

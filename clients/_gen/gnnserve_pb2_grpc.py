@@ -49,6 +49,11 @@ class GnnServiceStub(object):
                 request_serializer=gnnserve_dot_v1_dot_gnnserve__pb2.GetModelRequest.SerializeToString,
                 response_deserializer=gnnserve_dot_v1_dot_gnnserve__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.UpdateGraph = channel.unary_unary(
+                '/gnnserve.v1.GnnService/UpdateGraph',
+                request_serializer=gnnserve_dot_v1_dot_gnnserve__pb2.UpdateGraphRequest.SerializeToString,
+                response_deserializer=gnnserve_dot_v1_dot_gnnserve__pb2.UpdateGraphResponse.FromString,
+                _registered_method=True)
 
 
 class GnnServiceServicer(object):
@@ -75,6 +80,16 @@ class GnnServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateGraph(self, request, context):
+        """Change the graph a model serves on: feature upserts, new nodes, edge additions and removals,
+        applied atomically (a concurrent Predict sees all of it or none of it). Every model on the same
+        graph sees the update. Needs the same credentials as Predict; a server started with
+        --read-only answers FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GnnServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +107,11 @@ def add_GnnServiceServicer_to_server(servicer, server):
                     servicer.GetModel,
                     request_deserializer=gnnserve_dot_v1_dot_gnnserve__pb2.GetModelRequest.FromString,
                     response_serializer=gnnserve_dot_v1_dot_gnnserve__pb2.ModelInfo.SerializeToString,
+            ),
+            'UpdateGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateGraph,
+                    request_deserializer=gnnserve_dot_v1_dot_gnnserve__pb2.UpdateGraphRequest.FromString,
+                    response_serializer=gnnserve_dot_v1_dot_gnnserve__pb2.UpdateGraphResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +195,33 @@ class GnnService(object):
             '/gnnserve.v1.GnnService/GetModel',
             gnnserve_dot_v1_dot_gnnserve__pb2.GetModelRequest.SerializeToString,
             gnnserve_dot_v1_dot_gnnserve__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gnnserve.v1.GnnService/UpdateGraph',
+            gnnserve_dot_v1_dot_gnnserve__pb2.UpdateGraphRequest.SerializeToString,
+            gnnserve_dot_v1_dot_gnnserve__pb2.UpdateGraphResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,234 @@
+"""Live-graph updates (issue #18): update throughput, update-to-visible latency, Predict under updates.
+
+One ``gnnserve serve`` subprocess over a model repository (its own update log in a temp directory, so
+the repository's data stays as it is), driven through the public SDK:
+
+1. **throughput and latency of updates**, sequentially from one client: a single edge (added, then
+   removed, alternately: the graph returns to where it was), a single feature row, and batches of
+   ``--batch-edges`` edges (added then removed). Per kind: updates/s, the UpdateGraph round trip
+   p50/p99 (an UpdateGraph returns once the update is visible: that is the update-to-visible
+   latency a client sees) and the server's own apply time p50/p99 (``apply_ms``: validation, log
+   append, the new graph and every cache's invalidation);
+2. **read-your-writes**: after each single-edge update a second client on its own connection asks
+   with ``min_graph_version``: it must get that version (counted) and its Predict time is reported;
+3. **Predict under a steady update stream**: one-node Predict p50/p99 at the default knobs, in
+   alternating blocks without and with a background thread sending single-edge updates at
+   ``--rate`` per second (the two sides interleaved in time on this shared machine), and the ratio.
+
+    python benchmarks/updates.py --repo /tmp/gnnserve-bench-ab/amazon_computers --model gcn
+    python benchmarks/updates.py --dataset ../shared/data/amazon_computers.npz   # trains a GCN first
+    python benchmarks/updates.py --synthetic 3000 --updates 40 --seconds 1        # a quick run (the test)
+
+Prints a Markdown table (and ``--json PATH`` writes every figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from clients import GnnClient  # noqa: E402
+from tests.serving import ServerProcess, make_repo  # noqa: E402
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
+
+
+def _absent_edges(graph, rng: np.random.Generator, count: int) -> list[tuple[int, int]]:
+    """``count`` distinct node pairs that are not edges of ``graph`` (and not self-loops)."""
+    out: set[tuple[int, int]] = set()
+    n = graph.num_nodes
+    while len(out) < count:
+        u, v = (int(x) for x in rng.integers(0, n, 2))
+        if u == v or (min(u, v), max(u, v)) in out:
+            continue
+        row = graph.indices[graph.indptr[u]: graph.indptr[u + 1]]
+        if not np.any(row == v):
+            out.add((min(u, v), max(u, v)))
+    return sorted(out)
+
+
+def update_phase(c: GnnClient, model: str, kinds: dict[str, list[dict]], reader: GnnClient | None = None):
+    """Send each kind's updates in order; per kind: round trips, server apply times, wall seconds."""
+    rows = {}
+    ryw_ok = ryw_total = 0
+    ryw_ms: list[float] = []
+    for kind, updates in kinds.items():
+        rtt, apply = [], []
+        t_start = time.perf_counter()
+        for upd in updates:
+            t0 = time.perf_counter()
+            res = c.update_graph(model, **upd)
+            rtt.append(1e3 * (time.perf_counter() - t0))
+            apply.append(res.apply_ms)
+            if reader is not None and kind == "single edge":
+                t1 = time.perf_counter()
+                got = reader.predict(model, [upd["add_edges" if "add_edges" in upd else "remove_edges"][0][0]],
+                                     min_graph_version=res.graph_version)
+                ryw_ms.append(1e3 * (time.perf_counter() - t1))
+                ryw_total += 1
+                ryw_ok += got.graph_version >= res.graph_version
+        rows[kind] = {"updates": len(updates), "per_s": len(updates) / (time.perf_counter() - t_start),
+                      "rtt_p50_ms": _pct(rtt, 50), "rtt_p99_ms": _pct(rtt, 99),
+                      "apply_p50_ms": _pct(apply, 50), "apply_p99_ms": _pct(apply, 99)}
+    return rows, {"ryw_ok": ryw_ok, "ryw_total": ryw_total, "ryw_predict_p50_ms": _pct(ryw_ms, 50),
+                  "ryw_predict_p99_ms": _pct(ryw_ms, 99)}
+
+
+def predict_under_updates(address: str, model: str, num_nodes: int, edges: list[tuple[int, int]], rate: float,
+                          seconds: float, rounds: int) -> dict:
+    """One-node Predict latency in alternating blocks without and with ``rate`` single-edge updates/s."""
+    lat: dict[str, list[float]] = {"quiet": [], "updating": []}
+    sent = [0]
+    rng = np.random.default_rng(5)
+
+    def stream(stop: threading.Event) -> None:
+        with GnnClient(address) as uc:
+            period = 1.0 / rate
+            k = 0
+            t_next = time.perf_counter()
+            while not stop.is_set():
+                u, v = edges[(k // 2) % len(edges)]
+                uc.update_graph(model, **({"add_edges": [(u, v)]} if k % 2 == 0 else {"remove_edges": [(u, v)]}))
+                k += 1
+                sent[0] += 1
+                t_next += period
+                delay = t_next - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                elif delay < -1.0:  # the server (or this client) cannot keep the rate: do not build a backlog
+                    t_next = time.perf_counter()
+            if k % 2:  # leave the graph as it was
+                u, v = edges[(k // 2) % len(edges)]
+                uc.update_graph(model, remove_edges=[(u, v)])
+
+    with GnnClient(address) as c:
+        c.predict(model, [0])
+        t_updating = 0.0
+        for _ in range(rounds):
+            for side in ("quiet", "updating"):
+                stop = threading.Event()
+                th = None
+                if side == "updating":
+                    th = threading.Thread(target=stream, args=(stop,), daemon=True)
+                    th.start()
+                    time.sleep(0.2)  # the stream is running before the block starts
+                t_end = time.perf_counter() + seconds
+                t_side = time.perf_counter()
+                while time.perf_counter() < t_end:
+                    v = int(rng.integers(0, num_nodes))
+                    t0 = time.perf_counter()
+                    c.predict(model, [v])
+                    lat[side].append(1e3 * (time.perf_counter() - t0))
+                if th is not None:
+                    t_updating += time.perf_counter() - t_side
+                    stop.set()
+                    th.join(30)
+    out = {f"{side}_{q}": _pct(xs, p) for side, xs in lat.items() for q, p in (("p50_ms", 50), ("p99_ms", 99))}
+    out["ratio_p50"] = out["updating_p50_ms"] / out["quiet_p50_ms"]
+    out["ratio_p99"] = out["updating_p99_ms"] / out["quiet_p99_ms"]
+    out["updates_per_s_achieved"] = sent[0] / max(t_updating + 0.2 * rounds, 1e-9)
+    out["predicts"] = {k: len(v) for k, v in lat.items()}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--repo", help="a model repository with --model in it")
+    src.add_argument("--dataset", help="a dataset file: a GCN is trained on it into --cache-dir first")
+    src.add_argument("--synthetic", type=int, help="a synthetic graph of this many nodes (trained into --cache-dir)")
+    ap.add_argument("--model", default="gcn")
+    ap.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "gnnserve-bench-updates"))
+    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--updates", type=int, default=400, help="single-edge and single-row updates per kind")
+    ap.add_argument("--batches", type=int, default=10, help="batched updates (half add, half remove)")
+    ap.add_argument("--batch-edges", type=int, default=1000)
+    ap.add_argument("--rate", type=float, default=1000.0, help="updates per second during the updating blocks")
+    ap.add_argument("--seconds", type=float, default=3.0, help="length of each Predict block")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    from kernels.datasets import load_dataset, synthetic_sbm
+
+    if args.repo:
+        repo = Path(args.repo)
+        cfg = json.loads((repo / args.model / "1" / "config.json").read_text())
+        ds = load_dataset(str(repo / "_data" / cfg["dataset"]["fingerprint"]))
+        name = repo.name
+    else:
+        if args.dataset:
+            ds = load_dataset(args.dataset)
+            name = Path(args.dataset).stem
+        else:
+            ds = synthetic_sbm(args.synthetic, num_classes=8, avg_degree=20, num_features=64, seed=1,
+                               name=f"synthetic-{args.synthetic}")
+            name = ds.name
+        repo = Path(args.cache_dir) / name
+        if not (repo / args.model / "1").exists():
+            print(f"training a GCN on {name} into {repo} ...", flush=True)
+            make_repo(repo, ds, {args.model: "gcn"}, epochs=args.epochs, patience=args.epochs)
+    g = ds.graph
+    rng = np.random.default_rng(0)
+    single = _absent_edges(g, rng, args.updates // 2 + 1)
+    batch_edges = _absent_edges(g, np.random.default_rng(1), args.batch_edges)
+    rows = np.random.default_rng(2).normal(size=(args.updates, ds.num_features)).astype(np.float32)
+    kinds = {
+        "single edge": [{"add_edges": [single[i // 2]]} if i % 2 == 0 else {"remove_edges": [single[i // 2]]}
+                        for i in range(args.updates)],
+        "single feature row": [{"features": {int(v): rows[i]}}
+                               for i, v in enumerate(np.random.default_rng(3).integers(0, g.num_nodes, args.updates))],
+        f"{args.batch_edges} edges": [{"add_edges": batch_edges} if i % 2 == 0 else {"remove_edges": batch_edges}
+                                      for i in range(args.batches)],
+    }
+    with tempfile.TemporaryDirectory() as logdir, \
+            ServerProcess(repo, "--update-log-dir", logdir, "--poll-s", "0") as srv, \
+            GnnClient(srv.address, timeout=120) as c, GnnClient(srv.address, timeout=120) as reader:
+        c.predict(args.model, [0])
+        reader.predict(args.model, [0])
+        upd_rows, ryw = update_phase(c, args.model, kinds, reader)
+        under = predict_under_updates(srv.address, args.model, g.num_nodes, _absent_edges(g, rng, 64), args.rate,
+                                      args.seconds, args.rounds)
+        final = c.get_model(args.model)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"\n### Live-graph updates: {name} (N = {g.num_nodes:,}, E = {g.num_edges:,}), model {args.model}\n")
+    print(f"{when}, {platform.machine()} {platform.node()}; command: python benchmarks/updates.py "
+          + " ".join(argv if argv is not None else sys.argv[1:]) + "\n")
+    print("| update | count | updates/s | round trip p50 / p99 (ms) | server apply p50 / p99 (ms) |")
+    print("|---|---:|---:|---:|---:|")
+    for kind, r in upd_rows.items():
+        print(f"| {kind} | {r['updates']} | {r['per_s']:,.0f} | {r['rtt_p50_ms']:.2f} / {r['rtt_p99_ms']:.2f} | "
+              f"{r['apply_p50_ms']:.2f} / {r['apply_p99_ms']:.2f} |")
+    print(f"\nRead-your-writes: {ryw['ryw_ok']} of {ryw['ryw_total']} reads on a second connection with "
+          f"min_graph_version saw the update; their Predict p50 / p99 {ryw['ryw_predict_p50_ms']:.2f} / "
+          f"{ryw['ryw_predict_p99_ms']:.2f} ms.\n")
+    print("| one-node Predict | p50 (ms) | p99 (ms) |")
+    print("|---|---:|---:|")
+    print(f"| no updates | {under['quiet_p50_ms']:.3f} | {under['quiet_p99_ms']:.3f} |")
+    print(f"| {under['updates_per_s_achieved']:,.0f} single-edge updates/s (asked {args.rate:,.0f}) | "
+          f"{under['updating_p50_ms']:.3f} | {under['updating_p99_ms']:.3f} |")
+    print(f"| ratio | {under['ratio_p50']:.2f}x | {under['ratio_p99']:.2f}x |")
+    print(f"\nGraph version at the end: {final.graph_version} (every edge added was removed again).")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"dataset": name, "nodes": g.num_nodes, "edges": g.num_edges,
+                                               "updates": upd_rows, "read_your_writes": ryw,
+                                               "predict_under_updates": under, "when": when}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,605 @@
+"""The live graph: node, edge and feature updates while serving, with answers as fresh as the last write.
+
+One :class:`LiveGraph` per dataset (every model version trained on it shares it, so every model on
+the graph sees an update). It holds the graph's version (a counter, +1 per accepted update), the
+read/write lock that makes an update atomic, the ordered update log (a file beside the repository's
+data, or a Redis stream for replicas: :mod:`serve.update_log`) and the overlay of changed feature rows.
+
+An update (``UpdateGraph``, :func:`parse_update`) is, in order: feature upserts of existing nodes, new
+nodes (ids ``N, N+1, ...`` with their edges), edge removals, edge additions; every edge applies in both
+directions (the graphs are symmetric). Life of one update (:meth:`LiveGraph.update`):
+
+1. under the writer mutex (one update at a time per graph), caught up with the log: validate it
+   against the current graph (:func:`parse_update`, :func:`kernels.graph_edit.apply_edit`): a bad
+   entry is INVALID_ARGUMENT naming it, and nothing of the request is applied;
+2. append it to the log (durable before it is acknowledged; replicas see it there);
+3. take the write lock (no batch runs: every batch holds the read lock for its whole run, so it sees
+   one version), swap in the new graph, write the feature overlay, refresh the PPR lists
+   (:class:`kernels.ppr_live.LivePPRIndex`) and make every model invalidate exactly the cached rows the
+   update changed (:meth:`serve.runtime.ModelRuntime.rebase`), bump the version, release.
+
+What each change invalidates (the rule :meth:`ModelRuntime.rebase` follows; docs/ARCHITECTURE.md has
+the table): a changed feature row, its projection, and the first-layer rows of it and of its
+neighbours; a changed adjacency row (an endpoint of an added or removed edge, a new node's
+neighbour), its first-layer rows at every width (its sampled positions move with its length), and for
+GCN, whose normalisation reads both endpoints' degrees, the first-layer rows of its neighbours too;
+the exact-edge counts of every node within ``L - 1`` hops of a changed row; the PPR lists whose
+estimate may have moved beyond the push tolerance and the induced subgraphs of every list holding a
+changed row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import GnnServeError, InvalidArgument, Unavailable
+
+if TYPE_CHECKING:
+    from kernels.graph_edit import GraphEdit
+
+    from .runtime import DataBundle, ModelRuntime
+
+__all__ = ["LiveFeatures", "LiveGraph", "ParsedUpdate", "RWLock", "ReadOnly", "UpdateConflict", "parse_update"]
+
+log = logging.getLogger(__name__)
+
+
+class ReadOnly(GnnServeError):
+    """Updates are turned off on this server (``--read-only``)."""
+
+    import grpc as _grpc
+
+    code = _grpc.StatusCode.FAILED_PRECONDITION
+
+
+class UpdateConflict(GnnServeError):
+    """``expect_graph_version`` no longer holds: another update came first."""
+
+    import grpc as _grpc
+
+    code = _grpc.StatusCode.ABORTED
+
+
+# ============================================================================ the lock
+class RWLock:
+    """Many readers (batches) or one writer (an update); a waiting writer goes before new readers, so
+    an update waits for the batches already running, never for a stream of new ones."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            self._writers_waiting += 1
+            try:
+                while self._writer or self._readers:
+                    self._cond.wait()
+            finally:
+                self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+# ============================================================================ features
+class LiveFeatures:
+    """A feature store with an overlay of updated and new rows in front of it.
+
+    ``get(ids)`` answers overlay rows from memory and the rest from the base store (memory, Redis,
+    tiered), so the base is never written (it may be a read-only memory map, or a Redis version other
+    servers share). Other attributes come from the base store. Writes happen only under the live
+    graph's write lock; reads under its read lock.
+    """
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+        self._n_base = int(base.num_nodes)
+        self._n = self._n_base
+        self._f = int(base.num_features)
+        self._slot = np.full(self._n_base, -1, dtype=np.int64)  # node -> overlay row, -1 = base
+        self._rows = np.zeros((0, self._f), dtype=np.float32)
+        self._used = 0
+
+    def __getattr__(self, name: str) -> Any:  # stats, close, ping, name, data-version helpers ...
+        return getattr(self.base, name)
+
+    @property
+    def num_nodes(self) -> int:
+        return self._n
+
+    @property
+    def num_features(self) -> int:
+        return self._f
+
+    @property
+    def overlay_rows(self) -> int:
+        return self._used
+
+    def get(self, node_ids: Any) -> np.ndarray:
+        ids = np.asarray(node_ids, dtype=np.int64).reshape(-1)
+        if not self._used:
+            return self.base.get(ids)
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self._n):
+            from .features.base import InvalidNodeIds
+
+            raise InvalidNodeIds(f"node ids must lie in [0, {self._n})")
+        slot = self._slot[ids]
+        over = slot >= 0
+        if not over.any():
+            return self.base.get(ids)
+        out = np.empty((len(ids), self._f), dtype=np.float32)
+        if not over.all():
+            out[~over] = self.base.get(ids[~over])
+        out[over] = self._rows[slot[over]]
+        return out
+
+    def write(self, node_ids: np.ndarray, rows: np.ndarray) -> None:
+        """Set the rows of ``node_ids`` (existing or the next new ids, distinct)."""
+        ids = np.asarray(node_ids, dtype=np.int64)
+        if not len(ids):
+            return
+        top = int(ids.max()) + 1
+        if top > len(self._slot):
+            grown = np.full(max(top, 2 * len(self._slot)), -1, dtype=np.int64)
+            grown[: len(self._slot)] = self._slot
+            self._slot = grown
+        self._n = max(self._n, top)
+        slot = self._slot[ids]
+        fresh = slot < 0
+        k = int(fresh.sum())
+        if self._used + k > len(self._rows):
+            grown_rows = np.zeros((max(self._used + k, 2 * len(self._rows), 64), self._f), dtype=np.float32)
+            grown_rows[: self._used] = self._rows[: self._used]
+            self._rows = grown_rows
+        slot[fresh] = np.arange(self._used, self._used + k)
+        self._used += k
+        self._slot[ids] = slot
+        self._rows[slot] = rows
+
+
+# ============================================================================ parsing
+@dataclass
+class ParsedUpdate:
+    """One validated update in the form the graph and the caches take."""
+
+    feature_ids: np.ndarray  # int64 [a], distinct existing ids
+    feature_rows: np.ndarray  # float32 [a, F]
+    new_features: np.ndarray  # float32 [m, F]
+    edit: GraphEdit
+    request_id: str = ""
+    expect_version: int | None = None
+
+    @property
+    def num_new(self) -> int:
+        return len(self.new_features)
+
+    def size(self) -> int:
+        """Entries in the update (rows, new nodes, their edges, edges), the unit of --max-update-size."""
+        e = self.edit
+        return (len(self.feature_ids) + self.num_new + len(e.new_nbrs) + len(e.add_src) + len(e.rem_src))
+
+
+def _rows_of(entries: Any, num_features: int, what: str) -> np.ndarray:
+    out = np.zeros((len(entries), num_features), dtype=np.float32)
+    for i, e in enumerate(entries):
+        f = e.features
+        if len(f) != num_features:
+            raise InvalidArgument(f"{what}[{i}]: {len(f)} features, the model's graph has {num_features}")
+        row = np.asarray(f, dtype=np.float32)
+        if not np.isfinite(row).all():
+            raise InvalidArgument(f"{what}[{i}]: features must be finite (NaN or infinity at position "
+                                  f"{int(np.flatnonzero(~np.isfinite(row))[0])})")
+        out[i] = row
+    return out
+
+
+def parse_update(request: Any, num_nodes: int, num_features: int, *, max_size: int) -> ParsedUpdate:
+    """An ``UpdateGraphRequest`` as a :class:`ParsedUpdate`; shape and range checks of the entries
+    (the graph-dependent ones, existing or missing edges and self-loops, are ``apply_edit``'s).
+
+    Raises :class:`InvalidArgument` naming the first bad entry, or when the update has more than
+    ``max_size`` entries.
+    """
+    from kernels.graph_edit import GraphEdit, GraphEditError
+
+    size = (len(request.features) + len(request.new_nodes) + sum(len(n.neighbors) for n in request.new_nodes)
+            + len(request.add_edges) + len(request.remove_edges))
+    if size > max_size:
+        raise InvalidArgument(f"this update has {size} entries (rows, new nodes and their edges, edges), more than "
+                              f"--max-update-size {max_size}; split it into several updates")
+    if size == 0:
+        raise InvalidArgument("empty update: give features, new_nodes, add_edges or remove_edges")
+    fids = np.fromiter((r.node for r in request.features), dtype=np.int64, count=len(request.features))
+    for i, v in enumerate(fids):
+        if not 0 <= v < num_nodes:
+            raise InvalidArgument(f"features[{i}]: node {int(v)} is not in the graph (ids 0 .. {num_nodes - 1}; "
+                                  "new nodes take their features in new_nodes)")
+    if len(fids) > 1:
+        uniq, first = np.unique(fids, return_index=True)
+        if len(uniq) < len(fids):
+            dup = int(np.setdiff1d(np.arange(len(fids)), first)[0])
+            raise InvalidArgument(f"features[{dup}]: node {int(fids[dup])} appears twice in this update")
+    frows = _rows_of(request.features, num_features, "features")
+    m = len(request.new_nodes)
+    nfeat = _rows_of(request.new_nodes, num_features, "new_nodes")
+    counts = np.array([len(n.neighbors) for n in request.new_nodes], dtype=np.int64)
+    new_ptr = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(counts, out=new_ptr[1:])
+    nbrs = np.fromiter((v for n in request.new_nodes for v in n.neighbors), dtype=np.int64, count=int(new_ptr[-1]))
+    weighted = any(len(n.edge_weights) for n in request.new_nodes)
+    new_w = None
+    if weighted:
+        parts = []
+        for j, n in enumerate(request.new_nodes):
+            if len(n.edge_weights) not in (0, len(n.neighbors)):
+                raise InvalidArgument(f"new_nodes[{j}]: {len(n.edge_weights)} edge_weights for {len(n.neighbors)} "
+                                      "neighbors (give one per neighbour, or none for 1.0 each)")
+            parts.append(np.asarray(n.edge_weights, dtype=np.float32) if len(n.edge_weights)
+                         else np.ones(len(n.neighbors), dtype=np.float32))
+        new_w = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    def edges(entries: Any, with_weights: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        src = np.fromiter((e.src for e in entries), dtype=np.int64, count=len(entries))
+        dst = np.fromiter((e.dst for e in entries), dtype=np.int64, count=len(entries))
+        w = None
+        if with_weights and any(e.HasField("weight") for e in entries):
+            w = np.fromiter((e.weight if e.HasField("weight") else 1.0 for e in entries), dtype=np.float32,
+                            count=len(entries))
+        return src, dst, w
+
+    rs, rd, _ = edges(request.remove_edges, False)
+    for i, e in enumerate(request.remove_edges):
+        if e.HasField("weight"):
+            raise InvalidArgument(f"remove_edges[{i}]: a removal takes no weight")
+    a_s, a_d, a_w = edges(request.add_edges, True)
+    try:
+        edit = GraphEdit.make(new_count=m, new_ptr=new_ptr, new_nbrs=nbrs, new_weights=new_w,
+                              add_src=a_s, add_dst=a_d, add_w=a_w, rem_src=rs, rem_dst=rd)
+    except GraphEditError as exc:
+        raise InvalidArgument(_api_names(str(exc), None, new_ptr)) from None
+    return ParsedUpdate(fids, frows, nfeat, edit, request_id=request.request_id,
+                        expect_version=int(request.expect_graph_version)
+                        if request.HasField("expect_graph_version") else None)
+
+
+# ============================================================================ the live graph
+@dataclass
+class UpdateResult:
+    version: int
+    new_ids: np.ndarray
+    num_nodes: int
+    num_edges: int
+    invalidated: dict[str, int] = field(default_factory=dict)
+    apply_ms: float = 0.0
+
+
+class LiveGraph:
+    """The updatable state of one dataset's graph (see the module docstring).
+
+    Args:
+        data: the dataset's :class:`~serve.runtime.DataBundle` (its ``graph``, ``features`` and
+            ``ppr_indexes`` are replaced by their live versions here).
+        update_log: the ordered log of accepted updates (:mod:`serve.update_log`), replayed by
+            :meth:`replay`; ``None``: updates are refused (read-only).
+        read_only: refuse updates (``--read-only``); the log is still replayed and followed.
+        max_update_size: entries per update (``--max-update-size``).
+        metrics: :class:`serve.metrics.ServerMetrics` or ``None``.
+    """
+
+    def __init__(self, data: DataBundle, update_log: Any | None, *, read_only: bool = False,
+                 max_update_size: int = 100_000, metrics: Any | None = None) -> None:
+        self.data = data
+        self.log = update_log
+        self.read_only = bool(read_only) or update_log is None
+        self.max_update_size = int(max_update_size)
+        self.metrics = metrics
+        self.lock = RWLock()
+        self._writer = threading.RLock()  # one update (or log catch-up) at a time
+        self.version = 0
+        self._runtimes: weakref.WeakSet[ModelRuntime] = weakref.WeakSet()
+        self._version_cond = threading.Condition()
+        self.remote = bool(getattr(data.graph, "is_remote", False))
+        if not isinstance(data.features, LiveFeatures):
+            data.features = LiveFeatures(data.features)
+        self.features: LiveFeatures = data.features
+        for key, idx in list(data.ppr_indexes.items()):
+            data.ppr_indexes[key] = self.wrap_index(idx)
+        self.label = data.fingerprint[:12]
+        self._follower: threading.Thread | None = None
+        self._stop = threading.Event()
+        #: why the graph can no longer be served: an update failed half-way (a bug); requests then fail
+        #: with UNAVAILABLE until a restart replays the log, never answer from a half-applied state
+        self.broken: str | None = None
+
+    # ---------------------------------------------------------------- models
+    def wrap_index(self, idx: Any) -> Any:
+        """The live view of a PPR index opened for this graph's current version (what models use)."""
+        if self.remote or idx is None:
+            return idx
+        from kernels.ppr_live import LivePPRIndex
+
+        return idx if isinstance(idx, LivePPRIndex) else LivePPRIndex(idx)
+
+    def attach(self, rt: ModelRuntime) -> None:
+        self._runtimes.add(rt)
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[int]:
+        """Hold the graph at one version for a batch; yields that version."""
+        with self.lock.read():
+            if self.broken is not None:
+                raise Unavailable(self.broken)
+            yield self.version
+
+    # ---------------------------------------------------------------- updates
+    def update(self, request: Any) -> UpdateResult:
+        """Validate, log and apply one ``UpdateGraphRequest`` (blocking: call it off the event loop)."""
+        if self.read_only:
+            why = ("it was started with --read-only" if self.log is not None
+                   else "it has no update log for this graph")
+            raise ReadOnly(f"this server does not take graph updates: {why}")
+        t0 = time.perf_counter()
+        with self._writer:
+            if self.broken is not None:
+                raise Unavailable(self.broken)
+            self.catch_up()
+            parsed = parse_update(request, self.features.num_nodes, self.features.num_features,
+                                  max_size=self.max_update_size)
+            if parsed.expect_version is not None and parsed.expect_version != self.version:
+                raise UpdateConflict(f"the graph is at version {self.version}, not {parsed.expect_version}: "
+                                     "another update came first; read the graph again and retry")
+            plan = self._plan(parsed)  # validates against the graph: nothing changed yet
+            payload = _log_payload(request)
+            from .update_log import UpdateLogUnavailable, VersionConflict
+
+            try:
+                version = self.log.append(payload, expect_version=self.version)
+            except VersionConflict:  # a replica beside us wrote first: apply its records, validate again
+                self.catch_up()
+                return self.update(request)
+            except UpdateLogUnavailable as exc:
+                raise Unavailable(f"graph update not applied: the update log is unavailable ({exc})") from None
+            inv = self._apply(parsed, plan, version)
+        ms = 1e3 * (time.perf_counter() - t0)
+        self._observe(inv, ms)
+        g = self.data.graph
+        return UpdateResult(version, np.arange(self.features.num_nodes - parsed.num_new, self.features.num_nodes),
+                            self.features.num_nodes, int(g.num_edges), inv, ms)
+
+    def _plan(self, parsed: ParsedUpdate) -> Any:
+        """The new graph (or the new rows of a remote one) of ``parsed``, without changing anything."""
+        from kernels.graph_edit import GraphEditError, apply_edit
+
+        if parsed.edit.empty:
+            return None
+        try:
+            if self.remote:
+                return _remote_edit(self.data.graph, parsed.edit)
+            return apply_edit(self.data.graph, parsed.edit)
+        except GraphEditError as exc:
+            raise InvalidArgument(_api_names(str(exc), parsed.edit)) from None
+
+    def _apply(self, parsed: ParsedUpdate, effect: Any, version: int) -> dict[str, int]:
+        """Make ``parsed`` visible as ``version`` (under the write lock)."""
+        inv: dict[str, int] = {}
+        with self.lock.write():
+            try:
+                self._apply_locked(parsed, effect, version, inv)
+            except BaseException as exc:
+                self.broken = (f"graph {self.label}: update {version} failed half-way ({type(exc).__name__}); this "
+                               "server no longer answers for this graph: restart it (it replays the update log)")
+                log.exception("graph %s: applying update %d failed; the graph is out of service until a restart",
+                              self.label, version)
+                raise
+        with self._version_cond:
+            self._version_cond.notify_all()
+        return inv
+
+    def _apply_locked(self, parsed: ParsedUpdate, effect: Any, version: int, inv: dict[str, int]) -> None:
+        old = self.data.graph
+        n_old = self.features.num_nodes
+        if len(parsed.feature_ids):
+            self.features.write(parsed.feature_ids, parsed.feature_rows)
+        new_ids = np.arange(n_old, n_old + parsed.num_new, dtype=np.int64)
+        if parsed.num_new:
+            self.features.write(new_ids, parsed.new_features)
+        changed = np.zeros(0, dtype=np.int64)
+        if effect is not None and self.remote:  # the replica's overlay of the Redis snapshot
+            changed = effect.changed_rows
+            g = effect.graph
+            self.data.graph.apply_rows(
+                {int(v): (g.indices[g.indptr[v]:g.indptr[v + 1]].astype(np.int64),
+                          None if g.weights is None else g.weights[g.indptr[v]:g.indptr[v + 1]])
+                 for v in changed}, g.num_nodes)
+        elif effect is not None:
+            self.data.graph = effect.graph
+            changed = effect.changed_rows
+            for idx in self.data.ppr_indexes.values():
+                got = idx.apply(old, effect.graph, changed, new_ids)
+                inv["ppr_lists"] = inv.get("ppr_lists", 0) + int(got.get("recomputed", 0)) + int(got.get("new", 0))
+                inv["induced"] = inv.get("induced", 0) + int(got.get("dirty", 0))
+        for rt in list(self._runtimes):
+            for k, v in rt.rebase(self.data.graph, old, changed, parsed.feature_ids, new_ids).items():
+                inv[k] = inv.get(k, 0) + v
+        self.version = version
+
+    def _observe(self, inv: dict[str, int], ms: float) -> None:
+        m = self.metrics
+        if m is None or not hasattr(m, "graph_updates"):
+            return
+        m.graph_updates.labels(self.label).inc()
+        m.graph_version.labels(self.label).set(self.version)
+        m.update_seconds.labels(self.label).observe(ms / 1e3)
+        for cache, rows in inv.items():
+            m.rows_invalidated.labels(self.label, cache).inc(rows)
+        if self.log is not None:
+            with contextlib.suppress(Exception):
+                m.update_log_bytes.labels(self.label).set(self.log.size_bytes())
+
+    # ---------------------------------------------------------------- the log
+    def replay(self) -> int:
+        """Apply every logged update not applied yet (start-up, followers); returns how many."""
+        return self.catch_up()
+
+    def catch_up(self) -> int:
+        if self.log is None:
+            return 0
+        from .update_log import UpdateLogUnavailable
+
+        done = 0
+        with self._writer:
+            while True:
+                try:
+                    records = self.log.read(self.version, limit=1024)
+                except UpdateLogUnavailable as exc:
+                    raise Unavailable(f"cannot read the graph's update log ({exc})") from None
+                if not records:
+                    return done
+                for version, payload in records:
+                    self._apply_record(version, payload)
+                    done += 1
+
+    def _apply_record(self, version: int, payload: bytes) -> None:
+        from clients._gen import gnnserve_pb2 as pb
+
+        if version != self.version + 1:
+            raise RuntimeError(f"update log of graph {self.label}: record {version} after {self.version}")
+        req = pb.UpdateGraphRequest.FromString(payload)
+        t0 = time.perf_counter()
+        parsed = parse_update(req, self.features.num_nodes, self.features.num_features, max_size=1 << 62)
+        inv = self._apply(parsed, self._plan(parsed), version)
+        self._observe(inv, 1e3 * (time.perf_counter() - t0))
+
+    def wait_for(self, version: int, timeout: float) -> bool:
+        """Whether the graph reaches ``version`` within ``timeout`` seconds (reading the log first:
+        a missed follower message never leaves a replica answering from an older version)."""
+        if self.version >= version:
+            return True
+        if self.log is not None and self.log.head() >= version:
+            self.catch_up()
+        deadline = time.monotonic() + timeout
+        with self._version_cond:
+            while self.version < version:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._version_cond.wait(min(left, 0.05))
+                if self.version < version and self.log is not None:
+                    with contextlib.suppress(Exception):
+                        if self.log.head() >= version:
+                            self._version_cond.release()
+                            try:
+                                self.catch_up()
+                            finally:
+                                self._version_cond.acquire()
+        return True
+
+    def follow(self, interval: float = 1.0) -> None:
+        """Apply other servers' updates as they reach the log (a daemon thread; replicas)."""
+        if self.log is None or self._follower is not None:
+            return
+
+        def run() -> None:
+            while not self._stop.is_set():
+                try:
+                    if self.log.wait(self.version, interval):
+                        self.catch_up()
+                except Exception as exc:  # Redis down: keep trying; requests needing newer versions fail loudly
+                    log.warning("graph %s: following the update log failed (%s); retrying", self.label, exc)
+                    self._stop.wait(interval)
+
+        self._follower = threading.Thread(target=run, name=f"gnnserve-follow-{self.label}", daemon=True)
+        self._follower.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.log is not None:
+            with contextlib.suppress(Exception):
+                self.log.close()
+
+
+def _api_names(message: str, edit: GraphEdit | None, new_ptr: np.ndarray | None = None) -> str:
+    """A :class:`kernels.graph_edit.GraphEditError` message in the API's words: the kernel's flat
+    ``new_nbrs[k]`` / ``new_weights[k]`` become ``new_nodes[j].neighbors[i]`` / ``.edge_weights[i]``."""
+    import re
+
+    ptr = edit.new_ptr if edit is not None else new_ptr
+    if ptr is None or not len(ptr):
+        return message
+
+    def name(m: re.Match[str]) -> str:
+        k = int(m.group(2))
+        j = int(np.searchsorted(ptr, k, side="right")) - 1
+        field = "neighbors" if m.group(1) == "new_nbrs" else "edge_weights"
+        return f"new_nodes[{j}].{field}[{k - int(ptr[j])}]"
+
+    return re.sub(r"\b(new_nbrs|new_weights)\[(\d+)\]", name, message)
+
+
+def _remote_edit(store: Any, edit: GraphEdit) -> Any:
+    """:func:`kernels.graph_edit.apply_edit` on a replica's Redis graph: the rows the edit touches are
+    fetched (overlay first) into a graph of the store's node count whose other rows are empty, so the
+    same validation and the same new rows come out; only ``changed_rows`` of the result are used."""
+    from kernels.graph import CSRGraph, index_dtype_for
+    from kernels.graph_edit import apply_edit
+
+    n = int(store.num_nodes)
+    touched = np.unique(np.concatenate([edit.new_nbrs, edit.add_src, edit.add_dst, edit.rem_src, edit.rem_dst]))
+    touched = touched[(touched >= 0) & (touched < n)]  # out-of-range ids: apply_edit names them
+    rows = store.adjacency(touched) if len(touched) else {}
+    counts = np.zeros(n + 1, dtype=np.int64)
+    for v in touched:
+        counts[v + 1] = len(rows[int(v)][0])
+    indptr = np.cumsum(counts)
+    weighted = any(w is not None for _, w in rows.values())
+    ids = [rows[int(v)][0] for v in touched]
+    indices = np.concatenate(ids).astype(index_dtype_for(n)) if ids else np.zeros(0, index_dtype_for(n))
+    weights = None
+    if weighted:
+        weights = np.concatenate([rows[int(v)][1] if rows[int(v)][1] is not None
+                                  else np.ones(len(rows[int(v)][0]), np.float32) for v in touched]).astype(np.float32)
+    local = CSRGraph(indptr, indices, weights, num_nodes=n)
+    return apply_edit(local, edit, allow_self_loops=False)
+
+
+def _log_payload(request: Any) -> bytes:
+    """What the log keeps of an update: the request without the routing fields."""
+    from clients._gen import gnnserve_pb2 as pb
+
+    rec = pb.UpdateGraphRequest()
+    rec.CopyFrom(request)
+    rec.ClearField("model")
+    rec.ClearField("version")
+    rec.ClearField("expect_graph_version")
+    return rec.SerializeToString()

@@ -1,0 +1,370 @@
+"""The live graph (serve.live): updates through UpdateGraph, answers as fresh as the last write.
+
+Real servers on loopback over a copy of the tiny repository (a plain GCN, a plain GraphSAGE and a
+shaDow-SAGE model on one graph), updated through the public SDK; references computed without server
+code from the graph and features the test edits itself (``_Mirror``): the full-graph forward of a
+plain model is its definition, and a shaDow model's answer is its forward on the induced subgraph of
+its (live) PPR list over the edited graph.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import clients
+from clients import GnnClient, NewNode
+
+from .serving import ServerProcess, ServerThread, make_repo
+
+MODELS = ("gcn", "sage", "shadow")
+
+
+@pytest.fixture(scope="module")
+def base_repo(tmp_path_factory, tiny_repo, tiny_dataset):
+    """The tiny repository's models plus a plain GraphSAGE, trained once for this module."""
+    root = tmp_path_factory.mktemp("live-base")
+    for name in ("gcn", "shadow", "_data"):
+        shutil.copytree(tiny_repo / name, root / name, symlinks=True)
+    make_repo(root, tiny_dataset, {"sage": "sage"})
+    return root
+
+
+def fresh_repo(base: Path, dest: Path) -> Path:
+    """A repository of its own (its own update log under REPO/_live) over the same checkpoints."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in (*MODELS, "_data"):
+        (dest / name).symlink_to(base / name)
+    ppr = base / "_ppr"
+    if ppr.exists():
+        shutil.copytree(ppr, dest / "_ppr")
+    return dest
+
+
+class _Mirror:
+    """The test's own copy of the graph and features, edited by the same updates as the server."""
+
+    def __init__(self, ds):
+        g = ds.graph
+        src = np.repeat(np.arange(g.num_nodes), np.diff(g.indptr))
+        self.edges = set(zip(src.tolist(), g.indices.astype(np.int64).tolist(), strict=True))
+        self.x = np.array(ds.x, dtype=np.float32)
+
+    @property
+    def n(self) -> int:
+        return len(self.x)
+
+    def update(self, features=None, new_nodes=(), add=(), remove=()):
+        for v, row in (features or {}).items():
+            self.x[v] = row
+        for nn in new_nodes:
+            v = self.n
+            self.x = np.vstack([self.x, np.asarray(nn.features, np.float32)[None]])
+            for u in nn.neighbors:
+                self.edges |= {(v, int(u)), (int(u), v)}
+        for u, v in remove:
+            self.edges -= {(u, v), (v, u)}
+        for u, v in add:
+            self.edges |= {(u, v), (v, u)}
+
+    def graph(self):
+        from kernels.graph import CSRGraph
+
+        ei = np.array(sorted(self.edges), dtype=np.int64).T.reshape(2, -1)
+        return CSRGraph.from_edge_index(ei, num_nodes=self.n)
+
+
+def _reference(repo: Path, model: str, graph, x, nodes, width, lists=None) -> np.ndarray:
+    """Softmax of the offline model on (graph, x): plain models on the whole graph; PPR models on the
+    induced subgraphs of ``lists`` (ptr, nodes)."""
+    from kernels.subgraph import induced_batch
+    from models.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(repo / model / "1")
+    m = ckpt.model.eval()
+    with torch.no_grad():
+        if lists is None:
+            logits = m(graph, torch.from_numpy(x), width or None, ckpt.strategy)[torch.as_tensor(nodes)]
+        else:
+            batch = induced_batch(graph, *lists)
+            logits, _ = m.forward_batch(batch, torch.from_numpy(x[batch.node_ids]), width or None, ckpt.strategy)
+    return torch.softmax(logits, 1).numpy()
+
+
+def _non_neighbours(ds, rng):
+    g = ds.graph
+    while True:
+        u, v = (int(a) for a in rng.integers(0, g.num_nodes, 2))
+        if u != v and v not in set(g.neighbors(u).tolist()) and g.degrees[u] >= 2 and g.degrees[v] >= 1:
+            return u, v
+
+
+@pytest.fixture
+def server(base_repo, tmp_path):
+    srv = ServerThread(fresh_repo(base_repo, tmp_path / "repo")).start()
+    yield srv
+    srv.stop()
+
+
+def test_a_clone_answers_like_its_original_and_undo_restores(server, tiny_dataset):
+    """v := a clone of u (features and edges) through UpdateGraph: GCN answers v as u at the exact width;
+    the reverse update brings v's original answer back."""
+    ds = tiny_dataset
+    u, v = _non_neighbours(ds, np.random.default_rng(1))
+    nu, nv = ds.graph.neighbors(u).tolist(), ds.graph.neighbors(v).tolist()
+    with GnnClient(server.address) as c:
+        before = c.predict("gcn", [v], sampling_width=0)
+        assert before.graph_version == 0
+        up = c.update_graph("gcn", features={v: ds.x[u]}, remove_edges=[(v, w) for w in nv],
+                            add_edges=[(v, w) for w in nu])
+        assert up.graph_version == 1 and up.invalidated.get("activation", 0) + up.invalidated.get("projection", 0)
+        both = c.predict("gcn", [u, v], sampling_width=0, min_graph_version=1)
+        assert both.graph_version == 1
+        assert both.labels[0] == both.labels[1]
+        np.testing.assert_allclose(both.probabilities[1], both.probabilities[0], atol=1e-5)
+        undo = c.update_graph("gcn", features={v: ds.x[v]}, remove_edges=[(v, w) for w in nu],
+                              add_edges=[(v, w) for w in nv], expect_graph_version=1)
+        assert undo.graph_version == 2
+        after = c.predict("gcn", [v], sampling_width=0)
+        assert after.graph_version == 2 and after.labels[0] == before.labels[0]
+        np.testing.assert_allclose(after.probabilities, before.probabilities, atol=1e-5)
+
+
+def _random_updates(ds, mirror: _Mirror, rng, count: int):
+    """Random updates (features, new nodes, edge additions and removals), applied to ``mirror`` too."""
+    out = []
+    for _ in range(count):
+        n = mirror.n
+        kind = rng.integers(0, 4)
+        upd: dict = {}
+        if kind == 0:
+            ids = rng.choice(n, 3, replace=False)
+            upd["features"] = {int(v): rng.normal(size=ds.num_features).astype(np.float32) for v in ids}
+        elif kind == 1:
+            upd["new_nodes"] = [NewNode(features=rng.normal(size=ds.num_features).astype(np.float32),
+                                        neighbors=sorted(set(rng.choice(n, 4).tolist())))]
+        elif kind == 2:
+            add = set()
+            while len(add) < 4:
+                a, b = (int(x) for x in rng.integers(0, n, 2))
+                if a != b and (a, b) not in mirror.edges and (b, a) not in add:
+                    add.add((a, b))
+            upd["add_edges"] = sorted(add)
+        else:
+            edges = sorted(e for e in mirror.edges if e[0] < e[1])
+            pick = rng.choice(len(edges), 4, replace=False)
+            upd["remove_edges"] = [edges[i] for i in pick]
+        mirror.update(upd.get("features"), upd.get("new_nodes", ()), upd.get("add_edges", ()),
+                      upd.get("remove_edges", ()))
+        out.append(upd)
+    return out
+
+
+def test_random_updates_answer_like_the_updated_graph(server, base_repo, tiny_dataset):
+    """After a random sequence of updates, every model's answers for a sample of nodes (old and new) equal
+    the offline model's on the graph and features the test edited itself, at exact and sampled widths,
+    through every cache (warm rows before the updates must not survive them)."""
+    ds, rng = tiny_dataset, np.random.default_rng(7)
+    mirror = _Mirror(ds)
+    sample = rng.choice(ds.num_nodes, 40, replace=False)
+    with GnnClient(server.address) as c:
+        for model in MODELS:  # fill the caches (projections, activations at S = 0 and 3) before updating
+            for width in (0, 3):
+                c.predict(model, sample, sampling_width=width)
+        for upd in _random_updates(ds, mirror, rng, 16):
+            res = c.update_graph("gcn", **upd)
+            if "new_nodes" in upd:
+                assert res.new_node_ids.tolist() == [mirror.n - 1]
+        assert res.num_nodes == mirror.n and res.num_edges == len(mirror.edges)
+        graph = mirror.graph()
+        nodes = np.concatenate([sample, np.arange(ds.num_nodes, mirror.n)])
+        for model in ("gcn", "sage"):
+            for width in (0, 3):
+                got = c.predict(model, nodes, sampling_width=width)
+                assert got.graph_version == 16
+                want = _reference(base_repo, model, graph, mirror.x, nodes, width)
+                np.testing.assert_allclose(got.probabilities, want, atol=2e-5, err_msg=f"{model} S={width}")
+        rt = server.server.registry.get("shadow")
+        budget = rt.limits.default_ppr_budget
+        lists = rt.ppr_index.lookup(nodes, budget)
+        for width in (0, 3):
+            got = c.predict("shadow", nodes, sampling_width=width, ppr_budget=budget)
+            want = _reference(base_repo, "shadow", graph, mirror.x, nodes, width, lists=lists)
+            np.testing.assert_allclose(got.probabilities, want, atol=2e-5, err_msg=f"shadow S={width}")
+
+
+def test_predictions_never_mix_versions_under_concurrent_updates(server, tiny_dataset):
+    """Updates toggle node t between two states (features and an edge together) while other threads
+    predict t: each answer is the one of the state its graph_version names, and none fails."""
+    ds = tiny_dataset
+    t, w = _non_neighbours(ds, np.random.default_rng(3))
+    xa = np.zeros(ds.num_features, np.float32)
+    xb = np.asarray(ds.x[t], np.float32) * 3 + 1
+    states = [dict(features={t: xa}, add_edges=[(t, w)]), dict(features={t: xb}, remove_edges=[(t, w)])]
+    with GnnClient(server.address) as c:
+        ref = {}
+        for i, st in enumerate(states):  # version 1: state A, version 2: state B
+            c.update_graph("gcn", **st)
+            ref[i] = {m: c.predict(m, [t, w], sampling_width=0).probabilities for m in ("gcn", "sage")}
+        errors: list[BaseException] = []
+        seen: set[int] = set()
+        stop = threading.Event()
+
+        def reader(model: str) -> None:
+            with GnnClient(server.address) as rc:
+                while not stop.is_set():
+                    try:
+                        r = rc.predict(model, [t, w], sampling_width=0)
+                        want = ref[(r.graph_version - 1) % 2][model]
+                        np.testing.assert_allclose(r.probabilities, want, atol=1e-5)
+                        seen.add(r.graph_version)
+                    except BaseException as exc:
+                        errors.append(exc)
+                        return
+
+        threads = [threading.Thread(target=reader, args=(m,)) for m in ("gcn", "sage", "gcn")]
+        for th in threads:
+            th.start()
+        for k in range(30):
+            c.update_graph("gcn", **states[k % 2])
+        time.sleep(0.05)
+        stop.set()
+        for th in threads:
+            th.join(30)
+    assert not errors, errors[0]
+    assert len(seen) > 2, seen  # the readers saw several versions
+
+
+def test_read_your_writes_and_refusals(server, tiny_dataset):
+    ds = tiny_dataset
+    with GnnClient(server.address) as c:
+        with pytest.raises(clients.UnavailableError, match="version 5 is not visible"):
+            c.predict("gcn", [0], min_graph_version=5, timeout=10)
+        g = ds.graph
+        missing = next(v for v in range(1, g.num_nodes) if v not in set(g.neighbors(0).tolist()))
+        bad = [
+            (dict(remove_edges=[(0, missing)]), "remove_edges[0]"),
+            (dict(add_edges=[(0, int(g.neighbors(0)[0]))]), "add_edges[0]"),
+            (dict(add_edges=[(0, 0)]), "self"),
+            (dict(add_edges=[(0, g.num_nodes + 5)]), "add_edges[0]"),
+            (dict(features={g.num_nodes: np.zeros(ds.num_features)}), "features[0]"),
+            (dict(features={1: np.zeros(ds.num_features + 1)}), "features[0]"),
+            (dict(features={1: np.full(ds.num_features, np.nan)}), "finite"),
+            (dict(new_nodes=[NewNode(features=np.zeros(ds.num_features), neighbors=[1, 1])]), "new_nodes"),
+            (dict(add_edges=[(0, missing, -1.0)]), "weight"),
+        ]
+        for upd, words in bad:
+            # a valid feature row rides along: nothing of a refused update may land
+            with pytest.raises(clients.InvalidArgumentError, match=re.escape(words)):
+                c.update_graph("gcn", features={2: np.ones(ds.num_features)}, **upd) if "features" not in upd \
+                    else c.update_graph("gcn", **upd)
+        assert c.get_model("gcn").graph_version == 0
+        with pytest.raises(clients.AbortedError, match="version 0"):
+            c.update_graph("gcn", add_edges=[(0, missing)], expect_graph_version=3)
+        with pytest.raises(clients.InvalidArgumentError, match="max-update-size"):
+            c.update_graph("gcn", add_edges=[(0, v) for v in range(1, 100_002)])
+        with pytest.raises(clients.NotFoundError):
+            c.update_graph("nope", add_edges=[(0, missing)])
+        assert c.predict("gcn", [0]).graph_version == 0
+
+
+def test_read_only_server_refuses_updates(base_repo, tmp_path):
+    srv = ServerThread(fresh_repo(base_repo, tmp_path / "ro"), {"runtime_kw": {"read_only": True}}).start()
+    try:
+        with GnnClient(srv.address) as c:
+            with pytest.raises(clients.FailedPreconditionError, match="read-only"):
+                c.update_graph("gcn", features={1: np.zeros(16)})
+            info = c.get_model("gcn")
+            assert info.read_only and info.graph_version == 0
+    finally:
+        srv.stop()
+
+
+def test_updates_survive_sigkill(base_repo, tmp_path, tiny_dataset):
+    """Acknowledged updates are in the log: a server killed with SIGKILL and started again answers from
+    the updated graph at the same version."""
+    repo = fresh_repo(base_repo, tmp_path / "kill")
+    ds, rng = tiny_dataset, np.random.default_rng(11)
+    mirror = _Mirror(ds)
+    updates = _random_updates(ds, mirror, rng, 6)
+    nodes = np.concatenate([rng.choice(ds.num_nodes, 12, replace=False), np.arange(ds.num_nodes, mirror.n)])
+    with ServerProcess(repo) as srv, GnnClient(srv.address) as c:
+        for upd in updates:
+            c.update_graph("shadow", **upd)
+        before = {m: c.predict(m, nodes, sampling_width=3) for m in MODELS}
+        srv.kill()  # SIGKILL: no shutdown path runs
+    with ServerProcess(repo) as srv, GnnClient(srv.address) as c:
+        for m in MODELS:
+            after = c.predict(m, nodes, sampling_width=3)
+            assert after.graph_version == len(updates)
+            np.testing.assert_allclose(after.probabilities, before[m].probabilities, atol=1e-5, err_msg=m)
+        want = _reference(base_repo, "gcn", mirror.graph(), mirror.x, nodes, 3)
+        np.testing.assert_allclose(before["gcn"].probabilities, want, atol=2e-5)
+
+
+pytest_plugins = ("tests.redis_server",)
+
+
+@pytest.mark.parametrize("graph_in_redis", [False, True], ids=["features-in-redis", "stateless"])
+def test_two_replicas_over_one_redis_see_each_others_updates(redis_factory, base_repo, tiny_dataset, tmp_path,
+                                                             graph_in_redis):
+    """Two servers over one (private) Redis: features there, the graph in each one's memory or (stateless
+    replicas) in Redis too. An update through one is visible through the other: at once with
+    min_graph_version, and by itself within a bounded delay; both answer as the offline model on the
+    edited graph."""
+    from serve.features import load_features
+    from serve.graph_store import load_graph
+
+    ds, rng = tiny_dataset, np.random.default_rng(21)
+    url = redis_factory().url
+    load_features(ds, url, progress=False)
+    kw: dict = {}
+    models = ("gcn", "sage")
+    if graph_in_redis:
+        load_graph(ds, url, progress=False)
+        kw["graph_url"] = url
+    servers = []
+    for name in ("a", "b"):
+        repo = tmp_path / name
+        repo.mkdir()
+        for m in models:
+            (repo / m).symlink_to(base_repo / m)
+        if not graph_in_redis:
+            (repo / "_data").symlink_to(base_repo / "_data")
+        servers.append(ServerThread(repo, {"feature_url": url, "runtime_kw": kw}).start())
+    try:
+        a, b = (GnnClient(s.address) for s in servers)
+        mirror = _Mirror(ds)
+        updates = _random_updates(ds, mirror, rng, 8)
+        if graph_in_redis:  # a stateless replica places no new nodes (their edges would still apply)
+            updates = [u for u in updates if "new_nodes" not in u]
+            mirror = _Mirror(ds)
+            for u in updates:
+                mirror.update(u.get("features"), (), u.get("add_edges", ()), u.get("remove_edges", ()))
+        for i, upd in enumerate(updates):
+            res = (a if i % 2 == 0 else b).update_graph("gcn", **upd)
+        version = res.graph_version
+        assert version == len(updates)
+        nodes = rng.choice(ds.num_nodes, 30, replace=False)
+        graph = mirror.graph()
+        for client in (a, b):
+            for m in models:
+                got = client.predict(m, nodes, sampling_width=3, min_graph_version=version)
+                assert got.graph_version == version
+                want = _reference(base_repo, m, graph, mirror.x, nodes, 3)
+                np.testing.assert_allclose(got.probabilities, want, atol=2e-5, err_msg=m)
+        up = a.update_graph("gcn", features={int(nodes[0]): np.zeros(ds.num_features)})
+        t_end = time.monotonic() + 10
+        while b.get_model("gcn").graph_version < up.graph_version:  # the follower, without being asked
+            assert time.monotonic() < t_end, "replica b did not follow the update within 10 s"
+            time.sleep(0.01)
+    finally:
+        for s in servers:
+            s.stop()
