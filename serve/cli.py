@@ -157,6 +157,9 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--update-log-fsync", action="store_true",
                     help="fsync the update log after every update (survive a machine crash, not only a "
                          "process crash; costs a disk flush per update)")
+    ap.add_argument("--compact-log-bytes", type=int, default=256 << 20,
+                    help="at start, fold a graph's update log larger than this into a snapshot of the graph and "
+                         "features next to it (loaded at later starts instead of the dataset); 0 = never")
     ap.add_argument("--read-your-writes-timeout-s", type=float, default=1.0,
                     help="how long a Predict with min_graph_version waits for that version before UNAVAILABLE")
     ap.add_argument("--allow-overcommit", action="store_true",
@@ -216,6 +219,7 @@ def _serve(argv: Sequence[str]) -> int:
             update_log_dir=args.update_log_dir,
             update_log_fsync=args.update_log_fsync,
             read_your_writes_timeout_s=args.read_your_writes_timeout_s,
+            compact_log_bytes=args.compact_log_bytes,
         ),
         data_paths=args.data,
         feature_url=args.features,

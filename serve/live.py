@@ -31,14 +31,19 @@ changed row.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
+import shutil
 import threading
 import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import grpc
 import numpy as np
 
 from .errors import GnnServeError, InvalidArgument, Unavailable
@@ -56,17 +61,13 @@ log = logging.getLogger(__name__)
 class ReadOnly(GnnServeError):
     """Updates are turned off on this server (``--read-only``)."""
 
-    import grpc as _grpc
-
-    code = _grpc.StatusCode.FAILED_PRECONDITION
+    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class UpdateConflict(GnnServeError):
     """``expect_graph_version`` no longer holds: another update came first."""
 
-    import grpc as _grpc
-
-    code = _grpc.StatusCode.ABORTED
+    code = grpc.StatusCode.ABORTED
 
 
 # ============================================================================ the lock
@@ -318,7 +319,7 @@ class LiveGraph:
     """
 
     def __init__(self, data: DataBundle, update_log: Any | None, *, read_only: bool = False,
-                 max_update_size: int = 100_000, metrics: Any | None = None) -> None:
+                 max_update_size: int = 100_000, metrics: Any | None = None, version: int = 0) -> None:
         self.data = data
         self.log = update_log
         self.read_only = bool(read_only) or update_log is None
@@ -326,7 +327,7 @@ class LiveGraph:
         self.metrics = metrics
         self.lock = RWLock()
         self._writer = threading.RLock()  # one update (or log catch-up) at a time
-        self.version = 0
+        self.version = int(version)  # a snapshot's version (compact), else 0: the dataset as loaded
         self._runtimes: weakref.WeakSet[ModelRuntime] = weakref.WeakSet()
         self._version_cond = threading.Condition()
         self.remote = bool(getattr(data.graph, "is_remote", False))
@@ -501,6 +502,47 @@ class LiveGraph:
         inv = self._apply(parsed, self._plan(parsed), version)
         self._observe(inv, 1e3 * (time.perf_counter() - t0))
 
+    def compact(self, directory: str | Path) -> dict[str, Any]:
+        """Fold the applied updates into a snapshot of the graph and features at ``directory`` (what a
+        restart then loads instead of the dataset: :func:`load_snapshot`), then drop the log's records up
+        to it. Crash-safe: the snapshot is written beside and renamed into place, and the records are
+        dropped only after; a crash between the two leaves records the next start skips. Updates wait
+        meanwhile; predictions go on."""
+        d = Path(directory)
+        t0 = time.perf_counter()
+        with self._writer:
+            version = self.version
+            graph = self.data.graph
+            n, f = self.features.num_nodes, self.features.num_features
+            tmp = d.with_name(f"{d.name}.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            graph.save(tmp / "graph")
+            x = np.lib.format.open_memmap(tmp / "x.npy", mode="w+", dtype=np.float32, shape=(n, f))
+            for lo in range(0, n, 65536):
+                hi = min(n, lo + 65536)
+                with self.lock.read():
+                    x[lo:hi] = self.features.get(np.arange(lo, hi, dtype=np.int64))
+            x.flush()
+            del x
+            (tmp / SNAPSHOT_META).write_text(json.dumps({
+                "format": SNAPSHOT_FORMAT, "version": version, "dataset_fingerprint": self.data.fingerprint,
+                "num_nodes": n, "num_edges": int(graph.num_edges), "created_at": time.time()}))
+            old = d.with_name(f"{d.name}.old-{os.getpid()}")
+            if d.exists():
+                os.replace(d, old)
+            os.replace(tmp, d)
+            shutil.rmtree(old, ignore_errors=True)
+            before = self.log.size_bytes() if self.log is not None else 0
+            if self.log is not None and version > self.log.base:
+                self.log.truncate_before(version)
+            after = self.log.size_bytes() if self.log is not None else 0
+        out = {"version": version, "nodes": n, "edges": int(graph.num_edges), "log_bytes_before": before,
+               "log_bytes_after": after, "seconds": time.perf_counter() - t0}
+        log.info("graph %s: compacted at version %d into %s (log %d -> %d bytes) in %.1f s", self.label, version, d,
+                 before, after, out["seconds"])
+        return out
+
     def wait_for(self, version: int, timeout: float) -> bool:
         """Whether the graph reaches ``version`` within ``timeout`` seconds (reading the log first:
         a missed follower message never leaves a replica answering from an older version)."""
@@ -591,6 +633,30 @@ def _remote_edit(store: Any, edit: GraphEdit) -> Any:
                                   else np.ones(len(rows[int(v)][0]), np.float32) for v in touched]).astype(np.float32)
     local = CSRGraph(indptr, indices, weights, num_nodes=n)
     return apply_edit(local, edit, allow_self_loops=False)
+
+
+SNAPSHOT_META = "snapshot.json"
+SNAPSHOT_FORMAT = "gnnserve.snapshot/1"
+
+
+def load_snapshot(directory: str | Path, dataset_fingerprint: str) -> tuple[Any, np.ndarray, int] | None:
+    """``(graph, features [N, F] memory map, version)`` of a snapshot :meth:`LiveGraph.compact` wrote for
+    that dataset, or ``None`` when there is none. A snapshot of another dataset is an error."""
+    from kernels.graph import CSRGraph
+
+    d = Path(directory)
+    try:
+        meta = json.loads((d / SNAPSHOT_META).read_text())
+    except FileNotFoundError:
+        return None
+    if meta.get("format") != SNAPSHOT_FORMAT or meta.get("dataset_fingerprint") != dataset_fingerprint:
+        raise ValueError(f"{d} is not a snapshot of dataset {dataset_fingerprint} (its {SNAPSHOT_META} says "
+                         f"{meta.get('format')!r}, {meta.get('dataset_fingerprint')!r})")
+    graph = CSRGraph.load(d / "graph", mmap=True)
+    x = np.load(d / "x.npy", mmap_mode="r")
+    if x.shape[0] != graph.num_nodes:
+        raise ValueError(f"snapshot {d}: {x.shape[0]} feature rows for {graph.num_nodes} nodes")
+    return graph, x, int(meta["version"])
 
 
 def _log_payload(request: Any) -> bytes:

@@ -410,6 +410,8 @@ class ModelRegistry:
         """Load, attach data, warm: runs in the loader thread. Raises on any problem."""
         from models.checkpoint import load_checkpoint
 
+        from .update_log import FileUpdateLog
+
         t0 = time.perf_counter()
         ckpt = load_checkpoint(path)
         if self.options.graph_url:
@@ -427,6 +429,10 @@ class ModelRegistry:
         replayed = live.replay()  # the graph's logged updates (the first model on it: all of them)
         if replayed:
             log.info("graph %s: %d logged updates replayed, now at version %d", live.label, replayed, live.version)
+        limit = self.options.compact_log_bytes
+        if (limit > 0 and isinstance(live.log, FileUpdateLog) and live.version > live.log.base
+                and live.log.size_bytes() > limit):
+            live.compact(self._live_dir() / f"{data.fingerprint}.snapshot")
         rt.warm()
         log.info("loaded %s v%d in %.1f s", name, version, time.perf_counter() - t0)
         return rt
@@ -468,8 +474,7 @@ class ModelRegistry:
         if redis_url:  # replicas share one log next to the data they share
             update_log: Any = RedisUpdateLog(redis_url, data.fingerprint)
         else:
-            log_dir = Path(o.update_log_dir) if o.update_log_dir else self.repo / "_live"
-            path = log_dir / f"{data.fingerprint}.log"
+            path = self._live_dir() / f"{data.fingerprint}.log"
             try:
                 update_log = FileUpdateLog(path, fsync=o.update_log_fsync)
             except UpdateLogError as exc:
@@ -481,10 +486,14 @@ class ModelRegistry:
                             data.fingerprint[:12], exc)
                 update_log = None
         data.live = LiveGraph(data, update_log, read_only=o.read_only, max_update_size=o.max_update_size,
-                              metrics=self.metrics)
+                              metrics=self.metrics, version=data.base_version)
         if redis_url:
             data.live.follow()
         return data.live
+
+    def _live_dir(self) -> Path:
+        """Where the embedded default keeps update logs and compacted snapshots (``--update-log-dir``)."""
+        return Path(self.options.update_log_dir) if self.options.update_log_dir else self.repo / "_live"
 
     def _find_dataset(self, fingerprint: str, source: str | None, ckpt_path: Path) -> GraphDataset:
         cands: list[str] = []
@@ -542,8 +551,23 @@ class ModelRegistry:
         bundle = self._data.get(fingerprint)
         if bundle is not None:
             return bundle
+        from .features import is_redis_url, open_store
+
+        if not is_redis_url(self.feature_url):  # the embedded default: a compacted live graph (serve.live)
+            from .features.memory import MemoryFeatureStore
+            from .live import load_snapshot
+
+            snap = load_snapshot(self._live_dir() / f"{fingerprint}.snapshot", fingerprint)
+            if snap is not None:
+                graph, x, version = snap
+                log.info("dataset %s: the snapshot of its live graph at version %d (%d nodes, %d edges)",
+                         fingerprint[:12], version, graph.num_nodes, graph.num_edges)
+                bundle = DataBundle(fingerprint=fingerprint, graph=graph,
+                                    features=MemoryFeatureStore(x, registry=self.metrics.registry),
+                                    feature_store_name="memory", base_version=version)
+                self._data[fingerprint] = bundle
+                return bundle
         ds = self._find_dataset(fingerprint, source, ckpt_path)
-        from .features import open_store
 
         # Redis: only a live version loaded from this very dataset (the newest such one unless
         # --feature-version names one); anything else is refused with the reason in the log

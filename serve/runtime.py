@@ -144,6 +144,9 @@ class RuntimeOptions:
     update_log_fsync: bool = False
     #: how long a Predict with ``min_graph_version`` waits for that version before UNAVAILABLE
     read_your_writes_timeout_s: float = 1.0
+    #: at start, after replaying a graph's file log: fold it into a snapshot when it is larger than this
+    #: (``serve.live.LiveGraph.compact``); 0 = never
+    compact_log_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         if self.serving_path is not None and self.serving_path not in PATH_NAMES:
@@ -161,6 +164,8 @@ class DataBundle:
     ppr_indexes: dict[str, Any] = field(default_factory=dict)  # PPRConfig key -> PPRIndex
     #: the graph's updates (serve.live.LiveGraph): its version, lock and update log
     live: Any = None
+    #: the version ``graph`` and ``features`` are at when loaded (a compacted snapshot's; 0 = the dataset)
+    base_version: int = 0
 
 
 @dataclass

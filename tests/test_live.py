@@ -309,6 +309,35 @@ def test_updates_survive_sigkill(base_repo, tmp_path, tiny_dataset):
         np.testing.assert_allclose(before["gcn"].probabilities, want, atol=2e-5)
 
 
+def test_compaction_folds_the_log_into_a_snapshot(base_repo, tmp_path, tiny_dataset):
+    """A start with a log over --compact-log-bytes writes a snapshot and empties the log; later starts load
+    the snapshot (same answers, same version) and go on numbering from it."""
+    repo = fresh_repo(base_repo, tmp_path / "compact")
+    ds, rng = tiny_dataset, np.random.default_rng(12)
+    mirror = _Mirror(ds)
+    updates = _random_updates(ds, mirror, rng, 5)
+    nodes = np.concatenate([rng.choice(ds.num_nodes, 12, replace=False), np.arange(ds.num_nodes, mirror.n)])
+    fp = next((repo / "_data").iterdir()).name
+    logfile = repo / "_live" / f"{fp}.log"
+    with ServerProcess(repo) as srv, GnnClient(srv.address) as c:
+        for upd in updates:
+            c.update_graph("gcn", **upd)
+    size = logfile.stat().st_size
+    with ServerProcess(repo, "--compact-log-bytes", "1") as srv, GnnClient(srv.address) as c:
+        first = {m: c.predict(m, nodes, sampling_width=0) for m in ("gcn", "sage")}
+        assert first["gcn"].graph_version == 5
+    assert (repo / "_live" / f"{fp}.snapshot" / "snapshot.json").exists()
+    assert logfile.stat().st_size < size
+    with ServerProcess(repo) as srv, GnnClient(srv.address) as c:
+        for m in ("gcn", "sage"):
+            again = c.predict(m, nodes, sampling_width=0)
+            assert again.graph_version == 5
+            np.testing.assert_allclose(again.probabilities, first[m].probabilities, atol=1e-5, err_msg=m)
+        assert c.update_graph("gcn", features={0: np.zeros(ds.num_features)}).graph_version == 6
+    want = _reference(base_repo, "gcn", mirror.graph(), mirror.x, nodes, 0)
+    np.testing.assert_allclose(first["gcn"].probabilities, want, atol=2e-5)
+
+
 pytest_plugins = ("tests.redis_server",)
 
 
@@ -368,3 +397,26 @@ def test_two_replicas_over_one_redis_see_each_others_updates(redis_factory, base
     finally:
         for s in servers:
             s.stop()
+
+
+def test_update_metrics(base_repo, tmp_path, tiny_dataset):
+    """Updates applied, rows invalidated per cache, update-to-visible time and the log size are exported."""
+    from .serving import free_port, metric_samples
+
+    port = free_port()
+    srv = ServerThread(fresh_repo(base_repo, tmp_path / "m"), {"metrics_port": port}).start()
+    try:
+        with GnnClient(srv.address) as c:
+            c.predict("gcn", np.arange(50), sampling_width=0)  # rows to invalidate
+            for v in range(3):
+                c.update_graph("gcn", features={v: np.zeros(tiny_dataset.num_features)})
+        [(labels, value)] = metric_samples(port, "gnnserve_graph_updates_total")
+        assert value == 3 and labels["graph"]
+        assert metric_samples(port, "gnnserve_graph_version") == [(labels, 3.0)]
+        caches = {lab["cache"]: v for lab, v in metric_samples(port, "gnnserve_graph_rows_invalidated_total")}
+        assert caches.get("projection", 0) >= 3 and caches.get("activation", 0) > 0, caches
+        assert metric_samples(port, "gnnserve_graph_update_log_bytes")[0][1] > 0
+        counts = [v for lab, v in metric_samples(port, "gnnserve_graph_update_seconds_count")]
+        assert counts == [3]
+    finally:
+        srv.stop()
