@@ -321,10 +321,11 @@ class LivePPRIndex:
         self._graph: CSRGraph | None = None  # the graph after the last apply (None: base's graph)
         self._fingerprint: str | None = base.fingerprint
         # merged lists (the base's arrays until the first merge)
-        self._ptr = np.asarray(base.ptr)
-        self._nodes = np.asarray(base.nodes)
-        self._scores = np.asarray(base.scores)
-        self._n_merged = base.num_nodes
+        # (ptr, nodes, scores), swapped as one tuple so a reader never mixes two generations
+        self._lists: tuple[np.ndarray, np.ndarray, np.ndarray] = (
+            np.asarray(base.ptr), np.asarray(base.nodes), np.asarray(base.scores))
+        self._version = 0  # bumped by every apply
+        self._mat: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         # overlay: node v's list is arena[ostart[v] : ostart[v] + olen[v]] when ostart[v] >= 0
         n = base.num_nodes
         self._ostart = np.full(n, -1, dtype=np.int64)
@@ -375,21 +376,30 @@ class LivePPRIndex:
         """The precomputed induced table in use (the base's, or one rebuilt by :meth:`ensure_induced`)."""
         return self._table if self._table is not None else self.base.induced
 
+    def _materialised(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        mat = self._mat
+        if mat is None or mat[0] != self._version:
+            arrays = self._lists
+            if np.any(self._ostart >= 0):
+                ptr, nodes, scores = self.lookup(np.arange(self.num_nodes), return_scores=True)
+                arrays = (ptr, nodes.astype(index_dtype_for(self.num_nodes)), scores)
+            mat = (self._version, arrays)
+            self._mat = mat
+        return mat[1]
+
     @property
     def ptr(self) -> np.ndarray:
-        """Merged CSR lists (merges the overlay first): ``nodes/scores[ptr[v]:ptr[v + 1]]``."""
-        self._merge()
-        return self._ptr
+        """All current lists as CSR (``nodes/scores[ptr[v]:ptr[v + 1]]``), like :attr:`PPRIndex.ptr`:
+        the base's arrays until an edit, then a copy built on first access after each edit (O(N K))."""
+        return self._materialised()[0]
 
     @property
     def nodes(self) -> np.ndarray:
-        self._merge()
-        return self._nodes
+        return self._materialised()[1]
 
     @property
     def scores(self) -> np.ndarray:
-        self._merge()
-        return self._scores
+        return self._materialised()[2]
 
     def lookup(
         self, targets: np.ndarray | Sequence[int] | int, k: int | None = None, *, return_scores: bool = False
@@ -403,15 +413,16 @@ class LivePPRIndex:
             raise ValueError(f"k must lie in [1, k_max={self.k_max}], got {k}")
         t = np.asarray(targets, dtype=np.int64).reshape(-1)
         n = self.num_nodes
+        lp, ln, ls = self._lists
         if len(t) == 1:
             v = int(t[0])
             if not 0 <= v < n:
                 raise ValueError(f"targets must lie in [0, {n})")
             o = int(self._ostart[v])
             if o < 0:
-                lo = int(self._ptr[v])
-                cnt = min(int(self._ptr[v + 1]) - lo, k)
-                nodes, src_s, lo_s = self._nodes[lo : lo + cnt].astype(np.int64), self._scores, lo
+                lo = int(lp[v])
+                cnt = min(int(lp[v + 1]) - lo, k)
+                nodes, src_s, lo_s = ln[lo : lo + cnt].astype(np.int64), ls, lo
             else:
                 cnt = min(int(self._olen[v]), k)
                 nodes, src_s, lo_s = self._a_nodes[o : o + cnt].copy(), self._a_scores, o
@@ -424,25 +435,25 @@ class LivePPRIndex:
         o = self._ostart[t]
         over = o >= 0
         if not over.any():
-            start = self._ptr[t]
-            cnt = np.minimum(self._ptr[t + 1] - start, k)
+            start = lp[t]
+            cnt = np.minimum(lp[t + 1] - start, k)
             optr, idx = gather_ranges(start, cnt)
-            nodes = self._nodes[idx].astype(np.int64)
+            nodes = ln[idx].astype(np.int64)
             if return_scores:
-                return optr, nodes, np.asarray(self._scores[idx], dtype=np.float32)
+                return optr, nodes, np.asarray(ls[idx], dtype=np.float32)
             return optr, nodes
         tb = np.where(over, 0, t)
-        start = np.where(over, o, self._ptr[tb])
-        length = np.where(over, self._olen[t], self._ptr[tb + 1] - self._ptr[tb])
+        start = np.where(over, o, lp[tb])
+        length = np.where(over, self._olen[t], lp[tb + 1] - lp[tb])
         cnt = np.minimum(length, k)
         optr, idx = gather_ranges(start, cnt)
         fa = np.repeat(over, cnt)
         nodes = np.empty(len(idx), dtype=np.int64)
-        nodes[~fa] = self._nodes[idx[~fa]]
+        nodes[~fa] = ln[idx[~fa]]
         nodes[fa] = self._a_nodes[idx[fa]]
         if return_scores:
             scores = np.empty(len(idx), dtype=np.float32)
-            scores[~fa] = self._scores[idx[~fa]]
+            scores[~fa] = ls[idx[~fa]]
             scores[fa] = self._a_scores[idx[fa]]
             return optr, nodes, scores
         return optr, nodes
@@ -556,7 +567,8 @@ class LivePPRIndex:
         self._fingerprint = None
         self.num_nodes = new_graph.num_nodes
         self.last_recomputed, self.last_new, self.last_dirty = recompute, new_ids, fresh
-        if self._a_fill > max(64 * self.k_max, self.merge_fraction * len(self._nodes)):
+        self._version += 1
+        if self._a_fill > max(64 * self.k_max, self.merge_fraction * len(self._lists[1])):
             self._merge()
         return {
             "recomputed": len(recompute),
@@ -599,10 +611,8 @@ class LivePPRIndex:
             return
         n = self.num_nodes
         ptr, nodes, scores = self.lookup(np.arange(n, dtype=np.int64), self.k_max, return_scores=True)
-        self._ptr = ptr
-        self._nodes = nodes.astype(index_dtype_for(n))
-        self._scores = scores
-        self._n_merged = n
+        self._lists = (ptr, nodes.astype(index_dtype_for(n)), scores)  # one swap; then the overlay goes
+        self._mat = None
         self._ostart[:] = -1
         self._olen[:] = 0
         self._a_fill = 0
@@ -610,20 +620,21 @@ class LivePPRIndex:
 
     def _inverse(self) -> tuple[np.ndarray, np.ndarray]:
         if self._inv is None:
-            self._inv = _inverse_csr(self._nodes, self._n_merged)
+            self._inv = _inverse_csr(self._lists[1], len(self._lists[0]) - 1)
         return self._inv
 
     def _holders(self, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Current lists holding the sorted ids ``xs``: ``(source, index into xs, stored score)``."""
         inv_ptr, inv_pos = self._inverse()
-        xi_m = np.flatnonzero(xs < self._n_merged)
+        lp, _, ls = self._lists
+        xi_m = np.flatnonzero(xs < len(lp) - 1)
         xm = xs[xi_m]
         cnt = inv_ptr[xm + 1] - inv_ptr[xm]
         _, q = gather_ranges(inv_ptr[xm], cnt)
         pos = inv_pos[q]
-        src = np.searchsorted(self._ptr, pos, side="right") - 1
+        src = np.searchsorted(lp, pos, side="right") - 1
         keep = self._ostart[src] < 0  # an overlaid source's merged list is stale
-        hs, hx, hsc = src[keep], np.repeat(xi_m, cnt)[keep], np.asarray(self._scores[pos[keep]])
+        hs, hx, hsc = src[keep], np.repeat(xi_m, cnt)[keep], np.asarray(ls[pos[keep]])
         if self._a_fill:
             an = self._a_nodes[: self._a_fill]
             idx = np.flatnonzero(np.isin(an, xs))
@@ -641,7 +652,8 @@ class LivePPRIndex:
         over = o >= 0
         out = np.empty(len(s), dtype=np.float64)
         sb = s[~over]
-        out[~over] = self._scores[np.maximum(self._ptr[sb + 1] - 1, self._ptr[sb])]
+        lp, _, ls = self._lists
+        out[~over] = ls[np.maximum(lp[sb + 1] - 1, lp[sb])]
         out[over] = self._a_scores[o[over] + np.maximum(self._olen[s[over]] - 1, 0)]
         return out
 

@@ -216,12 +216,14 @@ def batches_equal(a, b):
         np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
 
 
-@pytest.mark.parametrize("with_table", [False, True])
-def test_induced_batch_equals_inducing_from_the_graph(sbm, with_table, monkeypatch):
+@pytest.mark.parametrize(("with_table", "tol_factor"), [(False, 1.0), (True, 1.0), (True, 1e9)])
+def test_induced_batch_equals_inducing_from_the_graph(sbm, with_table, tol_factor, monkeypatch):
     base = PPRIndex.build(sbm, SBM_CFG, progress=False)
     if with_table:
         assert base.ensure_induced(sbm, max_bytes=1 << 30)
-    live = LivePPRIndex(base)
+    # tol_factor 1e9 recomputes no list: only the dirty marks of the lists holding changed rows
+    # keep the table from serving stale subgraphs
+    live = LivePPRIndex(base, tol_factor=tol_factor)
     calls = {"graph": 0}
     real = pl.induced_batch
 
@@ -254,6 +256,7 @@ def test_induced_batch_equals_inducing_from_the_graph(sbm, with_table, monkeypat
     n0 = sbm.num_nodes
     dirty = live.is_dirty(np.arange(n0))
     assert 0 < dirty.sum() < n0
+    changed_subgraphs = 0
     for t in range(n0):
         now = induced_batch(g, *live.lookup([t]))
         then = induced_batch(sbm, *base.lookup([t]))
@@ -261,6 +264,8 @@ def test_induced_batch_equals_inducing_from_the_graph(sbm, with_table, monkeypat
                 and np.array_equal(now.graph.indices, then.graph.indices))  # fmt: skip
         if not dirty[t]:
             assert same, t
+        changed_subgraphs += not same
+    assert changed_subgraphs > 0
     assert live.is_dirty(np.arange(n0, g.num_nodes)).all()  # new nodes are never in the table
     # after edits, ensure_induced builds a table of the current lists and clears the marks
     assert live.ensure_induced(g, max_bytes=1 << 30)
@@ -301,14 +306,19 @@ def test_lookup_contract(sbm, sbm_base):
         assert p1.tolist() == [0, len(n1)] and len(s1) == len(n1) and n1[0] == v
         assert np.all(np.diff(s1[1:]) <= 0)
         assert live.lookup([v], 3)[1].tolist() == n1[:3].tolist()
+    lonely = apply_edit(g, GraphEdit.make(new_count=1))  # a new node without edges: its list is itself
+    live.apply(g, lonely.graph, lonely.changed_rows, lonely.new_ids)
+    p1, n1, s1 = live.lookup(502, return_scores=True)
+    assert n1.tolist() == [502] and s1.tolist() == [1.0]
+    assert live.lookup([500, 502, 3])[1][-live.lookup(3)[0][1] - 1] == 502
     empty = live.lookup(np.zeros(0, dtype=np.int64))
     assert empty[0].tolist() == [0] and len(empty[1]) == 0
     with pytest.raises(ValueError, match="k must lie"):
         live.lookup([1], SBM_CFG.topk + 1)
     with pytest.raises(ValueError, match="targets must lie"):
-        live.lookup([502])
+        live.lookup([503])
     with pytest.raises(ValueError, match="targets must lie"):
-        live.lookup([1, 502])
+        live.lookup([1, 503])
     assert live.k_max == SBM_CFG.topk and live.config == SBM_CFG
 
 
@@ -338,6 +348,17 @@ def test_perturbation_bounds_hold_for_exact_ppr(cfg, weighted):
             assert np.abs(d).sum() <= b_l1 + 1e-9
             assert np.all(np.abs(d) <= what * b_node + 1e-9)
         g = g2
+    # a removal that leaves a node without edges (its walk then stays put): path 0-1-2-3, drop (0, 1)
+    h = CSRGraph.from_edge_index(np.array([[0, 1, 2], [1, 2, 3]]), num_nodes=4, symmetrize=True)
+    h2 = apply_edit(h, edit_from_pairs(remove=[(0, 1)])).graph
+    l1, mx = row_change_bounds(h, h2, np.array([0, 1]))
+    np.testing.assert_allclose(l1, [2.0, 1.0])  # row 0: e_1 -> e_0; row 1: (1/2, 1/2) -> e_2
+    old, new = ppr_exact(h, np.arange(4), cfg), ppr_exact(h2, np.arange(4), cfg)
+    what = np.maximum(_weighted_degree(h2), 1.0)
+    for b in range(4):
+        d = new[b] - old[b]
+        assert np.abs(d).sum() <= (1 - a) / a * np.sum(old[b, [0, 1]] * l1) + 1e-9
+        assert np.all(np.abs(d) <= what * (1 - a) / a * np.sum(old[b, [0, 1]] * mx) + 1e-9)
     # a one-edge addition between unit-degree rows: the bounds by hand
     h = CSRGraph.from_edge_index(np.array([[0, 2], [1, 3]]), num_nodes=4, symmetrize=True)
     h2 = apply_edit(h, edit_from_pairs(add=[(0, 2)])).graph
