@@ -368,3 +368,23 @@ def test_perturbation_bounds_hold_for_exact_ppr(cfg, weighted):
     np.testing.assert_allclose(mx, [0.5, 0.5])
     l1, mx = row_change_bounds(h, h2, np.array([1]))  # an unchanged row moves by nothing
     assert l1.tolist() == [0.0] and mx.tolist() == [0.0]
+
+
+def test_bounds_of_successive_edits_add_up(sbm, sbm_base):
+    """Two edits that each stay under the tolerance but together exceed it recompute on the second."""
+    u, v = 3, 7
+    g1 = apply_edit(sbm, edit_from_pairs(add=[(u, v)]))
+    g2 = apply_edit(g1.graph, edit_from_pairs(remove=[(u, v)]))
+    probe = LivePPRIndex(sbm_base, tol_factor=1e9)
+    probe.apply(sbm, g1.graph, g1.changed_rows, g1.new_ids)
+    d1 = probe._drift.copy()
+    probe.apply(g1.graph, g2.graph, g2.changed_rows, g2.new_ids)
+    d2 = probe._drift.copy()
+    s = int(np.argmax(d1))
+    assert d2[s] > 1.5 * d1[s] > 0  # the second edit moved the same source again
+    tol = (d1[s] + min(d2[s], 2 * d1[s])) / 2
+    live = LivePPRIndex(sbm_base, tol_factor=tol / SBM_CFG.eps)
+    assert live.apply(sbm, g1.graph, g1.changed_rows, g1.new_ids)["recomputed"] == 0
+    live.apply(g1.graph, g2.graph, g2.changed_rows, g2.new_ids)
+    assert s in live.last_recomputed.tolist()
+    assert live._drift[s] == 0.0
