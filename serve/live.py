@@ -1,22 +1,27 @@
 """The live graph: node, edge and feature updates while serving, with answers as fresh as the last write.
 
 One :class:`LiveGraph` per dataset (every model version trained on it shares it, so every model on
-the graph sees an update). It holds the graph's version (a counter, +1 per accepted update), the
+the graph sees an update). It holds the graph's version (a counter, +1 per applied group of updates), the
 read/write lock that makes an update atomic, the ordered update log (a file beside the repository's
 data, or a Redis stream for replicas: :mod:`serve.update_log`) and the overlay of changed feature rows.
 
 An update (``UpdateGraph``, :func:`parse_update`) is, in order: feature upserts of existing nodes, new
 nodes (ids ``N, N+1, ...`` with their edges), edge removals, edge additions; every edge applies in both
-directions (the graphs are symmetric). Life of one update (:meth:`LiveGraph.update`):
+directions (the graphs are symmetric). Life of an update (:meth:`LiveGraph.update`):
 
-1. under the writer mutex (one update at a time per graph), caught up with the log: validate it
-   against the current graph (:func:`parse_update`, :func:`kernels.graph_edit.apply_edit`): a bad
-   entry is INVALID_ARGUMENT naming it, and nothing of the request is applied;
-2. append it to the log (durable before it is acknowledged; replicas see it there);
-3. take the write lock (no batch runs: every batch holds the read lock for its whole run, so it sees
-   one version), swap in the new graph, write the feature overlay, refresh the PPR lists
-   (:class:`kernels.ppr_live.LivePPRIndex`) and make every model invalidate exactly the cached rows the
-   update changed (:meth:`serve.runtime.ModelRuntime.rebase`), bump the version, release.
+1. it queues for the writer; whoever holds the writer takes every update waiting, in arrival order,
+   as one group (so a stream of small updates costs one graph copy per group, not per update);
+2. caught up with the log, each update of the group is validated against the state the ones before
+   it leave (:func:`parse_update`; edges by the group's own check, else by
+   :func:`kernels.graph_edit.apply_edit`, :class:`_Group`): a bad entry is INVALID_ARGUMENT naming
+   it, and nothing of that request is applied (the others go on);
+3. the group is appended to the log as one record (durable before anyone is acknowledged; replicas
+   see it there);
+4. under the write lock (no batch runs: every batch holds the read lock for its whole run, so it sees
+   one version): the new graph (one ``apply_edit`` of the group's net edit), the feature overlay, the
+   PPR lists (:class:`kernels.ppr_live.LivePPRIndex`) and every model's caches, dropping exactly the
+   cached rows the group changed (:meth:`serve.runtime.ModelRuntime.rebase`); the version is bumped
+   and the lock released.
 
 What each change invalidates (the rule :meth:`ModelRuntime.rebase` follows; docs/ARCHITECTURE.md has
 the table): a changed feature row, its projection, and the first-layer rows of it and of its
@@ -303,6 +308,167 @@ class UpdateResult:
     num_edges: int
     invalidated: dict[str, int] = field(default_factory=dict)
     apply_ms: float = 0.0
+    group_size: int = 1  # updates applied together as this version
+
+
+class _Ticket:
+    """One UpdateGraph call waiting for the writer."""
+
+    def __init__(self, request: Any) -> None:
+        self.request = request
+        self.t0 = time.perf_counter()
+        self.done = False
+        self.error: BaseException | None = None
+        self.result: UpdateResult | None = None
+
+    def fail(self, exc: BaseException) -> None:
+        self.error, self.done = exc, True
+
+    def finish(self, result: UpdateResult) -> None:
+        self.result, self.done = result, True
+
+
+class _Group:
+    """The net effect of consecutive updates, each validated against the state the earlier ones leave.
+
+    Edges are checked against the graph plus a dict of the group's changes (``(min, max)`` -> weight or
+    ``None`` when removed) until an update needs more than that oracle can vouch for (a self-loop, a
+    weight that is not positive and finite, a bad entry: anything :func:`kernels.graph_edit.apply_edit`
+    might refuse); from then on the group materialises its graph and validates each further update by
+    ``apply_edit`` itself, which names the bad entry. The net edit of the oracle's part is one
+    ``apply_edit`` of the graph, so a group of k single-edge updates copies the graph once.
+    """
+
+    def __init__(self, graph: Any, num_nodes: int, *, chain_only: bool = False) -> None:
+        self.graph0 = graph
+        self.n0 = int(num_nodes)
+        self.num_nodes = self.n0
+        self.delta: dict[tuple[int, int], float | None] = {}
+        self.features: dict[int, np.ndarray] = {}
+        self.new_features: list[np.ndarray] = []
+        self.chain: Any = None  # the materialised EditEffect once the oracle gave way
+        self.chain_changed: list[np.ndarray] = []
+        self.chain_only = chain_only
+
+    def _base_weight(self, u: int, v: int) -> float | None:
+        g = self.graph0
+        if u >= g.num_nodes or v >= g.num_nodes:
+            return None
+        lo, hi = int(g.indptr[u]), int(g.indptr[u + 1])
+        k = lo + int(np.searchsorted(g.indices[lo:hi], v))
+        if k < hi and int(g.indices[k]) == v:
+            return 1.0 if g.weights is None else float(g.weights[k])
+        return None
+
+    def _weight(self, u: int, v: int, local: dict) -> float | None:
+        key = (u, v) if u < v else (v, u)
+        if key in local:
+            return local[key]
+        if key in self.delta:
+            return self.delta[key]
+        return self._base_weight(u, v)
+
+    def _oracle(self, e: GraphEdit, n: int) -> dict | None:
+        """The changes of ``e`` if the oracle can vouch for every entry, else ``None``."""
+        local: dict[tuple[int, int], float | None] = {}
+        m = int(e.new_count)
+        top = n + m
+
+        def ok_w(w: float) -> bool:
+            return bool(np.isfinite(w)) and w > 0
+
+        for j in range(m):
+            v = n + j
+            nb = e.new_nbrs[e.new_ptr[j]:e.new_ptr[j + 1]]
+            if len(nb) and (int(nb.min()) < 0 or int(nb.max()) >= v or len(np.unique(nb)) < len(nb)):
+                return None
+            for k, x in enumerate(nb.tolist()):
+                w = 1.0 if e.new_weights is None else float(e.new_weights[e.new_ptr[j] + k])
+                if not ok_w(w):
+                    return None
+                local[(x, v)] = w
+        for u, v in zip(e.rem_src.tolist(), e.rem_dst.tolist(), strict=True):
+            if u == v or not (0 <= u < top and 0 <= v < top) or self._weight(u, v, local) is None:
+                return None
+            local[(u, v) if u < v else (v, u)] = None
+        for k, (u, v) in enumerate(zip(e.add_src.tolist(), e.add_dst.tolist(), strict=True)):
+            w = 1.0 if e.add_w is None else float(e.add_w[k])
+            if u == v or not (0 <= u < top and 0 <= v < top) or not ok_w(w) \
+                    or self._weight(u, v, local) is not None:
+                return None
+            local[(u, v) if u < v else (v, u)] = w
+        return local
+
+    def add(self, parsed: ParsedUpdate, edit_fn: Any) -> None:
+        """Take ``parsed`` into the group, or raise :class:`GraphEditError` (the group is unchanged)."""
+        e = parsed.edit
+        if not e.empty:
+            local = None if (self.chain is not None or self.chain_only) else self._oracle(e, self.num_nodes)
+            if local is not None:
+                self.delta.update(local)
+            else:
+                base = self.materialise(edit_fn)
+                eff = edit_fn(base, e)  # raises GraphEditError naming the entry
+                self.chain = eff
+                self.chain_changed.append(eff.changed_rows)
+        for v, row in zip(parsed.feature_ids.tolist(), parsed.feature_rows, strict=True):
+            if v >= self.n0:
+                self.new_features[v - self.n0] = row
+            else:
+                self.features[v] = row
+        self.new_features.extend(parsed.new_features)
+        self.num_nodes += parsed.num_new
+
+    def _net_edit(self) -> GraphEdit:
+        """The group's changes so far as one edit of ``graph0`` (new nodes, net removals and additions)."""
+        from kernels.graph_edit import GraphEdit
+
+        add, rem = [], []
+        for (u, v), w in self.delta.items():
+            b = self._base_weight(u, v)
+            if b is not None and (w is None or w != b):
+                rem.append((u, v))
+            if w is not None and w != b:
+                add.append((u, v, w))
+        a = np.array(add, dtype=np.float64).reshape(-1, 3)
+        r = np.array(rem, dtype=np.int64).reshape(-1, 2)
+        return GraphEdit.make(new_count=self.num_nodes - self.n0,
+                              add_src=a[:, 0].astype(np.int64), add_dst=a[:, 1].astype(np.int64),
+                              add_w=a[:, 2].astype(np.float32), rem_src=r[:, 0], rem_dst=r[:, 1])
+
+    def materialise(self, edit_fn: Any) -> Any:
+        """The graph after the group's updates so far (the oracle's net edit applied once)."""
+        if self.chain is not None:
+            return self.chain.graph
+        net = self._net_edit()  # new nodes so far come with it (their edges are additions in it)
+        if net.empty:
+            return self.graph0
+        eff = edit_fn(self.graph0, net)
+        self.chain = eff
+        self.chain_changed.append(eff.changed_rows)
+        self.delta = {}
+        return eff.graph
+
+    def effect(self, edit_fn: Any) -> Any:
+        """The group's :class:`~kernels.graph_edit.EditEffect` (``None``: no structural change)."""
+        from kernels.graph_edit import EditEffect
+
+        if self.chain is None:
+            net = self._net_edit()
+            return None if net.empty else edit_fn(self.graph0, net)
+        changed = np.unique(np.concatenate(self.chain_changed)) if self.chain_changed else np.zeros(0, np.int64)
+        return EditEffect(self.chain.graph, changed, np.arange(self.n0, self.num_nodes, dtype=np.int64))
+
+    def parsed(self) -> ParsedUpdate:
+        """The group as one :class:`ParsedUpdate` for :meth:`LiveGraph._apply` (features and new nodes)."""
+        from kernels.graph_edit import GraphEdit
+
+        ids = np.array(sorted(self.features), dtype=np.int64)
+        f = len(next(iter(self.features.values()))) if self.features else 0
+        rows = (np.stack([self.features[int(v)] for v in ids]) if len(ids)
+                else np.zeros((0, f), dtype=np.float32))
+        new = np.stack(self.new_features) if self.new_features else np.zeros((0, max(f, 0)), np.float32)
+        return ParsedUpdate(ids, rows.astype(np.float32), new.astype(np.float32), GraphEdit.make())
 
 
 class LiveGraph:
@@ -326,7 +492,9 @@ class LiveGraph:
         self.max_update_size = int(max_update_size)
         self.metrics = metrics
         self.lock = RWLock()
-        self._writer = threading.RLock()  # one update (or log catch-up) at a time
+        self._writer = threading.RLock()  # one group of updates (or log catch-up) at a time
+        self._pending_lock = threading.Lock()
+        self._pending: list[_Ticket] = []  # UpdateGraph calls waiting for the writer, in arrival order
         self.version = int(version)  # a snapshot's version (compact), else 0: the dataset as loaded
         self._runtimes: weakref.WeakSet[ModelRuntime] = weakref.WeakSet()
         self._version_cond = threading.Condition()
@@ -365,51 +533,121 @@ class LiveGraph:
 
     # ---------------------------------------------------------------- updates
     def update(self, request: Any) -> UpdateResult:
-        """Validate, log and apply one ``UpdateGraphRequest`` (blocking: call it off the event loop)."""
+        """Validate, log and apply one ``UpdateGraphRequest`` (blocking: call it off the event loop).
+
+        Concurrent calls are grouped: whoever holds the writer applies every update waiting at that
+        moment, in arrival order, as one graph version (one log record, one new graph, one round of
+        invalidation), so a stream of small updates costs one graph copy per group, not per update.
+        Each update is still validated on its own against the state its predecessors leave: a bad one
+        fails alone, and an update with ``expect_graph_version`` starts a group of its own.
+        """
         if self.read_only:
             why = ("it was started with --read-only" if self.log is not None
-                   else "it has no update log for this graph")
+                   else "another server holds this graph's update log")
             raise ReadOnly(f"this server does not take graph updates: {why}")
-        t0 = time.perf_counter()
+        ticket = _Ticket(request)
+        with self._pending_lock:
+            self._pending.append(ticket)
         with self._writer:
-            if self.broken is not None:
-                raise Unavailable(self.broken)
-            self.catch_up()
-            parsed = parse_update(request, self.features.num_nodes, self.features.num_features,
-                                  max_size=self.max_update_size)
-            if parsed.expect_version is not None and parsed.expect_version != self.version:
-                raise UpdateConflict(f"the graph is at version {self.version}, not {parsed.expect_version}: "
-                                     "another update came first; read the graph again and retry")
-            plan = self._plan(parsed)  # validates against the graph: nothing changed yet
-            payload = _log_payload(request)
-            from .update_log import UpdateLogUnavailable, VersionConflict
+            while not ticket.done:
+                self._drain()
+        if ticket.error is not None:
+            raise ticket.error
+        assert ticket.result is not None
+        return ticket.result
 
-            try:
-                version = self.log.append(payload, expect_version=self.version)
-            except VersionConflict:  # a replica beside us wrote first: apply its records, validate again
-                self.catch_up()
-                return self.update(request)
-            except UpdateLogUnavailable as exc:
-                raise Unavailable(f"graph update not applied: the update log is unavailable ({exc})") from None
-            inv = self._apply(parsed, plan, version)
-        ms = 1e3 * (time.perf_counter() - t0)
-        self._observe(inv, ms)
-        g = self.data.graph
-        return UpdateResult(version, np.arange(self.features.num_nodes - parsed.num_new, self.features.num_nodes),
-                            self.features.num_nodes, int(g.num_edges), inv, ms)
-
-    def _plan(self, parsed: ParsedUpdate) -> Any:
-        """The new graph (or the new rows of a remote one) of ``parsed``, without changing anything."""
-        from kernels.graph_edit import GraphEditError, apply_edit
-
-        if parsed.edit.empty:
-            return None
+    def _drain(self) -> None:
+        """Commit the waiting updates, a group at a time (holding the writer)."""
+        with self._pending_lock:
+            tickets, self._pending = self._pending, []
+        if not tickets:
+            return
+        if self.broken is not None:
+            for t in tickets:
+                t.fail(Unavailable(self.broken))
+            return
         try:
-            if self.remote:
-                return _remote_edit(self.data.graph, parsed.edit)
-            return apply_edit(self.data.graph, parsed.edit)
-        except GraphEditError as exc:
-            raise InvalidArgument(_api_names(str(exc), parsed.edit)) from None
+            self.catch_up()
+        except GnnServeError as exc:
+            for t in tickets:
+                t.fail(exc)
+            return
+        rest = self._commit_group(tickets)
+        if rest:
+            with self._pending_lock:
+                self._pending[:0] = rest
+
+    def _commit_group(self, tickets: list[_Ticket]) -> list[_Ticket]:
+        """Validate ``tickets`` in order into one group and commit it; returns those left for the next."""
+        from kernels.graph_edit import GraphEditError
+
+        group = _Group(self.data.graph, self.features.num_nodes, chain_only=self.remote)
+        accepted: list[tuple[_Ticket, ParsedUpdate]] = []
+        for i, t in enumerate(tickets):
+            try:
+                parsed = parse_update(t.request, group.num_nodes, self.features.num_features,
+                                      max_size=self.max_update_size)
+            except GnnServeError as exc:
+                t.fail(exc)
+                continue
+            if parsed.expect_version is not None:
+                if accepted:  # it names the version before it: it starts the next group
+                    self._commit(accepted, group)
+                    return tickets[i:]
+                if parsed.expect_version != self.version:
+                    t.fail(UpdateConflict(f"the graph is at version {self.version}, not {parsed.expect_version}: "
+                                          "another update came first; read the graph again and retry"))
+                    continue
+            try:
+                group.add(parsed, self._edit_fn)
+            except GraphEditError as exc:
+                t.fail(InvalidArgument(_api_names(str(exc), parsed.edit)))
+                continue
+            accepted.append((t, parsed))
+        if accepted:
+            self._commit(accepted, group)
+        return []
+
+    def _edit_fn(self, graph: Any, edit: GraphEdit) -> Any:
+        from kernels.graph_edit import apply_edit
+
+        return _remote_edit(graph, edit) if self.remote else apply_edit(graph, edit)
+
+    def _commit(self, accepted: list[tuple[_Ticket, ParsedUpdate]], group: _Group) -> None:
+        """Log the group as one record and make it visible; settle its tickets."""
+        from kernels.graph_edit import GraphEditError
+
+        from .update_log import UpdateLogUnavailable, VersionConflict
+
+        try:
+            effect = group.effect(self._edit_fn)
+        except GraphEditError as exc:  # cannot happen: every update was validated; refuse all, apply none
+            log.exception("graph %s: a group of validated updates does not apply", self.label)
+            for t, _ in accepted:
+                t.fail(Unavailable(f"graph update not applied (incident: {exc}); retry"))
+            return
+        payload = _log_payload([t.request for t, _ in accepted])
+        try:
+            version = self.log.append(payload, expect_version=self.version)
+        except VersionConflict:  # a replica beside us wrote first: its records, then these again
+            with self._pending_lock:
+                self._pending[:0] = [t for t, _ in accepted]
+            return
+        except UpdateLogUnavailable as exc:
+            for t, _ in accepted:
+                t.fail(Unavailable(f"graph update not applied: the update log is unavailable ({exc})"))
+            return
+        n0 = self.features.num_nodes
+        inv = self._apply(group.parsed(), effect, version)
+        g = self.data.graph
+        now = time.perf_counter()
+        first = n0
+        for t, parsed in accepted:
+            ids = np.arange(first, first + parsed.num_new, dtype=np.int64)
+            first += parsed.num_new
+            t.finish(UpdateResult(version, ids, self.features.num_nodes, int(g.num_edges), inv,
+                                  1e3 * (now - t.t0), len(accepted)))
+        self._observe(inv, [1e3 * (now - t.t0) for t, _ in accepted])
 
     def _apply(self, parsed: ParsedUpdate, effect: Any, version: int) -> dict[str, int]:
         """Make ``parsed`` visible as ``version`` (under the write lock)."""
@@ -455,13 +693,16 @@ class LiveGraph:
                 inv[k] = inv.get(k, 0) + v
         self.version = version
 
-    def _observe(self, inv: dict[str, int], ms: float) -> None:
+    def _observe(self, inv: dict[str, int], ms: list[float]) -> None:
+        """Metrics of one applied group: its updates, each one's time from arrival to visible."""
         m = self.metrics
         if m is None or not hasattr(m, "graph_updates"):
             return
-        m.graph_updates.labels(self.label).inc()
+        m.graph_updates.labels(self.label).inc(len(ms))
         m.graph_version.labels(self.label).set(self.version)
-        m.update_seconds.labels(self.label).observe(ms / 1e3)
+        h = m.update_seconds.labels(self.label)
+        for x in ms:
+            h.observe(x / 1e3)
         for cache, rows in inv.items():
             m.rows_invalidated.labels(self.label, cache).inc(rows)
         if self.log is not None:
@@ -496,11 +737,14 @@ class LiveGraph:
 
         if version != self.version + 1:
             raise RuntimeError(f"update log of graph {self.label}: record {version} after {self.version}")
-        req = pb.UpdateGraphRequest.FromString(payload)
         t0 = time.perf_counter()
-        parsed = parse_update(req, self.features.num_nodes, self.features.num_features, max_size=1 << 62)
-        inv = self._apply(parsed, self._plan(parsed), version)
-        self._observe(inv, 1e3 * (time.perf_counter() - t0))
+        group = _Group(self.data.graph, self.features.num_nodes, chain_only=self.remote)
+        updates = pb.UpdateLogRecord.FromString(payload).updates
+        for req in updates:  # accepted when written: valid again on the same state
+            group.add(parse_update(req, group.num_nodes, self.features.num_features, max_size=1 << 62),
+                      self._edit_fn)
+        inv = self._apply(group.parsed(), group.effect(self._edit_fn), version)
+        self._observe(inv, [1e3 * (time.perf_counter() - t0)] * len(updates))
 
     def compact(self, directory: str | Path) -> dict[str, Any]:
         """Fold the applied updates into a snapshot of the graph and features at ``directory`` (what a
@@ -659,13 +903,15 @@ def load_snapshot(directory: str | Path, dataset_fingerprint: str) -> tuple[Any,
     return graph, x, int(meta["version"])
 
 
-def _log_payload(request: Any) -> bytes:
-    """What the log keeps of an update: the request without the routing fields."""
+def _log_payload(requests: list[Any]) -> bytes:
+    """The log record of updates applied together: the requests without their routing fields."""
     from clients._gen import gnnserve_pb2 as pb
 
-    rec = pb.UpdateGraphRequest()
-    rec.CopyFrom(request)
-    rec.ClearField("model")
-    rec.ClearField("version")
-    rec.ClearField("expect_graph_version")
+    rec = pb.UpdateLogRecord()
+    for request in requests:
+        r = rec.updates.add()
+        r.CopyFrom(request)
+        r.ClearField("model")
+        r.ClearField("version")
+        r.ClearField("expect_graph_version")
     return rec.SerializeToString()

@@ -238,8 +238,10 @@ class ModelRuntime:
         # the price of a request before it runs (estimate_work): per node, a bound of its exact pass, from
         # the walk sums c_j = A^j d, j = 0..L (kernels.plan; kept, so that a graph update recomputes only
         # the entries it changed)
-        self._walk_bound = self._scope_bound = self._nbr_scope_bound = None
-        self._walk_sums = (walk_sums(self.graph, self.num_layers)
+        self._walk_bound = self._nbr_scope_bound = None
+        # c_0 .. c_{L-1}; the induced scope's c_L is summed per request from c_{L-1} (_scope_bound_of), so
+        # that an update of the graph recomputes the sums within L - 1 hops of its rows, not L
+        self._walk_sums = (walk_sums(self.graph, max(0, self.num_layers - 1))
                            if self.extractor == "lhop" and not self.remote_graph else None)
         self._graph_derived()
         self.projections = ProjectionCache(
@@ -314,7 +316,6 @@ class ModelRuntime:
             # a plan's pass; an induced L-hop scope (the path a batch with new nodes takes, every row at every
             # layer); a new node's scope, its neighbours' (L - 1)-hop balls
             self._walk_bound = walk_bounds(self.graph, layers, sums=c).astype(np.float32)
-            self._scope_bound = (layers * c.sum(axis=0)).astype(np.float32)
             self._nbr_scope_bound = (layers * c[:layers].sum(axis=0)).astype(np.float32)
         self._mean_degree = (self.graph.num_edges / max(1, self.graph.num_nodes)) if self.graph.num_nodes else 0.0
         # assigned last: a request validated against these limits finds every array above sized for them
@@ -440,11 +441,11 @@ class ModelRuntime:
         if self.extractor == "ppr":  # K-node subgraphs, at most min(S, K) edges per row and layer
             per_target = float(layers * k * (min(s, k) if s else k))
             work = per_target * len(nodes)
-        elif self._scope_bound is None:  # a remote graph: no per-node bound, the mean degree stands in
+        elif self._walk_sums is None:  # a remote graph: no per-node bound, the mean degree stands in
             per_target = _sampled_edges_bound(min(s, self._mean_degree) if s else self._mean_degree, layers)
             work = per_target * len(nodes)
         elif call.new_nodes:  # the batch takes induced L-hop scopes (every row at every layer)
-            work = float(self._scope_bound[nodes].sum())
+            work = self._scope_bound_of(nodes)
         elif self.activations_complete(s) and self._path_for(len(nodes), False, s).name == "plain-activations":
             # the activation path with every first-layer row held: the last layer's rows alone
             deg = self.graph.degrees[nodes]
@@ -466,6 +467,17 @@ class ModelRuntime:
             else:
                 work += layers
         return int(min(work, 2**62))
+
+    def _scope_bound_of(self, nodes: np.ndarray) -> float:
+        """``L sum_{j <= L} c_j[t]`` over ``nodes``: the edges of their induced L-hop scopes, every row at
+        every layer, at most (c_L from the neighbours' c_{L-1}, summed here for these nodes only)."""
+        c = self._walk_sums
+        assert c is not None
+        layers = max(1, self.num_layers)
+        starts = self.graph.indptr[nodes]
+        _, idx = gather_ranges(starts, self.graph.indptr[nodes + 1] - starts)
+        top = float(c[-1][self.graph.indices[idx]].sum())
+        return layers * (float(self._nbr_scope_bound[nodes].sum()) / layers + top)
 
     def cache_stats(self) -> dict[str, dict[str, float]]:
         """The per-node caches' statistics by cache: ``projection`` (and ``projection_cpu``, a GPU

@@ -420,3 +420,75 @@ def test_update_metrics(base_repo, tmp_path, tiny_dataset):
         assert counts == [3]
     finally:
         srv.stop()
+
+
+def test_concurrent_updates_are_grouped_and_each_validated(server, base_repo, tiny_dataset):
+    """Many clients update at once: the server applies waiting updates together (fewer versions than
+    updates), an invalid one among them fails alone with its own message, and the result equals the
+    updates applied one by one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ds, rng = tiny_dataset, np.random.default_rng(5)
+    mirror = _Mirror(ds)
+    g = ds.graph
+    pairs = []
+    while len(pairs) < 40:  # distinct absent edges, so any order of the additions gives the same graph
+        a, b = sorted(int(x) for x in rng.integers(0, g.num_nodes, 2))
+        if a != b and (a, b) not in mirror.edges and (a, b) not in pairs:
+            pairs.append((a, b))
+    present = sorted(e for e in mirror.edges if e[0] < e[1])[:10]
+    rows = {int(v): rng.normal(size=ds.num_features).astype(np.float32) for v in rng.choice(g.num_nodes, 10, False)}
+    jobs = ([dict(add_edges=[p]) for p in pairs] + [dict(remove_edges=[e]) for e in present]
+            + [dict(features={v: r}) for v, r in rows.items()]
+            + [dict(remove_edges=[pairs[0][::-1], pairs[0]])] * 3)  # the same edge twice: always invalid
+    order = rng.permutation(len(jobs))
+
+    def send(i):
+        with GnnClient(server.address) as c:
+            try:
+                return c.update_graph("gcn", **jobs[i]).graph_version
+            except clients.InvalidArgumentError as exc:
+                return exc
+
+    with ThreadPoolExecutor(12) as pool:
+        out = list(pool.map(send, order))
+    errors = [x for x in out if isinstance(x, Exception)]
+    assert len(errors) == 3 and all("remove_edges[1]" in e.details for e in errors), errors
+    versions = [x for x in out if not isinstance(x, Exception)]
+    assert len(versions) == len(jobs) - 3 and max(versions) <= len(jobs) - 3
+    mirror.update(rows, (), pairs, present)
+    nodes = np.unique(np.concatenate([np.array(pairs).ravel(), np.array(present).ravel(), list(rows)]))
+    with GnnClient(server.address) as c:
+        got = c.predict("gcn", nodes, sampling_width=0)
+        assert got.graph_version == max(versions)
+        info = c.get_model("gcn")
+    want = _reference(base_repo, "gcn", mirror.graph(), mirror.x, nodes, 0)
+    np.testing.assert_allclose(got.probabilities, want, atol=2e-5)
+    assert info.num_nodes == ds.num_nodes
+
+
+def test_updates_waiting_for_the_writer_share_one_version(server, tiny_dataset):
+    """Updates that arrive while the writer is busy are applied together: one version, one log record."""
+    from clients._gen import gnnserve_pb2 as pb
+
+    live = server.server.registry.get("gcn").data.live
+    results: list = []
+
+    def send(v: int) -> None:
+        req = pb.UpdateGraphRequest(model="gcn")
+        req.features.add(node=v, features=[float(v)] * tiny_dataset.num_features)
+        results.append(live.update(req))
+
+    with live._writer:  # the writer is busy: five updates queue up behind it
+        threads = [threading.Thread(target=send, args=(v,)) for v in range(5)]
+        for th in threads:
+            th.start()
+        t_end = time.monotonic() + 30
+        while len(live._pending) < 5:
+            assert time.monotonic() < t_end
+            time.sleep(0.005)
+    for th in threads:
+        th.join(30)
+    assert sorted(r.version for r in results) == [1] * 5 and all(r.group_size == 5 for r in results)
+    assert live.log.head() == 1
+    np.testing.assert_array_equal(live.features.get(np.arange(5))[:, 0], np.arange(5, dtype=np.float32))

@@ -253,3 +253,9 @@ class UpdateGraphResponse(_message.Message):
     invalidated: _containers.ScalarMap[str, int]
     apply_ms: float
     def __init__(self, graph_version: _Optional[int] = ..., new_node_ids: _Optional[_Iterable[int]] = ..., num_nodes: _Optional[int] = ..., num_edges: _Optional[int] = ..., request_id: _Optional[str] = ..., invalidated: _Optional[_Mapping[str, int]] = ..., apply_ms: _Optional[float] = ...) -> None: ...
+
+class UpdateLogRecord(_message.Message):
+    __slots__ = ("updates",)
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    updates: _containers.RepeatedCompositeFieldContainer[UpdateGraphRequest]
+    def __init__(self, updates: _Optional[_Iterable[_Union[UpdateGraphRequest, _Mapping]]] = ...) -> None: ...
