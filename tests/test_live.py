@@ -492,3 +492,22 @@ def test_updates_waiting_for_the_writer_share_one_version(server, tiny_dataset):
     assert sorted(r.version for r in results) == [1] * 5 and all(r.group_size == 5 for r in results)
     assert live.log.head() == 1
     np.testing.assert_array_equal(live.features.get(np.arange(5))[:, 0], np.arange(5, dtype=np.float32))
+
+
+def test_a_second_server_on_the_same_repository_refuses_updates(base_repo, tmp_path, tiny_dataset):
+    """The file log has one writer: a second server over the same repository serves the graph as loaded
+    and refuses updates with a message, while the first takes them."""
+    repo = fresh_repo(base_repo, tmp_path / "two")
+    first = ServerThread(repo).start()
+    try:
+        second = ServerThread(repo).start()
+        try:
+            with GnnClient(first.address) as a, GnnClient(second.address) as b:
+                assert a.update_graph("gcn", features={1: np.zeros(tiny_dataset.num_features)}).graph_version == 1
+                with pytest.raises(clients.FailedPreconditionError, match="holds this graph's update log"):
+                    b.update_graph("gcn", features={1: np.zeros(tiny_dataset.num_features)})
+                assert b.get_model("gcn").read_only and not a.get_model("gcn").read_only
+        finally:
+            second.stop()
+    finally:
+        first.stop()
