@@ -185,12 +185,17 @@ def test_random_updates_answer_like_the_updated_graph(server, base_repo, tiny_da
         assert res.num_nodes == mirror.n and res.num_edges == len(mirror.edges)
         graph = mirror.graph()
         nodes = np.concatenate([sample, np.arange(ds.num_nodes, mirror.n)])
+        from kernels.plan import exact_path_edges
+
+        exact_edges = int(exact_path_edges(graph, np.unique(nodes), 2).sum())
         for model in ("gcn", "sage"):
             for width in (0, 3):
-                got = c.predict(model, nodes, sampling_width=width)
+                got = c.predict(model, np.unique(nodes), sampling_width=width)
                 assert got.graph_version == 16
-                want = _reference(base_repo, model, graph, mirror.x, nodes, width)
+                want = _reference(base_repo, model, graph, mirror.x, np.unique(nodes), width)
                 np.testing.assert_allclose(got.probabilities, want, atol=2e-5, err_msg=f"{model} S={width}")
+                assert got.settings.edges_total == exact_edges  # the exact-edge counts followed the graph
+                assert (got.settings.edges_kept == exact_edges) == (width == 0)
         rt = server.server.registry.get("shadow")
         budget = rt.limits.default_ppr_budget
         lists = rt.ppr_index.lookup(nodes, budget)
@@ -511,3 +516,28 @@ def test_a_second_server_on_the_same_repository_refuses_updates(base_repo, tmp_p
             second.stop()
     finally:
         first.stop()
+
+
+def test_async_client_and_auth(base_repo, tmp_path, tiny_dataset):
+    """The asyncio SDK updates and reads its write; updates need the same token as Predict."""
+    import asyncio
+
+    from clients import AsyncGnnClient
+
+    srv = ServerThread(fresh_repo(base_repo, tmp_path / "auth"), {"token": "s3cret-token"}).start()
+    try:
+        with GnnClient(srv.address) as anonymous, pytest.raises(clients.UnauthenticatedError):
+            anonymous.update_graph("gcn", features={1: np.zeros(tiny_dataset.num_features)})
+
+        async def main():
+            async with AsyncGnnClient(srv.address, token="s3cret-token") as c:
+                up = await c.update_graph("gcn", new_nodes=[NewNode(features=np.ones(tiny_dataset.num_features),
+                                                                    neighbors=[1, 2])])
+                res = await c.predict("gcn", up.new_node_ids, min_graph_version=up.graph_version)
+                return up, res
+
+        up, res = asyncio.run(main())
+        assert up.graph_version == 1 and up.new_node_ids.tolist() == [tiny_dataset.num_nodes]
+        assert res.graph_version == 1 and len(res.labels) == 1
+    finally:
+        srv.stop()
