@@ -157,6 +157,10 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--update-log-fsync", action="store_true",
                     help="fsync the update log after every update (survive a machine crash, not only a "
                          "process crash; costs a disk flush per update)")
+    ap.add_argument("--ppr-refresh-tolerance", type=float, default=1.0,
+                    help="after a graph update, push a shaDow model's PPR list again when the bound of its move "
+                         "exceeds this many times the push threshold eps (1: the offline lists' own tolerance; "
+                         "larger: cheaper updates, looser lists; kernels/ppr_live.py has the measurements)")
     ap.add_argument("--compact-log-bytes", type=int, default=256 << 20,
                     help="at start, fold a graph's update log larger than this into a snapshot of the graph and "
                          "features next to it (loaded at later starts instead of the dataset); 0 = never")
@@ -220,6 +224,7 @@ def _serve(argv: Sequence[str]) -> int:
             update_log_fsync=args.update_log_fsync,
             read_your_writes_timeout_s=args.read_your_writes_timeout_s,
             compact_log_bytes=args.compact_log_bytes,
+            ppr_refresh_tolerance=args.ppr_refresh_tolerance,
         ),
         data_paths=args.data,
         feature_url=args.features,

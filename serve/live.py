@@ -482,14 +482,18 @@ class LiveGraph:
         read_only: refuse updates (``--read-only``); the log is still replayed and followed.
         max_update_size: entries per update (``--max-update-size``).
         metrics: :class:`serve.metrics.ServerMetrics` or ``None``.
+        version: the version ``data`` is at (a compacted snapshot's).
+        ppr_tolerance: :class:`kernels.ppr_live.LivePPRIndex`'s ``tol_factor`` (``--ppr-refresh-tolerance``).
     """
 
     def __init__(self, data: DataBundle, update_log: Any | None, *, read_only: bool = False,
-                 max_update_size: int = 100_000, metrics: Any | None = None, version: int = 0) -> None:
+                 max_update_size: int = 100_000, metrics: Any | None = None, version: int = 0,
+                 ppr_tolerance: float = 1.0) -> None:
         self.data = data
         self.log = update_log
         self.read_only = bool(read_only) or update_log is None
         self.max_update_size = int(max_update_size)
+        self.ppr_tolerance = float(ppr_tolerance)
         self.metrics = metrics
         self.lock = RWLock()
         self._writer = threading.RLock()  # one group of updates (or log catch-up) at a time
@@ -518,7 +522,7 @@ class LiveGraph:
             return idx
         from kernels.ppr_live import LivePPRIndex
 
-        return idx if isinstance(idx, LivePPRIndex) else LivePPRIndex(idx)
+        return idx if isinstance(idx, LivePPRIndex) else LivePPRIndex(idx, tol_factor=self.ppr_tolerance)
 
     def attach(self, rt: ModelRuntime) -> None:
         self._runtimes.add(rt)

@@ -144,6 +144,9 @@ class RuntimeOptions:
     update_log_fsync: bool = False
     #: how long a Predict with ``min_graph_version`` waits for that version before UNAVAILABLE
     read_your_writes_timeout_s: float = 1.0
+    #: after a graph update, push a PPR list again when the bound of its move exceeds this many times the push
+    #: threshold eps (kernels.ppr_live); 1 = the offline lists' own tolerance
+    ppr_refresh_tolerance: float = 1.0
     #: at start, after replaying a graph's file log: fold it into a snapshot when it is larger than this
     #: (``serve.live.LiveGraph.compact``); 0 = never
     compact_log_bytes: int = 256 << 20
