@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 __all__ = ["main"]
 
 COMMANDS = {
-    "train": "train a model and write a checkpoint (models.train)",
+    "train": "train a model and write a checkpoint (models.train), its knob latency timed on the served path",
     "serve": "run the gRPC server over a model repository",
     "predict": "query a server (client SDK)",
     "models": "list a server's models and knob tables (client SDK)",
@@ -268,7 +268,7 @@ def _delegate(module: str, func: str = "main") -> Callable[[Sequence[str]], int]
 
 HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
     "serve": _serve,
-    "train": _delegate("models.train"),
+    "train": _delegate("serve.knob_timing", "train_main"),  # models.train's CLI, then the served knob timing
     "export-onnx": _delegate("models.export_onnx"),
     "predict": _delegate("clients.cli", "predict_main"),
     "models": _delegate("clients.cli", "models_main"),
