@@ -525,7 +525,15 @@ class LiveGraph:
         return idx if isinstance(idx, LivePPRIndex) else LivePPRIndex(idx, tol_factor=self.ppr_tolerance)
 
     def attach(self, rt: ModelRuntime) -> None:
+        """Keep ``rt`` up to date with the graph. Build it and attach it inside :meth:`writing`, so that no
+        update lands between the graph it was built on and its attachment."""
         self._runtimes.add(rt)
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Hold off updates (not predictions) for the block: a model being built sees one graph."""
+        with self._writer:
+            yield
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[int]:
@@ -654,32 +662,39 @@ class LiveGraph:
         self._observe(inv, [1e3 * (now - t.t0) for t, _ in accepted])
 
     def _apply(self, parsed: ParsedUpdate, effect: Any, version: int) -> dict[str, int]:
-        """Make ``parsed`` visible as ``version`` (under the write lock)."""
+        """Make ``parsed`` (and ``effect``, its new graph) visible as ``version``. What the models derive
+        from the new graph is computed first, while batches still run on the old one; the write lock is
+        held only to install it and drop the stale rows."""
         inv: dict[str, int] = {}
-        with self.lock.write():
-            try:
-                self._apply_locked(parsed, effect, version, inv)
-            except BaseException as exc:
-                self.broken = (f"graph {self.label}: update {version} failed half-way ({type(exc).__name__}); this "
-                               "server no longer answers for this graph: restart it (it replays the update log)")
-                log.exception("graph %s: applying update %d failed; the graph is out of service until a restart",
-                              self.label, version)
-                raise
+        n_old = self.features.num_nodes
+        new_ids = np.arange(n_old, n_old + parsed.num_new, dtype=np.int64)
+        changed = effect.changed_rows if effect is not None else np.zeros(0, dtype=np.int64)
+        old = self.data.graph
+        try:
+            plans = None
+            if not self.remote:  # a replica's overlay changes in place: its models prepare under the lock
+                graph = effect.graph if effect is not None else old
+                plans = [(rt, rt.prepare_rebase(graph, old, changed, parsed.feature_ids, new_ids))
+                         for rt in list(self._runtimes)]
+            with self.lock.write():
+                self._apply_locked(parsed, effect, version, inv, plans, new_ids, changed, old)
+        except BaseException as exc:
+            self.broken = (f"graph {self.label}: update {version} failed half-way ({type(exc).__name__}); this "
+                           "server no longer answers for this graph: restart it (it replays the update log)")
+            log.exception("graph %s: applying update %d failed; the graph is out of service until a restart",
+                          self.label, version)
+            raise
         with self._version_cond:
             self._version_cond.notify_all()
         return inv
 
-    def _apply_locked(self, parsed: ParsedUpdate, effect: Any, version: int, inv: dict[str, int]) -> None:
-        old = self.data.graph
-        n_old = self.features.num_nodes
+    def _apply_locked(self, parsed: ParsedUpdate, effect: Any, version: int, inv: dict[str, int],
+                      plans: list | None, new_ids: np.ndarray, changed: np.ndarray, old: Any) -> None:
         if len(parsed.feature_ids):
             self.features.write(parsed.feature_ids, parsed.feature_rows)
-        new_ids = np.arange(n_old, n_old + parsed.num_new, dtype=np.int64)
         if parsed.num_new:
             self.features.write(new_ids, parsed.new_features)
-        changed = np.zeros(0, dtype=np.int64)
         if effect is not None and self.remote:  # the replica's overlay of the Redis snapshot
-            changed = effect.changed_rows
             g = effect.graph
             self.data.graph.apply_rows(
                 {int(v): (g.indices[g.indptr[v]:g.indptr[v + 1]].astype(np.int64),
@@ -687,13 +702,15 @@ class LiveGraph:
                  for v in changed}, g.num_nodes)
         elif effect is not None:
             self.data.graph = effect.graph
-            changed = effect.changed_rows
             for idx in self.data.ppr_indexes.values():
                 got = idx.apply(old, effect.graph, changed, new_ids)
                 inv["ppr_lists"] = inv.get("ppr_lists", 0) + int(got.get("recomputed", 0)) + int(got.get("new", 0))
                 inv["induced"] = inv.get("induced", 0) + int(got.get("dirty", 0))
-        for rt in list(self._runtimes):
-            for k, v in rt.rebase(self.data.graph, old, changed, parsed.feature_ids, new_ids).items():
+        if plans is None:
+            plans = [(rt, rt.prepare_rebase(self.data.graph, old, changed, parsed.feature_ids, new_ids))
+                     for rt in list(self._runtimes)]
+        for rt, plan in plans:
+            for k, v in rt.commit_rebase(plan).items():
                 inv[k] = inv.get(k, 0) + v
         self.version = version
 

@@ -419,13 +419,14 @@ class ModelRegistry:
         else:
             data = self._data_for(ckpt.dataset_fingerprint, ckpt.config["dataset"].get("source"), path)
         live = self._live_for(data)
-        index = self._ppr_index(data, ckpt.ppr_config) if ckpt.extractor == "ppr" else None
-        if index is not None:  # --hot-bytes: the static hot tier from the first PPR model's index
-            from .features import install_hot_from_index
+        with live.writing():  # no update lands between the graph the index and model are built on and attaching
+            index = self._ppr_index(data, ckpt.ppr_config) if ckpt.extractor == "ppr" else None
+            if index is not None:  # --hot-bytes: the static hot tier from the first PPR model's index
+                from .features import install_hot_from_index
 
-            install_hot_from_index(data.features.base, index)
-        rt = ModelRuntime(name, version, ckpt, data, index, self.options, self.executor_for(name), self.metrics)
-        live.attach(rt)
+                install_hot_from_index(data.features.base, index)
+            rt = ModelRuntime(name, version, ckpt, data, index, self.options, self.executor_for(name), self.metrics)
+            live.attach(rt)
         replayed = live.replay()  # the graph's logged updates (the first model on it: all of them)
         if replayed:
             log.info("graph %s: %d logged updates replayed, now at version %d", live.label, replayed, live.version)

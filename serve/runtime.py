@@ -246,7 +246,8 @@ class ModelRuntime:
         # that an update of the graph recomputes the sums within L - 1 hops of its rows, not L
         self._walk_sums = (walk_sums(self.graph, max(0, self.num_layers - 1))
                            if self.extractor == "lhop" and not self.remote_graph else None)
-        self._graph_derived()
+        self._mean_degree = 0.0
+        self._set_derived(self._graph_derived())
         self.projections = ProjectionCache(
             self.model.project,
             data.features,
@@ -303,28 +304,30 @@ class ModelRuntime:
         self.stats = ModelStats()  # Triton's ModelStatistics (serve.stats): recorded in submit and process
         self.ready = False
 
-    def _graph_derived(self) -> None:
-        """What the runtime derives from the whole graph: its limits and the per-node bounds that price
-        a request (rebuilt by :meth:`rebase` when the graph changes)."""
+    def _graph_derived(self, graph: Any = None, walk_sums_: np.ndarray | None = None) -> dict[str, Any]:
+        """What the runtime derives from the whole graph (``graph``, default its own): its limits and the
+        per-node bounds that price a request, as attribute values (:meth:`_set_derived` assigns them)."""
+        g = self.graph if graph is None else graph
+        c = self._walk_sums if walk_sums_ is None else walk_sums_
+        out: dict[str, Any] = {}
         if self.remote_graph:
-            max_deg = max(1, int(self.graph.max_degree))
+            max_deg = max(1, int(g.max_degree))
         else:
-            max_deg = int(self.graph.degrees.max()) if self.graph.num_edges else 1
+            max_deg = int(g.degrees.max()) if g.num_edges else 1
         max_k = self._max_k
         max_width = max(1, min(max_deg, max_k - 1) if max_k else max_deg)
         default_width, default_budget, knobs = self._checkpoint_defaults
-        if self._walk_sums is not None:
-            c = self._walk_sums
+        if c is not None:
             layers = max(1, self.num_layers)
-            # a plan's pass; an induced L-hop scope (the path a batch with new nodes takes, every row at every
-            # layer); a new node's scope, its neighbours' (L - 1)-hop balls
-            self._walk_bound = walk_bounds(self.graph, layers, sums=c).astype(np.float32)
-            self._nbr_scope_bound = (layers * c[:layers].sum(axis=0)).astype(np.float32)
-        self._mean_degree = (self.graph.num_edges / max(1, self.graph.num_nodes)) if self.graph.num_nodes else 0.0
-        # assigned last: a request validated against these limits finds every array above sized for them
-        self.limits = ModelLimits(
+            # a plan's pass; a new node's scope, its neighbours' (L - 1)-hop balls (an induced scope's last
+            # hop is summed per request: _scope_bound_of)
+            out["_walk_sums"] = c
+            out["_walk_bound"] = walk_bounds(g, layers, sums=c).astype(np.float32)
+            out["_nbr_scope_bound"] = (layers * c[:layers].sum(axis=0)).astype(np.float32)
+        out["_mean_degree"] = (g.num_edges / max(1, g.num_nodes)) if g.num_nodes else 0.0
+        out["limits"] = ModelLimits(
             name=self.name,
-            num_nodes=self.graph.num_nodes,
+            num_nodes=g.num_nodes,
             num_features=int(self.model.in_dim),
             extractor=self.extractor,
             max_ppr_budget=max_k,
@@ -335,45 +338,69 @@ class ModelRuntime:
             knob_table=knobs,
             max_new_node_edges=self.options.max_new_node_edges,
         )
+        return out
 
-    def rebase(self, graph: CSRGraph | Any, old: CSRGraph | Any, changed_rows: np.ndarray,
-               feature_ids: np.ndarray, new_ids: np.ndarray) -> dict[str, int]:
-        """Serve the updated ``graph`` from now on (:mod:`serve.live`, under its write lock: no batch runs),
-        dropping exactly the cached values the update changed; returns the rows dropped per cache.
+    def _set_derived(self, values: dict[str, Any]) -> None:
+        limits = values.pop("limits")
+        for k, v in values.items():
+            setattr(self, k, v)
+        self.limits = limits  # last: a request validated against it finds every array sized for it
+
+    def prepare_rebase(self, graph: CSRGraph | Any, old: CSRGraph | Any, changed_rows: np.ndarray,
+                       feature_ids: np.ndarray, new_ids: np.ndarray) -> dict[str, Any]:
+        """The first half of moving to an updated graph (:mod:`serve.live`), done while batches still run
+        on the old one: everything computed from the new graph alone (which rows to drop, degrees, request
+        prices, limits); :meth:`commit_rebase` installs it under the write lock.
 
         ``changed_rows``: nodes whose adjacency row changed (new nodes and every endpoint of an added or
         removed edge); ``feature_ids``: existing nodes with new features; ``new_ids``: the new nodes.
         """
-        inv: dict[str, int] = {}
-        n = graph.num_nodes
-        self.graph = graph
         feats = np.asarray(feature_ids, dtype=np.int64)
-        for cache in {id(self.projections): self.projections, id(self._cpu_projections): self._cpu_projections}.values():
-            cache.grow(n)
-            inv["projection"] = inv.get("projection", 0) + cache.invalidate_rows(feats)
+        changed = np.asarray(changed_rows, dtype=np.int64)
+        plan: dict[str, Any] = {"graph": graph, "features": feats}
         if not self.remote_graph:
             gcn = self.architecture == "gcn"
-            carry_gcn_degrees(old, graph, changed_rows)
+            carry_gcn_degrees(old, graph, changed)  # memoized on the new graph, not yet visible
             if self._dinv is not None:
-                self._dinv = gcn_dinv32(graph)
-            if self._walk_sums is not None:
-                self._walk_sums = update_walk_sums(graph, self._walk_sums, changed_rows)
+                plan["dinv"] = gcn_dinv32(graph)
             if self._activations is not None:
                 # a node's first-layer row reads its own row and projection and its neighbours' projections
                 # (and, for GCN, their degrees): the changed rows, the changed features and their neighbours
-                grown = np.concatenate([changed_rows, feats])
-                spread = np.concatenate([feats, changed_rows]) if gcn else feats
-                stale = np.unique(np.concatenate([grown, _neighbours(graph, spread)]))
-                inv["activation"] = self._activations.rebase(graph, self._dinv, stale)
-            if self._exact_edges is not None and len(changed_rows):
-                ball = changed_rows
+                spread = np.concatenate([feats, changed]) if gcn else feats
+                plan["activation"] = np.unique(np.concatenate([changed, feats, _neighbours(graph, spread)]))
+            if self._exact_edges is not None:
+                ball = changed
                 for _ in range(max(0, self.num_layers - 1)):  # whose (L-1)-hop ball holds a changed row
                     ball = np.unique(np.concatenate([ball, _neighbours(graph, ball)]))
-                inv["exact_edges"] = self._exact_edges.rebase(graph, ball)
-            elif self._exact_edges is not None:
-                self._exact_edges.rebase(graph, changed_rows)
-        self._graph_derived()
+                plan["exact_edges"] = ball
+            sums = update_walk_sums(graph, self._walk_sums, changed) if self._walk_sums is not None else None
+            plan["derived"] = self._graph_derived(graph, sums)
+        else:
+            plan["derived"] = self._graph_derived(graph)
+        return plan
+
+    def commit_rebase(self, plan: dict[str, Any]) -> dict[str, int]:
+        """Install :meth:`prepare_rebase`'s result (under the live graph's write lock: no batch runs),
+        dropping exactly the cached values the update changed; returns the rows dropped per cache."""
+        inv: dict[str, int] = {}
+        graph = plan["graph"]
+        self.graph = graph
+        for cache in {id(self.projections): self.projections, id(self._cpu_projections): self._cpu_projections}.values():
+            cache.grow(graph.num_nodes)
+            inv["projection"] = inv.get("projection", 0) + cache.invalidate_rows(plan["features"])
+        if "dinv" in plan:
+            self._dinv = plan["dinv"]
+        if self._activations is not None and "activation" in plan:
+            inv["activation"] = self._activations.rebase(graph, self._dinv, plan["activation"])
+        if self._exact_edges is not None and "exact_edges" in plan:
+            inv["exact_edges"] = self._exact_edges.rebase(graph, plan["exact_edges"])
+        self._set_derived(dict(plan["derived"]))
         return inv
+
+    def rebase(self, graph: CSRGraph | Any, old: CSRGraph | Any, changed_rows: np.ndarray,
+               feature_ids: np.ndarray, new_ids: np.ndarray) -> dict[str, int]:
+        """:meth:`prepare_rebase` then :meth:`commit_rebase` (the caller holds the write lock)."""
+        return self.commit_rebase(self.prepare_rebase(graph, old, changed_rows, feature_ids, new_ids))
 
     # ------------------------------------------------------------------ serving API
     async def submit(self, call: PredictCall, deadline: float | None = None) -> PredictResult:
