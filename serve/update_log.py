@@ -612,7 +612,7 @@ class RedisUpdateLog:
     def __init__(self, url: str, graph_fingerprint: str, *, client: Any = None, socket_timeout: float = 1.0,
                  connect_timeout: float = 0.5, retries: int = 2, block_slice: float | None = None,
                  wait_limit: int = 1024) -> None:
-        from .features.redis_store import connect, parse_redis_url
+        from .redisdata.connection import connect, parse_redis_url
 
         self._target = parse_redis_url(url)
         self.fingerprint = graph_fingerprint
@@ -647,7 +647,7 @@ class RedisUpdateLog:
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
         from .features.base import FeatureStoreError, FeatureUnavailable
-        from .features.redis_store import redis_errors
+        from .redisdata.errors import redis_errors
 
         try:
             with redis_errors(self._target, what):

@@ -3,7 +3,8 @@
 The CLI (``gnnserve features load --dataset PATH.npz --redis URL [--verify]``) calls
 :func:`load_features` and :func:`verify_features`; nothing here parses arguments or prints.
 
-How a load runs (key schema and blob format: :mod:`serve.features.redis_store`):
+How a load runs (key schema and blob format: :mod:`serve.features.redis_store`; the start,
+write -> read back -> digest and go-live steps are the Redis layer's, :mod:`serve.redisdata.load`):
 
 1. A lock key (``SET NX`` with a 30 s TTL and a random token) keeps two loaders of one version
    apart. A loader that dies leaves the lock to expire. Before every chunk it writes (and before
@@ -45,21 +46,13 @@ from typing import Any
 
 import numpy as np
 
+from ..redisdata.bulk import fetch_blobs
+from ..redisdata.connection import RedisTarget, connect, parse_redis_url
+from ..redisdata.errors import redis_errors
+from ..redisdata.load import chunk_digest, go_live, now, start_version, version_checksum, write_verified
+from ..redisdata.versions import DEFAULT_SHARDS, read_meta
 from .base import FeatureCorrupt, FeatureNotFound, FeatureStoreError
-from .redis_store import (
-    DEFAULT_SHARDS,
-    META_FORMAT,
-    BlobCodec,
-    FeatureKeys,
-    RedisTarget,
-    connect,
-    fetch_blobs,
-    parse_redis_url,
-    read_meta,
-    redis_errors,
-    resolve_version,
-    write_blobs,
-)
+from .redis_store import META_FORMAT, BlobCodec, FeatureKeys, resolve_version
 
 __all__ = [
     "FeatureLoadError",
@@ -76,13 +69,6 @@ log = logging.getLogger(__name__)
 
 _LOCK_TTL_MS = 30_000
 _IDENTITY = ("format", "dtype", "num_nodes", "num_features", "shards", "feature_fingerprint")
-# Moves the "current" pointer forward only (KEYS[1] = pointer, ARGV[1] = version).
-_SET_CURRENT = """
-local cur = tonumber(redis.call('GET', KEYS[1]))
-local v = tonumber(ARGV[1])
-if (not cur) or cur < v then redis.call('SET', KEYS[1], ARGV[1]) return v end
-return cur
-"""
 # Extends the lock only if it still holds our token (KEYS[1] = lock, ARGV = token, TTL in ms).
 _REFRESH = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
@@ -186,24 +172,8 @@ class LoadReport:
 
 
 # =========================================================================== helpers
-def _digest(blobs: Any) -> bytes:
-    h = hashlib.blake2b(digest_size=16)
-    for b in blobs:
-        if b is not None:
-            h.update(b)
-    return h.digest()
-
-
 def _checksum(dtype: str, f: int, n: int, chunk: int, digests: list[bytes]) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{META_FORMAT}|{dtype}|{f}|{n}|{chunk}|".encode())
-    for d in digests:
-        h.update(d)
-    return h.hexdigest()
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return version_checksum(digests, prefix=f"{META_FORMAT}|{dtype}|{f}|{n}|{chunk}|".encode())
 
 
 def _source(dataset: Any, fingerprint: str | None) -> tuple[np.ndarray, str, str, str, str]:
@@ -271,10 +241,10 @@ def _verify(
             with redis_errors(target, f"verifying chunk {c}"):
                 values = fetch_blobs(client, keys, ids, cluster=target.cluster)
             miss, corr = codec.classify(values)
-            got = _digest(values)
+            got = chunk_digest(values)
             digests.append(got)
             src_blobs = codec.encode_blobs(x[a:b]) if x is not None else None
-            want = _digest(src_blobs) if src_blobs is not None else recorded.get(c)
+            want = chunk_digest(src_blobs) if src_blobs is not None else recorded.get(c)
             expected_digests.append(want if want is not None else b"")
             nm, nc = int(miss.sum()), int(corr.sum())
             missing += nm
@@ -434,15 +404,10 @@ def _load_locked(
             chunk_size = int(meta.get("chunk_size", chunk_size))
     total = -(-n // chunk_size)
     if not meta:
-        meta = {**wanted, "fingerprint": fp, "version": str(version), "state": "loading", "chunk_size": str(chunk_size),
-                "chunks_total": str(total), "chunks_done": "0", "count": "0", "dataset_fingerprint": ds_fp,
-                "dataset_name": ds_name, "created_at": _now(), "key_format": keys.key_format, "checksum": ""}
-        with redis_errors(target, "creating the feature metadata"):
-            pipe = cl.pipeline(transaction=False)
-            pipe.delete(keys.chunks)
-            pipe.hset(keys.meta, mapping=meta)
-            pipe.sadd(keys.versions, str(version))
-            pipe.execute()
+        meta = start_version(cl, target, keys, {
+            **wanted, "fingerprint": fp, "version": str(version), "chunk_size": str(chunk_size),
+            "chunks_total": str(total), "chunks_done": "0", "count": "0", "dataset_fingerprint": ds_fp,
+            "dataset_name": ds_name, "created_at": now(), "key_format": keys.key_format}, reset=(keys.chunks,))
     with redis_errors(target, "reading the load progress"):
         recorded = {int(k): bytes(v) for k, v in cl.hgetall(keys.chunks).items()}
 
@@ -461,7 +426,7 @@ def _load_locked(
             for c in range(total):
                 a, b = c * chunk_size, min(n, (c + 1) * chunk_size)
                 blobs = codec.encode_blobs(x[a:b])
-                if recorded.get(c) == _digest(blobs):
+                if recorded.get(c) == chunk_digest(blobs):
                     skipped += 1
                     bar.update(b - a)
                     continue
@@ -470,8 +435,7 @@ def _load_locked(
                     complete = False
                     continue
                 _refresh_lock(cl, target, keys, token)
-                _write_chunk(cl, target, keys, codec, c, a, b, blobs, token)
-                recorded[c] = _digest(blobs)
+                recorded[c] = _write_chunk(cl, target, keys, c, a, b, blobs, token)
                 written += 1
                 rows_done += b - a
                 with redis_errors(target, "recording load progress"):
@@ -508,11 +472,8 @@ def _load_locked(
     state = meta.get("state", "loading")
     if complete and verify is not None and verify.ok and state != "live":
         _refresh_lock(cl, target, keys, token)
-        with redis_errors(target, "marking the version live"):
-            cl.hset(keys.meta, mapping={"state": "live", "checksum": verify.checksum, "count": str(verify.count),
-                                        "chunks_done": str(total), "live_at": _now()})
-            if set_current:
-                cl.eval(_SET_CURRENT, 1, keys.current, str(version))
+        go_live(cl, target, keys, {"checksum": verify.checksum, "count": str(verify.count),
+                                   "chunks_done": str(total)}, set_current=set_current)
         state = "live"
         verify.state = "live"
         verify.expected_checksum = verify.checksum
@@ -524,21 +485,15 @@ def _load_locked(
     )
 
 
-def _write_chunk(cl: Any, target: RedisTarget, keys: FeatureKeys, codec: BlobCodec, c: int, a: int, b: int,
-                 blobs: list[bytes], token: str) -> None:
-    """Write one chunk, read it back, compare, and record its digest; refreshes the lock."""
-    ids = np.arange(a, b, dtype=np.int64)
-    with redis_errors(target, f"writing chunk {c}"):
-        write_blobs(cl, keys, ids, blobs, cluster=target.cluster)
-        back = fetch_blobs(cl, keys, ids, cluster=target.cluster)
-    if back != blobs:
-        bad = ids[[v != s for v, s in zip(back, blobs, strict=True)]]
-        raise FeatureCorrupt(f"chunk {c} of graph {keys.fingerprint} v{keys.version} read back differently "
-                             f"from what was written ({len(bad)} nodes, e.g. {bad[:5].tolist()}): is another "
-                             "writer or an eviction policy at work?", node_ids=bad[:256], num_bad=len(bad))
+def _write_chunk(cl: Any, target: RedisTarget, keys: FeatureKeys, c: int, a: int, b: int, blobs: list[bytes],
+                 token: str) -> bytes:
+    """Write one chunk, read it back, compare (:func:`serve.redisdata.load.write_verified`), and
+    record its digest; refreshes the lock. Returns the digest."""
+    digest = write_verified(cl, target, keys, keys, np.arange(a, b, dtype=np.int64), blobs, what=f"chunk {c}")
     _refresh_lock(cl, target, keys, token)
     with redis_errors(target, f"recording chunk {c}"):
-        cl.hset(keys.chunks, str(c), _digest(blobs))
+        cl.hset(keys.chunks, str(c), digest)
+    return digest
 
 
 def _refresh_lock(cl: Any, target: RedisTarget, keys: FeatureKeys, token: str) -> None:

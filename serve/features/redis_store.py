@@ -1,4 +1,4 @@
-"""Node features in Redis (standalone or Cluster): key schema, blob format, URLs, and the store.
+"""Node features in Redis (standalone or Cluster): their key schema, blob format, and the store.
 
 Key schema
 ----------
@@ -50,49 +50,40 @@ version deleted and re-loaded under the pinned number (``checksum`` empty while 
 another one) raises :class:`~serve.features.base.DataVersionChanged`: the server never mixes rows
 of two contents. Responses echo ``features:v<version>:<checksum>``.
 
-URLs
-----
-* ``redis://[[user]:password@]host[:port][/db][?option=value...]``: TCP.
-* ``rediss://...``: TLS (redis-py's ``ssl_*`` query options: ``ssl_ca_certs``, ``ssl_certfile``,
-  ``ssl_keyfile``, ``ssl_cert_reqs``, ``ssl_check_hostname``...).
-* ``unix://[[user]:password@]/path/to/redis.sock[?db=N]``: a unix socket.
-* ``redis+cluster://[[user]:password@]host:port[,host:port...][?option=value...]`` and
-  ``rediss+cluster://...`` (TLS): Redis Cluster, any number of seed nodes; ``redis://...?cluster=1``
-  (or ``true``/``yes``) is accepted as a synonym.
 
-Options in the query string are redis-py's (``socket_timeout``, ``socket_connect_timeout``,
-``max_connections``, ``health_check_interval``, ...) and override the store's defaults. Passwords
-come only from the URL and are never logged: logs, ``repr`` and error messages use
-:func:`mask_url` and scrub the password out of any text that passes through them.
-
-Failure handling: transient errors (connection refused or reset, timeouts, a server still
-loading, cluster failover) are retried by redis-py's ``Retry`` with ``ExponentialBackoff`` a
-bounded number of times, with short socket timeouts, then raised as
-:class:`~serve.features.base.FeatureUnavailable`. The connection pool reconnects by itself once
-Redis is back: the store never needs to be recreated. Corrupt blobs are never retried.
+URLs, connections, retries and neutral errors are the Redis layer's (:mod:`serve.redisdata`),
+shared with the graph store and the update log: see :mod:`serve.redisdata.connection` for the
+URL forms. Their names stay importable from here. Errors are
+:class:`~serve.features.base.FeatureUnavailable` (Redis down after the bounded retries; the pool
+reconnects by itself), :class:`~serve.features.base.FeatureCorrupt` (never retried) and
+:class:`~serve.features.base.FeatureNotFound`.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import struct
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import numpy as np
-import redis
-import redis.exceptions as rex
 from prometheus_client import REGISTRY, CollectorRegistry
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
+from ..redisdata.bulk import DEFAULT_CHUNK, fetch_blobs, fetch_blobs_checked, write_blobs
+from ..redisdata.connection import RedisTarget, TransientRetry, connect, mask_url, parse_redis_url
+from ..redisdata.errors import FEATURE_ERRORS, redis_errors
+from ..redisdata.versions import (
+    DEFAULT_SHARDS,
+    DIGEST_UNREACHABLE,
+    DataKind,
+    NodeKeys,
+    VersionKeys,
+    VersionPin,
+    check_live,
+    decode_str,
+    read_meta,
+)
 from .base import (
-    DataVersionChanged,
     FeatureCorrupt,
     FeatureNotFound,
     FeatureStore,
@@ -102,8 +93,12 @@ from .base import (
 )
 
 __all__ = [
+    "DEFAULT_CHUNK",
     "DEFAULT_SHARDS",
+    "DIGEST_UNREACHABLE",
+    "FEATURES",
     "KEY_PREFIX",
+    "META_FORMAT",
     "BlobCodec",
     "FeatureKeys",
     "RedisFeatureStore",
@@ -125,397 +120,31 @@ log = logging.getLogger(__name__)
 
 KEY_PREFIX = "gnnserve:feat"
 META_FORMAT = "gnnserve.features/1"
-DEFAULT_SHARDS = 256
-DEFAULT_CHUNK = 1024
-
-_FP_RE = re.compile(r"^[0-9A-Za-z_.-]{1,128}$")
-_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
-_TRUE = {"1", "true", "yes", "on"}
-
-
-# =========================================================================== URLs
-@dataclass(frozen=True)
-class RedisTarget:
-    """A parsed Redis URL. ``masked`` is safe to log; ``url`` and ``password`` are not.
-
-    Attributes:
-        url: the URL as given (contains the password: never log it).
-        scheme: ``redis``, ``rediss`` or ``unix`` (cluster URLs report the underlying scheme).
-        cluster: True for Redis Cluster.
-        tls: True for ``rediss``.
-        nodes: ``[(host, port)]`` seed nodes (TCP), empty for unix sockets.
-        path: socket path for ``unix://``.
-        username, password: credentials from the URL (``None`` when absent).
-        options: query options left for redis-py (strings), without ``cluster``.
-        masked: the URL with the password replaced by ``***``.
-    """
-
-    url: str = field(repr=False)
-    scheme: str
-    cluster: bool
-    tls: bool
-    nodes: tuple[tuple[str, int], ...]
-    path: str | None
-    username: str | None
-    password: str | None = field(repr=False)
-    options: dict[str, str]
-    masked: str
-
-    def secrets(self) -> list[str]:
-        """Strings that must never appear in logs or errors (password, raw and URL-quoted)."""
-        if not self.password:
-            return []
-        return sorted({self.password, quote(self.password, safe=""), quote(self.password)}, key=len, reverse=True)
-
-    def scrub(self, text: str) -> str:
-        """``text`` with every occurrence of the password (and the raw URL) replaced."""
-        out = text.replace(self.url, self.masked) if self.url else text
-        for s in self.secrets():
-            if s:
-                out = out.replace(s, "***")
-        return out
-
-
-def mask_url(url: str) -> str:
-    """The URL with its password (and any ``password``-like query option) replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable redis url>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hosts = netloc.rpartition("@")
-        user, sep, _pw = userinfo.partition(":")
-        # "user:pw@host" keeps the user; a lone "secret@host" is the password for redis-py
-        netloc = f"{user}:***@{hosts}" if sep else f"***@{hosts}"
-    query = parts.query
-    if query:
-        q = parse_qs(query, keep_blank_values=True)
-        for k in list(q):
-            if "pass" in k.lower() or "secret" in k.lower() or "token" in k.lower():
-                q[k] = ["***"]
-        query = urlencode({k: v[0] for k, v in q.items()}, safe="*/:")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def _split_hostport(item: str, default_port: int = 6379) -> tuple[str, int]:
-    item = item.strip()
-    if item.startswith("["):  # [ipv6]:port
-        host, _, rest = item[1:].partition("]")
-        port = int(rest[1:]) if rest.startswith(":") and rest[1:] else default_port
-        return host, port
-    host, sep, port_s = item.rpartition(":")
-    if not sep:
-        return item, default_port
-    try:
-        return host, int(port_s)
-    except ValueError as exc:
-        raise ValueError(f"bad port {port_s!r} in redis url") from exc
-
-
-def parse_redis_url(url: str) -> RedisTarget:
-    """Parse any URL form the stores accept (see the module docstring).
-
-    Raises:
-        ValueError: unknown scheme or malformed URL (the message holds the masked URL only).
-    """
-    if not isinstance(url, str) or "://" not in url:
-        raise ValueError("a Redis URL looks like redis://host:port/0, rediss://, unix:///path or redis+cluster://")
-    masked = mask_url(url)
-    scheme_raw, _, rest = url.partition("://")
-    scheme_raw = scheme_raw.lower()
-    cluster = scheme_raw in _CLUSTER_SCHEMES
-    scheme = _CLUSTER_SCHEMES.get(scheme_raw, scheme_raw)
-    if scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"unsupported Redis URL scheme {scheme_raw!r} in {masked}: use redis://, rediss://, "
-                         "unix://, redis+cluster:// or rediss+cluster://")
-    netloc_path, _, query = rest.partition("?")
-    options = {k: v[0] for k, v in parse_qs(query, keep_blank_values=True).items() if v}
-    q_user, q_password = options.pop("username", None), options.pop("password", None)
-    flag = options.pop("cluster", None)
-    if flag is not None:
-        cluster = cluster or flag.lower() in _TRUE
-    if scheme == "unix":
-        if cluster:
-            raise ValueError(f"Redis Cluster needs TCP seed nodes, not a unix socket: {masked}")
-        netloc, _, path = netloc_path.partition("/")
-        path = "/" + path
-        hosts = ""
-    else:
-        netloc, _, path = netloc_path.partition("/")
-        path = "/" + path if path else ""
-    userinfo, at, hosts_part = netloc.rpartition("@")
-    if not at:
-        hosts_part, userinfo = netloc, ""
-    username = password = None
-    if userinfo:
-        user, sep, pw = userinfo.partition(":")
-        if sep:
-            username = unquote(user) or None
-            password = unquote(pw) or None
-        else:  # "redis://secret@host": redis-py treats a lone userinfo as the password
-            password = unquote(user) or None
-    username = username or q_user or None
-    password = password or q_password or None
-    nodes: tuple[tuple[str, int], ...] = ()
-    if scheme == "unix":
-        if not path or path == "/":
-            raise ValueError(f"unix socket URL without a path: {masked}")
-        hosts = hosts_part
-        if hosts:
-            raise ValueError(f"unix socket URL must look like unix:///path/to/sock: {masked}")
-        sock_path: str | None = unquote(path)
-    else:
-        sock_path = None
-        items = [h for h in hosts_part.split(",") if h.strip()] or ["localhost"]
-        if len(items) > 1 and not cluster:
-            raise ValueError(f"several hosts are only meaningful for Redis Cluster: {masked}")
-        nodes = tuple(_split_hostport(unquote(h)) for h in items)
-        db = path.strip("/")
-        if db:
-            if not db.isdigit():
-                raise ValueError(f"the path of a Redis URL is the database number, got {db!r}: {masked}")
-            if cluster and db != "0":
-                raise ValueError(f"Redis Cluster has only database 0: {masked}")
-            options.setdefault("db", db)
-    return RedisTarget(
-        url=url, scheme=scheme, cluster=cluster, tls=scheme == "rediss", nodes=nodes, path=sock_path,
-        username=username, password=password, options=options, masked=masked,
-    )
-
-
-def _typed_options(options: dict[str, str]) -> dict[str, Any]:
-    """Convert query strings with redis-py's own parsers (``socket_timeout=0.5`` -> 0.5)."""
-    from redis.connection import URL_QUERY_ARGUMENT_PARSERS
-
-    out: dict[str, Any] = {}
-    for k, v in options.items():
-        parser = URL_QUERY_ARGUMENT_PARSERS.get(k)
-        try:
-            out[k] = parser(v) if parser else v
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"invalid value for {k!r} in the Redis URL") from exc
-    return out
-
-
-class _NotTransient(Exception):
-    """Carries an error that must not be retried through redis-py's retry loop."""
-
-    def __init__(self, inner: BaseException) -> None:
-        super().__init__(str(inner))
-        self.inner = inner
-
-
-class TransientRetry(Retry):
-    """redis-py ``Retry`` that retries connection errors and timeouts but not refused credentials.
-
-    redis-py's ``AuthenticationError``/``AuthorizationError`` subclass ``ConnectionError``, so a
-    plain ``Retry`` would retry a wrong password with backoff; they are raised at once here.
-    """
-
-    def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
-        def guarded() -> Any:
-            try:
-                return do()
-            except (rex.AuthenticationError, rex.AuthorizationError) as exc:
-                raise _NotTransient(exc) from exc
-
-        try:
-            return super().call_with_retry(guarded, fail, *args, **kwargs)
-        except _NotTransient as wrapped:
-            raise wrapped.inner from None
-
-
-def connect(
-    url: str | RedisTarget,
-    *,
-    socket_timeout: float = 1.0,
-    connect_timeout: float = 0.5,
-    retries: int = 2,
-    backoff_base: float = 0.02,
-    backoff_cap: float = 0.5,
-    max_connections: int = 64,
-    health_check_interval: int = 0,
-) -> redis.Redis | redis.RedisCluster:
-    """A redis-py client (hiredis parser when installed) for any accepted URL.
-
-    Standalone: a :class:`redis.BlockingConnectionPool` of at most ``max_connections`` (a caller
-    waits up to ``socket_timeout`` for a free connection). Every connection retries
-    ``ConnectionError``/``TimeoutError`` ``retries`` times with exponential backoff
-    (``backoff_base * 2**k`` capped at ``backoff_cap``); other errors, refused credentials
-    included (:class:`TransientRetry`), are not retried. Cluster: a
-    :class:`redis.RedisCluster` with the same timeouts, the same retry policy on its cluster-level
-    retry loop (it refreshes the slot map after a failure), and ``require_full_coverage=False`` so
-    that one master down fails only the keys it owns. Options in the URL query win over the keyword
-    arguments. No command is sent here (a cluster client does fetch the slot map).
-    """
-    target = url if isinstance(url, RedisTarget) else parse_redis_url(url)
-    opts = _typed_options(target.options)
-    retry = TransientRetry(ExponentialBackoff(cap=backoff_cap, base=backoff_base), retries)
-    common: dict[str, Any] = {
-        "socket_timeout": socket_timeout,
-        "socket_connect_timeout": connect_timeout,
-        "health_check_interval": health_check_interval,
-        "retry": retry,
-        "username": target.username,
-        "password": target.password,
-    }
-    if target.cluster:
-        from redis.cluster import ClusterNode, RedisCluster
-
-        kwargs = {**common, **opts}
-        kwargs.pop("db", None)
-        kwargs.setdefault("max_connections", max_connections)
-        if target.tls:
-            kwargs["ssl"] = True
-        try:
-            return RedisCluster(
-                startup_nodes=[ClusterNode(h, p) for h, p in target.nodes],
-                require_full_coverage=False,
-                **kwargs,
-            )
-        except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
-            raise FeatureUnavailable(target.scrub(f"cannot reach Redis Cluster at {target.masked}: {exc}")) from None
-    pool_kwargs: dict[str, Any] = {**common, "max_connections": max_connections, "timeout": socket_timeout}
-    if target.scheme == "unix":
-        pool_kwargs["connection_class"] = redis.UnixDomainSocketConnection
-        pool_kwargs["path"] = target.path
-    else:
-        host, port = target.nodes[0]
-        pool_kwargs["host"], pool_kwargs["port"] = host, port
-        if target.tls:
-            pool_kwargs["connection_class"] = redis.SSLConnection
-    pool_kwargs.update(opts)
-    if "db" in pool_kwargs:
-        pool_kwargs["db"] = int(pool_kwargs["db"])
-    pool = redis.BlockingConnectionPool(**pool_kwargs)
-    client = redis.Redis(connection_pool=pool)
-    client.auto_close_connection_pool = True  # close() of the client closes this private pool
-    return client
-
-
-# =========================================================================== errors
-@contextmanager
-def redis_errors(target: RedisTarget, what: str) -> Iterator[None]:
-    """Translate redis-py exceptions raised inside the block into the store's error classes.
-
-    Connection problems, timeouts, a server still loading its data, cluster failover and
-    authentication failures become :class:`FeatureUnavailable`; ``WRONGTYPE`` (a feature key
-    holding a non-string) becomes :class:`FeatureCorrupt`. Messages name the masked URL and never
-    the password. The original exception is not chained (its text could hold connection details).
-    """
-    try:
-        yield
-    except FeatureStoreError:
-        raise
-    except (rex.AuthenticationError, rex.AuthorizationError, rex.NoPermissionError) as exc:
-        raise FeatureUnavailable(target.scrub(f"{what}: Redis at {target.masked} refused the credentials "
-                                              f"({type(exc).__name__}: {exc})")) from None
-    except rex.ResponseError as exc:
-        msg = str(exc)
-        if msg.startswith(("NOAUTH", "WRONGPASS")):
-            raise FeatureUnavailable(target.scrub(f"{what}: Redis at {target.masked} needs valid credentials "
-                                                  f"({msg})")) from None
-        if msg.startswith("WRONGTYPE"):
-            raise FeatureCorrupt(target.scrub(f"{what}: a key at {target.masked} holds the wrong Redis type "
-                                              f"({msg})")) from None
-        if isinstance(exc, (rex.ClusterDownError, rex.TryAgainError, rex.ReadOnlyError, rex.BusyLoadingError)) \
-                or msg.startswith(("LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY")):
-            raise FeatureUnavailable(target.scrub(f"{what}: Redis at {target.masked} is not ready "
-                                                  f"({type(exc).__name__}: {msg})")) from None
-        raise FeatureUnavailable(target.scrub(f"{what}: Redis at {target.masked} answered an error "
-                                              f"({type(exc).__name__}: {msg})")) from None
-    except (rex.RedisError, rex.RedisClusterException, OSError) as exc:  # socket.timeout is an OSError
-        raise FeatureUnavailable(target.scrub(f"{what}: Redis at {target.masked} unavailable "
-                                              f"({type(exc).__name__}: {exc})")) from None
+FEATURES = DataKind(label="features", noun="feature", data="features", prefix=KEY_PREFIX, cli="gnnserve features",
+                    errors=FEATURE_ERRORS)
 
 
 # =========================================================================== key schema
-class FeatureKeys:
-    """Key names of one feature version (see the module docstring for the schema)."""
+class FeatureKeys(VersionKeys, NodeKeys):
+    """Key names of one feature version (see the module docstring for the schema): the version's
+    keys (:class:`~serve.redisdata.versions.VersionKeys`) plus ``chunks`` and ``lock``, and the node
+    keys of its one part, the feature blobs (:class:`~serve.redisdata.versions.NodeKeys`)."""
+
+    kind = FEATURES
 
     def __init__(self, fingerprint: str, version: int, shards: int = DEFAULT_SHARDS) -> None:
-        if not isinstance(fingerprint, str) or not _FP_RE.match(fingerprint):
-            raise ValueError(f"fingerprint must be 1-128 characters of [0-9A-Za-z_.-], got {fingerprint!r}")
-        version = int(version)
-        if version < 1:
-            raise ValueError(f"feature versions are positive integers, got {version}")
-        if not 1 <= int(shards) <= 16384:
-            raise ValueError(f"shards must lie in [1, 16384], got {shards}")
-        self.fingerprint = fingerprint
-        self.version = version
-        self.shards = int(shards)
-        self.graph_prefix = f"{KEY_PREFIX}:{fingerprint}"
-        self.base = f"{self.graph_prefix}:v{version}"
-        self.meta = f"{self.base}:meta"
+        VersionKeys.__init__(self, fingerprint, version, shards)
+        NodeKeys.__init__(self, self.base, self.shards)
         self.chunks = f"{self.base}:chunks"
         self.lock = f"{self.base}:lock"
-        self.current = f"{self.graph_prefix}:current"
-        self.versions = f"{self.graph_prefix}:versions"
-        self._shard_prefix = [f"{self.base}:{{{s}}}:".encode() for s in range(self.shards)]
-
-    @property
-    def key_format(self) -> str:
-        return f"{self.base}:{{<node mod {self.shards}>}}:<node>"
-
-    def node_key(self, node: int) -> bytes:
-        node = int(node)
-        return self._shard_prefix[node % self.shards] + str(node).encode()
-
-    def node_keys(self, ids: np.ndarray | Sequence[int]) -> list[bytes]:
-        """Keys of ``ids`` in order (bytes; built without per-key formatting beyond the id)."""
-        pf, s = self._shard_prefix, self.shards
-        lst = ids.tolist() if isinstance(ids, np.ndarray) else [int(i) for i in ids]
-        return [pf[i % s] + b"%d" % i for i in lst]
 
     def node_pattern(self) -> str:
         """A ``SCAN MATCH`` pattern for every node key of this version (for maintenance only)."""
         return f"{self.base}:{{*}}:*"
 
 
-def resolve_version(client: Any, target: RedisTarget, fingerprint: str,
-                    dataset_fingerprint: str | None = None) -> int:
-    """The version to open when none is given: the ``current`` pointer, or with
-    ``dataset_fingerprint`` the newest live version loaded from that dataset.
-
-    Raises:
-        FeatureNotFound: no live version (matching) exists.
-    """
-    keys = FeatureKeys(fingerprint, 1)
-    with redis_errors(target, "resolving the feature version"):
-        if dataset_fingerprint is None:
-            cur = client.get(keys.current)
-            if cur is None:
-                raise FeatureNotFound(
-                    f"no live feature version for graph {fingerprint} at {target.masked}: "
-                    "load one with `gnnserve features load`"
-                )
-            return int(cur)
-        versions = sorted((int(v) for v in client.smembers(keys.versions)), reverse=True)
-        cur = client.get(keys.current)
-        for v in versions:
-            meta = client.hgetall(FeatureKeys(fingerprint, v).meta)
-            m = {_s(k): _s(val) for k, val in meta.items()}
-            if m.get("state") == "live" and m.get("dataset_fingerprint") == dataset_fingerprint:
-                if cur is not None and int(cur) != v:
-                    log.warning("features of graph %s: the current version v%s was not loaded from dataset %s "
-                                "(the model's); using v%d, the newest live version that was", fingerprint,
-                                _s(cur), dataset_fingerprint, v)
-                return v
-    raise FeatureNotFound(
-        f"no live feature version of graph {fingerprint} holds dataset {dataset_fingerprint} at {target.masked}"
-    )
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def read_meta(client: Any, target: RedisTarget, keys: FeatureKeys) -> dict[str, str]:
-    """The metadata hash of a version as ``str -> str`` (empty dict when absent)."""
-    with redis_errors(target, "reading feature metadata"):
-        raw = client.hgetall(keys.meta)
-    return {_s(k): _s(v) for k, v in raw.items()}
+#: the version to open when none is given (see :meth:`VersionKeys.resolve_version`)
+resolve_version = FeatureKeys.resolve_version
 
 
 # =========================================================================== blob codec
@@ -652,196 +281,6 @@ def _describe_header(h: bytes) -> str:
     return f"format {ver}, {names.get(code, f'dtype code {code}')} x {f}"
 
 
-# =========================================================================== bulk I/O
-def _group_by_shard(ids: np.ndarray, shards: int, chunk: int) -> list[np.ndarray]:
-    """Positions into ``ids`` grouped by hash-tag shard, each group cut into ``chunk``-sized pieces."""
-    shard = ids % shards
-    order = np.argsort(shard, kind="stable")
-    cuts = np.flatnonzero(np.diff(shard[order])) + 1
-    groups: list[np.ndarray] = []
-    for g in np.split(order, cuts):
-        groups.extend(g[i : i + chunk] for i in range(0, len(g), chunk))
-    return groups
-
-
-def fetch_blobs(client: Any, keys: FeatureKeys, ids: np.ndarray, *, cluster: bool,
-                chunk_size: int = DEFAULT_CHUNK) -> list[bytes | None]:
-    """Values of the node keys of ``ids`` in order, in as few round trips as possible.
-
-    Standalone: ``MGET`` of ``chunk_size`` keys each, all in one pipeline (one round trip; a single
-    chunk skips the pipeline). Cluster: one ``MGET`` per (shard, chunk) through a cluster pipeline,
-    which sends each master its commands in one round trip. redis-py errors propagate (wrap the call
-    in :func:`redis_errors`).
-    """
-    n = len(ids)
-    if n == 0:
-        return []
-    key_list = keys.node_keys(ids)
-    if not cluster:
-        if n <= chunk_size:
-            return list(client.mget(key_list))
-        pipe = client.pipeline(transaction=False)
-        for a in range(0, n, chunk_size):
-            pipe.mget(key_list[a : a + chunk_size])
-        out: list[bytes | None] = []
-        for part in pipe.execute():
-            out.extend(part)
-        return out
-    groups = _group_by_shard(np.asarray(ids), keys.shards, chunk_size)
-    pipe = client.pipeline(transaction=False)
-    for g in groups:  # ClusterPipeline blocks its mget() method; the raw command is allowed per slot
-        pipe.execute_command("MGET", *[key_list[i] for i in g.tolist()])
-    replies = pipe.execute()
-    values: list[bytes | None] = [None] * n
-    for g, part in zip(groups, replies, strict=True):
-        for i, v in zip(g.tolist(), part, strict=True):
-            values[i] = v
-    return values
-
-
-def write_blobs(client: Any, keys: FeatureKeys, ids: np.ndarray, blobs: Sequence[bytes], *, cluster: bool,
-                chunk_size: int = DEFAULT_CHUNK) -> None:
-    """``MSET`` the blobs of ``ids`` (pipelined in chunks; per shard on a cluster). Idempotent."""
-    if len(ids) != len(blobs):
-        raise ValueError(f"{len(ids)} ids but {len(blobs)} blobs")
-    if len(ids) == 0:
-        return
-    key_list = keys.node_keys(ids)
-    pipe = client.pipeline(transaction=False)
-    if not cluster:
-        for a in range(0, len(ids), chunk_size):
-            pipe.mset(dict(zip(key_list[a : a + chunk_size], blobs[a : a + chunk_size], strict=True)))
-    else:
-        for g in _group_by_shard(np.asarray(ids), keys.shards, chunk_size):
-            args: list[bytes] = []
-            for i in g.tolist():
-                args += (key_list[i], blobs[i])
-            pipe.execute_command("MSET", *args)
-    pipe.execute()
-
-
-
-def fetch_blobs_checked(client: Any, keys: Any, ids: np.ndarray, meta_key: str, *, cluster: bool,
-                        chunk_size: int = DEFAULT_CHUNK) -> tuple[list[bytes | None], str | None]:
-    """:func:`fetch_blobs` plus the version's stored ``checksum`` field, read *after* the blobs in
-    the same round trip (standalone: one pipeline; cluster: one more command in the cluster
-    pipeline). Returns ``(values, checksum or None when the metadata is gone)``.
-
-    Reading the digest after the rows means: if it still equals the digest pinned at open time,
-    the rows were read from that content (a reload under the same number first resets the
-    checksum and sets the new one only when it goes live).
-
-    Cluster: the metadata key lives on one master. While that master is unreachable the rows from
-    the others are still returned, with :data:`DIGEST_UNREACHABLE` for the digest (no reload can
-    start meanwhile: a load writes that key before any row); :meth:`VersionPin.check` then relies
-    on the last check.
-    """
-    n = len(ids)
-    key_list = keys.node_keys(ids)
-    if not cluster:
-        pipe = client.pipeline(transaction=False)
-        for a in range(0, n, chunk_size):
-            pipe.mget(key_list[a : a + chunk_size])
-        pipe.hget(meta_key, "checksum")
-        replies = pipe.execute()
-        out: list[bytes | None] = []
-        for part in replies[:-1]:
-            out.extend(part)
-        ck = replies[-1]
-        return out, (None if ck is None else _s(ck))
-    values = fetch_blobs(client, keys, ids, cluster=True, chunk_size=chunk_size) if n else []
-    try:
-        ck = client.hget(meta_key, "checksum")
-    except (rex.ConnectionError, rex.TimeoutError, rex.ClusterDownError, rex.TryAgainError,
-            rex.RedisClusterException, OSError) as exc:
-        log.debug("the metadata master is unreachable (%s): rows served on the last digest check", type(exc).__name__)
-        return values, DIGEST_UNREACHABLE
-    return values, (None if ck is None else _s(ck))
-
-
-#: the digest :func:`fetch_blobs_checked` reports when the metadata's cluster master is unreachable
-DIGEST_UNREACHABLE = "\x00unreachable"
-
-
-class VersionPin:
-    """A data version pinned by number *and* content digest (the load's ``checksum``).
-
-    The stores check the digest stored under the pinned number on every fetch from Redis
-    (:meth:`check`, on the digest :func:`fetch_blobs_checked` read in the same round trip) and,
-    with ``interval > 0``, every ``interval`` seconds from a daemon thread (:meth:`poll`), so a
-    version deleted and re-loaded with other content under the same number is noticed even
-    when every row a request needs is cached. Once noticed, :attr:`error` holds the
-    :class:`DataVersionChanged` to raise (it clears if the pinned content comes back).
-    """
-
-    def __init__(self, client: Any, target: RedisTarget, meta_key: str, *, kind: str, version: int,
-                 digest: str, interval: float = 0.0) -> None:
-        self.client, self.target, self.meta_key = client, target, meta_key
-        self.kind, self.version, self.digest = kind, int(version), digest
-        self.error: DataVersionChanged | None = None
-        self.checks = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        if interval > 0:
-            self._thread = threading.Thread(target=self._watch, args=(float(interval),),
-                                            name=f"gnnserve-pin-{kind}-v{version}", daemon=True)
-            self._thread.start()
-
-    @property
-    def label(self) -> str:
-        """``"<kind>:v<version>:<digest>"``: what a response echoes as its data version."""
-        return f"{self.kind}:v{self.version}:{self.digest}"
-
-    def check(self, found: str | None) -> None:
-        """Raise :class:`DataVersionChanged` unless ``found`` (the stored digest) is the pinned one.
-
-        ``None`` (no metadata: the version was deleted, or Redis lost its data) passes: a load
-        creates the metadata (digest ``""``) before it writes any row, so without metadata no row
-        of other content can have been written; missing rows then raise ``FeatureNotFound`` as
-        usual, and the same content loaded again (same digest) is served again.
-        """
-        self.checks += 1
-        if found == DIGEST_UNREACHABLE:
-            self.raise_if_changed()
-            return
-        if found is None or found == self.digest:
-            self.error = None
-            return
-        what = "is being re-loaded (state loading)" if found == "" else f"now holds other content (digest {found})"
-        err = DataVersionChanged(
-            f"{self.kind} version {self.version} pinned at open time with digest {self.digest} {what} at "
-            f"{self.target.masked}: refusing to mix data versions; reload the model (or restart the server) to "
-            "pick up the data now in Redis", kind=self.kind, version=self.version, pinned=self.digest,
-            found=found or "")
-        if self.error is None:
-            log.error("%s", err)
-        self.error = err
-        raise err
-
-    def poll(self) -> None:
-        """Read the stored digest now and :meth:`check` it (Redis errors propagate as store errors)."""
-        with redis_errors(self.target, f"checking the pinned {self.kind} version"):
-            ck = self.client.hget(self.meta_key, "checksum")
-        self.check(None if ck is None else _s(ck))
-
-    def raise_if_changed(self) -> None:
-        """Raise the last :class:`DataVersionChanged` seen, without any I/O."""
-        if self.error is not None:
-            raise self.error
-
-    def _watch(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            try:
-                self.poll()
-            except DataVersionChanged:
-                continue
-            except Exception as exc:  # Redis down: the next fetch reports it; keep watching
-                log.debug("pinned %s version check failed: %s", self.kind, exc)
-
-    def stop(self) -> None:
-        self._stop.set()
-
-
 # =========================================================================== the store
 class RedisFeatureStore(FeatureStore):
     """Features of one live version in Redis (standalone, TLS, unix socket or Cluster).
@@ -916,33 +355,21 @@ class RedisFeatureStore(FeatureStore):
             self._keys = FeatureKeys(fingerprint, version)
             meta = read_meta(self._client, self._target, self._keys)
             self._apply_meta(meta, expect_num_nodes, expect_num_features, expect_dataset_fingerprint)
-            digest = meta.get("checksum", "")
-            if not digest:
-                raise FeatureCorrupt(f"features of graph {fingerprint} v{self._keys.version} at {self._target.masked} "
-                                     "are live but carry no checksum: verify them with `gnnserve features verify`")
-            self._pin = VersionPin(self._client, self._target, self._keys.meta, kind="features",
-                                   version=self._keys.version, digest=digest,
-                                   interval=watch_interval if self._owns_client else 0.0)
+            self._pin = VersionPin.open(self._client, self._target, self._keys, meta,
+                                        interval=watch_interval if self._owns_client else 0.0)
         except BaseException:
             self.close()
             raise
         self._roundtrip_bytes = 0
         log.info("feature store %s: %s graph %s v%d (N=%d, F=%d, %s, %s), pinned to digest %s", self.name,
                  self._target.masked, fingerprint, self._keys.version, self._n, self._f, self._codec.dtype.name,
-                 "cluster" if self._target.cluster else self._target.scheme, digest)
+                 "cluster" if self._target.cluster else self._target.scheme, self._pin.digest)
 
     def _apply_meta(self, meta: dict[str, str], expect_n: int | None, expect_f: int | None,
                     expect_ds: str | None) -> None:
         keys = self._keys
-        where = f"graph {keys.fingerprint} v{keys.version} at {self._target.masked}"
-        if not meta:
-            raise FeatureNotFound(f"no features for {where}: load them with `gnnserve features load`")
-        if meta.get("format") != META_FORMAT:
-            raise FeatureCorrupt(f"feature metadata of {where} has format {meta.get('format')!r}, "
-                                 f"expected {META_FORMAT!r}")
-        if meta.get("state") != "live":
-            raise FeatureNotFound(f"features of {where} are not live (state {meta.get('state')!r}): the load "
-                                  "was interrupted or has not been verified; rerun `gnnserve features load`")
+        where = keys.where(self._target)
+        check_live(meta, keys, self._target, fmt=META_FORMAT, expect_dataset_fingerprint=expect_ds)
         try:
             n, f, shards = int(meta["num_nodes"]), int(meta["num_features"]), int(meta["shards"])
             dtype = np.dtype(meta["dtype"])
@@ -952,9 +379,6 @@ class RedisFeatureStore(FeatureStore):
             raise FeatureNotFound(f"features of {where} cover {n} nodes, the graph has {expect_n}")
         if expect_f is not None and f != expect_f:
             raise FeatureNotFound(f"features of {where} have width {f}, the model needs {expect_f}")
-        if expect_ds is not None and meta.get("dataset_fingerprint") != expect_ds:
-            raise FeatureNotFound(f"features of {where} come from dataset {meta.get('dataset_fingerprint')}, "
-                                  f"the model was trained on {expect_ds}")
         self._keys = FeatureKeys(keys.fingerprint, keys.version, shards)
         self._codec = BlobCodec(dtype, f)
         self._n, self._f = n, f
@@ -1036,7 +460,7 @@ class RedisFeatureStore(FeatureStore):
         try:
             with redis_errors(self._target, "checking missing keys"):
                 for node, key in zip(ids.tolist(), self._keys.node_keys(ids), strict=True):
-                    kind = _s(self._client.type(key))
+                    kind = decode_str(self._client.type(key))
                     if kind not in ("none", "string"):
                         raise FeatureCorrupt(
                             f"feature key of node {node} at {self._target.masked} holds a Redis {kind}, not a "

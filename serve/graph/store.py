@@ -1,0 +1,581 @@
+"""Read access to a live graph version in Redis, with the live-update overlay (:class:`RedisGraphStore`).
+
+How a replica uses it (per batch, :class:`RedisGraphStore`)
+-----------------------------------------------------------
+* PPR models: one ``MGET`` round of the targets' top-K lists (sliced to the request's budget K),
+  then one round of the adjacency rows of the distinct nodes of those lists; L-hop models: one
+  round per hop plus one (the rows of the last hop's nodes).
+* Those rows, restricted to the fetched node set and relabelled by rank (a monotone map, so
+  every row stays sorted), form a small local CSR on which :func:`kernels.subgraph.induced_batch`
+  / :func:`kernels.subgraph.lhop_nodes` run unchanged; the batch's ids are then mapped back.
+  Edges leaving the fetched set can never be part of an induced subgraph, so the result equals
+  the in-memory one row for row and column for column (tested against the in-memory server).
+* Decoded rows and lists go through a byte-bounded LRU (``--graph-cache-bytes``, default 64 MiB):
+  hot nodes are not fetched again. Graph versions are immutable, so cached rows never go stale.
+* New nodes (``new_nodes`` in a request) need the push or BFS over the whole graph: a replica
+  in this mode refuses them with INVALID_ARGUMENT (run a single-process server for those).
+
+Live updates: the overlay
+-------------------------
+A stored version is an immutable snapshot. Updates accepted since (:mod:`serve.live`, through the
+update log) are applied on top of it in each replica's memory: :meth:`RedisGraphStore.apply_rows`
+replaces whole adjacency rows (and adds nodes ``N_base .. num_nodes - 1``, which exist only in the
+overlay: such a node without a row given has no edges), :meth:`RedisGraphStore.apply_lists` whole
+PPR top-K lists. Every read (``adjacency``, ``ppr_lists``, ``local_graph``, the induced and L-hop
+batches and their GCN degrees, :class:`RedisPPRIndex`) takes an overlay row before the LRU or
+Redis; decoded snapshot rows in the LRU stay valid, as the snapshot never changes.
+``num_nodes`` and ``num_edges`` follow the overlay exactly; ``max_degree`` is
+``max(stored max degree, longest overlay row)``, an upper bound once the stored maximum's row
+shrank. A weighted row on an unweighted snapshot makes the graph weighted (``is_weighted``): every
+row without weights then weighs 1 per edge, in the batches' weights and the GCN degrees alike.
+The overlay is changed only under the caller's write lock: no read of the store may run while
+``apply_*`` does (reads need no lock of their own); :meth:`RedisGraphStore.overlay_stats` is safe
+from any thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ..features.base import summarize_ids
+from ..redisdata.bulk import fetch_blobs_checked
+from ..redisdata.connection import connect, parse_redis_url
+from ..redisdata.errors import GRAPH_ERRORS, GraphCorrupt, GraphNotFound, GraphUnavailable, redis_errors
+from ..redisdata.versions import NodeKeys, VersionPin, check_live, read_meta
+from .schema import GRAPH_FORMAT, SCORE_CODES, SCORE_DTYPES, GraphKeys, RowDecoder
+
+__all__ = ["DEFAULT_GRAPH_CACHE", "RedisGraphStore", "RedisPPRIndex"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRAPH_CACHE = 64 << 20
+_EMPTY_IDS = np.zeros(0, dtype=np.int64)
+_EMPTY_IDS.setflags(write=False)
+
+
+# =========================================================================== hot rows
+class _RowCache:
+    """Byte-bounded LRU of decoded rows: ``(kind, node) -> (ids, extra)``; thread-safe."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget = max(0, int(budget_bytes))
+        self._d: OrderedDict[tuple[str, int], tuple[np.ndarray, np.ndarray | None]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def _size(v: tuple[np.ndarray, np.ndarray | None]) -> int:
+        return 64 + v[0].nbytes + (v[1].nbytes if v[1] is not None else 0)
+
+    def get_many(self, kind: str, ids: list[int]) -> tuple[dict[int, Any], list[int]]:
+        found: dict[int, Any] = {}
+        missing: list[int] = []
+        if not self.budget:
+            return found, list(ids)
+        with self._lock:
+            for i in ids:
+                v = self._d.get((kind, i))
+                if v is None:
+                    missing.append(i)
+                else:
+                    self._d.move_to_end((kind, i))
+                    found[i] = v
+            self.hits += len(found)
+            self.misses += len(missing)
+        return found, missing
+
+    def put_many(self, kind: str, rows: dict[int, Any]) -> None:
+        if not self.budget:
+            return
+        with self._lock:
+            for i, v in rows.items():
+                key = (kind, i)
+                if key in self._d:
+                    continue
+                self._d[key] = v
+                self._bytes += self._size(v)
+            while self._bytes > self.budget and self._d:
+                _, old = self._d.popitem(last=False)
+                self._bytes -= self._size(old)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+
+class RedisGraphStore:
+    """Read access to one live graph version in Redis (see the module docstring).
+
+    Duck-types the parts of :class:`~kernels.graph.CSRGraph` the server's limits need
+    (``num_nodes``, ``num_edges``, ``max_degree``, ``is_weighted``) and builds batches with
+    :meth:`induced_batch` / :meth:`lhop_batch`.
+
+    Args:
+        url: Redis URL (any form :mod:`serve.redisdata.connection` accepts; cluster included).
+        fingerprint: the graph fingerprint (a checkpoint's ``graph_fingerprint``).
+        version: graph version; ``None`` = the ``current`` pointer (with
+            ``expect_dataset_fingerprint``: the newest live version loaded from that dataset).
+        expect_dataset_fingerprint: refuse a version loaded from another dataset.
+        watch_interval: seconds between background checks of the pinned version's digest (0 = only
+            on fetches). The version is pinned by number and ``checksum`` like the features'
+            (:class:`serve.redisdata.versions.VersionPin`): a version deleted or re-loaded with
+            other content raises :class:`~serve.features.base.DataVersionChanged`, never mixes.
+        cache_bytes: LRU budget for decoded rows and lists (0 = off).
+        chunk_size: keys per ``MGET``.
+        client: an existing redis-py client (not closed by :meth:`close`).
+
+    Raises (constructor): :class:`GraphUnavailable`, :class:`GraphNotFound`, :class:`GraphCorrupt`.
+    """
+
+    is_remote = True
+
+    def __init__(self, url: str, fingerprint: str, version: int | None = None, *,
+                 expect_dataset_fingerprint: str | None = None, cache_bytes: int = DEFAULT_GRAPH_CACHE,
+                 chunk_size: int = 1024, socket_timeout: float = 1.0, connect_timeout: float = 0.5,
+                 retries: int = 2, client: Any = None, watch_interval: float = 5.0) -> None:
+        self._pin: VersionPin | None = None
+        self._target = parse_redis_url(url)
+        self._owns = client is None
+        self._client = client if client is not None else connect(
+            self._target, socket_timeout=socket_timeout, connect_timeout=connect_timeout, retries=retries,
+            errors=GRAPH_ERRORS)
+        self._chunk = int(chunk_size)
+        self.fingerprint = fingerprint
+        expect_ds = expect_dataset_fingerprint or None
+        if version is None:
+            version = GraphKeys.resolve_version(self._client, self._target, fingerprint, expect_ds)
+        keys = GraphKeys(fingerprint, version)
+        meta = read_meta(self._client, self._target, keys)
+        where = keys.where(self._target)
+        check_live(meta, keys, self._target, fmt=GRAPH_FORMAT, expect_dataset_fingerprint=expect_ds)
+        try:
+            self.num_nodes = int(meta["num_nodes"])
+            self.num_edges = int(meta["num_edges"])
+            self.max_degree = int(meta["max_degree"])
+            self.is_weighted = meta["weighted"] == "1"
+            self.index_dtype = np.dtype(meta["index_dtype"]).newbyteorder("<")
+            self.ppr_meta: dict[str, dict[str, Any]] = json.loads(meta.get("ppr") or "{}")
+            self.keys = GraphKeys(fingerprint, version, int(meta["shards"]))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise GraphCorrupt(f"graph metadata of {where} is incomplete ({exc})") from None
+        self.version = int(version)
+        self.meta = meta
+        self._pin = VersionPin.open(self._client, self._target, self.keys, meta,
+                                    interval=watch_interval if self._owns else 0.0)
+        big = int(self.index_dtype.itemsize == 8)
+        self._adj = RowDecoder(b"ga", big | (2 * self.is_weighted), self.index_dtype,
+                             np.dtype("<f4") if self.is_weighted else None, self.num_nodes, False, "adjacency row")
+        self._ppr_dec: dict[str, RowDecoder] = {}
+        for ck, pm in self.ppr_meta.items():
+            code = SCORE_CODES[pm.get("scores", "none")]
+            self._ppr_dec[ck] = RowDecoder(b"gp", big | (code << 1), self.index_dtype, SCORE_DTYPES.get(code),
+                                         self.num_nodes, True, f"PPR list ({ck})")
+        self.cache = _RowCache(cache_bytes)
+        self.round_trips = 0
+        # the overlay of live updates (module docstring): changed only by apply_*, under the caller's lock
+        self.base_num_nodes = self.num_nodes
+        self._base_num_edges = self.num_edges
+        self._base_max_degree = self.max_degree
+        self._ov_rows: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        self._ov_lists: dict[str, dict[int, tuple[np.ndarray, np.ndarray | None]]] = {}
+        self._ov_degrees: dict[int, int] = {}  # length -> how many overlay rows have it (for max_degree)
+        self._ov_lock = threading.Lock()  # guards the counters below for overlay_stats()
+        self._ov_row_bytes = 0
+        self._ov_list_bytes = 0
+        self._ov_list_count = 0
+        log.info("graph store: %s (N=%d, E=%d, PPR configs %s)", where, self.num_nodes, self.num_edges,
+                 sorted(self.ppr_meta) or "none")
+
+    # ---------------------------------------------------------------- raw rows
+    def _rows(self, kind: str, ids: np.ndarray, keys: NodeKeys, dec: RowDecoder,
+              overlay: dict[int, tuple[np.ndarray, np.ndarray | None]] | None) -> dict[int, Any]:
+        """Rows of ``ids`` (distinct): overlay rows first, then the snapshot's (LRU or Redis).
+
+        A node added live (``>= base_num_nodes``) without an overlay row has an empty adjacency
+        row; without an overlay PPR list it is :class:`GraphNotFound`.
+        """
+        lst = [int(i) for i in ids]
+        if not overlay and self.num_nodes == self.base_num_nodes:
+            return self._snapshot_rows(kind, lst, keys, dec)
+        found: dict[int, Any] = {}
+        rest: list[int] = []
+        fresh: list[int] = []
+        base_n = self.base_num_nodes
+        for i in lst:
+            v = overlay.get(i) if overlay else None
+            if v is not None:
+                found[i] = v
+            elif i >= base_n:
+                fresh.append(i)
+            else:
+                rest.append(i)
+        if fresh:
+            if kind != "a":
+                raise GraphNotFound(f"no {dec.what} for nodes {summarize_ids(np.asarray(fresh))}: they were added "
+                                    f"after graph {self.fingerprint} v{self.version} was stored and no list was "
+                                    "applied for them (apply_lists)")
+            for i in fresh:
+                found[i] = (_EMPTY_IDS, None)
+        if rest:
+            found.update(self._snapshot_rows(kind, rest, keys, dec))
+        return found
+
+    def _snapshot_rows(self, kind: str, lst: list[int], keys: NodeKeys, dec: RowDecoder) -> dict[int, Any]:
+        """Decoded stored rows of the distinct ``lst``, from the LRU or one pipelined fetch."""
+        found, missing = self.cache.get_many(kind, lst)
+        if missing:
+            arr = np.asarray(missing, dtype=np.int64)
+            with redis_errors(self._target, f"fetching {len(missing)} graph rows ({dec.what})", GRAPH_ERRORS):
+                values, digest = fetch_blobs_checked(self._client, keys, arr, self.keys.meta,
+                                                     cluster=self._target.cluster, chunk_size=self._chunk)
+            self.round_trips += 1
+            assert self._pin is not None
+            self._pin.check(digest)  # rows of a re-loaded version never meet cached rows of the old one
+            gone = [i for i, v in zip(missing, values, strict=True) if v is None]
+            if gone:
+                raise GraphNotFound(
+                    f"{len(gone)} of {len(missing)} {dec.what} keys of graph {self.fingerprint} v{self.version} "
+                    f"are missing at {self._target.masked}: nodes {summarize_ids(np.asarray(gone))} (Redis lost "
+                    "data: a restart without persistence, eviction or a flush; rerun `gnnserve graph load`)")
+            new = {i: dec.decode(i, v) for i, v in zip(missing, values, strict=True)}
+            self.cache.put_many(kind, new)
+            found.update(new)
+        return found
+
+    def adjacency(self, ids: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
+        """``{node: (neighbour ids, weights or None)}`` for distinct ``ids``."""
+        return self._rows("a", ids, self.keys.adj, self._adj, self._ov_rows)
+
+    def ppr_lists(self, config_key: str, ids: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
+        dec = self._ppr_dec.get(config_key)
+        if dec is None:
+            raise GraphNotFound(self._no_ppr(config_key))
+        return self._rows("p" + config_key, ids, self.keys.ppr(config_key), dec, self._ov_lists.get(config_key))
+
+    def _no_ppr(self, config_key: str) -> str:
+        return (f"graph {self.fingerprint} v{self.version} at {self._target.masked} has no PPR lists for config "
+                f"{config_key} (it has {sorted(self.ppr_meta) or 'none'}): load them with "
+                "`gnnserve graph load --repo REPO` (or --ppr-k/--ppr-alpha/--ppr-eps matching the model)")
+
+    # ---------------------------------------------------------------- the overlay
+    def apply_rows(self, rows: dict[int, tuple[np.ndarray, np.ndarray | None]], num_nodes: int) -> None:
+        """From now on the adjacency row of each node in ``rows`` is the one given.
+
+        Args:
+            rows: ``{node: (neighbour ids, weights or None)}``: ids sorted, distinct, in
+                ``[0, num_nodes)`` (any integer dtype, stored as int64); weights float
+                ``[len(ids)]``, finite. A weighted row makes the whole graph weighted (rows without
+                weights weigh 1 per edge).
+            num_nodes: the node count from now on (``>=`` the current one): nodes
+                ``base_num_nodes .. num_nodes - 1`` exist only in the overlay.
+
+        Raises:
+            ValueError: a malformed row or a shrinking ``num_nodes``; nothing changes.
+            GraphUnavailable / GraphCorrupt / GraphNotFound: fetching the stored rows being
+                replaced (their lengths give ``num_edges``) failed; nothing changes.
+
+        Call it under the caller's write lock: no read of this store may run meanwhile.
+        """
+        n = int(num_nodes)
+        if n < self.num_nodes:
+            raise ValueError(f"num_nodes cannot shrink: the graph has {self.num_nodes} nodes, got {n}")
+        clean: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        for node, (ids, w) in rows.items():
+            v = int(node)
+            if not 0 <= v < n:
+                raise ValueError(f"adjacency row for node {v} outside [0, {n})")
+            clean[v] = _clean_row(v, ids, w, n, sorted_ids=True, what="adjacency row")
+        if not clean and n == self.num_nodes:
+            return
+        replaced = [v for v in clean if v < self.base_num_nodes and v not in self._ov_rows]
+        stored = self._snapshot_rows("a", replaced, self.keys.adj, self._adj) if replaced else {}
+        delta = 0
+        for v, row in clean.items():
+            old = self._ov_rows.get(v)
+            old_len = len(old[0]) if old is not None else len(stored[v][0]) if v in stored else 0
+            delta += len(row[0]) - old_len
+        with self._ov_lock:
+            for v, row in clean.items():
+                old = self._ov_rows.get(v)
+                if old is not None:
+                    self._ov_row_bytes -= _RowCache._size(old)
+                    _count_degree(self._ov_degrees, len(old[0]), -1)
+                self._ov_rows[v] = row
+                self._ov_row_bytes += _RowCache._size(row)
+                _count_degree(self._ov_degrees, len(row[0]), +1)
+            self.num_nodes = n
+            self.num_edges += delta
+            self.max_degree = max(self._base_max_degree, max(self._ov_degrees, default=0))
+            if any(row[1] is not None for row in clean.values()):
+                self.is_weighted = True
+
+    def apply_lists(self, config_key: str, lists: dict[int, tuple[np.ndarray, np.ndarray | None]]) -> None:
+        """From now on the top-K PPR list of each node in ``lists`` (under configuration
+        ``config_key``) is the one given: ``{node: (ids, scores or None)}``, the node itself first,
+        ids distinct and in ``[0, num_nodes)``, at most ``k_max`` of them. Nodes added by
+        :meth:`apply_rows` need one before a lookup. Same locking and errors as :meth:`apply_rows`.
+        """
+        if config_key not in self._ppr_dec:
+            raise GraphNotFound(self._no_ppr(config_key))
+        k_max = int(self.ppr_meta[config_key]["k_max"])
+        n = self.num_nodes
+        clean: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        for node, (ids, scores) in lists.items():
+            v = int(node)
+            if not 0 <= v < n:
+                raise ValueError(f"PPR list for node {v} outside [0, {n})")
+            row = _clean_row(v, ids, scores, n, sorted_ids=False, what=f"PPR list ({config_key})")
+            if len(row[0]) > k_max:
+                raise ValueError(f"PPR list ({config_key}) of node {v} has {len(row[0])} entries, more than "
+                                 f"k_max = {k_max}")
+            clean[v] = row
+        with self._ov_lock:
+            lay = self._ov_lists.setdefault(config_key, {})
+            for v, row in clean.items():
+                old = lay.get(v)
+                if old is not None:
+                    self._ov_list_bytes -= _RowCache._size(old)
+                else:
+                    self._ov_list_count += 1
+                lay[v] = row
+                self._ov_list_bytes += _RowCache._size(row)
+
+    def overlay_stats(self) -> dict[str, int]:
+        """What the overlay holds: ``rows``/``row_bytes`` (adjacency), ``lists``/``list_bytes``
+        (PPR, all configurations), ``bytes`` (both), ``new_nodes``. Safe from any thread."""
+        with self._ov_lock:
+            return {"rows": len(self._ov_rows), "row_bytes": self._ov_row_bytes, "lists": self._ov_list_count,
+                    "list_bytes": self._ov_list_bytes, "bytes": self._ov_row_bytes + self._ov_list_bytes,
+                    "new_nodes": self.num_nodes - self.base_num_nodes}
+
+    def ppr_index(self, cfg: Any) -> RedisPPRIndex:
+        """A :class:`RedisPPRIndex` view for a :class:`kernels.ppr.PPRConfig`."""
+        key = cfg.key()
+        if key not in self.ppr_meta:
+            raise GraphNotFound(self._no_ppr(key))
+        return RedisPPRIndex(self, cfg, int(self.ppr_meta[key]["k_max"]))
+
+    # ---------------------------------------------------------------- local graphs
+    def local_graph(self, uniq: np.ndarray, rows: dict[int, Any]) -> tuple[Any, np.ndarray]:
+        """CSR over the sorted distinct ``uniq`` (local id = rank) keeping edges inside ``uniq``,
+        and the full-graph GCN degree ``1 + sum_j w_ij`` of each node (float64 ``[U]``)."""
+        from kernels.graph import CSRGraph
+
+        u = len(uniq)
+        parts = [rows[int(i)] for i in uniq]
+        deg = np.fromiter((len(p[0]) for p in parts), dtype=np.int64, count=u)
+        cols = np.concatenate([p[0] for p in parts]).astype(np.int64) if u else np.zeros(0, np.int64)
+        if self.is_weighted:  # rows without weights (unweighted snapshot or overlay row) weigh 1 per edge
+            ws = [p[1] if p[1] is not None else np.ones(len(p[0]), np.float32) for p in parts]
+            w = np.concatenate(ws).astype(np.float32) if u else np.zeros(0, np.float32)
+            wsum = np.fromiter((float(x.sum(dtype=np.float64)) for x in ws), dtype=np.float64, count=u)
+        else:
+            w = None
+            wsum = deg.astype(np.float64)
+        pos = np.searchsorted(uniq, cols)
+        np.minimum(pos, max(u - 1, 0), out=pos)
+        keep = uniq[pos] == cols if u else np.zeros(0, bool)
+        row = np.repeat(np.arange(u, dtype=np.int64), deg)
+        indptr = np.zeros(u + 1, dtype=np.int64)
+        np.cumsum(np.bincount(row[keep], minlength=u), out=indptr[1:])
+        g = CSRGraph(indptr=indptr, indices=pos[keep].astype(np.int32),
+                     weights=w[keep] if w is not None else None, num_nodes=u)
+        return g, wsum + 1.0
+
+    def induced_batch(self, ptr: np.ndarray, nodes: np.ndarray) -> Any:
+        """:func:`kernels.subgraph.induced_batch` over the stored graph, rows fetched from Redis.
+
+        The returned batch carries ``gcn_degrees`` (float64 ``[R]``): full-graph GCN degrees of
+        its rows, what ``GCN.norm_degrees_for`` gives on the in-memory graph.
+        """
+        nodes = np.asarray(nodes, dtype=np.int64)
+        if len(nodes) and (int(nodes.min()) < 0 or int(nodes.max()) >= self.num_nodes):
+            raise ValueError(f"node ids must lie in [0, {self.num_nodes})")
+        uniq = np.unique(nodes)
+        return self._batch_from(uniq, self.adjacency(uniq), ptr, nodes)
+
+    def _batch_from(self, uniq: np.ndarray, rows: dict[int, Any], ptr: np.ndarray, nodes: np.ndarray) -> Any:
+        from kernels.subgraph import induced_batch
+
+        g, gdeg = self.local_graph(uniq, rows)
+        local = np.searchsorted(uniq, nodes)
+        b = induced_batch(g, ptr, local)
+        out = replace(b, node_ids=nodes, unique_ids=uniq[b.unique_ids])
+        out.gcn_degrees = gdeg[local]  # type: ignore[attr-defined]
+        return out
+
+    def _lhop_rows(self, targets: np.ndarray, hops: int) -> tuple[np.ndarray, np.ndarray, dict[int, Any]]:
+        """``(targets, uniq, rows)``: the adjacency rows of every node within ``hops`` of a target
+        (``hops + 1`` fetch rounds, fewer with the LRU) and their sorted ids."""
+        t = np.asarray(targets, dtype=np.int64)
+        if len(t) and (int(t.min()) < 0 or int(t.max()) >= self.num_nodes):
+            raise ValueError(f"targets must lie in [0, {self.num_nodes})")
+        rows: dict[int, Any] = {}
+        frontier = np.unique(t)
+        for h in range(hops + 1):
+            rows.update(self.adjacency(frontier))
+            if h == hops:
+                break
+            nxt = np.unique(np.concatenate([rows[int(i)][0] for i in frontier] or [np.zeros(0, np.int64)]))
+            nxt = nxt.astype(np.int64)
+            seen = np.fromiter(rows.keys(), dtype=np.int64, count=len(rows))
+            frontier = np.setdiff1d(nxt, seen, assume_unique=True)
+            if not len(frontier):
+                break
+        uniq = np.fromiter(sorted(rows), dtype=np.int64, count=len(rows))
+        return t, uniq, rows
+
+    def lhop_local(self, targets: np.ndarray, hops: int) -> tuple[Any, np.ndarray, np.ndarray]:
+        """``(graph, uniq, gcn_degrees)``: :meth:`local_graph` over the ``hops``-hop scope of
+        ``targets`` (local id = rank in the sorted ``uniq``). Rows of nodes within ``hops - 1`` of a
+        target are complete and in the stored order, which is what an execution plan
+        (:mod:`kernels.plan`) of a ``hops``-layer model reads."""
+        _, uniq, rows = self._lhop_rows(targets, hops)
+        g, gdeg = self.local_graph(uniq, rows)
+        return g, uniq, gdeg
+
+    def lhop_batch(self, targets: np.ndarray, hops: int) -> tuple[Any, np.ndarray, np.ndarray]:
+        """``(batch, ptr, nodes)``: the exact L-hop lists (as :func:`kernels.subgraph.lhop_nodes`)
+        and their induced batch; ``hops + 1`` fetch rounds, fewer with the LRU."""
+        from kernels.subgraph import lhop_nodes
+
+        t, uniq, rows = self._lhop_rows(targets, hops)
+        g, _ = self.local_graph(uniq, rows)
+        lptr, lnodes = lhop_nodes(g, np.searchsorted(uniq, t), hops)
+        nodes = uniq[lnodes]
+        return self._batch_from(uniq, rows, lptr, nodes), lptr, nodes
+
+    # ---------------------------------------------------------------- data version
+    @property
+    def digest(self) -> str:
+        """The content digest (the load's ``checksum``) pinned at open time."""
+        return self._pin.digest if self._pin is not None else ""
+
+    @property
+    def data_version(self) -> str:
+        """``graph:v<version>:<checksum>``; raises :class:`DataVersionChanged` once a check saw the
+        pinned version deleted or replaced."""
+        assert self._pin is not None
+        self._pin.raise_if_changed()
+        return self._pin.label
+
+    def check_version(self) -> None:
+        """Read the stored digest now; raises :class:`DataVersionChanged` if it is not the pinned one."""
+        assert self._pin is not None
+        self._pin.poll()
+
+    # ---------------------------------------------------------------- misc
+    def ping(self) -> bool:
+        try:
+            with redis_errors(self._target, "ping", GRAPH_ERRORS):
+                return bool(self._client.ping())
+        except GraphUnavailable:
+            return False
+
+    def stats(self) -> dict[str, Any]:
+        return {"url": self._target.masked, "fingerprint": self.fingerprint, "version": self.version,
+                "digest": self.digest, "cluster": self._target.cluster, "cache_rows": len(self.cache), "cache_bytes": self.cache.nbytes,
+                "cache_hits": self.cache.hits, "cache_misses": self.cache.misses, "round_trips": self.round_trips,
+                "overlay": self.overlay_stats()}
+
+    def close(self) -> None:
+        if self._pin is not None:
+            self._pin.stop()
+        if self._owns and self._client is not None:
+            try:
+                self._client.close()
+            except Exception:
+                log.debug("closing the graph store's Redis client failed")
+            self._client = None
+
+    def __repr__(self) -> str:
+        return (f"RedisGraphStore(url={self._target.masked!r}, fingerprint={self.fingerprint!r}, "
+                f"version={self.version}, N={self.num_nodes})")
+
+
+@dataclass
+class RedisPPRIndex:
+    """The :class:`kernels.ppr.PPRIndex` lookup API over lists stored in Redis."""
+
+    store: RedisGraphStore
+    config: Any
+    k_max: int
+    path: Any = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.store.num_nodes
+
+    def apply_lists(self, config_key: str, lists: dict[int, tuple[np.ndarray, np.ndarray | None]]) -> None:
+        """:meth:`RedisGraphStore.apply_lists` for this index's configuration (``config_key`` must be
+        ``config.key()``)."""
+        if config_key != self.config.key():
+            raise ValueError(f"this index holds PPR lists of config {self.config.key()}, not {config_key}")
+        self.store.apply_lists(config_key, lists)
+
+    def lookup(self, targets: Any, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """First ``k`` entries of each target's list: ``(ptr int64 [B + 1], nodes int64)``."""
+        k = self.k_max if k is None else int(k)
+        if not 1 <= k <= self.k_max:
+            raise ValueError(f"k must lie in [1, k_max={self.k_max}], got {k}")
+        t = np.asarray(targets, dtype=np.int64).reshape(-1)
+        if len(t) and (int(t.min()) < 0 or int(t.max()) >= self.num_nodes):
+            raise ValueError(f"targets must lie in [0, {self.num_nodes})")
+        lists = self.store.ppr_lists(self.config.key(), np.unique(t))
+        parts = [lists[int(i)][0][:k] for i in t]
+        ptr = np.zeros(len(t) + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in parts], out=ptr[1:])
+        nodes = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+        return ptr, nodes
+
+
+def _clean_row(node: int, ids: Any, extra: Any, n: int, *, sorted_ids: bool,
+               what: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """A checked, private, read-only copy of an overlay row (``ValueError`` names what is wrong)."""
+    a = np.asarray(ids)
+    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+        raise ValueError(f"{what} of node {node}: ids must be a 1-D integer array, got {a.dtype} {a.shape}")
+    a = np.array(a, dtype=np.int64)
+    if len(a) and (int(a.min()) < 0 or int(a.max()) >= n):
+        raise ValueError(f"{what} of node {node}: ids must lie in [0, {n}), found {int(a.min())} .. {int(a.max())}")
+    if sorted_ids:
+        if len(a) > 1 and not bool((a[1:] > a[:-1]).all()):
+            raise ValueError(f"{what} of node {node}: ids must be sorted and distinct")
+    else:
+        if not len(a) or int(a[0]) != node:
+            raise ValueError(f"{what} of node {node} must start with the node itself")
+        if len(np.unique(a)) != len(a):
+            raise ValueError(f"{what} of node {node}: ids must be distinct")
+    a.setflags(write=False)
+    if extra is None:
+        return a, None
+    e = np.array(extra, dtype=np.float32)
+    if e.shape != a.shape:
+        raise ValueError(f"{what} of node {node}: {e.shape[0] if e.ndim == 1 else e.shape} values for {len(a)} ids")
+    if not bool(np.isfinite(e).all()):
+        raise ValueError(f"{what} of node {node} holds NaN or infinite values")
+    e.setflags(write=False)
+    return a, e
+
+
+def _count_degree(hist: dict[int, int], degree: int, step: int) -> None:
+    c = hist.get(degree, 0) + step
+    if c:
+        hist[degree] = c
+    else:
+        hist.pop(degree, None)
+
