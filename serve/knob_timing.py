@@ -17,8 +17,9 @@ the same way with S and K. :func:`retime_knobs` re-measures the column on the se
 3. per row, each sampled node is asked for alone through the public ``ModelRuntime.process``
    (no forced path: the runtime picks its path as it does for a one-node request): one untimed
    pass over the sample (the caches a warm server holds: projections, first-layer activations at
-   that width), then ``repeats`` timed passes; a node's time is the fastest of its passes, and
-   the row's ``latency_ms_per_node`` is the **median over the sampled nodes**.
+   that width), then ``repeats`` timed passes, node by node with every row in turn (a shared
+   machine's changing load then falls on every row alike); a node's time is the fastest of its
+   passes, and the row's ``latency_ms_per_node`` is the **median over the sampled nodes**.
 
 So ``latency_ms_per_node`` means: the served cost of a single-node request with this setting, in
 milliseconds, on a warm model (``process`` alone: not the RPC, the queue or request parsing). A
@@ -216,26 +217,30 @@ def retime_knobs(
                 raise res
             return dt, res.path
 
+        settings = [(int(r["sampling_width"]), int(r["ppr_budget"]) if rt.extractor == "ppr" else 0) for r in rows]
+        names: list[set[str]] = [set() for _ in rows]
         bar = tqdm(total=len(rows) * len(sample) * (1 + repeats), desc="served knob timing", unit="request",
                    disable=not progress, leave=False, dynamic_ncols=True)
-        seen: list[str] = []
-        for r in rows:
-            width = int(r["sampling_width"])
-            budget = int(r["ppr_budget"]) if rt.extractor == "ppr" else 0
-            bar.set_postfix(K=budget, S=width)
-            names: set[str] = set()
-            for v in sample:  # untimed: the caches a warm server holds for these nodes at this setting
-                names.add(ask(int(v), width, budget)[1])
+        for j, (width, budget) in enumerate(settings):  # untimed: the caches a warm server holds for the sample
+            for v in sample:
+                names[j].add(ask(int(v), width, budget)[1])
             bar.update(len(sample))
-            best = np.full(len(sample), np.inf)
-            for _ in range(repeats):
-                for i, v in enumerate(sample):
+        # timed: node by node, every setting in turn, so that a shared machine's changing load falls on
+        # every row alike (rows timed one after another would rank by the load of their moment)
+        best = np.full((len(rows), len(sample)), np.inf)
+        for _ in range(repeats):
+            for i, v in enumerate(sample):
+                for j, (width, budget) in enumerate(settings):
                     dt, name = ask(int(v), width, budget)
-                    best[i] = min(best[i], dt)
-                    names.add(name)
-                bar.update(len(sample))
-            ms = float(np.median(best)) * 1e3 if len(sample) else float("nan")
-            name = ",".join(sorted(names))
+                    best[j, i] = min(best[j, i], dt)
+                    names[j].add(name)
+                bar.update(len(rows))
+        bar.close()
+        seen: list[str] = []
+        for j, r in enumerate(rows):
+            width, budget = settings[j]
+            ms = float(np.median(best[j])) * 1e3 if len(sample) else float("nan")
+            name = ",".join(sorted(names[j]))
             if "latency_path" not in r:  # first re-timing: keep the training copy's figure beside
                 r["train_latency_ms_per_node"] = r["latency_ms_per_node"]
             log.info("knob timing: K=%d S=%d: %.4f ms/node on %s (training copy: %.4f)", budget, width, ms, name,
@@ -243,10 +248,9 @@ def retime_knobs(
             r["latency_ms_per_node"] = ms
             r["latency_nodes"] = len(sample)
             r["latency_path"] = name
-            for n in sorted(names):
+            for n in sorted(names[j]):
                 if n not in seen:
                     seen.append(n)
-        bar.close()
         elapsed = time.perf_counter() - t_start
         doc.update({
             "latency_source": "served:" + ",".join(seen),
