@@ -86,17 +86,23 @@ flagged source (``<= 1 / (alpha eps)`` edge updates each, parallel on the numba 
 dominates: everything else is about 10 ms per single-edge update on Amazon Computers.
 
 Measured with :func:`benchmark` (Amazon Computers, 13,752 nodes, 491,722 edges, default
-:class:`PPRConfig`, 30 single-edge additions and removals at random, 2 shared cores, one push
-about 0.45 ms; milliseconds per update):
+:class:`PPRConfig`, 40 single-edge updates: additions of random pairs alternating with removals
+of uniformly drawn edges; 2 cores shared with other work, so one push cost 0.4 to 1.8 ms between
+runs and the milliseconds are noisy; the recomputed counts are not):
 
-=========  ==========  ======  ====  =====  =====================
-K          tol_factor  median  mean  max    recomputed median/max
-=========  ==========  ======  ====  =====  =====================
-64         1           137     388   1536   294 / 3256
-64         16          14      23    100    14 / 122
-200        1           134     351   1332   272 / 3256
-200        16          19      27    102    14 / 117
-=========  ==========  ======  ====  =====  =====================
+====  ==========  ========  =======================  ===============  =========
+K     tol_factor  rule      ms median / mean / max   recomputed       push (ms)
+                                                     median / max
+====  ==========  ========  =======================  ===============  =========
+64    1           node      183 / 265 / 1353         263 / 4072       0.40
+64    16          node      21 / 33 / 200            5 / 178          1.0
+200   1           node      323 / 586 / 3283         262 / 4106       1.0
+200   16          node      22 / 29 / 160            5 / 183          0.9
+64    1           l1        7421 / 7511 / 10812      9695 / 10780     1.8
+====  ==========  ========  =======================  ===============  =========
+
+(the l1 row over 10 updates). Without recomputation an update costs about 10 ms here (reverse
+pushes, holder lookup, bookkeeping); the edit itself (:func:`kernels.graph_edit.apply_edit`) 1 ms.
 
 The expensive updates touch low-degree nodes (a degree-1 node gaining an edge halves its row).
 On 40 added edges (half at nodes of degree <= 5), 200 targets next to them, the lists kept with
@@ -741,16 +747,18 @@ def benchmark(
     *,
     data_dir: str | None = None,
     topk: int = 64,
-    updates: int = 30,
+    updates: int = 40,
     tol_factor: float = 1.0,
     rule: str = "node",
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Cost of :meth:`LivePPRIndex.apply` per single-edge update (alternating additions and removals
-    of random edges) on a real dataset with the default :class:`PPRConfig` and ``topk``.
+    """Cost of :meth:`LivePPRIndex.apply` per single-edge update on a real dataset with the default
+    :class:`PPRConfig` and ``topk``: additions of random absent pairs alternate with removals of
+    edges drawn uniformly. Run: ``python -c "from kernels.ppr_live import benchmark; print(benchmark())"``.
 
-    Returns the index build time and the median / mean / max milliseconds and recomputed counts
-    (the edit itself, :func:`kernels.graph_edit.apply_edit`, timed apart).
+    Returns the index build time, the median / mean / max milliseconds and recomputed counts
+    (the edit itself, :func:`kernels.graph_edit.apply_edit`, timed apart) and the cost of one
+    push (``ppr_topk`` of 256 random targets, divided by 256) for scale.
     """
     import os
     from pathlib import Path
@@ -774,14 +782,13 @@ def benchmark(
     first_s = time.perf_counter() - t0
     g = eff.graph
     ms, edit_ms, rec = [], [], []
-    added: list[tuple[int, int]] = []
     for i in range(updates):
-        if i % 2 == 1 and added:
-            e = edit_from_pairs(remove=[added.pop()])
+        if i % 2 == 1:  # remove an edge drawn uniformly among the edges
+            pos = int(rng.integers(g.num_edges))
+            u = int(np.searchsorted(g.indptr, pos, side="right")) - 1
+            e = edit_from_pairs(remove=[(u, int(g.indices[pos]))])
         else:
-            u, v = _absent_pair(rng, g)
-            added.append((u, v))
-            e = edit_from_pairs(add=[(u, v)])
+            e = edit_from_pairs(add=[_absent_pair(rng, g)])
         t0 = time.perf_counter()
         eff = apply_edit(g, e)
         t1 = time.perf_counter()
@@ -791,13 +798,16 @@ def benchmark(
         edit_ms.append((t1 - t0) * 1e3)
         ms.append((t2 - t1) * 1e3)
         rec.append(st["recomputed"])
+    t0 = time.perf_counter()
+    ppr_topk(g, rng.choice(g.num_nodes, size=256, replace=False), cfg)
+    push_s = time.perf_counter() - t0
     return {
         "dataset": dataset, "nodes": g.num_nodes, "edges": g.num_edges, "topk": topk, "rule": rule,
         "tol_factor": tol_factor, "threads": numba.get_num_threads(), "build_s": round(build_s, 2),
         "first_apply_s": round(first_s, 2), "apply_ms_median": round(float(np.median(ms)), 2),
         "apply_ms_mean": round(float(np.mean(ms)), 2), "apply_ms_max": round(float(np.max(ms)), 2),
         "recomputed_median": float(np.median(rec)), "recomputed_max": int(np.max(rec)),
-        "edit_ms_median": round(float(np.median(edit_ms)), 3),
+        "edit_ms_median": round(float(np.median(edit_ms)), 3), "push_ms": round(push_s * 1e3 / 256, 3),
     }  # fmt: skip
 
 
