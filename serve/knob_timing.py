@@ -58,7 +58,7 @@ import numpy as np
 
 __all__ = ["DEFAULT_NODES", "DEFAULT_REPEATS", "main", "retime_knobs", "train_main"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("serve.knob_timing")  # also when run as `python -m serve.knob_timing`
 
 #: sampled nodes timed per knob setting
 DEFAULT_NODES = 256
@@ -302,7 +302,7 @@ def train_main(argv: Sequence[str]) -> int:
     """``gnnserve train``: :func:`models.train.main`, then :func:`retime_knobs` on the checkpoint."""
     from models.train import main as train_cli
 
-    return train_cli(list(argv), prog="gnnserve train", after_train=_after_train, log_names=(__name__,),
+    return train_cli(list(argv), prog="gnnserve train", after_train=_after_train, log_names=(log.name,),
                      epilog=TRAIN_EPILOG)
 
 
@@ -326,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .runtime import RuntimeOptions
 
-    _stage_logging((__name__,))
+    _stage_logging((log.name,))
     try:
         doc = retime_knobs(args.checkpoint, args.dataset, nodes=args.nodes, seed=args.seed, repeats=args.repeats,
                            options=RuntimeOptions(device=args.device), ppr_cache_dir=args.ppr_cache,
