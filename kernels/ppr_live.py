@@ -540,7 +540,16 @@ class LivePPRIndex:
     def apply(
         self, old_graph: CSRGraph, new_graph: CSRGraph, changed_rows: np.ndarray, new_ids: np.ndarray
     ) -> dict[str, int]:
-        """Bring the lists up to date after an edit ``old_graph -> new_graph`` (module docstring).
+        """Bring the lists up to date after an edit ``old_graph -> new_graph``: :meth:`prepare` then
+        :meth:`install` (``prepare``'s arguments and ``install``'s result)."""
+        return self.install(self.prepare(old_graph, new_graph, changed_rows, new_ids))
+
+    def prepare(
+        self, old_graph: CSRGraph, new_graph: CSRGraph, changed_rows: np.ndarray, new_ids: np.ndarray
+    ) -> dict[str, Any]:
+        """The expensive half of :meth:`apply`, which lookups may run beside (a server keeps answering
+        from the old lists meanwhile): which sources to push again (module docstring) and their fresh
+        lists on ``new_graph``. Call :meth:`install` with the result before the next ``prepare``.
 
         Args:
             old_graph: the graph the lists followed so far (``num_nodes`` = this index's).
@@ -548,10 +557,7 @@ class LivePPRIndex:
             changed_rows: rows whose neighbour list or weights changed (``EditEffect.changed_rows``).
             new_ids: the new nodes' ids (``EditEffect.new_ids``), ``N .. N + m - 1``.
 
-        Returns:
-            ``{"recomputed", "new", "dirty", "candidates", "reverse_capped", "microseconds"}``:
-            existing sources recomputed, new nodes given lists, targets newly marked dirty, sources
-            whose bound was evaluated, reverse pushes stopped by the work cap, the time taken.
+        Returns what :meth:`install` takes.
         """
         t0 = time.perf_counter()
         cfg = self.config
@@ -587,12 +593,27 @@ class LivePPRIndex:
                 self._drift[uniq] = drift
                 candidates = len(uniq)
                 recompute = uniq[drift > self.tol_factor * cfg.eps]
-        self._grow_to(new_graph.num_nodes)
         targets = np.concatenate([recompute, new_ids])
+        lists = ppr_topk(new_graph, targets, cfg) if len(targets) else None
         if len(targets):
-            ptr, nodes, scores = ppr_topk(new_graph, targets, cfg)
-            self._store(targets, ptr, nodes, scores)
+            self._drift_grow(new_graph.num_nodes)
             self._drift[targets] = 0.0
+        return {"new_graph": new_graph, "recompute": recompute, "new_ids": new_ids, "holders": holders,
+                "targets": targets, "lists": lists, "candidates": candidates, "capped": capped, "t0": t0}
+
+    def install(self, prep: dict[str, Any]) -> dict[str, int]:
+        """Make :meth:`prepare`'s lists the ones lookups see (no lookup may run meanwhile: the server's
+        write lock). Returns ``{"recomputed", "new", "dirty", "candidates", "reverse_capped",
+        "microseconds"}``: existing sources recomputed, new nodes given lists, targets newly marked
+        dirty, sources whose bound was evaluated, reverse pushes stopped by the work cap, the time
+        taken by both halves."""
+        new_graph, recompute, new_ids = prep["new_graph"], prep["recompute"], prep["new_ids"]
+        holders, targets, t0 = prep["holders"], prep["targets"], prep["t0"]
+        candidates, capped = prep["candidates"], prep["capped"]
+        self._grow_to(new_graph.num_nodes)
+        if prep["lists"] is not None:
+            ptr, nodes, scores = prep["lists"]
+            self._store(targets, ptr, nodes, scores)
         marked = np.unique(np.concatenate([holders, targets]))
         fresh = marked[~self._dirty[marked]]
         self._dirty[marked] = True
@@ -619,7 +640,11 @@ class LivePPRIndex:
             self._ostart = np.concatenate([self._ostart, np.full(m, -1, dtype=np.int64)])
             self._olen = np.concatenate([self._olen, np.zeros(m, dtype=np.int64)])
             self._dirty = np.concatenate([self._dirty, np.ones(m, dtype=bool)])
-            self._drift = np.concatenate([self._drift, np.zeros(m)])
+        self._drift_grow(n)
+
+    def _drift_grow(self, n: int) -> None:
+        if n > len(self._drift):
+            self._drift = np.concatenate([self._drift, np.zeros(n - len(self._drift))])
 
     def _store(self, targets: np.ndarray, ptr: np.ndarray, nodes: np.ndarray, scores: np.ndarray) -> None:
         """Append fresh lists to the arena and point the targets at them."""

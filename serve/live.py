@@ -672,12 +672,15 @@ class LiveGraph:
         old = self.data.graph
         try:
             plans = None
+            lists: list = []
             if not self.remote:  # a replica's overlay changes in place: its models prepare under the lock
                 graph = effect.graph if effect is not None else old
+                if effect is not None:  # the PPR lists' pushes (the bulk of an update of a shaDow graph)
+                    lists = [(idx, idx.prepare(old, graph, changed, new_ids)) for idx in self.data.ppr_indexes.values()]
                 plans = [(rt, rt.prepare_rebase(graph, old, changed, parsed.feature_ids, new_ids))
                          for rt in list(self._runtimes)]
             with self.lock.write():
-                self._apply_locked(parsed, effect, version, inv, plans, new_ids, changed, old)
+                self._apply_locked(parsed, effect, version, inv, plans, lists, new_ids, changed)
         except BaseException as exc:
             self.broken = (f"graph {self.label}: update {version} failed half-way ({type(exc).__name__}); this "
                            "server no longer answers for this graph: restart it (it replays the update log)")
@@ -689,7 +692,8 @@ class LiveGraph:
         return inv
 
     def _apply_locked(self, parsed: ParsedUpdate, effect: Any, version: int, inv: dict[str, int],
-                      plans: list | None, new_ids: np.ndarray, changed: np.ndarray, old: Any) -> None:
+                      plans: list | None, lists: list, new_ids: np.ndarray, changed: np.ndarray) -> None:
+        old = self.data.graph
         if len(parsed.feature_ids):
             self.features.write(parsed.feature_ids, parsed.feature_rows)
         if parsed.num_new:
@@ -702,8 +706,8 @@ class LiveGraph:
                  for v in changed}, g.num_nodes)
         elif effect is not None:
             self.data.graph = effect.graph
-            for idx in self.data.ppr_indexes.values():
-                got = idx.apply(old, effect.graph, changed, new_ids)
+            for idx, prep in lists:
+                got = idx.install(prep)
                 inv["ppr_lists"] = inv.get("ppr_lists", 0) + int(got.get("recomputed", 0)) + int(got.get("new", 0))
                 inv["induced"] = inv.get("induced", 0) + int(got.get("dirty", 0))
         if plans is None:
