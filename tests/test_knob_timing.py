@@ -1,5 +1,5 @@
 """The knob table's latency re-timed on the served path (serve.knob_timing, issue 21 item 3): the
-fields it writes, the path names, the ordering exact vs sampled where degrees dwarf the width, the
+fields it writes, the path names (the served path of each row), the accuracy columns kept, the
 shaDow path through a model repository's PPR index, and `gnnserve train` writing it all."""
 
 from __future__ import annotations
@@ -62,9 +62,7 @@ def test_retiming_writes_served_latency(dense, deep_gcn: Path) -> None:
                     "accuracy_nodes"):
             assert new[key] == old[key], key  # accuracy stays from training
     lat = {r["sampling_width"]: r["latency_ms_per_node"] for r in doc["rows"]}
-    # exact: three layers over the whole graph (~90,000 edges each); width 2: a few dozen rows. The gap is
-    # tens of times, far beyond what a shared machine's noise moves a median of 24 nodes' best-of-2 times
-    assert lat[0] > lat[2], lat
+    # (no comparison of the two timings: tests assert no wall-clock relations; docs/BENCHMARKS.md has them)
     # the checkpoint still loads, and the runtime's knob rules read the new column
     ck = load_checkpoint(deep_gcn)
     assert ck.knobs_meta["latency_source"] == doc["latency_source"]
