@@ -8,37 +8,10 @@ Kept so that ``from serve.graph_store import RedisGraphStore, load_graph, ...`` 
 
 from __future__ import annotations
 
-from .graph import (
-    DEFAULT_GRAPH_CACHE,
-    GRAPH_FORMAT,
-    GRAPH_PREFIX,
-    GraphCorrupt,
-    GraphKeys,
-    GraphLoadReport,
-    GraphNotFound,
-    GraphUnavailable,
-    RedisGraphStore,
-    RedisPPRIndex,
-    load_graph,
-    main,
-    verify_graph,
-)
+from . import graph as _graph
+from .graph import *  # noqa: F403  (the public names, listed in serve.graph.__all__)
 
-__all__ = [
-    "DEFAULT_GRAPH_CACHE",
-    "GRAPH_FORMAT",
-    "GRAPH_PREFIX",
-    "GraphCorrupt",
-    "GraphKeys",
-    "GraphLoadReport",
-    "GraphNotFound",
-    "GraphUnavailable",
-    "RedisGraphStore",
-    "RedisPPRIndex",
-    "load_graph",
-    "main",
-    "verify_graph",
-]
+__all__ = list(_graph.__all__)
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_graph.main())

@@ -4,7 +4,8 @@ Pick one with :func:`open_store`; the pieces are in the submodules:
 
 * :mod:`.base`: the :class:`FeatureStore` interface, the error classes, id helpers;
 * :mod:`.memory`: :class:`MemoryFeatureStore` (in-process array or memory map; the default);
-* :mod:`.redis_store`: :class:`RedisFeatureStore`, the key schema, blob format and URL forms;
+* :mod:`.redis_store`: :class:`RedisFeatureStore`, the key schema and blob format (URL forms,
+  connections, errors and the load protocol are the Redis layer's, :mod:`serve.redisdata`);
 * :mod:`.loader`: :func:`load_features` / :func:`verify_features` (what ``gnnserve features
   load`` runs);
 * :mod:`.tiered`: :class:`TieredFeatureStore` (hot static tier + LRU) and :func:`hot_set_from_index`;

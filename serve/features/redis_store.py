@@ -50,10 +50,10 @@ version deleted and re-loaded under the pinned number (``checksum`` empty while 
 another one) raises :class:`~serve.features.base.DataVersionChanged`: the server never mixes rows
 of two contents. Responses echo ``features:v<version>:<checksum>``.
 
-
-URLs, connections, retries and neutral errors are the Redis layer's (:mod:`serve.redisdata`),
-shared with the graph store and the update log: see :mod:`serve.redisdata.connection` for the
-URL forms. Their names stay importable from here. Errors are
+URLs, connections, retries, neutral errors, the versioned key schema, version resolution, the
+load protocol and the pin are the Redis layer's (:mod:`serve.redisdata`), shared with the graph
+store and the update log: see :mod:`serve.redisdata.connection` for the URL forms. Their names
+(``connect``, ``parse_redis_url``, ``redis_errors``, ``VersionPin``...) stay importable from here. Errors are
 :class:`~serve.features.base.FeatureUnavailable` (Redis down after the bounded retries; the pool
 reconnects by itself), :class:`~serve.features.base.FeatureCorrupt` (never retried) and
 :class:`~serve.features.base.FeatureNotFound`.
@@ -77,6 +77,7 @@ from ..redisdata.versions import (
     DIGEST_UNREACHABLE,
     DataKind,
     NodeKeys,
+    PinnedVersion,
     VersionKeys,
     VersionPin,
     check_live,
@@ -92,6 +93,7 @@ from .base import (
     summarize_ids,
 )
 
+# the layer's names (connect, redis_errors, VersionPin...) stay importable from here, as before serve.redisdata
 __all__ = [
     "DEFAULT_CHUNK",
     "DEFAULT_SHARDS",
@@ -282,7 +284,7 @@ def _describe_header(h: bytes) -> str:
 
 
 # =========================================================================== the store
-class RedisFeatureStore(FeatureStore):
+class RedisFeatureStore(PinnedVersion, FeatureStore):
     """Features of one live version in Redis (standalone, TLS, unix socket or Cluster).
 
     Args:
@@ -409,24 +411,6 @@ class RedisFeatureStore(FeatureStore):
     def url(self) -> str:
         """The masked URL (safe to log)."""
         return self._target.masked
-
-    @property
-    def digest(self) -> str:
-        """The content digest (the load's ``checksum``) this store pinned at open time."""
-        return self._pin.digest if self._pin is not None else ""
-
-    @property
-    def data_version(self) -> str:
-        """``features:v<version>:<checksum>``; raises :class:`DataVersionChanged` once a check saw
-        the pinned version deleted or replaced."""
-        assert self._pin is not None
-        self._pin.raise_if_changed()
-        return self._pin.label
-
-    def check_version(self) -> None:
-        """Read the stored digest now; raises :class:`DataVersionChanged` if it is not the pinned one."""
-        assert self._pin is not None
-        self._pin.poll()
 
     @property
     def keys(self) -> FeatureKeys:

@@ -48,7 +48,7 @@ from ..features.base import summarize_ids
 from ..redisdata.bulk import fetch_blobs_checked
 from ..redisdata.connection import connect, parse_redis_url
 from ..redisdata.errors import GRAPH_ERRORS, GraphCorrupt, GraphNotFound, GraphUnavailable, redis_errors
-from ..redisdata.versions import NodeKeys, VersionPin, check_live, read_meta
+from ..redisdata.versions import NodeKeys, PinnedVersion, VersionPin, check_live, read_meta
 from .schema import GRAPH_FORMAT, SCORE_CODES, SCORE_DTYPES, GraphKeys, RowDecoder
 
 __all__ = ["DEFAULT_GRAPH_CACHE", "RedisGraphStore", "RedisPPRIndex"]
@@ -116,7 +116,7 @@ class _RowCache:
 
 
 
-class RedisGraphStore:
+class RedisGraphStore(PinnedVersion):
     """Read access to one live graph version in Redis (see the module docstring).
 
     Duck-types the parts of :class:`~kernels.graph.CSRGraph` the server's limits need
@@ -457,25 +457,6 @@ class RedisGraphStore:
         lptr, lnodes = lhop_nodes(g, np.searchsorted(uniq, t), hops)
         nodes = uniq[lnodes]
         return self._batch_from(uniq, rows, lptr, nodes), lptr, nodes
-
-    # ---------------------------------------------------------------- data version
-    @property
-    def digest(self) -> str:
-        """The content digest (the load's ``checksum``) pinned at open time."""
-        return self._pin.digest if self._pin is not None else ""
-
-    @property
-    def data_version(self) -> str:
-        """``graph:v<version>:<checksum>``; raises :class:`DataVersionChanged` once a check saw the
-        pinned version deleted or replaced."""
-        assert self._pin is not None
-        self._pin.raise_if_changed()
-        return self._pin.label
-
-    def check_version(self) -> None:
-        """Read the stored digest now; raises :class:`DataVersionChanged` if it is not the pinned one."""
-        assert self._pin is not None
-        self._pin.poll()
 
     # ---------------------------------------------------------------- misc
     def ping(self) -> bool:

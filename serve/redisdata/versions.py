@@ -42,6 +42,7 @@ __all__ = [
     "DIGEST_UNREACHABLE",
     "DataKind",
     "NodeKeys",
+    "PinnedVersion",
     "VersionKeys",
     "VersionPin",
     "check_live",
@@ -298,3 +299,27 @@ class VersionPin:
     def stop(self) -> None:
         self._stop.set()
 
+
+class PinnedVersion:
+    """What a store reading one pinned version exposes (mixed into the feature and graph stores,
+    which set ``_pin`` to their :class:`VersionPin` once open)."""
+
+    _pin: VersionPin | None
+
+    @property
+    def digest(self) -> str:
+        """The content digest (the load's ``checksum``) this store pinned at open time."""
+        return self._pin.digest if self._pin is not None else ""
+
+    @property
+    def data_version(self) -> str:
+        """``<kind>:v<version>:<checksum>`` (``features:...``, ``graph:...``); raises
+        :class:`DataVersionChanged` once a check saw the pinned version deleted or replaced."""
+        assert self._pin is not None
+        self._pin.raise_if_changed()
+        return self._pin.label
+
+    def check_version(self) -> None:
+        """Read the stored digest now; raises :class:`DataVersionChanged` if it is not the pinned one."""
+        assert self._pin is not None
+        self._pin.poll()
