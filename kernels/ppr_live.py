@@ -498,10 +498,14 @@ class LivePPRIndex:
         """
         t = np.asarray(targets, dtype=np.int64).reshape(-1)
         ptr, nodes = self.lookup(t, k)
-        table = self.induced
-        kk = self.k_max if k is None else int(k)
-        if table is not None and kk <= table.k and len(t) and int(t.max()) < table.num_nodes:
-            if not self._dirty[t].any():
+        table = self._table if self._table is not None else self.base.induced
+        if table is not None and (self.k_max if k is None else int(k)) <= table.k and len(t):
+            if len(t) == 1:  # a one-node request: scalar checks (an array check costs microseconds each)
+                v = int(t[0])
+                clean = v < table.num_nodes and not self._dirty[v]
+            else:
+                clean = int(t.max()) < table.num_nodes and not self._dirty[t].any()
+            if clean:
                 if graph.num_nodes == table.num_nodes:
                     return table.batch(graph, t, ptr, nodes, checked=True)
                 return table._batch(graph, t, ptr, nodes)  # clean lists only hold nodes the table knows

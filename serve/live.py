@@ -35,6 +35,7 @@ changed row.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -312,20 +313,37 @@ class UpdateResult:
 
 
 class _Ticket:
-    """One UpdateGraph call waiting for the writer."""
+    """One UpdateGraph call waiting for the writer; settles an asyncio future when it has one."""
 
-    def __init__(self, request: Any) -> None:
+    def __init__(self, request: Any, future: asyncio.Future[UpdateResult] | None = None) -> None:
         self.request = request
         self.t0 = time.perf_counter()
         self.done = False
         self.error: BaseException | None = None
         self.result: UpdateResult | None = None
+        self.future = future
 
     def fail(self, exc: BaseException) -> None:
         self.error, self.done = exc, True
+        self._settle()
 
     def finish(self, result: UpdateResult) -> None:
         self.result, self.done = result, True
+        self._settle()
+
+    def _settle(self) -> None:
+        fut = self.future
+        if fut is not None:
+            fut.get_loop().call_soon_threadsafe(_settle_future, fut, self.result, self.error)
+
+
+def _settle_future(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if fut.done():  # the call was cancelled meanwhile: the update stands, nobody waits for its answer
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
 
 
 class _Group:
@@ -499,6 +517,8 @@ class LiveGraph:
         self._writer = threading.RLock()  # one group of updates (or log catch-up) at a time
         self._pending_lock = threading.Lock()
         self._pending: list[_Ticket] = []  # UpdateGraph calls waiting for the writer, in arrival order
+        self._wake = threading.Event()  # the writer thread's doorbell (update_async)
+        self._writer_thread: threading.Thread | None = None
         self.version = int(version)  # a snapshot's version (compact), else 0: the dataset as loaded
         self._runtimes: weakref.WeakSet[ModelRuntime] = weakref.WeakSet()
         self._version_cond = threading.Condition()
@@ -553,10 +573,7 @@ class LiveGraph:
         Each update is still validated on its own against the state its predecessors leave: a bad one
         fails alone, and an update with ``expect_graph_version`` starts a group of its own.
         """
-        if self.read_only:
-            why = ("it was started with --read-only" if self.log is not None
-                   else "another server holds this graph's update log")
-            raise ReadOnly(f"this server does not take graph updates: {why}")
+        self._check_writable()
         ticket = _Ticket(request)
         with self._pending_lock:
             self._pending.append(ticket)
@@ -567,6 +584,38 @@ class LiveGraph:
             raise ticket.error
         assert ticket.result is not None
         return ticket.result
+
+    async def update_async(self, request: Any) -> UpdateResult:
+        """:meth:`update` for the event loop: the update waits in the queue without a thread of its own,
+        and the graph's writer thread applies the queue (so as many updates as arrive meanwhile join one
+        group, however many there are)."""
+        self._check_writable()
+        fut: asyncio.Future[UpdateResult] = asyncio.get_running_loop().create_future()
+        with self._pending_lock:
+            self._pending.append(_Ticket(request, fut))
+            if self._writer_thread is None:
+                self._writer_thread = threading.Thread(target=self._write_loop, name=f"gnnserve-writer-{self.label}",
+                                                       daemon=True)
+                self._writer_thread.start()
+        self._wake.set()
+        return await fut
+
+    def _write_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(0.5)
+            self._wake.clear()
+            try:
+                with self._writer:
+                    while self._pending:
+                        self._drain()
+            except Exception:  # _drain settles every ticket it takes; this is a bug: keep the thread
+                log.exception("graph %s: the writer thread failed; it goes on", self.label)
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            why = ("it was started with --read-only" if self.log is not None
+                   else "another server holds this graph's update log")
+            raise ReadOnly(f"this server does not take graph updates: {why}")
 
     def _drain(self) -> None:
         """Commit the waiting updates, a group at a time (holding the writer)."""
@@ -855,6 +904,7 @@ class LiveGraph:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self.log is not None:
             with contextlib.suppress(Exception):
                 self.log.close()

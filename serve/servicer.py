@@ -155,8 +155,8 @@ class GnnServicer(pb_grpc.GnnServiceServicer):
             raise Unavailable(f"model {rt.name} v{rt.version} is still loading")
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
-        # validation, the log append and the apply wait on locks and I/O: off the event loop
-        res = await asyncio.get_running_loop().run_in_executor(None, live.update, request)
+        # validated, logged and applied by the graph's writer thread, grouped with the updates beside it
+        res = await live.update_async(request)
         log.info("update graph=%s version=%d request_id=%s new=%d apply=%.2fms", live.label, res.version,
                  request.request_id, len(res.new_ids), res.apply_ms)
         out = pb.UpdateGraphResponse(graph_version=res.version, new_node_ids=res.new_ids.tolist(),
