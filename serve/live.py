@@ -87,19 +87,25 @@ class RWLock:
         self._writer = False
         self._writers_waiting = 0
 
-    @contextlib.contextmanager
-    def read(self) -> Iterator[None]:
+    def acquire_read(self) -> None:
         with self._cond:
             while self._writer or self._writers_waiting:
                 self._cond.wait()
             self._readers += 1
+
+    def release_read(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            if not self._readers and self._writers_waiting:
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[None]:
+        self.acquire_read()
         try:
             yield
         finally:
-            with self._cond:
-                self._readers -= 1
-                if not self._readers:
-                    self._cond.notify_all()
+            self.release_read()
 
     @contextlib.contextmanager
     def write(self) -> Iterator[None]:
@@ -557,11 +563,24 @@ class LiveGraph:
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[int]:
-        """Hold the graph at one version for a batch; yields that version."""
-        with self.lock.read():
-            if self.broken is not None:
-                raise Unavailable(self.broken)
-            yield self.version
+        """Hold the graph at one version for a batch; yields that version (:meth:`begin_read` /
+        :meth:`end_read` are the same without a context manager, for the request path)."""
+        version = self.begin_read()
+        try:
+            yield version
+        finally:
+            self.lock.release_read()
+
+    def begin_read(self) -> int:
+        """Take the read side for a batch and return the version it will see; pair with :meth:`end_read`."""
+        self.lock.acquire_read()
+        if self.broken is not None:
+            self.lock.release_read()
+            raise Unavailable(self.broken)
+        return self.version
+
+    def end_read(self) -> None:
+        self.lock.release_read()
 
     # ---------------------------------------------------------------- updates
     def update(self, request: Any) -> UpdateResult:

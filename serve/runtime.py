@@ -594,8 +594,11 @@ class ModelRuntime:
             graph_version = 0
             o = path.run(targets, new_specs, width, budget, want_emb)
         else:  # one graph version for the whole batch (serve.live: an update waits for it)
-            with live.reading() as graph_version:
+            graph_version = live.begin_read()
+            try:
                 o = path.run(targets, new_specs, width, budget, want_emb)
+            finally:
+                live.end_read()
         probs_np, labels_np, emb_np, kept, total = o.probs, o.labels, o.emb, o.kept, o.total
         t_sub, t_feat, t_fwd = o.t_sub, o.t_feat, o.t_fwd
         if row_map is not None:
