@@ -13,7 +13,8 @@ the repository's data stays as it is), driven through the public SDK:
    with ``min_graph_version``: it must get that version (counted) and its Predict time is reported;
 3. **Predict under a steady update stream**: one-node Predict p50/p99 at the default knobs (raw stub
    calls), in alternating blocks without and with another process sending single-edge updates at
-   ``--rate`` per second (the two sides interleaved in time on this shared machine), and the ratio.
+   ``--rate`` per second from ``--writers`` threads (the two sides interleaved in time on this shared
+   machine), and the ratio.
 
     python benchmarks/updates.py --repo /tmp/gnnserve-bench-ab/amazon_computers --model gcn
     python benchmarks/updates.py --dataset ../shared/data/amazon_computers.npz   # trains a GCN first
@@ -88,32 +89,45 @@ def update_phase(c: GnnClient, model: str, kinds: dict[str, list[dict]], reader:
                   "ryw_predict_p99_ms": _pct(ryw_ms, 99)}
 
 
-def _stream(address: str, model: str, edges: list[tuple[int, int]], rate: float, stop: Any, sent: Any) -> None:
-    """Single-edge updates at ``rate`` per second (added, then removed: the graph returns to where it was),
-    from a process of its own so that its client work does not share the measuring client's interpreter."""
-    with GnnClient(address) as uc:
-        period = 1.0 / rate
-        k = 0
-        t_next = time.perf_counter()
-        while not stop.is_set():
-            u, v = edges[(k // 2) % len(edges)]
-            uc.update_graph(model, **({"add_edges": [(u, v)]} if k % 2 == 0 else {"remove_edges": [(u, v)]}))
-            k += 1
-            with sent.get_lock():
-                sent.value += 1
-            t_next += period
-            delay = t_next - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            elif delay < -1.0:  # the server (or this client) cannot keep the rate: do not build a backlog
-                t_next = time.perf_counter()
-        if k % 2:  # leave the graph as it was
-            u, v = edges[(k // 2) % len(edges)]
-            uc.update_graph(model, remove_edges=[(u, v)])
+def _stream(address: str, model: str, edges: list[tuple[int, int]], rate: float, writers: int, stop: Any,
+            sent: Any) -> None:
+    """Single-edge updates at ``rate`` per second in all, from ``writers`` threads (as many independent
+    writers would send them; each waits for its answer), each adding then removing its own edges so the
+    graph returns to where it was; from a process of its own so that its client work does not share the
+    measuring client's interpreter."""
+    import threading
+
+    def writer(i: int) -> None:
+        mine = edges[i::writers]
+        with GnnClient(address) as uc:
+            period = writers / rate
+            k = 0
+            t_next = time.perf_counter() + i * period / writers
+            while not stop.is_set():
+                u, v = mine[(k // 2) % len(mine)]
+                uc.update_graph(model, **({"add_edges": [(u, v)]} if k % 2 == 0 else {"remove_edges": [(u, v)]}))
+                k += 1
+                with sent.get_lock():
+                    sent.value += 1
+                t_next += period
+                delay = t_next - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                elif delay < -1.0:  # the server (or this client) cannot keep the rate: do not build a backlog
+                    t_next = time.perf_counter()
+            if k % 2:  # leave the graph as it was
+                u, v = mine[(k // 2) % len(mine)]
+                uc.update_graph(model, remove_edges=[(u, v)])
+
+    threads = [threading.Thread(target=writer, args=(i,), daemon=True) for i in range(writers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
 
 
 def predict_under_updates(address: str, model: str, num_nodes: int, edges: list[tuple[int, int]], rate: float,
-                          seconds: float, rounds: int) -> dict:
+                          seconds: float, rounds: int, writers: int = 16) -> dict:
     """One-node Predict latency (raw stub calls) in alternating blocks without and with ``rate`` single-edge
     updates/s sent by another process."""
     import multiprocessing as mp
@@ -136,7 +150,8 @@ def predict_under_updates(address: str, model: str, num_nodes: int, edges: list[
                 stop = ctx.Event()
                 proc = None
                 if side == "updating":
-                    proc = ctx.Process(target=_stream, args=(address, model, edges, rate, stop, sent), daemon=True)
+                    proc = ctx.Process(target=_stream, args=(address, model, edges, rate, writers, stop, sent),
+                                       daemon=True)
                     proc.start()
                     t_wait = time.monotonic() + 60
                     while sent.value == 0 and time.monotonic() < t_wait:  # the stream is running
@@ -178,8 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=10, help="batched updates (half add, half remove)")
     ap.add_argument("--batch-edges", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=1000.0, help="updates per second during the updating blocks")
+    ap.add_argument("--writers", type=int, default=16, help="threads sending the update stream")
     ap.add_argument("--seconds", type=float, default=3.0, help="length of each Predict block")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--serve-args", default="", help="extra `gnnserve serve` flags, e.g. '--ppr-refresh-tolerance 16'")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -216,13 +233,13 @@ def main(argv: list[str] | None = None) -> int:
                                       for i in range(args.batches)],
     }
     with tempfile.TemporaryDirectory() as logdir, \
-            ServerProcess(repo, "--update-log-dir", logdir, "--poll-s", "0") as srv, \
+            ServerProcess(repo, "--update-log-dir", logdir, "--poll-s", "0", *args.serve_args.split()) as srv, \
             GnnClient(srv.address, timeout=120) as c, GnnClient(srv.address, timeout=120) as reader:
         c.predict(args.model, [0])
         reader.predict(args.model, [0])
         upd_rows, ryw = update_phase(c, args.model, kinds, reader)
-        under = predict_under_updates(srv.address, args.model, g.num_nodes, _absent_edges(g, rng, 64), args.rate,
-                                      args.seconds, args.rounds)
+        under = predict_under_updates(srv.address, args.model, g.num_nodes, _absent_edges(g, rng, 4 * args.writers),
+                                      args.rate, args.seconds, args.rounds, args.writers)
         final = c.get_model(args.model)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"\n### Live-graph updates: {name} (N = {g.num_nodes:,}, E = {g.num_edges:,}), model {args.model}\n")
@@ -239,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| one-node Predict | p50 (ms) | p99 (ms) |")
     print("|---|---:|---:|")
     print(f"| no updates | {under['quiet_p50_ms']:.3f} | {under['quiet_p99_ms']:.3f} |")
-    print(f"| {under['updates_per_s_achieved']:,.0f} single-edge updates/s (asked {args.rate:,.0f}) | "
+    print(f"| {under['updates_per_s_achieved']:,.0f} single-edge updates/s (asked {args.rate:,.0f}, "
+          f"{args.writers} writers) | "
           f"{under['updating_p50_ms']:.3f} | {under['updating_p99_ms']:.3f} |")
     print(f"| ratio | {under['ratio_p50']:.2f}x | {under['ratio_p99']:.2f}x |")
     print(f"\nGraph version at the end: {final.graph_version} (every edge added was removed again).")

@@ -74,7 +74,9 @@ the *old* ``pi_s(u)`` at hand:
   threshold ``eps_u = tol / (2 n_U w(u) c_u)`` (``n_U`` changed rows), so every ``s`` whose term
   reaches ``tol / n_U`` (and a bound above ``tol`` needs one such term) is touched and its estimate
   is off by less than half of that; it stops after ``reverse_max_pushes`` pushes (the work cap;
-  then distant sources may be missed).
+  then distant sources may be missed), and all of an edit's reverse pushes together after
+  ``reverse_total_pushes`` (a bulk edit of thousands of rows shares that budget, so each of its rows
+  reaches only its near sources: an approximation its ``reverse_capped`` count reports).
 
 Estimates are lower bounds, so the rule is the bound evaluated at the best estimates, not a
 guarantee. Sources created by this edit are handled by (a).
@@ -316,6 +318,8 @@ class LivePPRIndex:
             docstring).
         rule: ``"node"`` (per-node bound, default) or ``"l1"`` (L1 bound); module docstring.
         reverse_max_pushes: work cap of each reverse push (0: none).
+        reverse_total_pushes: work cap of all reverse pushes of one :meth:`apply`, shared among its
+            changed rows (0: none): a bulk edit then estimates only near sources.
         merge_fraction: merge the overlay into the lists when it holds more than this fraction of
             the lists' entries (plus a floor of ``64 k_max`` entries).
 
@@ -332,6 +336,7 @@ class LivePPRIndex:
         tol_factor: float = 1.0,
         rule: str = "node",
         reverse_max_pushes: int = 200_000,
+        reverse_total_pushes: int = 2_000_000,
         merge_fraction: float = 0.25,
     ) -> None:
         if rule not in _RULES:
@@ -343,6 +348,7 @@ class LivePPRIndex:
         self.tol_factor = float(tol_factor)
         self.rule = rule
         self.reverse_max_pushes = int(reverse_max_pushes)
+        self.reverse_total_pushes = int(reverse_total_pushes)
         self.merge_fraction = float(merge_fraction)
         self.num_nodes = base.num_nodes
         self.path = base.path
@@ -738,8 +744,14 @@ class LivePPRIndex:
         u = rows[act]
         eps_r = tol / (2.0 * len(act) * wd[u] * coef[act])
         w = old_graph.weights if old_graph.weights is not None else np.zeros(0, dtype=np.float32)
+        # the work of all reverse pushes of one edit is bounded too: a bulk edit (thousands of changed rows)
+        # shares reverse_total_pushes among them, so each reaches only its near sources (counted as capped)
+        cap = self.reverse_max_pushes
+        if self.reverse_total_pushes > 0:
+            share = max(1, self.reverse_total_pushes // len(act))
+            cap = share if cap <= 0 else min(cap, share)
         own, node, est, capped = _reverse_estimates(
-            old_graph.indptr, old_graph.indices, w, wd, u, eps_r, cfg.alpha, cfg.lazy, self.reverse_max_pushes,
+            old_graph.indptr, old_graph.indices, w, wd, u, eps_r, cfg.alpha, cfg.lazy, cap,
             r, p, queue, touched,
         )  # fmt: skip
         ui = act[own]  # index into rows
