@@ -358,6 +358,10 @@ class ModelRuntime:
         feats = np.asarray(feature_ids, dtype=np.int64)
         changed = np.asarray(changed_rows, dtype=np.int64)
         plan: dict[str, Any] = {"graph": graph, "features": feats}
+        if graph is old and not len(changed) and not len(new_ids):  # features only: the graph is the same
+            if self._activations is not None:  # the rows reading them: theirs and their neighbours'
+                plan["activation"] = np.unique(np.concatenate([feats, _neighbours(graph, feats)]))
+            return plan
         if not self.remote_graph:
             gcn = self.architecture == "gcn"
             carry_gcn_degrees(old, graph, changed)  # memoized on the new graph, not yet visible
@@ -394,7 +398,8 @@ class ModelRuntime:
             inv["activation"] = self._activations.rebase(graph, self._dinv, plan["activation"])
         if self._exact_edges is not None and "exact_edges" in plan:
             inv["exact_edges"] = self._exact_edges.rebase(graph, plan["exact_edges"])
-        self._set_derived(dict(plan["derived"]))
+        if "derived" in plan:
+            self._set_derived(dict(plan["derived"]))
         return inv
 
     def rebase(self, graph: CSRGraph | Any, old: CSRGraph | Any, changed_rows: np.ndarray,
