@@ -157,10 +157,6 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--update-log-fsync", action="store_true",
                     help="fsync the update log after every update (survive a machine crash, not only a "
                          "process crash; costs a disk flush per update)")
-    ap.add_argument("--update-group-ms", type=float, default=0.0,
-                    help="under a stream of graph updates (one applied in the last 100 ms), let the next group "
-                         "fill this long before applying it: fewer graph copies and invalidation rounds per "
-                         "update, at that much added update latency; a lone update is applied at once")
     ap.add_argument("--ppr-refresh-tolerance", type=float, default=1.0,
                     help="after a graph update, push a shaDow model's PPR list again when the bound of its move "
                          "exceeds this many times the push threshold eps (1: the offline lists' own tolerance; "
@@ -170,19 +166,11 @@ def _serve(argv: Sequence[str]) -> int:
                          "features next to it (loaded at later starts instead of the dataset); 0 = never")
     ap.add_argument("--read-your-writes-timeout-s", type=float, default=1.0,
                     help="how long a Predict with min_graph_version waits for that version before UNAVAILABLE")
-    ap.add_argument("--gil-switch-ms", type=float, default=5.0,
-                    help="Python's thread switch interval (sys.setswitchinterval), in ms: how long the event loop "
-                         "may wait for the interpreter while a background thread (the graph's writer, a worker) "
-                         "runs Python code; Python's default is 5")
     ap.add_argument("--allow-overcommit", action="store_true",
                     help="start even when the cache budgets plus the estimated graph, features and PPR index "
                          "exceed the machine's memory (serve/memory_budget.py; refused by default)")
     args = ap.parse_args(argv)
     setup_logging(args.log_level, args.log_json)
-    if not args.gil_switch_ms > 0:
-        print(f"gnnserve serve: --gil-switch-ms must be > 0, got {args.gil_switch_ms}", file=sys.stderr)
-        return 2
-    sys.setswitchinterval(args.gil_switch_ms / 1e3)
     from .memory_budget import refuse_overcommit
 
     if (code := refuse_overcommit(args)) is not None:
@@ -237,7 +225,6 @@ def _serve(argv: Sequence[str]) -> int:
             read_your_writes_timeout_s=args.read_your_writes_timeout_s,
             compact_log_bytes=args.compact_log_bytes,
             ppr_refresh_tolerance=args.ppr_refresh_tolerance,
-            update_group_ms=args.update_group_ms,
         ),
         data_paths=args.data,
         feature_url=args.features,

@@ -514,19 +514,16 @@ class LiveGraph:
         metrics: :class:`serve.metrics.ServerMetrics` or ``None``.
         version: the version ``data`` is at (a compacted snapshot's).
         ppr_tolerance: :class:`kernels.ppr_live.LivePPRIndex`'s ``tol_factor`` (``--ppr-refresh-tolerance``).
-        group_delay_s: under a stream of updates, how long the writer lets a group fill before applying it
-            (``--update-group-ms``; a lone update is applied at once).
     """
 
     def __init__(self, data: DataBundle, update_log: Any | None, *, read_only: bool = False,
                  max_update_size: int = 100_000, metrics: Any | None = None, version: int = 0,
-                 ppr_tolerance: float = 1.0, group_delay_s: float = 0.0) -> None:
+                 ppr_tolerance: float = 1.0) -> None:
         self.data = data
         self.log = update_log
         self.read_only = bool(read_only) or update_log is None
         self.max_update_size = int(max_update_size)
         self.ppr_tolerance = float(ppr_tolerance)
-        self.group_delay_s = float(group_delay_s)
         self.metrics = metrics
         self.lock = RWLock()
         self._writer = threading.RLock()  # one group of updates (or log catch-up) at a time
@@ -629,15 +626,9 @@ class LiveGraph:
         return await fut
 
     def _write_loop(self) -> None:
-        last = 0.0  # when the last group was committed
         while not self._stop.is_set():
             self._wake.wait(0.5)
             self._wake.clear()
-            # under a stream of updates (the last group was recent), let the group fill for group_delay_s:
-            # one graph copy and one round of invalidation then serve many updates. A lone update waits not
-            if self.group_delay_s > 0 and time.perf_counter() - last < 0.1:
-                time.sleep(self.group_delay_s)
-            last = time.perf_counter()
             try:
                 with self._writer:
                     while self._pending:

@@ -487,8 +487,7 @@ class ModelRegistry:
                             data.fingerprint[:12], exc)
                 update_log = None
         data.live = LiveGraph(data, update_log, read_only=o.read_only, max_update_size=o.max_update_size,
-                              metrics=self.metrics, version=data.base_version, ppr_tolerance=o.ppr_refresh_tolerance,
-                              group_delay_s=o.update_group_ms / 1e3)
+                              metrics=self.metrics, version=data.base_version, ppr_tolerance=o.ppr_refresh_tolerance)
         if redis_url:
             data.live.follow()
         return data.live

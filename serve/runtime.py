@@ -144,8 +144,6 @@ class RuntimeOptions:
     update_log_fsync: bool = False
     #: how long a Predict with ``min_graph_version`` waits for that version before UNAVAILABLE
     read_your_writes_timeout_s: float = 1.0
-    #: under a stream of updates, how long (ms) the graph's writer lets a group fill before applying it
-    update_group_ms: float = 0.0
     #: after a graph update, push a PPR list again when the bound of its move exceeds this many times the push
     #: threshold eps (kernels.ppr_live); 1 = the offline lists' own tolerance
     ppr_refresh_tolerance: float = 1.0
