@@ -157,7 +157,7 @@ class GnnServicer(pb_grpc.GnnServiceServicer):
             request.request_id = uuid.uuid4().hex
         # validated, logged and applied by the graph's writer thread, grouped with the updates beside it
         res = await live.update_async(request)
-        log.info("update graph=%s version=%d request_id=%s new=%d apply=%.2fms", live.label, res.version,
+        log.debug("update graph=%s version=%d request_id=%s new=%d apply=%.2fms", live.label, res.version,
                  request.request_id, len(res.new_ids), res.apply_ms)
         out = pb.UpdateGraphResponse(graph_version=res.version, new_node_ids=res.new_ids.tolist(),
                                      num_nodes=res.num_nodes, num_edges=res.num_edges,
