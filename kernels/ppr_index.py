@@ -1,0 +1,447 @@
+"""The offline top-K PPR index: every node's list on disk, memory-mapped (:class:`PPRIndex`).
+
+An index holds the lists :func:`kernels.ppr_push.ppr_topk` computes for every node of one graph
+under one :class:`kernels.ppr_push.PPRConfig` (see :mod:`kernels.ppr` for the push and its bound),
+CSR-shaped. Saved, it is a directory ``ppr-<graph fingerprint>-<config key>`` holding
+``meta.json``, ``ptr.npy`` (int64 ``[N + 1]``), ``nodes.bin`` (int32 or int64 ``[nnz]``) and
+``scores.bin`` (float32 ``[nnz]``), and, once :meth:`PPRIndex.ensure_induced` has built it, the
+induced subgraph of every list (:class:`kernels.subgraph.InducedTable`: ``induced_eptr.npy``,
+``induced_src.bin``, ``induced_dst.bin``, ``induced_w.bin`` on a weighted graph; recorded under
+``"induced"`` in ``meta.json``). :meth:`PPRIndex.open_or_build` builds into a temporary
+directory renamed into place; the induced files and ``meta.json`` are written under names unique
+to their writer and renamed into place, so servers sharing one index may attach a table at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+
+from .graph import CSRGraph, gather_ranges, index_dtype_for
+from .ppr_push import _ALGO_VERSION, PPRConfig, _compact, _give_dense, _run_batch, _take_dense
+from .subgraph import InducedTable, SubgraphBatch, induced_batch
+
+__all__ = ["PPRIndex", "PPRIndexError"]
+
+log = logging.getLogger(__name__)
+
+_FORMAT = "gnnserve.ppr/1"
+
+
+def _unwrapped(a: np.ndarray) -> np.ndarray:
+    """A plain ndarray view of a memory map (the same pages): every index or slice of an
+    ``np.memmap`` builds another memmap, a few microseconds each on a one-node lookup."""
+    return np.asarray(a)
+
+
+class PPRIndexError(ValueError):
+    """A PPR index file is damaged, or it was built for another graph or configuration."""
+
+
+def _fingerprint_of(graph_or_fp: CSRGraph | str) -> str:
+    return graph_or_fp.fingerprint() if isinstance(graph_or_fp, CSRGraph) else str(graph_or_fp)
+
+
+class PPRIndex:
+    """Top-K PPR lists of every node of one graph under one :class:`PPRConfig`, CSR-shaped.
+
+    Attributes:
+        config: the parameters it was built with (``config.topk`` = ``k_max``).
+        fingerprint: :meth:`CSRGraph.fingerprint` of the graph it belongs to.
+        num_nodes: ``N``.
+        ptr: int64 ``[N + 1]``; nodes/scores of node ``v`` are ``[ptr[v]:ptr[v + 1]]``.
+        nodes: int32/int64 ``[nnz]`` (node ``v`` first in its own list, then decreasing score).
+        scores: float32 ``[nnz]``.
+        path: directory it was loaded from (``None`` for an unsaved index).
+    """
+
+    def __init__(
+        self,
+        config: PPRConfig,
+        fingerprint: str,
+        ptr: np.ndarray,
+        nodes: np.ndarray,
+        scores: np.ndarray,
+        *,
+        path: Path | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.fingerprint = fingerprint
+        self.ptr = ptr
+        self.nodes = nodes
+        self.scores = scores
+        self.num_nodes = len(ptr) - 1
+        self.path = path
+        self.meta = dict(meta or {})
+        self.induced: InducedTable | None = None  # see ensure_induced
+        if len(nodes) != int(ptr[-1]) or len(scores) != len(nodes):
+            raise PPRIndexError(
+                f"index arrays disagree: ptr ends at {int(ptr[-1])}, {len(nodes)} nodes, {len(scores)} scores"
+            )
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def k_max(self) -> int:
+        """Largest list length stored (= ``config.topk``); any ``k <= k_max`` is served by slicing."""
+        return self.config.topk
+
+    def __len__(self) -> int:
+        return self.num_nodes
+
+    def __repr__(self) -> str:
+        return (
+            f"PPRIndex(N={self.num_nodes}, k_max={self.k_max}, nnz={len(self.nodes)}, "
+            f"alpha={self.config.alpha}, eps={self.config.eps}, lazy={self.config.lazy}, "
+            f"graph={self.fingerprint[:12]}, path={self.path})"
+        )
+
+    def check_graph(self, graph: CSRGraph | str) -> None:
+        """Raise :class:`PPRIndexError` unless the index was built for this graph (fingerprint)."""
+        fp = _fingerprint_of(graph)
+        if fp != self.fingerprint:
+            raise PPRIndexError(
+                f"PPR index was built for graph {self.fingerprint} but is used with graph {fp}; "
+                "rebuild it (PPRIndex.open_or_build) for this graph"
+            )
+
+    # ------------------------------------------------------------------ lookup
+    def lookup(
+        self, targets: np.ndarray | Sequence[int] | int, k: int | None = None, *, return_scores: bool = False
+    ) -> tuple[np.ndarray, ...]:
+        """The first ``k`` entries of each target's list (no recomputation), CSR-shaped.
+
+        Returns ``(ptr int64 [B + 1], nodes int64 [ptr[-1]])`` and, with ``return_scores``, also
+        ``scores float32 [ptr[-1]]``. Lists may be shorter than ``k`` (few reachable nodes, or the
+        relative threshold). Vectorized: O(B + output).
+        """
+        k = self.k_max if k is None else int(k)
+        if not 1 <= k <= self.k_max:
+            raise ValueError(f"k must lie in [1, k_max={self.k_max}], got {k}")
+        t = np.asarray(targets, dtype=np.int64).reshape(-1)
+        one = len(t) == 1
+        if len(t) and not (0 <= int(t[0]) < self.num_nodes if one else
+                           (int(t.min()) >= 0 and int(t.max()) < self.num_nodes)):
+            raise ValueError(f"targets must lie in [0, {self.num_nodes}) (use ppr_new_node for new nodes)")
+        if one and not return_scores:  # a one-node request: one slice, no gather
+            v = int(t[0])
+            lo = int(self.ptr[v])
+            cnt = min(int(self.ptr[v + 1]) - lo, k)
+            return np.array([0, cnt], dtype=np.int64), self.nodes[lo : lo + cnt].astype(np.int64)
+        start = self.ptr[t]
+        cnt = np.minimum(self.ptr[t + 1] - start, k)
+        optr, idx = gather_ranges(start, cnt)
+        nodes = self.nodes[idx].astype(np.int64)
+        if return_scores:
+            return optr, nodes, np.asarray(self.scores[idx], dtype=np.float32)
+        return optr, nodes
+
+    # ------------------------------------------------------------------ induced subgraphs
+    def induced_batch(
+        self, graph: CSRGraph, targets: np.ndarray | Sequence[int], k: int | None = None
+    ) -> SubgraphBatch:
+        """The block-diagonal batch of the targets' top-``k`` subgraphs (:func:`kernels.subgraph.induced_batch`).
+
+        Served from the precomputed :class:`kernels.subgraph.InducedTable` when one covers ``k``
+        (see :meth:`ensure_induced`), else induced from the graph; the result is the same.
+        """
+        t = np.asarray(targets, dtype=np.int64).reshape(-1)
+        ptr, nodes = self.lookup(t, k)
+        table = self.induced
+        if table is not None and (self.k_max if k is None else int(k)) <= table.k:
+            return table.batch(graph, t, ptr, nodes, checked=True)  # our own lists: nothing to check
+        return induced_batch(graph, ptr, nodes)
+
+    def ensure_induced(
+        self, graph: CSRGraph, *, max_bytes: int = 1 << 30, k: int | None = None, progress: bool = False
+    ) -> bool:
+        """Attach the induced subgraph of every node's top-``k`` list (default ``k_max``), building it if needed.
+
+        A saved index keeps the table beside its lists (``induced_*`` files, recorded in
+        ``meta.json``) and memory-maps it on later calls. Refused (``False``, logged) when the
+        estimate from 256 sampled nodes exceeds ``max_bytes``: batches are then induced from the
+        graph as before. Returns whether a table is attached.
+        """
+        self.check_graph(graph)
+        k = self.k_max if k is None else int(k)
+        if self.induced is not None and self.induced.k >= k:
+            return True
+        if not 1 <= k <= min(self.k_max, InducedTable.MAX_K):
+            raise ValueError(f"k must lie in [1, {min(self.k_max, InducedTable.MAX_K)}], got {k}")
+        loaded = self._open_induced()
+        if loaded is not None and loaded.k >= k:
+            self.induced = loaded
+            return True
+        n = self.num_nodes
+        if n == 0:
+            return False
+        sample = np.random.default_rng(0).choice(n, size=min(n, 256), replace=False)
+        ptr, nodes = self.lookup(sample, k)
+        per_edge = 8 if graph.is_weighted else 4
+        est = induced_batch(graph, ptr, nodes).graph.num_edges / len(sample) * n * per_edge + 8 * (n + 1)
+        if est > max_bytes:
+            log.info("induced table for k=%d skipped: about %.0f MiB > limit %.0f MiB", k, est / 2**20,
+                     max_bytes / 2**20)  # fmt: skip
+            return False
+        t0 = time.perf_counter()
+        table = InducedTable.build(graph, self.lookup, k, progress=progress)
+        log.info("induced table for k=%d: %d edges, %.0f MiB in %.1f s", k, len(table.src), table.nbytes / 2**20,
+                 time.perf_counter() - t0)  # fmt: skip
+        if self.path is not None:
+            try:
+                self._save_induced(table)
+            except OSError as exc:  # a read-only index directory: keep the table in memory
+                log.warning("induced table not saved in %s: %s", self.path, exc)
+        self.induced = table
+        return True
+
+    _INDUCED_FILES = ("induced_src.bin", "induced_dst.bin", "induced_w.bin")
+
+    def _save_induced(self, table: InducedTable) -> None:
+        d = self.path
+        assert d is not None
+        tag = _writer_tag()
+        arrays = {"induced_src.bin": table.src, "induced_dst.bin": table.dst}
+        if table.weights is not None:
+            arrays["induced_w.bin"] = table.weights
+        with open(d / f"induced_eptr.npy{tag}", "wb") as f:
+            np.save(f, table.eptr)
+        for name, a in arrays.items():
+            np.ascontiguousarray(a).tofile(d / f"{name}{tag}")
+        for name in ("induced_eptr.npy", *arrays):
+            os.replace(d / f"{name}{tag}", d / name)
+        meta = json.loads((d / "meta.json").read_text())
+        meta["induced"] = {"k": table.k, "edges": len(table.src), "weighted": table.weights is not None}
+        _write_meta(d, meta)
+        self.meta = meta
+
+    def _open_induced(self) -> InducedTable | None:
+        if self.path is None:
+            return None
+        d = self.path
+        try:
+            info = json.loads((d / "meta.json").read_text()).get("induced")
+            if not info:
+                return None
+            m = int(info["edges"])
+            eptr = _unwrapped(np.load(d / "induced_eptr.npy", mmap_mode="r"))
+            if eptr.shape != (self.num_nodes + 1,):
+                raise ValueError(f"induced_eptr.npy has shape {eptr.shape}, expected ({self.num_nodes + 1},)")
+            names = self._INDUCED_FILES if info["weighted"] else self._INDUCED_FILES[:2]
+            dts = (np.uint16, np.uint16, np.float32)[: len(names)]
+            for name, dt in zip(names, dts, strict=True):
+                if (d / name).stat().st_size != m * np.dtype(dt).itemsize:
+                    raise ValueError(f"{name} has the wrong size")
+            arr = [_unwrapped(np.memmap(d / name, dtype=dt, mode="r", shape=(m,))) if m else np.zeros(0, dt)
+                   for name, dt in zip(names, dts, strict=True)]  # fmt: skip
+            return InducedTable(int(info["k"]), eptr, arr[0], arr[1], arr[2] if info["weighted"] else None)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("ignoring the induced table in %s (%s); it will be rebuilt", d, exc)
+            return None
+
+    # ------------------------------------------------------------------ build
+    @classmethod
+    def build(
+        cls,
+        graph: CSRGraph,
+        cfg: PPRConfig | None = None,
+        *,
+        directory: str | os.PathLike[str] | None = None,
+        progress: bool = True,
+        chunk_size: int | None = None,
+    ) -> PPRIndex:
+        """Push from every node (parallel on all numba threads, a progress bar over chunks).
+
+        With ``directory`` the lists are streamed to files there (memory O(chunk)), the index is
+        saved and returned memory-mapped; otherwise it is built in memory.
+        """
+        from tqdm.auto import tqdm
+
+        cfg = cfg or PPRConfig()
+        n = graph.num_nodes
+        k = cfg.topk
+        threads = numba.get_num_threads()
+        chunk = chunk_size or int(min(max(2048, n // 200), 65536))
+        idt = index_dtype_for(n)
+        ptr = np.zeros(n + 1, dtype=np.int64)
+        t0 = time.perf_counter()
+        out_dir = Path(directory) if directory is not None else None
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            fn = open(out_dir / "nodes.bin", "wb")
+            fs = open(out_dir / "scores.bin", "wb")
+        parts_n: list[np.ndarray] = []
+        parts_s: list[np.ndarray] = []
+        sc = _take_dense(graph, threads, cfg.eps)
+        try:
+            with tqdm(total=n, desc="PPR index", unit="node", disable=not progress, smoothing=0.05) as bar:
+                for lo in range(0, n, chunk):
+                    hi = min(n, lo + chunk)
+                    tg = np.arange(lo, hi, dtype=np.int64)
+                    counts, nodes, scores = _run_batch(graph, tg, cfg, k, sc)
+                    cptr, cn, cs = _compact(counts, nodes, scores)
+                    ptr[lo + 1 : hi + 1] = ptr[lo] + cptr[1:]
+                    cn = cn.astype(idt)
+                    cs = cs.astype(np.float32)
+                    if out_dir is not None:
+                        cn.tofile(fn)
+                        cs.tofile(fs)
+                    else:
+                        parts_n.append(cn)
+                        parts_s.append(cs)
+                    bar.update(hi - lo)
+        finally:
+            _give_dense(graph, sc)
+            if out_dir is not None:
+                fn.close()
+                fs.close()
+        seconds = time.perf_counter() - t0
+        meta = {
+            "format": _FORMAT,
+            "fingerprint": graph.fingerprint(),
+            "num_nodes": n,
+            "nnz": int(ptr[-1]),
+            "config": cfg.to_dict(),
+            "config_key": cfg.key(),
+            "algorithm_version": _ALGO_VERSION,
+            "nodes_dtype": np.dtype(idt).str,
+            "scores_dtype": np.dtype(np.float32).str,
+            "build_seconds": round(seconds, 3),
+            "threads": threads,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        log.info("PPR index for %d nodes (k=%d) built in %.1f s, %d entries", n, k, seconds, int(ptr[-1]))
+        if out_dir is not None:
+            np.save(out_dir / "ptr.npy", ptr)
+            _write_meta(out_dir, meta)
+            return cls.open(out_dir, graph)
+        nodes_all = np.concatenate(parts_n) if parts_n else np.zeros(0, dtype=idt)
+        scores_all = np.concatenate(parts_s) if parts_s else np.zeros(0, dtype=np.float32)
+        return cls(cfg, meta["fingerprint"], ptr, nodes_all, scores_all, meta=meta)
+
+    # ------------------------------------------------------------------ storage
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Write the index files to ``directory`` (``meta.json`` last)."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        np.save(d / "ptr.npy", np.ascontiguousarray(self.ptr, dtype=np.int64))
+        np.ascontiguousarray(self.nodes).tofile(d / "nodes.bin")
+        np.ascontiguousarray(self.scores, dtype=np.float32).tofile(d / "scores.bin")
+        meta = {
+            **self.meta,
+            "format": _FORMAT,
+            "fingerprint": self.fingerprint,
+            "num_nodes": self.num_nodes,
+            "nnz": len(self.nodes),
+            "config": self.config.to_dict(),
+            "config_key": self.config.key(),
+            "algorithm_version": _ALGO_VERSION,
+            "nodes_dtype": np.dtype(self.nodes.dtype).str,
+            "scores_dtype": np.dtype(np.float32).str,
+        }
+        _write_meta(d, meta)
+        return d
+
+    @classmethod
+    def open(
+        cls, directory: str | os.PathLike[str], graph: CSRGraph | str | None = None, *, mmap: bool = True
+    ) -> PPRIndex:
+        """Open a saved index (memory-mapped by default); with ``graph`` refuse a mismatched graph."""
+        d = Path(directory)
+        try:
+            meta = json.loads((d / "meta.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise PPRIndexError(f"{d}: not a PPR index (no readable meta.json: {exc})") from exc
+        if meta.get("format") != _FORMAT:
+            raise PPRIndexError(f"{d}: unknown PPR index format {meta.get('format')!r}, expected {_FORMAT!r}")
+        if meta.get("algorithm_version") != _ALGO_VERSION:
+            raise PPRIndexError(
+                f"{d}: built by PPR algorithm version {meta.get('algorithm_version')}, this is {_ALGO_VERSION}"
+            )
+        n, nnz = int(meta["num_nodes"]), int(meta["nnz"])
+        mode = "r" if mmap else None
+        try:
+            ptr = _unwrapped(np.load(d / "ptr.npy", mmap_mode=mode))
+            nd, sd = np.dtype(meta["nodes_dtype"]), np.dtype(meta["scores_dtype"])
+            for name, dt in (("nodes.bin", nd), ("scores.bin", sd)):
+                size = (d / name).stat().st_size
+                if size != nnz * dt.itemsize:
+                    raise PPRIndexError(f"{d}/{name}: {size} bytes, expected {nnz} x {dt.itemsize}")
+            if nnz == 0:
+                nodes, scores = np.zeros(0, dtype=nd), np.zeros(0, dtype=sd)
+            elif mmap:
+                nodes = _unwrapped(np.memmap(d / "nodes.bin", dtype=nd, mode="r", shape=(nnz,)))
+                scores = _unwrapped(np.memmap(d / "scores.bin", dtype=sd, mode="r", shape=(nnz,)))
+            else:
+                nodes = np.fromfile(d / "nodes.bin", dtype=nd)
+                scores = np.fromfile(d / "scores.bin", dtype=sd)
+        except OSError as exc:
+            raise PPRIndexError(f"{d}: cannot read index arrays: {exc}") from exc
+        if ptr.shape != (n + 1,) or int(ptr[-1]) != nnz:
+            raise PPRIndexError(f"{d}: ptr.npy does not match meta.json (N = {n}, nnz = {nnz})")
+        idx = cls(
+            PPRConfig.from_dict(meta["config"]), meta["fingerprint"], ptr, nodes, scores, path=d, meta=meta
+        )
+        if graph is not None:
+            idx.check_graph(graph)
+        return idx
+
+    @staticmethod
+    def path_for(cache_dir: str | os.PathLike[str], graph: CSRGraph | str, cfg: PPRConfig) -> Path:
+        """``cache_dir/ppr-<fingerprint>-<config key>``."""
+        return Path(cache_dir) / f"ppr-{_fingerprint_of(graph)}-{cfg.key()}"
+
+    @classmethod
+    def open_or_build(
+        cls,
+        cache_dir: str | os.PathLike[str],
+        graph: CSRGraph,
+        cfg: PPRConfig | None = None,
+        *,
+        progress: bool = True,
+    ) -> PPRIndex:
+        """Open the index for (graph, cfg) from ``cache_dir``, building and saving it first if absent.
+
+        The build writes to a temporary directory renamed into place at the end, so an interrupted
+        build leaves nothing that looks like an index, and concurrent builders do not clash.
+        """
+        cfg = cfg or PPRConfig()
+        final = cls.path_for(cache_dir, graph, cfg)
+        if (final / "meta.json").exists():
+            return cls.open(final, graph)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f"{final.name}{_writer_tag()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            cls.build(graph, cfg, directory=tmp, progress=progress)
+            try:
+                os.replace(tmp, final)
+            except OSError:
+                if not (final / "meta.json").exists():
+                    raise
+                # another process finished the same index first: keep theirs
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return cls.open(final, graph)
+
+
+def _writer_tag() -> str:
+    """Suffix of a temporary file name unique to this process and thread (renamed into place after)."""
+    return f".tmp-{os.getpid()}-{threading.get_ident()}"
+
+
+def _write_meta(d: Path, meta: dict[str, Any]) -> None:
+    # a name per writer: two servers attaching an induced table to one shared index may write at once
+    tmp = d / f"meta.json{_writer_tag()}"
+    tmp.write_text(json.dumps(meta, indent=2))
+    tmp.replace(d / "meta.json")

@@ -1,0 +1,686 @@
+r"""The PPR push (Andersen, Chung and Lang): :class:`PPRConfig`, the compiled kernels, and the
+Python entry points :func:`ppr_topk`, :func:`ppr_new_node` and :func:`ppr_exact`.
+
+The convention (``alpha`` = teleport probability, plain or lazy walk), the push, the score
+``p + alpha r`` and its error bound ``eps * w(v)`` are stated in :mod:`kernels.ppr`, the module
+users import (it re-exports these names). Here:
+
+* :func:`ppr_topk`: one compiled parallel loop (:func:`_ppr_batch`, numba ``prange`` over worker
+  threads) over the targets, each pushed on per-thread dense scratch (:class:`_DenseScratch`,
+  pooled per graph and ``eps`` by :func:`_take_dense` / :func:`_give_dense`) by
+  :func:`_push_dense`, then an O(T log K) heap selection (:func:`_select_topk`).
+* :func:`ppr_new_node`: the push from a virtual node ``N`` with sparse state (:func:`_ppr_virtual`).
+* :func:`ppr_exact`: power iteration, the reference of the tests and benchmarks.
+
+The on-disk index of every node's list is :mod:`kernels.ppr_index`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numba
+import numpy as np
+from numba import prange
+
+from .graph import CSRGraph, index_dtype_for
+from .subgraph import _grow
+
+__all__ = ["PPRConfig", "ppr_exact", "ppr_new_node", "ppr_topk"]
+
+log = logging.getLogger(__name__)
+
+_ALGO_VERSION = 1  # part of the index key: bump when the push or the selection changes
+_SCRATCH_KEY = "_ppr_scratch_pool"
+_SCRATCH_LOCK = threading.Lock()
+
+
+# ============================================================================ configuration
+@dataclass(frozen=True)
+class PPRConfig:
+    """Parameters of the push and of the top-K lists (see the :mod:`kernels.ppr` docstring).
+
+    Attributes:
+        alpha: teleport probability in (0, 1) (PyG convention; shaDow-GNN's config writes 1 - alpha).
+        eps: push threshold: push ``u`` while ``r(u) >= eps * w(u)``.
+        topk: K, the list length counting the target (the index stores at most K per node).
+        threshold: relative score threshold in [0, 1]: drop ``v`` with
+            ``score(v) < threshold * score(target)``.
+        lazy: lazy walk (half the residue stays): teleport ``alpha`` then behaves like a plain walk
+            with teleport ``2 alpha / (1 + alpha)``.
+    """
+
+    alpha: float = 0.15
+    eps: float = 1e-5
+    topk: int = 200
+    threshold: float = 0.0
+    lazy: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 < float(self.alpha) < 1.0:
+            raise ValueError(f"alpha (teleport probability) must lie in (0, 1), got {self.alpha}")
+        if not float(self.eps) > 0.0:
+            raise ValueError(f"eps must be > 0, got {self.eps}")
+        if isinstance(self.topk, bool) or int(self.topk) != self.topk or self.topk < 1:
+            raise ValueError(f"topk must be a positive integer, got {self.topk}")
+        if not 0.0 <= float(self.threshold) <= 1.0:
+            raise ValueError(f"threshold must lie in [0, 1], got {self.threshold}")
+        object.__setattr__(self, "alpha", float(self.alpha))
+        object.__setattr__(self, "eps", float(self.eps))
+        object.__setattr__(self, "topk", int(self.topk))
+        object.__setattr__(self, "threshold", float(self.threshold))
+        object.__setattr__(self, "lazy", bool(self.lazy))
+
+    @property
+    def teleport(self) -> float:
+        """Teleport probability of the equivalent non-lazy walk (``alpha``, or ``2a/(1+a)`` if lazy)."""
+        return 2 * self.alpha / (1 + self.alpha) if self.lazy else self.alpha
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PPRConfig:
+        return cls(**{k: d[k] for k in ("alpha", "eps", "topk", "threshold", "lazy") if k in d})
+
+    def key(self) -> str:
+        """Short stable hash of the parameters and the algorithm version (index file names)."""
+        canon = json.dumps({**self.to_dict(), "v": _ALGO_VERSION}, sort_keys=True)
+        return hashlib.blake2b(canon.encode(), digest_size=6).hexdigest()
+
+
+# ============================================================================ per-graph helpers
+def _weighted_degree(graph: CSRGraph) -> np.ndarray:
+    """``w(v) = sum_u w(v, u)``, float64 ``[N]`` (memoized on the graph); checks weights >= 0."""
+    wd = graph.cache().get("_ppr_wdeg")
+    if wd is None:
+        if graph.weights is None:
+            wd = graph.degrees.astype(np.float64)
+        else:
+            if graph.num_edges and float(graph.weights.min()) < 0:
+                raise ValueError("PPR needs non-negative edge weights")
+            cs = np.zeros(graph.num_edges + 1, dtype=np.float64)
+            np.cumsum(graph.weights, dtype=np.float64, out=cs[1:])
+            wd = cs[graph.indptr[1:]] - cs[graph.indptr[:-1]]
+        graph.cache()["_ppr_wdeg"] = wd
+    return wd
+
+
+_NO_F32 = np.zeros(0, dtype=np.float32)
+_TINY = 1e-300  # the residue a pushed node keeps in the dense push (r == 0 means "never touched")
+
+
+class _DenseScratch:
+    """Per-thread dense state for ``T`` workers on a graph of ``N`` nodes (zero residues between targets).
+
+    ``rw[t, v] = (r(v), eps * w(v))`` interleaved (the push threshold of ``v``: ``eps`` where
+    ``w(v) = 0``), so one edge update reads one cache line; ``p[t, v]``, FIFO ring ``queue[t]``
+    (N + 1 slots), ``touched[t]`` node list and ``cand[t]`` candidate scores. Built for one ``eps``.
+    """
+
+    def __init__(self, wdeg: np.ndarray, threads: int, eps: float) -> None:
+        n = len(wdeg)
+        self.threads = threads
+        self.eps = eps
+        self.rw = np.zeros((threads, n, 2), dtype=np.float64)
+        self.rw[:, :, 1] = np.where(wdeg > 0, eps * wdeg, eps)
+        self.p = np.zeros((threads, n), dtype=np.float64)
+        idt = index_dtype_for(n + 1)
+        self.queue = np.zeros((threads, n + 1), dtype=idt)
+        self.touched = np.zeros((threads, n + 1), dtype=idt)  # + 1: the push writes one slot past its count
+        self.cand = np.zeros((threads, n), dtype=np.float64)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.rw, self.p, self.queue, self.touched, self.cand))
+
+
+def _take_dense(graph: CSRGraph, threads: int, eps: float) -> _DenseScratch:
+    with _SCRATCH_LOCK:
+        pool = graph.cache().setdefault(_SCRATCH_KEY, [])
+        for i, sc in enumerate(pool):
+            if sc.threads == threads and sc.eps == eps:
+                return pool.pop(i)
+    return _DenseScratch(_weighted_degree(graph), threads, eps)
+
+
+def _give_dense(graph: CSRGraph, sc: _DenseScratch) -> None:
+    with _SCRATCH_LOCK:
+        pool = graph.cache().setdefault(_SCRATCH_KEY, [])
+        if len(pool) < 2:
+            pool.append(sc)
+
+
+# ============================================================================ compiled kernels
+@numba.njit(cache=True, nogil=True)
+def _better(s1, v1, s2, v2):  # pragma: no cover - compiled
+    return s1 > s2 or (s1 == s2 and v1 < v2)
+
+
+@numba.njit(cache=True, nogil=True)
+def _select_topk(
+    cand_ids, cand_scores, nc, src, src_score, k, cut, out_nodes, out_scores
+):  # pragma: no cover
+    """``[src] +`` the best ``k - 1`` candidates (score > 0, >= cut, not src), best first.
+
+    The output rows double as a min-heap of the kept candidates (root = worst kept), then a
+    heapsort puts them in decreasing order. Returns the list length.
+    """
+    out_nodes[0] = src
+    out_scores[0] = src_score
+    m = k - 1
+    hs = 0
+    hn = out_nodes[1:]
+    hv = out_scores[1:]
+    for i in range(nc):
+        v = cand_ids[i]
+        s = cand_scores[i]
+        if v == src or s <= 0.0 or s < cut:
+            continue
+        if hs < m:
+            j = hs
+            hs += 1
+            while j > 0:
+                par = (j - 1) >> 1
+                if _better(hv[par], hn[par], s, v):
+                    hn[j] = hn[par]
+                    hv[j] = hv[par]
+                    j = par
+                else:
+                    break
+            hn[j] = v
+            hv[j] = s
+        elif m > 0 and _better(s, v, hv[0], hn[0]):
+            j = 0
+            while True:
+                c = 2 * j + 1
+                if c >= hs:
+                    break
+                if c + 1 < hs and _better(hv[c], hn[c], hv[c + 1], hn[c + 1]):
+                    c += 1
+                if _better(s, v, hv[c], hn[c]):
+                    hn[j] = hn[c]
+                    hv[j] = hv[c]
+                    j = c
+                else:
+                    break
+            hn[j] = v
+            hv[j] = s
+    # heapsort: move the worst to the back repeatedly -> best first
+    end = hs
+    while end > 1:
+        end -= 1
+        tv = hn[end]
+        ts = hv[end]
+        hn[end] = hn[0]
+        hv[end] = hv[0]
+        j = 0
+        while True:
+            c = 2 * j + 1
+            if c >= end:
+                break
+            if c + 1 < end and _better(hv[c], hn[c], hv[c + 1], hn[c + 1]):
+                c += 1
+            if _better(ts, tv, hv[c], hn[c]):
+                hn[j] = hn[c]
+                hv[j] = hv[c]
+                j = c
+            else:
+                break
+        hn[j] = tv
+        hv[j] = ts
+    return 1 + hs
+
+
+@numba.njit(cache=True, nogil=True)
+def _push_dense(
+    indptr, indices, weights, wdeg, src, alpha, lazy, max_pushes, rw, p, queue, touched
+):  # pragma: no cover
+    """ACL push from ``src`` on dense per-thread state; returns the number of touched nodes.
+
+    ``rw[v] = (r(v), threshold(v))``, ``p[v]``: all residues and estimates are zero on entry except
+    those this call sets; ``touched[:T]`` lists every node with ``r > 0`` or ``p > 0`` on return.
+
+    The edge loop has no data-dependent branch (it was the cost: 1.9x to 2.0x faster, identical
+    lists and scores): a pushed node keeps the residue ``_TINY`` instead of 0, so ``r(v) == 0``
+    means exactly "never touched" and needs no look at ``p``; the touched list and the queue
+    are written unconditionally and their lengths advance by the conditions. ``_TINY`` (1e-300)
+    is below every threshold and vanishes in ``p + alpha r``; the caller resets touched residues
+    to 0.
+    """
+    qcap = queue.shape[0]
+    has_w = weights.shape[0] > 0
+    rw[src, 0] = 1.0
+    touched[0] = src
+    nt = 1
+    queue[0] = src
+    head = 0
+    tail = 1
+    qlen = 1
+    pushes = 0
+    while qlen > 0:
+        u = queue[head]
+        head += 1
+        if head == qcap:
+            head = 0
+        qlen -= 1
+        ru = rw[u, 0]
+        pushes += 1
+        wu = wdeg[u]
+        if wu <= 0.0:
+            p[u] += ru
+            rw[u, 0] = _TINY
+        else:
+            p[u] += alpha * ru
+            rw[u, 0] = _TINY
+            spread = (1.0 - alpha) * ru
+            if lazy:
+                spread *= 0.5
+            c = spread / wu
+            for e in range(indptr[u], indptr[u + 1]):
+                v = indices[e]
+                old = rw[v, 0]
+                new = old + (c * weights[e] if has_w else c)
+                rw[v, 0] = new
+                touched[nt] = v
+                nt += old == 0.0
+                thr = rw[v, 1]
+                hit = (old < thr) & (new >= thr)
+                queue[tail] = v
+                tail += hit
+                qlen += hit
+                if tail == qcap:
+                    tail = 0
+            if lazy:
+                old = rw[u, 0]
+                new = old + spread
+                rw[u, 0] = new
+                thr = rw[u, 1]
+                if old < thr and new >= thr:
+                    queue[tail] = u
+                    tail += 1
+                    if tail == qcap:
+                        tail = 0
+                    qlen += 1
+        if max_pushes > 0 and pushes >= max_pushes:
+            break
+    return nt
+
+
+@numba.njit(cache=True, parallel=True)
+def _ppr_batch(
+    indptr,
+    indices,
+    weights,
+    wdeg,
+    targets,
+    alpha,
+    lazy,
+    k,
+    threshold,
+    max_pushes,
+    rw,
+    p,
+    queue,
+    touched,
+    cand,
+    out_nodes,
+    out_scores,
+    out_count,
+):  # pragma: no cover - compiled
+    """Top-K lists of ``targets`` (rows of ``out_*``), worker ``w`` taking targets ``w, w + T, ...``."""
+    nthreads = rw.shape[0]
+    nb = targets.shape[0]
+    for w in prange(nthreads):
+        rw_w = rw[w]
+        p_w = p[w]
+        t_w = touched[w]
+        c_w = cand[w]
+        for i in range(w, nb, nthreads):
+            src = targets[i]
+            nt = _push_dense(
+                indptr, indices, weights, wdeg, src, alpha, lazy, max_pushes, rw_w, p_w, queue[w], t_w
+            )
+            for j in range(nt):
+                v = t_w[j]
+                c_w[j] = p_w[v] + alpha * rw_w[v, 0]
+            out_count[i] = _select_topk(
+                t_w, c_w, nt, src, c_w[0], k, threshold * c_w[0], out_nodes[i], out_scores[i]
+            )
+            for j in range(nt):
+                v = t_w[j]
+                rw_w[v, 0] = 0.0
+                p_w[v] = 0.0
+
+
+@numba.njit(cache=True, nogil=True)
+def _hash_slot(key, mask):  # pragma: no cover - compiled
+    h = np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)
+    return np.int64((h >> np.uint64(29)) & np.uint64(mask))
+
+
+@numba.njit(cache=True, nogil=True)
+def _ppr_virtual(
+    indptr, indices, weights, wdeg, nb, nbw, bidir, alpha, eps, lazy, k, threshold, max_pushes
+):  # pragma: no cover
+    """Push from the virtual node ``N`` (edges to ``nb`` with weights ``nbw``) with sparse state.
+
+    ``nb`` sorted distinct existing ids; with ``bidir`` each ``nb[j]`` also links back to ``N``
+    with weight ``nbw[j]``. State lives in compact slots (``ids``, ``r``, ``p``, ``wd``) found
+    through an open-addressing hash map ``key -> slot``. Returns (nodes int64 [c], scores
+    float64 [c], pushes, converged).
+    """
+    n = indptr.shape[0] - 1
+    has_w = weights.shape[0] > 0
+    cap = 1024
+    keys = np.full(cap, -1, dtype=np.int64)
+    vals = np.empty(cap, dtype=np.int64)
+    ids = np.empty(256, dtype=np.int64)
+    r = np.zeros(256, dtype=np.float64)
+    p = np.zeros(256, dtype=np.float64)
+    wd = np.zeros(256, dtype=np.float64)
+    queue = np.empty(256, dtype=np.int64)
+    # slot 0: the virtual node
+    w_self = 0.0
+    for j in range(nb.shape[0]):
+        w_self += nbw[j]
+    ids[0] = n
+    r[0] = 1.0
+    wd[0] = w_self
+    keys[_hash_slot(n, cap - 1)] = n
+    vals[_hash_slot(n, cap - 1)] = 0
+    ns = 1
+    queue[0] = 0
+    head = 0
+    tail = 1
+    pushes = 0
+    converged = True
+    while head < tail:
+        su = queue[head]
+        head += 1
+        ru = r[su]
+        if ru <= 0.0:
+            continue
+        if max_pushes > 0 and pushes >= max_pushes:
+            converged = False
+            break
+        pushes += 1
+        u = ids[su]
+        wu = wd[su]
+        p[su] += ru if wu <= 0.0 else alpha * ru
+        r[su] = 0.0
+        if wu <= 0.0:
+            continue
+        spread = (1.0 - alpha) * ru
+        if lazy:
+            spread *= 0.5
+        c = spread / wu
+        # neighbours of u in the graph with the virtual node added
+        if u == n:
+            e0 = 0
+            e1 = nb.shape[0]
+            back = -1
+        else:
+            e0 = indptr[u]
+            e1 = indptr[u + 1]
+            back = -1
+            if bidir:
+                a = 0
+                z = nb.shape[0]
+                while a < z:
+                    mid = (a + z) >> 1
+                    if nb[mid] < u:
+                        a = mid + 1
+                    else:
+                        z = mid
+                if a < nb.shape[0] and nb[a] == u:
+                    back = a
+        last = e1 + (1 if back >= 0 else 0)
+        for e in range(e0, last):
+            if u == n:
+                v = nb[e]
+                we = nbw[e]
+            elif e < e1:
+                v = np.int64(indices[e])
+                we = weights[e] if has_w else 1.0
+            else:
+                v = n
+                we = nbw[back]
+            # find or insert v's slot
+            mask = keys.shape[0] - 1
+            h = _hash_slot(v, mask)
+            while keys[h] != -1 and keys[h] != v:
+                h = (h + 1) & mask
+            if keys[h] == v:
+                sv = vals[h]
+            else:
+                sv = ns
+                if ns == ids.shape[0]:
+                    ids = _grow(ids, 2 * ns)
+                    r = _grow(r, 2 * ns)
+                    p = _grow(p, 2 * ns)
+                    wd = _grow(wd, 2 * ns)
+                ids[sv] = v
+                r[sv] = 0.0
+                p[sv] = 0.0
+                wv = wdeg[v] if wdeg.shape[0] > 0 else np.float64(indptr[v + 1] - indptr[v])
+                if bidir:
+                    a = 0
+                    z = nb.shape[0]
+                    while a < z:
+                        mid = (a + z) >> 1
+                        if nb[mid] < v:
+                            a = mid + 1
+                        else:
+                            z = mid
+                    if a < nb.shape[0] and nb[a] == v:
+                        wv += nbw[a]
+                wd[sv] = wv
+                keys[h] = v
+                vals[h] = sv
+                ns += 1
+                if 2 * ns > keys.shape[0]:  # rehash at half load
+                    ncap = 2 * keys.shape[0]
+                    nk = np.full(ncap, -1, dtype=np.int64)
+                    nv = np.empty(ncap, dtype=np.int64)
+                    for q in range(keys.shape[0]):
+                        kq = keys[q]
+                        if kq != -1:
+                            hq = _hash_slot(kq, ncap - 1)
+                            while nk[hq] != -1:
+                                hq = (hq + 1) & (ncap - 1)
+                            nk[hq] = kq
+                            nv[hq] = vals[q]
+                    keys = nk
+                    vals = nv
+            old = r[sv]
+            new = old + c * we
+            r[sv] = new
+            wv = wd[sv]
+            thr = eps * wv if wv > 0.0 else eps
+            if old < thr and new >= thr:
+                if tail == queue.shape[0]:
+                    if head > 0:  # compact the consumed prefix before growing
+                        queue[: tail - head] = queue[head:tail].copy()
+                        tail -= head
+                        head = 0
+                    if tail == queue.shape[0]:
+                        queue = _grow(queue, 2 * tail)
+                queue[tail] = sv
+                tail += 1
+        if lazy:
+            old = r[su]
+            new = old + spread
+            r[su] = new
+            thr = eps * wu
+            if old < thr and new >= thr:
+                if tail == queue.shape[0]:
+                    queue = _grow(queue, 2 * tail)
+                queue[tail] = su
+                tail += 1
+    scores = np.empty(ns, dtype=np.float64)
+    for s in range(ns):
+        scores[s] = p[s] + alpha * r[s]
+    out_nodes = np.empty(max(k, 1), dtype=np.int64)
+    out_scores = np.empty(max(k, 1), dtype=np.float64)
+    c = _select_topk(ids, scores, ns, n, scores[0], k, threshold * scores[0], out_nodes, out_scores)
+    return out_nodes[:c], out_scores[:c], pushes, converged
+
+
+# ============================================================================ Python API
+def _check_targets(graph: CSRGraph, targets: np.ndarray | Sequence[int] | int) -> np.ndarray:
+    t = np.ascontiguousarray(np.asarray(targets, dtype=np.int64).reshape(-1))
+    if len(t) and (int(t.min()) < 0 or int(t.max()) >= graph.num_nodes):
+        raise ValueError(f"targets must lie in [0, {graph.num_nodes})")
+    return t
+
+
+def _run_batch(
+    graph: CSRGraph, targets: np.ndarray, cfg: PPRConfig, k: int, sc: _DenseScratch, max_pushes: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Padded results: counts int64 [B], nodes int64 [B, k], scores float64 [B, k]."""
+    b = len(targets)
+    out_nodes = np.empty((b, k), dtype=np.int64)
+    out_scores = np.empty((b, k), dtype=np.float64)
+    out_count = np.zeros(b, dtype=np.int64)
+    w = graph.weights if graph.weights is not None else _NO_F32
+    if sc.eps != cfg.eps:
+        raise ValueError(f"scratch built for eps {sc.eps}, used with eps {cfg.eps}")
+    _ppr_batch(
+        graph.indptr, graph.indices, w, _weighted_degree(graph), targets, cfg.alpha, cfg.lazy, k, cfg.threshold,
+        max_pushes, sc.rw, sc.p, sc.queue, sc.touched, sc.cand, out_nodes, out_scores, out_count,
+    )  # fmt: skip
+    return out_count, out_nodes, out_scores
+
+
+def _compact(counts: np.ndarray, nodes: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Padded [B, k] rows -> CSR (ptr int64 [B+1], nodes, scores), vectorized."""
+    k = nodes.shape[1]
+    mask = np.arange(k)[None, :] < counts[:, None]
+    ptr = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    return ptr, nodes[mask], scores[mask]
+
+
+def ppr_topk(
+    graph: CSRGraph,
+    targets: np.ndarray | Sequence[int] | int,
+    cfg: PPRConfig | None = None,
+    *,
+    k: int | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Push from every target (in parallel on all numba threads) and return its top-K list.
+
+    Args:
+        graph: the graph (symmetric for the per-node error bound).
+        targets: int ``[B]`` (or one id).
+        cfg: :class:`PPRConfig` (default parameters when ``None``).
+        k: list length (default ``cfg.topk``), counting the target.
+
+    Returns:
+        ``(ptr int64 [B + 1], nodes int64 [ptr[-1]], scores float32 [ptr[-1]])``: list ``b`` is
+        ``nodes[ptr[b]:ptr[b+1]]``, ``targets[b]`` first, then decreasing score.
+    """
+    cfg = cfg or PPRConfig()
+    k = cfg.topk if k is None else int(k)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    t = _check_targets(graph, targets)
+    threads = numba.get_num_threads()
+    sc = _take_dense(graph, threads, cfg.eps)
+    try:
+        counts, nodes, scores = _run_batch(graph, t, cfg, k, sc)
+    finally:
+        _give_dense(graph, sc)
+    ptr, n, s = _compact(counts, nodes, scores)
+    return ptr, n, s.astype(np.float32)
+
+
+def ppr_new_node(
+    graph: CSRGraph,
+    neighbors: np.ndarray | Sequence[int],
+    weights: np.ndarray | Sequence[float] | None = None,
+    cfg: PPRConfig | None = None,
+    *,
+    k: int | None = None,
+    max_pushes: int = 200_000,
+    bidirectional: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-K PPR list of a node that is not in ``graph``, given its edges to existing nodes.
+
+    The new node gets the virtual id ``N = graph.num_nodes``; the push runs on the graph with that
+    node added (edges ``N -> neighbors`` and, with ``bidirectional``, ``neighbors -> N``, so the
+    neighbours' degrees grow by the edge weights) without copying or changing ``graph``. State is
+    sparse (hash map, O(touched) memory) and the work is at most ``max_pushes`` pushes
+    (``sum deg <= 1 / (alpha eps)`` edge updates in any case); if the cap stops the push early the
+    scores are still lower bounds but the ``eps`` bound no longer holds (logged at debug level).
+
+    Build the subgraph of the result with
+    ``induced_batch(graph, [0, len(nodes)], nodes, extra=ExtraEdges.for_new_node(N, neighbors, weights))``.
+
+    Returns:
+        ``(nodes int64 [c], scores float32 [c])`` with ``nodes[0] == N``, ``c <= k``.
+    """
+    cfg = cfg or PPRConfig()
+    k = cfg.topk if k is None else int(k)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    n = graph.num_nodes
+    nb = np.asarray(neighbors, dtype=np.int64).reshape(-1)
+    if len(nb) and (int(nb.min()) < 0 or int(nb.max()) >= n):
+        raise ValueError(f"neighbors of a new node must be existing ids in [0, {n})")
+    w = np.ones(len(nb)) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
+    if w.shape != nb.shape:
+        raise ValueError(f"weights must match neighbors ({len(nb)}), got {w.shape}")
+    if len(w) and (not np.all(np.isfinite(w)) or float(w.min()) < 0):
+        raise ValueError("edge weights of a new node must be finite and >= 0")
+    uniq, inv = np.unique(nb, return_inverse=True)
+    wsum = np.bincount(inv, weights=w, minlength=len(uniq)) if len(nb) else np.zeros(0)
+    wdeg = _weighted_degree(graph) if graph.is_weighted else np.zeros(0, dtype=np.float64)
+    gw = graph.weights if graph.weights is not None else _NO_F32
+    nodes, scores, _pushes, converged = _ppr_virtual(
+        graph.indptr, graph.indices, gw, wdeg, uniq, wsum.astype(np.float64), bool(bidirectional),
+        cfg.alpha, cfg.eps, cfg.lazy, k, cfg.threshold, int(max_pushes),
+    )  # fmt: skip
+    if not converged:
+        log.debug("ppr_new_node stopped at max_pushes=%d before the eps bound was reached", max_pushes)
+    return nodes, scores.astype(np.float32)
+
+
+def ppr_exact(
+    graph: CSRGraph, targets: np.ndarray | Sequence[int], cfg: PPRConfig | None = None, *, tol: float = 1e-12
+) -> np.ndarray:
+    """Exact PPR rows of ``targets`` by power iteration (SciPy), float64 ``[B, N]``: the reference.
+
+    Iterates ``X <- teleport * E + (1 - teleport) X P`` (``P = D^{-1} A`` with self-loops on
+    nodes without out-weight; ``teleport = cfg.teleport``, i.e. the lazy walk through its plain
+    equivalent) until the largest change is below ``tol``. O(iterations * E * B) work and
+    O(N * B) memory: for tests and benchmarks, not for serving.
+    """
+    import scipy.sparse as sp
+
+    cfg = cfg or PPRConfig()
+    t = _check_targets(graph, targets)
+    n = graph.num_nodes
+    wd = _weighted_degree(graph)
+    a = graph.to_scipy().astype(np.float64)
+    dangling = wd <= 0
+    inv = np.where(dangling, 0.0, 1.0 / np.where(dangling, 1.0, wd))
+    pt = (sp.diags(inv) @ a).T.tocsr() + sp.diags(dangling.astype(np.float64))  # P^T
+    tel = cfg.teleport
+    e = np.zeros((n, len(t)))
+    e[t, np.arange(len(t))] = 1.0
+    x = e.copy()
+    for _ in range(100_000):
+        nx = tel * e + (1 - tel) * (pt @ x)
+        if np.abs(nx - x).max() < tol:
+            x = nx
+            break
+        x = nx
+    return x.T.copy()
