@@ -109,7 +109,7 @@ def predict_response(rt: ModelRuntime, res: PredictResult) -> pb.PredictResponse
     return resp
 
 
-async def _reach_version(rt: ModelRuntime, version: int, deadline: float | None) -> None:
+async def reach_version(rt: ModelRuntime, version: int, deadline: float | None) -> None:
     """Read-your-writes: wait (briefly) until the model's graph is at ``version`` or newer."""
     live = rt.data.live
     current = live.version if live is not None else 0
@@ -135,7 +135,7 @@ class GnnServicer(pb_grpc.GnnServiceServicer):
         t0 = time.perf_counter()
         rt = self.registry.get(request.model, request.version)
         if request.min_graph_version:
-            await _reach_version(rt, request.min_graph_version, deadline_of(context))
+            await reach_version(rt, request.min_graph_version, deadline_of(context))
         call = validate_predict(request, rt.limits)
         res = await rt.submit(call, deadline=deadline_of(context))
         resp = predict_response(rt, res)

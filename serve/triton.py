@@ -58,7 +58,7 @@ from clients._gen import inference_pb2_grpc as pb_grpc
 from .errors import GnnServeError, InvalidArgument, ModelNotFound, Unavailable
 from .interceptors import bounded, error_status, unparsed_reason
 from .registry import RepositoryError
-from .servicer import deadline_of
+from .servicer import deadline_of, reach_version
 from .validation import validate_predict
 
 if TYPE_CHECKING:
@@ -77,6 +77,8 @@ INPUT = "NODE_IDS"
 OUTPUTS = ("LABELS", "PROBABILITIES", "EMBEDDINGS")
 DEFAULT_OUTPUTS = ("LABELS", "PROBABILITIES")
 KNOBS = ("sampling_width", "ppr_budget", "max_accuracy_loss")
+#: request parameters besides the knobs: read-your-writes on a live graph (serve.live)
+REQUEST_PARAMS = (*KNOBS, "min_graph_version")
 #: Triton's names of the protocol extensions this server implements (ServerMetadata.extensions)
 EXTENSIONS = ("parameters", "model_repository", "model_configuration", "statistics", "logging")
 #: requests of one ModelStreamInfer stream that run at once
@@ -397,10 +399,10 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         t0 = time.perf_counter()
         wanted = requested_outputs(request)  # first: a bad list is refused before any work
         rt = self.registry.get(request.model_name, request.model_version)
-        unknown_params = sorted(set(request.parameters) - set(KNOBS))
+        unknown_params = sorted(set(request.parameters) - set(REQUEST_PARAMS))
         if unknown_params:
             raise InvalidArgument(f"unknown request parameters {[u[:64] for u in unknown_params[:8]]}; "
-                                  f"supported: {list(KNOBS)}")
+                                  f"supported: {list(REQUEST_PARAMS)}")
         greq = gpb.PredictRequest(
             model=rt.name,
             version=str(rt.version),
@@ -416,6 +418,12 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
             greq.ppr_budget = _int_param("ppr_budget", params["ppr_budget"])
         if "max_accuracy_loss" in params:
             greq.max_accuracy_loss = _float_param("max_accuracy_loss", params["max_accuracy_loss"])
+        if "min_graph_version" in params:
+            v = _int_param("min_graph_version", params["min_graph_version"])
+            if v < 0:
+                raise InvalidArgument(f"parameter min_graph_version must be >= 0, got {v}")
+            if v:
+                await reach_version(rt, v, deadline)
         call = validate_predict(greq, rt.limits)
         res = await rt.submit(call, deadline=deadline)
         res.timing["total"] = 1e3 * (time.perf_counter() - t0)
@@ -442,6 +450,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         p["edges_kept"].int64_param = res.edges_kept
         p["edges_total"].int64_param = res.edges_total
         p["total_ms"].double_param = res.timing["total"]
+        p["graph_version"].int64_param = res.graph_version
         return resp
 
     # ------------------------------------------------------------------ streaming

@@ -541,3 +541,28 @@ def test_async_client_and_auth(base_repo, tmp_path, tiny_dataset):
         assert res.graph_version == 1 and len(res.labels) == 1
     finally:
         srv.stop()
+
+
+def test_kserve_infer_reads_its_write(server, tiny_dataset):
+    """ModelInfer takes min_graph_version as a request parameter and echoes graph_version."""
+    import grpc
+
+    from clients._gen import inference_pb2 as ipb
+    from clients._gen import inference_pb2_grpc as ipbg
+
+    def infer(**params):
+        req = ipb.ModelInferRequest(
+            model_name="gcn", raw_input_contents=[np.arange(3, dtype=np.int64).tobytes()],
+            inputs=[ipb.ModelInferRequest.InferInputTensor(name="NODE_IDS", datatype="INT64", shape=[3])])
+        for k, v in params.items():
+            req.parameters[k].int64_param = v
+        with grpc.insecure_channel(server.address) as ch:
+            return ipbg.GRPCInferenceServiceStub(ch).ModelInfer(req, timeout=30)
+
+    assert infer().parameters["graph_version"].int64_param == 0
+    with GnnClient(server.address) as c:
+        up = c.update_graph("gcn", features={1: np.zeros(tiny_dataset.num_features)})
+    assert infer(min_graph_version=up.graph_version).parameters["graph_version"].int64_param == up.graph_version
+    with pytest.raises(grpc.RpcError) as ei:
+        infer(min_graph_version=up.graph_version + 5)
+    assert ei.value.code() == grpc.StatusCode.UNAVAILABLE and "not visible" in ei.value.details()
