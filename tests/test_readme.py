@@ -40,11 +40,11 @@ EXPECTED_COMMANDS = [
     "gnnserve models --server localhost:8500",
     "gnnserve bench --server localhost:8500 --model cora --dataset ../shared/data/cora.npz --queries 50 --eval-nodes 1000"
     " --plot docs/knob-curve.png",
-    "gnnserve features load --dataset ../shared/data/cora.npz --redis redis://localhost:6379/0",
-    "gnnserve serve --repo repo --features redis://localhost:6379/0 --hot-bytes 268435456",
     """echo '{"add_edges": [[1, 3]]}' > update.jsonl""",
     "gnnserve update --server localhost:8500 --model cora update.jsonl",
     "gnnserve predict --server localhost:8500 --model cora --nodes 1,3 --min-graph-version 1",
+    "gnnserve features load --dataset ../shared/data/cora.npz --redis redis://localhost:6379/0",
+    "gnnserve serve --repo repo --features redis://localhost:6379/0 --hot-bytes 268435456",
 ]
 
 
@@ -64,7 +64,7 @@ def bash_commands() -> list[str]:
 
 def test_readme_commands_are_the_tested_ones():
     assert bash_commands() == EXPECTED_COMMANDS
-    assert len(code_blocks("python")) == 3
+    assert len(code_blocks("python")) == 4  # the SDK, the live-graph update, tritonclient, Triton users
 
 
 def _gnnserve() -> list[str]:
@@ -191,9 +191,9 @@ def test_train_serve_query_redis_triton(tmp_path, cora_path, redis_server):
             assert proc.stdout.strip(), snippet
 
         # Redis: load, then a second server reading features from Redis gives the same answers
-        run_cmd(cmds[7], subst, tmp_path)
+        run_cmd(cmds[10], subst, tmp_path)
         rsubst = dict(subst, **{"--hot-bytes 268435456": f"--hot-bytes 268435456 --port {rport}"})
-        rsrv = Served(cmds[8], rsubst, tmp_path, f"127.0.0.1:{rport}")
+        rsrv = Served(cmds[11], rsubst, tmp_path, f"127.0.0.1:{rport}")
         try:
             from clients import GnnClient
 
@@ -207,10 +207,10 @@ def test_train_serve_query_redis_triton(tmp_path, cora_path, redis_server):
             assert rsrv.stop() == 0, rsrv.log.read_text()[-3000:]
 
         # the live graph: an update from the shell, a read of it, then the Python snippet's update
-        subprocess.run(cmds[9], shell=True, cwd=tmp_path, check=True)  # the echo writing update.jsonl
-        out = run_cmd(cmds[10], subst, tmp_path).stdout
+        subprocess.run(cmds[7], shell=True, cwd=tmp_path, check=True)  # the echo writing update.jsonl
+        out = run_cmd(cmds[8], subst, tmp_path).stdout
         assert "graph version 1:" in out, out
-        pred = run_cmd(cmds[11], subst, tmp_path).stdout
+        pred = run_cmd(cmds[9], subst, tmp_path).stdout
         assert len(re.findall(r"^\s*\d+\s+\d+", pred, flags=re.M)) == 2, pred
         snippet = next(s for s in code_blocks("python") if "update_graph" in s)
         proc = subprocess.run([sys.executable, "-c", snippet.replace("localhost:8500", f"127.0.0.1:{port}")],
