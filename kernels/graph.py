@@ -177,6 +177,15 @@ class CSRGraph:
     def neighbors(self, node: int) -> np.ndarray:
         return self.indices[self.indptr[node] : self.indptr[node + 1]]
 
+    def neighbors_of(self, nodes: np.ndarray) -> np.ndarray:
+        """int64: the neighbours of every node of ``nodes``, row after row (repeats kept)."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        if not len(nodes):
+            return np.zeros(0, dtype=np.int64)
+        starts = self.indptr[nodes]
+        _, idx = gather_ranges(starts, self.indptr[nodes + 1] - starts)
+        return np.asarray(self.indices[idx], dtype=np.int64)
+
     def row_ids(self) -> np.ndarray:
         """Source node of every edge slot (the COO row array), int ``[E]``."""
         return np.repeat(np.arange(self.num_nodes, dtype=self.indices.dtype), self.degrees)

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
-from .graph import CSRGraph, gather_ranges
+from .graph import CSRGraph
 from .spmm_cpu import fastrand_period, fastrand_position
 from .subgraph import _give_scratch, _grow, _take_scratch
 
@@ -371,9 +371,7 @@ def update_walk_sums(graph: CSRGraph, sums: np.ndarray, changed_rows: np.ndarray
         return out
     out[0, rows] = graph.indptr[rows + 1] - graph.indptr[rows]
     for level in range(1, levels):
-        starts = graph.indptr[rows]
-        _, idx = gather_ranges(starts, graph.indptr[rows + 1] - starts)
-        rows = np.union1d(rows, graph.indices[idx])  # the rows whose level-`level` sum reads a changed entry
+        rows = np.union1d(rows, graph.neighbors_of(rows))  # the rows whose level-`level` sum reads a changed entry
         _walk_sums_rows(graph.indptr, graph.indices, out, level, rows)
     return out
 

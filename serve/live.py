@@ -155,10 +155,6 @@ class LiveFeatures:
     def num_features(self) -> int:
         return self._f
 
-    @property
-    def overlay_rows(self) -> int:
-        return self._used
-
     def get(self, node_ids: Any) -> np.ndarray:
         ids = np.asarray(node_ids, dtype=np.int64).reshape(-1)
         if not self._used:
@@ -210,17 +206,11 @@ class ParsedUpdate:
     feature_rows: np.ndarray  # float32 [a, F]
     new_features: np.ndarray  # float32 [m, F]
     edit: GraphEdit
-    request_id: str = ""
     expect_version: int | None = None
 
     @property
     def num_new(self) -> int:
         return len(self.new_features)
-
-    def size(self) -> int:
-        """Entries in the update (rows, new nodes, their edges, edges), the unit of --max-update-size."""
-        e = self.edit
-        return (len(self.feature_ids) + self.num_new + len(e.new_nbrs) + len(e.add_src) + len(e.rem_src))
 
 
 def _rows_of(entries: Any, num_features: int, what: str) -> np.ndarray:
@@ -301,8 +291,7 @@ def parse_update(request: Any, num_nodes: int, num_features: int, *, max_size: i
                               add_src=a_s, add_dst=a_d, add_w=a_w, rem_src=rs, rem_dst=rd)
     except GraphEditError as exc:
         raise InvalidArgument(_api_names(str(exc), None, new_ptr)) from None
-    return ParsedUpdate(fids, frows, nfeat, edit, request_id=request.request_id,
-                        expect_version=int(request.expect_graph_version)
+    return ParsedUpdate(fids, frows, nfeat, edit, expect_version=int(request.expect_graph_version)
                         if request.HasField("expect_graph_version") else None)
 
 
@@ -328,6 +317,7 @@ class _Ticket:
         self.error: BaseException | None = None
         self.result: UpdateResult | None = None
         self.future = future
+        self.settled = threading.Event()  # what a blocking caller (LiveGraph.update) waits on
 
     def fail(self, exc: BaseException) -> None:
         self.error, self.done = exc, True
@@ -338,6 +328,7 @@ class _Ticket:
         self._settle()
 
     def _settle(self) -> None:
+        self.settled.set()
         fut = self.future
         if fut is not None:
             fut.get_loop().call_soon_threadsafe(_settle_future, fut, self.result, self.error)
@@ -567,16 +558,6 @@ class LiveGraph:
         with self._writer:
             yield
 
-    @contextlib.contextmanager
-    def reading(self) -> Iterator[int]:
-        """Hold the graph at one version for a batch; yields that version (:meth:`begin_read` /
-        :meth:`end_read` are the same without a context manager, for the request path)."""
-        version = self.begin_read()
-        try:
-            yield version
-        finally:
-            self.lock.release_read()
-
     def begin_read(self) -> int:
         """Take the read side for a batch and return the version it will see; pair with :meth:`end_read`."""
         self.lock.acquire_read()
@@ -592,7 +573,7 @@ class LiveGraph:
     def update(self, request: Any) -> UpdateResult:
         """Validate, log and apply one ``UpdateGraphRequest`` (blocking: call it off the event loop).
 
-        Concurrent calls are grouped: whoever holds the writer applies every update waiting at that
+        Concurrent calls are grouped: the graph's writer thread applies every update waiting at that
         moment, in arrival order, as one graph version (one log record, one new graph, one round of
         invalidation), so a stream of small updates costs one graph copy per group, not per update.
         Each update is still validated on its own against the state its predecessors leave: a bad one
@@ -600,11 +581,8 @@ class LiveGraph:
         """
         self._check_writable()
         ticket = _Ticket(request)
-        with self._pending_lock:
-            self._pending.append(ticket)
-        with self._writer:
-            while not ticket.done:
-                self._drain()
+        self._enqueue(ticket)
+        ticket.settled.wait()
         if ticket.error is not None:
             raise ticket.error
         assert ticket.result is not None
@@ -616,14 +594,18 @@ class LiveGraph:
         group, however many there are)."""
         self._check_writable()
         fut: asyncio.Future[UpdateResult] = asyncio.get_running_loop().create_future()
+        self._enqueue(_Ticket(request, fut))
+        return await fut
+
+    def _enqueue(self, ticket: _Ticket) -> None:
+        """Queue ``ticket`` for the graph's writer thread (started on first use) and ring it."""
         with self._pending_lock:
-            self._pending.append(_Ticket(request, fut))
+            self._pending.append(ticket)
             if self._writer_thread is None:
                 self._writer_thread = threading.Thread(target=self._write_loop, name=f"gnnserve-writer-{self.label}",
                                                        daemon=True)
                 self._writer_thread.start()
         self._wake.set()
-        return await fut
 
     def _write_loop(self) -> None:
         while not self._stop.is_set():
@@ -809,11 +791,8 @@ class LiveGraph:
                 m.update_log_bytes.labels(self.label).set(self.log.size_bytes())
 
     # ---------------------------------------------------------------- the log
-    def replay(self) -> int:
-        """Apply every logged update not applied yet (start-up, followers); returns how many."""
-        return self.catch_up()
-
     def catch_up(self) -> int:
+        """Apply every logged update not applied yet (start-up replay, followers); returns how many."""
         if self.log is None:
             return 0
         from .update_log import UpdateLogUnavailable
@@ -889,25 +868,24 @@ class LiveGraph:
     def wait_for(self, version: int, timeout: float) -> bool:
         """Whether the graph reaches ``version`` within ``timeout`` seconds (reading the log first:
         a missed follower message never leaves a replica answering from an older version)."""
-        if self.version >= version:
-            return True
-        if self.log is not None and self.log.head() >= version:
-            self.catch_up()
         deadline = time.monotonic() + timeout
-        with self._version_cond:
-            while self.version < version:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._version_cond.wait(min(left, 0.05))
-                if self.version < version and self.log is not None:
-                    with contextlib.suppress(Exception):
-                        if self.log.head() >= version:
-                            self._version_cond.release()
-                            try:
-                                self.catch_up()
-                            finally:
-                                self._version_cond.acquire()
+        first = True  # a failing log read is the caller's error the first time; later the wait goes on
+        while self.version < version:
+            if self.log is not None:
+                try:
+                    if self.log.head() >= version:
+                        self.catch_up()
+                        continue
+                except Exception:
+                    if first:
+                        raise
+            first = False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with self._version_cond:
+                if self.version < version:
+                    self._version_cond.wait(min(left, 0.05))
         return True
 
     def follow(self, interval: float = 1.0) -> None:

@@ -427,7 +427,7 @@ class ModelRegistry:
                 install_hot_from_index(data.features.base, index)
             rt = ModelRuntime(name, version, ckpt, data, index, self.options, self.executor_for(name), self.metrics)
             live.attach(rt)
-        replayed = live.replay()  # the graph's logged updates (the first model on it: all of them)
+        replayed = live.catch_up()  # the graph's logged updates (the first model on it: all of them)
         if replayed:
             log.info("graph %s: %d logged updates replayed, now at version %d", live.label, replayed, live.version)
         limit = self.options.compact_log_bytes
@@ -468,7 +468,7 @@ class ModelRegistry:
             return data.live
         from .features import is_redis_url
         from .live import LiveGraph
-        from .update_log import FileUpdateLog, RedisUpdateLog, UpdateLogError
+        from .update_log import FileUpdateLog, RedisUpdateLog, UpdateLogInUse
 
         o = self.options
         redis_url = o.graph_url or (self.feature_url if is_redis_url(self.feature_url) else None)
@@ -478,9 +478,7 @@ class ModelRegistry:
             path = self._live_dir() / f"{data.fingerprint}.log"
             try:
                 update_log = FileUpdateLog(path, fsync=o.update_log_fsync)
-            except UpdateLogError as exc:
-                if "another process" not in str(exc) and "twice" not in str(exc):
-                    raise  # a damaged log: refuse to serve a graph that would silently lose updates
+            except UpdateLogInUse as exc:  # (a damaged log raises on: no serving a graph that lost updates)
                 log.warning("graph %s: %s. This server serves the graph as loaded, without those updates, and "
                             "refuses new ones (FAILED_PRECONDITION); for several servers that take updates, keep "
                             "features (and the graph) in Redis, or give each its own --update-log-dir",

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels.graph import CSRGraph, gather_ranges
+from kernels.graph import CSRGraph
 from kernels.plan import (
     ExactPathEdges,
     ExecutionPlan,
@@ -360,7 +360,7 @@ class ModelRuntime:
         plan: dict[str, Any] = {"graph": graph, "features": feats}
         if graph is old and not len(changed) and not len(new_ids):  # features only: the graph is the same
             if self._activations is not None:  # the rows reading them: theirs and their neighbours'
-                plan["activation"] = np.unique(np.concatenate([feats, _neighbours(graph, feats)]))
+                plan["activation"] = np.unique(np.concatenate([feats, graph.neighbors_of(feats)]))
             return plan
         if not self.remote_graph:
             gcn = self.architecture == "gcn"
@@ -371,11 +371,11 @@ class ModelRuntime:
                 # a node's first-layer row reads its own row and projection and its neighbours' projections
                 # (and, for GCN, their degrees): the changed rows, the changed features and their neighbours
                 spread = np.concatenate([feats, changed]) if gcn else feats
-                plan["activation"] = np.unique(np.concatenate([changed, feats, _neighbours(graph, spread)]))
+                plan["activation"] = np.unique(np.concatenate([changed, feats, graph.neighbors_of(spread)]))
             if self._exact_edges is not None:
                 ball = changed
                 for _ in range(max(0, self.num_layers - 1)):  # whose (L-1)-hop ball holds a changed row
-                    ball = np.unique(np.concatenate([ball, _neighbours(graph, ball)]))
+                    ball = np.unique(np.concatenate([ball, graph.neighbors_of(ball)]))
                 plan["exact_edges"] = ball
             sums = update_walk_sums(graph, self._walk_sums, changed) if self._walk_sums is not None else None
             plan["derived"] = self._graph_derived(graph, sums)
@@ -401,11 +401,6 @@ class ModelRuntime:
         if "derived" in plan:
             self._set_derived(dict(plan["derived"]))
         return inv
-
-    def rebase(self, graph: CSRGraph | Any, old: CSRGraph | Any, changed_rows: np.ndarray,
-               feature_ids: np.ndarray, new_ids: np.ndarray) -> dict[str, int]:
-        """:meth:`prepare_rebase` then :meth:`commit_rebase` (the caller holds the write lock)."""
-        return self.commit_rebase(self.prepare_rebase(graph, old, changed_rows, feature_ids, new_ids))
 
     # ------------------------------------------------------------------ serving API
     async def submit(self, call: PredictCall, deadline: float | None = None) -> PredictResult:
@@ -509,10 +504,8 @@ class ModelRuntime:
         c = self._walk_sums
         assert c is not None
         layers = max(1, self.num_layers)
-        starts = self.graph.indptr[nodes]
-        _, idx = gather_ranges(starts, self.graph.indptr[nodes + 1] - starts)
-        top = float(c[-1][self.graph.indices[idx]].sum())
-        return layers * (float(self._nbr_scope_bound[nodes].sum()) / layers + top)
+        top = float(c[-1][self.graph.neighbors_of(nodes)].sum())
+        return float(self._nbr_scope_bound[nodes].sum()) + layers * top
 
     def cache_stats(self) -> dict[str, dict[str, float]]:
         """The per-node caches' statistics by cache: ``projection`` (and ``projection_cpu``, a GPU
@@ -755,15 +748,6 @@ class ModelRuntime:
         kept, total = batch.edge_counts(width)
         layers = max(1, self.num_layers)
         return kept * layers, total * layers
-
-
-def _neighbours(graph: CSRGraph, ids: np.ndarray) -> np.ndarray:
-    """The neighbours of ``ids`` (with repeats), from the CSR rows."""
-    if not len(ids):
-        return np.zeros(0, dtype=np.int64)
-    starts = graph.indptr[ids]
-    _, idx = gather_ranges(starts, graph.indptr[ids + 1] - starts)
-    return np.asarray(graph.indices[idx], dtype=np.int64)
 
 
 def _sampled_edges_bound(width: float, layers: int) -> float:

@@ -99,6 +99,7 @@ __all__ = [
     "RedisUpdateLog",
     "UpdateLog",
     "UpdateLogError",
+    "UpdateLogInUse",
     "UpdateLogUnavailable",
     "VersionConflict",
     "log_keys",
@@ -122,6 +123,10 @@ class UpdateLogError(RuntimeError):
 
 class UpdateLogUnavailable(UpdateLogError):
     """The log's storage (Redis) cannot be reached: the server answers UNAVAILABLE."""
+
+
+class UpdateLogInUse(UpdateLogError):
+    """A file log is already open (its lock is held) in another process, or elsewhere in this one."""
 
 
 class VersionConflict(UpdateLogError):
@@ -231,7 +236,7 @@ class FileUpdateLog:
         except OSError as exc:
             os.close(self._lock_fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise UpdateLogError(f"update log {self.path} is open in another process (or twice in this one): "
+                raise UpdateLogInUse(f"update log {self.path} is open in another process (or twice in this one): "
                                      "one server writes a file log; use a Redis log for several") from None
             raise
         try:
