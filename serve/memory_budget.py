@@ -20,6 +20,9 @@ no torch):
   features (``N x F x 4``, when they are held in memory) and each PPR top-K index (``N x K`` ids
   and float32 scores, plus row pointers), all skipped for a stateless replica (``--graph``).
 
+With ``--processes N`` (several server processes on one port, :mod:`serve.processes`) every
+process holds all of the above for itself, so each term counts N times.
+
 The total is compared with the machine's memory: ``MemTotal`` of ``/proc/meminfo`` (else
 ``os.sysconf``), or the cgroup's ``memory.max`` when that is lower (a container's limit). A total
 above it is refused with a message listing the terms and exit code 2; ``--allow-overcommit``
@@ -162,6 +165,9 @@ def estimate(args: Any) -> MemoryEstimate:
         est.add("graph row cache (--graph-cache-bytes)", int(args.graph_cache_bytes))
     if not features_local:  # features in Redis: the hot tier in front of it
         est.add("feature hot tier (--hot-bytes)", int(getattr(args, "hot_bytes", 0) or 0))
+    procs = int(getattr(args, "processes", 1) or 1)
+    if procs > 1:  # each process holds its own copy of everything (serve.processes)
+        est.items = [(f"{what}, x {procs} processes", b * procs) for what, b in est.items]
     return est
 
 
@@ -180,5 +186,5 @@ def refuse_overcommit(args: Any) -> int | None:
           f"{est.describe()}\n"
           "Lower the budgets (--projection-cache-bytes, --activation-cache-bytes, --induced-table-bytes, "
           "--graph-cache-bytes, --hot-bytes), serve fewer models or datasets per process (or a stateless "
-          "replica with --graph), or pass --allow-overcommit to start anyway.", file=sys.stderr)
+          "replica with --graph), run fewer --processes, or pass --allow-overcommit to start anyway.", file=sys.stderr)
     return 2
