@@ -93,7 +93,7 @@ def _proc_status(pid: int) -> dict[str, int]:
 # Loading (generating) and saving a dataset in a child process, so that the benchmark process does
 # not keep the generator's peak memory while the server runs: prints one JSON line of figures.
 _LOAD_CHILD = f"""
-import json, sys, time
+import json, os, sys, time
 import numpy as np
 from kernels.datasets import load_dataset
 spec, repo, pool, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -103,7 +103,12 @@ load_s = time.perf_counter() - t0
 deg = np.diff(np.asarray(ds.graph.indptr))
 d = repo + "/_data/" + ds.fingerprint()
 t0 = time.perf_counter()
-ds.save(d)
+if os.path.isdir(spec):  # a dataset directory already: link it, no copy
+    os.makedirs(repo + "/_data", exist_ok=True)
+    if not os.path.lexists(d):
+        os.symlink(os.path.abspath(spec), d)
+else:
+    ds.save(d)
 save_s = time.perf_counter() - t0
 test = ds.split("test")
 rng = np.random.default_rng(seed)
@@ -145,6 +150,47 @@ def train_child(data: Path, kind: str, out: Path, settings: dict[str, Any], log_
             "default_K": conf["default_ppr_budget"], "ppr": conf.get("ppr"), "minibatch": metrics.get("minibatch")}
 
 
+def _json_cache(path: Path, reuse: bool, make: Any) -> tuple[dict[str, Any], bool]:
+    """``make()``'s figures, saved to ``path``; with ``reuse``, the saved ones when present."""
+    if reuse and path.exists():
+        return json.loads(path.read_text()), True
+    out = make()
+    path.write_text(json.dumps(out))
+    return out, False
+
+
+def _dir_bytes(d: Path, prefix: str = "") -> int:
+    return sum(f.stat().st_size for f in d.iterdir() if f.is_file() and f.name.startswith(prefix)) if d.is_dir() else 0
+
+
+def cache_budgets(num_nodes: int, kinds: list[str], args: argparse.Namespace) -> dict[str, int]:
+    """Server cache budgets for a graph of ``num_nodes``: ``auto`` sizes the projection cache to every
+    model's table and the activation cache to one table per plain model at its default width (the
+    defaults, 2 GiB and 256 MiB, hold neither at 2 M nodes), never below the defaults."""
+    hidden = int(TRAIN_SETTINGS["hidden"])
+    plain = sum(1 for k in kinds if not k.startswith("shadow"))
+    proj = max(2 << 30, int(1.05 * len(kinds) * num_nodes * hidden * 4))
+    act = max(256 << 20, int(1.05 * plain * num_nodes * (4 * hidden + 1)))
+    return {"projection": proj if args.projection_cache_bytes == "auto" else int(float(args.projection_cache_bytes)),
+            "activation": act if args.activation_cache_bytes == "auto" else int(float(args.activation_cache_bytes))}
+
+
+def measure(label: str, server: ServerProcess, kinds: list[str], pool: list[int], noop: NoopServer,
+            args: argparse.Namespace, log: Any, tag: str = "") -> dict[str, Any]:
+    """One-node p50/p99 against the interleaved floor and batched load, per model."""
+    out = {}
+    for kind in kinds:
+        spec_c = {"seed": args.seed, "clients": args.clients, "batch": args.batch, "kind": "predict",
+                  "address": server.address, "model": kind, "floor_address": noop.address, "pool": pool,
+                  "queries": args.queries, "seconds": args.seconds}
+        r = run_client(spec_c)
+        out[kind] = {"seq": r["seq"], "load": r["load"]}
+        s = r["seq"]
+        log(f"{label} {kind}{tag}: p50 {s['p50_ms']:.2f} ms (floor {s.get('floor_p50_ms', float('nan')):.2f}), "
+            f"p99 {s['p99_ms']:.2f} ms, {r['load']['per_s']:.0f} nodes/s")
+    return out
+
+
 def bench_dataset(label: str, spec: str, args: argparse.Namespace, kinds: list[str], work: Path,
                   noop: NoopServer, log: Any) -> dict[str, Any]:
     from kernels.datasets import GraphDataset
@@ -152,14 +198,16 @@ def bench_dataset(label: str, spec: str, args: argparse.Namespace, kinds: list[s
     res: dict[str, Any] = {"label": label, "spec": spec, "models": {}}
     repo = work / "repo"
     log(f"{label}: loading {spec} (child process) ...")
-    info = load_child(spec, repo, args.pool, args.seed)
+    info, reused = _json_cache(work / "load.json", args.reuse, lambda: load_child(spec, repo, args.pool, args.seed))
+    info = dict(info)
     pool = info.pop("pool")
     data_dir = Path(info.pop("data_dir"))
     res["load_peak_rss"] = info.pop("peak_rss")
     res.update(info)
+    res["reused"] = ["load"] if reused else []
     log(f"{label}: N={res['num_nodes']:,} E={res['num_edges']:,} (mean degree {res['mean_degree']:.1f}, max "
         f"{res['max_degree']:,}), loaded in {res['load_s']:.1f} s {res['load_times']}, saved in {res['save_s']:.1f} s, "
-        f"peak RSS {res['load_peak_rss'] / 2**30:.2f} GiB")
+        f"peak RSS {res['load_peak_rss'] / 2**30:.2f} GiB" + (" (reused)" if reused else ""))
 
     for kind in kinds:
         settings = dict(TRAIN_SETTINGS, epochs=args.epochs, patience=args.epochs, eval_nodes=args.eval_nodes,
@@ -168,12 +216,16 @@ def bench_dataset(label: str, spec: str, args: argparse.Namespace, kinds: list[s
             settings.update(SHADOW_SETTINGS, epochs=args.shadow_epochs, patience=args.shadow_epochs,
                             ppr={"eps": args.ppr_eps})
         log(f"{label}: training {kind} ({settings}) ...")
-        r = train_child(data_dir, kind, repo / kind / "1", settings, work / f"train-{kind}.log")
+        r, reused = _json_cache(work / f"train-{kind}.json", args.reuse and (repo / kind / "1" / "config.json").exists(),
+                                lambda k=kind, st=settings: train_child(data_dir, k, repo / k / "1", st,
+                                                                        work / f"train-{k}.log"))
         res["models"][kind] = {"train": r}
+        if reused:
+            res["reused"].append(f"train {kind}")
         log(f"{label}: {kind} trained in {r['wall_s']:.0f} s (peak RSS {r['peak_rss'] / 2**30:.2f} GiB), "
-            f"stages {r['stages']}, test acc {r['test_accuracy']:.4f}")
+            f"stages {r['stages']}, test acc {r['test_accuracy']:.4f}" + (" (reused)" if reused else ""))
 
-    # the PPR index of every node, where `gnnserve serve` opens it (REPO/_ppr)
+    # the PPR index of every node and its induced top-K table, where `gnnserve serve` opens them (REPO/_ppr)
     for kind in kinds:
         ppr = res["models"][kind]["train"]["ppr"]
         if not ppr:
@@ -183,15 +235,34 @@ def bench_dataset(label: str, spec: str, args: argparse.Namespace, kinds: list[s
         g = GraphDataset.load_dir(data_dir).graph
         log(f"{label}: building the PPR index of {g.num_nodes:,} nodes ({ppr}) ...")
         t0 = time.perf_counter()
-        PPRIndex.open_or_build(repo / "_ppr", g, PPRConfig.from_dict(ppr), progress=False)
-        res["models"][kind]["ppr_index_s"] = time.perf_counter() - t0
-        log(f"{label}: PPR index in {res['models'][kind]['ppr_index_s']:.0f} s")
-        del g
+        idx = PPRIndex.open_or_build(repo / "_ppr", g, PPRConfig.from_dict(ppr), progress=False)
+        m = res["models"][kind]
+        m["ppr_index_s"] = time.perf_counter() - t0
+        if idx.path is not None:
+            m["ppr_index_bytes"] = _dir_bytes(Path(idx.path)) - _dir_bytes(Path(idx.path), "induced_")
+        log(f"{label}: PPR index in {m['ppr_index_s']:.0f} s")
+        if args.induced_table_bytes > 0:
+            t0 = time.perf_counter()
+            m["induced"] = idx.ensure_induced(g, max_bytes=args.induced_table_bytes)
+            m["induced_s"] = time.perf_counter() - t0
+            if idx.path is not None:
+                m["induced_bytes"] = _dir_bytes(Path(idx.path), "induced_")
+            log(f"{label}: induced top-K table {'attached' if m['induced'] else 'skipped (over the limit)'} in "
+                f"{m['induced_s']:.0f} s ({m.get('induced_bytes', 0) / 2**30:.2f} GiB on disk)")
+        del g, idx
         gc.collect()
 
-    log(f"{label}: starting gnnserve serve --warm-projections ...")
-    server = ServerProcess(repo, "--poll-s", "0", "--warm-projections", "--log-level", "WARNING",
-                           log_path=work / "serve.log")
+    budgets = cache_budgets(res["num_nodes"], kinds, args)
+    res["budgets"] = budgets
+    # the server opens the table built above; its budget is what the table takes (what the memory check counts)
+    induced = max((m.get("induced_bytes", 0) for m in res["models"].values() if m.get("induced")), default=0)
+    res["budgets"]["induced"] = int(induced * 1.05) + (1 << 20) if induced else 0
+    serve_args = ["--poll-s", "0", "--warm-projections", "--log-level", "WARNING",
+                  "--induced-table-bytes", str(res["budgets"]["induced"]),
+                  "--projection-cache-bytes", str(budgets["projection"]),
+                  "--activation-cache-bytes", str(budgets["activation"]), *args.serve_arg]
+    log(f"{label}: starting gnnserve serve {' '.join(serve_args)} ...")
+    server = ServerProcess(repo, *serve_args, log_path=work / "serve.log")
     t0 = time.perf_counter()
     server.start(timeout=3600)
     res["server_start_s"] = time.perf_counter() - t0
@@ -199,21 +270,70 @@ def bench_dataset(label: str, spec: str, args: argparse.Namespace, kinds: list[s
     res["server_rss_ready"] = _proc_status(server.proc.pid).get("VmRSS", 0)
     log(f"{label}: server ready in {res['server_start_s']:.1f} s, RSS {res['server_rss_ready'] / 2**30:.2f} GiB")
     try:
-        for kind in kinds:
-            spec_c = {"seed": args.seed, "clients": args.clients, "batch": args.batch, "kind": "predict",
-                      "address": server.address, "model": kind, "floor_address": noop.address, "pool": pool,
-                      "queries": args.queries, "seconds": args.seconds}
-            r = run_client(spec_c)
-            res["models"][kind]["seq"] = r["seq"]
-            res["models"][kind]["load"] = r["load"]
-            s = r["seq"]
-            log(f"{label} {kind}: p50 {s['p50_ms']:.2f} ms (floor {s.get('floor_p50_ms', float('nan')):.2f}), "
-                f"p99 {s['p99_ms']:.2f} ms, {r['load']['per_s']:.0f} nodes/s")
+        for kind, r in measure(label, server, kinds, pool, noop, args, log).items():
+            res["models"][kind].update(r)
         res["server_rss_end"] = _proc_status(server.proc.pid).get("VmRSS", 0)
         res["server_hwm"] = _proc_status(server.proc.pid).get("VmHWM", 0)
     finally:
         server.kill()
+    if args.stateless:
+        res["stateless"] = bench_stateless(label, data_dir, repo, kinds, pool, work, noop, args, log)
     return res
+
+
+def bench_stateless(label: str, data_dir: Path, repo: Path, kinds: list[str], pool: list[int], work: Path,
+                    noop: NoopServer, args: argparse.Namespace, log: Any) -> dict[str, Any]:
+    """Features, adjacency rows and PPR lists loaded into a private redis-server with ``gnnserve
+    features load`` / ``gnnserve graph load``; a replica with only the checkpoints (``serve --graph``)
+    measured twice: first with empty caches (cold), then again (warm)."""
+    from tests.redis_server import RedisServer
+
+    out: dict[str, Any] = {}
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cli = [sys.executable, "-m", "serve.cli"]
+    rdir = work / "redis"
+    shutil.rmtree(rdir, ignore_errors=True)
+    rdir.mkdir()
+    with RedisServer(directory=rdir) as rs:
+        url = rs.unix_url
+        for what, cmd in (("features", [*cli, "features", "load", "--dataset", str(data_dir), "--redis", url,
+                                        "--no-progress"]),
+                          ("graph", [*cli, "graph", "load", "--dataset", str(data_dir), "--redis", url,
+                                     "--repo", str(repo), "--no-progress"])):
+            log(f"{label}: gnnserve {what} load into Redis ...")
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+            if proc.returncode != 0:
+                raise RuntimeError(f"gnnserve {what} load failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+            out[f"{what}_load_s"] = time.perf_counter() - t0
+            log(f"{label}: {what} loaded in {out[f'{what}_load_s']:.0f} s")
+        c = rs.client()
+        out["redis_used_memory"] = int(c.info("memory")["used_memory"])
+        c.close()
+        out["redis_rss"] = _proc_status(rs.proc.pid).get("VmRSS", 0) if rs.proc else 0
+        bare = work / "stateless-repo"
+        shutil.rmtree(bare, ignore_errors=True)
+        bare.mkdir()
+        for kind in kinds:
+            shutil.copytree(repo / kind, bare / kind)
+        serve_args = ["--graph", url, "--features", url, "--poll-s", "0", "--log-level", "WARNING",
+                      *args.stateless_arg]
+        log(f"{label}: starting a stateless replica: gnnserve serve {' '.join(serve_args)} ...")
+        server = ServerProcess(bare, *serve_args, log_path=work / "serve-stateless.log")
+        t0 = time.perf_counter()
+        server.start(timeout=3600)
+        out["server_start_s"] = time.perf_counter() - t0
+        assert server.proc is not None
+        out["server_rss_ready"] = _proc_status(server.proc.pid).get("VmRSS", 0)
+        log(f"{label}: stateless replica ready in {out['server_start_s']:.1f} s, "
+            f"RSS {out['server_rss_ready'] / 2**30:.2f} GiB")
+        try:
+            out["cold"] = measure(label, server, kinds, pool, noop, args, log, " stateless cold")
+            out["warm"] = measure(label, server, kinds, pool, noop, args, log, " stateless warm")
+            out["server_hwm"] = _proc_status(server.proc.pid).get("VmHWM", 0)
+        finally:
+            server.kill()
+    return out
 
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> None:
@@ -251,6 +371,38 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
                   f"{fmt(s.get('p99_ms'))} | {fmt(f50)} | {fmt(ratio)} | {fmt(s.get('floor_p99_ms'))} | "
                   f"{fmt(ld.get('per_s'), 0)} | {fmt(ld.get('p50_ms'), 1)} |")
         print()
+        idx_rows = [(k, m) for k, m in d["models"].items() if m.get("ppr_index_s") is not None]
+        for kind, m in idx_rows:
+            print(f"{kind}: PPR index {fmt(m['ppr_index_s'], 1)} s, {fmt(m.get('ppr_index_bytes', 0) / 2**30)} GiB on "
+                  f"disk; induced top-K table " + (f"{fmt(m.get('induced_s'), 1)} s, "
+                  f"{fmt(m.get('induced_bytes', 0) / 2**30)} GiB on disk" if m.get("induced") else "none") + ".")
+        b = d.get("budgets")
+        if b:
+            print(f"Server cache budgets: projections {b['projection'] / 2**30:.2f} GiB, first-layer activations "
+                  f"{b['activation'] / 2**30:.2f} GiB.")
+        if d.get("reused"):
+            print(f"Reused from an earlier run in the work directory: {', '.join(d['reused'])}.")
+        st = d.get("stateless")
+        if st:
+            print(f"\nStateless replica (features, adjacency rows and PPR lists in a private redis-server over a unix "
+                  f"socket; only the checkpoints on the replica): `features load` {fmt(st['features_load_s'], 1)} s, "
+                  f"`graph load` {fmt(st['graph_load_s'], 1)} s, Redis used_memory "
+                  f"{st['redis_used_memory'] / 2**30:.2f} GiB; replica ready in {fmt(st['server_start_s'], 1)} s, "
+                  f"RSS {st['server_rss_ready'] / 2**30:.2f} GiB, peak {st.get('server_hwm', 0) / 2**30:.2f} GiB. "
+                  f"Cold: the first pass after start; warm: the same measurement again.\n")
+            print("| model | pass | single p50 ms | x floor p50 | single p99 ms | nodes/s (load) | x in-memory nodes/s |")
+            print("|---|---|---|---|---|---|---|")
+            for kind in d["models"]:
+                mem = d["models"][kind].get("load", {}).get("per_s")
+                for pas in ("cold", "warm"):
+                    r = st.get(pas, {}).get(kind)
+                    if not r:
+                        continue
+                    s_, ld = r["seq"], r["load"]
+                    f50 = s_.get("floor_p50_ms")
+                    print(f"| {kind} | {pas} | {fmt(s_['p50_ms'])} | {fmt(s_['p50_ms'] / f50 if f50 else None)} | "
+                          f"{fmt(s_['p99_ms'])} | {fmt(ld['per_s'], 0)} | {fmt(ld['per_s'] / mem if mem else None)} |")
+            print()
     if len(results["datasets"]) > 1:
         print("### Side by side\n")
         labels = [d["label"] for d in results["datasets"]]
@@ -283,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     tune_malloc()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=2_000_000, help="nodes of the synthetic graph")
+    ap.add_argument("--dataset", default=None,
+                    help="a dataset (directory: linked, not copied; .npz; any load_dataset spec) instead of --nodes")
+    ap.add_argument("--dataset-label", default=None)
     ap.add_argument("--shape", default="products", help="synthetic shape (kernels.datasets.SYNTHETIC_SHAPES)")
     ap.add_argument("--amazon", default=str(DEFAULT_DATA / "amazon_computers.npz"),
                     help="Amazon Computers .npz to run beside it ('none' to skip)")
@@ -302,7 +457,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work-dir", type=Path, default=None, help="keep the repositories here (default: a temp dir)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--reuse", action="store_true",
+                    help="with --work-dir: keep a dataset, trained models and PPR index found there from an earlier "
+                         "run (their figures are the earlier run's) instead of starting over")
+    ap.add_argument("--induced-table-bytes", type=float, default=16 << 30,
+                    help="build the shaDow model's induced top-K table beside the index (memory-mapped) when its "
+                         "estimate fits this many bytes, and serve with it (0: none)")
+    ap.add_argument("--projection-cache-bytes", default="auto",
+                    help="server --projection-cache-bytes ('auto': every model's table fits)")
+    ap.add_argument("--activation-cache-bytes", default="auto",
+                    help="server --activation-cache-bytes ('auto': one table per plain model at its default width)")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="one more argument for `gnnserve serve` (repeat: --serve-arg=--max-delay-ms --serve-arg=1)")
+    ap.add_argument("--stateless", action=argparse.BooleanOptionalAction, default=True,
+                    help="also measure a stateless replica over a private redis-server, cold and warm")
+    ap.add_argument("--stateless-arg", action="append", default=[],
+                    help="one more argument for the stateless replica's `gnnserve serve`")
     args = ap.parse_args(argv)
+    args.induced_table_bytes = int(args.induced_table_bytes)
+    if args.reuse and args.work_dir is None:
+        ap.error("--reuse needs --work-dir")
     kinds = [k for k in args.models.split(",") if k]
     for k in kinds:
         if k not in ("gcn", "sage", "shadow-gcn", "shadow-sage"):
@@ -314,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.perf_counter() - t_start:6.0f} s] {msg}", file=sys.stderr, flush=True)
 
     datasets = [(f"synthetic products, {args.nodes:,} nodes", f"synthetic:{args.nodes}:{args.seed}:{args.shape}")]
+    if args.dataset:
+        datasets = [(args.dataset_label or Path(args.dataset).name, str(args.dataset))]
     if args.amazon.lower() != "none":
         datasets.append(("Amazon Computers", args.amazon))
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="gnnserve-large-"))
@@ -324,8 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for i, (label, spec) in enumerate(datasets):
             d = work / f"d{i}"
-            shutil.rmtree(d, ignore_errors=True)
-            d.mkdir(parents=True)
+            if not args.reuse:
+                shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True, exist_ok=True)
             results["datasets"].append(bench_dataset(label, spec, args, kinds, d, noop, log))
     finally:
         noop.stop()

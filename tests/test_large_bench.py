@@ -18,14 +18,20 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
     tmp = tmp_path_factory.mktemp("large")
     out = tmp / "large.json"
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "large.py"), "--nodes", "3000", "--amazon", "none",
-         "--epochs", "2", "--shadow-epochs", "1", "--queries", "30", "--seconds", "1", "--clients", "2",
-         "--pool", "500", "--eval-nodes", "300", "--knob-accuracy-nodes", "300", "--json", str(out)],
-        capture_output=True, text=True, timeout=900, env=env, cwd=REPO_ROOT)
+    proc = _bench(tmp / "work", out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout, json.loads(out.read_text())
+
+
+SMALL = ["--nodes", "3000", "--amazon", "none", "--epochs", "2", "--shadow-epochs", "1", "--queries", "30",
+         "--seconds", "1", "--clients", "2", "--pool", "500", "--eval-nodes", "300", "--knob-accuracy-nodes", "300"]
+
+
+def _bench(work: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "large.py"), *SMALL, "--work-dir", str(work),
+                           "--json", str(out), *extra], capture_output=True, text=True, timeout=900, env=env,
+                          cwd=REPO_ROOT)
 
 
 def _table_rows(md: str) -> dict[str, list[str]]:
@@ -33,7 +39,7 @@ def _table_rows(md: str) -> dict[str, list[str]]:
     for line in md.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("| ") and cells[0] in ("gcn", "shadow-gcn"):
-            rows[cells[0]] = cells
+            rows.setdefault(cells[0], cells)  # the first table (the stateless replica's follows)
     return rows
 
 
@@ -76,3 +82,43 @@ def test_json_figures(run) -> None:
         assert m["train"]["stages"]["fit"] > 0
     assert d["models"]["shadow-gcn"]["train"]["stages"]["ppr_lists"] > 0
     assert res["self_peak_rss"] > 0 and res["wall_s"] > 0
+
+
+def test_induced_table_and_budgets(run) -> None:
+    _, res = run
+    (d,) = res["datasets"]
+    m = d["models"]["shadow-gcn"]
+    assert m["induced"] is True and m["induced_bytes"] > 0 and m["ppr_index_bytes"] > 0
+    # the server's induced budget is what the table takes, not the build limit
+    assert m["induced_bytes"] < d["budgets"]["induced"] < 2 * m["induced_bytes"] + (2 << 20)
+    assert d["budgets"]["activation"] >= 256 << 20 and d["budgets"]["projection"] >= 2 << 30
+    assert d["reused"] == []
+
+
+def test_stateless_replica_cold_and_warm(run) -> None:
+    md, res = run
+    (d,) = res["datasets"]
+    st = d["stateless"]
+    assert st["features_load_s"] > 0 and st["graph_load_s"] > 0 and st["redis_used_memory"] > 0
+    for pas in ("cold", "warm"):
+        for kind in ("gcn", "shadow-gcn"):
+            r = st[pas][kind]
+            assert r["seq"]["n"] == 30 and r["load"]["requests"] > 0
+            assert 0 < r["seq"]["floor_p50_ms"] < r["seq"]["p50_ms"]
+    assert "| gcn | warm |" in md and "| shadow-gcn | cold |" in md
+
+
+def test_reuse_skips_finished_stages(run, tmp_path: Path) -> None:
+    """A second run with --reuse on the same work directory keeps the dataset, models and index."""
+    _, res = run
+    work = Path(res["argv"][res["argv"].index("--work-dir") + 1])
+    cfg = work / "d0" / "repo" / "gcn" / "1" / "config.json"
+    before = cfg.stat().st_mtime_ns
+    out = tmp_path / "again.json"
+    proc = _bench(work, out, "--reuse", "--no-stateless")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (d,) = json.loads(out.read_text())["datasets"]
+    assert d["reused"] == ["load", "train gcn", "train shadow-gcn"]
+    assert cfg.stat().st_mtime_ns == before  # not retrained
+    assert d["models"]["gcn"]["train"] == res["datasets"][0]["models"]["gcn"]["train"]
+    assert d["models"]["shadow-gcn"]["seq"]["n"] == 30 and "stateless" not in d
