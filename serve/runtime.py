@@ -643,10 +643,10 @@ class ModelRuntime:
     # ------------------------------------------------------------------ pipeline stages
     def _subgraphs(self, targets: np.ndarray, new_specs: list, budget: int) -> SubgraphBatch:
         g = self.graph
-        if self.remote_graph:  # rows fetched from Redis per batch (serve.graph_store); PPR models only:
-            # plain models take the plan path, and a remote replica refuses new nodes
-            ptr, nodes = self.ppr_index.lookup(targets, budget)
-            return g.induced_batch(ptr, nodes)
+        if self.remote_graph:  # lists and rows from Redis, each target's subgraph cached by the store
+            # (serve.graph_store); PPR models only: plain models take the plan path, and a remote replica
+            # refuses new nodes
+            return self.ppr_index.induced_batch(g, targets, budget)
         if self.extractor == "ppr":
             if not new_specs:  # the precomputed induced table when there is one (same result)
                 return self.ppr_index.induced_batch(g, targets, budget)

@@ -355,3 +355,120 @@ def test_overlay_stats_from_another_thread(stored, weighted_graph):
     assert [s["rows"] for s in seen] == sorted(s["rows"] for s in seen)  # only ever grows here
     final = store.overlay_stats()
     assert final["new_nodes"] == 3 and final["rows"] == final["lists"] <= 200
+
+
+# --------------------------------------------------------------------------- cached induced subgraphs
+def assert_induced_like(store, ref: CSRGraph, targets: np.ndarray, k: int) -> None:
+    """``ppr_index.induced_batch`` (cached per target) equals the kernel's induced batch on ``ref`` of
+    the same lists, array for array and dtype for dtype, GCN degrees included."""
+    remote = store.ppr_index(CFG)
+    ptr, nodes = remote.lookup(targets, k)
+    want = induced_batch(ref, ptr, nodes)
+    got = remote.induced_batch(store, targets, k)
+    for f in ("node_ids", "ptr", "target_rows", "unique_ids", "row_to_unique"):
+        a, b = getattr(want, f), getattr(got, f)
+        np.testing.assert_array_equal(a, b, err_msg=f)
+        assert a.dtype == b.dtype, f
+    for f in ("indptr", "indices", "weights"):
+        a, b = getattr(want.graph, f), getattr(got.graph, f)
+        if a is None:
+            assert b is None, f
+            continue
+        np.testing.assert_array_equal(a, b, err_msg=f)
+        assert a.dtype == b.dtype, f
+    assert got.graph.num_nodes == want.graph.num_nodes
+    np.testing.assert_allclose(got.gcn_degrees, full_gcn_degrees(ref)[nodes], rtol=1e-6)
+
+
+def induced_targets(store, monkeypatch) -> list[int]:
+    """A list that collects the targets whose subgraphs ``store`` induces afresh (not from its cache)."""
+    seen: list[int] = []
+    real = store._induce
+
+    def counting(config_key, targets, k):
+        seen.extend(targets)
+        return real(config_key, targets, k)
+
+    monkeypatch.setattr(store, "_induce", counting)
+    return seen
+
+
+@pytest.mark.parametrize("cache_bytes", [1 << 22, 30_000, 0])
+def test_cached_induced_batches_equal_the_kernel(stored, tiny_dataset, weighted_graph, cache_bytes, monkeypatch):
+    for g in (tiny_dataset.graph, weighted_graph):
+        store = open_store(stored, g, cache_bytes=cache_bytes)
+        try:
+            fresh = induced_targets(store, monkeypatch)
+            t = np.array([5, 9, 5, 200, 123, 0, 17])
+            # small budgets first (entries built short), then longer ones (rebuilt), then shorter (cut)
+            for k in (1, 3, CFG.topk, 7, 1, CFG.topk):
+                assert_induced_like(store, g, t, k)
+            assert_induced_like(store, g, np.array([42]), 5)
+            trips, built = store.round_trips, len(fresh)
+            for k in (CFG.topk, 4):  # warm: no Redis, nothing induced again
+                assert_induced_like(store, g, t, k)
+            if cache_bytes == 1 << 22:
+                assert (store.round_trips, len(fresh)) == (trips, built)
+                assert len(fresh) == 3 * 6 + 1  # the 6 distinct targets at k = 1, 3 and topk; then 42
+            elif cache_bytes == 0:
+                assert len(fresh) > built
+            with pytest.raises(ValueError, match="k must lie"):
+                store.ppr_index(CFG).induced_batch(store, t, CFG.topk + 1)
+            with pytest.raises(ValueError, match="targets must lie"):
+                store.ppr_index(CFG).induced_batch(store, np.array([g.num_nodes]), 3)
+        finally:
+            store.close()
+
+
+def test_cached_induced_batches_follow_the_overlay(stored, tiny_dataset, monkeypatch):
+    """After ``apply_rows`` / ``apply_lists`` exactly the targets whose list holds a changed row, or whose
+    list changed, are induced again; every batch equals the kernel's on the edited graph."""
+    g = tiny_dataset.graph
+    store = open_store(stored, g, cache_bytes=1 << 24)
+    try:
+        remote = store.ppr_index(CFG)
+        rng = np.random.default_rng(7)
+        t = rng.choice(g.num_nodes, size=150, replace=False)
+        for k in (CFG.topk, 6):
+            assert_induced_like(store, g, t, k)
+        fresh = induced_targets(store, monkeypatch)
+        lists = remote.lookup(t, CFG.topk)
+        members = {int(v): set(lists[1][lists[0][i]:lists[0][i + 1]].tolist()) for i, v in enumerate(t)}
+
+        rows, n = random_edits(g, 3, rng, count=12)
+        store.apply_rows(rows, n)
+        ref = edited_graph(g, rows, n)
+        stale = {v for v, m in members.items() if m & set(rows)}
+        assert 0 < len(stale) < len(t)
+        assert_induced_like(store, ref, t, CFG.topk)
+        assert set(fresh) == stale and len(fresh) == len(stale)
+        fresh.clear()
+        assert_induced_like(store, ref, t, 6)  # checked once per update: nothing induced again
+        assert fresh == []
+
+        # a second update touching one member of one cached list only
+        v0 = int(t[0])
+        u = sorted(members[v0] - {v0})[0]
+        row = (np.setdiff1d(ref.neighbors(u).astype(np.int64), [v0]), None)
+        store.apply_rows({u: row}, n)
+        ref = edited_graph(ref, {u: row}, n)
+        assert_induced_like(store, ref, t, CFG.topk)
+        assert set(fresh) == {v for v, m in members.items() if u in m} and v0 in fresh
+        fresh.clear()
+
+        # a new list for one target: only that one
+        new_list = np.r_[v0, np.setdiff1d(np.array([1, 2, 3, n - 1]), [v0])]
+        remote.apply_lists(CFG.key(), {v0: (new_list, None)})
+        assert_induced_like(store, ref, t, CFG.topk)
+        assert fresh == [v0]
+        fresh.clear()
+
+        # weights on an unweighted graph: every entry was built without weights, all are rebuilt
+        wrow = (ref.neighbors(7).astype(np.int64), np.full(len(ref.neighbors(7)), 0.5, np.float32))
+        store.apply_rows({7: wrow}, n)
+        ref = edited_graph(ref, {7: wrow}, n)
+        assert store.is_weighted and ref.is_weighted
+        assert_induced_like(store, ref, t, CFG.topk)
+        assert sorted(fresh) == sorted(t.tolist())
+    finally:
+        store.close()

@@ -83,6 +83,49 @@ def test_stateless_replica_answers_like_single_process(stateless, served, model,
                                                                          want.settings.edges_total)
 
 
+def test_warm_replica_follows_an_update_like_a_cold_one(redis_factory, tiny_repo, tiny_dataset, tmp_path):
+    """A replica whose per-target subgraph cache is warm answers after an update exactly as a replica
+    started after it (cold caches): the cached subgraphs the update changed are induced again."""
+    from clients import GnnClient
+    from serve.features import load_features
+    from serve.graph_store import load_graph
+
+    g = tiny_dataset.graph
+    url = redis_factory().url
+    load_features(tiny_dataset, url, progress=False)
+    load_graph(tiny_dataset, url, ppr=repo_ppr_configs(tiny_repo), ppr_cache_dir=str(tiny_repo / "_ppr"),
+               progress=False)
+    lists = PPRIndex.open_or_build(tiny_repo / "_ppr", g, repo_ppr_configs(tiny_repo)[0])
+    # a target and a member of its top-16 list that is not its neighbour: the edge between them changes
+    # the target's own row inside its subgraph, so its exact answer moves
+    v, u = next((v, int(u)) for v in range(0, 800, 7) for u in lists.lookup([v], 16)[1][1:]
+                if u not in set(g.neighbors(v).tolist()))
+    nodes = np.arange(0, 800, 7)
+    at = int(np.flatnonzero(nodes == v)[0])
+    opts = {"feature_url": url, "runtime_kw": {"graph_url": url}}
+    warm = ServerThread(models_only(tiny_repo, tmp_path / "a"), opts).start()
+    cold = None
+    try:
+        with GnnClient(warm.address) as c:
+            before = [c.predict("shadow", nodes, sampling_width=w, ppr_budget=16) for w in (0, 2)]
+            up = c.update_graph("shadow", add_edges=[[v, u]])
+            after = [c.predict("shadow", nodes, sampling_width=w, ppr_budget=16, min_graph_version=up.graph_version)
+                     for w in (0, 2)]
+        cold = ServerThread(models_only(tiny_repo, tmp_path / "b"), opts).start()
+        with GnnClient(cold.address) as c:
+            fresh = [c.predict("shadow", nodes, sampling_width=w, ppr_budget=16, min_graph_version=up.graph_version)
+                     for w in (0, 2)]
+        for a, f in zip(after, fresh, strict=True):
+            assert a.graph_version == f.graph_version == up.graph_version
+            np.testing.assert_array_equal(a.labels, f.labels)
+            np.testing.assert_array_equal(a.probabilities, f.probabilities)
+        assert not np.allclose(before[0].probabilities[at], after[0].probabilities[at], rtol=0, atol=1e-7)
+    finally:
+        warm.stop()
+        if cold is not None:
+            cold.stop()
+
+
 def test_stateless_replica_refuses_new_nodes(stateless):
     req = pb.PredictRequest(model="shadow", new_nodes=[pb.NewNode(features=[0.1] * 16, neighbors=[1, 2])])
     with grpc.insecure_channel(stateless.address) as ch, pytest.raises(grpc.RpcError) as ei:

@@ -61,19 +61,43 @@ _EMPTY_IDS.setflags(write=False)
 
 
 # =========================================================================== hot rows
+class _Induced:
+    """One target's cached induced subgraph: its list's first ``m`` entries (``nodes``), the edges of
+    ``A[nodes, nodes]`` as local pairs ``(src, dst)`` in row-major order (columns ascending in a row,
+    what :func:`kernels.subgraph.induced_batch` gives), their weights on a weighted graph, and the
+    full-graph GCN degree of each member (``gdeg``, float64 ``[m]``).
+
+    A shorter budget ``k <= m`` is the prefix: the pairs with ``src < k`` and ``dst < k``, in the same
+    order (the argument of :class:`kernels.subgraph.InducedTable`). ``full``: ``nodes`` is the whole
+    list, so any budget is served. ``gen``: the store's overlay generation it was last known valid
+    at (:meth:`RedisGraphStore._valid`); ``weighted``: the graph's ``is_weighted`` when built.
+    """
+
+    __slots__ = ("dst", "full", "gdeg", "gen", "nbytes", "nodes", "src", "w", "weighted")
+
+    def __init__(self, nodes: np.ndarray, src: np.ndarray, dst: np.ndarray, w: np.ndarray | None,
+                 gdeg: np.ndarray, full: bool, weighted: bool, gen: int) -> None:
+        self.nodes, self.src, self.dst, self.w, self.gdeg = nodes, src, dst, w, gdeg
+        self.full, self.weighted, self.gen = full, weighted, gen
+        self.nbytes = 160 + nodes.nbytes + src.nbytes + dst.nbytes + gdeg.nbytes + (w.nbytes if w is not None else 0)
+
+
 class _RowCache:
-    """Byte-bounded LRU of decoded rows: ``(kind, node) -> (ids, extra)``; thread-safe."""
+    """Byte-bounded LRU of decoded rows ``(kind, node) -> (ids, extra)`` and of induced subgraphs
+    ``(kind, target) -> _Induced``; thread-safe."""
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget = max(0, int(budget_bytes))
-        self._d: OrderedDict[tuple[str, int], tuple[np.ndarray, np.ndarray | None]] = OrderedDict()
+        self._d: OrderedDict[tuple[str, int], Any] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     @staticmethod
-    def _size(v: tuple[np.ndarray, np.ndarray | None]) -> int:
+    def _size(v: Any) -> int:
+        if isinstance(v, _Induced):
+            return v.nbytes
         return 64 + v[0].nbytes + (v[1].nbytes if v[1] is not None else 0)
 
     def get_many(self, kind: str, ids: list[int]) -> tuple[dict[int, Any], list[int]]:
@@ -93,14 +117,19 @@ class _RowCache:
             self.misses += len(missing)
         return found, missing
 
-    def put_many(self, kind: str, rows: dict[int, Any]) -> None:
+    def put_many(self, kind: str, rows: dict[int, Any], *, replace: bool = False) -> None:
+        """Cache ``rows``; a key already held keeps its value unless ``replace``."""
         if not self.budget:
             return
         with self._lock:
             for i, v in rows.items():
                 key = (kind, i)
-                if key in self._d:
-                    continue
+                old = self._d.get(key)
+                if old is not None:
+                    if not replace:
+                        continue
+                    self._bytes -= self._size(old)
+                    self._d.move_to_end(key)
                 self._d[key] = v
                 self._bytes += self._size(v)
             while self._bytes > self.budget and self._d:
@@ -196,6 +225,11 @@ class RedisGraphStore(PinnedVersion):
         self._ov_row_bytes = 0
         self._ov_list_bytes = 0
         self._ov_list_count = 0
+        # what the cached induced subgraphs are checked against (_valid): the overlay's generation, one
+        # step per apply_* call, and the generation at which each overlay row / list last changed
+        self._gen = 0
+        self._ov_row_gen: dict[int, int] = {}
+        self._ov_list_gen: dict[tuple[str, int], int] = {}
         log.info("graph store: %s (N=%d, E=%d, PPR configs %s)", where, self.num_nodes, self.num_edges,
                  sorted(self.ppr_meta) or "none")
 
@@ -321,6 +355,9 @@ class RedisGraphStore(PinnedVersion):
             self.max_degree = max(self._base_max_degree, max(self._ov_degrees, default=0))
             if any(row[1] is not None for row in clean.values()):
                 self.is_weighted = True
+            self._gen += 1
+            for v in clean:
+                self._ov_row_gen[v] = self._gen
 
     def apply_lists(self, config_key: str, lists: dict[int, tuple[np.ndarray, np.ndarray | None]]) -> None:
         """From now on the top-K PPR list of each node in ``lists`` (under configuration
@@ -352,6 +389,9 @@ class RedisGraphStore(PinnedVersion):
                     self._ov_list_count += 1
                 lay[v] = row
                 self._ov_list_bytes += _RowCache._size(row)
+            self._gen += 1
+            for v in clean:
+                self._ov_list_gen[(config_key, v)] = self._gen
 
     def overlay_stats(self) -> dict[str, int]:
         """What the overlay holds: ``rows``/``row_bytes`` (adjacency), ``lists``/``list_bytes``
@@ -367,6 +407,84 @@ class RedisGraphStore(PinnedVersion):
         if key not in self.ppr_meta:
             raise GraphNotFound(self._no_ppr(key))
         return RedisPPRIndex(self, cfg, int(self.ppr_meta[key]["k_max"]))
+
+    # ---------------------------------------------------------------- cached induced subgraphs
+    def ppr_induced_batch(self, config_key: str, targets: np.ndarray, k: int) -> Any:
+        """The induced batch of the targets' top-``k`` PPR lists (configuration ``config_key``):
+        what ``induced_batch(*ppr_index.lookup(targets, k))`` gives, ``gcn_degrees`` included.
+
+        Each target's induced subgraph is kept in the LRU (kind ``i<config key>``, one entry per
+        target, :class:`_Induced`), so a warm batch reads neither lists nor rows: it concatenates
+        its targets' entries, cut to the budget ``k``. Targets without a usable entry are induced
+        together, as :meth:`induced_batch` does (one fetch round for their lists, one for the rows
+        of their members), and their entries cached.
+
+        An entry depends on the target's list and on the rows of the list's members: it is used
+        only while neither changed in the overlay since it was built (:meth:`_valid`, checked
+        against the generation of each overlay row and list), and while the graph's weightedness is
+        the one it was built under. Stored rows and lists never change (the snapshot is
+        immutable), so nothing else can make an entry stale.
+        """
+        if config_key not in self._ppr_dec:
+            raise GraphNotFound(self._no_ppr(config_key))
+        t = np.asarray(targets, dtype=np.int64).reshape(-1)
+        if len(t) and (int(t.min()) < 0 or int(t.max()) >= self.num_nodes):
+            raise ValueError(f"targets must lie in [0, {self.num_nodes})")
+        k = int(k)
+        order = t.tolist()
+        distinct = list(dict.fromkeys(order))
+        kind = "i" + config_key
+        found, missing = self.cache.get_many(kind, distinct)
+        for v in [v for v, e in found.items() if not self._valid(config_key, v, e, k)]:
+            del found[v]
+            missing.append(v)
+        if missing:
+            built = self._induce(config_key, missing, k)
+            self.cache.put_many(kind, built, replace=True)
+            found.update(built)
+        return _assemble_induced([found[v] for v in order], k, self.is_weighted)
+
+    def _valid(self, config_key: str, target: int, e: _Induced, k: int) -> bool:
+        """Whether ``e`` (the cached entry of ``target``) answers budget ``k`` on the graph as it is now."""
+        if (len(e.nodes) < k and not e.full) or e.weighted != self.is_weighted:
+            return False
+        gen = self._gen
+        if e.gen == gen:
+            return True
+        if self._ov_list_gen.get((config_key, target), 0) > e.gen:
+            return False
+        rg, eg = self._ov_row_gen, e.gen
+        if any(rg.get(u, 0) > eg for u in e.nodes.tolist()):
+            return False
+        e.gen = gen  # nothing it read changed up to now: checked once per overlay generation
+        return True
+
+    def _induce(self, config_key: str, targets: list[int], k: int) -> dict[int, _Induced]:
+        """Fresh :class:`_Induced` entries of the distinct ``targets`` at budget ``k``."""
+        from kernels.subgraph import induced_batch
+
+        lists = self.ppr_lists(config_key, np.asarray(targets, dtype=np.int64))
+        full = [lists[v][0] for v in targets]
+        parts = [a[:k] for a in full]
+        ptr = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([len(a) for a in parts], out=ptr[1:])
+        nodes = np.concatenate(parts).astype(np.int64)
+        uniq = np.unique(nodes)
+        g, gdeg = self.local_graph(uniq, self.adjacency(uniq))
+        local = np.searchsorted(uniq, nodes)
+        b = induced_batch(g, ptr, local)
+        ip, ind, w = b.graph.indptr, b.graph.indices, b.graph.weights
+        row_deg = gdeg[local]
+        weighted, gen = self.is_weighted, self._gen
+        out: dict[int, _Induced] = {}
+        for i, v in enumerate(targets):
+            lo, hi = int(ptr[i]), int(ptr[i + 1])
+            e0, e1 = int(ip[lo]), int(ip[hi])
+            src = np.repeat(np.arange(hi - lo, dtype=np.int32), np.diff(ip[lo : hi + 1]))
+            dst = ind[e0:e1].astype(np.int32) - np.int32(lo)
+            out[v] = _Induced(nodes[lo:hi].copy(), src, dst, None if w is None else w[e0:e1].copy(),
+                              row_deg[lo:hi].copy(), len(full[i]) <= k, weighted, gen)
+        return out
 
     # ---------------------------------------------------------------- local graphs
     def local_graph(self, uniq: np.ndarray, rows: dict[int, Any]) -> tuple[Any, np.ndarray]:
@@ -497,6 +615,9 @@ class RedisPPRIndex:
     path: Any = None
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.config_key = self.config.key()  # hashed once: key() costs a JSON dump per call
+
     @property
     def num_nodes(self) -> int:
         return self.store.num_nodes
@@ -504,9 +625,20 @@ class RedisPPRIndex:
     def apply_lists(self, config_key: str, lists: dict[int, tuple[np.ndarray, np.ndarray | None]]) -> None:
         """:meth:`RedisGraphStore.apply_lists` for this index's configuration (``config_key`` must be
         ``config.key()``)."""
-        if config_key != self.config.key():
-            raise ValueError(f"this index holds PPR lists of config {self.config.key()}, not {config_key}")
+        if config_key != self.config_key:
+            raise ValueError(f"this index holds PPR lists of config {self.config_key}, not {config_key}")
         self.store.apply_lists(config_key, lists)
+
+    def induced_batch(self, graph: Any, targets: Any, k: int | None = None) -> Any:
+        """The induced batch of the targets' first ``k`` entries (:meth:`RedisGraphStore.ppr_induced_batch`,
+        which caches each target's subgraph): the interface of :meth:`kernels.ppr_live.LivePPRIndex.induced_batch`;
+        ``graph`` must be this index's store."""
+        if graph is not self.store:
+            raise ValueError("a Redis PPR index induces its batches on its own graph store")
+        k = self.k_max if k is None else int(k)
+        if not 1 <= k <= self.k_max:
+            raise ValueError(f"k must lie in [1, k_max={self.k_max}], got {k}")
+        return self.store.ppr_induced_batch(self.config_key, targets, k)
 
     def lookup(self, targets: Any, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """First ``k`` entries of each target's list: ``(ptr int64 [B + 1], nodes int64)``."""
@@ -516,12 +648,62 @@ class RedisPPRIndex:
         t = np.asarray(targets, dtype=np.int64).reshape(-1)
         if len(t) and (int(t.min()) < 0 or int(t.max()) >= self.num_nodes):
             raise ValueError(f"targets must lie in [0, {self.num_nodes})")
-        lists = self.store.ppr_lists(self.config.key(), np.unique(t))
+        lists = self.store.ppr_lists(self.config_key, np.unique(t))
         parts = [lists[int(i)][0][:k] for i in t]
         ptr = np.zeros(len(t) + 1, dtype=np.int64)
         np.cumsum([len(p) for p in parts], out=ptr[1:])
         nodes = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         return ptr, nodes
+
+
+def _assemble_induced(entries: list[_Induced], k: int, weighted: bool) -> Any:
+    """The block-diagonal batch of ``entries`` (one per target, in order) cut to budget ``k``: the
+    :class:`~kernels.subgraph.SubgraphBatch` (with ``gcn_degrees``) that
+    :func:`kernels.subgraph.induced_batch` gives for the same lists."""
+    from kernels.graph import CSRGraph
+    from kernels.subgraph import SubgraphBatch
+
+    if not entries:
+        from kernels.subgraph import induced_batch
+
+        empty = induced_batch(CSRGraph(np.zeros(1, np.int64), np.zeros(0, np.int32)), np.zeros(1, np.int64),
+                              _EMPTY_IDS)
+        empty.gcn_degrees = np.zeros(0, np.float64)  # type: ignore[attr-defined]
+        return empty
+    b = len(entries)
+    sizes = [min(k, len(e.nodes)) for e in entries]
+    cut = any(mi < len(e.nodes) for e, mi in zip(entries, sizes, strict=True))
+    m = np.asarray(sizes, dtype=np.int64)
+    ptr = np.zeros(b + 1, dtype=np.int64)
+    np.cumsum(m, out=ptr[1:])
+    if cut:
+        nodes = np.concatenate([e.nodes[:mi] for e, mi in zip(entries, sizes, strict=True)])
+        gdeg = np.concatenate([e.gdeg[:mi] for e, mi in zip(entries, sizes, strict=True)])
+    else:
+        nodes = np.concatenate([e.nodes for e in entries])
+        gdeg = np.concatenate([e.gdeg for e in entries])
+    ne = np.fromiter((len(e.src) for e in entries), dtype=np.int64, count=b)
+    off = np.repeat(ptr[:-1], ne)
+    src = np.concatenate([e.src for e in entries])
+    dst = np.concatenate([e.dst for e in entries])
+    w = (np.concatenate([e.w if e.w is not None else np.ones(len(e.src), np.float32) for e in entries])
+         if weighted else None)
+    rows = off + src
+    cols = off + dst
+    if cut:  # a shorter budget: the pairs inside each prefix, still in row-major order
+        lim = np.repeat(m, ne)
+        keep = (src < lim) & (dst < lim)
+        rows, cols = rows[keep], cols[keep]
+        w = w[keep] if w is not None else None
+    r = int(ptr[-1])
+    indptr = np.zeros(r + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=r), out=indptr[1:])
+    uniq, inverse = np.unique(nodes, return_inverse=True)
+    graph = CSRGraph(indptr=indptr, indices=cols.astype(np.int32), weights=w, num_nodes=r)
+    out = SubgraphBatch(graph=graph, node_ids=nodes, ptr=ptr, target_rows=ptr[:-1].copy(), unique_ids=uniq,
+                        row_to_unique=inverse.reshape(-1).astype(np.int64, copy=False))
+    out.gcn_degrees = gdeg  # type: ignore[attr-defined]
+    return out
 
 
 def _clean_row(node: int, ids: Any, extra: Any, n: int, *, sorted_ids: bool,
