@@ -437,6 +437,25 @@ def existing_chunk_size(limits: ChunkLimits, *, probabilities: bool, embeddings:
     return k
 
 
+def _packed(data: bytes, dtype: str, what: str) -> np.ndarray:
+    if len(data) % 4:
+        raise InternalError(f"server answered {len(data)} bytes of packed {what}, not a whole number of 4-byte values")
+    return np.frombuffer(data, dtype=dtype)
+
+
+def response_arrays(resp: pb.PredictResponse) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Labels (int64 ``[n]``), probabilities and embeddings (float32, flat) of one reply, packed
+    (``resp.packed``: little-endian arrays in bytes fields) or as repeated fields (a server that
+    predates packed outputs, or a request that did not ask for them)."""
+    if resp.packed:
+        return (_packed(resp.packed_labels, "<i4", "labels").astype(np.int64),
+                _packed(resp.packed_probabilities, "<f4", "probabilities").astype(np.float32),
+                _packed(resp.packed_embeddings, "<f4", "embeddings").astype(np.float32))
+    return (np.fromiter(resp.labels, dtype=np.int64, count=len(resp.labels)),
+            np.fromiter(resp.probabilities, dtype=np.float32, count=len(resp.probabilities)),
+            np.fromiter(resp.embeddings, dtype=np.float32, count=len(resp.embeddings)))
+
+
 class PredictPlan:
     """Splits one SDK call into PredictRequests and reassembles the replies in order.
 
@@ -457,7 +476,9 @@ class PredictPlan:
         return_embeddings: bool,
         request_id: str,
         limits: ChunkLimits,
+        packed: bool = True,
     ) -> None:
+        self.packed = bool(packed)  # ask for packed outputs (decoded here; old servers answer repeated fields)
         self.model = model
         self.version = version
         self.nodes = nodes
@@ -471,6 +492,7 @@ class PredictPlan:
         self._next_new = 0
         self._pending = 0  # rows of the request in flight
         self._responses: list[pb.PredictResponse] = []
+        self._arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # decoded per response
         self._sent_any = False
 
     @property
@@ -505,6 +527,7 @@ class PredictPlan:
             version=self.version,
             return_probabilities=self.return_probabilities,
             return_embeddings=self.return_embeddings,
+            packed_outputs=self.packed,
             **self.knobs,
         )
         if self._next_node < len(self.nodes):
@@ -530,14 +553,16 @@ class PredictPlan:
     def add(self, resp: pb.PredictResponse) -> None:
         """Record the reply to the last request from :meth:`next_request`."""
         n = self._pending
-        if len(resp.labels) != n:
-            raise InternalError(f"server answered {len(resp.labels)} labels for {n} nodes")
+        labels, probs, emb = response_arrays(resp)  # raises InternalError on a packed field of odd length
+        if len(labels) != n:
+            raise InternalError(f"server answered {len(labels)} labels for {n} nodes")
         c = int(resp.num_classes)
-        if self.return_probabilities and len(resp.probabilities) != n * c:
-            raise InternalError(f"server answered {len(resp.probabilities)} probabilities for {n} nodes x {c} classes")
+        if self.return_probabilities and len(probs) != n * c:
+            raise InternalError(f"server answered {len(probs)} probabilities for {n} nodes x {c} classes")
         h = int(resp.embedding_dim)
-        if self.return_embeddings and h and len(resp.embeddings) != n * h:
-            raise InternalError(f"server answered {len(resp.embeddings)} embedding values for {n} nodes x {h}")
+        if self.return_embeddings and h and len(emb) != n * h:
+            raise InternalError(f"server answered {len(emb)} embedding values for {n} nodes x {h}")
+        self._arrays.append((labels, probs, emb))
         if not self._responses:
             self.version = resp.version  # pin the rest of the call to this version
             if not self.request_id:
@@ -558,18 +583,15 @@ class PredictPlan:
             raise RuntimeError("no reply recorded")
         first = rs[0]
         c = int(first.num_classes)
-        labels = np.concatenate([np.fromiter(r.labels, dtype=np.int64, count=len(r.labels)) for r in rs])
+        arrays = self._arrays
+        labels = np.concatenate([a[0] for a in arrays])
         probs = None
         if self.return_probabilities:
-            probs = np.concatenate(
-                [np.fromiter(r.probabilities, dtype=np.float32, count=len(r.probabilities)) for r in rs]
-            ).reshape(len(labels), c)
+            probs = np.concatenate([a[1] for a in arrays]).reshape(len(labels), c)
         emb = None
         if self.return_embeddings and all(r.embedding_dim for r in rs):
             h = int(first.embedding_dim)
-            emb = np.concatenate(
-                [np.fromiter(r.embeddings, dtype=np.float32, count=len(r.embeddings)) for r in rs]
-            ).reshape(len(labels), h)
+            emb = np.concatenate([a[2] for a in arrays]).reshape(len(labels), h)
         s = settings_from_pb(first.settings)
         if len(rs) > 1:
             s = Settings(**{**s.to_dict(), "edges_kept": sum(int(r.settings.edges_kept) for r in rs),

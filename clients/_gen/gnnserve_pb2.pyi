@@ -17,7 +17,7 @@ class NewNode(_message.Message):
     def __init__(self, features: _Optional[_Iterable[float]] = ..., neighbors: _Optional[_Iterable[int]] = ..., edge_weights: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class PredictRequest(_message.Message):
-    __slots__ = ("model", "version", "nodes", "sampling_width", "ppr_budget", "max_accuracy_loss", "return_probabilities", "return_embeddings", "request_id", "new_nodes", "min_graph_version")
+    __slots__ = ("model", "version", "nodes", "sampling_width", "ppr_budget", "max_accuracy_loss", "return_probabilities", "return_embeddings", "request_id", "new_nodes", "min_graph_version", "packed_outputs")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class PredictRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_NODES_FIELD_NUMBER: _ClassVar[int]
     MIN_GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PACKED_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     nodes: _containers.RepeatedScalarFieldContainer[int]
@@ -40,7 +41,8 @@ class PredictRequest(_message.Message):
     request_id: str
     new_nodes: _containers.RepeatedCompositeFieldContainer[NewNode]
     min_graph_version: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., nodes: _Optional[_Iterable[int]] = ..., sampling_width: _Optional[int] = ..., ppr_budget: _Optional[int] = ..., max_accuracy_loss: _Optional[float] = ..., return_probabilities: bool = ..., return_embeddings: bool = ..., request_id: _Optional[str] = ..., new_nodes: _Optional[_Iterable[_Union[NewNode, _Mapping]]] = ..., min_graph_version: _Optional[int] = ...) -> None: ...
+    packed_outputs: bool
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., nodes: _Optional[_Iterable[int]] = ..., sampling_width: _Optional[int] = ..., ppr_budget: _Optional[int] = ..., max_accuracy_loss: _Optional[float] = ..., return_probabilities: bool = ..., return_embeddings: bool = ..., request_id: _Optional[str] = ..., new_nodes: _Optional[_Iterable[_Union[NewNode, _Mapping]]] = ..., min_graph_version: _Optional[int] = ..., packed_outputs: bool = ...) -> None: ...
 
 class Settings(_message.Message):
     __slots__ = ("sampling_width", "ppr_budget", "strategy", "extractor", "chosen_by", "expected_accuracy", "edges_kept", "edges_total")
@@ -79,7 +81,7 @@ class Timing(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., subgraph_ms: _Optional[float] = ..., features_ms: _Optional[float] = ..., forward_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class PredictResponse(_message.Message):
-    __slots__ = ("model", "version", "request_id", "labels", "num_classes", "probabilities", "embedding_dim", "embeddings", "settings", "timing", "data_version", "graph_version")
+    __slots__ = ("model", "version", "request_id", "labels", "num_classes", "probabilities", "embedding_dim", "embeddings", "settings", "timing", "data_version", "graph_version", "served_by", "packed", "packed_labels", "packed_probabilities", "packed_embeddings")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +94,11 @@ class PredictResponse(_message.Message):
     TIMING_FIELD_NUMBER: _ClassVar[int]
     DATA_VERSION_FIELD_NUMBER: _ClassVar[int]
     GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SERVED_BY_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
+    PACKED_LABELS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
+    PACKED_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     request_id: str
@@ -104,7 +111,12 @@ class PredictResponse(_message.Message):
     timing: Timing
     data_version: str
     graph_version: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., probabilities: _Optional[_Iterable[float]] = ..., embedding_dim: _Optional[int] = ..., embeddings: _Optional[_Iterable[float]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., data_version: _Optional[str] = ..., graph_version: _Optional[int] = ...) -> None: ...
+    served_by: str
+    packed: bool
+    packed_labels: bytes
+    packed_probabilities: bytes
+    packed_embeddings: bytes
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., probabilities: _Optional[_Iterable[float]] = ..., embedding_dim: _Optional[int] = ..., embeddings: _Optional[_Iterable[float]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., data_version: _Optional[str] = ..., graph_version: _Optional[int] = ..., served_by: _Optional[str] = ..., packed: bool = ..., packed_labels: _Optional[bytes] = ..., packed_probabilities: _Optional[bytes] = ..., packed_embeddings: _Optional[bytes] = ...) -> None: ...
 
 class KnobRow(_message.Message):
     __slots__ = ("ppr_budget", "sampling_width", "val_accuracy", "latency_ms_per_node", "edges_kept_fraction")
@@ -121,7 +133,7 @@ class KnobRow(_message.Message):
     def __init__(self, ppr_budget: _Optional[int] = ..., sampling_width: _Optional[int] = ..., val_accuracy: _Optional[float] = ..., latency_ms_per_node: _Optional[float] = ..., edges_kept_fraction: _Optional[float] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "versions", "architecture", "extractor", "num_features", "num_classes", "num_nodes", "max_ppr_budget", "default_sampling_width", "default_ppr_budget", "strategy", "knob_table", "metrics", "dataset_fingerprint", "ready", "feature_store", "max_sampling_width", "max_nodes_per_request", "graph_version", "read_only")
+    __slots__ = ("name", "version", "versions", "architecture", "extractor", "num_features", "num_classes", "num_nodes", "max_ppr_budget", "default_sampling_width", "default_ppr_budget", "strategy", "knob_table", "metrics", "dataset_fingerprint", "ready", "feature_store", "max_sampling_width", "max_nodes_per_request", "graph_version", "read_only", "served_by")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +162,7 @@ class ModelInfo(_message.Message):
     MAX_NODES_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
     GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    SERVED_BY_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     versions: _containers.RepeatedScalarFieldContainer[str]
@@ -171,7 +184,8 @@ class ModelInfo(_message.Message):
     max_nodes_per_request: int
     graph_version: int
     read_only: bool
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., extractor: _Optional[str] = ..., num_features: _Optional[int] = ..., num_classes: _Optional[int] = ..., num_nodes: _Optional[int] = ..., max_ppr_budget: _Optional[int] = ..., default_sampling_width: _Optional[int] = ..., default_ppr_budget: _Optional[int] = ..., strategy: _Optional[str] = ..., knob_table: _Optional[_Iterable[_Union[KnobRow, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., dataset_fingerprint: _Optional[str] = ..., ready: bool = ..., feature_store: _Optional[str] = ..., max_sampling_width: _Optional[int] = ..., max_nodes_per_request: _Optional[int] = ..., graph_version: _Optional[int] = ..., read_only: bool = ...) -> None: ...
+    served_by: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., extractor: _Optional[str] = ..., num_features: _Optional[int] = ..., num_classes: _Optional[int] = ..., num_nodes: _Optional[int] = ..., max_ppr_budget: _Optional[int] = ..., default_sampling_width: _Optional[int] = ..., default_ppr_budget: _Optional[int] = ..., strategy: _Optional[str] = ..., knob_table: _Optional[_Iterable[_Union[KnobRow, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., dataset_fingerprint: _Optional[str] = ..., ready: bool = ..., feature_store: _Optional[str] = ..., max_sampling_width: _Optional[int] = ..., max_nodes_per_request: _Optional[int] = ..., graph_version: _Optional[int] = ..., read_only: bool = ..., served_by: _Optional[str] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
