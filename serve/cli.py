@@ -145,6 +145,13 @@ def _serve(argv: Sequence[str]) -> int:
                     help="allow a non-loopback --host with neither a token nor client certificates (without "
                          "it such a server refuses to start; with it, it logs a warning)")
     ap.add_argument("--ready-file", default=None, help="write the bound port here once models are served")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="server processes sharing the port (SO_REUSEPORT; each a whole server with its own "
+                         "models and caches: N times the memory). A parent supervises them: it forwards SIGTERM, "
+                         "merges their metrics on --metrics-port, writes --ready-file once all serve, and exits "
+                         "non-zero if one dies. Needs --read-only, or graph and features in Redis (serve/processes.py)")
+    ap.add_argument("--process-slot", default=None, help=argparse.SUPPRESS)  # "i/N": a child of --processes
+    ap.add_argument("--process-status", default=None, help=argparse.SUPPRESS)  # the child's JSON status file
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--log-json", action="store_true", help="structured JSON logs")
     ap.add_argument("--read-only", action="store_true",
@@ -171,9 +178,18 @@ def _serve(argv: Sequence[str]) -> int:
                          "exceed the machine's memory (serve/memory_budget.py; refused by default)")
     args = ap.parse_args(argv)
     setup_logging(args.log_level, args.log_json)
+    if args.processes < 1:
+        print("gnnserve serve: --processes must be >= 1", file=sys.stderr)
+        return 2
+    if args.processes > 1:
+        from .processes import refusal
+
+        if (why := refusal(args)) is not None:
+            print(f"gnnserve serve: refusing to start: {why}", file=sys.stderr)
+            return 2
     from .memory_budget import refuse_overcommit
 
-    if (code := refuse_overcommit(args)) is not None:
+    if args.process_slot is None and (code := refuse_overcommit(args)) is not None:  # a child: its parent checked
         return code
     from .security import SecurityConfigError, check_security_config, resolve_token
 
@@ -246,8 +262,18 @@ def _serve(argv: Sequence[str]) -> int:
         if not torch.cuda.is_available():
             print("gnnserve serve: --device cuda but no CUDA device is available", file=sys.stderr)
             return 2
+    if args.processes > 1:  # the parent: supervise N children, each this command with --process-slot
+        from .processes import run_processes
+
+        return run_processes(args, argv)
+    if args.process_slot is not None:
+        from .servicer import set_process_slot
+
+        index, total = (int(v) for v in args.process_slot.split("/"))
+        set_process_slot(index, total)
+        cfg.reuse_port = True
     try:
-        asyncio.run(serve_forever(cfg, ready_file=args.ready_file))
+        asyncio.run(serve_forever(cfg, ready_file=args.ready_file, status_file=args.process_status))
     except SecurityConfigError as exc:
         print(f"gnnserve serve: {exc}", file=sys.stderr)
         return 2

@@ -72,6 +72,9 @@ class ServerConfig:
     tls_client_ca: str | None = None  # require client certificates signed by this CA
     #: allow a non-loopback bind with neither a token nor client certificates (logged as a warning)
     insecure: bool = False
+    #: bind with SO_REUSEPORT: one of several processes on one port (``gnnserve serve --processes N``,
+    #: serve.processes); off by default, so a second server on a taken port fails to bind
+    reuse_port: bool = False
 
 
 class GnnServer:
@@ -114,7 +117,7 @@ class GnnServer:
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),
+                ("grpc.so_reuseport", 1 if config.reuse_port else 0),
             ],
         )
         gnnserve_pb2_grpc.add_GnnServiceServicer_to_server(GnnServicer(self.registry), self.server)
@@ -211,8 +214,10 @@ class GnnServer:
                                                         loop.create_task(self.stop())))
 
 
-async def serve_forever(config: ServerConfig, ready_file: str | None = None) -> None:
-    """Run until SIGTERM/SIGINT; ``ready_file`` gets the bound port once models are served."""
+async def serve_forever(config: ServerConfig, ready_file: str | None = None, status_file: str | None = None) -> None:
+    """Run until SIGTERM/SIGINT; ``ready_file`` gets the bound port once models are served;
+    ``status_file`` (a child of ``--processes N``) gets JSON: port, metrics port, pid and the graph
+    version of each dataset served from a local graph (serve.processes compares them)."""
     server = GnnServer(config)
     server.install_signal_handlers()
     # a signal during start-up (models still loading) stops the server at once: start() is abandoned,
@@ -230,6 +235,17 @@ async def serve_forever(config: ServerConfig, ready_file: str | None = None) -> 
     port = starting.result()
     if ready_file:
         Path(ready_file).write_text(f"{port}\n")
+    if status_file:
+        import json
+        import os
+
+        versions = {rt.dataset_fingerprint: rt.data.live.version
+                    for runtimes in server.registry.snapshot().values() for rt in runtimes.values()
+                    if rt.data.live is not None}
+        tmp = Path(f"{status_file}.tmp")
+        tmp.write_text(json.dumps({"port": port, "metrics_port": server.metrics_port, "pid": os.getpid(),
+                                   "graph_versions": versions}))
+        tmp.replace(status_file)  # the parent polls for the file: it appears whole
     await server.wait()
 
 
