@@ -16,7 +16,13 @@ noise hits every variant alike), and reports, per variant, the median over round
 * CPU, ``memoized CSR``: ``torch.sparse.mm`` on the sampled matrix of ``sampled_csr``, built
   before the timing (what the torch path does on repeated passes, e.g. training);
 * CUDA, ``kernel``: the ES-SpMM kernel samples inside the kernel on every call (no memo), and its
-  effective memory bandwidth is given as modelled bytes / time against the card's peak.
+  effective memory bandwidth is given as modelled bytes / time against the card's peak. Beside it,
+  the launch knobs of ``kernels.spmm_cuda``, each against the same baseline in the same rounds:
+  ``scalar loads`` (no 128-bit loads: the launch shape and loads from before they existed), ``no
+  split`` (exact only: long rows walked by one group, in index order, as before the split), and
+  ``split=N`` for each ``--split-edges`` value (exact only). Device time comes from CUDA events
+  around ``inner`` back-to-back calls; host time per call (the Python call, launch included,
+  without waiting for the GPU) is reported beside it.
 
 Graphs: Amazon Computers and Coauthor Physics from ``--data-dir`` (edge lists only; features are
 random, F is a hidden width), and synthetic degree-skewed SBM graphs shaped like ogbn-arxiv (169,343
@@ -27,6 +33,7 @@ nodes, mean degree ~7) and Reddit (232,965 nodes, mean degree ~490, ~114M direct
     python benchmarks/kernels.py                       # Amazon Computers + arxiv-like, F = 64, 256
     python benchmarks/kernels.py --quick               # the same graphs, F = 64, 3 rounds
     python benchmarks/kernels.py --graphs reddit-like --features 64 --widths 16,32 --device cuda
+    python benchmarks/kernels.py --device cuda --widths 8,32 --split-edges 128,256,1024
 
 Prints Markdown (machine, tables); writes nothing else except the synthetic-graph cache.
 """
@@ -126,20 +133,31 @@ def time_call(fn: Callable[[], object], device: torch.device, prep: Callable[[],
               inner: int = 1) -> float:
     """Seconds per call of ``fn`` (``prep`` runs untimed before; on CUDA, ``inner`` back-to-back
     calls between two events, divided by ``inner``)."""
+    return time_call2(fn, device, prep, inner)[0]
+
+
+def time_call2(fn: Callable[[], object], device: torch.device, prep: Callable[[], object] | None = None,
+               inner: int = 1) -> tuple[float, float]:
+    """``(device seconds, host seconds)`` per call of ``fn``. On CUDA the device time is CUDA events
+    around ``inner`` back-to-back calls, the host time the wall clock of issuing them (before the
+    final synchronisation), both divided by ``inner``; on the CPU both are the wall clock."""
     if prep is not None:
         prep()
     if device.type == "cuda":
         _sync(device)
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        t0 = time.perf_counter()
         for _ in range(inner):
             fn()
+        host = time.perf_counter() - t0
         stop.record()
         stop.synchronize()
-        return start.elapsed_time(stop) / 1e3 / inner
+        return start.elapsed_time(stop) / 1e3 / inner, host / inner
     t0 = time.perf_counter()
     fn()
-    return time.perf_counter() - t0
+    t = time.perf_counter() - t0
+    return t, t
 
 
 def launch_overhead(device: torch.device, calls: int = 2000, rounds: int = 5) -> dict[str, float]:
@@ -186,6 +204,7 @@ class Case:
     baseline_s: float
     times: dict[tuple[str, int], float] = field(default_factory=dict)  # (mode, width) -> median seconds
     ratios: dict[tuple[str, int], float] = field(default_factory=dict)  # (mode, width) -> median speedup
+    host_s: dict[tuple[str, int], float] = field(default_factory=dict)  # (mode, width) -> median host s/call
     bytes_: dict[int, float] = field(default_factory=dict)  # width -> modelled bytes (CUDA)
     baseline_bytes: float = 0.0
 
@@ -210,7 +229,7 @@ def _exact_via_mkl(g: CSRGraph, x: torch.Tensor, strategy: str, aggregator: str)
 
 
 def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[int], rounds: int,
-             strategy: str, aggregator: str, seed: int) -> Case:
+             strategy: str, aggregator: str, seed: int, split_edges: list[int] | None = None) -> Case:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(g.num_nodes, f, generator=gen).to(device)
     a = baseline_csr(g, device)
@@ -225,8 +244,18 @@ def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[
 
     variants: dict[tuple[str, int], Callable[[], object]] = {("base", 0): base}
     if device.type == "cuda":
+        cuda_call = spmm_cuda.sampled_spmm_cuda
         for w in [0, *widths]:
             variants[("kernel", w)] = lambda w=w: sampled_spmm(g, x, w, strategy, aggregator)
+        for w in [0, *widths]:
+            variants[("scalar loads", w)] = lambda w=w: cuda_call(g, x, w, strategy, aggregator, vector=False)
+        variants[("no split", 0)] = lambda: cuda_call(g, x, 0, strategy, aggregator, split_edges=0)
+        for se in split_edges or []:
+            variants[(f"split={se}", 0)] = lambda se=se: cuda_call(g, x, 0, strategy, aggregator, split_edges=se)
+        # the knobs compute the same product
+        for k, fn in variants.items():
+            if k[0] != "base" and k[1] == 0 and aggregator == "sum":
+                torch.testing.assert_close(fn(), base(), **tol)
     else:
         forget_samples(g)
         for w in [0, *widths]:  # the public function as callers run it: nothing memoized
@@ -244,13 +273,17 @@ def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[
         fn()
     _sync(device)
     samples: dict[tuple[str, int], list[float]] = {k: [] for k in variants}
+    host: dict[tuple[str, int], list[float]] = {k: [] for k in variants}
     for _ in range(rounds):
         for k, fn in variants.items():
-            samples[k].append(time_call(fn, device, None, inner))
+            dev_t, host_t = time_call2(fn, device, None, inner)
+            samples[k].append(dev_t)
+            host[k].append(host_t)
     med = {k: statistics.median(v) for k, v in samples.items()}
     base_s = samples.pop(("base", 0))
     ratios = {k: statistics.median(b / t for b, t in zip(base_s, v, strict=True)) for k, v in samples.items()}
-    case = Case(name, g.num_nodes, g.num_edges, f, device.type, med.pop(("base", 0)), med, ratios)
+    case = Case(name, g.num_nodes, g.num_edges, f, device.type, med.pop(("base", 0)), med, ratios,
+                {k: statistics.median(v) for k, v in host.items()})
     if device.type == "cuda":
         case.baseline_bytes = modelled_bytes(g, 0, f, baseline=True)
         case.bytes_ = {w: modelled_bytes(g, w, f) for w in [0, *widths]}
@@ -305,7 +338,9 @@ def markdown(cases: list[Case], graphs: dict[str, CSRGraph], widths: list[int], 
     lines.append("| graph | F | device | variant | sparse.mm ms | " + " | ".join(cols) + " |")
     lines.append("|---" * (5 + len(cols)) + "|")
     for c in cases:
-        modes = ["kernel"] if c.device == "cuda" else ["public", "exact via MKL", "memoized CSR"]
+        modes = ["public", "exact via MKL", "memoized CSR"]
+        if c.device == "cuda":
+            modes = list(dict.fromkeys(k[0] for k in c.ratios))
         for mode in modes:
             cells = []
             for w in [0, *widths]:
@@ -327,6 +362,22 @@ def markdown(cases: list[Case], graphs: dict[str, CSRGraph], widths: list[int], 
                 return f"{v:.0f} ({v / gbs:.0%})" if gbs else f"{v:.0f}"
             cells = [bw(c.bytes_[w], c.times[("kernel", w)]) for w in [0, *widths]]
             lines.append(f"| {c.graph} | {c.f} | {bw(c.baseline_bytes, c.baseline_s)} | " + " | ".join(cells) + " |")
+    if gpu_cases:
+        lines.append("")
+        lines.append("Device time per call (CUDA events, median, us) and host time per call (issuing the call, "
+                     "launch included, not waiting for the GPU; median, us), `device / host`:\n")
+        lines.append("| graph | F | variant | " + " | ".join(cols) + " |")
+        lines.append("|---" * (3 + len(cols)) + "|")
+        for c in gpu_cases:
+            base_cell = f"{c.baseline_s * 1e6:.0f} / {c.host_s[('base', 0)] * 1e6:.0f}"
+            lines.append(f"| {c.graph} | {c.f} | torch.sparse.mm | {base_cell} | " + " | ".join("-" for _ in widths)
+                         + " |")
+            for mode in dict.fromkeys(k[0] for k in c.ratios):
+                cells = []
+                for w in [0, *widths]:
+                    t, h = c.times.get((mode, w)), c.host_s.get((mode, w))
+                    cells.append(f"{t * 1e6:.0f} / {h * 1e6:.0f}" if t else "-")
+                lines.append(f"| {c.graph} | {c.f} | {mode} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -341,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graphs", help=f"comma list of {ALL_GRAPHS} (default: all)")
     p.add_argument("--features", help="comma list of feature widths F (default: 64,256)")
     p.add_argument("--widths", default="8,16,32,64", help="comma list of sampling widths S")
+    p.add_argument("--split-edges", default="",
+                   help="CUDA: comma list of extra split thresholds to time in exact mode, beside the default "
+                        f"({spmm_cuda.SPLIT_EDGES}) and no split")
     p.add_argument("--rounds", type=int, help="timed rounds per variant, median reported (default: 9)")
     p.add_argument("--big-rounds", type=int, help="rounds on graphs above 20M edges (default: 3)")
     p.add_argument("--device", choices=("cpu", "cuda", "both"), default="both",
@@ -366,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown graphs {bad}; choose from {ALL_GRAPHS}")
     feats = [int(s) for s in args.features.split(",")]
     widths = [int(s) for s in args.widths.split(",")]
+    split_edges = [int(s) for s in args.split_edges.split(",") if s.strip()]
     devices = [torch.device("cpu")] if args.device in ("cpu", "both") else []
     if args.device in ("cuda", "both"):
         if torch.cuda.is_available() and spmm_cuda.available():
@@ -393,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         rounds = args.big_rounds if g.num_edges > 20_000_000 else args.rounds
         for f in feats:
             for dev in devices:
-                c = run_case(name, g, f, dev, widths, rounds, args.strategy, args.aggregator, args.seed)
+                c = run_case(name, g, f, dev, widths, rounds, args.strategy, args.aggregator, args.seed,
+                             split_edges if dev.type == "cuda" else None)
                 cases.append(c)
                 print(f"<!-- {name} F={f} {dev.type}: sparse.mm {c.baseline_s * 1e3:.2f} ms, "
                       f"{time.perf_counter() - t_start:.0f} s so far -->", flush=True)

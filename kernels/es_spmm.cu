@@ -17,17 +17,34 @@
 // x T [N, F] row-major contiguous; dinv T [N] (gcn only); out T [N, F] row-major contiguous.
 //
 // Work layout ("cache-first", Lin, Luo and Ceze): one thread group of G lanes (G a power of two,
-// 4..32, inside one warp) per row; lanes split the feature columns, each lane owning CPT columns
-// f0 + lane + c * G (c < CPT) of a pass, and a row takes ceil(F / (G * CPT)) passes. The kept
-// (column, coefficient) pairs of the row are staged in shared memory, `tile` entries at a time; with
-// a sampling width S <= tile (the normal case: the host picks tile = S) the whole sample of a row is
-// staged once and every pass reads it from shared memory. Exact mode (S = 0) and S > tile stream the
-// row through shared memory tile by tile. Lanes of a group synchronise with __syncwarp(group mask).
+// 4..32, inside one warp) per work item; lanes split the feature columns, each lane owning CPT
+// columns of a pass, and an item takes ceil(F / (G * CPT)) passes. Columns of a lane:
+//   scalar (VEC = false): f0 + lane + c * G, c < CPT (a warp-wide load per c, coalesced);
+//   vector (VEC = true):  V consecutive columns f0 + (lane + j * G) * V + e, j < CPT / V, e < V, with
+//                         V = 16 / sizeof(T) (float4 / double2: one 128-bit load per j); needs F % V == 0
+//                         and x 16-byte aligned, so that every row of x starts on a 16-byte boundary.
+// The kept (column, coefficient) pairs of an item are staged in shared memory, `tile` entries at a
+// time; with a sampling width S <= tile (the normal case: the host picks tile = S) the whole sample of
+// a row is staged once and every pass reads it from shared memory. Exact mode (S = 0) and S > tile
+// stream the item through shared memory tile by tile. Lanes of a group synchronise with
+// __syncwarp(group mask).
 //
-// The row body is __host__ __device__ and takes its synchronisation as a functor, so the tests can
-// run this exact code on the CPU with one host thread per lane (tests/es_spmm_host_harness.cu).
-// No #include: the file is compiled by NVRTC (CuPy RawModule) and by nvcc, and as plain C++ (the
-// host emulation), where the CUDA qualifiers are defined away and the kernel itself is left out.
+// Work items. Without a schedule (work_row == nullptr) item r is row r, whole, in index order. With
+// one (built once per graph and width by kernels/spmm_cuda.py), item i is (work_row[i], work_chunk[i]):
+// a row whose kept count k exceeds split_edges is cut into ceil(k / split_edges) chunks, chunk c
+// covering kept positions [c * split_edges, min(k, (c + 1) * split_edges)), each its own item, so no
+// group walks more than split_edges edges; the host puts these chunks first and the whole rows after
+// them, longest first. Chunks of a row add their partial sums into `out` with atomicAdd (the host
+// zeroes `out` first); the row factor (mean's 1/k, the sampled d/k, gcn's dinv_i) is part of every
+// coefficient, so partial sums merge by plain addition, and chunk 0 alone adds gcn's self term.
+// Rows that are not split are stored, never read.
+//
+// The item body is __host__ __device__ and takes its synchronisation as a functor, so the tests can
+// run this exact code on the CPU with one coroutine per lane (tests/es_spmm_host_harness.cpp); there
+// atomicAdd is a plain add (one lane runs at a time) and 128-bit loads are element loads with an
+// alignment check. No #include: the file is compiled by NVRTC (CuPy RawModule) and by nvcc, and as
+// plain C++ (the host emulation), where the CUDA qualifiers are defined away and the kernel itself is
+// left out.
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define ES_SPMM_CUDA 1
@@ -35,6 +52,14 @@
 #define ES_SPMM_CUDA 0
 #define __host__
 #define __device__
+#endif
+
+// Host-emulation hooks (tests/es_spmm_host_harness.cpp defines them before including this file).
+#ifndef ES_SPMM_HOST_CHECK_ALIGN16
+#define ES_SPMM_HOST_CHECK_ALIGN16(p) ((void)(p))
+#endif
+#ifndef ES_SPMM_HOST_ATOMIC_ADD
+#define ES_SPMM_HOST_ATOMIC_ADD(p, v) (*(p) += (v))
 #endif
 
 namespace es_spmm {
@@ -53,6 +78,10 @@ struct Args {
     const T* x;               // [N, F]
     const T* dinv;            // [N] (gcn) or nullptr
     T* out;                   // [N, F]
+    const long long* work_row;  // [num_items] or nullptr (item r = row r)
+    const int* work_chunk;      // [num_items] or nullptr (chunk of the item's row)
+    long long num_items;        // N without a schedule
+    long long split_edges;      // rows with more kept edges are cut into chunks of this many; 0 = never
     long long num_rows;       // N
     long long num_features;   // F
     long long width;          // S, 0 = exact
@@ -104,43 +133,147 @@ __host__ __device__ inline long long smem_value_bytes(int groups_per_block, int 
     return (b + 15) / 16 * 16;
 }
 
-// acc[c] += sum_s sh_val[s] * x[sh_col[s], f0 + lane + c * G] over the n staged entries.
-template <typename T, typename I, int CPT>
+// ----------------------------------------------------------------------------- 128-bit accesses
+// V = 16 / sizeof(T) elements per access. The device build uses float4 / double2; the host build
+// reads element by element and checks the 16-byte alignment a vector access needs.
+template <typename T>
+struct Vec {
+    static constexpr int kWidth = 16 / static_cast<int>(sizeof(T));
+};
+
+template <typename T>
+__host__ __device__ inline void load16(const T* p, T (&r)[Vec<T>::kWidth]) {
+#if ES_SPMM_CUDA
+    if constexpr (sizeof(T) == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(p);
+        r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
+    } else {
+        const double2 v = *reinterpret_cast<const double2*>(p);
+        r[0] = v.x; r[1] = v.y;
+    }
+#else
+    ES_SPMM_HOST_CHECK_ALIGN16(p);
+    for (int e = 0; e < Vec<T>::kWidth; ++e) r[e] = p[e];
+#endif
+}
+
+template <typename T>
+__host__ __device__ inline void store16(T* p, const T (&r)[Vec<T>::kWidth]) {
+#if ES_SPMM_CUDA
+    if constexpr (sizeof(T) == 4) {
+        float4 v;
+        v.x = r[0]; v.y = r[1]; v.z = r[2]; v.w = r[3];
+        *reinterpret_cast<float4*>(p) = v;
+    } else {
+        double2 v;
+        v.x = r[0]; v.y = r[1];
+        *reinterpret_cast<double2*>(p) = v;
+    }
+#else
+    ES_SPMM_HOST_CHECK_ALIGN16(p);
+    for (int e = 0; e < Vec<T>::kWidth; ++e) p[e] = r[e];
+#endif
+}
+
+template <typename T>
+__host__ __device__ inline void atomic_add(T* p, T v) {
+#if ES_SPMM_CUDA
+    atomicAdd(p, v);
+#else
+    ES_SPMM_HOST_ATOMIC_ADD(p, v);
+#endif
+}
+
+// Column of accumulator c of this lane, relative to the pass start f0 (see "Columns of a lane").
+template <typename T, int CPT, bool VEC>
+__host__ __device__ inline long long lane_column(int lane, int G, int c) {
+    if constexpr (VEC) {
+        constexpr int V = Vec<T>::kWidth;
+        return (static_cast<long long>(lane) + static_cast<long long>(c / V) * G) * V + c % V;
+    } else {
+        return static_cast<long long>(lane) + static_cast<long long>(c) * G;
+    }
+}
+
+// acc[c] += sum_s sh_val[s] * x[sh_col[s], f0 + lane_column(c)] over the n staged entries.
+template <typename T, typename I, int CPT, bool VEC>
 __host__ __device__ inline void accumulate_tile(const T* __restrict__ x, long long F, long long f0, int lane,
                                                 int G, const T* sh_val, const I* sh_col, int n, T (&acc)[CPT]) {
-    const T* __restrict__ xl = x + f0 + lane;  // this lane's first column of the pass, in row 0
-    if (f0 + static_cast<long long>(G) * CPT <= F) {
-        // full pass: every lane owns CPT valid columns, no bounds checks in the hot loop; unrolled so
-        // that 8..16 independent loads of x are in flight per lane
-        constexpr int kUnroll = CPT >= 4 ? 2 : 4;
-        (void)kUnroll;  // read only by the pragma, which plain C++ ignores
+    if constexpr (VEC) {
+        constexpr int V = Vec<T>::kWidth;
+        constexpr int NV = CPT / V;  // 128-bit loads per edge and lane
+        static_assert(NV * V == CPT, "vector layout needs CPT to be a multiple of the vector width");
+        const T* __restrict__ xl = x + f0 + static_cast<long long>(lane) * V;
+        // F % V == 0, so each of the lane's vectors is wholly inside or wholly past the row's end
+        const long long rest = F - f0 - static_cast<long long>(lane) * V;
+        const int valid = rest <= 0 ? 0 : static_cast<int>(rest >= static_cast<long long>(NV) * G * V
+                                                              ? NV : (rest + static_cast<long long>(G) * V - 1) / (static_cast<long long>(G) * V));
+        if (valid == NV) {
+            constexpr int kUnroll = NV >= 2 ? 2 : 4;
+            (void)kUnroll;  // read only by the pragma, which plain C++ ignores
 #pragma unroll kUnroll
-        for (int s = 0; s < n; ++s) {
-            const T v = sh_val[s];
-            const T* __restrict__ xr = xl + static_cast<long long>(sh_col[s]) * F;
+            for (int s = 0; s < n; ++s) {
+                const T v = sh_val[s];
+                const T* __restrict__ xr = xl + static_cast<long long>(sh_col[s]) * F;
 #pragma unroll
-            for (int c = 0; c < CPT; ++c) acc[c] += v * xr[c * G];
+                for (int j = 0; j < NV; ++j) {
+                    T r[V];
+                    load16<T>(xr + static_cast<long long>(j) * G * V, r);
+#pragma unroll
+                    for (int e = 0; e < V; ++e) acc[j * V + e] += v * r[e];
+                }
+            }
+        } else {
+            for (int s = 0; s < n; ++s) {
+                const T v = sh_val[s];
+                const T* __restrict__ xr = xl + static_cast<long long>(sh_col[s]) * F;
+#pragma unroll
+                for (int j = 0; j < NV; ++j) {
+                    if (j < valid) {
+                        T r[V];
+                        load16<T>(xr + static_cast<long long>(j) * G * V, r);
+#pragma unroll
+                        for (int e = 0; e < V; ++e) acc[j * V + e] += v * r[e];
+                    }
+                }
+            }
         }
     } else {
-        const long long rest = F - f0 - lane;  // columns from this lane's first one to the end
-        const int valid = rest <= 0 ? 0 : static_cast<int>(rest < static_cast<long long>(CPT - 1) * G + 1
-                                                               ? (rest + G - 1) / G : CPT);
-        for (int s = 0; s < n; ++s) {
-            const T v = sh_val[s];
-            const T* __restrict__ xr = xl + static_cast<long long>(sh_col[s]) * F;
+        const T* __restrict__ xl = x + f0 + lane;  // this lane's first column of the pass, in row 0
+        if (f0 + static_cast<long long>(G) * CPT <= F) {
+            // full pass: every lane owns CPT valid columns, no bounds checks in the hot loop; unrolled so
+            // that 8..16 independent loads of x are in flight per lane
+            constexpr int kUnroll = CPT >= 4 ? 2 : 4;
+            (void)kUnroll;  // read only by the pragma, which plain C++ ignores
+#pragma unroll kUnroll
+            for (int s = 0; s < n; ++s) {
+                const T v = sh_val[s];
+                const T* __restrict__ xr = xl + static_cast<long long>(sh_col[s]) * F;
 #pragma unroll
-            for (int c = 0; c < CPT; ++c) {
-                if (c < valid) acc[c] += v * xr[c * G];
+                for (int c = 0; c < CPT; ++c) acc[c] += v * xr[c * G];
+            }
+        } else {
+            const long long rest = F - f0 - lane;  // columns from this lane's first one to the end
+            const int valid = rest <= 0 ? 0 : static_cast<int>(rest < static_cast<long long>(CPT - 1) * G + 1
+                                                                   ? (rest + G - 1) / G : CPT);
+            for (int s = 0; s < n; ++s) {
+                const T v = sh_val[s];
+                const T* __restrict__ xr = xl + static_cast<long long>(sh_col[s]) * F;
+#pragma unroll
+                for (int c = 0; c < CPT; ++c) {
+                    if (c < valid) acc[c] += v * xr[c * G];
+                }
             }
         }
     }
 }
 
-// One row, executed by the G lanes of its group. `sync` is called with the group mask wherever
-// the group's lanes must meet (before overwriting and after filling the shared-memory stage).
-template <typename T, typename I, int CPT, typename Sync>
-__host__ __device__ void process_row(const Args<T, I>& a, long long row, int lane, unsigned mask, T* sh_val,
-                                     I* sh_col, const Sync& sync) {
+// One work item (a whole row, or chunk `chunk` of a split row), executed by the G lanes of its
+// group. `sync` is called with the group mask wherever the group's lanes must meet (before
+// overwriting and after filling the shared-memory stage).
+template <typename T, typename I, int CPT, bool VEC, bool SPLIT, typename Sync>
+__host__ __device__ void process_item(const Args<T, I>& a, long long row, int chunk, int lane, unsigned mask,
+                                      T* sh_val, I* sh_col, const Sync& sync) {
     const int G = a.group_size;
     const long long F = a.num_features;
     const long long start = a.indptr[row];
@@ -148,6 +281,11 @@ __host__ __device__ void process_row(const Args<T, I>& a, long long row, int lan
     const bool sampled = a.width > 0 && d > a.width;
     const long long k = sampled ? a.width : d;
     const bool fastrand = sampled && a.strategy == kFastrand;
+    // kept positions [t_begin, t_end) of this item; a split row's chunks add into out
+    const bool split = SPLIT && a.split_edges > 0 && k > a.split_edges;
+    const long long t_begin = split ? static_cast<long long>(chunk) * a.split_edges : 0;
+    // kept edges of this item (a chunk has at most split_edges; a whole row fewer than 2^31)
+    const int m = static_cast<int>(split ? (k - t_begin < a.split_edges ? k - t_begin : a.split_edges) : k);
 
     // row factor of every kept coefficient (spec: scale_i, times dinv_i for gcn)
     T scale;
@@ -156,6 +294,8 @@ __host__ __device__ void process_row(const Args<T, I>& a, long long row, int lan
     } else {
         scale = sampled ? static_cast<T>(d) / static_cast<T>(k) : T(1);
     }
+    // gcn's self term dinv_i^2 x_i comes once per row: with the whole row, or with chunk 0
+    const bool with_self = a.aggregator == kGcn && chunk == 0;
     T self = T(0);
     if (a.aggregator == kGcn) {
         const T di = a.dinv[row];
@@ -163,19 +303,19 @@ __host__ __device__ void process_row(const Args<T, I>& a, long long row, int lan
         self = di * di;
     }
 
-    const long long n_tiles = (k + a.tile - 1) / a.tile;
-    const long long pass = static_cast<long long>(G) * CPT;
+    const int n_tiles = (m + a.tile - 1) / a.tile;
+    const int pass = G * CPT;
     for (long long f0 = 0; f0 < F; f0 += pass) {
         T acc[CPT];
 #pragma unroll
         for (int c = 0; c < CPT; ++c) acc[c] = T(0);
-        for (long long tb = 0; tb < n_tiles; ++tb) {
-            const long long t0 = tb * a.tile;
-            const int n = static_cast<int>(k - t0 < a.tile ? k - t0 : a.tile);
+        for (int tb = 0; tb < n_tiles; ++tb) {
+            const int s0 = tb * a.tile;  // first entry of the stage, relative to t_begin
+            const int n = m - s0 < a.tile ? m - s0 : a.tile;
             if (n_tiles > 1 || f0 == 0) {  // one tile: staged once, reused by every pass
                 sync(mask);  // no lane still reads the previous stage
                 for (int s = lane; s < n; s += G) {
-                    const long long t = t0 + s;
+                    const long long t = t_begin + s0 + s;
                     const long long e = start + (fastrand ? fastrand_position(t, d) : t);
                     const I col = a.indices[e];
                     T v = a.weights != nullptr ? static_cast<T>(a.weights[e]) : T(1);
@@ -186,30 +326,64 @@ __host__ __device__ void process_row(const Args<T, I>& a, long long row, int lan
                 }
                 sync(mask);  // the stage is complete
             }
-            accumulate_tile<T, I, CPT>(a.x, F, f0, lane, G, sh_val, sh_col, n, acc);
+            accumulate_tile<T, I, CPT, VEC>(a.x, F, f0, lane, G, sh_val, sh_col, n, acc);
         }
-        T* __restrict__ o = a.out + row * F;
-        const T* __restrict__ xs = a.x + row * F;
+        T* __restrict__ o = a.out + row * F + f0;
+        const T* __restrict__ xs = a.x + row * F + f0;
+        if (SPLIT && split) {
+            // partial sum of one chunk: merged into the zeroed output; chunk 0 brings the self term
 #pragma unroll
-        for (int c = 0; c < CPT; ++c) {
-            const long long f = f0 + lane + static_cast<long long>(c) * G;
-            if (f < F) o[f] = a.aggregator == kGcn ? acc[c] + self * xs[f] : acc[c];
+            for (int c = 0; c < CPT; ++c) {
+                const long long f = lane_column<T, CPT, VEC>(lane, G, c);
+                if (f0 + f < F) atomic_add(o + f, with_self ? acc[c] + self * xs[f] : acc[c]);
+            }
+        } else if constexpr (VEC) {
+            constexpr int V = Vec<T>::kWidth;
+#pragma unroll
+            for (int j = 0; j < CPT / V; ++j) {
+                const long long f = lane_column<T, CPT, VEC>(lane, G, j * V);
+                if (f0 + f < F) {  // F % V == 0: the whole vector is inside the row
+                    T r[V];
+                    if (with_self) {
+                        T xv[V];
+                        load16<T>(xs + f, xv);
+#pragma unroll
+                        for (int e = 0; e < V; ++e) r[e] = acc[j * V + e] + self * xv[e];
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < V; ++e) r[e] = acc[j * V + e];
+                    }
+                    store16<T>(o + f, r);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < CPT; ++c) {
+                const long long f = lane_column<T, CPT, VEC>(lane, G, c);
+                if (f0 + f < F) o[f] = with_self ? acc[c] + self * xs[f] : acc[c];
+            }
         }
     }
 }
 
-// Everything one thread does in a launch: find its group and row(s), carve its group's stage out of
-// the block's dynamic shared memory, process rows (grid-stride, so any N fits in any grid).
-template <typename T, typename I, int CPT, typename Sync>
+// Everything one thread does in a launch: find its group, carve its group's stage out of the block's
+// dynamic shared memory, process work items (grid-stride, so any number fits in any grid).
+template <typename T, typename I, int CPT, bool VEC, bool SPLIT, typename Sync>
 __host__ __device__ void run_thread(const Args<T, I>& a, long long block, long long grid, int thread,
                                     int block_threads, unsigned char* smem, const Sync& sync) {
     const GroupCoords g = group_coords(thread, block_threads, a.group_size);
     T* sh_val = reinterpret_cast<T*>(smem) + static_cast<long long>(g.group) * (a.tile + 1);
     I* sh_col = reinterpret_cast<I*>(smem + smem_value_bytes(g.groups_per_block, a.tile, sizeof(T))) +
                 static_cast<long long>(g.group) * (a.tile + 1);
-    for (long long row = block * g.groups_per_block + g.group; row < a.num_rows;
-         row += grid * g.groups_per_block) {
-        process_row<T, I, CPT>(a, row, g.lane, g.mask, sh_val, sh_col, sync);
+    for (long long item = block * g.groups_per_block + g.group; item < a.num_items;
+         item += grid * g.groups_per_block) {
+        long long row = item;
+        int chunk = 0;
+        if (SPLIT && a.work_row != nullptr) {
+            row = a.work_row[item];
+            chunk = a.work_chunk[item];
+        }
+        process_item<T, I, CPT, VEC, SPLIT>(a, row, chunk, g.lane, g.mask, sh_val, sh_col, sync);
     }
 }
 
@@ -220,12 +394,20 @@ struct WarpSync {
 
 // Launch with blockDim.x = a multiple of 32 (<= 256), dynamic shared memory
 // smem_value_bytes(gpb, tile, sizeof(T)) + gpb * (tile + 1) * sizeof(I), gpb = groups per block.
-template <typename T, typename I, int CPT>
-__global__ void __launch_bounds__(256)
+// VEC = true needs F % (16 / sizeof(T)) == 0, x and out 16-byte aligned, CPT a multiple of
+// 16 / sizeof(T). SPLIT = false: item r is row r (work_row, work_chunk and split_edges are not read),
+// exactly the kernel without long-row splitting. SPLIT = true: the schedule's items; `out` must be
+// zero on entry wherever a row is split.
+// Register budget: float instances without SPLIT are held to 64 registers (4 blocks of 256 threads
+// per SM, as before the split existed; ptxas fits them without spills); SPLIT instances and double
+// ones may take up to 85 (3 blocks per SM) instead of spilling.
+template <typename T, typename I, int CPT, bool VEC, bool SPLIT>
+__global__ void __launch_bounds__(256, (SPLIT || sizeof(T) == 8) ? 3 : 4)
     es_spmm_kernel(const long long* __restrict__ indptr, const I* __restrict__ indices,
                    const float* __restrict__ weights, const T* __restrict__ x, const T* __restrict__ dinv,
-                   T* __restrict__ out, long long num_rows, long long num_features, long long width,
-                   int strategy, int aggregator, int has_weights, int group_size, int tile) {
+                   T* __restrict__ out, const long long* __restrict__ work_row, const int* __restrict__ work_chunk,
+                   long long num_items, long long split_edges, long long num_rows, long long num_features,
+                   long long width, int strategy, int aggregator, int has_weights, int group_size, int tile) {
     extern __shared__ __align__(16) unsigned char smem[];
     Args<T, I> a;
     a.indptr = indptr;
@@ -234,6 +416,10 @@ __global__ void __launch_bounds__(256)
     a.x = x;
     a.dinv = aggregator == kGcn ? dinv : nullptr;
     a.out = out;
+    a.work_row = work_row;
+    a.work_chunk = work_chunk;
+    a.num_items = num_items;
+    a.split_edges = split_edges;
     a.num_rows = num_rows;
     a.num_features = num_features;
     a.width = width;
@@ -241,7 +427,7 @@ __global__ void __launch_bounds__(256)
     a.aggregator = aggregator;
     a.group_size = group_size;
     a.tile = tile;
-    run_thread<T, I, CPT>(a, blockIdx.x, gridDim.x, threadIdx.x, blockDim.x, smem, WarpSync{});
+    run_thread<T, I, CPT, VEC, SPLIT>(a, blockIdx.x, gridDim.x, threadIdx.x, blockDim.x, smem, WarpSync{});
 }
 #endif
 

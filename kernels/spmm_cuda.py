@@ -10,11 +10,19 @@ Mechanics:
 * CuPy is imported lazily (never at import time of :mod:`kernels`), and :func:`available` decides
   once per process whether the path can be used: CuPy imports, torch sees a CUDA device, and a tiny
   launch gives the expected numbers. On a CPU-only machine it returns ``False`` after one debug log.
-* ``es_spmm.cu`` is compiled through ``cupy.RawModule`` (NVRTC) once per (device, dtype), with the
-  template instances named by ``name_expressions``: value type float/double x index type int/long
-  long x columns per thread 1/2/4/8. float16/bfloat16 inputs are computed in float32.
+* ``es_spmm.cu`` is compiled through ``cupy.RawModule`` (NVRTC) once per (device, dtype, split),
+  with the template instances named by ``name_expressions``: value type float/double x index type
+  int/long long x columns per thread 1/2/4/8 x scalar or 128-bit loads (:func:`kernel_instances`);
+  the instances that split long rows (``SPLIT = true``) are a second module, compiled on the first
+  launch that needs one. float16/bfloat16 inputs are computed in float32.
 * The graph's arrays move to the device once and stay memoized in ``graph.cache()`` under
-  ``"cuda_spmm:<device>"`` (indptr int64, indices in the graph's int32/int64, weights float32).
+  ``"cuda_spmm:<device>"`` (indptr int64, indices in the graph's int32/int64, weights float32),
+  together with the work schedules of long rows (below). The entry holds the host arrays it was made
+  from and is used only while the graph still holds those very arrays (``is``) with the same sizes:
+  the live graph edits CSR arrays by replacing them (:mod:`kernels.graph_edit` builds a new graph;
+  assigning ``graph.indices = ...`` replaces an array), so a replaced array rebuilds the entry. An
+  in-place write into an array the entry was built from is not detected (nothing in gnnserve does
+  that).
 * The kernel takes the torch tensors' device pointers as 64-bit arguments (no copies, and no DLPack
   conversion per call), and runs on torch's current CUDA stream (a memoized CuPy view of it), so it
   is ordered with the surrounding torch work without any synchronisation. A request-sized call costs
@@ -27,6 +35,27 @@ through several passes); 256 threads a block unless shared memory asks for fewer
 stage of a row holds ``tile`` (column, coefficient) pairs: ``tile = min(S, 256, max degree)`` when
 sampling (the whole sample of a row fits: ES-SpMM's cache-first idea), ``min(128, max degree)`` in
 exact mode, where rows stream through the stage tile by tile.
+
+128-bit loads (:data:`VECTOR`): when ``F`` is a multiple of ``V = 16 / sizeof(value)`` (4 floats, 2
+doubles) and ``x`` starts on a 16-byte boundary, each lane owns runs of ``V`` consecutive columns
+and gathers them with one ``float4`` / ``double2`` load; ``CPT`` is then at least ``V`` (``F = 64``
+float32: 16 lanes of 4 columns instead of 32 lanes of 2). Other ``F`` (and misaligned views) take the
+scalar loads: a row of ``x`` starts on a 16-byte boundary only when ``F % V == 0``.
+
+Long rows: a row whose kept edge count ``k`` (``d`` exact, ``min(d, S)`` sampled) exceeds the split
+threshold ``L`` is cut into ``ceil(k / L)`` chunks, each a work item of its own that adds its
+partial sum into ``out`` with ``atomicAdd`` (``out`` is zeroed first; the row's scale is in every
+coefficient, so chunks merge by addition; chunk 0 adds ``gcn``'s self term). ``L`` is
+:func:`split_threshold`: four times the mean kept count, within [:data:`SPLIT_MIN_EDGES`,
+:data:`SPLIT_EDGES`] = [128, 512] (small graphs, whose calls last tens of microseconds, need short
+chunks to cut the tail of their few hubs; a Reddit-sized graph wants fewer atomics); a caller may
+fix it (``split_edges=``; 0 = never split). The work list (:func:`work_schedule`: all chunks
+first, then the whole rows, longest first under ``ROW_ORDER = "degree"``) is built on the host
+once per (graph arrays, width, threshold, order) and kept on the device in the graph's entry. Graphs
+whose kept rows all fit (request-sized subgraphs, sampled passes with ``S <= L``) get no schedule:
+rows in index order, ``out`` not zeroed, the launch as before. Chunks of one row add in an
+unspecified order, so the last bits of a split row's output can differ from run to run. None of
+these constants has been measured on a GPU yet (docs/BENCHMARKS.md, GPU section).
 """
 
 from __future__ import annotations
@@ -51,10 +80,15 @@ __all__ = [
     "KERNEL_SOURCE",
     "LaunchConfig",
     "available",
+    "kept_counts",
+    "kernel_instances",
     "kernel_name",
     "launch_config",
     "sampled_spmm_cuda",
     "shared_bytes",
+    "split_threshold",
+    "use_vector",
+    "work_schedule",
 ]
 
 log = logging.getLogger(__name__)
@@ -73,6 +107,18 @@ EXACT_TILE = 128  # stage size when a row is streamed (exact mode)
 SHARED_BUDGET = 24 * 1024  # per block: keeps several blocks resident per SM on every arch >= sm_70
 SHARED_LIMIT = 48 * 1024  # the dynamic shared memory a launch may take without opting in
 DISABLE_ENV = "GNNSERVE_DISABLE_CUDA_SPMM"
+#: the split threshold L (rows with more kept edges are cut into chunks of L edges, one work item
+#: each) is SPLIT_MEAN_FACTOR x the mean kept count, clamped to [SPLIT_MIN_EDGES, SPLIT_EDGES].
+#: Tunable; not yet measured on a GPU (docs/BENCHMARKS.md, GPU section).
+SPLIT_EDGES = 512
+SPLIT_MIN_EDGES = 128
+SPLIT_MEAN_FACTOR = 4
+#: order of the whole rows of a schedule, after the chunks: "degree" (longest first) or "index"
+ROW_ORDER = "degree"
+ROW_ORDERS = ("degree", "index")
+#: 128-bit loads of x when F and the alignment allow
+VECTOR = True
+SCHEDULES_KEPT = 4  # schedules memoized per graph and device (the oldest is dropped first)
 
 
 # ----------------------------------------------------------------------------- launch shape
@@ -88,6 +134,7 @@ class LaunchConfig:
         groups_per_block: rows a block works on at once (``block_threads / 32 * 32 / G``).
         blocks: grid size (rows beyond ``blocks * groups_per_block`` are reached grid-stride).
         shared_bytes: dynamic shared memory per block.
+        vector: 128-bit loads (the ``VEC`` template parameter).
     """
 
     cols_per_thread: int
@@ -97,6 +144,7 @@ class LaunchConfig:
     groups_per_block: int
     blocks: int
     shared_bytes: int
+    vector: bool = False
 
 
 def _next_pow2(n: int) -> int:
@@ -111,6 +159,17 @@ def shared_bytes(groups_per_block: int, tile: int, value_bytes: int, index_bytes
     return values + groups_per_block * (tile + 1) * index_bytes
 
 
+def vector_width(value_bytes: int) -> int:
+    """``V``: elements of one 128-bit load (4 float32, 2 float64)."""
+    return 16 // int(value_bytes)
+
+
+def use_vector(num_features: int, value_bytes: int, *pointers: int) -> bool:
+    """Whether a launch can use 128-bit loads: ``F`` a multiple of ``V`` and every pointer (of ``x``,
+    ``out``) on a 16-byte boundary (whether it does is :data:`VECTOR`, or the caller's choice)."""
+    return int(num_features) % vector_width(value_bytes) == 0 and all(int(p) % 16 == 0 for p in pointers)
+
+
 def launch_config(
     num_rows: int,
     num_features: int,
@@ -121,16 +180,25 @@ def launch_config(
     *,
     tile: int | None = None,
     max_blocks: int = 2**31 - 1,
+    vector: bool = False,
+    num_items: int | None = None,
 ) -> LaunchConfig:
     """Pick the launch shape for ``num_rows`` rows of ``num_features`` columns.
 
-    ``CPT`` is the smallest power of two (<= 8) with ``32 * CPT >= F``; ``G`` the smallest power of
-    two (4..32) with ``G * CPT >= F``; so ``F <= 256`` runs in one pass. ``tile`` defaults to
-    ``min(S, 256)`` when sampling (``S = width > 0``), 128 in exact mode, never above the largest
-    row (at least 1). Warps per block halve from 8 until the stages fit :data:`SHARED_BUDGET`.
+    ``CPT`` is the smallest power of two (<= 8) with ``32 * CPT >= F`` (with ``vector``: at least
+    ``V``, and ``F`` must be a multiple of ``V``); ``G`` the smallest power of two (4..32) with ``G *
+    CPT >= F``; so ``F <= 256`` runs in one pass. ``tile`` defaults to ``min(S, 256)`` when sampling
+    (``S = width > 0``), 128 in exact mode, never above the largest row (at least 1). Warps per
+    block halve from 8 until the stages fit :data:`SHARED_BUDGET`. The grid covers ``num_items``
+    work items (default ``num_rows``: no schedule), one per group.
     """
     f = max(1, int(num_features))
     cpt = min(8, _next_pow2(math.ceil(f / 32)))
+    if vector:
+        v = vector_width(value_bytes)
+        if f % v:
+            raise ValueError(f"128-bit loads need F to be a multiple of {v}, got {f}")
+        cpt = max(cpt, v)
     g = min(32, max(4, _next_pow2(math.ceil(f / cpt))))
     if tile is None:
         tile = min(int(width), MAX_TILE) if width > 0 else EXACT_TILE
@@ -143,13 +211,79 @@ def launch_config(
     smem = shared_bytes(gpb, tile, value_bytes, index_bytes)
     if smem > SHARED_LIMIT:
         raise ValueError(f"stage of {tile} entries needs {smem} bytes of shared memory, above {SHARED_LIMIT}")
-    blocks = max(1, min(int(max_blocks), math.ceil(max(int(num_rows), 1) / gpb)))
-    return LaunchConfig(cpt, g, tile, warps * 32, gpb, blocks, smem)
+    items = int(num_rows) if num_items is None else int(num_items)
+    blocks = max(1, min(int(max_blocks), math.ceil(max(items, 1) / gpb)))
+    return LaunchConfig(cpt, g, tile, warps * 32, gpb, blocks, smem, bool(vector))
 
 
-def kernel_name(value_ctype: str, index_ctype: str, cols_per_thread: int) -> str:
+def _cbool(b: bool) -> str:
+    return "true" if b else "false"
+
+
+def kernel_name(value_ctype: str, index_ctype: str, cols_per_thread: int, vector: bool = False,
+                split: bool = False) -> str:
     """The template instance as NVRTC names it (a ``name_expressions`` entry)."""
-    return f"es_spmm::es_spmm_kernel<{value_ctype}, {index_ctype}, {cols_per_thread}>"
+    return (f"es_spmm::es_spmm_kernel<{value_ctype}, {index_ctype}, {cols_per_thread}, {_cbool(vector)}, "
+            f"{_cbool(split)}>")
+
+
+def kernel_instances(value_ctype: str) -> list[tuple[str, int, bool]]:
+    """``(index ctype, CPT, vector)`` of every instance compiled for one value type (and each of
+    ``split`` false / true): each CPT with scalar loads, and with 128-bit loads where ``CPT`` is a
+    multiple of ``V``."""
+    v = vector_width({"float": 4, "double": 8}[value_ctype])
+    return [(ic, c, vec) for ic in INDEX_CTYPES.values() for c in COLS_PER_THREAD for vec in (False, True)
+            if not vec or c % v == 0]
+
+
+def kept_counts(indptr: np.ndarray, width: int) -> np.ndarray:
+    """``k_r``: the edges row ``r`` aggregates (``d_r`` exact, ``min(d_r, width)`` sampled), int64."""
+    deg = np.diff(np.asarray(indptr, dtype=np.int64))
+    return np.minimum(deg, int(width)) if width > 0 else deg
+
+
+def split_threshold(indptr: np.ndarray, width: int) -> int:
+    """The default split threshold ``L`` of a pass: ``SPLIT_MEAN_FACTOR`` x the mean kept count,
+    rounded up, clamped to ``[SPLIT_MIN_EDGES, SPLIT_EDGES]``."""
+    kept = kept_counts(indptr, width)
+    mean = float(kept.mean()) if len(kept) else 0.0
+    return int(min(SPLIT_EDGES, max(SPLIT_MIN_EDGES, math.ceil(SPLIT_MEAN_FACTOR * mean))))
+
+
+def work_schedule(indptr: np.ndarray, width: int, split_edges: int,
+                  order: str = "degree") -> tuple[np.ndarray, np.ndarray] | None:
+    """The work items of a launch, or ``None`` when no row is split (item ``r`` = row ``r``).
+
+    Row ``r`` keeps ``k_r = d_r`` edges (``width`` 0) or ``min(d_r, width)``. A row with ``k_r >
+    split_edges`` becomes ``ceil(k_r / split_edges)`` items ``(r, c)``, chunk ``c`` covering kept
+    positions ``[c * split_edges, min(k_r, (c + 1) * split_edges))`` -- the rule ``es_spmm.cu``
+    applies -- and these come first, chunk-major (every split row's chunk 0, then every chunk 1,
+    ...: chunks of one row, which add into the same output row, are spread over the grid). Every
+    other row is one item ``(r, 0)``, after them: longest first (``order="degree"``, stable) or in
+    index order (``"index"``).
+
+    Returns ``(work_row int64 [M], work_chunk int32 [M])``.
+    """
+    if order not in ROW_ORDERS:
+        raise ValueError(f"order must be one of {ROW_ORDERS}, got {order!r}")
+    split_edges = int(split_edges)
+    if split_edges <= 0 or (width > 0 and width <= split_edges):
+        return None
+    kept = kept_counts(indptr, width)
+    long_rows = np.flatnonzero(kept > split_edges)
+    if not len(long_rows):
+        return None
+    nchunks = -(-kept[long_rows] // split_edges)
+    rows = np.repeat(long_rows, nchunks)
+    first = np.repeat(np.cumsum(nchunks) - nchunks, nchunks)
+    chunks = np.arange(len(rows), dtype=np.int64) - first
+    by_chunk = np.lexsort((rows, chunks))
+    short_rows = np.flatnonzero(kept <= split_edges)
+    if order == "degree":
+        short_rows = short_rows[np.argsort(-kept[short_rows], kind="stable")]
+    work_row = np.concatenate([rows[by_chunk], short_rows]).astype(np.int64)
+    work_chunk = np.concatenate([chunks[by_chunk], np.zeros(len(short_rows), dtype=np.int64)]).astype(np.int32)
+    return work_row, work_chunk
 
 
 @cache
@@ -159,8 +293,8 @@ def kernel_source() -> str:
 
 # ----------------------------------------------------------------------------- CuPy state
 _lock = threading.RLock()
-_modules: dict[tuple[int, torch.dtype], Any] = {}  # (device index, value dtype) -> cupy.RawModule
-_kernels: dict[tuple[int, torch.dtype, str, int], Any] = {}
+_modules: dict[tuple[int, torch.dtype, bool], Any] = {}  # (device index, value dtype, split) -> cupy.RawModule
+_kernels: dict[tuple[int, torch.dtype, str, int, bool, bool], Any] = {}
 _streams: dict[tuple[int, int], Any] = {}  # (device index, torch stream handle) -> CuPy stream
 _available: bool | None = None
 _why = ""  # the probe's reason, with _available
@@ -172,9 +306,11 @@ def _cupy() -> Any:
     return cupy
 
 
-def _kernel(device_index: int, dtype: torch.dtype, index_ctype: str, cpt: int) -> Any:
-    """The compiled kernel for one (device, dtype, index type, CPT); modules built once per (device, dtype)."""
-    key = (device_index, dtype, index_ctype, cpt)
+def _kernel(device_index: int, dtype: torch.dtype, index_ctype: str, cpt: int, vector: bool = False,
+            split: bool = False) -> Any:
+    """The compiled kernel for one (device, dtype, index type, CPT, vector, split); modules built once
+    per (device, dtype, split)."""
+    key = (device_index, dtype, index_ctype, cpt, vector, split)
     fn = _kernels.get(key)
     if fn is not None:
         return fn
@@ -183,14 +319,15 @@ def _kernel(device_index: int, dtype: torch.dtype, index_ctype: str, cpt: int) -
         if fn is not None:
             return fn
         cp = _cupy()
-        mod = _modules.get((device_index, dtype))
-        names = [kernel_name(VALUE_CTYPES[dtype], ic, c) for ic in INDEX_CTYPES.values() for c in COLS_PER_THREAD]
+        mod = _modules.get((device_index, dtype, split))
+        vt = VALUE_CTYPES[dtype]
+        names = [kernel_name(vt, ic, c, vec, split) for ic, c, vec in kernel_instances(vt)]
         with cp.cuda.Device(device_index):
             if mod is None:
                 mod = cp.RawModule(code=kernel_source(), options=("-std=c++17",), name_expressions=names)
-                _modules[(device_index, dtype)] = mod
-                log.debug("compiling %s for cuda:%d %s", KERNEL_SOURCE.name, device_index, dtype)
-            fn = mod.get_function(kernel_name(VALUE_CTYPES[dtype], index_ctype, cpt))
+                _modules[(device_index, dtype, split)] = mod
+                log.debug("compiling %s for cuda:%d %s (split=%s)", KERNEL_SOURCE.name, device_index, dtype, split)
+            fn = mod.get_function(kernel_name(vt, index_ctype, cpt, vector, split))
         _kernels[key] = fn
         return fn
 
@@ -202,16 +339,31 @@ def _upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(arr)).to(device)
 
 
+def _source(graph: CSRGraph) -> tuple[Any, ...]:
+    """What a device entry is valid for: the graph's arrays themselves and their sizes."""
+    return (graph.indptr, graph.indices, graph.weights, graph.indptr.shape, graph.indices.shape,
+            None if graph.weights is None else graph.weights.shape)
+
+
+def _valid(entry: dict[str, Any] | None, graph: CSRGraph) -> bool:
+    if entry is None:
+        return False
+    src = entry["source"]
+    return (src[0] is graph.indptr and src[1] is graph.indices and src[2] is graph.weights
+            and src[3:] == _source(graph)[3:])
+
+
 def _device_graph(graph: CSRGraph, device: torch.device) -> dict[str, Any]:
-    """The graph's CSR arrays on ``device`` as torch tensors and their device pointers; memoized on the graph."""
+    """The graph's CSR arrays on ``device`` as torch tensors and their device pointers; memoized on the
+    graph while it holds the same arrays (see the module docstring)."""
     key = f"cuda_spmm:{device}"
     cache_ = graph.cache()
     entry = cache_.get(key)
-    if entry is not None:
+    if _valid(entry, graph):
         return entry
     with _lock:
         entry = cache_.get(key)
-        if entry is not None:
+        if _valid(entry, graph):
             return entry
         tensors = {
             "indptr": _upload(graph.indptr.astype(np.int64, copy=False), device),
@@ -226,10 +378,42 @@ def _device_graph(graph: CSRGraph, device: torch.device) -> dict[str, Any]:
             "ptr_weights": np.uint64(tensors["weights"].data_ptr() if "weights" in tensors else 0),
             "index_ctype": INDEX_CTYPES[np.dtype(graph.indices.dtype)],
             "index_bytes": int(graph.indices.dtype.itemsize),
-            "max_degree": int(graph.degrees.max()) if graph.num_nodes else 0,
+            "max_degree": int(np.diff(graph.indptr).max()) if graph.num_nodes else 0,
+            "source": _source(graph),  # keeps the host arrays alive, so `is` cannot match a recycled id
+            "schedules": {},  # (width, split_edges or None = default, order) -> device schedule or None
         }
         cache_[key] = entry
         return entry
+
+
+def _device_schedule(graph: CSRGraph, entry: dict[str, Any], width: int, split_edges: int | None,
+                     order: str) -> dict[str, Any] | None:
+    """:func:`work_schedule` of the entry's arrays on the device, with its threshold under
+    ``"split_edges"`` (``split_edges`` None: :func:`split_threshold`); memoized in the entry (so it
+    is dropped with it when the graph's arrays are replaced), the latest :data:`SCHEDULES_KEPT`."""
+    floor = SPLIT_MIN_EDGES if split_edges is None else int(split_edges)
+    kept_max = min(entry["max_degree"], width) if width > 0 else entry["max_degree"]
+    if floor <= 0 or kept_max <= floor:
+        return None  # nothing to split: no host work, no upload
+    key = (int(width), split_edges, order)
+    scheds = entry["schedules"]
+    if key in scheds:
+        return scheds[key]
+    with _lock:
+        if key in scheds:
+            return scheds[key]
+        threshold = split_threshold(graph.indptr, width) if split_edges is None else int(split_edges)
+        ws = work_schedule(graph.indptr, width, threshold, order)
+        sched = None
+        if ws is not None:
+            device = entry["tensors"]["indptr"].device
+            row, chunk = _upload(ws[0], device), _upload(ws[1], device)
+            sched = {"tensors": (row, chunk), "ptr_row": np.uint64(row.data_ptr()),
+                     "ptr_chunk": np.uint64(chunk.data_ptr()), "num_items": len(ws[0]), "split_edges": threshold}
+        scheds[key] = sched
+        while len(scheds) > SCHEDULES_KEPT:
+            scheds.pop(next(iter(scheds)))  # oldest first
+        return sched
 
 
 def _stream(device_index: int, handle: int) -> Any:
@@ -266,6 +450,10 @@ def sampled_spmm_cuda(
     strategy: str = "fastrand",
     aggregator: str = "sum",
     gcn_dinv: torch.Tensor | None = None,
+    *,
+    split_edges: int | None = None,
+    row_order: str | None = None,
+    vector: bool | None = None,
 ) -> torch.Tensor:
     """ES-SpMM on the GPU: ``out = A_S x`` with the formulas of :mod:`kernels.spmm`.
 
@@ -278,6 +466,10 @@ def sampled_spmm_cuda(
         aggregator: ``"sum"``, ``"mean"`` or ``"gcn"``.
         gcn_dinv: ``gcn`` only: ``D^{-1/2}`` ``[N]`` (default: from the graph's own degrees, ``D_i =
             1 + sum_j w_ij``).
+        split_edges, row_order, vector: the launch knobs (default: :func:`split_threshold`,
+            :data:`ROW_ORDER`, :data:`VECTOR`), for benchmarks and tests; ``split_edges=0`` never
+            splits; ``vector=True`` still falls back to scalar loads where ``F`` or the alignment
+            forbid 128-bit ones.
 
     Returns:
         ``[N, F]`` tensor of ``x``'s dtype on ``x``'s device, written on torch's current stream.
@@ -291,25 +483,34 @@ def sampled_spmm_cuda(
         raise ValueError("sampled_spmm_cuda records no gradient: call kernels.sampled_spmm for autograd")
     out_dtype = x.dtype
     dtype = x.dtype if x.dtype in VALUE_CTYPES else torch.float32
+    split_edges = None if split_edges is None else int(split_edges)
+    row_order = ROW_ORDER if row_order is None else row_order
+    if row_order not in ROW_ORDERS:
+        raise ValueError(f"row_order must be one of {ROW_ORDERS}, got {row_order!r}")
     xc = x.detach().to(dtype).contiguous()
     n, f = xc.shape
-    out = torch.empty((n, f), dtype=dtype, device=x.device)
     if n == 0 or f == 0:
-        return out.to(out_dtype)
+        return torch.empty((n, f), dtype=out_dtype, device=x.device)
     device = x.device
     dev_index = device.index if device.index is not None else torch.cuda.current_device()
     dg = _device_graph(graph, torch.device("cuda", dev_index))
     max_deg = dg["max_degree"]
     if width >= max_deg:
         width = 0  # no row is sampled: exact
+    sched = _device_schedule(graph, dg, width, split_edges, row_order)
+    # split rows add into out: it starts at zero; otherwise every entry is stored
+    out = (torch.zeros if sched is not None else torch.empty)((n, f), dtype=dtype, device=x.device)
     dinv = None
     if aggregator == "gcn":
         dinv = gcn_dinv if gcn_dinv is not None else _gcn_dinv(graph, device, dtype)
         dinv = dinv.detach().to(device=device, dtype=dtype).contiguous()
         if dinv.shape != (n,):
             raise ValueError(f"gcn_dinv must have shape [{n}], got {tuple(dinv.shape)}")
-    cfg = launch_config(n, f, width, max_deg, VALUE_BYTES[dtype], dg["index_bytes"])
-    fn = _kernel(dev_index, dtype, dg["index_ctype"], cfg.cols_per_thread)
+    vb = VALUE_BYTES[dtype]
+    vec = (VECTOR if vector is None else bool(vector)) and use_vector(f, vb, xc.data_ptr(), out.data_ptr())
+    num_items = sched["num_items"] if sched is not None else n
+    cfg = launch_config(n, f, width, max_deg, vb, dg["index_bytes"], vector=vec, num_items=num_items)
+    fn = _kernel(dev_index, dtype, dg["index_ctype"], cfg.cols_per_thread, cfg.vector, sched is not None)
     cp = _cupy()
     # Device pointers go in as 64-bit scalars (a pointer parameter is 8 bytes): no DLPack round trip per
     # call. A null pointer stands for the weights of an unweighted graph and for dinv unless ``gcn``: the
@@ -321,6 +522,10 @@ def sampled_spmm_cuda(
         np.uint64(xc.data_ptr()),
         np.uint64(dinv.data_ptr() if dinv is not None else 0),
         np.uint64(out.data_ptr()),
+        sched["ptr_row"] if sched is not None else np.uint64(0),
+        sched["ptr_chunk"] if sched is not None else np.uint64(0),
+        np.int64(num_items),
+        np.int64(sched["split_edges"] if sched is not None else 0),
         np.int64(n),
         np.int64(f),
         np.int64(width),
@@ -374,17 +579,21 @@ def _probe() -> tuple[bool, str]:
         cp = _cupy()
         if cp.cuda.runtime.getDeviceCount() < 1:
             return False, "CuPy sees no CUDA device"
-        # rows: 0 -> {1, 2} weights {1, 3}; 1 -> {0}; 2 -> {} ; width 1 keeps edge 0 of row 0, scale 2
+        # rows: 0 -> {1, 2} weights {1, 3}; 1 -> {0}; 2 -> {} ; width 1 keeps edge 0 of row 0, scale 2.
+        # F = 4: 128-bit loads. The exact pass with split_edges=1 cuts row 0 into two chunks that add
+        # into out: it compiles and checks the split module too, so that no launch later fails to build.
         g = CSRGraph(
             indptr=np.array([0, 2, 3, 3], dtype=np.int64),
             indices=np.array([1, 2, 0], dtype=np.int32),
             weights=np.array([1.0, 3.0, 2.0], dtype=np.float32),
         )
-        x = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], device="cuda")
-        got = sampled_spmm_cuda(g, x, 1, "bucket", "sum").cpu()
-        want = torch.tensor([[6.0, 8.0], [2.0, 4.0], [0.0, 0.0]])
-        if not torch.equal(got, want):
-            return False, f"probe launch gave {got.tolist()}, expected {want.tolist()}"
+        x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 10.0, 11.0, 12.0]], device="cuda")
+        for got, want in (
+            (sampled_spmm_cuda(g, x, 1, "bucket", "sum"), [[10, 12, 14, 16], [2, 4, 6, 8], [0, 0, 0, 0]]),
+            (sampled_spmm_cuda(g, x, 0, "fastrand", "sum", split_edges=1), [[32, 36, 40, 44], [2, 4, 6, 8], [0, 0, 0, 0]]),
+        ):
+            if not torch.equal(got.cpu(), torch.tensor(want, dtype=torch.float32)):
+                return False, f"probe launch gave {got.cpu().tolist()}, expected {want}"
         return True, f"CuPy {cp.__version__} on {torch.cuda.get_device_name()}"
     except Exception as exc:  # compilation or launch failure: fall back to torch, say why once
         log.info("ES-SpMM CUDA probe failed: %s: %s", type(exc).__name__, exc)

@@ -12,20 +12,53 @@
 //   * all lanes of a group reach the same syncs: no lane finishes while others of its group wait
 //     at a sync, which on a GPU would hang or be undefined (exit 5);
 //   * the groups' shared-memory stages are disjoint and inside the size the Python launcher
-//     computed, and nothing is written past it (guard bytes; exit 3).
+//     computed, and nothing is written past it (guard bytes; exit 3);
+//   * every 128-bit access (float4 / double2 on the device) is 16-byte aligned (exit 6);
+//   * atomicAdd (a plain add here: one lane runs at a time, so it is atomic) only ever targets a
+//     row that the schedule splits (exit 7), and every other entry of out is stored: out starts as
+//     poison except on split rows, which start at zero as the launcher's torch.zeros makes them.
 //
-// usage: harness DIR VALUE(f32|f64) INDEX(i32|i64) CPT G TILE BLOCK_THREADS BLOCKS SHARED_BYTES
-//                N F WIDTH STRATEGY AGGREGATOR HAS_WEIGHTS
-// reads DIR/{indptr,indices,weights,x,dinv}.bin (raw little-endian arrays), writes DIR/out.bin.
-// Exit status: 0 ok, 2 usage or I/O error, 3 shared memory, 4 bad sync mask, 5 divergent sync.
+// usage: harness DIR VALUE(f32|f64) INDEX(i32|i64) CPT VEC G TILE BLOCK_THREADS BLOCKS SHARED_BYTES
+//                N F WIDTH STRATEGY AGGREGATOR HAS_WEIGHTS SPLIT_EDGES NUM_ITEMS
+// reads DIR/{indptr,indices,weights,x,dinv}.bin (raw little-endian arrays) and, with SPLIT_EDGES > 0,
+// the schedule DIR/{work_row (int64), work_chunk (int32)}.bin of NUM_ITEMS items (the SPLIT = true
+// instance runs); writes DIR/out.bin and prints "atomics N" (atomic adds done).
+// Exit status: 0 ok, 2 usage or I/O error, 3 shared memory, 4 bad sync mask, 5 divergent sync,
+// 6 misaligned 128-bit access, 7 atomic add outside a split row.
 
 #include <ucontext.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
+
+// hooks of the kernel source's host build (see ES_SPMM_HOST_* in es_spmm.cu)
+int g_error = 0;
+const unsigned char* g_out_begin = nullptr;  // out, [N, F]
+long long g_out_row_bytes = 0;               // F * sizeof(T)
+long long g_out_rows = 0;
+std::vector<char> g_split_row;  // rows whose chunks add into out
+long long g_atomics = 0;
+
+inline void host_check_align16(const void* p) {
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) g_error = 6;
+}
+
+template <typename T>
+inline void host_atomic_add(T* p, T v) {
+    const long long off = reinterpret_cast<const unsigned char*>(p) - g_out_begin;
+    const long long row = off >= 0 ? off / g_out_row_bytes : -1;
+    if (row < 0 || row >= g_out_rows || !g_split_row[static_cast<size_t>(row)]) g_error = 7;
+    ++g_atomics;
+    *p += v;
+}
+
+#define ES_SPMM_HOST_CHECK_ALIGN16(p) host_check_align16(p)
+#define ES_SPMM_HOST_ATOMIC_ADD(p, v) host_atomic_add((p), (v))
 
 #include ES_SPMM_SOURCE
 
@@ -61,7 +94,6 @@ struct Lane {
 // scheduler state (one launch at a time, single-threaded)
 ucontext_t g_sched;
 Lane* g_current = nullptr;
-int g_error = 0;
 void (*g_body)(int thread) = nullptr;  // runs one GPU thread of the current block
 
 struct HostSync {
@@ -123,21 +155,33 @@ int run_block(std::vector<Lane>& lanes, int groups) {
     }
 }
 
-template <typename T, typename I, int CPT>
+template <typename T, typename I, int CPT, bool VEC, bool SPLIT>
 struct Launch {
     static es_spmm::Args<T, I> args;
     static unsigned char* smem;
     static long long block, blocks;
     static int block_threads;
     static void body(int thread) {
-        es_spmm::run_thread<T, I, CPT>(args, block, blocks, thread, block_threads, smem, HostSync{args.group_size});
+        es_spmm::run_thread<T, I, CPT, VEC, SPLIT>(args, block, blocks, thread, block_threads, smem,
+                                                   HostSync{args.group_size});
     }
 };
-template <typename T, typename I, int CPT> es_spmm::Args<T, I> Launch<T, I, CPT>::args;
-template <typename T, typename I, int CPT> unsigned char* Launch<T, I, CPT>::smem;
-template <typename T, typename I, int CPT> long long Launch<T, I, CPT>::block;
-template <typename T, typename I, int CPT> long long Launch<T, I, CPT>::blocks;
-template <typename T, typename I, int CPT> int Launch<T, I, CPT>::block_threads;
+template <typename T, typename I, int CPT, bool VEC, bool SPLIT> es_spmm::Args<T, I> Launch<T, I, CPT, VEC, SPLIT>::args;
+template <typename T, typename I, int CPT, bool VEC, bool SPLIT> unsigned char* Launch<T, I, CPT, VEC, SPLIT>::smem;
+template <typename T, typename I, int CPT, bool VEC, bool SPLIT> long long Launch<T, I, CPT, VEC, SPLIT>::block;
+template <typename T, typename I, int CPT, bool VEC, bool SPLIT> long long Launch<T, I, CPT, VEC, SPLIT>::blocks;
+template <typename T, typename I, int CPT, bool VEC, bool SPLIT> int Launch<T, I, CPT, VEC, SPLIT>::block_threads;
+
+// A 16-byte aligned copy (what a CUDA allocation gives; std::vector promises only alignof(T)).
+template <typename T>
+struct Aligned {
+    std::vector<unsigned char> raw;
+    T* data = nullptr;
+    explicit Aligned(size_t n) : raw(n * sizeof(T) + 16) {
+        const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(raw.data());
+        data = reinterpret_cast<T*>(raw.data() + (16 - a % 16) % 16);
+    }
+};
 
 // The stage pointers run_thread derives for each group must be disjoint and inside smem_bytes.
 template <typename T, typename I>
@@ -150,30 +194,63 @@ bool stages_fit(int block_threads, int g, int tile, long long smem_bytes) {
            vbytes + gpb * per * static_cast<long long>(sizeof(I)) <= smem_bytes && vbytes % alignof(I) == 0;
 }
 
-template <typename T, typename I, int CPT>
-int launch(const std::string& dir, int tile, int block_threads, long long blocks, long long smem_bytes,
-           long long n, long long f, long long width, int strategy, int aggregator, int has_weights, int g) {
+struct Params {
+    int tile, block_threads, g;
+    long long blocks, smem_bytes, n, f, width, split_edges, num_items;
+    int strategy, aggregator, has_weights;
+};
+
+template <typename T, typename I, int CPT, bool VEC, bool SPLIT>
+int launch(const std::string& dir, const Params& p) {
+    const int tile = p.tile, block_threads = p.block_threads, g = p.g, aggregator = p.aggregator;
+    const long long n = p.n, f = p.f, blocks = p.blocks, smem_bytes = p.smem_bytes;
     const auto indptr = read_array<long long>(dir + "/indptr.bin");
     const auto indices = read_array<I>(dir + "/indices.bin");
     const auto weights = read_array<float>(dir + "/weights.bin");
-    const auto x = read_array<T>(dir + "/x.bin");
+    const auto x_file = read_array<T>(dir + "/x.bin");
     const auto dinv = read_array<T>(dir + "/dinv.bin");
-    if (static_cast<long long>(indptr.size()) != n + 1 || static_cast<long long>(x.size()) != n * f) return 2;
+    std::vector<long long> work_row;
+    std::vector<int> work_chunk;
+    if (SPLIT) {
+        work_row = read_array<long long>(dir + "/work_row.bin");
+        work_chunk = read_array<int>(dir + "/work_chunk.bin");
+        if (static_cast<long long>(work_row.size()) != p.num_items ||
+            static_cast<long long>(work_chunk.size()) != p.num_items) return 2;
+    } else if (p.num_items != n) {
+        return 2;
+    }
+    if (static_cast<long long>(indptr.size()) != n + 1 || static_cast<long long>(x_file.size()) != n * f) return 2;
     if (!stages_fit<T, I>(block_threads, g, tile, smem_bytes)) return 3;
-    std::vector<T> out(static_cast<size_t>(n * f), T(-12345));  // poison: every entry must be written
+    Aligned<T> x(x_file.size()), out(static_cast<size_t>(n * f));
+    if (!x_file.empty()) std::memcpy(x.data, x_file.data(), x_file.size() * sizeof(T));
+    // poison: every entry must be written; rows the schedule splits start at zero (chunks add into them)
+    g_split_row.assign(static_cast<size_t>(n), 0);
+    for (long long r = 0; r < n; ++r) {
+        const long long d = indptr[r + 1] - indptr[r];
+        const long long k = p.width > 0 && d > p.width ? p.width : d;
+        g_split_row[r] = SPLIT && p.split_edges > 0 && k > p.split_edges;
+        for (long long c = 0; c < f; ++c) out.data[r * f + c] = g_split_row[r] ? T(0) : T(-12345);
+    }
+    g_out_begin = reinterpret_cast<const unsigned char*>(out.data);
+    g_out_row_bytes = f * static_cast<long long>(sizeof(T));
+    g_out_rows = n;
 
-    using L = Launch<T, I, CPT>;
+    using L = Launch<T, I, CPT, VEC, SPLIT>;
     es_spmm::Args<T, I>& a = L::args;
     a.indptr = indptr.data();
     a.indices = indices.data();
-    a.weights = has_weights ? weights.data() : nullptr;
-    a.x = x.data();
+    a.weights = p.has_weights ? weights.data() : nullptr;
+    a.x = x.data;
     a.dinv = aggregator == es_spmm::kGcn ? dinv.data() : nullptr;
-    a.out = out.data();
+    a.out = out.data;
+    a.work_row = SPLIT ? work_row.data() : nullptr;
+    a.work_chunk = SPLIT ? work_chunk.data() : nullptr;
+    a.num_items = p.num_items;
+    a.split_edges = SPLIT ? p.split_edges : 0;
     a.num_rows = n;
     a.num_features = f;
-    a.width = width;
-    a.strategy = strategy;
+    a.width = p.width;
+    a.strategy = p.strategy;
     a.aggregator = aggregator;
     a.group_size = g;
     a.tile = tile;
@@ -203,19 +280,30 @@ int launch(const std::string& dir, int tile, int block_threads, long long blocks
     }
     FILE* fo = std::fopen((dir + "/out.bin").c_str(), "wb");
     if (fo == nullptr) return 2;
-    std::fwrite(out.data(), sizeof(T), out.size(), fo);
+    std::fwrite(out.data, sizeof(T), static_cast<size_t>(n * f), fo);
     std::fclose(fo);
+    std::printf("atomics %lld\n", g_atomics);
     return 0;
 }
 
+template <typename T, typename I, int CPT>
+int by_flags(bool vec, bool split, const std::string& dir, const Params& p) {
+    if (vec) {
+        if constexpr (CPT % es_spmm::Vec<T>::kWidth == 0) {
+            return split ? launch<T, I, CPT, true, true>(dir, p) : launch<T, I, CPT, true, false>(dir, p);
+        }
+        return 2;  // no such instance: the launcher never asks for it
+    }
+    return split ? launch<T, I, CPT, false, true>(dir, p) : launch<T, I, CPT, false, false>(dir, p);
+}
+
 template <typename T, typename I>
-int by_cpt(int cpt, const std::string& dir, int tile, int bt, long long blocks, long long smem, long long n,
-           long long f, long long w, int s, int agg, int hw, int g) {
+int by_cpt(int cpt, bool vec, bool split, const std::string& dir, const Params& p) {
     switch (cpt) {
-        case 1: return launch<T, I, 1>(dir, tile, bt, blocks, smem, n, f, w, s, agg, hw, g);
-        case 2: return launch<T, I, 2>(dir, tile, bt, blocks, smem, n, f, w, s, agg, hw, g);
-        case 4: return launch<T, I, 4>(dir, tile, bt, blocks, smem, n, f, w, s, agg, hw, g);
-        case 8: return launch<T, I, 8>(dir, tile, bt, blocks, smem, n, f, w, s, agg, hw, g);
+        case 1: return by_flags<T, I, 1>(vec, split, dir, p);
+        case 2: return by_flags<T, I, 2>(vec, split, dir, p);
+        case 4: return by_flags<T, I, 4>(vec, split, dir, p);
+        case 8: return by_flags<T, I, 8>(vec, split, dir, p);
         default: return 2;
     }
 }
@@ -223,21 +311,34 @@ int by_cpt(int cpt, const std::string& dir, int tile, int bt, long long blocks, 
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 16) {
-        std::fprintf(stderr, "usage: %s DIR VALUE INDEX CPT G TILE BLOCK_THREADS BLOCKS SHARED_BYTES N F WIDTH "
-                             "STRATEGY AGGREGATOR HAS_WEIGHTS\n", argv[0]);
+    if (argc != 19) {
+        std::fprintf(stderr, "usage: %s DIR VALUE INDEX CPT VEC G TILE BLOCK_THREADS BLOCKS SHARED_BYTES N F WIDTH "
+                             "STRATEGY AGGREGATOR HAS_WEIGHTS SPLIT_EDGES NUM_ITEMS\n", argv[0]);
         return 2;
     }
     const std::string dir = argv[1], value = argv[2], index = argv[3];
-    const int cpt = std::atoi(argv[4]), g = std::atoi(argv[5]), tile = std::atoi(argv[6]);
-    const int bt = std::atoi(argv[7]);
-    const long long blocks = std::atoll(argv[8]), smem = std::atoll(argv[9]);
-    const long long n = std::atoll(argv[10]), f = std::atoll(argv[11]), w = std::atoll(argv[12]);
-    const int s = std::atoi(argv[13]), agg = std::atoi(argv[14]), hw = std::atoi(argv[15]);
-    if (bt <= 0 || bt % 32 != 0 || g <= 0 || 32 % g != 0 || tile <= 0) return 2;
-    if (value == "f32" && index == "i32") return by_cpt<float, int>(cpt, dir, tile, bt, blocks, smem, n, f, w, s, agg, hw, g);
-    if (value == "f32" && index == "i64") return by_cpt<float, long long>(cpt, dir, tile, bt, blocks, smem, n, f, w, s, agg, hw, g);
-    if (value == "f64" && index == "i32") return by_cpt<double, int>(cpt, dir, tile, bt, blocks, smem, n, f, w, s, agg, hw, g);
-    if (value == "f64" && index == "i64") return by_cpt<double, long long>(cpt, dir, tile, bt, blocks, smem, n, f, w, s, agg, hw, g);
+    const int cpt = std::atoi(argv[4]);
+    const bool vec = std::atoi(argv[5]) != 0;
+    Params p{};
+    p.g = std::atoi(argv[6]);
+    p.tile = std::atoi(argv[7]);
+    p.block_threads = std::atoi(argv[8]);
+    p.blocks = std::atoll(argv[9]);
+    p.smem_bytes = std::atoll(argv[10]);
+    p.n = std::atoll(argv[11]);
+    p.f = std::atoll(argv[12]);
+    p.width = std::atoll(argv[13]);
+    p.strategy = std::atoi(argv[14]);
+    p.aggregator = std::atoi(argv[15]);
+    p.has_weights = std::atoi(argv[16]);
+    p.split_edges = std::atoll(argv[17]);
+    p.num_items = std::atoll(argv[18]);
+    const bool split = p.split_edges > 0;
+    const int bt = p.block_threads, g = p.g;
+    if (bt <= 0 || bt % 32 != 0 || g <= 0 || 32 % g != 0 || p.tile <= 0) return 2;
+    if (value == "f32" && index == "i32") return by_cpt<float, int>(cpt, vec, split, dir, p);
+    if (value == "f32" && index == "i64") return by_cpt<float, long long>(cpt, vec, split, dir, p);
+    if (value == "f64" && index == "i32") return by_cpt<double, int>(cpt, vec, split, dir, p);
+    if (value == "f64" && index == "i64") return by_cpt<double, long long>(cpt, vec, split, dir, p);
     return 2;
 }

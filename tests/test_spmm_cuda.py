@@ -5,8 +5,10 @@ Three layers, so that a machine without a GPU still checks most of the kernel:
 * the ``.cu`` file compiles with ``nvcc`` for sm_90 with every template instance the wrapper asks
   NVRTC for (skipped without nvcc);
 * the kernel's own thread code runs on the CPU (``tests/es_spmm_host_harness.cpp``: every GPU
-  thread a coroutine, row groups interleaved, ``__syncwarp`` as a group rendezvous) against
-  ``sampled_spmm_torch`` (skipped without a C++ compiler);
+  thread a coroutine, row groups interleaved, ``__syncwarp`` as a group rendezvous, ``atomicAdd`` a
+  plain add, 128-bit loads checked for alignment) against ``sampled_spmm_torch`` (skipped without a
+  C++ compiler), including graphs with hub rows far above the split threshold, whose chunks add
+  into the output from different groups and blocks;
 * on a GPU with CuPy (marked ``gpu``): the real launches against ``sampled_spmm_torch``, the
   dispatch, streams, dtypes.
 """
@@ -32,13 +34,18 @@ from kernels.spmm import sampled_spmm, sampled_spmm_torch
 from kernels.spmm_cuda import (
     AGGREGATOR_CODES,
     COLS_PER_THREAD,
-    INDEX_CTYPES,
     SHARED_BUDGET,
+    SPLIT_EDGES,
     STRATEGY_CODES,
     VALUE_CTYPES,
+    kernel_instances,
     kernel_name,
     launch_config,
     shared_bytes,
+    split_threshold,
+    use_vector,
+    vector_width,
+    work_schedule,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,6 +79,27 @@ def random_graph(seed: int, *, weighted: bool, index_dtype: str = "int32", n: in
     return g
 
 
+@functools.cache
+def hub_graph(seed: int, *, weighted: bool, index_dtype: str = "int32", n: int = 6000) -> CSRGraph:
+    """Mostly short rows (0..40 edges) plus rows far above the split threshold: a hub of 5,200 edges
+    (10 chunks of 512 and a short one), one of 1,731 (a multiple of 577), rows of 513 and 1,024
+    (just above / a multiple of the threshold) and one of 3,000 placed last (a late hub)."""
+    rng = np.random.default_rng(seed)
+    degs = rng.integers(0, 41, size=n)
+    degs[rng.choice(n, size=50, replace=False)] = 0
+    degs[[3, 11, 12, 500, n - 1]] = (5200, 1731, 513, 1024, 3000)
+    cols = [np.sort(rng.choice(n, size=int(d), replace=False)) for d in degs]
+    indptr = np.concatenate([[0], np.cumsum(degs)]).astype(np.int64)
+    indices = np.concatenate(cols).astype(np.int32)
+    weights = rng.uniform(0.1, 2.0, size=len(indices)).astype(np.float32) if weighted else None
+    g = CSRGraph(indptr=indptr, indices=indices, weights=weights, num_nodes=n)
+    if index_dtype == "int64":
+        g.indices = g.indices.astype(np.int64)
+    g.validate()
+    assert int(g.degrees.max()) == 5200 > 10 * SPLIT_EDGES
+    return g
+
+
 def features(n: int, f: int, seed: int, dtype=np.float32) -> np.ndarray:
     return np.random.default_rng(1000 + seed).standard_normal((n, f)).astype(dtype)
 
@@ -82,17 +110,32 @@ def reference(g: CSRGraph, x: np.ndarray, width: int, strategy: str, aggregator:
 
 
 # ----------------------------------------------------------------------------- launch shape (pure Python)
-@pytest.mark.parametrize("f", [1, 2, 5, 16, 31, 32, 33, 64, 100, 128, 256, 257, 1000])
+@pytest.mark.parametrize("f", [1, 2, 4, 5, 8, 16, 20, 30, 31, 32, 33, 64, 100, 128, 256, 257, 260, 1000])
 @pytest.mark.parametrize("width, max_degree", [(0, 5000), (0, 3), (8, 5000), (128, 5000), (1000, 5000), (16, 4)])
 @pytest.mark.parametrize("sizes", [(4, 4), (4, 8), (8, 4), (8, 8)])
-def test_launch_config_shape(f, width, max_degree, sizes):
+@pytest.mark.parametrize("vector", [False, True])
+def test_launch_config_shape(f, width, max_degree, sizes, vector):
     vb, ib = sizes
-    c = launch_config(10_000, f, width, max_degree, vb, ib)
+    v = vector_width(vb)
+    if vector and f % v:
+        with pytest.raises(ValueError, match="multiple"):
+            launch_config(10_000, f, width, max_degree, vb, ib, vector=True)
+        return
+    c = launch_config(10_000, f, width, max_degree, vb, ib, vector=vector)
+    assert c.vector == vector
+    if vector:
+        assert c.cols_per_thread % v == 0  # whole 128-bit loads per lane
+        assert ("long long" if ib == 8 else "int", c.cols_per_thread, True) in kernel_instances(
+            "double" if vb == 8 else "float")
+    else:  # the launch shape from before 128-bit loads existed
+        assert c.cols_per_thread == min(8, 1 << max(0, (-(-f // 32) - 1).bit_length()))
     assert c.cols_per_thread in COLS_PER_THREAD
     assert c.group_size in (4, 8, 16, 32)
     # one pass for F <= 256, and no lane idles because of a too-wide group
     assert c.group_size * c.cols_per_thread >= min(f, 256)
     assert c.group_size == 4 or c.group_size * c.cols_per_thread < 2 * f
+    assert launch_config(10_000, f, width, max_degree, vb, ib, vector=vector, num_items=12_345).blocks == \
+        -(-12_345 // c.groups_per_block)  # the grid covers the work items of a schedule
     assert c.block_threads % 32 == 0 and 32 <= c.block_threads <= 256
     assert c.groups_per_block == c.block_threads // 32 * (32 // c.group_size)
     assert c.blocks * c.groups_per_block >= 10_000 > (c.blocks - 1) * c.groups_per_block
@@ -110,6 +153,84 @@ def test_launch_config_caps_blocks_and_counts_bytes():
     # 8 groups * 33 floats = 1056 bytes (already a multiple of 16), then 8 * 33 ints
     assert shared_bytes(8, 32, 4, 4) == 1056 + 1056
     assert shared_bytes(1, 2, 4, 8) == 16 + 24  # 12 value bytes padded to 16
+
+
+@pytest.mark.parametrize("width", [0, 100, 600, 2000, 10_000])
+@pytest.mark.parametrize("split", [0, 1, 7, 512])
+@pytest.mark.parametrize("order", ["degree", "index"])
+def test_work_schedule_covers_every_kept_edge_once(width, split, order):
+    g = hub_graph(1, weighted=False)
+    sched = work_schedule(g.indptr, width, split, order)
+    kept = np.minimum(g.degrees, width) if width else g.degrees
+    if split <= 0 or (width and width <= split) or kept.max() <= split:
+        assert sched is None  # nothing to split: item r = row r
+        return
+    rows, chunks = sched
+    assert rows.dtype == np.int64 and chunks.dtype == np.int32 and len(rows) == len(chunks)
+    is_split = kept[rows] > split
+    # chunks come first, chunk-major; then every other row once, longest first or in index order
+    first_whole = int(np.argmin(is_split)) if not is_split.all() else len(rows)
+    assert is_split[:first_whole].all() and not is_split[first_whole:].any()
+    assert np.all(np.diff(chunks[:first_whole]) >= 0)
+    whole = rows[first_whole:]
+    assert sorted(whole.tolist()) == np.flatnonzero(kept <= split).tolist()
+    assert np.all(chunks[first_whole:] == 0)
+    if order == "degree":
+        assert np.all(np.diff(kept[whole]) <= 0)
+    else:
+        assert np.all(np.diff(whole) > 0)
+    # the chunks of each split row tile its kept positions [0, k) exactly (the kernel's rule)
+    covered = np.zeros(len(kept), dtype=np.int64)
+    for r, c in zip(rows[:first_whole].tolist(), chunks[:first_whole].tolist(), strict=True):
+        lo, hi = c * split, min(int(kept[r]), (c + 1) * split)
+        assert lo < hi
+        covered[r] += hi - lo
+    assert np.array_equal(covered[kept > split], kept[kept > split])
+    assert len({(r, c) for r, c in zip(rows.tolist(), chunks.tolist(), strict=True)}) == len(rows)
+
+
+def test_split_threshold_follows_the_mean_kept_count_within_bounds():
+    def ptr(degs):
+        return np.concatenate([[0], np.cumsum(degs)]).astype(np.int64)
+
+    assert split_threshold(ptr([1] * 1000 + [5000]), 0) == spmm_cuda.SPLIT_MIN_EDGES  # mean ~6: the floor
+    assert split_threshold(ptr([60] * 100), 0) == 240  # 4 x the mean
+    assert split_threshold(ptr([60] * 100), 8) == spmm_cuda.SPLIT_MIN_EDGES  # sampled: the mean of min(d, S)
+    assert split_threshold(ptr([400] * 100), 0) == SPLIT_EDGES  # Reddit-like: the cap
+    assert split_threshold(np.zeros(1, dtype=np.int64), 0) == spmm_cuda.SPLIT_MIN_EDGES
+
+
+def test_use_vector_needs_a_multiple_of_the_width_and_alignment():
+    assert use_vector(64, 4, 0, 256) and use_vector(30, 8, 16)
+    assert not use_vector(30, 4, 0) and not use_vector(31, 8, 0)
+    assert not use_vector(64, 4, 4) and not use_vector(64, 4, 0, 8)
+
+
+def test_device_entry_and_schedules_follow_the_graph_arrays():
+    # the memo of spmm_cuda lives in graph.cache() and is keyed on the arrays themselves: the CPU
+    # device stands in for a GPU here (the entry holds torch tensors and their data pointers)
+    g = CSRGraph(indptr=hub_graph(2, weighted=True).indptr.copy(), indices=hub_graph(2, weighted=True).indices.copy(),
+                 weights=hub_graph(2, weighted=True).weights.copy())
+    cpu = torch.device("cpu")
+    e1 = spmm_cuda._device_graph(g, cpu)
+    assert spmm_cuda._device_graph(g, cpu) is e1
+    s1 = spmm_cuda._device_schedule(g, e1, 0, 512, "degree")
+    assert s1 is not None and s1["num_items"] == len(work_schedule(g.indptr, 0, 512)[0])
+    assert spmm_cuda._device_schedule(g, e1, 0, 512, "degree") is s1  # memoized
+    assert spmm_cuda._device_schedule(g, e1, 32, 512, "degree") is None  # S <= split: nothing to split
+    assert spmm_cuda._device_schedule(g, e1, 0, 0, "degree") is None
+    # replacing an array (what CSRGraph users and graph_edit do) rebuilds the entry and its schedules
+    g.indices = g.indices.astype(np.int64)
+    e2 = spmm_cuda._device_graph(g, cpu)
+    assert e2 is not e1 and e2["index_ctype"] == "long long" and e2["schedules"] == {}
+    g.weights = g.weights.copy()
+    assert spmm_cuda._device_graph(g, cpu) is not e2
+    # a graph with every row short gets no schedule at all (request-sized subgraphs)
+    small = random_graph(3, weighted=False)
+    assert spmm_cuda._device_schedule(small, spmm_cuda._device_graph(small, cpu), 0, 2000, "degree") is None
+    for w in (0, 600, 700, 800, 900, 1000):
+        spmm_cuda._device_schedule(g, spmm_cuda._device_graph(g, cpu), w, 512, "degree")
+    assert len(spmm_cuda._device_graph(g, cpu)["schedules"]) == spmm_cuda.SCHEDULES_KEPT
 
 
 def test_kernels_package_never_imports_cupy_at_import_time():
@@ -152,23 +273,24 @@ def test_available_can_be_disabled(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- nvcc
-def _instantiations() -> str:
+def _instantiations() -> tuple[str, int]:
     lines = [f'#include "{KERNEL}"']
     for vt in VALUE_CTYPES.values():
-        for it in INDEX_CTYPES.values():
-            for cpt in COLS_PER_THREAD:
+        for it, cpt, vec in kernel_instances(vt):
+            for split in (False, True):
                 lines.append(
-                    f"template __global__ void {kernel_name(vt, it, cpt)}(const long long*, const {it}*, "
-                    f"const float*, const {vt}*, const {vt}*, {vt}*, long long, long long, long long, "
-                    "int, int, int, int, int);"
+                    f"template __global__ void {kernel_name(vt, it, cpt, vec, split)}(const long long*, "
+                    f"const {it}*, const float*, const {vt}*, const {vt}*, {vt}*, const long long*, const int*, "
+                    "long long, long long, long long, long long, long long, int, int, int, int, int);"
                 )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", len(lines) - 1
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_kernel_compiles_with_nvcc(tmp_path):
     src = tmp_path / "instantiate.cu"
-    src.write_text(_instantiations())
+    text, count = _instantiations()
+    src.write_text(text)
     cubin = tmp_path / "es_spmm.cubin"
     cmd = ["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(src)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -176,14 +298,20 @@ def test_kernel_compiles_with_nvcc(tmp_path):
     assert "error" not in res.stderr.lower()
     # every template instance the wrapper asks for is in the binary
     names = set(re.findall(rb"_ZN7es_spmm14es_spmm_kernelI[0-9A-Za-z_]+", cubin.read_bytes()))
-    assert len(names) == len(VALUE_CTYPES) * len(INDEX_CTYPES) * len(COLS_PER_THREAD), names
-    # the float32 instances (what a model serves) keep everything in registers; ptxas caps the
-    # kernel near 64 registers for 256-thread blocks, and one float64 instance spills a few bytes
-    entries = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", res.stderr, re.S)
-    assert len(entries) == len(names)
-    float_spills = {name: int(b) for name, b in entries if "kernelIf" in name}
-    assert len(float_spills) == len(INDEX_CTYPES) * len(COLS_PER_THREAD)
-    assert all(b == 0 for b in float_spills.values()), float_spills
+    assert len(names) == count == 2 * sum(len(kernel_instances(vt)) for vt in VALUE_CTYPES.values()), names
+    # The float32 instances without splitting (every sampled pass a model serves, and exact passes on
+    # graphs without long rows) stay in 64 registers without spilling: __launch_bounds__(256, 4), the
+    # occupancy of the kernel before the split. The split instances may use up to 85 registers; the
+    # float32 ones with int32 indices do not spill either (one int64 one spills a few bytes).
+    entries = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores.*?Used (\d+) registers",
+                         res.stderr, re.S)
+    assert len(entries) == count
+    plain = {name: (int(b), int(r)) for name, b, r in entries if "kernelIf" in name and name.split("ELb")[2][0] == "0"}
+    assert len(plain) == len(kernel_instances("float"))
+    assert all(b == 0 and r <= 64 for b, r in plain.values()), plain
+    split32 = {name: int(b) for name, b, _ in entries if "kernelIfi" in name and name.split("ELb")[2][0] == "1"}
+    assert len(split32) == len(kernel_instances("float")) // 2
+    assert all(b == 0 for b in split32.values()), split32
 
 
 # ----------------------------------------------------------------------------- host emulation
@@ -201,16 +329,27 @@ def harness(tmp_path_factory) -> Path:
 
 
 def emulate(exe: Path, workdir: Path, g: CSRGraph, x: np.ndarray, width: int, strategy: str, aggregator: str,
-            *, block_threads: int | None = None, max_blocks: int | None = None, tile: int | None = None) -> np.ndarray:
-    """Run es_spmm.cu's thread code on the CPU with the launch shape spmm_cuda would pick (optionally
-    fewer threads per block, fewer blocks or a smaller stage), return ``out``."""
+            *, block_threads: int | None = None, max_blocks: int | None = None, tile: int | None = None,
+            split_edges: int | None = None, row_order: str = "degree", vector: bool | None = None,
+            stats: dict | None = None) -> np.ndarray:
+    """Run es_spmm.cu's thread code on the CPU with the launch sampled_spmm_cuda would make (its
+    width rule, work schedule, 128-bit choice and shape; optionally fewer threads per block, fewer
+    blocks, a smaller stage, another split threshold or forced scalar loads), return ``out``.
+    ``stats`` receives ``atomics`` (atomic adds done), ``items`` (work items launched), ``vector``
+    and ``split_edges`` (the threshold)."""
     n, f = x.shape
     width_eff = width if 0 < width < int(g.degrees.max()) else 0  # as sampled_spmm_cuda does
+    if split_edges is None:
+        split_edges = split_threshold(g.indptr, width_eff)
     vb, ib = x.dtype.itemsize, g.indices.dtype.itemsize
-    c = launch_config(n, f, width_eff, int(g.degrees.max()), vb, ib, tile=tile, max_blocks=max_blocks or 2**31 - 1)
+    sched = work_schedule(g.indptr, width_eff, split_edges, row_order)
+    num_items = n if sched is None else len(sched[0])
+    vec = use_vector(f, vb) if vector is None else vector  # the harness allocates x and out 16-byte aligned
+    c = launch_config(n, f, width_eff, int(g.degrees.max()), vb, ib, tile=tile, max_blocks=max_blocks or 2**31 - 1,
+                      vector=vec, num_items=num_items)
     bt = block_threads or c.block_threads
     gpb = bt // 32 * (32 // c.group_size)
-    blocks = min(-(-n // gpb), max_blocks or 2**31 - 1)
+    blocks = min(-(-num_items // gpb), max_blocks or 2**31 - 1)
     smem = shared_bytes(gpb, c.tile, vb, ib)
     workdir.mkdir(parents=True, exist_ok=True)
     g.indptr.astype(np.int64).tofile(workdir / "indptr.bin")
@@ -219,13 +358,23 @@ def emulate(exe: Path, workdir: Path, g: CSRGraph, x: np.ndarray, width: int, st
     np.ascontiguousarray(x).tofile(workdir / "x.bin")
     dhat = np.bincount(np.repeat(np.arange(n), g.degrees), weights=g.edge_weights(), minlength=n) + 1.0
     (dhat**-0.5).astype(x.dtype).tofile(workdir / "dinv.bin")
+    if sched is not None:
+        sched[0].tofile(workdir / "work_row.bin")
+        sched[1].tofile(workdir / "work_chunk.bin")
     vt = {4: "f32", 8: "f64"}[vb]
     it = {4: "i32", 8: "i64"}[ib]
-    args = [str(exe), str(workdir), vt, it, c.cols_per_thread, c.group_size, c.tile, bt, blocks, smem, n, f,
-            width_eff, STRATEGY_CODES[strategy], AGGREGATOR_CODES[aggregator], int(g.is_weighted)]
-    res = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=300)
-    why = {3: "shared-memory stages overflow", 4: "bad sync mask", 5: "lanes of a group diverge at a sync"}
+    args = [str(exe), str(workdir), vt, it, c.cols_per_thread, int(c.vector), c.group_size, c.tile, bt, blocks, smem,
+            n, f, width_eff, STRATEGY_CODES[strategy], AGGREGATOR_CODES[aggregator], int(g.is_weighted),
+            split_edges if sched is not None else 0, num_items]
+    res = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
+    why = {3: "shared-memory stages overflow", 4: "bad sync mask", 5: "lanes of a group diverge at a sync",
+           6: "misaligned 128-bit access", 7: "atomic add outside a split row"}
     assert res.returncode == 0, f"harness exit {res.returncode}: {why.get(res.returncode, res.stderr)}"
+    if stats is not None:
+        stats["atomics"] = int(res.stdout.split()[-1])
+        stats["items"] = num_items
+        stats["vector"] = c.vector
+        stats["split_edges"] = split_edges
     return np.fromfile(workdir / "out.bin", dtype=x.dtype).reshape(n, f)
 
 
@@ -277,6 +426,88 @@ def test_host_emulation_graph_without_edges(harness, tmp_path):
     x = features(5, 3, 0)
     assert np.all(emulate(harness, tmp_path / "s", g, x, 4, "fastrand", "sum", block_threads=32) == 0)
     np.testing.assert_allclose(emulate(harness, tmp_path / "g", g, x, 4, "fastrand", "gcn", block_threads=32), x)
+
+
+def _hub_cases():
+    # exact and a width above the split threshold (rows keep min(d, 1000) > 512 edges: split too),
+    # every aggregator and strategy; F = 1, 30 (not a multiple of 4, but of 2: float64 vectors),
+    # 64 (float4) and 257 (scalar, two passes); both value and index types, weights on and off
+    combos = [(w, s, a) for w in (0, 1000) for s in ("fastrand", "bucket") for a in ("sum", "mean", "gcn")
+              if not (w == 0 and s == "bucket")]
+    rot = itertools.cycle(itertools.product((64, 30, 257, 1), (np.float32, np.float64), ("int32", "int64"),
+                                            (True, False)))
+    return [(*c, *next(rot)) for c in combos]
+
+
+@pytest.mark.parametrize("width, strategy, aggregator, f, dtype, index_dtype, weighted", _hub_cases())
+def test_host_emulation_split_hub_rows(harness, tmp_path, width, strategy, aggregator, f, dtype, index_dtype,
+                                       weighted):
+    g = hub_graph(width + f, weighted=weighted, index_dtype=index_dtype)
+    x = features(g.num_nodes, f, f, dtype)
+    stats: dict = {}
+    got = emulate(harness, tmp_path, g, x, width, strategy, aggregator, stats=stats)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(got, reference(g, x, width, strategy, aggregator), rtol=tol, atol=tol)
+    kept = np.minimum(g.degrees, width) if width else g.degrees
+    split = stats["split_edges"]
+    assert split == 128  # the mean kept count is ~20: the threshold's floor
+    chunks = int((-(-kept[kept > split] // split)).sum())
+    assert stats["items"] == g.num_nodes - int((kept > split).sum()) + chunks
+    assert stats["atomics"] == chunks * f  # every chunk adds each column once, nothing else is atomic
+    assert stats["vector"] == (f % (16 // x.dtype.itemsize) == 0)
+
+
+@pytest.mark.parametrize("split, tile, width, f", [(7, 5, 0, 33), (33, 16, 0, 64), (1, 3, 32, 8), (100, 128, 300, 260),
+                                                  (128, 128, 0, 20)])
+@pytest.mark.parametrize("aggregator", ["sum", "mean", "gcn"])
+def test_host_emulation_small_split_threshold(harness, tmp_path, split, tile, width, f, aggregator):
+    # a threshold far below the rows' lengths: most rows split, chunk and stage boundaries disagree,
+    # a narrow grid makes every group run many items (grid-stride), so the chunks of one row land in
+    # different groups and blocks, in any order; F = 260 ends with a pass of one float4 per row
+    g = random_graph(31 + split, weighted=True, index_dtype="int64" if split % 2 else "int32")
+    x = features(g.num_nodes, f, split)
+    stats: dict = {}
+    got = emulate(harness, tmp_path, g, x, width, "fastrand", aggregator, block_threads=64, max_blocks=5, tile=tile,
+                  split_edges=split, row_order="index" if split == 33 else "degree", stats=stats)
+    np.testing.assert_allclose(got, reference(g, x, width, "fastrand", aggregator), rtol=1e-4, atol=1e-4)
+    assert stats["atomics"] > 0
+
+
+@pytest.mark.parametrize("f", [4, 64, 96])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_host_emulation_vector_and_scalar_loads_agree(harness, tmp_path, f, dtype):
+    # the same launch with 128-bit loads and with scalar ones (what a misaligned x falls back to)
+    g = hub_graph(5, weighted=True)
+    x = features(g.num_nodes, f, 5, dtype)
+    want = reference(g, x, 0, "fastrand", "gcn")
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    for vec in (True, False):
+        stats: dict = {}
+        got = emulate(harness, tmp_path / str(vec), g, x, 0, "fastrand", "gcn", vector=vec, stats=stats)
+        assert stats["vector"] is vec
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"vector={vec}")
+
+
+def test_host_emulation_of_the_probe_launches(harness, tmp_path):
+    # spmm_cuda._probe expects these numbers from its two launches (128-bit loads; split rows)
+    g = CSRGraph(indptr=np.array([0, 2, 3, 3], dtype=np.int64), indices=np.array([1, 2, 0], dtype=np.int32),
+                 weights=np.array([1.0, 3.0, 2.0], dtype=np.float32))
+    x = np.arange(1, 13, dtype=np.float32).reshape(3, 4)
+    stats: dict = {}
+    got = emulate(harness, tmp_path / "a", g, x, 1, "bucket", "sum", stats=stats)
+    assert stats["vector"] and np.array_equal(got, [[10, 12, 14, 16], [2, 4, 6, 8], [0, 0, 0, 0]])
+    got = emulate(harness, tmp_path / "b", g, x, 0, "fastrand", "sum", split_edges=1, stats=stats)
+    assert stats["atomics"] == 2 * 4 and np.array_equal(got, [[32, 36, 40, 44], [2, 4, 6, 8], [0, 0, 0, 0]])
+
+
+def test_host_emulation_split_off_walks_hubs_whole(harness, tmp_path):
+    # split_edges = 0 is the kernel without a schedule (one group per row, in index order, no atomics)
+    g = hub_graph(6, weighted=False)
+    x = features(g.num_nodes, 16, 6)
+    stats: dict = {}
+    got = emulate(harness, tmp_path, g, x, 0, "fastrand", "mean", split_edges=0, stats=stats)
+    np.testing.assert_allclose(got, reference(g, x, 0, "fastrand", "mean"), rtol=1e-4, atol=1e-4)
+    assert stats == {"atomics": 0, "items": g.num_nodes, "vector": True, "split_edges": 0}
 
 
 # ----------------------------------------------------------------------------- on a GPU
@@ -376,6 +607,76 @@ def test_cuda_state_is_memoized(cuda):
     entry = g.cache()[f"cuda_spmm:{x.device}"]
     sampled_spmm(g, x, 32, "bucket", "mean")
     assert g.cache()[f"cuda_spmm:{x.device}"] is entry  # graph arrays moved to the device once
-    assert (x.device.index, torch.float32) in spmm_cuda._modules
+    assert (x.device.index, torch.float32, False) in spmm_cuda._modules
     empty = CSRGraph(indptr=np.zeros(4, dtype=np.int64), indices=np.zeros(0, dtype=np.int32))
     assert torch.equal(sampled_spmm(empty, torch.ones(3, 2, device=cuda), 4), torch.zeros(3, 2, device=cuda))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("width, strategy, aggregator, f, dtype, index_dtype, weighted", _hub_cases())
+def test_cuda_split_hub_rows_match_spec(cuda, width, strategy, aggregator, f, dtype, index_dtype, weighted):
+    # the host-emulated cases above, launched for real: hub rows split across groups, atomicAdd merges
+    g = hub_graph(width + f, weighted=weighted, index_dtype=index_dtype)
+    x = features(g.num_nodes, f, f, dtype)
+    got = spmm_cuda.sampled_spmm_cuda(g, _to_gpu(x, cuda), width, strategy, aggregator)
+    assert got.dtype == _to_gpu(x, cuda).dtype and got.shape == x.shape
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(got.cpu().numpy(), reference(g, x, width, strategy, aggregator), rtol=tol, atol=tol)
+    entry = g.cache()[f"cuda_spmm:{cuda}"]
+    w = width if width < int(g.degrees.max()) else 0
+    assert entry["schedules"][(w, None, spmm_cuda.ROW_ORDER)]["split_edges"] == split_threshold(g.indptr, w) == 128
+    assert (cuda.index or 0, torch.float32 if dtype == np.float32 else torch.float64, True) in spmm_cuda._modules
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split, order", [(0, "degree"), (1, "degree"), (64, "index"), (512, "index"), (4096, "degree")])
+@pytest.mark.parametrize("vector", [False, True])
+@pytest.mark.parametrize("f", [4, 30, 64, 256, 260])
+def test_cuda_launch_knobs_match_spec(cuda, split, order, vector, f):
+    # every split threshold (0 = off), row order and load width gives the specification's numbers
+    g = hub_graph(7, weighted=True)
+    x = features(g.num_nodes, f, 7)
+    for aggregator in ("sum", "gcn"):
+        got = spmm_cuda.sampled_spmm_cuda(g, _to_gpu(x, cuda), 0, "fastrand", aggregator, split_edges=split,
+                                          row_order=order, vector=vector)
+        np.testing.assert_allclose(got.cpu().numpy(), reference(g, x, 0, "fastrand", aggregator), rtol=1e-4,
+                                   atol=1e-4, err_msg=f"{aggregator} split={split} order={order} vector={vector}")
+
+
+@pytest.mark.gpu
+def test_cuda_misaligned_input_falls_back_to_scalar_loads(cuda):
+    g = hub_graph(8, weighted=False)
+    x = features(g.num_nodes, 64, 8)
+    flat = torch.empty(x.size + 1, device=cuda)
+    xm = flat[1:].view(x.shape)  # contiguous, but 4 bytes past a 16-byte boundary
+    xm.copy_(torch.from_numpy(x))
+    assert xm.is_contiguous() and xm.data_ptr() % 16 == 4
+    got = spmm_cuda.sampled_spmm_cuda(g, xm, 0, "fastrand", "mean")
+    np.testing.assert_allclose(got.cpu().numpy(), reference(g, x, 0, "fastrand", "mean"), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_cuda_half_input_on_split_rows(cuda):
+    g = hub_graph(9, weighted=True)
+    x = features(g.num_nodes, 64, 9)
+    half = sampled_spmm(g, _to_gpu(x, cuda).half(), 0, "fastrand", "gcn")
+    assert half.dtype == torch.float16
+    np.testing.assert_allclose(half.float().cpu().numpy(), reference(g, x.astype(np.float16), 0, "fastrand", "gcn"),
+                               rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_cuda_replaced_graph_arrays_are_never_served_stale(cuda):
+    g = CSRGraph(indptr=hub_graph(10, weighted=False).indptr.copy(), indices=hub_graph(10, weighted=False).indices.copy())
+    x = _to_gpu(features(g.num_nodes, 32, 10), cuda)
+    sampled_spmm(g, x, 0)
+    before = g.cache()[f"cuda_spmm:{x.device}"]
+    # replace the column array with another valid one (every row's columns shifted by one, re-sorted)
+    cols = (g.indices.astype(np.int64) + 1) % g.num_nodes
+    for r in range(g.num_nodes):
+        lo, hi = g.indptr[r], g.indptr[r + 1]
+        cols[lo:hi] = np.sort(cols[lo:hi])
+    g.indices = cols.astype(np.int32)
+    got = sampled_spmm(g, x, 0).cpu().numpy()
+    assert g.cache()[f"cuda_spmm:{x.device}"] is not before
+    np.testing.assert_allclose(got, sampled_spmm_torch(g, x.cpu(), 0).numpy(), rtol=1e-4, atol=1e-4)
