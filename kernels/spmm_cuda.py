@@ -296,6 +296,8 @@ _lock = threading.RLock()
 _modules: dict[tuple[int, torch.dtype, bool], Any] = {}  # (device index, value dtype, split) -> cupy.RawModule
 _kernels: dict[tuple[int, torch.dtype, str, int, bool, bool], Any] = {}
 _streams: dict[tuple[int, int], Any] = {}  # (device index, torch stream handle) -> CuPy stream
+_configs: dict[tuple, LaunchConfig] = {}  # launch_config's answers, by its arguments (host time per call)
+_CONFIGS_KEPT = 4096
 _available: bool | None = None
 _why = ""  # the probe's reason, with _available
 
@@ -341,16 +343,18 @@ def _upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
 
 def _source(graph: CSRGraph) -> tuple[Any, ...]:
     """What a device entry is valid for: the graph's arrays themselves and their sizes."""
-    return (graph.indptr, graph.indices, graph.weights, graph.indptr.shape, graph.indices.shape,
-            None if graph.weights is None else graph.weights.shape)
+    return (graph.indptr, graph.indices, graph.weights, graph.indptr.size, graph.indices.size,
+            None if graph.weights is None else graph.weights.size)
 
 
 def _valid(entry: dict[str, Any] | None, graph: CSRGraph) -> bool:
+    """Whether ``entry`` was made from the arrays ``graph`` holds now (same objects, same sizes)."""
     if entry is None:
         return False
-    src = entry["source"]
-    return (src[0] is graph.indptr and src[1] is graph.indices and src[2] is graph.weights
-            and src[3:] == _source(graph)[3:])
+    ip, ix, w, n_ip, n_ix, n_w = entry["source"]
+    gw = graph.weights
+    return (ip is graph.indptr and ix is graph.indices and w is gw and ip.size == n_ip and ix.size == n_ix
+            and (gw is None or gw.size == n_w))
 
 
 def _device_graph(graph: CSRGraph, device: torch.device) -> dict[str, Any]:
@@ -493,35 +497,72 @@ def sampled_spmm_cuda(
         return torch.empty((n, f), dtype=out_dtype, device=x.device)
     device = x.device
     dev_index = device.index if device.index is not None else torch.cuda.current_device()
-    dg = _device_graph(graph, torch.device("cuda", dev_index))
-    max_deg = dg["max_degree"]
-    if width >= max_deg:
-        width = 0  # no row is sampled: exact
-    sched = _device_schedule(graph, dg, width, split_edges, row_order)
-    # split rows add into out: it starts at zero; otherwise every entry is stored
-    out = (torch.zeros if sched is not None else torch.empty)((n, f), dtype=dtype, device=x.device)
     dinv = None
     if aggregator == "gcn":
         dinv = gcn_dinv if gcn_dinv is not None else _gcn_dinv(graph, device, dtype)
         dinv = dinv.detach().to(device=device, dtype=dtype).contiguous()
         if dinv.shape != (n,):
             raise ValueError(f"gcn_dinv must have shape [{n}], got {tuple(dinv.shape)}")
-    vb = VALUE_BYTES[dtype]
-    vec = (VECTOR if vector is None else bool(vector)) and use_vector(f, vb, xc.data_ptr(), out.data_ptr())
-    num_items = sched["num_items"] if sched is not None else n
-    cfg = launch_config(n, f, width, max_deg, vb, dg["index_bytes"], vector=vec, num_items=num_items)
-    fn = _kernel(dev_index, dtype, dg["index_ctype"], cfg.cols_per_thread, cfg.vector, sched is not None)
+    out, plan = _plan(graph, xc, width, strategy, aggregator, dinv, torch.device("cuda", dev_index),
+                      split_edges, row_order, vector)
+    cfg = plan.cfg
+    fn = _kernel(dev_index, dtype, plan.index_ctype, cfg.cols_per_thread, cfg.vector, plan.split)
     cp = _cupy()
+    with cp.cuda.Device(dev_index), _stream(dev_index, torch.cuda.current_stream(device).cuda_stream):
+        fn((cfg.blocks,), (cfg.block_threads,), plan.args, shared_mem=cfg.shared_bytes)
+    return out if dtype == out_dtype else out.to(out_dtype)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One launch of ``es_spmm_kernel``: its shape, its arguments in the kernel's order, and the
+    template instance (value type from ``x``, ``index_ctype``, ``cfg.cols_per_thread``,
+    ``cfg.vector``, ``split``)."""
+
+    cfg: LaunchConfig
+    args: tuple
+    index_ctype: str
+    split: bool
+
+
+def _plan(graph: CSRGraph, xc: torch.Tensor, width: int, strategy: str, aggregator: str, dinv: torch.Tensor | None,
+          device: torch.device, split_edges: int | None, row_order: str,
+          vector: bool | None) -> tuple[torch.Tensor, _Plan]:
+    """Everything of a launch but the launch: the graph's device entry and schedule (on ``device``),
+    the output tensor (zeroed when rows are split), the shape and the argument tuple. ``xc`` is
+    contiguous ``[N, F]`` (N, F > 0) in the value type the kernel computes in, on ``device``; so is
+    ``dinv`` (``gcn``). Separate from :func:`sampled_spmm_cuda` so that the tests can run it on the
+    CPU and hand the arguments to the host emulation of the kernel."""
+    n, f = xc.shape
+    dtype = xc.dtype
+    dg = _device_graph(graph, device)
+    max_deg = dg["max_degree"]
+    if width >= max_deg:
+        width = 0  # no row is sampled: exact
+    sched = _device_schedule(graph, dg, width, split_edges, row_order)
+    # split rows add into out: it starts at zero; otherwise every entry is stored
+    out = (torch.zeros if sched is not None else torch.empty)((n, f), dtype=dtype, device=xc.device)
+    vb = VALUE_BYTES[dtype]
+    x_ptr, out_ptr = xc.data_ptr(), out.data_ptr()
+    vec = (VECTOR if vector is None else bool(vector)) and f % (16 // vb) == 0 and (x_ptr | out_ptr) & 15 == 0
+    num_items = sched["num_items"] if sched is not None else n
+    ckey = (n, f, width, max_deg, vb, dg["index_bytes"], vec, num_items)
+    cfg = _configs.get(ckey)
+    if cfg is None:
+        cfg = launch_config(n, f, width, max_deg, vb, dg["index_bytes"], vector=vec, num_items=num_items)
+        if len(_configs) >= _CONFIGS_KEPT:
+            _configs.clear()
+        _configs[ckey] = cfg
     # Device pointers go in as 64-bit scalars (a pointer parameter is 8 bytes): no DLPack round trip per
-    # call. A null pointer stands for the weights of an unweighted graph and for dinv unless ``gcn``: the
-    # kernel reads neither then.
+    # call. A null pointer stands for the weights of an unweighted graph, for dinv unless ``gcn`` and for
+    # the schedule when no row is split: the kernel reads none of them then.
     args = (
         dg["ptr_indptr"],
         dg["ptr_indices"],
         dg["ptr_weights"],
-        np.uint64(xc.data_ptr()),
+        np.uint64(x_ptr),
         np.uint64(dinv.data_ptr() if dinv is not None else 0),
-        np.uint64(out.data_ptr()),
+        np.uint64(out_ptr),
         sched["ptr_row"] if sched is not None else np.uint64(0),
         sched["ptr_chunk"] if sched is not None else np.uint64(0),
         np.int64(num_items),
@@ -535,9 +576,7 @@ def sampled_spmm_cuda(
         np.int32(cfg.group_size),
         np.int32(cfg.tile),
     )
-    with cp.cuda.Device(dev_index), _stream(dev_index, torch.cuda.current_stream(device).cuda_stream):
-        fn((cfg.blocks,), (cfg.block_threads,), args, shared_mem=cfg.shared_bytes)
-    return out if dtype == out_dtype else out.to(out_dtype)
+    return out, _Plan(cfg, args, dg["index_ctype"], sched is not None)
 
 
 def available() -> bool:

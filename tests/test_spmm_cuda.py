@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import torch
 
+from kernels import spmm as spmm_mod
 from kernels import spmm_cuda
 from kernels.graph import CSRGraph
 from kernels.spmm import sampled_spmm, sampled_spmm_torch
@@ -486,6 +487,77 @@ def test_host_emulation_vector_and_scalar_loads_agree(harness, tmp_path, f, dtyp
         got = emulate(harness, tmp_path / str(vec), g, x, 0, "fastrand", "gcn", vector=vec, stats=stats)
         assert stats["vector"] is vec
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"vector={vec}")
+
+
+def _from_ptr(ptr, dtype, count: int) -> np.ndarray:
+    """A copy of ``count`` elements at host address ``ptr`` (the CPU stands in for the device)."""
+    import ctypes
+
+    buf = (ctypes.c_char * (count * np.dtype(dtype).itemsize)).from_address(int(ptr))
+    return np.frombuffer(buf, dtype=dtype).copy()
+
+
+@pytest.mark.parametrize("case", ["hub-exact-gcn", "hub-s1000-f64-i64", "small-s8-mean-257", "misaligned-sum",
+                                  "split-off"])
+def test_launcher_plan_runs_in_the_host_emulation(harness, tmp_path, case):
+    # spmm_cuda._plan -- what sampled_spmm_cuda launches: device entry, schedule, zeroed output, shape
+    # and the argument tuple -- on CPU tensors; the arguments, read back from their pointers in the
+    # kernel's parameter order, drive the host emulation, which must give the specification's numbers
+    width, strategy, aggregator, f, dtype, split = {
+        "hub-exact-gcn": (0, "fastrand", "gcn", 64, torch.float32, None),
+        "hub-s1000-f64-i64": (1000, "bucket", "mean", 30, torch.float64, None),
+        "small-s8-mean-257": (8, "fastrand", "mean", 257, torch.float32, None),
+        "misaligned-sum": (0, "fastrand", "sum", 64, torch.float32, None),
+        "split-off": (0, "fastrand", "gcn", 32, torch.float32, 0),
+    }[case]
+    if case.startswith("small"):
+        g = random_graph(41, weighted=True)
+    else:
+        g = hub_graph(41, weighted=case != "misaligned-sum", index_dtype="int64" if "i64" in case else "int32")
+    x = torch.from_numpy(features(g.num_nodes, f, 41)).to(dtype)
+    if case == "misaligned-sum":
+        flat = torch.empty(x.numel() + 1, dtype=dtype)
+        xm = flat[1:].view(x.shape)
+        xm.copy_(x)
+        x = xm
+    assert x.is_contiguous()
+    dinv = spmm_mod._gcn_dinv(g, torch.device("cpu"), dtype) if aggregator == "gcn" else None
+    out, plan = spmm_cuda._plan(g, x, width, strategy, aggregator, dinv, torch.device("cpu"), split, "degree", None)
+    a = plan.args
+    n = g.num_nodes
+    num_items, split_edges = int(a[8]), int(a[9])
+    assert (int(a[10]), int(a[11])) == (n, f) and plan.split == (split_edges > 0)
+    assert plan.cfg.vector == (case != "misaligned-sum" and f % (16 // x.element_size()) == 0)
+    if plan.split:
+        assert torch.count_nonzero(out) == 0  # chunks add into a zeroed output
+    e = g.num_edges
+    itype = np.int64 if plan.index_ctype == "long long" else np.int32
+    vt = np.float64 if dtype == torch.float64 else np.float32
+    files = {"indptr": _from_ptr(a[0], np.int64, n + 1), "indices": _from_ptr(a[1], itype, e),
+             "x": _from_ptr(a[3], vt, n * f)}
+    assert np.array_equal(files["indptr"], g.indptr) and np.array_equal(files["indices"], g.indices)
+    if int(a[2]):
+        files["weights"] = _from_ptr(a[2], np.float32, e)
+    if int(a[4]):
+        files["dinv"] = _from_ptr(a[4], vt, n)
+    if plan.split:
+        files["work_row"] = _from_ptr(a[6], np.int64, num_items)
+        files["work_chunk"] = _from_ptr(a[7], np.int32, num_items)
+    else:
+        assert int(a[6]) == int(a[7]) == 0 and num_items == n
+    for name, arr in files.items():
+        arr.tofile(tmp_path / f"{name}.bin")
+    c = plan.cfg
+    argv = [harness, tmp_path, "f64" if vt is np.float64 else "f32", "i64" if itype is np.int64 else "i32",
+            c.cols_per_thread, int(c.vector), int(a[16]), int(a[17]), c.block_threads, c.blocks, c.shared_bytes,
+            n, f, int(a[12]), int(a[13]), int(a[14]), int(a[15]), split_edges, num_items]
+    assert (int(a[16]), int(a[17])) == (c.group_size, c.tile)
+    res = subprocess.run([str(v) for v in argv], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = np.fromfile(tmp_path / "out.bin", dtype=vt).reshape(n, f)
+    want = reference(g, x.numpy(), width, strategy, aggregator)
+    tol = 1e-4 if vt is np.float32 else 1e-10
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
 def test_host_emulation_of_the_probe_launches(harness, tmp_path):
