@@ -18,10 +18,11 @@ noise hits every variant alike), and reports, per variant, the median over round
 * CUDA, ``kernel``: the ES-SpMM kernel samples inside the kernel on every call (no memo), and its
   effective memory bandwidth is given as modelled bytes / time against the card's peak. Beside it,
   the launch knobs of ``kernels.spmm_cuda``, each against the same baseline in the same rounds:
-  ``scalar loads`` (no 128-bit loads: the launch shape and loads from before they existed), ``no
-  split`` (exact only: long rows walked by one group, in index order, as before the split), ``index
-  order`` (exact only: split, but the whole rows in index order instead of longest first), and
-  ``split=N`` for each ``--split-edges`` value (exact only). Device time comes from CUDA events
+  ``scalar loads`` (no 128-bit loads: at S <= 128, which never splits, the kernel from before the
+  split and the 128-bit loads), ``no split`` (exact only: long rows walked by one group, in index
+  order, with 128-bit loads), ``old exact`` (exact only: neither, the exact path from before),
+  ``index order`` (exact only: split, but the whole rows in index order instead of longest first),
+  and ``split=N`` for each ``--split-edges`` value (exact only). Device time comes from CUDA events
   around ``inner`` back-to-back calls; host time per call (the Python call, launch included,
   without waiting for the GPU) is reported beside it.
 
@@ -252,6 +253,7 @@ def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[
             variants[("scalar loads", w)] = lambda w=w: cuda_call(g, x, w, strategy, aggregator, vector=False)
         variants[("no split", 0)] = lambda: cuda_call(g, x, 0, strategy, aggregator, split_edges=0)
         variants[("index order", 0)] = lambda: cuda_call(g, x, 0, strategy, aggregator, row_order="index")
+        variants[("old exact", 0)] = lambda: cuda_call(g, x, 0, strategy, aggregator, split_edges=0, vector=False)
         for se in split_edges or []:
             variants[(f"split={se}", 0)] = lambda se=se: cuda_call(g, x, 0, strategy, aggregator, split_edges=se)
         # the knobs compute the same product
