@@ -30,6 +30,12 @@ This module is the parent. It
 * when a child exits without being asked to (crashed, killed, failed to start), stops the others
   and exits non-zero (the child's own code, 1 if it had none).
 
+Each child's compute threads (torch, the compiled kernels' numba pool, MKL) default to its share of
+the cores, ``max(1, cores // N)`` through ``OMP_NUM_THREADS`` / ``NUMBA_NUM_THREADS`` /
+``MKL_NUM_THREADS`` (unless those are set): N processes each spreading a parallel kernel over every
+core oversubscribe them. On the 2-vCPU VM two processes with the default pools used 1.75x the CPU
+per node of one process (122 against 70 us; docs/BENCHMARKS.md, issue 22 item 5).
+
 Children die with the parent (``PR_SET_PDEATHSIG``), so a parent killed with SIGKILL leaves no
 process behind on Linux.
 """
@@ -39,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -176,6 +183,22 @@ def _child_argv(args: Any, argv: Sequence[str], port: int, index: int, tmp: Path
     return out
 
 
+_THREAD_VARS = ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def child_env(processes: int, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The children's environment: compute threads per process = its share of the cores (module docstring)."""
+    env = dict(os.environ if environ is None else environ)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    share = str(max(1, cores // max(1, processes)))
+    for var in _THREAD_VARS:
+        env.setdefault(var, share)
+    return env
+
+
 def _shared_log(args: Any) -> bool:
     from .features import is_redis_url
 
@@ -191,6 +214,7 @@ def run_processes(args: Any, argv: Sequence[str]) -> int:
         log.error("cannot start: cannot bind %s:%d: %s", args.host, args.port, exc)
         return 1
     tmp = Path(tempfile.mkdtemp(prefix="gnnserve-processes-"))
+    env = child_env(n)
     children: dict[int, subprocess.Popen[bytes]] = {}
     stopping = threading.Event()
     metrics_server = None
@@ -217,9 +241,11 @@ def run_processes(args: Any, argv: Sequence[str]) -> int:
         for i in range(1, n + 1):
             if stopping.is_set():
                 break
-            children[i] = subprocess.Popen(_child_argv(args, argv, port, i, tmp), preexec_fn=_die_with_parent)  # no threads yet
-        log.info("started %d processes on %s:%d (pids %s)", n, args.host, port,
-                 ", ".join(str(c.pid) for c in children.values()))
+            children[i] = subprocess.Popen(_child_argv(args, argv, port, i, tmp), env=env,
+                                           preexec_fn=_die_with_parent)  # no threads yet
+        log.info("started %d processes on %s:%d (pids %s), compute threads per process: %s", n, args.host, port,
+                 ", ".join(str(c.pid) for c in children.values()),
+                 ", ".join(f"{v}={env[v]}" for v in _THREAD_VARS))
         status: dict[int, dict[str, Any]] = {}
         ready = False
         while True:

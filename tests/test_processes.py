@@ -207,3 +207,15 @@ def test_two_processes_over_redis_share_updates(redis_factory, tiny_repo, tiny_d
         np.testing.assert_allclose(np.frombuffer(a.packed_probabilities, "<f4"),
                                    np.frombuffer(b.packed_probabilities, "<f4"), atol=1e-6)
         assert srv.terminate(timeout=60) == 0, srv.log()
+
+
+def test_children_get_their_share_of_the_cores():
+    import os
+
+    from serve.processes import child_env
+
+    cores = len(os.sched_getaffinity(0))
+    env = child_env(2, {})
+    assert env["OMP_NUM_THREADS"] == env["NUMBA_NUM_THREADS"] == env["MKL_NUM_THREADS"] == str(max(1, cores // 2))
+    assert child_env(10 * cores, {})["OMP_NUM_THREADS"] == "1"
+    assert child_env(2, {"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"  # the user's setting stays
