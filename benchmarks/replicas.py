@@ -5,13 +5,23 @@ few epochs, features + graph + PPR lists loaded into a private ``redis-server`` 
 binary), then for each replica count R in ``--replicas`` (default 1,2): R ``gnnserve serve --graph
 redis://...`` processes, and ``--concurrency`` client threads sending Predict requests of
 ``--nodes`` random targets each, round robin over the replicas, for ``--seconds`` seconds after a
-warm-up. Reported: node predictions/s, requests/s, latency p50/p99, the CPU count and load.
+warm-up. Reported: node predictions/s, requests/s, latency p50/p99, the CPU count and load, and
+the CPU time the replicas and Redis spent per 1,000 node predictions in the measured window.
 
 The client threads run on the same machine as the servers and Redis, so on a small machine they
 compete for the same cores: the figure is a lower bound of what a replica does on its own cores.
 
     python benchmarks/replicas.py                               # defaults, about 3-6 minutes
     python benchmarks/replicas.py --seconds 20 --concurrency 8 --json out.json
+    python benchmarks/replicas.py --replicas 1 --modes memory,stateless,memory,stateless
+
+``--modes`` runs each replica count in each mode, in the order given (interleaved, so that the two
+modes share the machine's load): ``stateless`` (``--graph redis://... --features redis://...``,
+the default) or ``memory`` (the replicas hold graph, PPR index and features: no ``--graph``; what
+``--in-memory`` selects alone). With both modes the summary gives the mean node predictions/s per
+mode and their ratio. ``MODE@DIR`` runs that mode's servers from the source tree ``DIR`` (e.g. a
+``git archive`` of a base commit) instead of this one, for a before/after comparison within one run
+(its summary line is its own): ``--modes memory,stateless@/tmp/base,stateless``.
 
 Prints a Markdown table (and writes JSON with ``--json``).
 """
@@ -24,11 +34,13 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,8 +51,15 @@ from tests.redis_server import RedisServer  # noqa: E402
 from tests.serving import ServerProcess  # noqa: E402
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads; Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_load(addresses: list[str], model: str, num_nodes: int, batch: int, concurrency: int, seconds: float,
-             budget: int, width: int, seed: int = 0) -> dict:
+             budget: int, width: int, seed: int = 0, on_measure: Any = None) -> dict:
+    """The load of the module docstring; ``on_measure()`` is called when the measured window starts."""
     import grpc
 
     from clients._gen import gnnserve_pb2 as pb
@@ -81,6 +100,8 @@ def run_load(addresses: list[str], model: str, num_nodes: int, batch: int, concu
     lat.clear()
     done[0] = 0
     errors[0] = 0
+    if on_measure is not None:
+        on_measure()
     t0 = time.perf_counter()
     stop_at[0] = t0 + seconds
     with concurrent.futures.ThreadPoolExecutor(concurrency) as ex:
@@ -107,9 +128,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=32, help="PPR budget K per request")
     ap.add_argument("--width", type=int, default=8, help="sampling width S per request")
     ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--in-memory", action="store_true", help="replicas hold the graph (no --graph)")
+    ap.add_argument("--in-memory", action="store_true", help="replicas hold the graph (no --graph); = --modes memory")
+    ap.add_argument("--modes", default=None,
+                    help="comma-separated modes run in this order for each replica count: memory, stateless "
+                         "(default: stateless, or memory with --in-memory)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--py-spy", default=None, metavar="DIR",
+                    help="profile every replica during the measured window with py-spy (collapsed stacks in DIR; "
+                         "the sampling costs throughput: profile, do not measure, with this)")
     args = ap.parse_args(argv)
+    modes = [m.strip() for m in (args.modes or ("memory" if args.in_memory else "stateless")).split(",") if m.strip()]
+    bad = sorted({m.split("@", 1)[0] for m in modes} - {"memory", "stateless"})
+    if bad or not modes:
+        ap.error(f"--modes takes memory and/or stateless (optionally @DIR), got {args.modes!r}")
+    for m in modes:
+        if "@" in m and not (Path(m.split("@", 1)[1]) / "serve" / "cli.py").is_file():
+            ap.error(f"{m}: {m.split('@', 1)[1]} is not a gnnserve source tree")
 
     from kernels.datasets import synthetic_sbm
     from kernels.ppr import PPRConfig
@@ -138,33 +172,82 @@ def main(argv: list[str] | None = None) -> int:
             stateless = work / "stateless"
             stateless.mkdir()
             shutil.copytree(repo / "bench", stateless / "bench")
-            for r in [int(x) for x in args.replicas.split(",")]:
-                extra = [] if args.in_memory else ["--graph", url, "--features", url]
-                procs = [ServerProcess(repo if args.in_memory else stateless, *extra, "--poll-s", "0",
-                                       "--log-level", "WARNING", log_path=work / f"srv{r}-{i}.log")
+            points = [(mode, int(x)) for x in args.replicas.split(",") for mode in modes]
+            for j, (mode, r) in enumerate(points):
+                memory = mode.split("@", 1)[0] == "memory"
+                tree = Path(mode.split("@", 1)[1]).resolve() if "@" in mode else None
+                extra = [] if memory else ["--graph", url, "--features", url]
+                procs = [ServerProcess(repo if memory else stateless, *extra, "--poll-s", "0",
+                                       "--log-level", "WARNING", log_path=work / f"srv{j}-{r}-{i}.log", tree=tree)
                          for i in range(r)]
                 try:
                     for p in procs:
                         p.start()
+                    spies: list[subprocess.Popen[bytes]] = []
+                    pids = [p.proc.pid for p in procs if p.proc is not None]
+                    assert redis_srv.proc is not None
+                    cpu0: list[float] = []
+
+                    def profile(procs: list[ServerProcess] = procs, j: int = j, mode: str = mode,
+                                spies: list[subprocess.Popen[bytes]] = spies, pids: list[int] = pids,
+                                cpu0: list[float] = cpu0) -> None:
+                        cpu0[:] = [sum(cpu_seconds(x) for x in pids), cpu_seconds(redis_srv.proc.pid)]
+                        if not args.py_spy:
+                            return
+                        Path(args.py_spy).mkdir(parents=True, exist_ok=True)
+                        spy = Path(sys.executable).with_name("py-spy")
+                        for i, p in enumerate(procs):
+                            assert p.proc is not None
+                            out = Path(args.py_spy) / f"{j}-{mode.split('@', 1)[0]}-{i}.txt"
+                            spies.append(subprocess.Popen(
+                                [str(spy), "record", "--pid", str(p.proc.pid), "--format", "raw", "--output",
+                                 str(out), "--duration", str(int(args.seconds)), "--threads", "--nonblocking"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
                     res = run_load([p.address for p in procs], "bench", args.num_nodes, args.nodes,
-                                   args.concurrency, args.seconds, args.budget, args.width)
+                                   args.concurrency, args.seconds, args.budget, args.width, on_measure=profile)
+                    cpu1 = [sum(cpu_seconds(x) for x in pids), cpu_seconds(redis_srv.proc.pid)]
+                    per_k = 1e6 / max(1.0, res["nodes_per_s"] * res["seconds"])  # ms per 1,000 predictions
+                    res["replica_cpu_ms_per_1k"] = round((cpu1[0] - cpu0[0]) * per_k, 1)
+                    res["redis_cpu_ms_per_1k"] = round((cpu1[1] - cpu0[1]) * per_k, 1)
+                    for spy_proc in spies:
+                        spy_proc.wait(60)
                 finally:
                     for p in procs:
                         p.kill()
+                res["mode"] = mode
                 res["load_avg_1m"] = round(os.getloadavg()[0], 2)
                 results.append(res)
                 print(json.dumps(res), file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    mode = "in-memory graph" if args.in_memory else "stateless (--graph redis, features in Redis)"
-    print(f"\nMachine: {platform.platform()}, {os.cpu_count()} CPUs; mode: {mode}; N={args.num_nodes}, "
+    names = {"memory": "memory (graph, PPR index, features in the replica)",
+             "stateless": "stateless (--graph redis, features in Redis)"}
+    label = {m: names[m.split("@", 1)[0]] + (f" from {m.split('@', 1)[1]}" if "@" in m else "") for m in modes}
+    print(f"\nMachine: {platform.platform()}, {os.cpu_count()} CPUs; modes: "
+          f"{', '.join(label[m] for m in dict.fromkeys(modes))}; N={args.num_nodes}, "
           f"{args.nodes} targets/request, K={args.budget}, S={args.width}, {args.concurrency} client threads, "
           f"{args.seconds:.0f} s per point\n")
-    print("| replicas | node predictions/s | requests/s | p50 ms | p99 ms | errors | load avg (1 min) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| mode | replicas | node predictions/s | requests/s | p50 ms | p99 ms | errors | load avg (1 min) | "
+          "replica CPU ms / 1k predictions | Redis CPU ms / 1k |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['replicas']} | {r['nodes_per_s']:.0f} | {r['requests_per_s']:.1f} | {r['p50_ms']:.1f} | "
-              f"{r['p99_ms']:.1f} | {r['errors']} | {r['load_avg_1m']} |")
+        print(f"| {r['mode']} | {r['replicas']} | {r['nodes_per_s']:.0f} | {r['requests_per_s']:.1f} | "
+              f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} | {r['load_avg_1m']} | "
+              f"{r['replica_cpu_ms_per_1k']} | {r['redis_cpu_ms_per_1k']} |")
+    for r_count in dict.fromkeys(r["replicas"] for r in results):
+        pts = {m: [r for r in results if r["mode"] == m and r["replicas"] == r_count] for m in dict.fromkeys(modes)}
+        mean = {m: float(np.mean([r["nodes_per_s"] for r in v])) for m, v in pts.items()}
+        # CPU per prediction (replica + Redis) is what the machine's other load disturbs least
+        cpu = {m: float(np.mean([r["replica_cpu_ms_per_1k"] + r["redis_cpu_ms_per_1k"] for r in v]))
+               for m, v in pts.items()}
+        memory = [m for m in mean if m.split("@", 1)[0] == "memory"]
+        for m in mean:
+            if m.split("@", 1)[0] == "stateless" and memory:
+                base = memory[0]
+                print(f"\n{r_count} replica(s): mean node predictions/s {base} {mean[base]:.0f}, {m} {mean[m]:.0f}: "
+                      f"{m} / {base} = {mean[m] / mean[base]:.2f}; CPU ms (replica + Redis) per 1,000 predictions "
+                      f"{cpu[base]:.0f} and {cpu[m]:.0f}: {base} / {m} = {cpu[base] / cpu[m]:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
     return 0

@@ -12,6 +12,11 @@ How a replica uses it (per batch, :class:`RedisGraphStore`)
   the in-memory one row for row and column for column (tested against the in-memory server).
 * Decoded rows and lists go through a byte-bounded LRU (``--graph-cache-bytes``, default 64 MiB):
   hot nodes are not fetched again. Graph versions are immutable, so cached rows never go stale.
+* PPR models (:meth:`RedisGraphStore.ppr_induced_batch`): each target's induced subgraph (its
+  list, the local edge pairs, their weights, the members' GCN degrees) goes through the same LRU,
+  so a warm batch neither reads lists and rows nor builds a local CSR: it concatenates its
+  targets' entries, cut to the budget K, as :class:`kernels.subgraph.InducedTable` does for an
+  in-memory index. Only the targets without an entry take the two rounds above.
 * New nodes (``new_nodes`` in a request) need the push or BFS over the whole graph: a replica
   in this mode refuses them with INVALID_ARGUMENT (run a single-process server for those).
 
@@ -23,7 +28,11 @@ replaces whole adjacency rows (and adds nodes ``N_base .. num_nodes - 1``, which
 overlay: such a node without a row given has no edges), :meth:`RedisGraphStore.apply_lists` whole
 PPR top-K lists. Every read (``adjacency``, ``ppr_lists``, ``local_graph``, the induced and L-hop
 batches and their GCN degrees, :class:`RedisPPRIndex`) takes an overlay row before the LRU or
-Redis; decoded snapshot rows in the LRU stay valid, as the snapshot never changes.
+Redis; decoded snapshot rows in the LRU stay valid, as the snapshot never changes. A cached induced
+subgraph is derived from overlay rows too, so it is checked before use: each ``apply_*`` call is
+one overlay generation, each overlay row and list remembers the generation that last changed it,
+and an entry built at generation ``g`` is induced again when its target's list or a member's row
+changed after ``g`` (or the graph became weighted); checked once per generation and entry.
 ``num_nodes`` and ``num_edges`` follow the overlay exactly; ``max_degree`` is
 ``max(stored max degree, longest overlay row)``, an upper bound once the stored maximum's row
 shrank. A weighted row on an unweighted snapshot makes the graph weighted (``is_weighted``): every
