@@ -389,7 +389,7 @@ def load_synthetic(
             out_of_core = need > OUT_OF_CORE_FRACTION * avail
             if out_of_core:
                 log.info("synthetic %d nodes: about %.1f GiB in memory against %.1f GiB available: "
-                         "generating out of core", num_nodes, need / 2**30, avail / 2**30)
+                         "out of core, memory-mapped from the cache", num_nodes, need / 2**30, avail / 2**30)
     if not out_of_core:
         return synthetic_sbm(num_nodes, **kwargs)
     d = synthetic_cache_dir(num_nodes, cache_dir, **kwargs)
