@@ -176,7 +176,11 @@ class TorchPlanPath(ServingPath):
 
         probs, labels, emb, t_feat = _torch_answers(rt, plan.sizes[0], forward, want_emb)
         t_fwd = time.perf_counter()
-        kept, total = edges_on_paths(plan, plan_graph, width, rt._exact_edges)  # memo: None on remote graphs
+        if rt.remote_graph:  # plan_graph holds only the expanded rows: exact counts from the store's degrees
+            kept = plan.kept_per_target()
+            total = rt.graph.exact_path_edges(plan_ids[: plan.num_targets], plan.layers) if width else kept
+        else:
+            kept, total = edges_on_paths(plan, plan_graph, width, rt._exact_edges)
         return PathOutput(probs, labels, emb, kept, total, t_sub, t_feat, t_fwd)
 
 

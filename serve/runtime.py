@@ -735,10 +735,11 @@ class ModelRuntime:
         last ones only, default all)."""
         layers = self.num_layers if layers is None else layers
         gcn = self.architecture == "gcn"
-        if self.remote_graph:  # the L-hop rows from Redis, as a local graph (local id = rank in uniq)
-            g, uniq, gdeg = self.graph.lhop_local(targets, layers)
+        if self.remote_graph:  # only the rows the plan expands, from Redis, as a local graph (local id = rank)
+            g, uniq = self.graph.plan_local(targets, layers, width, self.strategy)
             plan = execution_plan(g, np.searchsorted(uniq, targets), layers, width, self.strategy)
-            return plan, g, uniq[plan.node_ids], gdeg[plan.node_ids] if gcn else None
+            ids = uniq[plan.node_ids]
+            return plan, g, ids, self.graph.gcn_degrees(ids) if gcn and degrees else None
         plan = execution_plan(self.graph, targets, layers, width, self.strategy)
         degrees = self.model.norm_degrees_for(self.graph, plan.node_ids) if gcn and degrees else None
         return plan, self.graph, plan.node_ids, degrees

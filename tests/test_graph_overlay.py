@@ -137,17 +137,35 @@ def assert_same_as(store, ref: CSRGraph, targets: np.ndarray) -> None:
         direct = store.induced_batch(lp, ln)
         np.testing.assert_array_equal(direct.graph.indices, want.graph.indices)
         np.testing.assert_allclose(direct.gcn_degrees, deg[ln], rtol=1e-6)
-        # the local graph a plan runs on: every row within hops - 1 of a target is complete
-        g_loc, uniq, gdeg = store.lhop_local(targets, hops)
-        np.testing.assert_array_equal(uniq, np.unique(ln))
-        np.testing.assert_allclose(gdeg, deg[uniq], rtol=1e-6)
-        inner = np.unique(lhop_nodes(ref, targets, hops - 1)[1]) if hops else np.zeros(0, np.int64)
-        for v in inner:
-            i = int(np.searchsorted(uniq, v))
-            np.testing.assert_array_equal(uniq[g_loc.neighbors(i)], ref.neighbors(int(v)))
-            if ref.is_weighted:
-                np.testing.assert_array_equal(g_loc.weights[g_loc.indptr[i]:g_loc.indptr[i + 1]],
-                                              ref.weights[ref.indptr[v]:ref.indptr[v + 1]])
+    assert_plans_same(store, ref, targets)
+
+
+def assert_plans_same(store, ref: CSRGraph, targets: np.ndarray) -> None:
+    """The sampled plan a stateless replica builds (``plan_local``: only the expanded rows fetched),
+    its degrees and exact edge counts equal the in-memory ones on ``ref``, at exact and sampled widths."""
+    from kernels.plan import exact_path_edges, execution_plan
+
+    deg = full_gcn_degrees(ref)
+    t = np.asarray(list(dict.fromkeys(np.asarray(targets).tolist())), dtype=np.int64)  # distinct, in order
+    for hops in (1, 2, 3):
+        for width in (0, 2, 5):
+            for strategy in ("fastrand", "bucket"):
+                want = execution_plan(ref, t, hops, width, strategy)
+                g_loc, uniq = store.plan_local(t, hops, width, strategy)
+                got = execution_plan(g_loc, np.searchsorted(uniq, t), hops, width, strategy)
+                np.testing.assert_array_equal(uniq[got.node_ids], want.node_ids)
+                assert got.sizes == want.sizes
+                np.testing.assert_array_equal(got.indptr, want.indptr)
+                np.testing.assert_array_equal(got.cols, want.cols)
+                np.testing.assert_array_equal(got.row_scale, want.row_scale)
+                if ref.is_weighted:
+                    np.testing.assert_array_equal(got.edge_weights, want.edge_weights)
+                else:
+                    assert got.edge_weights is None
+        np.testing.assert_array_equal(store.exact_path_edges(t, hops + 1), exact_path_edges(ref, t, hops + 1))
+    some = np.concatenate([t, np.arange(0, ref.num_nodes, 7)])
+    np.testing.assert_array_equal(store.row_lengths(some), ref.degrees[some])
+    np.testing.assert_allclose(store.gcn_degrees(some), deg[some], rtol=1e-12)
 
 
 # --------------------------------------------------------------------------- tests
@@ -472,3 +490,59 @@ def test_cached_induced_batches_follow_the_overlay(stored, tiny_dataset, monkeyp
         assert sorted(fresh) == sorted(t.tolist())
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_degree_chunks_and_versions_without_them(redis_factory, weighted):
+    """Degrees come from the version's degree chunks (several chunks, the last one short); a version
+    stored before they existed (no ``degree_chunk`` in its metadata) takes them from the rows and
+    plans alike; a damaged chunk is DATA_LOSS and a lost one NOT_FOUND, never a wrong degree."""
+    import redis
+
+    from serve.graph.schema import encode_degrees
+    from serve.graph_store import GraphCorrupt, GraphNotFound, RedisGraphStore, load_graph
+
+    rng = np.random.default_rng(11)
+    n = 700
+    w = rng.random(5000).astype(np.float32) + 0.1 if weighted else None
+    g = CSRGraph.from_edge_index(rng.integers(0, n, size=(2, 5000)), n, w, symmetrize=True)
+    srv = redis_factory()
+    load_graph(DS(g, f"deg{int(weighted)}"), srv.url, chunk_size=256, progress=False)
+    t = rng.choice(n, size=20, replace=False)
+    store = RedisGraphStore(srv.url, g.fingerprint(), cache_bytes=1 << 20)
+    try:
+        assert store.degree_chunk == 256
+        assert_plans_same(store, g, t)
+        assert store.stats()["degree_chunks"] == 3  # 256 + 256 + 188 nodes
+        # overlay rows override the stored degrees, a new node without a row has none
+        rows = {int(t[0]): (np.array([1, 2, 3]), np.array([0.5, 1.0, 2.0], np.float32) if weighted else None)}
+        store.apply_rows(rows, n + 1)
+        ref = edited_graph(g, rows, n + 1)
+        assert_plans_same(store, ref, np.r_[t, [n]])
+    finally:
+        store.close()
+    cl = redis.Redis.from_url(srv.url)
+    meta = store.keys.meta
+    # a version without degree chunks: the same answers, from the rows
+    cl.hdel(meta, "degree_chunk")
+    old = RedisGraphStore(srv.url, g.fingerprint(), cache_bytes=1 << 20)
+    try:
+        assert old.degree_chunk == 0
+        assert_plans_same(old, g, t)
+        assert old.stats()["degree_chunks"] == 0
+    finally:
+        old.close()
+    cl.hset(meta, "degree_chunk", 256)
+    # a chunk stored under the wrong key, then a lost one
+    key = store.keys.deg.node_key(1)
+    cl.set(key, encode_degrees(0, g.degrees[256:512], None))
+    bad = RedisGraphStore(srv.url, g.fingerprint(), cache_bytes=0)
+    try:
+        with pytest.raises(GraphCorrupt, match="degree chunk 1"):
+            bad.row_lengths(np.array([300]))
+        cl.delete(key)
+        with pytest.raises(GraphNotFound, match="degree chunks"):
+            bad.gcn_degrees(np.array([300]))
+        np.testing.assert_array_equal(bad.row_lengths(np.array([5, 600])), g.degrees[[5, 600]])  # other chunks
+    finally:
+        bad.close()

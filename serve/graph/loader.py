@@ -114,12 +114,12 @@ def load_graph(dataset: Any, redis_url: str, *, version: int = 1, ppr: Sequence[
         if live:
             keys = GraphKeys(fp, version, int(old["shards"]))
             log.info("graph %s v%d is live: comparing it with the dataset, writing nothing", fp, version)
-            return _compare_live(cl, target, keys, graph, indexes, idt, old, chunk_size, t0, ppr_meta)
+            return _compare_live(cl, target, keys, graph, indexes, idt, old, t0, ppr_meta)
         start_version(cl, target, keys, {
             "format": GRAPH_FORMAT, "fingerprint": fp, "version": version,
             "num_nodes": n, "num_edges": graph.num_edges,
             "max_degree": int(graph.degrees.max()) if n else 0, "weighted": int(graph.weights is not None),
-            "index_dtype": idt.str, "shards": shards, "chunk_size": chunk_size,
+            "index_dtype": idt.str, "shards": shards, "chunk_size": chunk_size, "degree_chunk": chunk_size,
             "ppr": json.dumps(ppr_meta, sort_keys=True),
             "dataset_fingerprint": dataset.fingerprint(), "dataset_name": getattr(dataset, "name", "") or "",
             "created_at": old.get("created_at") or now(), "key_format": keys.key_format,
@@ -129,8 +129,7 @@ def load_graph(dataset: Any, redis_url: str, *, version: int = 1, ppr: Sequence[
         with tqdm(total=n, desc="graph load", unit="node", disable=not progress) as bar:
             for a in range(0, n, chunk_size):
                 b = min(n, a + chunk_size)
-                ids = np.arange(a, b, dtype=np.int64)
-                for part, blobs in chunk_blobs(graph, indexes, a, b, idt):
+                for part, ids, blobs in chunk_blobs(graph, indexes, a, b, idt, chunk_size):
                     digests.append(write_verified(cl, target, keys, keys.part(part), ids, blobs,
                                                   what=f"graph chunk {a}..{b} ({part})"))
                     written += len(blobs)
@@ -150,8 +149,15 @@ def _connect(target: RedisTarget) -> Any:
     return connect(target, socket_timeout=10.0, connect_timeout=2.0, retries=3, errors=GRAPH_ERRORS)
 
 
+def _stored_chunking(meta: dict[str, str], default: int) -> tuple[int, int]:
+    """``(chunk_size, degree_chunk)`` a stored version was written with (its digests, and so its
+    checksum, follow its chunks; ``degree_chunk`` 0: a version written before degree chunks)."""
+    chunk = int(meta.get("chunk_size") or default)
+    return chunk, int(meta.get("degree_chunk") or 0)
+
+
 def _compare_stored(cl: Any, target: RedisTarget, keys: GraphKeys, graph: Any, indexes: dict[str, tuple[Any, str]],
-                    idt: np.dtype, chunk_size: int) -> tuple[list[bytes], list[str]]:
+                    idt: np.dtype, chunk_size: int, degree_chunk: int) -> tuple[list[bytes], list[str]]:
     """Read every stored chunk of every part back and compare it with the dataset's: ``(digests of
     what Redis returned, one line per part and chunk that differs)``."""
     digests: list[bytes] = []
@@ -159,8 +165,7 @@ def _compare_stored(cl: Any, target: RedisTarget, keys: GraphKeys, graph: Any, i
     n = graph.num_nodes
     for a in range(0, n, chunk_size):
         b = min(n, a + chunk_size)
-        ids = np.arange(a, b, dtype=np.int64)
-        for part, blobs in chunk_blobs(graph, indexes, a, b, idt):
+        for part, ids, blobs in chunk_blobs(graph, indexes, a, b, idt, degree_chunk):
             digest, diff = read_back(cl, target, keys, keys.part(part), ids, blobs,
                                      what=f"graph chunk {a}..{b} ({part})")
             if len(diff):
@@ -170,10 +175,10 @@ def _compare_stored(cl: Any, target: RedisTarget, keys: GraphKeys, graph: Any, i
 
 
 def _compare_live(cl: Any, target: RedisTarget, keys: GraphKeys, graph: Any, indexes: dict[str, tuple[Any, str]],
-                  idt: np.dtype, old: dict[str, str], chunk_size: int, t0: float,
+                  idt: np.dtype, old: dict[str, str], t0: float,
                   ppr_meta: dict[str, dict[str, Any]]) -> GraphLoadReport:
     """A re-run of ``load_graph`` on a live version: read back, compare, write nothing."""
-    digests, bad = _compare_stored(cl, target, keys, graph, indexes, idt, chunk_size)
+    digests, bad = _compare_stored(cl, target, keys, graph, indexes, idt, *_stored_chunking(old, 2048))
     checksum = version_checksum(digests, person=_PERSON)
     where = keys.where(target)
     if bad:
@@ -206,7 +211,8 @@ def verify_graph(dataset: Any, redis_url: str, *, version: int | None = None, pp
             idx = (PPRIndex.open_or_build(ppr_cache_dir, graph, cfg, progress=False) if ppr_cache_dir
                    else PPRIndex.build(graph, cfg, progress=False))
             indexes[ck] = (idx, pm.get("scores", "none"))
-        _, bad = _compare_stored(cl, target, store.keys, graph, indexes, store.index_dtype, chunk_size)
+        stored_chunk, degree_chunk = _stored_chunking(store.meta, chunk_size)
+        _, bad = _compare_stored(cl, target, store.keys, graph, indexes, store.index_dtype, stored_chunk, degree_chunk)
         if bad:
             return False, f"graph {store.fingerprint} v{store.version}: differs from the dataset: " + "; ".join(bad)
         return True, f"graph {store.fingerprint} v{store.version}: every row and list matches the dataset"

@@ -3,8 +3,12 @@
 How a replica uses it (per batch, :class:`RedisGraphStore`)
 -----------------------------------------------------------
 * PPR models: one ``MGET`` round of the targets' top-K lists (sliced to the request's budget K),
-  then one round of the adjacency rows of the distinct nodes of those lists; L-hop models: one
-  round per hop plus one (the rows of the last hop's nodes).
+  then one round of the adjacency rows of the distinct nodes of those lists.
+* L-hop models (:meth:`RedisGraphStore.plan_local`): one round per layer for the rows the sampled
+  execution plan expands (the targets', then those of the neighbours it keeps at the request's
+  width), never the whole L-hop ball; the GCN degrees of the nodes it reaches without expanding them
+  come from the version's degree chunks (one round on first use of each chunk, kept for the
+  version's life), and so do the exact edge counts a response reports.
 * Those rows, restricted to the fetched node set and relabelled by rank (a monotone map, so
   every row stays sorted), form a small local CSR on which :func:`kernels.subgraph.induced_batch`
   / :func:`kernels.subgraph.lhop_nodes` run unchanged; the batch's ids are then mapped back.
@@ -58,7 +62,7 @@ from ..redisdata.bulk import fetch_blobs_checked
 from ..redisdata.connection import connect, parse_redis_url
 from ..redisdata.errors import GRAPH_ERRORS, GraphCorrupt, GraphNotFound, GraphUnavailable, redis_errors
 from ..redisdata.versions import NodeKeys, PinnedVersion, VersionPin, check_live, read_meta
-from .schema import GRAPH_FORMAT, SCORE_CODES, SCORE_DTYPES, GraphKeys, RowDecoder
+from .schema import GRAPH_FORMAT, SCORE_CODES, SCORE_DTYPES, GraphKeys, RowDecoder, decode_degrees
 
 __all__ = ["DEFAULT_GRAPH_CACHE", "RedisGraphStore", "RedisPPRIndex"]
 
@@ -221,8 +225,19 @@ class RedisGraphStore(PinnedVersion):
             code = SCORE_CODES[pm.get("scores", "none")]
             self._ppr_dec[ck] = RowDecoder(b"gp", big | (code << 1), self.index_dtype, SCORE_DTYPES.get(code),
                                          self.num_nodes, True, f"PPR list ({ck})")
-        self.cache = _RowCache(cache_bytes)
+        # rows and lists in one LRU, the per-target induced subgraphs in another with half the budget: a
+        # cold target's rows (a hub's can be MBs) must not evict the entries that make warm batches cheap
+        self.cache = _RowCache(int(cache_bytes) - int(cache_bytes) // 2)
+        self.induced_cache = _RowCache(int(cache_bytes) // 2)
         self.round_trips = 0
+        # degrees (row length, weight sum) by chunk of degree_chunk nodes, fetched on first use and kept
+        # for the version's life (12 bytes per node at most); 0 = a version without them (rows instead)
+        try:
+            self.degree_chunk = int(meta.get("degree_chunk") or 0)
+        except ValueError:
+            raise GraphCorrupt(f"graph metadata of {where} has degree_chunk {meta.get('degree_chunk')!r}") from None
+        self._deg_chunks: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        self._deg_lock = threading.Lock()
         # the overlay of live updates (module docstring): changed only by apply_*, under the caller's lock
         self.base_num_nodes = self.num_nodes
         self._base_num_edges = self.num_edges
@@ -422,8 +437,8 @@ class RedisGraphStore(PinnedVersion):
         """The induced batch of the targets' top-``k`` PPR lists (configuration ``config_key``):
         what ``induced_batch(*ppr_index.lookup(targets, k))`` gives, ``gcn_degrees`` included.
 
-        Each target's induced subgraph is kept in the LRU (kind ``i<config key>``, one entry per
-        target, :class:`_Induced`), so a warm batch reads neither lists nor rows: it concatenates
+        Each target's induced subgraph is kept in the induced-subgraph LRU (``induced_cache``, half
+        of the graph cache's budget; kind ``i<config key>``, one entry per target, :class:`_Induced`), so a warm batch reads neither lists nor rows: it concatenates
         its targets' entries, cut to the budget ``k``. Targets without a usable entry are induced
         together, as :meth:`induced_batch` does (one fetch round for their lists, one for the rows
         of their members), and their entries cached.
@@ -443,13 +458,13 @@ class RedisGraphStore(PinnedVersion):
         order = t.tolist()
         distinct = list(dict.fromkeys(order))
         kind = "i" + config_key
-        found, missing = self.cache.get_many(kind, distinct)
+        found, missing = self.induced_cache.get_many(kind, distinct)
         for v in [v for v, e in found.items() if not self._valid(config_key, v, e, k)]:
             del found[v]
             missing.append(v)
         if missing:
             built = self._induce(config_key, missing, k)
-            self.cache.put_many(kind, built, replace=True)
+            self.induced_cache.put_many(kind, built, replace=True)
             found.update(built)
         return _assemble_induced([found[v] for v in order], k, self.is_weighted)
 
@@ -494,6 +509,152 @@ class RedisGraphStore(PinnedVersion):
             out[v] = _Induced(nodes[lo:hi].copy(), src, dst, None if w is None else w[e0:e1].copy(),
                               row_deg[lo:hi].copy(), len(full[i]) <= k, weighted, gen)
         return out
+
+    # ---------------------------------------------------------------- degrees
+    def row_lengths(self, ids: np.ndarray) -> np.ndarray:
+        """int64: the adjacency row length (degree) of each of ``ids`` (any order, repeats allowed),
+        overlay included, without fetching the rows where the version stores degree chunks."""
+        return self._degrees(ids)[0]
+
+    def gcn_degrees(self, ids: np.ndarray) -> np.ndarray:
+        """float64: the full-graph GCN degree ``1 + sum_j w_ij`` of each of ``ids`` (``1 +`` the row
+        length on an unweighted graph): what ``GCN.norm_degrees_for`` gives on the in-memory graph."""
+        lengths, wsums = self._degrees(ids)
+        return (lengths.astype(np.float64) if wsums is None else wsums) + 1.0
+
+    def _degrees(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(row lengths int64, weight sums float64 or None on an unweighted graph)`` of ``ids``."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.num_nodes):
+            raise ValueError(f"node ids must lie in [0, {self.num_nodes})")
+        weighted = self.is_weighted
+        lengths = np.zeros(len(ids), dtype=np.int64)
+        wsums = np.zeros(len(ids), dtype=np.float64) if weighted else None
+        stored = ids < self.base_num_nodes
+        ov = self._ov_rows
+        if ov:
+            for j, v in enumerate(ids.tolist()):
+                row = ov.get(v)
+                if row is not None:
+                    stored[j] = False
+                    lengths[j] = len(row[0])
+                    if wsums is not None:
+                        wsums[j] = float(row[1].sum(dtype=np.float64)) if row[1] is not None else float(len(row[0]))
+        pos = np.flatnonzero(stored)  # ids >= base_num_nodes without an overlay row: no edges
+        if not len(pos):
+            return lengths, wsums
+        sid = ids[pos]
+        if not self.degree_chunk:  # a version stored without degree chunks: from the rows
+            uniq = np.unique(sid)
+            rows = self._snapshot_rows("a", uniq.tolist(), self.keys.adj, self._adj)
+            lengths[pos] = [len(rows[int(v)][0]) for v in sid]
+            if wsums is not None:
+                wsums[pos] = [float(rows[int(v)][1].sum(dtype=np.float64)) if rows[int(v)][1] is not None
+                              else float(len(rows[int(v)][0])) for v in sid]
+            return lengths, wsums
+        dc = self.degree_chunk
+        chunks = sid // dc
+        need = [int(c) for c in np.unique(chunks) if int(c) not in self._deg_chunks]
+        if need:
+            self._fetch_degree_chunks(need)
+        for c in np.unique(chunks).tolist():
+            sel = pos[chunks == c]
+            ln, ws = self._deg_chunks[c]
+            off = ids[sel] - c * dc
+            lengths[sel] = ln[off]
+            if wsums is not None:
+                wsums[sel] = ws[off] if ws is not None else ln[off]
+        return lengths, wsums
+
+    def _fetch_degree_chunks(self, chunks: list[int]) -> None:
+        arr = np.asarray(chunks, dtype=np.int64)
+        with redis_errors(self._target, f"fetching {len(chunks)} degree chunks", GRAPH_ERRORS):
+            values, digest = fetch_blobs_checked(self._client, self.keys.deg, arr, self.keys.meta,
+                                                 cluster=self._target.cluster, chunk_size=self._chunk)
+        self.round_trips += 1
+        assert self._pin is not None
+        self._pin.check(digest)
+        dc, n, weighted = self.degree_chunk, self.base_num_nodes, self.meta.get("weighted") == "1"
+        gone = [c for c, v in zip(chunks, values, strict=True) if v is None]
+        if gone:
+            raise GraphNotFound(
+                f"{len(gone)} of {len(chunks)} degree chunks of graph {self.fingerprint} v{self.version} are missing "
+                f"at {self._target.masked}: chunks {summarize_ids(np.asarray(gone))} (Redis lost data: a restart "
+                "without persistence, eviction or a flush; rerun `gnnserve graph load`)")
+        decoded = {c: decode_degrees(c, c * dc, min(dc, n - c * dc), weighted, n, v)
+                   for c, v in zip(chunks, values, strict=True)}
+        with self._deg_lock:
+            self._deg_chunks.update(decoded)
+
+    # ---------------------------------------------------------------- sampled plans (L-hop models)
+    def plan_local(self, targets: np.ndarray, hops: int, width: int, strategy: str = "fastrand") -> tuple[Any, np.ndarray]:
+        """``(graph, uniq)``: a local CSR on which ``execution_plan(graph, searchsorted(uniq, targets),
+        hops, width, strategy)`` is the plan the in-memory graph gives, node for node and edge for
+        edge (its ``node_ids`` map back through ``uniq``), with only the rows that plan expands fetched.
+
+        A plan expands the rows of the nodes within ``hops - 1`` kept hops of the targets and, from
+        each, the edges at the positions its sampler keeps (a function of the row length and the
+        width alone: :func:`kernels.plan._kept_edges`). So ``hops`` rounds fetch exactly those rows;
+        each fetched row is kept at its full length and in its stored order (the positions depend on
+        both), its kept columns relabelled by rank in ``uniq`` (the fetched nodes and every kept
+        column) and every other column pointing at one extra node past ``uniq``, which has no edges
+        and which no kept edge reaches. The other nodes of ``uniq`` have empty rows. With exact
+        width (0) every column is kept: the rows of the whole ``hops - 1`` ball, as before.
+
+        Rows need not be sorted in this graph (the dummy column breaks the order): it is for
+        :func:`kernels.plan.execution_plan` only, not for the CSR operations that need sorted rows.
+        """
+        t = np.unique(np.asarray(targets, dtype=np.int64).reshape(-1))
+        if len(t) and (int(t[0]) < 0 or int(t[-1]) >= self.num_nodes):
+            raise ValueError(f"targets must lie in [0, {self.num_nodes})")
+        width = int(width or 0)
+        fastrand = strategy == "fastrand"
+        rows: dict[int, Any] = {}
+        frontier = t
+        for h in range(max(int(hops), 0)):
+            got = self.adjacency(frontier)
+            rows.update(got)
+            if h == hops - 1:
+                break
+            cat, _, edges = _kept_edges_of([got[v][0] for v in frontier.tolist()], width, fastrand)
+            nxt = np.unique(cat[edges])
+            frontier = nxt[~np.isin(nxt, np.fromiter(rows.keys(), dtype=np.int64, count=len(rows)))]
+            if not len(frontier):
+                break
+        fetched = np.fromiter(sorted(rows), dtype=np.int64, count=len(rows))
+        # fetched rows concatenated in id order: the same offsets as the local CSR's (rank order; the
+        # other nodes' rows are empty)
+        cat, lens, edges = _kept_edges_of([rows[v][0] for v in fetched.tolist()], width, fastrand)
+        kept = cat[edges]
+        uniq = np.unique(np.concatenate([t, fetched, kept]))
+        dummy = len(uniq)
+        deg = np.zeros(dummy + 1, dtype=np.int64)
+        deg[np.searchsorted(uniq, fetched)] = lens
+        indptr = np.zeros(dummy + 2, dtype=np.int64)
+        np.cumsum(deg, out=indptr[1:])
+        indices = np.full(len(cat), dummy, dtype=np.int64)
+        indices[edges] = np.searchsorted(uniq, kept)
+        weights = None
+        if self.is_weighted:  # rows without weights (unweighted snapshot or overlay row) weigh 1 per edge
+            ws = [rows[v][1] if rows[v][1] is not None else np.ones(len(rows[v][0]), np.float32)
+                  for v in fetched.tolist()]
+            weights = np.concatenate(ws).astype(np.float32) if ws else np.zeros(0, np.float32)
+        from kernels.graph import CSRGraph
+
+        return CSRGraph(indptr=indptr, indices=indices, weights=weights, num_nodes=dummy + 1), uniq
+
+    def exact_path_edges(self, targets: np.ndarray, layers: int) -> np.ndarray:
+        """int64 ``[B]``: :func:`kernels.plan.exact_path_edges` on the stored graph (overlay included):
+        the rows within ``layers - 2`` hops of the targets from Redis, the degrees of the nodes one
+        hop further from the degree chunks."""
+        from kernels.plan import execution_plan
+
+        t = np.asarray(targets, dtype=np.int64).reshape(-1)
+        if layers <= 0 or len(t) == 0:
+            return np.zeros(len(t), dtype=np.int64)
+        g, uniq = self.plan_local(t, layers - 1, 0)
+        exact = execution_plan(g, np.searchsorted(uniq, t), layers - 1, 0)
+        return np.rint(exact.path_sums(self.row_lengths(uniq[exact.node_ids]), layers)).astype(np.int64)
 
     # ---------------------------------------------------------------- local graphs
     def local_graph(self, uniq: np.ndarray, rows: dict[int, Any]) -> tuple[Any, np.ndarray]:
@@ -565,15 +726,6 @@ class RedisGraphStore(PinnedVersion):
         uniq = np.fromiter(sorted(rows), dtype=np.int64, count=len(rows))
         return t, uniq, rows
 
-    def lhop_local(self, targets: np.ndarray, hops: int) -> tuple[Any, np.ndarray, np.ndarray]:
-        """``(graph, uniq, gcn_degrees)``: :meth:`local_graph` over the ``hops``-hop scope of
-        ``targets`` (local id = rank in the sorted ``uniq``). Rows of nodes within ``hops - 1`` of a
-        target are complete and in the stored order, which is what an execution plan
-        (:mod:`kernels.plan`) of a ``hops``-layer model reads."""
-        _, uniq, rows = self._lhop_rows(targets, hops)
-        g, gdeg = self.local_graph(uniq, rows)
-        return g, uniq, gdeg
-
     def lhop_batch(self, targets: np.ndarray, hops: int) -> tuple[Any, np.ndarray, np.ndarray]:
         """``(batch, ptr, nodes)``: the exact L-hop lists (as :func:`kernels.subgraph.lhop_nodes`)
         and their induced batch; ``hops + 1`` fetch rounds, fewer with the LRU."""
@@ -597,6 +749,9 @@ class RedisGraphStore(PinnedVersion):
         return {"url": self._target.masked, "fingerprint": self.fingerprint, "version": self.version,
                 "digest": self.digest, "cluster": self._target.cluster, "cache_rows": len(self.cache), "cache_bytes": self.cache.nbytes,
                 "cache_hits": self.cache.hits, "cache_misses": self.cache.misses, "round_trips": self.round_trips,
+                "induced_cached": len(self.induced_cache), "induced_bytes": self.induced_cache.nbytes,
+                "induced_hits": self.induced_cache.hits, "induced_misses": self.induced_cache.misses,
+                "degree_chunks": len(self._deg_chunks),
                 "overlay": self.overlay_stats()}
 
     def close(self) -> None:
@@ -751,3 +906,21 @@ def _count_degree(hist: dict[int, int], degree: int, step: int) -> None:
     else:
         hist.pop(degree, None)
 
+
+
+
+def _kept_edges_of(rows: list[np.ndarray], width: int, fastrand: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(ids, lengths, edges)``: the rows concatenated (int64), their lengths, and the positions in
+    ``ids`` of the edges a plan keeps at ``width`` (:func:`kernels.plan._kept_edges`, one call)."""
+    from kernels.plan import _kept_edges
+
+    lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    if not len(rows):
+        return _EMPTY_IDS, lens, _EMPTY_IDS
+    cat = np.concatenate(rows).astype(np.int64, copy=False)
+    starts = np.zeros(len(rows), dtype=np.int64)
+    np.cumsum(lens[:-1], out=starts[1:])
+    kept = lens if width <= 0 else np.minimum(lens, width)
+    edges = np.empty(int(kept.sum()), dtype=np.int64)
+    _kept_edges(starts, lens, kept, width, fastrand, edges)
+    return cat, lens, edges
