@@ -12,7 +12,8 @@ no torch):
   - ``--activation-cache-bytes``, per plain 2-layer model version (its first-layer outputs, one
     table per sampling width), the budget as given;
   - ``--induced-table-bytes``, per distinct PPR configuration served from a local graph;
-  - ``--graph-cache-bytes``, with ``--graph`` (stateless replica);
+  - ``--graph-cache-bytes``, with ``--graph`` (stateless replica), and its degree chunks (12 bytes per
+    node at most: row lengths and weight sums, kept once fetched);
   - ``--hot-bytes``, with features in Redis;
 
 * the **resident data** estimated from each distinct dataset's sizes (``config.json["dataset"]``):
@@ -163,6 +164,9 @@ def estimate(args: Any) -> MemoryEstimate:
                     len(ppr_indexes) * int(args.induced_table_bytes))
     else:
         est.add("graph row cache (--graph-cache-bytes)", int(args.graph_cache_bytes))
+        for d in datasets.values():  # serve.graph.store: row lengths (and weight sums) kept per node
+            n = int(d.get("num_nodes", 0))
+            est.add(f"graph degree chunks of {d.get('name', '?')} ({n:,} nodes x 12 bytes)", 12 * n)
     if not features_local:  # features in Redis: the hot tier in front of it
         est.add("feature hot tier (--hot-bytes)", int(getattr(args, "hot_bytes", 0) or 0))
     procs = int(getattr(args, "processes", 1) or 1)

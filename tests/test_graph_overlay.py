@@ -546,3 +546,22 @@ def test_degree_chunks_and_versions_without_them(redis_factory, weighted):
         np.testing.assert_array_equal(bad.row_lengths(np.array([5, 600])), g.degrees[[5, 600]])  # other chunks
     finally:
         bad.close()
+
+
+def test_cold_rows_are_evicted_before_hot_entries():
+    """Rows read once to build an induced subgraph enter the LRU at its evict-first end: a flood of them
+    evicts each other, not the entries put before; a cold row read again becomes hot."""
+    from serve.graph.store import _RowCache
+
+    row = (np.zeros(100, dtype=np.int64), None)  # 864 bytes each with the overhead
+    cache = _RowCache(10 * _RowCache._size(row))
+    cache.put_many("i", {v: row for v in range(5)})  # hot
+    cache.put_many("a", {v: row for v in range(100, 104)}, cold=True)
+    assert cache.get_many("a", [101])[0]  # read again: hot now
+    cache.put_many("a", {v: row for v in range(200, 230)}, cold=True)  # a flood of cold rows
+    found, missing = cache.get_many("i", list(range(5)))
+    assert sorted(found) == list(range(5)) and not missing
+    assert cache.get_many("a", [101])[0]
+    assert cache.nbytes <= cache.budget
+    cache.put_many("i", {v: row for v in range(5, 20)})  # hot entries still evict the oldest entries
+    assert len(cache.get_many("i", list(range(20)))[0]) == 10

@@ -119,3 +119,4 @@ def test_estimate_terms(repo: Path) -> None:
     names = [what for what, _ in st.items]
     assert not any(w.startswith(("graph of", "features of")) for w in names)
     assert any(w.startswith("graph row cache") for w in names) and any(w.startswith("feature hot tier") for w in names)
+    assert [b for w, b in st.items if w.startswith("graph degree chunks")] == [12 * n]

@@ -130,8 +130,10 @@ class _RowCache:
             self.misses += len(missing)
         return found, missing
 
-    def put_many(self, kind: str, rows: dict[int, Any], *, replace: bool = False) -> None:
-        """Cache ``rows``; a key already held keeps its value unless ``replace``."""
+    def put_many(self, kind: str, rows: dict[int, Any], *, replace: bool = False, cold: bool = False) -> None:
+        """Cache ``rows``; a key already held keeps its value unless ``replace``. ``cold``: new keys go
+        in at the least recently used end, first to be evicted unless read again before (rows read
+        once to build a cached induced subgraph must not push such subgraphs out)."""
         if not self.budget:
             return
         with self._lock:
@@ -145,6 +147,8 @@ class _RowCache:
                     self._d.move_to_end(key)
                 self._d[key] = v
                 self._bytes += self._size(v)
+                if cold and old is None:
+                    self._d.move_to_end(key, last=False)
             while self._bytes > self.budget and self._d:
                 _, old = self._d.popitem(last=False)
                 self._bytes -= self._size(old)
@@ -225,10 +229,7 @@ class RedisGraphStore(PinnedVersion):
             code = SCORE_CODES[pm.get("scores", "none")]
             self._ppr_dec[ck] = RowDecoder(b"gp", big | (code << 1), self.index_dtype, SCORE_DTYPES.get(code),
                                          self.num_nodes, True, f"PPR list ({ck})")
-        # rows and lists in one LRU, the per-target induced subgraphs in another with half the budget: a
-        # cold target's rows (a hub's can be MBs) must not evict the entries that make warm batches cheap
-        self.cache = _RowCache(int(cache_bytes) - int(cache_bytes) // 2)
-        self.induced_cache = _RowCache(int(cache_bytes) // 2)
+        self.cache = _RowCache(cache_bytes)
         self.round_trips = 0
         # degrees (row length, weight sum) by chunk of degree_chunk nodes, fetched on first use and kept
         # for the version's life (12 bytes per node at most); 0 = a version without them (rows instead)
@@ -259,7 +260,7 @@ class RedisGraphStore(PinnedVersion):
 
     # ---------------------------------------------------------------- raw rows
     def _rows(self, kind: str, ids: np.ndarray, keys: NodeKeys, dec: RowDecoder,
-              overlay: dict[int, tuple[np.ndarray, np.ndarray | None]] | None) -> dict[int, Any]:
+              overlay: dict[int, tuple[np.ndarray, np.ndarray | None]] | None, cold: bool = False) -> dict[int, Any]:
         """Rows of ``ids`` (distinct): overlay rows first, then the snapshot's (LRU or Redis).
 
         A node added live (``>= base_num_nodes``) without an overlay row has an empty adjacency
@@ -267,7 +268,7 @@ class RedisGraphStore(PinnedVersion):
         """
         lst = [int(i) for i in ids]
         if not overlay and self.num_nodes == self.base_num_nodes:
-            return self._snapshot_rows(kind, lst, keys, dec)
+            return self._snapshot_rows(kind, lst, keys, dec, cold=cold)
         found: dict[int, Any] = {}
         rest: list[int] = []
         fresh: list[int] = []
@@ -288,10 +289,11 @@ class RedisGraphStore(PinnedVersion):
             for i in fresh:
                 found[i] = (_EMPTY_IDS, None)
         if rest:
-            found.update(self._snapshot_rows(kind, rest, keys, dec))
+            found.update(self._snapshot_rows(kind, rest, keys, dec, cold=cold))
         return found
 
-    def _snapshot_rows(self, kind: str, lst: list[int], keys: NodeKeys, dec: RowDecoder) -> dict[int, Any]:
+    def _snapshot_rows(self, kind: str, lst: list[int], keys: NodeKeys, dec: RowDecoder, *,
+                       cold: bool = False) -> dict[int, Any]:
         """Decoded stored rows of the distinct ``lst``, from the LRU or one pipelined fetch."""
         found, missing = self.cache.get_many(kind, lst)
         if missing:
@@ -309,13 +311,14 @@ class RedisGraphStore(PinnedVersion):
                     f"are missing at {self._target.masked}: nodes {summarize_ids(np.asarray(gone))} (Redis lost "
                     "data: a restart without persistence, eviction or a flush; rerun `gnnserve graph load`)")
             new = {i: dec.decode(i, v) for i, v in zip(missing, values, strict=True)}
-            self.cache.put_many(kind, new)
+            self.cache.put_many(kind, new, cold=cold)
             found.update(new)
         return found
 
-    def adjacency(self, ids: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
-        """``{node: (neighbour ids, weights or None)}`` for distinct ``ids``."""
-        return self._rows("a", ids, self.keys.adj, self._adj, self._ov_rows)
+    def adjacency(self, ids: np.ndarray, *, cold: bool = False) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
+        """``{node: (neighbour ids, weights or None)}`` for distinct ``ids`` (``cold``: rows fetched now
+        enter the LRU at its evict-first end)."""
+        return self._rows("a", ids, self.keys.adj, self._adj, self._ov_rows, cold)
 
     def ppr_lists(self, config_key: str, ids: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
         dec = self._ppr_dec.get(config_key)
@@ -437,8 +440,8 @@ class RedisGraphStore(PinnedVersion):
         """The induced batch of the targets' top-``k`` PPR lists (configuration ``config_key``):
         what ``induced_batch(*ppr_index.lookup(targets, k))`` gives, ``gcn_degrees`` included.
 
-        Each target's induced subgraph is kept in the induced-subgraph LRU (``induced_cache``, half
-        of the graph cache's budget; kind ``i<config key>``, one entry per target, :class:`_Induced`), so a warm batch reads neither lists nor rows: it concatenates
+        Each target's induced subgraph is kept in the LRU (kind ``i<config key>``, one entry per
+        target, :class:`_Induced`), so a warm batch reads neither lists nor rows: it concatenates
         its targets' entries, cut to the budget ``k``. Targets without a usable entry are induced
         together, as :meth:`induced_batch` does (one fetch round for their lists, one for the rows
         of their members), and their entries cached.
@@ -458,13 +461,13 @@ class RedisGraphStore(PinnedVersion):
         order = t.tolist()
         distinct = list(dict.fromkeys(order))
         kind = "i" + config_key
-        found, missing = self.induced_cache.get_many(kind, distinct)
+        found, missing = self.cache.get_many(kind, distinct)
         for v in [v for v, e in found.items() if not self._valid(config_key, v, e, k)]:
             del found[v]
             missing.append(v)
         if missing:
             built = self._induce(config_key, missing, k)
-            self.induced_cache.put_many(kind, built, replace=True)
+            self.cache.put_many(kind, built, replace=True)
             found.update(built)
         return _assemble_induced([found[v] for v in order], k, self.is_weighted)
 
@@ -494,7 +497,7 @@ class RedisGraphStore(PinnedVersion):
         np.cumsum([len(a) for a in parts], out=ptr[1:])
         nodes = np.concatenate(parts).astype(np.int64)
         uniq = np.unique(nodes)
-        g, gdeg = self.local_graph(uniq, self.adjacency(uniq))
+        g, gdeg = self.local_graph(uniq, self.adjacency(uniq, cold=True))  # the entries are what stays hot
         local = np.searchsorted(uniq, nodes)
         b = induced_batch(g, ptr, local)
         ip, ind, w = b.graph.indptr, b.graph.indices, b.graph.weights
@@ -504,8 +507,9 @@ class RedisGraphStore(PinnedVersion):
         for i, v in enumerate(targets):
             lo, hi = int(ptr[i]), int(ptr[i + 1])
             e0, e1 = int(ip[lo]), int(ip[hi])
-            src = np.repeat(np.arange(hi - lo, dtype=np.int32), np.diff(ip[lo : hi + 1]))
-            dst = ind[e0:e1].astype(np.int32) - np.int32(lo)
+            small = np.int16 if hi - lo <= np.iinfo(np.int16).max else np.int32  # local ids: half the bytes
+            src = np.repeat(np.arange(hi - lo, dtype=small), np.diff(ip[lo : hi + 1]))
+            dst = (ind[e0:e1] - lo).astype(small)
             out[v] = _Induced(nodes[lo:hi].copy(), src, dst, None if w is None else w[e0:e1].copy(),
                               row_deg[lo:hi].copy(), len(full[i]) <= k, weighted, gen)
         return out
@@ -749,8 +753,6 @@ class RedisGraphStore(PinnedVersion):
         return {"url": self._target.masked, "fingerprint": self.fingerprint, "version": self.version,
                 "digest": self.digest, "cluster": self._target.cluster, "cache_rows": len(self.cache), "cache_bytes": self.cache.nbytes,
                 "cache_hits": self.cache.hits, "cache_misses": self.cache.misses, "round_trips": self.round_trips,
-                "induced_cached": len(self.induced_cache), "induced_bytes": self.induced_cache.nbytes,
-                "induced_hits": self.induced_cache.hits, "induced_misses": self.induced_cache.misses,
                 "degree_chunks": len(self._deg_chunks),
                 "overlay": self.overlay_stats()}
 
