@@ -35,7 +35,7 @@ a sampled row keeps other edges there, and differently in every subgraph that ho
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numba
 import numpy as np
@@ -44,8 +44,19 @@ from .graph import CSRGraph
 from .spmm_cpu import fastrand_period, fastrand_position
 from .subgraph import _give_scratch, _grow, _take_scratch
 
-__all__ = ["ExactPathEdges", "ExecutionPlan", "edges_on_paths", "edges_on_two_layer_paths", "exact_path_edges",
-           "execution_plan", "update_walk_sums", "walk_bounds", "walk_sums"]
+__all__ = [
+    "ExactPathEdges",
+    "ExecutionPlan",
+    "edges_on_paths",
+    "edges_on_two_layer_paths",
+    "exact_path_edges",
+    "execution_plan",
+    "local_plan",
+    "two_layer_kept",
+    "update_walk_sums",
+    "walk_bounds",
+    "walk_sums",
+]
 
 _LOW = (1 << 32) - 1
 
@@ -456,15 +467,26 @@ def edges_on_two_layer_paths(
     ``serve.projection.ActivationCache``): target ``t`` keeps :math:`k_t + \sum_{u \in F_1(t)} k_u`
     edges, :math:`F_1(t) = \{t\} \cup N_S(t)` the rows layer 1 computes for it and
     :math:`k_u = \min(d_u, S)` (``d_u`` exact)."""
+    return _with_exact(two_layer_kept(plan, graph.degrees[plan.node_ids], width), plan, graph, width, exact, 2)
+
+
+def two_layer_kept(plan: ExecutionPlan, degrees: np.ndarray, width: int | None) -> np.ndarray:
+    """int64 ``[B]``: the kept counts of :func:`edges_on_two_layer_paths`, from the row lengths of
+    ``plan.node_ids`` (``degrees``, by local id) wherever they come from."""
     if plan.layers != 1:
         raise ValueError(f"expected the one-layer plan of the last layer, got {plan.layers} layers")
-    deg = graph.degrees[plan.node_ids]
+    deg = np.asarray(degrees, dtype=np.int64)
     k = np.minimum(deg, width) if width else deg
     if plan.num_targets == 1:  # F_1 of the one target is the whole plan
-        kept = np.array([int(k[0]) + int(k.sum())], dtype=np.int64)
-    else:
-        kept = np.rint(plan.path_sums(k, 2)).astype(np.int64)
-    return _with_exact(kept, plan, graph, width, exact, 2)
+        return np.array([int(k[0]) + int(k.sum())], dtype=np.int64)
+    return np.rint(plan.path_sums(k, 2)).astype(np.int64)
+
+
+def local_plan(plan: ExecutionPlan) -> ExecutionPlan:
+    """``plan`` with its node ids replaced by ``0 .. n_0 - 1``: the compiled forward then reads row ``j``
+    of its tables for the plan's node ``j``, so a caller passes tables gathered at ``plan.node_ids``
+    (a stateless replica's plans index a local graph, not the global ids its tables are keyed by)."""
+    return replace(plan, node_ids=np.arange(len(plan.node_ids), dtype=np.int64), _graphs={})
 
 
 def _with_exact(kept: np.ndarray, plan: ExecutionPlan, graph: CSRGraph, width: int | None,

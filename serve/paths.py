@@ -12,7 +12,7 @@ is how tests and benchmarks reach a path without touching private state.
 ==================  =====================================================  ====================================
 path                when it is taken                                        what it caches (beyond the model)
 ==================  =====================================================  ====================================
-plain-activations   plain 2-layer model, compiled forward, no new nodes,     first-layer projections per node;
+plain-activations   plain 2-layer model, compiled layers, no new nodes,      first-layer projections per node;
                     at most ``fused_max_targets`` targets, the width has a   first-layer outputs per node and
                     table in the activation budget                           width (``ActivationCache``)
 plain-compiled      plain model on a local graph, compiled forward, no new   first-layer projections per node
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from kernels.fused_forward import plan_forward_cpu, plan_outer_cpu, shadow_forward_cpu
-from kernels.plan import edges_on_paths, edges_on_two_layer_paths
+from kernels.plan import edges_on_paths, edges_on_two_layer_paths, local_plan, two_layer_kept
 
 if TYPE_CHECKING:
     from .runtime import ModelRuntime
@@ -117,13 +117,21 @@ class ActivationPath(ServingPath):
 
     def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
         rt = self.rt
-        plan = rt._plan(targets, width, degrees=False, layers=1)[0]
+        plan, _, ids, _ = rt._plan(targets, width, degrees=False, layers=1)
         t_sub = time.perf_counter()
-        table = rt._activations.table_for(plan.node_ids, width)  # type: ignore[union-attr]
+        table = rt._activations.table_for(ids, width)  # type: ignore[union-attr]
         t_feat = time.perf_counter()
-        _, probs, labels, emb = plan_outer_cpu(plan, rt._fused_params, table, rt._dinv)
+        if not rt.remote_graph:
+            _, probs, labels, emb = plan_outer_cpu(plan, rt._act_params, table, rt._dinv)
+            t_fwd = time.perf_counter()
+            kept, total = edges_on_two_layer_paths(plan, rt.graph, width, rt._exact_edges)
+            return PathOutput(probs, labels, emb if want_emb else None, kept, total, t_sub, t_feat, t_fwd)
+        # a stateless replica: the plan indexes a local graph; its rows gathered, degrees from the store
+        dinv = rt.graph.gcn_dinv32(ids) if rt.architecture == "gcn" else None
+        _, probs, labels, emb = plan_outer_cpu(local_plan(plan), rt._act_params, table[ids], dinv)
         t_fwd = time.perf_counter()
-        kept, total = edges_on_two_layer_paths(plan, rt.graph, width, rt._exact_edges)
+        kept = two_layer_kept(plan, rt.graph.row_lengths(ids), width)
+        total = rt.graph.exact_path_edges(ids[: plan.num_targets], 2) if width else kept
         return PathOutput(probs, labels, emb if want_emb else None, kept, total, t_sub, t_feat, t_fwd)
 
 

@@ -29,9 +29,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from kernels.fused_forward import StackParams, plan_inner_cpu
+from kernels.fused_forward import AGG_GCN, StackParams, plan_inner_cpu
 from kernels.graph import CSRGraph
-from kernels.plan import execution_plan
+from kernels.plan import execution_plan, local_plan
 
 __all__ = ["ActivationCache", "FeatureSource", "ProjectionCache"]
 
@@ -175,8 +175,13 @@ class ActivationCache:
     the update changed.
     :meth:`stats` may be called from another thread (a metrics scrape).
 
+    On a stateless replica ``graph`` is a :class:`serve.graph.store.RedisGraphStore`: the plan of the
+    missing rows is built on the local graph of the rows it expands (``plan_local``), its inputs
+    gathered at its nodes (projections by global id, :math:`D^{-1/2}` from the store's degrees), and
+    :meth:`warm` does nothing (it would read the whole graph from Redis); rows fill as batches ask.
+
     Args:
-        graph: the full graph (local: plans index it).
+        graph: the full graph (local: plans index it), or a stateless replica's graph store.
         params: the model's :class:`~kernels.fused_forward.StackParams` (at least two layers).
         dinv: float32 ``[N]`` ``D^{-1/2}`` of the full graph (GCN) or ``None``.
         projections: the model's CPU :class:`ProjectionCache` (enabled).
@@ -192,6 +197,8 @@ class ActivationCache:
         if params.layers < 2:
             raise ValueError("a one-layer model has no layer before its last")
         self.graph = graph
+        self.remote = bool(getattr(graph, "is_remote", False))
+        self.gcn = int(params.agg) == AGG_GCN
         self.params = params
         self.dinv = dinv
         self.projections = projections
@@ -270,17 +277,31 @@ class ActivationCache:
         self.hits += len(node_ids) - len(missing)
         if len(missing):
             self.misses += len(missing)
-            inner = execution_plan(self.graph, missing, self.layers - 1, width, self.strategy)
-            proj = self.projections.table_for(inner.node_ids)
-            assert proj is not None, "the activation cache reads an enabled projection cache"
-            table[missing] = plan_inner_cpu(inner, self.params, proj.numpy(), self.dinv)
+            if self.remote:
+                table[missing] = self._remote_rows(missing, width)
+            else:
+                inner = execution_plan(self.graph, missing, self.layers - 1, width, self.strategy)
+                proj = self.projections.table_for(inner.node_ids)
+                assert proj is not None, "the activation cache reads an enabled projection cache"
+                table[missing] = plan_inner_cpu(inner, self.params, proj.numpy(), self.dinv)
             valid[missing] = True
             self._filled[width] += len(missing)  # node_ids are distinct
         return table
 
+    def _remote_rows(self, missing: np.ndarray, width: int) -> np.ndarray:
+        """The rows of ``missing`` on a stateless replica (class docstring)."""
+        g, uniq = self.graph.plan_local(missing, self.layers - 1, width, self.strategy)
+        inner = execution_plan(g, np.searchsorted(uniq, missing), self.layers - 1, width, self.strategy)
+        ids = uniq[inner.node_ids]
+        proj = self.projections.table_for(ids)
+        assert proj is not None, "the activation cache reads an enabled projection cache"
+        dinv = self.graph.gcn_dinv32(ids) if self.gcn else None
+        return plan_inner_cpu(local_plan(inner), self.params, proj.numpy()[ids], dinv)
+
     def warm(self, width: int, chunk: int = 4096) -> int:
-        """Fill the table of ``width`` for every node, ``chunk`` at a time; rows filled (0: no room)."""
-        if not self.has_table(width):
+        """Fill the table of ``width`` for every node, ``chunk`` at a time; rows filled (0: no room, or a
+        stateless replica's graph, which this would read whole from Redis)."""
+        if self.remote or not self.has_table(width):
             return 0
         n = self.graph.num_nodes
         for lo in range(0, n, chunk):

@@ -278,12 +278,18 @@ class ModelRuntime:
                                                     budget_bytes=options.projection_budget_bytes, device="cpu")
         self._fused_params = cpu_model.fused_params() if fusable else None
         self._dinv = gcn_dinv32(self.graph) if fusable and self.architecture == "gcn" else None
+        # a stateless replica's plain model has no compiled whole-plan path (its plans index a local graph),
+        # but keeps first-layer rows per node like a local one: the compiled layers run on gathered tables
+        remote_acts = (self.remote_graph and not on_gpu and self.extractor == "lhop" and self.projections.enabled
+                       and getattr(self.model, "plan_aggregator", -1) >= 0)
+        #: the compiled layers of the activation path (the fused parameters, or a stateless replica's own)
+        self._act_params = self._fused_params if not remote_acts else cpu_model.fused_params()
         # the plan path of a 2-layer plain model: the last layer alone from per-node first-layer rows
         # (edges_on_two_layer_paths counts a 2-layer path from the last layer's plan, hence 2 layers only)
-        self._activations = (ActivationCache(self.graph, self._fused_params, self._dinv, self._cpu_projections,
+        self._activations = (ActivationCache(self.graph, self._act_params, self._dinv, self._cpu_projections,
                                              strategy=self.strategy, budget_bytes=options.activation_budget_bytes,
                                              reserved_width=resolve_knobs(self.limits, None, None, None)[0])
-                             if self._fused_params is not None and self.extractor == "lhop" and self.num_layers == 2
+                             if self._act_params is not None and self.extractor == "lhop" and self.num_layers == 2
                              and options.activation_budget_bytes > 0 else None)
         #: the serving paths this runtime takes, in order of preference (decided once; serve.paths)
         self.paths = paths_for(self, options.serving_path)
@@ -379,7 +385,10 @@ class ModelRuntime:
                 plan["exact_edges"] = ball
             sums = update_walk_sums(graph, self._walk_sums, changed) if self._walk_sums is not None else None
             plan["derived"] = self._graph_derived(graph, sums)
-        else:
+        else:  # a stateless replica: the store's overlay already holds the new rows
+            if self._activations is not None:  # as above, the neighbours read from the store
+                spread = np.concatenate([feats, changed]) if self.architecture == "gcn" else feats
+                plan["activation"] = np.unique(np.concatenate([changed, feats, graph.neighbors_of(spread)]))
             plan["derived"] = self._graph_derived(graph)
         return plan
 

@@ -520,6 +520,20 @@ class RedisGraphStore(PinnedVersion):
         overlay included, without fetching the rows where the version stores degree chunks."""
         return self._degrees(ids)[0]
 
+    def neighbors_of(self, nodes: np.ndarray) -> np.ndarray:
+        """int64: the neighbours of every node of ``nodes``, row after row (repeats kept), as
+        :meth:`kernels.graph.CSRGraph.neighbors_of` (overlay included)."""
+        nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
+        if not len(nodes):
+            return _EMPTY_IDS
+        rows = self.adjacency(np.unique(nodes))
+        return np.concatenate([np.asarray(rows[int(v)][0], dtype=np.int64) for v in nodes.tolist()])
+
+    def gcn_dinv32(self, ids: np.ndarray) -> np.ndarray:
+        """float32 :math:`D^{-1/2}` of :meth:`gcn_degrees` at ``ids``: what ``models.base.gcn_dinv32``
+        gives at those ids on the in-memory graph, to the bit."""
+        return (np.maximum(self.gcn_degrees(ids), 1e-12) ** -0.5).astype(np.float32)
+
     def gcn_degrees(self, ids: np.ndarray) -> np.ndarray:
         """float64: the full-graph GCN degree ``1 + sum_j w_ij`` of each of ``ids`` (``1 +`` the row
         length on an unweighted graph): what ``GCN.norm_degrees_for`` gives on the in-memory graph."""
