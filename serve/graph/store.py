@@ -237,7 +237,13 @@ class RedisGraphStore(PinnedVersion):
             self.degree_chunk = int(meta.get("degree_chunk") or 0)
         except ValueError:
             raise GraphCorrupt(f"graph metadata of {where} has degree_chunk {meta.get('degree_chunk')!r}") from None
-        self._deg_chunks: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        # flat per-node arrays filled chunk by chunk (np.zeros: pages appear as chunks arrive), so a lookup
+        # is one gather whatever the number of chunks it spans
+        nb = self.num_nodes  # the stored version's
+        n_chunks = -(-nb // self.degree_chunk) if self.degree_chunk else 0
+        self._deg_loaded = np.zeros(n_chunks, dtype=bool)
+        self._deg_len = np.zeros(nb if self.degree_chunk else 0, dtype=np.uint32)
+        self._deg_wsum = np.zeros(nb if self.degree_chunk and self.is_weighted else 0, dtype=np.float64)
         self._deg_lock = threading.Lock()
         # the overlay of live updates (module docstring): changed only by apply_*, under the caller's lock
         self.base_num_nodes = self.num_nodes
@@ -570,18 +576,13 @@ class RedisGraphStore(PinnedVersion):
                 wsums[pos] = [float(rows[int(v)][1].sum(dtype=np.float64)) if rows[int(v)][1] is not None
                               else float(len(rows[int(v)][0])) for v in sid]
             return lengths, wsums
-        dc = self.degree_chunk
-        chunks = sid // dc
-        need = [int(c) for c in np.unique(chunks) if int(c) not in self._deg_chunks]
-        if need:
-            self._fetch_degree_chunks(need)
-        for c in np.unique(chunks).tolist():
-            sel = pos[chunks == c]
-            ln, ws = self._deg_chunks[c]
-            off = ids[sel] - c * dc
-            lengths[sel] = ln[off]
-            if wsums is not None:
-                wsums[sel] = ws[off] if ws is not None else ln[off]
+        need = np.unique(sid // self.degree_chunk)
+        need = need[~self._deg_loaded[need]]
+        if len(need):
+            self._fetch_degree_chunks(need.tolist())
+        lengths[pos] = self._deg_len[sid]
+        if wsums is not None:
+            wsums[pos] = self._deg_wsum[sid] if len(self._deg_wsum) else self._deg_len[sid]
         return lengths, wsums
 
     def _fetch_degree_chunks(self, chunks: list[int]) -> None:
@@ -601,8 +602,12 @@ class RedisGraphStore(PinnedVersion):
                 "without persistence, eviction or a flush; rerun `gnnserve graph load`)")
         decoded = {c: decode_degrees(c, c * dc, min(dc, n - c * dc), weighted, n, v)
                    for c, v in zip(chunks, values, strict=True)}
-        with self._deg_lock:
-            self._deg_chunks.update(decoded)
+        with self._deg_lock:  # two batches may fetch one chunk at once: both write the same values
+            for c, (ln, ws) in decoded.items():
+                self._deg_len[c * dc : c * dc + len(ln)] = ln
+                if ws is not None:
+                    self._deg_wsum[c * dc : c * dc + len(ws)] = ws
+                self._deg_loaded[c] = True
 
     # ---------------------------------------------------------------- sampled plans (L-hop models)
     def plan_local(self, targets: np.ndarray, hops: int, width: int, strategy: str = "fastrand") -> tuple[Any, np.ndarray]:
@@ -767,7 +772,7 @@ class RedisGraphStore(PinnedVersion):
         return {"url": self._target.masked, "fingerprint": self.fingerprint, "version": self.version,
                 "digest": self.digest, "cluster": self._target.cluster, "cache_rows": len(self.cache), "cache_bytes": self.cache.nbytes,
                 "cache_hits": self.cache.hits, "cache_misses": self.cache.misses, "round_trips": self.round_trips,
-                "degree_chunks": len(self._deg_chunks),
+                "degree_chunks": int(np.count_nonzero(self._deg_loaded)),
                 "overlay": self.overlay_stats()}
 
     def close(self) -> None:
