@@ -277,15 +277,17 @@ def bench_dataset(label: str, spec: str, args: argparse.Namespace, kinds: list[s
     finally:
         server.kill()
     if args.stateless:
-        res["stateless"] = bench_stateless(label, data_dir, repo, kinds, pool, work, noop, args, log)
+        res["stateless"] = bench_stateless(label, data_dir, repo, kinds, pool, work, noop, args, log, budgets)
     return res
 
 
 def bench_stateless(label: str, data_dir: Path, repo: Path, kinds: list[str], pool: list[int], work: Path,
-                    noop: NoopServer, args: argparse.Namespace, log: Any) -> dict[str, Any]:
+                    noop: NoopServer, args: argparse.Namespace, log: Any, budgets: dict[str, int]) -> dict[str, Any]:
     """Features, adjacency rows and PPR lists loaded into a private redis-server with ``gnnserve
     features load`` / ``gnnserve graph load``; a replica with only the checkpoints (``serve --graph``)
-    measured twice: first with empty caches (cold), then again (warm)."""
+    measured twice: first with empty caches (cold), then again (warm). The replica gets the in-memory
+    server's projection and activation budgets (its tables are as large: N rows each, filled as
+    batches ask), so the two differ only in where the graph and features live."""
     from tests.redis_server import RedisServer
 
     out: dict[str, Any] = {}
@@ -317,7 +319,8 @@ def bench_stateless(label: str, data_dir: Path, repo: Path, kinds: list[str], po
         for kind in kinds:
             shutil.copytree(repo / kind, bare / kind)
         serve_args = ["--graph", url, "--features", url, "--poll-s", "0", "--log-level", "WARNING",
-                      *args.stateless_arg]
+                      "--projection-cache-bytes", str(budgets["projection"]),
+                      "--activation-cache-bytes", str(budgets["activation"]), *args.stateless_arg]
         log(f"{label}: starting a stateless replica: gnnserve serve {' '.join(serve_args)} ...")
         server = ServerProcess(bare, *serve_args, log_path=work / "serve-stateless.log")
         t0 = time.perf_counter()
