@@ -48,7 +48,9 @@ def _num(cell: str) -> float:
 
 
 def test_table_has_a_row_per_model(run) -> None:
-    md, _ = run
+    md, res = run
+    for m in res["datasets"][0]["models"].values():  # the table rounds to 0.1 s: the stage times themselves
+        assert m["train"]["stages"]["knob_table"] > 0, m["train"]["stages"]
     assert "## Large graphs" in md and "synthetic products, 3,000 nodes" in md
     header = next(line for line in md.splitlines() if line.startswith("| model |"))
     cols = [c.strip() for c in header.strip().strip("|").split("|")]
@@ -62,7 +64,7 @@ def test_table_has_a_row_per_model(run) -> None:
         assert _num(c["x floor p50"]) == pytest.approx(p50 / floor, rel=0.02)
         assert _num(c["nodes/s (load)"]) > 0
         assert 0 <= _num(c["test acc"]) <= 100
-        assert _num(c["fit s"]) > 0 and _num(c["knob table s"]) > 0 and _num(c["train wall s"]) > _num(c["fit s"])
+        assert _num(c["fit s"]) > 0 and _num(c["knob table s"]) >= 0 and _num(c["train wall s"]) > _num(c["fit s"])
         assert 0.05 < _num(c["train peak RSS GiB"]) < 8
     assert _num(dict(zip(cols, rows["shadow-gcn"], strict=True))["PPR index s"]) > 0
     assert dict(zip(cols, rows["gcn"], strict=True))["PPR index s"] == "-"
@@ -118,7 +120,9 @@ def test_reuse_skips_finished_stages(run, tmp_path: Path) -> None:
     proc = _bench(work, out, "--reuse", "--no-stateless")
     assert proc.returncode == 0, proc.stderr[-4000:]
     (d,) = json.loads(out.read_text())["datasets"]
-    assert d["reused"] == ["load", "train gcn", "train shadow-gcn"]
+    assert d["reused"] == ["load", "train gcn", "train shadow-gcn", "index shadow-gcn"]
     assert cfg.stat().st_mtime_ns == before  # not retrained
+    first = res["datasets"][0]["models"]["shadow-gcn"]
+    assert d["models"]["shadow-gcn"]["ppr_index_s"] == first["ppr_index_s"]  # the build's time, not the open's
     assert d["models"]["gcn"]["train"] == res["datasets"][0]["models"]["gcn"]["train"]
     assert d["models"]["shadow-gcn"]["seq"]["n"] == 30 and "stateless" not in d
