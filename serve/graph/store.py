@@ -303,23 +303,28 @@ class RedisGraphStore(PinnedVersion):
         """Decoded stored rows of the distinct ``lst``, from the LRU or one pipelined fetch."""
         found, missing = self.cache.get_many(kind, lst)
         if missing:
-            arr = np.asarray(missing, dtype=np.int64)
-            with redis_errors(self._target, f"fetching {len(missing)} graph rows ({dec.what})", GRAPH_ERRORS):
-                values, digest = fetch_blobs_checked(self._client, keys, arr, self.keys.meta,
-                                                     cluster=self._target.cluster, chunk_size=self._chunk)
-            self.round_trips += 1
-            assert self._pin is not None
-            self._pin.check(digest)  # rows of a re-loaded version never meet cached rows of the old one
-            gone = [i for i, v in zip(missing, values, strict=True) if v is None]
-            if gone:
-                raise GraphNotFound(
-                    f"{len(gone)} of {len(missing)} {dec.what} keys of graph {self.fingerprint} v{self.version} "
-                    f"are missing at {self._target.masked}: nodes {summarize_ids(np.asarray(gone))} (Redis lost "
-                    "data: a restart without persistence, eviction or a flush; rerun `gnnserve graph load`)")
+            values = self._fetch_present(keys, missing, f"{dec.what} keys", "nodes")
             new = {i: dec.decode(i, v) for i, v in zip(missing, values, strict=True)}
             self.cache.put_many(kind, new, cold=cold)
             found.update(new)
         return found
+
+    def _fetch_present(self, keys: NodeKeys, ids: list[int], what: str, noun: str) -> list[bytes]:
+        """The stored blobs of ``ids`` (one pipelined fetch, the version's digest checked after them);
+        :class:`GraphNotFound` naming the ``what`` and the ``noun`` ids when any is missing."""
+        with redis_errors(self._target, f"fetching {len(ids)} {what}", GRAPH_ERRORS):
+            values, digest = fetch_blobs_checked(self._client, keys, np.asarray(ids, dtype=np.int64), self.keys.meta,
+                                                 cluster=self._target.cluster, chunk_size=self._chunk)
+        self.round_trips += 1
+        assert self._pin is not None
+        self._pin.check(digest)  # blobs of a re-loaded version never meet cached ones of the old one
+        gone = [i for i, v in zip(ids, values, strict=True) if v is None]
+        if gone:
+            raise GraphNotFound(
+                f"{len(gone)} of {len(ids)} {what} of graph {self.fingerprint} v{self.version} are missing at "
+                f"{self._target.masked}: {noun} {summarize_ids(np.asarray(gone))} (Redis lost data: a restart without "
+                "persistence, eviction or a flush; rerun `gnnserve graph load`)")
+        return values
 
     def adjacency(self, ids: np.ndarray, *, cold: bool = False) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
         """``{node: (neighbour ids, weights or None)}`` for distinct ``ids`` (``cold``: rows fetched now
@@ -586,20 +591,8 @@ class RedisGraphStore(PinnedVersion):
         return lengths, wsums
 
     def _fetch_degree_chunks(self, chunks: list[int]) -> None:
-        arr = np.asarray(chunks, dtype=np.int64)
-        with redis_errors(self._target, f"fetching {len(chunks)} degree chunks", GRAPH_ERRORS):
-            values, digest = fetch_blobs_checked(self._client, self.keys.deg, arr, self.keys.meta,
-                                                 cluster=self._target.cluster, chunk_size=self._chunk)
-        self.round_trips += 1
-        assert self._pin is not None
-        self._pin.check(digest)
+        values = self._fetch_present(self.keys.deg, chunks, "degree chunks", "chunks")
         dc, n, weighted = self.degree_chunk, self.base_num_nodes, self.meta.get("weighted") == "1"
-        gone = [c for c, v in zip(chunks, values, strict=True) if v is None]
-        if gone:
-            raise GraphNotFound(
-                f"{len(gone)} of {len(chunks)} degree chunks of graph {self.fingerprint} v{self.version} are missing "
-                f"at {self._target.masked}: chunks {summarize_ids(np.asarray(gone))} (Redis lost data: a restart "
-                "without persistence, eviction or a flush; rerun `gnnserve graph load`)")
         decoded = {c: decode_degrees(c, c * dc, min(dc, n - c * dc), weighted, n, v)
                    for c, v in zip(chunks, values, strict=True)}
         with self._deg_lock:  # two batches may fetch one chunk at once: both write the same values
