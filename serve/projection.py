@@ -229,8 +229,11 @@ class ActivationCache:
         if (len(self._tables) + 1 + held_back) * self.table_bytes > self.budget_bytes:
             if width not in self._refused:  # said once per width: its batches run the whole plan
                 self._refused.add(width)
-                log.info("activation cache: no room for width %d (%d tables of %d bytes fill the %d-byte budget); "
-                         "its batches run the whole plan", width, len(self._tables), self.table_bytes, self.budget_bytes)
+                # no table at all: the budget is below one table, a configuration to fix, said as a warning
+                log.log(logging.WARNING if not self._tables else logging.INFO,
+                        "activation cache: no room for width %d (%d tables of %d bytes fill the %d-byte budget); its "
+                        "batches run the whole plan (--activation-cache-bytes %d would hold one table)",
+                        width, len(self._tables), self.table_bytes, self.budget_bytes, self.table_bytes)
             return False
         cap = self._capacity()
         self._tables[width] = (np.empty((cap, self.dim), dtype=np.float32), np.zeros(cap, dtype=bool))
