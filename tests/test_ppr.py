@@ -426,6 +426,25 @@ def test_induced_table_equals_induced_batch_at_every_prefix(graph_name, request)
     np.testing.assert_array_equal(np.bincount(table.src[lo:hi], minlength=len(nodes)), np.diff(sub.indptr))
 
 
+@pytest.mark.parametrize("graph_name", ["sbm", "weighted_sym"])
+def test_induced_table_is_the_same_on_any_number_of_threads(graph_name, request):
+    """Chunks built on several threads (small chunks, so the threads interleave) concatenate in node
+    order: the same table, array for array, as on one thread."""
+    from kernels.subgraph import InducedTable
+
+    g = request.getfixturevalue(graph_name)
+    idx = PPRIndex.build(g, PPRConfig(eps=1e-4, topk=24), progress=False)
+    one = InducedTable.build(g, idx.lookup, 24, chunk=37, workers=1)
+    many = InducedTable.build(g, idx.lookup, 24, chunk=37, workers=4)
+    assert len(one.src) > 0
+    for name in ("eptr", "src", "dst"):
+        np.testing.assert_array_equal(getattr(many, name), getattr(one, name))
+    if g.is_weighted:
+        np.testing.assert_array_equal(many.weights, one.weights)
+    else:
+        assert many.weights is None and one.weights is None
+
+
 def test_induced_table_is_saved_reopened_and_refused_when_too_big(sbm, tmp_path, monkeypatch):
     from kernels.subgraph import InducedTable
 
