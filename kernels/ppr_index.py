@@ -44,6 +44,29 @@ def _unwrapped(a: np.ndarray) -> np.ndarray:
     return np.asarray(a)
 
 
+def _advise_willneed(arrays: list[np.ndarray | None]) -> int:
+    """Ask the kernel to read the memory maps behind ``arrays`` ahead (``madvise(MADV_WILLNEED)``:
+    asynchronous readahead, nothing blocks on it); returns the bytes advised (0 for arrays in memory)."""
+    import mmap
+
+    advice = getattr(mmap, "MADV_WILLNEED", None)
+    total = 0
+    seen: set[int] = set()
+    for a in arrays:
+        b: object = a
+        while b is not None and not isinstance(b, mmap.mmap):
+            b = getattr(b, "base", None)
+        if advice is None or not isinstance(b, mmap.mmap) or id(b) in seen:
+            continue
+        seen.add(id(b))
+        try:
+            b.madvise(advice)
+            total += len(b)
+        except (OSError, ValueError):  # a closed map or a platform without it: readahead is only a hint
+            continue
+    return total
+
+
 class PPRIndexError(ValueError):
     """A PPR index file is damaged, or it was built for another graph or configuration."""
 
@@ -161,6 +184,14 @@ class PPRIndex:
         if table is not None and (self.k_max if k is None else int(k)) <= table.k:
             return table.batch(graph, t, ptr, nodes, checked=True)  # our own lists: nothing to check
         return induced_batch(graph, ptr, nodes)
+
+    def prefetch(self) -> int:
+        """Start reading the memory-mapped lists and induced table into the page cache
+        (:func:`_advise_willneed`): a server over a large index otherwise pays a disk read on the
+        first request that touches each page. Returns the bytes advised."""
+        t = self.induced
+        return _advise_willneed([self.ptr, self.nodes, self.scores,
+                                 *((t.eptr, t.src, t.dst, t.weights) if t is not None else ())])
 
     def ensure_induced(
         self, graph: CSRGraph, *, max_bytes: int = 1 << 30, k: int | None = None, progress: bool = False

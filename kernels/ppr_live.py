@@ -517,6 +517,10 @@ class LivePPRIndex:
                 return table._batch(graph, t, ptr, nodes)  # clean lists only hold nodes the table knows
         return induced_batch(graph, ptr, nodes)
 
+    def prefetch(self) -> int:
+        """:meth:`kernels.ppr_index.PPRIndex.prefetch` of the offline index under the live one."""
+        return int(self.base.prefetch()) if hasattr(self.base, "prefetch") else 0
+
     def ensure_induced(
         self, graph: CSRGraph, *, max_bytes: int = 1 << 30, k: int | None = None, progress: bool = False
     ) -> bool:

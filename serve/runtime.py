@@ -543,6 +543,10 @@ class ModelRuntime:
             rows = self.warm_projections()
             log.info("model %s v%s: projections of %d nodes cached in %.1f s", self.name, self.version, rows,
                      time.perf_counter() - t0)
+            prefetch = getattr(self.ppr_index, "prefetch", None)
+            if prefetch is not None:  # the mapped PPR lists and induced table: read ahead, not waited for
+                log.info("model %s v%s: reading ahead %.0f MiB of the PPR index", self.name, self.version,
+                         prefetch() / 2**20)
         for width in {self.limits.default_sampling_width, 0}:
             # every path a batch of existing nodes can take (an L-hop model's induced scopes serve only
             # batches with new nodes: not warmed, an exact scope of a deep model can be the whole graph)

@@ -445,6 +445,26 @@ def test_induced_table_is_the_same_on_any_number_of_threads(graph_name, request)
         assert many.weights is None and one.weights is None
 
 
+def test_prefetch_advises_the_mapped_files(sbm, tmp_path):
+    """prefetch() asks for readahead of every memory-mapped file of an opened index (lists, scores,
+    induced table) and of nothing for an index in memory; answers are unchanged."""
+    from kernels.ppr_live import LivePPRIndex
+
+    cfg = PPRConfig(eps=1e-4, topk=16)
+    built = PPRIndex.build(sbm, cfg, progress=False)
+    assert built.prefetch() == 0  # in memory: nothing mapped
+    PPRIndex.open_or_build(tmp_path, sbm, cfg, progress=False)
+    idx = PPRIndex.open(next(p for p in tmp_path.iterdir() if p.is_dir()), sbm)
+    assert idx.ensure_induced(sbm)
+    idx = PPRIndex.open(idx.path, sbm)
+    assert idx.ensure_induced(sbm)  # reopened from its files, mapped
+    files = sum(f.stat().st_size for f in idx.path.iterdir() if f.suffix in (".bin",))
+    got = idx.prefetch()
+    assert got >= files > 0, (got, files)
+    np.testing.assert_array_equal(idx.lookup([0, 5], 16)[1], built.lookup([0, 5], 16)[1])
+    assert LivePPRIndex(idx).prefetch() == got
+
+
 def test_induced_table_is_saved_reopened_and_refused_when_too_big(sbm, tmp_path, monkeypatch):
     from kernels.subgraph import InducedTable
 
