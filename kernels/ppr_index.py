@@ -44,26 +44,30 @@ def _unwrapped(a: np.ndarray) -> np.ndarray:
     return np.asarray(a)
 
 
-def _advise_willneed(arrays: list[np.ndarray | None]) -> int:
-    """Ask the kernel to read the memory maps behind ``arrays`` ahead (``madvise(MADV_WILLNEED)``:
-    asynchronous readahead, nothing blocks on it); returns the bytes advised (0 for arrays in memory)."""
+def _read_ahead(arrays: list[np.ndarray | None]) -> int:
+    """Read the memory maps behind ``arrays`` into the page cache now: one byte per page, in order
+    (the kernel's sequential readahead does the rest), after ``madvise(MADV_WILLNEED)`` where the
+    platform has it. Returns the bytes read (0 for arrays held in memory)."""
     import mmap
 
     advice = getattr(mmap, "MADV_WILLNEED", None)
+    page = mmap.PAGESIZE
     total = 0
     seen: set[int] = set()
     for a in arrays:
         b: object = a
         while b is not None and not isinstance(b, mmap.mmap):
             b = getattr(b, "base", None)
-        if advice is None or not isinstance(b, mmap.mmap) or id(b) in seen:
+        if not isinstance(b, mmap.mmap) or id(b) in seen or len(b) == 0:
             continue
         seen.add(id(b))
-        try:
-            b.madvise(advice)
-            total += len(b)
-        except (OSError, ValueError):  # a closed map or a platform without it: readahead is only a hint
-            continue
+        if advice is not None:
+            try:
+                b.madvise(advice)
+            except (OSError, ValueError):  # only a hint
+                pass
+        np.frombuffer(b, dtype=np.uint8)[::page].sum()  # touch every page
+        total += len(b)
     return total
 
 
@@ -186,12 +190,12 @@ class PPRIndex:
         return induced_batch(graph, ptr, nodes)
 
     def prefetch(self) -> int:
-        """Start reading the memory-mapped lists and induced table into the page cache
-        (:func:`_advise_willneed`): a server over a large index otherwise pays a disk read on the
-        first request that touches each page. Returns the bytes advised."""
+        """Read the memory-mapped lists and induced table into the page cache now
+        (:func:`_read_ahead`): a server over a large index otherwise pays a disk read on the first
+        request that touches each page. Returns the bytes read."""
         t = self.induced
-        return _advise_willneed([self.ptr, self.nodes, self.scores,
-                                 *((t.eptr, t.src, t.dst, t.weights) if t is not None else ())])
+        return _read_ahead([self.ptr, self.nodes, self.scores,
+                            *((t.eptr, t.src, t.dst, t.weights) if t is not None else ())])
 
     def ensure_induced(
         self, graph: CSRGraph, *, max_bytes: int = 1 << 30, k: int | None = None, progress: bool = False

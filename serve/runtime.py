@@ -544,9 +544,11 @@ class ModelRuntime:
             log.info("model %s v%s: projections of %d nodes cached in %.1f s", self.name, self.version, rows,
                      time.perf_counter() - t0)
             prefetch = getattr(self.ppr_index, "prefetch", None)
-            if prefetch is not None:  # the mapped PPR lists and induced table: read ahead, not waited for
-                log.info("model %s v%s: reading ahead %.0f MiB of the PPR index", self.name, self.version,
-                         prefetch() / 2**20)
+            if prefetch is not None:  # the mapped PPR lists and induced table, read before the server is ready
+                t0 = time.perf_counter()
+                got = prefetch()
+                log.info("model %s v%s: %.0f MiB of PPR index read into the page cache in %.1f s", self.name,
+                         self.version, got / 2**20, time.perf_counter() - t0)
         for width in {self.limits.default_sampling_width, 0}:
             # every path a batch of existing nodes can take (an L-hop model's induced scopes serve only
             # batches with new nodes: not warmed, an exact scope of a deep model can be the whole graph)

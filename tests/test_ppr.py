@@ -446,7 +446,7 @@ def test_induced_table_is_the_same_on_any_number_of_threads(graph_name, request)
 
 
 def test_prefetch_advises_the_mapped_files(sbm, tmp_path):
-    """prefetch() asks for readahead of every memory-mapped file of an opened index (lists, scores,
+    """prefetch() reads every memory-mapped file of an opened index (lists, scores,
     induced table) and of nothing for an index in memory; answers are unchanged."""
     from kernels.ppr_live import LivePPRIndex
 
