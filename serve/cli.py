@@ -124,8 +124,9 @@ def _serve(argv: Sequence[str]) -> int:
                          "[nodes, hidden] float32 table per width) within this many bytes (0 = off)")
     ap.add_argument("--warm-projections", action="store_true",
                     help="cache every node's first-layer projection (and a plain model's first-layer output at "
-                         "its default width) while a model warms up, before it is served (startup reads all "
-                         "features once; first requests cost what later ones do)")
+                         "its default width) while a model warms up, before it is served, and read a "
+                         "memory-mapped PPR index and induced table into the page cache (startup reads all "
+                         "features and the index once; first requests cost what later ones do)")
     ap.add_argument("--ppr-cache", default=None, help="directory for PPR index files (default REPO/_ppr)")
     ap.add_argument("--poll-s", type=float, default=2.0, help="repository polling interval (0 = off)")
     ap.add_argument("--grace-s", type=float, default=10.0, help="shutdown grace period")
