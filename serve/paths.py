@@ -90,6 +90,13 @@ def _compiled_fits(rt: ModelRuntime, targets: int, new_nodes: bool) -> bool:
     return not new_nodes and targets <= rt.fused_max_targets
 
 
+def _stateless_edges(rt: ModelRuntime, kept: np.ndarray, ids: np.ndarray, plan: Any, layers: int,
+                     width: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(kept, exact)`` edge counts on a stateless replica, as ``kernels.plan._with_exact`` gives them
+    on a local graph: ``ids`` are the plan's global node ids, the exact counts come from the store."""
+    return kept, rt.graph.exact_path_edges(ids[: plan.num_targets], layers) if width else kept
+
+
 def _torch_answers(rt: ModelRuntime, rows: int, forward: Any, want_emb: bool) -> tuple[Any, ...]:
     """Run ``forward() -> (logits, emb, t_feat)`` under the batch's torch thread count; NumPy answers."""
     from .runtime import _torch_threads_for
@@ -130,8 +137,7 @@ class ActivationPath(ServingPath):
         dinv = rt.graph.gcn_dinv32(ids) if rt.architecture == "gcn" else None
         _, probs, labels, emb = plan_outer_cpu(local_plan(plan), rt._act_params, table[ids], dinv)
         t_fwd = time.perf_counter()
-        kept = two_layer_kept(plan, rt.graph.row_lengths(ids), width)
-        total = rt.graph.exact_path_edges(ids[: plan.num_targets], 2) if width else kept
+        kept, total = _stateless_edges(rt, two_layer_kept(plan, rt.graph.row_lengths(ids), width), ids, plan, 2, width)
         return PathOutput(probs, labels, emb if want_emb else None, kept, total, t_sub, t_feat, t_fwd)
 
 
@@ -185,8 +191,7 @@ class TorchPlanPath(ServingPath):
         probs, labels, emb, t_feat = _torch_answers(rt, plan.sizes[0], forward, want_emb)
         t_fwd = time.perf_counter()
         if rt.remote_graph:  # plan_graph holds only the expanded rows: exact counts from the store's degrees
-            kept = plan.kept_per_target()
-            total = rt.graph.exact_path_edges(plan_ids[: plan.num_targets], plan.layers) if width else kept
+            kept, total = _stateless_edges(rt, plan.kept_per_target(), plan_ids, plan, plan.layers, width)
         else:
             kept, total = edges_on_paths(plan, plan_graph, width, rt._exact_edges)
         return PathOutput(probs, labels, emb, kept, total, t_sub, t_feat, t_fwd)

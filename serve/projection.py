@@ -176,7 +176,7 @@ class ActivationCache:
     :meth:`stats` may be called from another thread (a metrics scrape).
 
     On a stateless replica ``graph`` is a :class:`serve.graph.store.RedisGraphStore`: the plan of the
-    missing rows is built on the local graph of the rows it expands (``plan_local``), its inputs
+    missing rows is built on the local graph of the rows it expands (``sampled_plan``), its inputs
     gathered at its nodes (projections by global id, :math:`D^{-1/2}` from the store's degrees), and
     :meth:`warm` does nothing (it would read the whole graph from Redis); rows fill as batches ask.
 
@@ -293,9 +293,7 @@ class ActivationCache:
 
     def _remote_rows(self, missing: np.ndarray, width: int) -> np.ndarray:
         """The rows of ``missing`` on a stateless replica (class docstring)."""
-        g, uniq = self.graph.plan_local(missing, self.layers - 1, width, self.strategy)
-        inner = execution_plan(g, np.searchsorted(uniq, missing), self.layers - 1, width, self.strategy)
-        ids = uniq[inner.node_ids]
+        inner, _, ids = self.graph.sampled_plan(missing, self.layers - 1, width, self.strategy)
         proj = self.projections.table_for(ids)
         assert proj is not None, "the activation cache reads an enabled projection cache"
         dinv = self.graph.gcn_dinv32(ids) if self.gcn else None

@@ -364,20 +364,18 @@ class ModelRuntime:
         feats = np.asarray(feature_ids, dtype=np.int64)
         changed = np.asarray(changed_rows, dtype=np.int64)
         plan: dict[str, Any] = {"graph": graph, "features": feats}
+        if self._activations is not None:
+            # a node's first-layer row reads its own row and projection and its neighbours' projections (and,
+            # for GCN, their degrees): the changed rows, the changed features and their neighbours (a stateless
+            # replica reads them from its store, whose overlay already holds the new rows)
+            spread = np.concatenate([feats, changed]) if self.architecture == "gcn" else feats
+            plan["activation"] = np.unique(np.concatenate([changed, feats, graph.neighbors_of(spread)]))
         if graph is old and not len(changed) and not len(new_ids):  # features only: the graph is the same
-            if self._activations is not None:  # the rows reading them: theirs and their neighbours'
-                plan["activation"] = np.unique(np.concatenate([feats, graph.neighbors_of(feats)]))
             return plan
         if not self.remote_graph:
-            gcn = self.architecture == "gcn"
             carry_gcn_degrees(old, graph, changed)  # memoized on the new graph, not yet visible
             if self._dinv is not None:
                 plan["dinv"] = gcn_dinv32(graph)
-            if self._activations is not None:
-                # a node's first-layer row reads its own row and projection and its neighbours' projections
-                # (and, for GCN, their degrees): the changed rows, the changed features and their neighbours
-                spread = np.concatenate([feats, changed]) if gcn else feats
-                plan["activation"] = np.unique(np.concatenate([changed, feats, graph.neighbors_of(spread)]))
             if self._exact_edges is not None:
                 ball = changed
                 for _ in range(max(0, self.num_layers - 1)):  # whose (L-1)-hop ball holds a changed row
@@ -385,10 +383,7 @@ class ModelRuntime:
                 plan["exact_edges"] = ball
             sums = update_walk_sums(graph, self._walk_sums, changed) if self._walk_sums is not None else None
             plan["derived"] = self._graph_derived(graph, sums)
-        else:  # a stateless replica: the store's overlay already holds the new rows
-            if self._activations is not None:  # as above, the neighbours read from the store
-                spread = np.concatenate([feats, changed]) if self.architecture == "gcn" else feats
-                plan["activation"] = np.unique(np.concatenate([changed, feats, graph.neighbors_of(spread)]))
+        else:
             plan["derived"] = self._graph_derived(graph)
         return plan
 
@@ -750,10 +745,8 @@ class ModelRuntime:
         last ones only, default all)."""
         layers = self.num_layers if layers is None else layers
         gcn = self.architecture == "gcn"
-        if self.remote_graph:  # only the rows the plan expands, from Redis, as a local graph (local id = rank)
-            g, uniq = self.graph.plan_local(targets, layers, width, self.strategy)
-            plan = execution_plan(g, np.searchsorted(uniq, targets), layers, width, self.strategy)
-            ids = uniq[plan.node_ids]
+        if self.remote_graph:  # only the rows the plan expands, from Redis, as a local graph
+            plan, g, ids = self.graph.sampled_plan(targets, layers, width, self.strategy)
             return plan, g, ids, self.graph.gcn_degrees(ids) if gcn and degrees else None
         plan = execution_plan(self.graph, targets, layers, width, self.strategy)
         degrees = self.model.norm_degrees_for(self.graph, plan.node_ids) if gcn and degrees else None

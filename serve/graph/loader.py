@@ -114,7 +114,7 @@ def load_graph(dataset: Any, redis_url: str, *, version: int = 1, ppr: Sequence[
         if live:
             keys = GraphKeys(fp, version, int(old["shards"]))
             log.info("graph %s v%d is live: comparing it with the dataset, writing nothing", fp, version)
-            return _compare_live(cl, target, keys, graph, indexes, idt, old, t0, ppr_meta)
+            return _compare_live(cl, target, keys, graph, indexes, idt, old, chunk_size, t0, ppr_meta)
         start_version(cl, target, keys, {
             "format": GRAPH_FORMAT, "fingerprint": fp, "version": version,
             "num_nodes": n, "num_edges": graph.num_edges,
@@ -175,10 +175,10 @@ def _compare_stored(cl: Any, target: RedisTarget, keys: GraphKeys, graph: Any, i
 
 
 def _compare_live(cl: Any, target: RedisTarget, keys: GraphKeys, graph: Any, indexes: dict[str, tuple[Any, str]],
-                  idt: np.dtype, old: dict[str, str], t0: float,
+                  idt: np.dtype, old: dict[str, str], chunk_size: int, t0: float,
                   ppr_meta: dict[str, dict[str, Any]]) -> GraphLoadReport:
     """A re-run of ``load_graph`` on a live version: read back, compare, write nothing."""
-    digests, bad = _compare_stored(cl, target, keys, graph, indexes, idt, *_stored_chunking(old, 2048))
+    digests, bad = _compare_stored(cl, target, keys, graph, indexes, idt, *_stored_chunking(old, chunk_size))
     checksum = version_checksum(digests, person=_PERSON)
     where = keys.where(target)
     if bad:

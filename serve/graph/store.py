@@ -568,7 +568,7 @@ class RedisGraphStore(PinnedVersion):
                     stored[j] = False
                     lengths[j] = len(row[0])
                     if wsums is not None:
-                        wsums[j] = float(row[1].sum(dtype=np.float64)) if row[1] is not None else float(len(row[0]))
+                        wsums[j] = _weight_sum(row)
         pos = np.flatnonzero(stored)  # ids >= base_num_nodes without an overlay row: no edges
         if not len(pos):
             return lengths, wsums
@@ -578,8 +578,7 @@ class RedisGraphStore(PinnedVersion):
             rows = self._snapshot_rows("a", uniq.tolist(), self.keys.adj, self._adj)
             lengths[pos] = [len(rows[int(v)][0]) for v in sid]
             if wsums is not None:
-                wsums[pos] = [float(rows[int(v)][1].sum(dtype=np.float64)) if rows[int(v)][1] is not None
-                              else float(len(rows[int(v)][0])) for v in sid]
+                wsums[pos] = [_weight_sum(rows[int(v)]) for v in sid]
             return lengths, wsums
         need = np.unique(sid // self.degree_chunk)
         need = need[~self._deg_loaded[need]]
@@ -659,18 +658,26 @@ class RedisGraphStore(PinnedVersion):
 
         return CSRGraph(indptr=indptr, indices=indices, weights=weights, num_nodes=dummy + 1), uniq
 
+    def sampled_plan(self, targets: np.ndarray, hops: int, width: int,
+                     strategy: str = "fastrand") -> tuple[Any, Any, np.ndarray]:
+        """``(plan, graph, ids)``: the ``hops``-layer execution plan of the distinct ``targets`` (in the
+        order given) at ``width`` on :meth:`plan_local`'s graph, that graph, and the global ids of the
+        plan's nodes (``plan.node_ids`` are local ranks)."""
+        from kernels.plan import execution_plan
+
+        g, uniq = self.plan_local(targets, hops, width, strategy)
+        plan = execution_plan(g, np.searchsorted(uniq, targets), hops, width, strategy)
+        return plan, g, uniq[plan.node_ids]
+
     def exact_path_edges(self, targets: np.ndarray, layers: int) -> np.ndarray:
         """int64 ``[B]``: :func:`kernels.plan.exact_path_edges` on the stored graph (overlay included):
         the rows within ``layers - 2`` hops of the targets from Redis, the degrees of the nodes one
         hop further from the degree chunks."""
-        from kernels.plan import execution_plan
-
         t = np.asarray(targets, dtype=np.int64).reshape(-1)
         if layers <= 0 or len(t) == 0:
             return np.zeros(len(t), dtype=np.int64)
-        g, uniq = self.plan_local(t, layers - 1, 0)
-        exact = execution_plan(g, np.searchsorted(uniq, t), layers - 1, 0)
-        return np.rint(exact.path_sums(self.row_lengths(uniq[exact.node_ids]), layers)).astype(np.int64)
+        exact, _, ids = self.sampled_plan(t, layers - 1, 0)
+        return np.rint(exact.path_sums(self.row_lengths(ids), layers)).astype(np.int64)
 
     # ---------------------------------------------------------------- local graphs
     def local_graph(self, uniq: np.ndarray, rows: dict[int, Any]) -> tuple[Any, np.ndarray]:
@@ -922,6 +929,11 @@ def _count_degree(hist: dict[int, int], degree: int, step: int) -> None:
 
 
 
+
+
+def _weight_sum(row: tuple[np.ndarray, np.ndarray | None]) -> float:
+    """The weight sum of an adjacency row ``(ids, weights or None)``: 1 per edge without weights."""
+    return float(row[1].sum(dtype=np.float64)) if row[1] is not None else float(len(row[0]))
 
 def _kept_edges_of(rows: list[np.ndarray], width: int, fastrand: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(ids, lengths, edges)``: the rows concatenated (int64), their lengths, and the positions in
