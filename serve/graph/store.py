@@ -651,8 +651,7 @@ class RedisGraphStore(PinnedVersion):
         indices[edges] = np.searchsorted(uniq, kept)
         weights = None
         if self.is_weighted:  # rows without weights (unweighted snapshot or overlay row) weigh 1 per edge
-            ws = [rows[v][1] if rows[v][1] is not None else np.ones(len(rows[v][0]), np.float32)
-                  for v in fetched.tolist()]
+            ws = [_weights(rows[v]) for v in fetched.tolist()]
             weights = np.concatenate(ws).astype(np.float32) if ws else np.zeros(0, np.float32)
         from kernels.graph import CSRGraph
 
@@ -690,7 +689,7 @@ class RedisGraphStore(PinnedVersion):
         deg = np.fromiter((len(p[0]) for p in parts), dtype=np.int64, count=u)
         cols = np.concatenate([p[0] for p in parts]).astype(np.int64) if u else np.zeros(0, np.int64)
         if self.is_weighted:  # rows without weights (unweighted snapshot or overlay row) weigh 1 per edge
-            ws = [p[1] if p[1] is not None else np.ones(len(p[0]), np.float32) for p in parts]
+            ws = [_weights(p) for p in parts]
             w = np.concatenate(ws).astype(np.float32) if u else np.zeros(0, np.float32)
             wsum = np.fromiter((float(x.sum(dtype=np.float64)) for x in ws), dtype=np.float64, count=u)
         else:
@@ -929,6 +928,11 @@ def _count_degree(hist: dict[int, int], degree: int, step: int) -> None:
 
 
 
+
+
+def _weights(row: tuple[np.ndarray, np.ndarray | None]) -> np.ndarray:
+    """The weights of an adjacency row ``(ids, weights or None)``: 1 per edge without weights."""
+    return row[1] if row[1] is not None else np.ones(len(row[0]), np.float32)
 
 
 def _weight_sum(row: tuple[np.ndarray, np.ndarray | None]) -> float:
