@@ -101,6 +101,13 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--gpu-min-targets", type=int, default=64,
                     help="--device cuda: batches of fewer targets run the compiled CPU forward (a CPU copy of "
                          "the model), where the GPU's launch and copy costs outweigh its arithmetic (0 = all on GPU)")
+    ap.add_argument("--resident", action="store_true",
+                    help="plain 2-layer models: keep the graph, the projection table and one first-layer table per "
+                         "sampling width (within --activation-cache-bytes) on the model's device and answer every "
+                         "batch without new nodes there, sampling on the device (kernels.resident)")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="with --resident on --device cuda: replay a captured CUDA graph per batch size bucket and "
+                         "sampled width (up to 256)")
     ap.add_argument("--max-nodes-per-request", type=int, default=4096,
                     help="ids plus new nodes per request; checked on the request's bytes before it is parsed")
     ap.add_argument("--max-new-node-edges", type=int, default=100_000,
@@ -221,6 +228,8 @@ def _serve(argv: Sequence[str]) -> int:
             max_delay_ms=args.max_delay_ms,
             inline_max_targets=args.inline_max_targets,
             gpu_min_targets=args.gpu_min_targets,
+            resident=args.resident,
+            cuda_graphs=args.cuda_graphs,
             max_nodes_per_request=args.max_nodes_per_request,
             max_new_node_edges=args.max_new_node_edges,
             max_request_work=args.max_request_work,

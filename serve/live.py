@@ -706,7 +706,12 @@ class LiveGraph:
                 t.fail(Unavailable(f"graph update not applied: the update log is unavailable ({exc})"))
             return
         n0 = self.features.num_nodes
-        inv = self._apply(group.parsed(), effect, version)
+        try:
+            inv = self._apply(group.parsed(), effect, version)
+        except Exception:  # logged by _apply, which also took the graph out of service: no caller waits forever
+            for t, _ in accepted:
+                t.fail(Unavailable(self.broken or f"graph update {version} failed; restart the server"))
+            return
         g = self.data.graph
         now = time.perf_counter()
         first = n0

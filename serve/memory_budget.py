@@ -10,7 +10,8 @@ no torch):
     whole table (``N x P x 4`` bytes, ``P`` the projection width) fits, so a version counts the
     table's size if it fits in the budget and nothing otherwise;
   - ``--activation-cache-bytes``, per plain 2-layer model version (its first-layer outputs, one
-    table per sampling width), the budget as given;
+    table per sampling width; with ``--resident`` the resident tables, which replace that cache),
+    the budget as given;
   - ``--induced-table-bytes``, per distinct PPR configuration served from a local graph;
   - ``--graph-cache-bytes``, with ``--graph`` (stateless replica), and its degree chunks (12 bytes per
     node at most: row lengths and weight sums, kept once fetched);

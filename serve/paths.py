@@ -12,6 +12,9 @@ is how tests and benchmarks reach a path without touching private state.
 ==================  =====================================================  ====================================
 path                when it is taken                                        what it caches (beyond the model)
 ==================  =====================================================  ====================================
+plain-resident      plain 2-layer model on a local graph, asked for          the graph, projections and one
+                    (``RuntimeOptions.resident``), no new nodes, the width   first-layer table per width, all
+                    has a table in the activation budget                     on the model's device
 plain-activations   plain 2-layer model, compiled layers, no new nodes,      first-layer projections per node;
                     at most ``fused_max_targets`` targets, the width has a   first-layer outputs per node and
                     table in the activation budget                           width (``ActivationCache``)
@@ -107,6 +110,35 @@ def _torch_answers(rt: ModelRuntime, rows: int, forward: Any, want_emb: bool) ->
         labels = probs.argmax(dim=1)
     emb_np = emb.float().cpu().numpy() if want_emb else None
     return probs.cpu().numpy(), labels.cpu().numpy().astype(np.int64), emb_np, t_feat
+
+
+class ResidentPath(ServingPath):
+    """A plain 2-layer model resident on its device (kernels.resident): the batch's ids go up once, the
+    last layer samples and aggregates there from the width's first-layer table, one packed copy back."""
+
+    name = "plain-resident"
+
+    @staticmethod
+    def available(rt: ModelRuntime) -> bool:
+        return rt._resident is not None
+
+    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
+        return not new_nodes and self.rt._resident.has_table(width)
+
+    def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
+        from .runtime import _torch_threads_for
+
+        rt = self.rt
+        t_sub = time.perf_counter()  # no host plan: the device samples
+        captured = rt._captured
+        with _torch_threads_for(len(targets) * max(width, 1), rt._torch_threads):
+            if captured is not None and captured.accepts(len(targets), width):
+                probs, labels, kept, emb = captured.answer(targets, width, want_emb)
+            else:
+                probs, labels, kept, emb = rt._resident.answer(targets, width, want_emb)
+        t_fwd = time.perf_counter()
+        total = rt._exact_edges(targets)
+        return PathOutput(probs, labels, emb, total if kept is None else kept, total, t_sub, t_sub, t_fwd)
 
 
 class ActivationPath(ServingPath):
@@ -255,7 +287,7 @@ class TorchSubgraphPath(ServingPath):
 
 
 #: every path, in the order a runtime prefers them
-PATHS: tuple[type[ServingPath], ...] = (ActivationPath, CompiledPlanPath, TorchPlanPath, CompiledShadowPath,
+PATHS: tuple[type[ServingPath], ...] = (ResidentPath, ActivationPath, CompiledPlanPath, TorchPlanPath, CompiledShadowPath,
                                         TorchSubgraphPath)
 PATH_NAMES: tuple[str, ...] = tuple(p.name for p in PATHS)
 

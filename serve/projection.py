@@ -114,6 +114,16 @@ class ProjectionCache:
             self._valid[missing] = True
         return self._table
 
+    def complete_table(self, chunk: int = 65536) -> torch.Tensor:
+        """The whole ``[N, P]`` table with every row valid (the missing ones projected first, ``chunk`` at a
+        time), for a model that reads every row in place (:mod:`kernels.resident`); the cache must be on."""
+        if self._table is None or self._valid is None:
+            raise RuntimeError("the projection cache is off (its table exceeds the budget)")
+        missing = np.flatnonzero(~self._valid[: self.num_nodes])
+        for start in range(0, len(missing), chunk):
+            self._fill(missing[start: start + chunk])
+        return self._table[: self.num_nodes]
+
     def warm(self, node_ids: np.ndarray | None = None, chunk: int = 65536) -> int:
         """Fill the table (all nodes by default) in chunks; returns rows filled."""
         if not self.enabled:

@@ -132,6 +132,13 @@ class RuntimeOptions:
     #: model and its own projection table) instead of the GPU, where launches and copies, not arithmetic, set
     #: a small batch's cost (docs/BENCHMARKS.md, "GPU"); 0 = every batch on the GPU
     gpu_min_targets: int = 64
+    #: plain 2-layer models on a local graph: keep the graph, the projection table and one first-layer table
+    #: per sampling width (within ``activation_budget_bytes``) on the model's device and answer every batch
+    #: without new nodes there, sampling on the device (:mod:`kernels.resident`, the ``plain-resident`` path)
+    resident: bool = False
+    #: with ``resident`` on a CUDA device: replay one captured CUDA graph per (batch bucket, width) at sampled
+    #: widths up to ``kernels.resident.PAD_MAX``
+    cuda_graphs: bool = False
 
     #: refuse UpdateGraph (the graph stays as loaded plus its logged updates)
     read_only: bool = False
@@ -286,11 +293,18 @@ class ModelRuntime:
         self._act_params = self._fused_params if not remote_acts else cpu_model.fused_params()
         # the plan path of a 2-layer plain model: the last layer alone from per-node first-layer rows
         # (edges_on_two_layer_paths counts a 2-layer path from the last layer's plan, hence 2 layers only)
+        #: the plain-resident path's state (kernels.resident), when asked for and this model can take it
+        self._resident: Any = None
+        self._captured: Any = None
+        if options.resident or options.serving_path == "plain-resident":
+            self._resident_init()
+        # (a resident model keeps its first-layer tables on its device: no second copy in an ActivationCache)
+        keeps_acts = (self._resident is None and self._act_params is not None and self.extractor == "lhop"
+                      and self.num_layers == 2 and options.activation_budget_bytes > 0)
         self._activations = (ActivationCache(self.graph, self._act_params, self._dinv, self._cpu_projections,
                                              strategy=self.strategy, budget_bytes=options.activation_budget_bytes,
                                              reserved_width=resolve_knobs(self.limits, None, None, None)[0])
-                             if self._act_params is not None and self.extractor == "lhop" and self.num_layers == 2
-                             and options.activation_budget_bytes > 0 else None)
+                             if keeps_acts else None)
         #: the serving paths this runtime takes, in order of preference (decided once; serve.paths)
         self.paths = paths_for(self, options.serving_path)
         self.batcher = DynamicBatcher(
@@ -309,6 +323,30 @@ class ModelRuntime:
         )
         self.stats = ModelStats()  # Triton's ModelStatistics (serve.stats): recorded in submit and process
         self.ready = False
+
+    def _resident_init(self) -> None:
+        """Build the plain-resident path's state (kernels.resident) or say why this model cannot take it."""
+        why = None
+        if self.extractor != "lhop" or self.num_layers != 2 or getattr(self.model, "plan_aggregator", -1) < 0:
+            why = "it serves plain 2-layer GCN / GraphSAGE models"
+        elif self.remote_graph:
+            why = "it needs the whole graph in memory (this replica reads it from Redis)"
+        elif not self.projections.enabled:
+            why = "the projection table does not fit --projection-cache-bytes"
+        elif self.options.activation_budget_bytes <= 0:
+            why = "--activation-cache-bytes is 0 (it keeps first-layer tables within that budget)"
+        if why is not None:
+            log.info("model %s v%s: no resident path: %s", self.name, self.version, why)
+            return
+        from kernels.resident import CapturedForward, ResidentPlain
+
+        self._resident = ResidentPlain(self.model, self.graph, self.projections.complete_table,
+                                       strategy=self.strategy, budget_bytes=self.options.activation_budget_bytes,
+                                       reserved_width=resolve_knobs(self.limits, None, None, None)[0])
+        if self.options.cuda_graphs and self.device.type == "cuda":
+            self._captured = CapturedForward(self._resident, max_bucket=self.options.max_batch_targets)
+        log.info("model %s v%s: resident on %s (graph %.1f MiB)", self.name, self.version, self.device,
+                 self._resident.dg.nbytes() / 2**20)
 
     def _graph_derived(self, graph: Any = None, walk_sums_: np.ndarray | None = None) -> dict[str, Any]:
         """What the runtime derives from the whole graph (``graph``, default its own): its limits and the
@@ -364,7 +402,7 @@ class ModelRuntime:
         feats = np.asarray(feature_ids, dtype=np.int64)
         changed = np.asarray(changed_rows, dtype=np.int64)
         plan: dict[str, Any] = {"graph": graph, "features": feats}
-        if self._activations is not None:
+        if self._activations is not None or self._resident is not None:
             # a node's first-layer row reads its own row and projection and its neighbours' projections (and,
             # for GCN, their degrees): the changed rows, the changed features and their neighbours (a stateless
             # replica reads them from its store, whose overlay already holds the new rows)
@@ -372,6 +410,10 @@ class ModelRuntime:
             plan["activation"] = np.unique(np.concatenate([changed, feats, graph.neighbors_of(spread)]))
         if graph is old and not len(changed) and not len(new_ids):  # features only: the graph is the same
             return plan
+        if self._resident is not None:  # the new CSR on the device, uploaded while batches still run
+            from kernels.resident import DeviceGraph
+
+            plan["resident_graph"] = DeviceGraph.upload(graph, self.device)
         if not self.remote_graph:
             carry_gcn_degrees(old, graph, changed)  # memoized on the new graph, not yet visible
             if self._dinv is not None:
@@ -400,6 +442,8 @@ class ModelRuntime:
             self._dinv = plan["dinv"]
         if self._activations is not None and "activation" in plan:
             inv["activation"] = self._activations.rebase(graph, self._dinv, plan["activation"])
+        if self._resident is not None:
+            inv["resident"] = self._resident.rebase(graph, plan.get("resident_graph"), plan["activation"])
         if self._exact_edges is not None and "exact_edges" in plan:
             inv["exact_edges"] = self._exact_edges.rebase(graph, plan["exact_edges"])
         if "derived" in plan:
@@ -513,12 +557,15 @@ class ModelRuntime:
 
     def cache_stats(self) -> dict[str, dict[str, float]]:
         """The per-node caches' statistics by cache: ``projection`` (and ``projection_cpu``, a GPU
-        model's CPU table), ``activation`` for a plain model that keeps one."""
+        model's CPU table), ``activation`` for a plain model that keeps one, ``resident`` for one on the
+        plain-resident path (kernels.resident)."""
         out = {"projection": self.projections.stats()}
         if self._cpu_projections is not self.projections:
             out["projection_cpu"] = self._cpu_projections.stats()
         if self._activations is not None:
             out["activation"] = self._activations.stats()
+        if self._resident is not None:
+            out["resident"] = self._resident.stats()
         return out
 
     def observe(self, res: PredictResult) -> None:

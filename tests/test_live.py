@@ -171,7 +171,26 @@ def test_random_updates_answer_like_the_updated_graph(server, base_repo, tiny_da
     """After a random sequence of updates, every model's answers for a sample of nodes (old and new) equal
     the offline model's on the graph and features the test edited itself, at exact and sampled widths,
     through every cache (warm rows before the updates must not survive them)."""
-    ds, rng = tiny_dataset, np.random.default_rng(7)
+    _random_updates_answer_like_the_updated_graph(server, base_repo, tiny_dataset, np.random.default_rng(7))
+
+
+def test_random_updates_on_the_resident_path(base_repo, tiny_dataset, tmp_path):
+    """The same on the plain-resident path (kernels.resident): its device CSR is uploaded again and its
+    first-layer tables (exact and S = 3, filled for every node before the updates) recompute exactly the
+    rows each update changed."""
+    srv = ServerThread(fresh_repo(base_repo, tmp_path / "repo"), {"runtime_kw": {"resident": True}}).start()
+    try:
+        plain = [srv.server.registry.get(m) for m in ("gcn", "sage")]
+        assert all(rt.paths[0].name == "plain-resident" for rt in plain)
+        before = [rt._resident.batches for rt in plain]
+        _random_updates_answer_like_the_updated_graph(srv, base_repo, tiny_dataset, np.random.default_rng(7))
+        assert all(rt._resident.batches >= b + 4 for rt, b in zip(plain, before, strict=True))
+        assert all(set(rt._resident.widths()) >= {0, 3} for rt in plain)
+    finally:
+        srv.stop()
+
+
+def _random_updates_answer_like_the_updated_graph(server, base_repo, ds, rng):
     mirror = _Mirror(ds)
     sample = rng.choice(ds.num_nodes, 40, replace=False)
     with GnnClient(server.address) as c:
@@ -278,6 +297,26 @@ def test_read_your_writes_and_refusals(server, tiny_dataset):
         with pytest.raises(clients.NotFoundError):
             c.update_graph("nope", add_edges=[(0, missing)])
         assert c.predict("gcn", [0]).graph_version == 0
+
+
+def test_an_update_that_fails_half_way_answers_unavailable(server, tiny_dataset, monkeypatch):
+    """A fault while an update is applied (here a model's rebase raises) takes the graph out of service
+    loudly: the update's caller gets UNAVAILABLE at once (it used to wait forever), so do later updates and
+    predictions, each saying to restart (the update log replays it)."""
+    rt = server.server.registry.get("gcn")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(rt, "prepare_rebase", broken)
+    u, v = _non_neighbours(tiny_dataset, np.random.default_rng(3))
+    with GnnClient(server.address, timeout=30) as c:
+        with pytest.raises(clients.UnavailableError, match="failed half-way.*restart"):
+            c.update_graph("gcn", add_edges=[(u, v)])
+        with pytest.raises(clients.UnavailableError, match="restart"):
+            c.update_graph("gcn", add_edges=[(v, u)])
+        with pytest.raises(clients.UnavailableError, match="restart"):
+            c.predict("gcn", [u])
 
 
 def test_read_only_server_refuses_updates(base_repo, tmp_path):

@@ -90,8 +90,10 @@ def _check_every_path(srv, repo, ds, models, rng, batches=6):
 
 def test_every_path_meets_the_specification(four_repo, small_dataset):
     rng = np.random.default_rng(0)
-    with ServerThread(four_repo, {"poll_s": 0}) as srv:
-        seen = _check_every_path(srv, four_repo, small_dataset, list(KINDS), rng)
+    seen: set[str] = set()
+    for runtime_kw in ({}, {"resident": True}):  # the resident path replaces the activation cache when on
+        with ServerThread(four_repo, {"poll_s": 0, "runtime_kw": runtime_kw}) as srv:
+            seen |= _check_every_path(srv, four_repo, small_dataset, list(KINDS), rng)
     from serve.paths import PATH_NAMES
 
     assert seen == set(PATH_NAMES), f"paths never compared: {set(PATH_NAMES) - seen}"
@@ -99,9 +101,11 @@ def test_every_path_meets_the_specification(four_repo, small_dataset):
 
 def test_every_path_meets_the_specification_on_cora(cora_repo, cora):
     rng = np.random.default_rng(1)
-    with ServerThread(cora_repo, {"poll_s": 0}) as srv:
-        seen = _check_every_path(srv, cora_repo, cora, ["gcn", "ssage"], rng, batches=4)
-    assert {"plain-activations", "plain-torch", "shadow-compiled", "subgraph-torch"} <= seen
+    seen: set[str] = set()
+    for runtime_kw in ({}, {"resident": True}):
+        with ServerThread(cora_repo, {"poll_s": 0, "runtime_kw": runtime_kw}) as srv:
+            seen |= _check_every_path(srv, cora_repo, cora, ["gcn", "ssage"], rng, batches=4)
+    assert {"plain-resident", "plain-activations", "plain-torch", "shadow-compiled", "subgraph-torch"} <= seen
 
 
 def test_batches_with_new_nodes_take_the_subgraph_path(four_repo):
@@ -158,5 +162,5 @@ def test_a_forced_path_must_exist_and_apply(four_repo):
         assert len(failures) == 2 and all("cannot take serving path 'shadow-compiled'" in r for r in failures.values())
     from serve.runtime import RuntimeOptions
 
-    with pytest.raises(ValueError, match="unknown serving path 'nope'; the paths are plain-activations"):
+    with pytest.raises(ValueError, match="unknown serving path 'nope'; the paths are plain-resident, plain-activations"):
         RuntimeOptions(serving_path="nope")

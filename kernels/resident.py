@@ -1,0 +1,471 @@
+r"""A plain 2-layer model resident on its device: graph, projections and first-layer tables, sampled inside.
+
+The paper's point (ES-SpMM) is that the kernel samples each row's edges itself, so nothing is
+pre-sampled on the host. The other serving paths build an execution plan on the host
+(:mod:`kernels.plan`) and send it to the device per batch: on a GPU that is a dozen pageable copies
+and as many hidden synchronisations per request (issue #22). Here everything a batch reads lives on
+the model's device once:
+
+* the CSR (``indptr``, ``indices``, ``weights``), the row lengths and the GCN :math:`D^{-1/2}`;
+* the first-layer projection table ``P`` ``[N, P]`` (:class:`serve.projection.ProjectionCache`);
+* per sampling width ``S``, the ReLU'd first-layer output of every node ``H_S`` ``[N, H]``, computed
+  by one full-graph :func:`kernels.spmm.sampled_spmm` (the ES-SpMM kernel on a GPU): the rows layer 1
+  computes for node ``i`` at width ``S`` depend on ``i`` and ``S`` only, so one table serves every
+  batch at that width (the same argument as :class:`serve.projection.ActivationCache`).
+
+A batch then sends its target ids once and runs the last layer on the device:
+
+.. math::
+
+    \text{gcn:}\quad z_t = \Big(g_t^2 H_t + s_t g_t \sum_{q < k_t} w_{e_q} g_{j_q} H_{j_q}\Big) W^T + b,
+    \qquad \text{sage:}\quad z_t = H_t W_r^T + \Big(\frac{1}{k_t} \sum_{q < k_t} w_{e_q} H_{j_q}\Big) W_n^T + b
+
+with the kept edges :math:`e_q = \mathrm{indptr}_t + p_t(q)` of :func:`kernels.spmm.sample_positions`
+(:math:`k_t = \min(d_t, S)`, :math:`s_t = d_t / k_t`, :math:`g = D^{-1/2}`; no neighbour term when
+:math:`k_t = 0`), then softmax and arg-max; the answers, the embeddings (``H_t``) and the kept edge
+counts come back in one packed copy. The formula is the last layer of :meth:`models.base.PlainGNN.forward_plan`
+transformed after aggregating instead of before (equal up to rounding; tests hold it to the model).
+
+Slots. At a sampled width every target gets exactly ``S`` slots (``[B, S]``, the ones past ``k_t``
+masked with weight 0 and pointed at a dummy edge): static shapes, no data-dependent size anywhere,
+so a batch is free of host synchronisations and can be captured in a CUDA graph per (batch bucket,
+width) (:class:`CapturedForward`). At the exact width (or a width above :data:`PAD_MAX`) the slots are
+the targets' kept edges back to back; their number is summed on the host from its own copy of the
+row lengths, so that path does not synchronise either.
+
+Live graphs. :meth:`ResidentPlain.rebase` installs an updated graph (its CSR uploaded again, which the
+host's copy-on-write edit costs anyway) and recomputes, at every width held, exactly the first-layer
+rows the update changed (the caller's stale set), through the same slot formula as layer 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .graph import CSRGraph
+from .spmm import sample_positions
+
+__all__ = ["PAD_MAX", "CapturedForward", "DeviceGraph", "ResidentPlain", "bucket_of", "unpack"]
+
+log = logging.getLogger(__name__)
+
+#: sampled widths up to this get ``[B, S]`` padded slots (static shapes); wider ones, packed slots
+PAD_MAX = 256
+#: rows per chunk when recomputing first-layer rows after an update (bounds the gathered slots)
+REFRESH_ROWS = 8192
+
+
+def bucket_of(n: int) -> int:
+    """The batch bucket of ``n`` targets: the next power of two (CUDA graphs are captured per bucket)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@dataclass
+class DeviceGraph:
+    """A :class:`~kernels.graph.CSRGraph` on a device (on a CPU, the host's arrays themselves). Masked
+    slots point at edge 0 with weight 0 (a graph without edges gets one dummy edge for them)."""
+
+    indptr: torch.Tensor  # int64 [N + 1]
+    indices: torch.Tensor  # int32 / int64 [max(E, 1)]
+    weights: torch.Tensor | None  # float32 [max(E, 1)]
+    deg: torch.Tensor  # int64 [N]
+    deg_host: np.ndarray  # int64 [N]: the host's row lengths (sizes computed without the device)
+    num_nodes: int
+    num_edges: int
+
+    @classmethod
+    def upload(cls, graph: CSRGraph, device: torch.device) -> DeviceGraph:
+        idx = np.asarray(graph.indices)
+        w = None if graph.weights is None else np.asarray(graph.weights, dtype=np.float32)
+        if graph.num_edges == 0:  # one dummy edge for masked slots to point at
+            idx, w = np.zeros(1, idx.dtype), None if w is None else np.zeros(1, np.float32)
+        indptr = _tensor(np.asarray(graph.indptr, dtype=np.int64), device)
+        return cls(indptr, _tensor(idx, device), None if w is None else _tensor(w, device), indptr[1:] - indptr[:-1],
+                   np.asarray(graph.degrees, dtype=np.int64), graph.num_nodes, graph.num_edges)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.indptr, self.indices, self.deg)
+                   if t is not None) + (self.weights.numel() * 4 if self.weights is not None else 0)
+
+
+def _tensor(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``a`` on ``device``; on a CPU, without a copy (a memory-mapped graph is read-only: never written here)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+
+@dataclass
+class Slots:
+    """The kept edges of some rows: slot ``q`` belongs to row ``seg[q]`` and reads node ``nbr[q]`` with
+    weight ``w[q]`` (0 on a masked slot). ``padded``: ``S`` slots per row in row order (``[R * S]``)."""
+
+    seg: torch.Tensor  # int64 [T]
+    nbr: torch.Tensor  # int64 [T]
+    w: torch.Tensor  # float32 [T]
+    valid: torch.Tensor  # bool [T]
+    k: torch.Tensor  # int64 [R]: kept edges per row
+    deg: torch.Tensor  # int64 [R]: row lengths
+    padded: int  # S when padded, else 0
+
+
+def padded_slots(dg: DeviceGraph, rows: torch.Tensor, width: int, strategy: str) -> Slots:
+    """``width`` slots per row (``width`` > 0): the kept edges first, the rest masked (static shapes)."""
+    r = rows.numel()
+    deg = dg.deg.index_select(0, rows)
+    k = deg.clamp(max=width)
+    t = torch.arange(width, device=rows.device).expand(r, width)
+    valid = t < k.unsqueeze(1)
+    pos = sample_positions(deg.unsqueeze(1).expand(r, width), t, width, strategy)
+    edge = torch.where(valid, dg.indptr.index_select(0, rows).unsqueeze(1) + pos, 0)
+    return _slots(dg, torch.arange(r, device=rows.device).repeat_interleave(width), edge.reshape(-1),
+                  valid.reshape(-1), k, deg, width)
+
+
+def packed_slots(dg: DeviceGraph, rows: torch.Tensor, rows_host: np.ndarray, width: int, strategy: str) -> Slots:
+    """The rows' kept edges back to back (exact when ``width`` is 0); their count comes from the host's
+    row lengths (``rows_host``: the same ids), so no size is read back from the device."""
+    deg_h = dg.deg_host[rows_host]
+    total = int((np.minimum(deg_h, width) if width else deg_h).sum())
+    deg = dg.deg.index_select(0, rows)
+    k = deg.clamp(max=width) if width else deg
+    start = torch.cumsum(k, 0) - k
+    seg = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), k, output_size=total)
+    t = torch.arange(total, device=rows.device) - start.index_select(0, seg)
+    d = deg.index_select(0, seg)
+    pos = sample_positions(d, t, width, strategy) if width else t
+    edge = dg.indptr.index_select(0, rows).index_select(0, seg) + pos
+    return _slots(dg, seg, edge, torch.ones(total, dtype=torch.bool, device=rows.device), k, deg, 0)
+
+
+def _slots(dg: DeviceGraph, seg: torch.Tensor, edge: torch.Tensor, valid: torch.Tensor, k: torch.Tensor,
+           deg: torch.Tensor, padded: int) -> Slots:
+    nbr = dg.indices.index_select(0, edge).long()
+    w = valid.float() if dg.weights is None else dg.weights.index_select(0, edge) * valid
+    return Slots(seg, nbr, w, valid, k, deg, padded)
+
+
+def slot_sum(s: Slots, coef: torch.Tensor, x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``[R, F]``: per row, the sum over its slots of ``coef[q] * x[nbr[q]]``."""
+    xs = x.index_select(0, s.nbr) * coef.unsqueeze(1)
+    if s.padded:  # a fixed number of slots per row: a reshape and a sum (deterministic, no atomics)
+        return xs.view(rows, s.padded, x.shape[1]).sum(1)
+    return torch.zeros(rows, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, s.seg, xs)
+
+
+def distinct_kept(s: Slots, rows: torch.Tensor, width: int, dg: DeviceGraph) -> torch.Tensor:
+    r"""int64 ``[R]``: :math:`k_t + \sum_{u \in \{t\} \cup N_S(t)} k_u` per row ``t`` (a 2-layer path's
+    kept edges, :func:`kernels.plan.edges_on_two_layer_paths`), ``u`` counted once however many slots
+    name it. Static shapes: one sort of the slots by (row, node)."""
+    key = s.seg * (dg.num_nodes + 1) + torch.where(s.valid, s.nbr + 1, 0)
+    key, order = torch.sort(key)
+    nbr = s.nbr.index_select(0, order)
+    seg = s.seg.index_select(0, order)
+    first = torch.ones_like(key, dtype=torch.bool)
+    first[1:] = key[1:] != key[:-1]
+    ok = first & s.valid.index_select(0, order) & (nbr != rows.index_select(0, seg))
+    d = dg.deg.index_select(0, nbr)
+    k_u = torch.where(ok, d.clamp(max=width) if width else d, 0)
+    others = torch.zeros(rows.numel(), dtype=torch.int64, device=rows.device).index_add_(0, seg, k_u)
+    return 2 * s.k + others
+
+
+class ResidentPlain:
+    """A plain 2-layer GCN / GraphSAGE, its graph, projections and first-layer tables on one device
+    (module docstring).
+
+    Args:
+        model: the :class:`models.base.PlainGNN` (2 layers, ``plan_aggregator`` gcn or sage), on ``device``.
+        graph: the full graph (host).
+        projections: a zero-argument callable returning the complete ``[N, P]`` projection table on the
+            device (every row valid; :meth:`serve.projection.ProjectionCache.complete_table`).
+        strategy: the model's sampling strategy.
+        budget_bytes: bound on the first-layer tables of all widths together.
+        reserved_width: a width whose table always has room (the model's default width).
+    """
+
+    def __init__(self, model: Any, graph: CSRGraph, projections: Any, *, strategy: str, budget_bytes: int,
+                 reserved_width: int | None = None) -> None:
+        from .fused_forward import AGG_GCN, AGG_SAGE
+
+        if int(getattr(model, "layers", 0)) != 2 or model.plan_aggregator not in (AGG_GCN, AGG_SAGE):
+            raise ValueError("the resident path serves plain 2-layer GCN / GraphSAGE models")
+        self.model = model
+        self.gcn = model.plan_aggregator == AGG_GCN
+        self.device = next(model.parameters()).device
+        self.projections = projections
+        self.strategy = strategy
+        self.budget_bytes = int(budget_bytes)
+        self.reserved_width = reserved_width
+        last = model.convs[1]
+        self.hidden = int(model.convs[0].out_channels)
+        self.num_classes = int(last.out_channels)
+        with torch.no_grad():
+            if self.gcn:
+                self._w = (last.weight.detach().t().contiguous(),)
+            else:
+                self._w = (last.weight_root.detach().t().contiguous(), last.weight_neigh.detach().t().contiguous())
+            zeros = torch.zeros(self.num_classes, device=self.device)
+            self._b = last.bias.detach().clone() if last.bias is not None else zeros
+            first = model.convs[0]
+            self._b1 = first.bias.detach().clone() if first.bias is not None else torch.zeros(self.hidden, device=self.device)
+        self._tables: dict[int, torch.Tensor] = {}
+        self.batches = 0
+        self._refused: set[int] = set()
+        self.generation = 0  # bumped whenever a tensor a captured graph reads is replaced
+        self._install(graph, DeviceGraph.upload(graph, self.device))
+        self._pinned_in: torch.Tensor | None = None
+        self._pinned_out: torch.Tensor | None = None
+        self._event = torch.cuda.Event() if self.device.type == "cuda" else None
+
+    # ------------------------------------------------------------------ state
+    def _install(self, graph: CSRGraph, dg: DeviceGraph) -> None:
+        from models.base import full_gcn_degrees
+
+        self.graph = graph
+        self.dg = dg
+        self.num_nodes = graph.num_nodes
+        if self.gcn:
+            d = np.maximum(full_gcn_degrees(graph), 1e-12) ** -0.5
+            self.dinv = torch.from_numpy(d.astype(np.float32)).to(self.device)
+        else:
+            self.dinv = None
+        self.table_bytes = self.num_nodes * self.hidden * 4
+        self.generation += 1
+
+    def widths(self) -> list[int]:
+        return sorted(self._tables)
+
+    def nbytes(self) -> int:
+        return self.dg.nbytes() + len(self._tables) * self.table_bytes
+
+    def stats(self) -> dict[str, float]:
+        """Widths with a table, their bytes, the device graph's bytes, batches answered."""
+        return {"widths": len(self._tables), "bytes": len(self._tables) * self.table_bytes,
+                "graph_bytes": self.dg.nbytes(), "batches": self.batches}
+
+    def has_table(self, width: int) -> bool:
+        """Whether ``width`` has a first-layer table, building it (one full-graph pass) if the budget has room."""
+        if width in self._tables:
+            return True
+        held_back = int(self.reserved_width is not None and width != self.reserved_width
+                        and self.reserved_width not in self._tables)
+        if (len(self._tables) + 1 + held_back) * self.table_bytes > self.budget_bytes:
+            if width not in self._refused:
+                self._refused.add(width)
+                log.log(logging.WARNING if not self._tables else logging.INFO,
+                        "resident path: no room for the first-layer table of width %d (%d tables of %d bytes in a "
+                        "%d-byte budget); its batches take the next path", width, len(self._tables),
+                        self.table_bytes, self.budget_bytes)
+            return False
+        self._tables[width] = self._full_table(width)
+        self.generation += 1
+        return True
+
+    def _full_table(self, width: int) -> torch.Tensor:
+        """``relu(layer 1)`` of every node at ``width``: the model's own layer over the whole graph (the
+        ES-SpMM kernel on a GPU, the compiled CPU kernel on a CPU)."""
+        with torch.inference_mode():
+            p = self.projections()
+            h = self.model.convs[0].aggregate(self.graph, p[: self.num_nodes], width or None, self.strategy)
+            return torch.relu_(h).contiguous()
+
+    def rebase(self, graph: CSRGraph, dg: DeviceGraph | None, stale: np.ndarray) -> int:
+        """Serve ``graph`` (an update of the one held: same nodes plus new ones) with ``dg`` (its upload,
+        ``None`` when only features changed), recomputing the first-layer rows of ``stale`` (and of every
+        new node) at every width held; returns the rows recomputed."""
+        n_old = self.num_nodes
+        if dg is not None:
+            self._install(graph, dg)
+        stale = np.asarray(stale, dtype=np.int64)
+        if graph.num_nodes > n_old:
+            stale = np.union1d(stale, np.arange(n_old, graph.num_nodes, dtype=np.int64))
+        done = 0
+        with torch.inference_mode():  # the tables are inference tensors: written in that mode only
+            for width, table in list(self._tables.items()):
+                if table.shape[0] < graph.num_nodes:
+                    grown = torch.empty((graph.num_nodes, self.hidden), dtype=table.dtype, device=table.device)
+                    grown[:n_old] = table[:n_old]
+                    self._tables[width] = table = grown
+                    self.generation += 1
+                for lo in range(0, len(stale), REFRESH_ROWS):
+                    part = stale[lo: lo + REFRESH_ROWS]
+                    table[torch.from_numpy(part).to(self.device)] = self.first_layer_rows(part, width)
+                done += len(stale)
+        return done
+
+    # ------------------------------------------------------------------ the layers
+    def first_layer_rows(self, rows: np.ndarray, width: int) -> torch.Tensor:
+        """``relu(layer 1)`` of ``rows`` at ``width`` by the slot formula (the rows an update changed)."""
+        with torch.inference_mode():
+            p = self.projections()
+            r = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(self.device)
+            s = self._slots(r, rows, width)
+            if self.gcn:
+                h = self._gcn(s, r, p) + self._b1
+            else:
+                o = self.hidden
+                h = p.index_select(0, r)[:, :o] + self._mean(s, p[:, o:], r.numel()) + self._b1
+            return torch.relu_(h)
+
+    def _slots(self, rows: torch.Tensor, rows_host: np.ndarray | None, width: int) -> Slots:
+        if width and width <= PAD_MAX:
+            return padded_slots(self.dg, rows, width, self.strategy)
+        if rows_host is None:
+            raise ValueError("packed slots need the host's copy of the row ids")
+        return packed_slots(self.dg, rows, rows_host, width, self.strategy)
+
+    def _gcn(self, s: Slots, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``g_t^2 x_t + s_t g_t sum w g_j x_j`` for the rows (before the transform)."""
+        assert self.dinv is not None
+        g = self.dinv
+        agg = slot_sum(s, s.w * g.index_select(0, s.nbr), x, rows.numel())
+        scale = torch.where(s.k > 0, s.deg.float() / s.k.clamp(min=1).float(), 1.0)
+        gt = g.index_select(0, rows)
+        return (gt * gt).unsqueeze(1) * x.index_select(0, rows) + (scale * gt).unsqueeze(1) * agg
+
+    def _mean(self, s: Slots, x: torch.Tensor, rows: int) -> torch.Tensor:
+        agg = slot_sum(s, s.w, x, rows)
+        return agg * torch.where(s.k > 0, 1.0 / s.k.clamp(min=1).float(), 0.0).unsqueeze(1)
+
+    def forward(self, rows: torch.Tensor, rows_host: np.ndarray | None, width: int,
+                want_emb: bool) -> tuple[torch.Tensor, ...]:
+        """Device tensors ``(probs [B, C], labels [B], kept [B] or empty, emb [B, H] or empty)`` of the
+        targets ``rows`` at ``width`` (which :meth:`has_table`). ``kept`` is computed at sampled widths
+        only (the exact width's counts are the host's)."""
+        h = self._tables[width]
+        s = self._slots(rows, rows_host, width)
+        b = rows.numel()
+        if self.gcn:
+            z = self._gcn(s, rows, h) @ self._w[0]
+        else:
+            z = h.index_select(0, rows) @ self._w[0] + self._mean(s, h, b) @ self._w[1]
+        probs = torch.softmax(z + self._b, dim=1)
+        labels = probs.argmax(dim=1)
+        kept = distinct_kept(s, rows, width, self.dg) if width else labels[:0]
+        emb = h.index_select(0, rows) if want_emb else probs[:0]
+        return probs, labels, kept, emb
+
+    # ------------------------------------------------------------------ one batch, host to host
+    def answer(self, targets: np.ndarray, width: int, want_emb: bool) -> tuple[np.ndarray, ...]:
+        """NumPy ``(probs, labels, kept or None, emb or None)`` of ``targets`` (distinct global ids): one
+        upload of the ids, the batch on the device, one packed copy back and one wait."""
+        self.batches += 1
+        with torch.inference_mode():
+            rows = self.upload_ids(targets)
+            out = self.forward(rows, targets, width, want_emb)
+            return self.download(out, len(targets), width, want_emb)
+
+    def upload_ids(self, targets: np.ndarray) -> torch.Tensor:
+        """The ids on the device: through a pinned buffer, without blocking, on a GPU."""
+        ids = torch.from_numpy(np.ascontiguousarray(targets, dtype=np.int64))
+        if self.device.type != "cuda":
+            return ids
+        n = ids.numel()
+        if self._pinned_in is None or self._pinned_in.numel() < n:
+            self._pinned_in = torch.empty(bucket_of(n), dtype=torch.int64, pin_memory=True)
+        buf = self._pinned_in[:n]
+        buf.copy_(ids)
+        return buf.to(self.device, non_blocking=True)
+
+    def download(self, out: tuple[torch.Tensor, ...], b: int, width: int, want_emb: bool) -> tuple[np.ndarray, ...]:
+        """The outputs of :meth:`forward` (or a captured replay, ``b`` first rows) on the host."""
+        probs, labels, kept, emb = out
+        parts = [probs[:b].reshape(-1), labels[:b].float()]
+        if width:
+            parts.append(kept[:b].double().view(torch.float32))  # int64 counts, carried bit for bit
+        if want_emb:
+            parts.append(emb[:b].reshape(-1))
+        packed = torch.cat([p.float() if p.dtype != torch.float32 else p for p in parts])
+        if self.device.type == "cuda":
+            if self._pinned_out is None or self._pinned_out.numel() < packed.numel():
+                self._pinned_out = torch.empty(max(packed.numel(), 1 << 12), dtype=torch.float32, pin_memory=True)
+            host = self._pinned_out[: packed.numel()]
+            host.copy_(packed, non_blocking=True)
+            assert self._event is not None
+            self._event.record()
+            self._event.synchronize()
+            flat = host.numpy().copy()
+        else:
+            flat = packed.numpy()
+        return unpack(flat, b, self.num_classes, self.hidden, width, want_emb)
+
+
+def unpack(flat: np.ndarray, b: int, classes: int, hidden: int, width: int,
+           want_emb: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Split :meth:`ResidentPlain.download`'s packed float32 buffer into its parts."""
+    pos = b * classes
+    probs = flat[:pos].reshape(b, classes)
+    labels = flat[pos: pos + b].astype(np.int64)
+    pos += b
+    kept = None
+    if width:
+        kept = np.rint(flat[pos: pos + 2 * b].view(np.float64)).astype(np.int64)
+        pos += 2 * b
+    emb = flat[pos: pos + b * hidden].reshape(b, hidden) if want_emb else None
+    return probs, labels, kept, emb
+
+
+class CapturedForward:
+    """:meth:`ResidentPlain.forward` captured in one CUDA graph per (batch bucket, width, embeddings):
+    a batch copies its ids into the bucket's static input (padded with its first id) and replays.
+    Captured graphs read the resident tensors in place, so they are dropped whenever one is replaced
+    (:attr:`ResidentPlain.generation`). CUDA only; sampled widths up to :data:`PAD_MAX` only (the
+    exact width's slot count depends on the batch)."""
+
+    def __init__(self, resident: ResidentPlain, max_bucket: int = 1024) -> None:
+        if resident.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.r = resident
+        self.max_bucket = int(max_bucket)
+        self._graphs: dict[tuple[int, int, bool], tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]] = {}
+        self._generation = resident.generation
+        self.captures = 0
+        self.replays = 0
+
+    def accepts(self, targets: int, width: int) -> bool:
+        return 0 < width <= PAD_MAX and 0 < targets <= self.max_bucket
+
+    def answer(self, targets: np.ndarray, width: int, want_emb: bool) -> tuple[np.ndarray, ...]:
+        r = self.r
+        if r.generation != self._generation:
+            self._graphs.clear()
+            self._generation = r.generation
+        b = len(targets)
+        key = (bucket_of(b), width, bool(want_emb))
+        entry = self._graphs.get(key)
+        if entry is None:
+            entry = self._capture(*key)
+            self._graphs[key] = entry
+        graph, static_in, static_out = entry
+        with torch.inference_mode():
+            ids = r.upload_ids(targets)
+            static_in[:b].copy_(ids, non_blocking=True)
+            if b < static_in.numel():
+                static_in[b:].copy_(ids[:1].expand(static_in.numel() - b), non_blocking=True)
+            graph.replay()
+            self.replays += 1
+            return r.download(static_out, b, width, want_emb)
+
+    def _capture(self, bucket: int, width: int, want_emb: bool) -> tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]:
+        r = self.r
+        static_in = torch.zeros(bucket, dtype=torch.int64, device=r.device)
+        with torch.inference_mode():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up runs outside the capture (lazy allocations, cuBLAS handles)
+                for _ in range(2):
+                    r.forward(static_in, None, width, want_emb)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = r.forward(static_in, None, width, want_emb)
+        self.captures += 1
+        log.info("resident path: captured a CUDA graph for %d targets at width %d", bucket, width)
+        return graph, static_in, static_out

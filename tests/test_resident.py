@@ -1,0 +1,238 @@
+"""The resident plain path (kernels.resident): held to the model's own full-graph forward, free of host
+synchronisations by construction, and (on a GPU, marked ``gpu``) under torch's sync debug mode and in
+captured CUDA graphs.
+
+The serving path built on it (``plain-resident``) is also in ``tests/test_paths.py`` (every path
+against the specification) and ``tests/test_live.py`` (random updates)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kernels.graph import CSRGraph
+from kernels.plan import edges_on_two_layer_paths, execution_plan
+from kernels.resident import PAD_MAX, ResidentPlain, bucket_of
+from models.gcn import GCN
+from models.sage import GraphSAGE
+
+ARCHS = {"gcn": GCN, "sage": GraphSAGE}
+HUB = 2 * 577  # a hub whose degree is a multiple of 577: fastrand's second formula (kernels.spmm)
+
+
+def _graph(seed: int, weighted: bool, n: int = 1400) -> CSRGraph:
+    """Random sparse edges, a hub of degree HUB, self-loops on a few nodes, and isolated nodes."""
+    rng = np.random.default_rng(seed)
+    m = 5 * n
+    src, dst = rng.integers(0, n - 20, m), rng.integers(0, n - 20, m)  # the last 20 nodes stay isolated
+    hub_nbrs = rng.choice(np.arange(1, n - 20), HUB, replace=False)
+    loops = np.arange(3, 60, 7)
+    ei = np.concatenate([np.stack([src, dst]), np.stack([np.zeros(HUB, np.int64), hub_nbrs]),
+                         np.stack([loops, loops])], axis=1)
+    g = CSRGraph.from_edge_index(ei, num_nodes=n, symmetrize=True)
+    if weighted:
+        w = rng.uniform(0.2, 2.0, g.num_edges).astype(np.float32)
+        g = CSRGraph(g.indptr, g.indices, w, g.num_nodes)
+    return g
+
+
+def _setup(arch: str, seed: int, weighted: bool, strategy: str, device: str = "cpu", budget: int = 1 << 26):
+    torch.manual_seed(seed)
+    g = _graph(seed, weighted)
+    model = ARCHS[arch](24, 16, 5, dropout=0.0).to(device).eval()
+    x = torch.randn(g.num_nodes, 24, generator=torch.Generator().manual_seed(seed)).to(device)
+    with torch.no_grad():
+        p = model.project(x)
+    return g, model, p, ResidentPlain(model, g, lambda: p, strategy=strategy, budget_bytes=budget)
+
+
+def _spec(model, g, p, width, strategy):
+    with torch.no_grad():
+        logits, emb = model.propagate(g, p, width or None, strategy)
+    return torch.softmax(logits, 1), emb
+
+
+def _targets(g: CSRGraph, rng) -> np.ndarray:
+    picks = rng.choice(g.num_nodes, 40, replace=False)
+    return np.unique(np.concatenate([[0, 3, g.num_nodes - 1], picks]))  # the hub, a self-loop, an isolated node
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("strategy", ["fastrand", "bucket"])
+def test_resident_answers_equal_the_full_graph_forward(arch, weighted, strategy):
+    """Probabilities, labels and embeddings of the model's full-graph forward at the targets, and the
+    kept edges of edges_on_two_layer_paths, at the exact width, padded widths and a packed sampled
+    width above PAD_MAX (the hub keeps a sample there)."""
+    g, model, p, res = _setup(arch, 3, weighted, strategy)
+    rng = np.random.default_rng(4)
+    for width in (0, 1, 3, 7, PAD_MAX + 5):
+        assert res.has_table(width)
+        want_p, want_emb = _spec(model, g, p, width, strategy)
+        t = _targets(g, rng)
+        probs, labels, kept, emb = res.answer(t, width, want_emb=True)
+        np.testing.assert_allclose(probs, want_p[t].numpy(), rtol=1e-5, atol=1e-6, err_msg=f"S={width}")
+        np.testing.assert_allclose(emb, want_emb[t].numpy(), rtol=1e-5, atol=1e-6)
+        top2 = np.sort(probs, axis=1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 1e-5
+        assert np.array_equal(labels[clear], want_p[t].argmax(1).numpy()[clear])
+        if width:
+            plan = execution_plan(g, t, 1, width, strategy)
+            want_kept, _ = edges_on_two_layer_paths(plan, g, width)
+            assert np.array_equal(kept, want_kept), f"S={width}"
+        else:
+            assert kept is None
+        _, _, _, no_emb = res.answer(t[:3], width, want_emb=False)
+        assert no_emb is None
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_recomputed_rows_equal_the_table(arch):
+    """The slot formula that recomputes first-layer rows after an update gives the rows of the full-graph
+    table (built by the model's own layer through sampled_spmm)."""
+    g, _, _, res = _setup(arch, 5, True, "fastrand")
+    rows = np.array([0, 1, 3, 17, 400, g.num_nodes - 1], dtype=np.int64)
+    for width in (0, 4, PAD_MAX + 5):
+        assert res.has_table(width)
+        np.testing.assert_allclose(res.first_layer_rows(rows, width).numpy(), res._tables[width][rows].numpy(),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_rebase_recomputes_the_stale_rows_and_grows():
+    """rebase onto a graph with one more node and a changed row: the tables' rows of the stale set equal a
+    fresh resident model's; others are left alone."""
+    g, model, p, res = _setup("gcn", 6, False, "fastrand")
+    assert res.has_table(3) and res.has_table(0)
+    # a new node n linked to 0 and 5: rows n, 0, 5 change, and (GCN degrees) their neighbours' rows
+    n = g.num_nodes
+    ei = np.stack([np.repeat(np.arange(n), np.diff(g.indptr)), g.indices.astype(np.int64)])
+    ei = np.concatenate([ei, [[n, n, 0, 5], [0, 5, n, n]]], axis=1)
+    g2 = CSRGraph.from_edge_index(ei, num_nodes=n + 1)
+    p2 = torch.cat([p, torch.randn(1, p.shape[1])])
+    res.projections = lambda: p2
+    from kernels.resident import DeviceGraph
+
+    changed = np.array([0, 5, n])
+    stale = np.unique(np.concatenate([changed, g2.neighbors_of(changed)]))
+    assert res.rebase(g2, DeviceGraph.upload(g2, torch.device("cpu")), stale) == 2 * len(stale)
+    fresh = ResidentPlain(model, g2, lambda: p2, strategy="fastrand", budget_bytes=1 << 26)
+    for width in (0, 3):
+        assert fresh.has_table(width)
+        np.testing.assert_allclose(res._tables[width].numpy(), fresh._tables[width].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_table_budget_keeps_room_for_the_default_width():
+    g, model, p, _ = _setup("gcn", 7, False, "fastrand")
+    table = g.num_nodes * 16 * 4
+    res = ResidentPlain(model, g, lambda: p, strategy="fastrand", budget_bytes=2 * table, reserved_width=8)
+    assert res.has_table(3)  # one table, one kept back for width 8
+    assert not res.has_table(5)
+    assert res.has_table(8)
+    assert res.widths() == [3, 8] and res.stats()["bytes"] == 2 * table
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.calls.append((func, args, kwargs))
+        return func(*args, **kwargs)
+
+
+# operators whose output size or value is read back on the host: each is a device synchronisation on a GPU
+_SYNCING = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim",
+            "unique_consecutive", "bincount", "item", "equal", "is_nonzero", "allclose"}
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_a_batch_reads_nothing_back_from_the_device(arch):
+    """Every tensor operation of a batch's forward (the ids uploaded, sampling, the last layer, the kept
+    counts) at padded, packed and exact widths: none reads a size or a value back (on a GPU each would be
+    a synchronisation), repeat_interleave always gets its output size, no boolean-mask indexing."""
+    g, _, _, res = _setup(arch, 8, True, "fastrand")
+    t = _targets(g, np.random.default_rng(9))
+    for width in (0, 5, PAD_MAX + 5):
+        assert res.has_table(width)
+        with torch.inference_mode(), _Ops() as ops:
+            rows = res.upload_ids(t)
+            res.forward(rows, t, width, want_emb=True)
+        names = [f.__name__.split(".")[0] for f, _, _ in ops.calls]
+        assert len(names) > 10
+        assert not _SYNCING & set(names), (width, _SYNCING & set(names))
+        for f, args, kwargs in ops.calls:
+            if f.__name__.startswith("repeat_interleave") and isinstance(args[0], torch.Tensor) and len(args) < 2:
+                assert kwargs.get("output_size") is not None, "repeat_interleave without its output size"
+            if f.__name__.startswith(("index.", "index_put")):
+                idx = args[1]
+                assert not any(i is not None and i.dtype == torch.bool for i in idx), "boolean-mask indexing"
+
+
+def test_buckets():
+    assert [bucket_of(n) for n in (1, 2, 3, 4, 5, 63, 64, 65, 1024)] == [1, 2, 4, 4, 8, 64, 64, 128, 1024]
+
+
+def test_refuses_what_it_cannot_serve():
+    g = _graph(1, False)
+    model = GCN(8, 4, 3, layers=3).eval()
+    with pytest.raises(ValueError, match="2-layer"):
+        ResidentPlain(model, g, lambda: None, strategy="fastrand", budget_bytes=1 << 20)
+
+
+# ----------------------------------------------------------------------------- on a GPU
+def _cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_cuda_resident_batches_do_not_synchronise(arch):
+    """On the GPU: answers equal the CPU resident model's, and a batch (ids up, forward, packed copy back)
+    runs under torch.cuda.set_sync_debug_mode("error") at padded, packed and exact widths."""
+    _cuda()
+    g, _, _, cpu = _setup(arch, 10, True, "fastrand")
+    _, _, _, gpu = _setup(arch, 10, True, "fastrand", device="cuda")
+    t = _targets(g, np.random.default_rng(11))
+    for width in (0, 6, PAD_MAX + 5):
+        assert cpu.has_table(width) and gpu.has_table(width)
+        want = cpu.answer(t, width, True)
+        gpu.answer(t, width, True)  # first use: lazy CUDA state outside the check
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = gpu.answer(t, width, True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got[3], want[3], rtol=1e-4, atol=1e-5)
+        if width:
+            assert np.array_equal(got[2], want[2])
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_replay_the_forward():
+    """CapturedForward: one graph per (bucket, width), answers equal the uncaptured forward, and a rebase
+    (a replaced tensor) drops the captured graphs."""
+    _cuda()
+    from kernels.resident import CapturedForward, DeviceGraph
+
+    g, _, _, res = _setup("gcn", 12, False, "fastrand", device="cuda")
+    cap = CapturedForward(res, max_bucket=64)
+    rng = np.random.default_rng(13)
+    for n in (1, 3, 17, 64):
+        t = np.sort(rng.choice(g.num_nodes, n, replace=False))
+        assert res.has_table(4)
+        want = res.answer(t, 4, True)
+        got = cap.answer(t, 4, True)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+        assert np.array_equal(got[2], want[2])
+    assert cap.captures == 4 and cap.replays == 4
+    cap.answer(np.array([5, 6]), 4, False)
+    assert cap.captures == 5  # without embeddings: its own graph
+    res.rebase(g, DeviceGraph.upload(g, res.device), np.array([1, 2]))
+    cap.answer(np.array([5, 6]), 4, False)
+    assert cap.captures == 6
