@@ -8,10 +8,14 @@ distinct targets at each model's default setting, the variants interleaved round
 * ``cuda``: ``--device cuda --gpu-min-targets 0`` (every batch on the GPU: the torch path with the
   ES-SpMM CUDA kernel);
 * ``cuda-hybrid``: ``--device cuda`` with the default ``--gpu-min-targets`` (smaller batches on the
-  compiled CPU forward).
+  compiled CPU forward);
+* ``cpu-resident``, ``cuda-resident``: ``--resident`` (plain 2-layer models: the graph and first-layer
+  tables on the device, sampling there, ``kernels.resident``); ``cuda-graphs``: ``--resident
+  --cuda-graphs`` (one captured CUDA graph per batch bucket and width).
 
-Reported: the median over rounds of the mean time per batch, and cuda / cpu. The ``cuda`` variants
-are left out where torch sees no GPU.
+Reported: the median over rounds of the mean time per batch, each variant over ``cpu``, and the
+serving path each variant's last batch took. The ``cuda`` variants are left out where torch sees no
+GPU.
 
     python benchmarks/serve.py --datasets amazon_computers --models gcn,shadow-gcn --cache-dir DIR --train-only
     python benchmarks/device_split.py --repo DIR/amazon_computers/repo --data ../shared/data/amazon_computers.npz \
@@ -33,7 +37,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 VARIANTS = {"cpu": {"device": "cpu"}, "cuda": {"device": "cuda", "gpu_min_targets": 0},
-            "cuda-hybrid": {"device": "cuda"}}
+            "cuda-hybrid": {"device": "cuda"}, "cpu-resident": {"device": "cpu", "resident": True},
+            "cuda-resident": {"device": "cuda", "resident": True},
+            "cuda-graphs": {"device": "cuda", "resident": True, "cuda_graphs": True}}
+DEFAULT_VARIANTS = "cpu,cuda,cuda-hybrid,cuda-resident,cuda-graphs"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,8,16,32,64,128,256,1024", help="targets per batch")
     ap.add_argument("--sets", type=int, default=40, help="batches per round")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: " + ", ".join(VARIANTS))
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS, help="comma-separated: " + ", ".join(VARIANTS))
+    ap.add_argument("--width", type=int, default=None, help="sampling width (default: each model's default)")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -75,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"`python benchmarks/device_split.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
     print(f"{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} CPUs, {device}; ms per "
           f"`ModelRuntime.process` call, median of {args.rounds} interleaved rounds of {args.sets} batches\n")
-    print("| model | targets | " + " | ".join(f"{v} ms" for v in names) + " | cuda / cpu |")
-    print("|---|---|" + "---|" * (len(names) + 1))
+    others = [v for v in names if v != "cpu"] if "cpu" in names else []
+    print("| model | width | targets | " + " | ".join(f"{v} ms" for v in names) + "".join(f" | {v} / cpu" for v in others)
+          + " | paths |")
+    print("|---|---|---|" + "---|" * (len(names) + len(others) + 1))
     try:
         for model in [m for m in args.models.split(",") if m]:
             rts = {v: s.server.registry.get(model) for v, s in servers.items()}
@@ -84,29 +94,33 @@ def main(argv: list[str] | None = None) -> int:
                 for rt in rts.values():
                     rt.warm_projections()
             lim = next(iter(rts.values())).limits
+            width = lim.default_sampling_width if args.width is None else args.width
+            paths: dict[str, str] = {}
 
-            def run(rt, nodes, lim=lim):
-                call = PredictCall("bench", nodes, [], lim.default_sampling_width, lim.default_ppr_budget, "default",
-                                   0.0, True, False)
+            def run(v, rt, nodes, lim=lim, width=width, paths=paths):
+                call = PredictCall("bench", nodes, [], width, lim.default_ppr_budget, "default", 0.0, True, False)
                 res = rt.process([WorkItem(call, len(nodes), None, None, time.monotonic(), _Pending())])[0]
                 if isinstance(res, BaseException):
                     raise res
+                paths[v] = res.path
 
             for size in sizes:
                 size = min(size, lim.num_nodes)
                 times: dict[str, list[float]] = {v: [] for v in rts}
+                for v, rt in rts.items():  # untimed: first-use work (a resident width's table, CUDA graph capture)
+                    run(v, rt, np.sort(rng.choice(lim.num_nodes, size, replace=False)).astype(np.int64))
                 for _ in range(args.rounds):
                     for v, rt in rts.items():
                         batches = [np.sort(rng.choice(lim.num_nodes, size, replace=False)).astype(np.int64)
                                    for _ in range(args.sets)]
                         t0 = time.perf_counter()
                         for nodes in batches:
-                            run(rt, nodes)
+                            run(v, rt, nodes)
                         times[v].append((time.perf_counter() - t0) / args.sets * 1e3)
                 med = {v: statistics.median(t) for v, t in times.items()}
-                ratio = f"{med['cuda'] / med['cpu']:.2f}" if "cuda" in med and "cpu" in med else "-"
-                print(f"| {model} | {size} | " + " | ".join(f"{med[v]:.3f}" for v in names) + f" | {ratio} |",
-                      flush=True)
+                ratios = "".join(f" | {med[v] / med['cpu']:.2f}" for v in others)
+                print(f"| {model} | {width} | {size} | " + " | ".join(f"{med[v]:.3f}" for v in names) + ratios
+                      + " | " + ", ".join(f"{v}: {paths[v]}" for v in names) + " |", flush=True)
     finally:
         for s in servers.values():
             s.stop()

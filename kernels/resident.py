@@ -51,7 +51,7 @@ import torch
 from .graph import CSRGraph
 from .spmm import sample_positions
 
-__all__ = ["PAD_MAX", "CapturedForward", "DeviceGraph", "ResidentPlain", "bucket_of", "unpack"]
+__all__ = ["PAD_MAX", "CapturedForward", "DeviceGraph", "ResidentPlain", "ResidentShadow", "bucket_of", "unpack"]
 
 log = logging.getLogger(__name__)
 
@@ -364,15 +364,7 @@ class ResidentPlain:
 
     def upload_ids(self, targets: np.ndarray) -> torch.Tensor:
         """The ids on the device: through a pinned buffer, without blocking, on a GPU."""
-        ids = torch.from_numpy(np.ascontiguousarray(targets, dtype=np.int64))
-        if self.device.type != "cuda":
-            return ids
-        n = ids.numel()
-        if self._pinned_in is None or self._pinned_in.numel() < n:
-            self._pinned_in = torch.empty(bucket_of(n), dtype=torch.int64, pin_memory=True)
-        buf = self._pinned_in[:n]
-        buf.copy_(ids)
-        return buf.to(self.device, non_blocking=True)
+        return _upload_ids(self, targets)
 
     def download(self, out: tuple[torch.Tensor, ...], b: int, width: int, want_emb: bool) -> tuple[np.ndarray, ...]:
         """The outputs of :meth:`forward` (or a captured replay, ``b`` first rows) on the host."""
@@ -382,18 +374,7 @@ class ResidentPlain:
             parts.append(kept[:b].double().view(torch.float32))  # int64 counts, carried bit for bit
         if want_emb:
             parts.append(emb[:b].reshape(-1))
-        packed = torch.cat([p.float() if p.dtype != torch.float32 else p for p in parts])
-        if self.device.type == "cuda":
-            if self._pinned_out is None or self._pinned_out.numel() < packed.numel():
-                self._pinned_out = torch.empty(max(packed.numel(), 1 << 12), dtype=torch.float32, pin_memory=True)
-            host = self._pinned_out[: packed.numel()]
-            host.copy_(packed, non_blocking=True)
-            assert self._event is not None
-            self._event.record()
-            self._event.synchronize()
-            flat = host.numpy().copy()
-        else:
-            flat = packed.numpy()
+        flat = _download(self, parts)
         return unpack(flat, b, self.num_classes, self.hidden, width, want_emb)
 
 
@@ -410,6 +391,216 @@ def unpack(flat: np.ndarray, b: int, classes: int, hidden: int, width: int,
         pos += 2 * b
     emb = flat[pos: pos + b * hidden].reshape(b, hidden) if want_emb else None
     return probs, labels, kept, emb
+
+
+class ResidentShadow:
+    r"""A shaDow-GNN (GCN or GraphSAGE backbone), its PPR lists, induced table and projections on one device.
+
+    A batch of ``B`` targets at PPR budget ``K'`` and width ``S`` runs as dense ``[B, K', K']`` blocks, one
+    per target (a subgraph has at most ``K'`` rows, 32 to 64 in practice, so a block is a small dense
+    matrix and every layer one batched matrix product):
+
+    * rows: the first ``c_b = min(|L_b|, K')`` entries of the target's list (the target first), the rest
+      masked; inputs ``P`` gathered at them;
+    * edges: the target's stored pairs of the induced table (row-major, columns ascending, so a row's
+      pairs inside the prefix are a prefix of its stored pairs, :class:`kernels.subgraph.InducedTable`),
+      padded to the table's longest run and masked to ``i, j < c_b``; row ``i`` keeps its
+      :func:`kernels.spmm.sample_positions` at ``S`` (all of them at the exact width);
+    * ``gcn``: block :math:`\hat A = \mathrm{diag}(g^2) + (s_i w_{ij} g_i g_j)` over the kept edges with the
+      subgraph's own degrees :math:`g = (1 + \sum_j w_{ij})^{-1/2}`; ``sage``: :math:`(w_{ij} / k_i)` and the
+      root term; ReLU after every layer; readout (target row, mean and / or max over the ``c_b`` rows),
+      classifier, softmax, arg-max, and the edge counts of ``SubgraphBatch.edge_counts`` times the layers.
+
+    Static shapes throughout (``[B, K']``, ``[B, E_max]``, ``[B, K', S]``): no host synchronisation. The
+    lists and table are the ones the index had when this was built: a batch is accepted only for targets
+    the live index has not marked dirty (their lists and subgraphs are unchanged since), and a rebuilt
+    table (``ensure_induced``) is uploaded again on the next batch. Features follow :meth:`rebase`.
+    """
+
+    def __init__(self, model: Any, index: Any, projections: Any, *, strategy: str) -> None:
+        if getattr(model, "extractor", None) != "ppr" or model.backbone not in ("gcn", "sage"):
+            raise ValueError("ResidentShadow serves shaDow-GNN models")
+        self.model = model
+        self.gcn = model.backbone == "gcn"
+        self.device = next(model.parameters()).device
+        self.index = index
+        self.projections = projections
+        self.strategy = strategy
+        self.layers = len(model.convs)
+        self.hidden = int(model.hidden)
+        self.num_classes = int(model.num_classes)
+        self.pools = list(model.pools)
+        self.batches = 0
+        self.uploads = 0
+        self.table: Any = None
+        self._p = projections()
+        self._upload()
+        self._pinned_in: torch.Tensor | None = None
+        self._pinned_out: torch.Tensor | None = None
+        self._event = torch.cuda.Event() if self.device.type == "cuda" else None
+
+    def _upload(self) -> None:
+        table = self.index.induced
+        if table is None:
+            raise ValueError("the PPR index has no induced table (--induced-table-bytes)")
+        dev = self.device
+        ptr = np.asarray(self.index.ptr, dtype=np.int64)[: table.num_nodes + 1]
+        self.lptr = _tensor(ptr, dev)
+        self.lnodes = _tensor(np.asarray(self.index.nodes[: int(ptr[-1])], dtype=np.int64), dev)
+        self.eptr = _tensor(np.asarray(table.eptr, dtype=np.int64), dev)
+        m = max(len(table.src), 1)
+        src = np.zeros(m, np.int32)
+        dst = np.zeros(m, np.int32)
+        src[: len(table.src)] = table.src
+        dst[: len(table.dst)] = table.dst
+        self.src, self.dst = _tensor(src, dev), _tensor(dst, dev)
+        self.weights = None
+        if table.weights is not None:
+            w = np.zeros(m, np.float32)
+            w[: len(table.weights)] = table.weights
+            self.weights = _tensor(w, dev)
+        self.e_max = int(np.diff(table.eptr).max()) if table.num_nodes else 0
+        self.k = int(table.k)
+        self.num_nodes = int(table.num_nodes)
+        self.table = table
+        self.uploads += 1
+
+    def stats(self) -> dict[str, float]:
+        return {"batches": self.batches, "uploads": self.uploads, "k": self.k, "max_pairs": self.e_max}
+
+    def takes(self, targets: np.ndarray, budget: int) -> bool:
+        """Whether this answers a batch of ``targets`` at ``budget``: the budget within the table's ``k``,
+        every target a node of the table and not dirty in a live index."""
+        if self.index.induced is not self.table:
+            if self.index.induced is None:
+                return False
+            self._upload()
+        if not 1 <= budget <= self.k or not len(targets) or int(targets.max()) >= self.num_nodes:
+            return False
+        dirty = getattr(self.index, "is_dirty", None)
+        return dirty is None or not bool(dirty(targets).any())
+
+    def rebase(self) -> None:
+        """Features changed (or nodes were added): refresh the projection rows the update dropped."""
+        self._p = self.projections()
+
+    def forward(self, rows: torch.Tensor, width: int, budget: int, want_emb: bool) -> tuple[torch.Tensor, ...]:
+        """Device tensors ``(probs [B, C], labels [B], kept [B], total [B], emb [B, E] or empty)``."""
+        dev = rows.device
+        b, kk = rows.numel(), int(budget)
+        ar_k = torch.arange(kk, device=dev)
+        lo = self.lptr.index_select(0, rows)
+        cnt = (self.lptr.index_select(0, rows + 1) - lo).clamp(max=kk)  # rows of each subgraph
+        nmask = ar_k.unsqueeze(0) < cnt.unsqueeze(1)  # [B, K']
+        nodes = self.lnodes.index_select(0, torch.where(nmask, lo.unsqueeze(1) + ar_k, 0).reshape(-1))
+        # the stored pairs, padded to the longest run; those inside the prefix kept
+        e_max = max(self.e_max, 1)
+        ar_e = torch.arange(e_max, device=dev)
+        e0 = self.eptr.index_select(0, rows)
+        pvalid = ar_e.unsqueeze(0) < (self.eptr.index_select(0, rows + 1) - e0).unsqueeze(1)
+        pair = torch.where(pvalid, e0.unsqueeze(1) + ar_e, 0).reshape(-1)
+        src = self.src.index_select(0, pair).view(b, e_max).long()
+        dst = self.dst.index_select(0, pair).view(b, e_max).long()
+        inside = pvalid & (src < cnt.unsqueeze(1)) & (dst < cnt.unsqueeze(1))
+        w_all = (self.weights.index_select(0, pair).view(b, e_max) if self.weights is not None
+                 else torch.ones(b, e_max, device=dev))
+        # per row of each block: stored pairs (for the row starts), pairs inside, their weight sum
+        row_key = (torch.arange(b, device=dev).unsqueeze(1) * kk + src.clamp(max=kk - 1)).reshape(-1)
+        stored = torch.zeros(b * kk, dtype=torch.int64, device=dev).index_add_(
+            0, row_key, (pvalid & (src < kk)).reshape(-1).long())
+        start = (torch.cumsum(stored.view(b, kk), 1) - stored.view(b, kk))  # first stored pair of each row
+        deg = torch.zeros(b * kk, dtype=torch.int64, device=dev).index_add_(0, row_key, inside.reshape(-1).long())
+        deg = deg.view(b, kk)
+        # kept slots of each row: S per row at a sampled width, every pair inside at the exact one
+        sw = width if width else kk
+        ks = deg.clamp(max=sw)
+        t = torch.arange(sw, device=dev).expand(b, kk, sw)
+        svalid = t < ks.unsqueeze(2)
+        pos = sample_positions(deg.unsqueeze(2).expand(b, kk, sw), t, width, self.strategy) if width else t
+        slot = torch.where(svalid, (e0.view(b, 1, 1) + start.unsqueeze(2) + pos), 0).reshape(-1)
+        col = self.dst.index_select(0, slot).view(b, kk, sw).long().clamp(max=kk - 1)
+        w = (self.weights.index_select(0, slot).view(b, kk, sw) if self.weights is not None
+             else torch.ones(b, kk, sw, device=dev)) * svalid
+        kf = ks.clamp(min=1).float()
+        if self.gcn:
+            wsum = torch.zeros(b * kk, device=dev).index_add_(0, row_key, (w_all * inside).reshape(-1))
+            g = (wsum.view(b, kk) + 1.0).rsqrt() * nmask
+            gcol = torch.gather(g, 1, col.view(b, -1)).view(b, kk, sw)
+            coef = w * ((deg.float() / kf) * g).unsqueeze(2) * gcol
+        else:
+            coef = w / kf.unsqueeze(2)
+        flat = (torch.arange(kk, device=dev).view(1, kk, 1) * kk + col).view(b, -1)  # (row, column) in a block
+        adj = torch.zeros(b, kk * kk, device=dev).scatter_add_(1, flat, coef.view(b, -1)).view(b, kk, kk)
+        if self.gcn:
+            adj = adj + torch.diag_embed(g * g)
+        h = self._p.index_select(0, nodes).view(b, kk, -1)
+        for i, conv in enumerate(self.model.convs):
+            tr = h if i == 0 else h @ conv.transform_matrix().t()
+            if self.gcn:
+                h = torch.bmm(adj, tr)
+            else:
+                o = conv.out_channels
+                h = tr[..., :o] + torch.bmm(adj, tr[..., o:])
+            if conv.bias is not None:
+                h = h + conv.bias
+            h = torch.relu(h) * nmask.unsqueeze(2)  # padded rows stay 0 (every valid row is >= 0 after ReLU)
+        parts = [h[:, 0]]
+        for kind in self.pools:
+            parts.append(h.sum(1) / cnt.clamp(min=1).unsqueeze(1).float() if kind == "mean" else h.amax(1))
+        r = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+        probs = torch.softmax(self.model.classifier(r), dim=1)
+        labels = probs.argmax(dim=1)
+        kept = ks.sum(1) * self.layers
+        total = deg.sum(1) * self.layers
+        return probs, labels, kept, total, (r if want_emb else probs[:0])
+
+    def answer(self, targets: np.ndarray, width: int, budget: int, want_emb: bool) -> tuple[np.ndarray, ...]:
+        """NumPy ``(probs, labels, kept, total, emb or None)`` of ``targets`` (which :meth:`takes`)."""
+        self.batches += 1
+        with torch.inference_mode():
+            rows = _upload_ids(self, targets)
+            probs, labels, kept, total, emb = self.forward(rows, width, budget, want_emb)
+            flat = _download(self, [probs.reshape(-1), labels.float(), kept.double().view(torch.float32),
+                                    total.double().view(torch.float32), emb.reshape(-1)])
+        b, c = len(targets), self.num_classes
+        pos = b * c
+        out_p = flat[:pos].reshape(b, c)
+        out_l = flat[pos: pos + b].astype(np.int64)
+        pos += b
+        out_k = np.rint(flat[pos: pos + 2 * b].view(np.float64)).astype(np.int64)
+        pos += 2 * b
+        out_t = np.rint(flat[pos: pos + 2 * b].view(np.float64)).astype(np.int64)
+        pos += 2 * b
+        out_e = flat[pos:].reshape(b, -1) if want_emb else None
+        return out_p, out_l, out_k, out_t, out_e
+
+
+def _upload_ids(owner: Any, targets: np.ndarray) -> torch.Tensor:
+    """``targets`` on ``owner.device``: through the owner's pinned buffer, without blocking, on a GPU."""
+    ids = torch.from_numpy(np.ascontiguousarray(targets, dtype=np.int64))
+    if owner.device.type != "cuda":
+        return ids
+    n = ids.numel()
+    if owner._pinned_in is None or owner._pinned_in.numel() < n:
+        owner._pinned_in = torch.empty(bucket_of(n), dtype=torch.int64, pin_memory=True)
+    buf = owner._pinned_in[:n]
+    buf.copy_(ids)
+    return buf.to(owner.device, non_blocking=True)
+
+
+def _download(owner: Any, parts: list[torch.Tensor]) -> np.ndarray:
+    """The float32 ``parts`` concatenated on the host: one copy into the owner's pinned buffer and one wait
+    on a GPU."""
+    packed = torch.cat(parts)
+    if owner.device.type != "cuda":
+        return packed.numpy()
+    if owner._pinned_out is None or owner._pinned_out.numel() < packed.numel():
+        owner._pinned_out = torch.empty(max(packed.numel(), 1 << 12), dtype=torch.float32, pin_memory=True)
+    host = owner._pinned_out[: packed.numel()]
+    host.copy_(packed, non_blocking=True)
+    owner._event.record()
+    owner._event.synchronize()
+    return host.numpy().copy()
 
 
 class CapturedForward:

@@ -15,6 +15,9 @@ path                when it is taken                                        what
 plain-resident      plain 2-layer model on a local graph, asked for          the graph, projections and one
                     (``RuntimeOptions.resident``), no new nodes, the width   first-layer table per width, all
                     has a table in the activation budget                     on the model's device
+shadow-resident     shaDow model, asked for (``RuntimeOptions.resident``),   the lists, the induced table and
+                    no new nodes, an induced table covering the budget,      projections on the model's device
+                    no target dirty after a graph update
 plain-activations   plain 2-layer model, compiled layers, no new nodes,      first-layer projections per node;
                     at most ``fused_max_targets`` targets, the width has a   first-layer outputs per node and
                     table in the activation budget                           width (``ActivationCache``)
@@ -82,6 +85,11 @@ class ServingPath:
         """Whether this path answers a batch of ``targets`` distinct targets (with new nodes or not)."""
         raise NotImplementedError
 
+    def takes(self, targets: np.ndarray, budget: int) -> bool:
+        """Whether this path answers these distinct ``targets`` at this PPR budget (after :meth:`accepts`;
+        a path whose data may not cover every node or budget says so here)."""
+        return True
+
     def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
         raise NotImplementedError
 
@@ -139,6 +147,32 @@ class ResidentPath(ServingPath):
         t_fwd = time.perf_counter()
         total = rt._exact_edges(targets)
         return PathOutput(probs, labels, emb, total if kept is None else kept, total, t_sub, t_sub, t_fwd)
+
+
+class ShadowResidentPath(ServingPath):
+    """A shaDow model resident on its device (kernels.resident.ResidentShadow): lists, induced table and
+    projections there, one dense block per target, one packed copy back."""
+
+    name = "shadow-resident"
+
+    @staticmethod
+    def available(rt: ModelRuntime) -> bool:
+        return rt._resident_shadow is not None
+
+    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
+        return not new_nodes
+
+    def takes(self, targets: np.ndarray, budget: int) -> bool:
+        return bool(self.rt._resident_shadow.takes(targets, budget))
+
+    def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
+        from .runtime import _torch_threads_for
+
+        rt = self.rt
+        t_sub = time.perf_counter()
+        with _torch_threads_for(len(targets) * budget, rt._torch_threads):
+            probs, labels, kept, total, emb = rt._resident_shadow.answer(targets, width, budget, want_emb)
+        return PathOutput(probs, labels, emb, kept, total, t_sub, t_sub, time.perf_counter())
 
 
 class ActivationPath(ServingPath):
@@ -287,7 +321,7 @@ class TorchSubgraphPath(ServingPath):
 
 
 #: every path, in the order a runtime prefers them
-PATHS: tuple[type[ServingPath], ...] = (ResidentPath, ActivationPath, CompiledPlanPath, TorchPlanPath, CompiledShadowPath,
+PATHS: tuple[type[ServingPath], ...] = (ResidentPath, ShadowResidentPath, ActivationPath, CompiledPlanPath, TorchPlanPath, CompiledShadowPath,
                                         TorchSubgraphPath)
 PATH_NAMES: tuple[str, ...] = tuple(p.name for p in PATHS)
 

@@ -295,6 +295,7 @@ class ModelRuntime:
         # (edges_on_two_layer_paths counts a 2-layer path from the last layer's plan, hence 2 layers only)
         #: the plain-resident path's state (kernels.resident), when asked for and this model can take it
         self._resident: Any = None
+        self._resident_shadow: Any = None
         self._captured: Any = None
         if options.resident or options.serving_path == "plain-resident":
             self._resident_init()
@@ -325,21 +326,30 @@ class ModelRuntime:
         self.ready = False
 
     def _resident_init(self) -> None:
-        """Build the plain-resident path's state (kernels.resident) or say why this model cannot take it."""
+        """Build the resident path's state (kernels.resident) or say why this model cannot take it."""
         why = None
-        if self.extractor != "lhop" or self.num_layers != 2 or getattr(self.model, "plan_aggregator", -1) < 0:
-            why = "it serves plain 2-layer GCN / GraphSAGE models"
+        shadow = self.extractor == "ppr"
+        if not shadow and (self.num_layers != 2 or getattr(self.model, "plan_aggregator", -1) < 0):
+            why = "it serves plain 2-layer GCN / GraphSAGE models and shaDow models"
+        elif shadow and getattr(self.ppr_index, "induced", None) is None:
+            why = "the PPR index has no induced table (--induced-table-bytes)"
         elif self.remote_graph:
             why = "it needs the whole graph in memory (this replica reads it from Redis)"
         elif not self.projections.enabled:
             why = "the projection table does not fit --projection-cache-bytes"
-        elif self.options.activation_budget_bytes <= 0:
+        elif not shadow and self.options.activation_budget_bytes <= 0:
             why = "--activation-cache-bytes is 0 (it keeps first-layer tables within that budget)"
         if why is not None:
             log.info("model %s v%s: no resident path: %s", self.name, self.version, why)
             return
-        from kernels.resident import CapturedForward, ResidentPlain
+        from kernels.resident import CapturedForward, ResidentPlain, ResidentShadow
 
+        if shadow:
+            self._resident_shadow = ResidentShadow(self.model, self.ppr_index, self.projections.complete_table,
+                                                   strategy=self.strategy)
+            log.info("model %s v%s: resident on %s (lists and induced table, k = %d)", self.name, self.version,
+                     self.device, self._resident_shadow.k)
+            return
         self._resident = ResidentPlain(self.model, self.graph, self.projections.complete_table,
                                        strategy=self.strategy, budget_bytes=self.options.activation_budget_bytes,
                                        reserved_width=resolve_knobs(self.limits, None, None, None)[0])
@@ -444,6 +454,8 @@ class ModelRuntime:
             inv["activation"] = self._activations.rebase(graph, self._dinv, plan["activation"])
         if self._resident is not None:
             inv["resident"] = self._resident.rebase(graph, plan.get("resident_graph"), plan["activation"])
+        if self._resident_shadow is not None:  # new features: its projection rows (lists follow the dirty marks)
+            self._resident_shadow.rebase()
         if self._exact_edges is not None and "exact_edges" in plan:
             inv["exact_edges"] = self._exact_edges.rebase(graph, plan["exact_edges"])
         if "derived" in plan:
@@ -479,9 +491,9 @@ class ModelRuntime:
             self.server_metrics.set_queue(self.name, self.batcher.queued_targets)
         return res
 
-    def _path_for(self, targets: int, new_nodes: bool, width: int) -> ServingPath:
+    def _path_for(self, targets: np.ndarray, new_nodes: bool, width: int, budget: int) -> ServingPath:
         """The first of this runtime's paths that takes such a batch (serve.paths)."""
-        return next(p for p in self.paths if p.accepts(targets, new_nodes, width))
+        return next(p for p in self.paths if p.accepts(len(targets), new_nodes, width) and p.takes(targets, budget))
 
     def activation_widths(self) -> list[int]:
         """The sampling widths whose first-layer rows this model keeps (empty without an activation cache)."""
@@ -566,6 +578,8 @@ class ModelRuntime:
             out["activation"] = self._activations.stats()
         if self._resident is not None:
             out["resident"] = self._resident.stats()
+        if self._resident_shadow is not None:
+            out["resident"] = self._resident_shadow.stats()
         return out
 
     def observe(self, res: PredictResult) -> None:
@@ -595,7 +609,7 @@ class ModelRuntime:
             # every path a batch of existing nodes can take (an L-hop model's induced scopes serve only
             # batches with new nodes: not warmed, an exact scope of a deep model can be the whole graph)
             for path in self.paths:
-                if not path.accepts(len(ids), False, width):
+                if not (path.accepts(len(ids), False, width) and path.takes(ids, self.limits.default_ppr_budget)):
                     continue
                 call = PredictCall("warmup", ids, [], width, self.limits.default_ppr_budget, "default", 0.0,
                                    True, True)
@@ -643,7 +657,7 @@ class ModelRuntime:
                 targets = uniq
         want_emb = any(c.return_embeddings for c in calls)
         if path is None:
-            path = self._path_for(len(targets), bool(new_specs), width)
+            path = self._path_for(targets, bool(new_specs), width, budget)
         live = self.data.live
         if live is None:
             graph_version = 0

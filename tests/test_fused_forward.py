@@ -176,13 +176,18 @@ def test_inline_benchmark_runs_on_a_repository(tiny_repo, capsys):
 
 
 def test_device_split_benchmark_runs_on_a_repository(tiny_repo, capsys):
-    """benchmarks/device_split.py end to end on the test repository (the CPU variant without a GPU)."""
+    """benchmarks/device_split.py end to end on the test repository (the CPU variants without a GPU): the
+    resident variant's gcn batches take the resident path, its shaDow batches the compiled one."""
     mod = _benchmark("device_split")
     assert mod.main(["--repo", str(tiny_repo), "--models", "gcn,shadow", "--batches", "1,5", "--sets", "2",
-                     "--rounds", "1"]) == 0
+                     "--rounds", "1", "--variants", "cpu,cpu-resident,cuda"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| gcn", "| shadow"))]
     assert len(rows) == 4  # 2 models x 2 batch sizes
-    assert all(float(r.split("|")[3]) > 0 for r in rows)
+    for r in rows:
+        cells = [c.strip() for c in r.split("|")]
+        assert float(cells[4]) > 0 and float(cells[5]) > 0 and float(cells[6]) > 0  # cpu, cpu-resident, ratio
+        want = "plain-resident" if cells[1] == "gcn" else "shadow-compiled"
+        assert f"cpu-resident: {want}" in cells[7], r
 
 
 @pytest.mark.parametrize("weighted", [False, True])

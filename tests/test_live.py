@@ -186,6 +186,9 @@ def test_random_updates_on_the_resident_path(base_repo, tiny_dataset, tmp_path):
         _random_updates_answer_like_the_updated_graph(srv, base_repo, tiny_dataset, np.random.default_rng(7))
         assert all(rt._resident.batches >= b + 4 for rt, b in zip(plain, before, strict=True))
         assert all(set(rt._resident.widths()) >= {0, 3} for rt in plain)
+        # shaDow: its lists and induced table stay resident; targets an update marked dirty took the other paths
+        shadow = srv.server.registry.get("shadow")
+        assert shadow.paths[0].name == "shadow-resident" and shadow._resident_shadow.batches >= 2
     finally:
         srv.stop()
 
@@ -311,7 +314,7 @@ def test_an_update_that_fails_half_way_answers_unavailable(server, tiny_dataset,
     monkeypatch.setattr(rt, "prepare_rebase", broken)
     u, v = _non_neighbours(tiny_dataset, np.random.default_rng(3))
     with GnnClient(server.address, timeout=30) as c:
-        with pytest.raises(clients.UnavailableError, match="failed half-way.*restart"):
+        with pytest.raises(clients.UnavailableError, match=r"failed half-way.*restart"):
             c.update_graph("gcn", add_edges=[(u, v)])
         with pytest.raises(clients.UnavailableError, match="restart"):
             c.update_graph("gcn", add_edges=[(v, u)])

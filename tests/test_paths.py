@@ -75,7 +75,8 @@ def _check_every_path(srv, repo, ds, models, rng, batches=6):
             ref = reference(repo, ds, model, width, budget, nodes)
             np.testing.assert_allclose(want.probabilities, ref, rtol=1e-4, atol=1e-5)
             for path in rt.paths:
-                if path is torch_path or not path.accepts(len(set(nodes)), False, width):
+                if path is torch_path or not (path.accepts(len(set(nodes)), False, width)
+                                              and path.takes(np.unique(nodes), budget)):
                     continue
                 got = _run(rt, path, nodes, width, budget)
                 seen.add(path.name)
@@ -105,7 +106,8 @@ def test_every_path_meets_the_specification_on_cora(cora_repo, cora):
     for runtime_kw in ({}, {"resident": True}):
         with ServerThread(cora_repo, {"poll_s": 0, "runtime_kw": runtime_kw}) as srv:
             seen |= _check_every_path(srv, cora_repo, cora, ["gcn", "ssage"], rng, batches=4)
-    assert {"plain-resident", "plain-activations", "plain-torch", "shadow-compiled", "subgraph-torch"} <= seen
+    assert {"plain-resident", "shadow-resident", "plain-activations", "plain-torch", "shadow-compiled",
+            "subgraph-torch"} <= seen
 
 
 def test_batches_with_new_nodes_take_the_subgraph_path(four_repo):
@@ -162,5 +164,5 @@ def test_a_forced_path_must_exist_and_apply(four_repo):
         assert len(failures) == 2 and all("cannot take serving path 'shadow-compiled'" in r for r in failures.values())
     from serve.runtime import RuntimeOptions
 
-    with pytest.raises(ValueError, match="unknown serving path 'nope'; the paths are plain-resident, plain-activations"):
+    with pytest.raises(ValueError, match="unknown serving path 'nope'; the paths are plain-resident, shadow-resident, plain-activations"):
         RuntimeOptions(serving_path="nope")

@@ -183,6 +183,64 @@ def test_refuses_what_it_cannot_serve():
         ResidentPlain(model, g, lambda: None, strategy="fastrand", budget_bytes=1 << 20)
 
 
+# ----------------------------------------------------------------------------- shaDow
+def _shadow_setup(backbone: str, pool: str, layers: int, weighted: bool, seed: int = 21, device: str = "cpu"):
+    from kernels.datasets import synthetic_sbm
+    from kernels.ppr import PPRConfig
+    from kernels.ppr_index import PPRIndex
+    from kernels.resident import ResidentShadow
+    from models.shadow import ShadowGNN
+
+    g = synthetic_sbm(600, num_classes=4, avg_degree=10, num_features=4, seed=seed).graph
+    if weighted:
+        g = CSRGraph(g.indptr, g.indices, np.random.default_rng(seed).uniform(0.2, 2, g.num_edges).astype(np.float32),
+                     g.num_nodes)
+    index = PPRIndex.build(g, PPRConfig(topk=24, eps=1e-4), progress=False)
+    assert index.ensure_induced(g)
+    torch.manual_seed(seed)
+    model = ShadowGNN(backbone, 12, 8, 3, layers=layers, dropout=0.0, pool=pool).to(device).eval()
+    x = torch.randn(g.num_nodes, 12, generator=torch.Generator().manual_seed(seed)).to(device)
+    with torch.no_grad():
+        p = model.project(x)
+    return g, index, model, p, ResidentShadow(model, index, lambda: p, strategy="fastrand")
+
+
+@pytest.mark.parametrize(("backbone", "pool", "layers"), [("gcn", "mean", 2), ("sage", "max", 3), ("gcn", "mean+max", 1),
+                                                          ("sage", "none", 2)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_resident_shadow_equals_the_model_on_induced_subgraphs(backbone, pool, layers, weighted):
+    """Probabilities, readout embeddings and edge counts of forward_batch_projected on the index's induced
+    batch, at exact and sampled widths and smaller budgets."""
+    g, index, model, p, res = _shadow_setup(backbone, pool, layers, weighted)
+    t = np.unique(np.random.default_rng(5).choice(g.num_nodes, 50, replace=False))
+    for width in (0, 1, 3):
+        for budget in (24, 10):
+            assert res.takes(t, budget)
+            batch = index.induced_batch(g, t, budget)
+            with torch.no_grad():
+                logits, emb = model.forward_batch_projected(batch, p[torch.from_numpy(batch.node_ids)], width or None,
+                                                            "fastrand")
+            kept, total = batch.edge_counts(width)
+            probs, labels, got_k, got_t, got_e = res.answer(t, width, budget, want_emb=True)
+            want = torch.softmax(logits, 1).numpy()
+            np.testing.assert_allclose(probs, want, rtol=1e-5, atol=1e-6, err_msg=f"S={width} K={budget}")
+            np.testing.assert_allclose(got_e, emb.numpy(), rtol=1e-5, atol=1e-5)
+            assert np.array_equal(got_k, kept * layers) and np.array_equal(got_t, total * layers)
+            clear = np.diff(np.sort(want, 1)[:, -2:], axis=1)[:, 0] > 1e-5
+            assert np.array_equal(labels[clear], want.argmax(1)[clear])
+    assert not res.takes(t, 25)  # beyond the table's k
+
+
+def test_resident_shadow_reads_nothing_back_from_the_device():
+    _, _, _, _, res = _shadow_setup("gcn", "mean+max", 2, True)
+    t = np.arange(0, 600, 7)
+    for width in (0, 4):
+        with torch.inference_mode(), _Ops() as ops:
+            res.forward(torch.from_numpy(t), width, 16, True)
+        names = {f.__name__.split(".")[0] for f, _, _ in ops.calls}
+        assert not _SYNCING & names, _SYNCING & names
+
+
 # ----------------------------------------------------------------------------- on a GPU
 def _cuda():
     if not torch.cuda.is_available():
@@ -236,3 +294,56 @@ def test_cuda_graphs_replay_the_forward():
     res.rebase(g, DeviceGraph.upload(g, res.device), np.array([1, 2]))
     cap.answer(np.array([5, 6]), 4, False)
     assert cap.captures == 6
+
+
+@pytest.mark.gpu
+def test_cuda_resident_shadow_does_not_synchronise():
+    """shaDow on the GPU: answers equal the CPU resident model's, under set_sync_debug_mode("error")."""
+    _cuda()
+    _, _, _, _, cpu = _shadow_setup("gcn", "mean+max", 2, True)
+    _, _, _, _, gpu = _shadow_setup("gcn", "mean+max", 2, True, device="cuda")
+    t = np.arange(0, 600, 5)
+    for width in (0, 4):
+        want = cpu.answer(t, width, 16, True)
+        gpu.answer(t, width, 16, True)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = gpu.answer(t, width, 16, True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+        assert np.array_equal(got[2], want[2]) and np.array_equal(got[3], want[3])
+
+
+@pytest.mark.gpu
+def test_cuda_server_with_resident_paths_answers_like_the_cpu_server(tiny_repo):
+    """A --device cuda --resident --cuda-graphs server (ModelRuntime in process): gcn and shaDow batches take
+    the resident paths and answer as a CPU server does."""
+    _cuda()
+    from .serving import ServerThread
+
+    nodes = np.arange(0, 800, 29)
+    with ServerThread(tiny_repo, {"runtime_kw": {"device": "cpu"}}) as cpu_srv, \
+            ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda", "resident": True, "cuda_graphs": True}}) as gpu_srv:
+        for model, path in (("gcn", "plain-resident"), ("shadow", "shadow-resident")):
+            rt_c, rt_g = cpu_srv.server.registry.get(model), gpu_srv.server.registry.get(model)
+            for width in (0, 4):
+                want = _process(rt_c, nodes, width)
+                got = _process(rt_g, nodes, width)
+                assert got.path == path
+                np.testing.assert_allclose(got.probabilities, want.probabilities, rtol=1e-4, atol=1e-5)
+                assert (got.edges_kept, got.edges_total) == (want.edges_kept, want.edges_total)
+
+
+def _process(rt, nodes, width):
+    import time
+
+    from serve.batcher import WorkItem
+    from serve.runtime import _WarmupFuture
+    from serve.validation import PredictCall
+
+    call = PredictCall("t", np.asarray(nodes, np.int64), [], width, rt.limits.default_ppr_budget, "request", 0.0,
+                       True, True)
+    res = rt.process([WorkItem(call, len(nodes), None, None, time.monotonic(), _WarmupFuture())])[0]
+    assert not isinstance(res, BaseException), res
+    return res
