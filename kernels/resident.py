@@ -432,6 +432,7 @@ class ResidentShadow:
         self.pools = list(model.pools)
         self.batches = 0
         self.uploads = 0
+        self.generation = 0  # bumped whenever a tensor a captured graph reads is replaced
         self.table: Any = None
         self._p = projections()
         self._upload()
@@ -464,6 +465,7 @@ class ResidentShadow:
         self.num_nodes = int(table.num_nodes)
         self.table = table
         self.uploads += 1
+        self.generation += 1
 
     def stats(self) -> dict[str, float]:
         return {"batches": self.batches, "uploads": self.uploads, "k": self.k, "max_pairs": self.e_max}
@@ -482,7 +484,10 @@ class ResidentShadow:
 
     def rebase(self) -> None:
         """Features changed (or nodes were added): refresh the projection rows the update dropped."""
-        self._p = self.projections()
+        p = self.projections()
+        if p.data_ptr() != self._p.data_ptr() or p.shape != self._p.shape:
+            self.generation += 1
+        self._p = p
 
     def forward(self, rows: torch.Tensor, width: int, budget: int, want_emb: bool) -> tuple[torch.Tensor, ...]:
         """Device tensors ``(probs [B, C], labels [B], kept [B], total [B], emb [B, E] or empty)``."""
@@ -559,10 +564,17 @@ class ResidentShadow:
         self.batches += 1
         with torch.inference_mode():
             rows = _upload_ids(self, targets)
-            probs, labels, kept, total, emb = self.forward(rows, width, budget, want_emb)
-            flat = _download(self, [probs.reshape(-1), labels.float(), kept.double().view(torch.float32),
-                                    total.double().view(torch.float32), emb.reshape(-1)])
-        b, c = len(targets), self.num_classes
+            return self.download(self.forward(rows, width, budget, want_emb), len(targets), want_emb)
+
+    def upload_ids(self, targets: np.ndarray) -> torch.Tensor:
+        return _upload_ids(self, targets)
+
+    def download(self, out: tuple[torch.Tensor, ...], b: int, want_emb: bool) -> tuple[np.ndarray, ...]:
+        """The outputs of :meth:`forward` (or a captured replay, ``b`` first rows) on the host."""
+        probs, labels, kept, total, emb = out
+        flat = _download(self, [probs[:b].reshape(-1), labels[:b].float(), kept[:b].double().view(torch.float32),
+                                total[:b].double().view(torch.float32), emb[:b].reshape(-1)])
+        c = self.num_classes
         pos = b * c
         out_p = flat[:pos].reshape(b, c)
         out_l = flat[pos: pos + b].astype(np.int64)
@@ -604,37 +616,51 @@ def _download(owner: Any, parts: list[torch.Tensor]) -> np.ndarray:
 
 
 class CapturedForward:
-    """:meth:`ResidentPlain.forward` captured in one CUDA graph per (batch bucket, width, embeddings):
-    a batch copies its ids into the bucket's static input (padded with its first id) and replays.
-    Captured graphs read the resident tensors in place, so they are dropped whenever one is replaced
-    (:attr:`ResidentPlain.generation`). CUDA only; sampled widths up to :data:`PAD_MAX` only (the
-    exact width's slot count depends on the batch)."""
+    """A resident model's ``forward`` captured in one CUDA graph per (batch bucket, width, PPR budget,
+    embeddings): a batch copies its ids into the bucket's static input (padded with its first id) and
+    replays. Captured graphs read the resident tensors in place, so they are dropped whenever one is
+    replaced (the model's ``generation``). A plain model: sampled widths up to :data:`PAD_MAX` (the
+    exact width's slot count depends on the batch); a shaDow model: every width (its shapes depend on
+    the budget only).
 
-    def __init__(self, resident: ResidentPlain, max_bucket: int = 1024) -> None:
-        if resident.device.type != "cuda":
+    CUDA only, except with ``emulate=True`` on a CPU (tests): a "graph" then runs the forward again on
+    its static input and copies the results into its static outputs, so the bucketing, padding,
+    slicing and invalidation around the capture are exercised without a GPU."""
+
+    def __init__(self, resident: ResidentPlain | ResidentShadow, max_bucket: int = 1024, *,
+                 emulate: bool = False) -> None:
+        if resident.device.type != "cuda" and not emulate:
             raise ValueError("CUDA graphs need a CUDA device")
+        self.emulate = resident.device.type != "cuda"
         self.r = resident
+        self.shadow = isinstance(resident, ResidentShadow)
         self.max_bucket = int(max_bucket)
-        self._graphs: dict[tuple[int, int, bool], tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]] = {}
+        self._graphs: dict[tuple[int, int, int, bool], tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]] = {}
         self._generation = resident.generation
         self.captures = 0
         self.replays = 0
 
     def accepts(self, targets: int, width: int) -> bool:
-        return 0 < width <= PAD_MAX and 0 < targets <= self.max_bucket
+        return 0 < targets <= self.max_bucket and (self.shadow or 0 < width <= PAD_MAX)
 
-    def answer(self, targets: np.ndarray, width: int, want_emb: bool) -> tuple[np.ndarray, ...]:
+    def _forward(self, rows: torch.Tensor, width: int, budget: int, want_emb: bool) -> tuple[torch.Tensor, ...]:
+        if self.shadow:
+            return self.r.forward(rows, width, budget, want_emb)  # type: ignore[call-arg]
+        return self.r.forward(rows, None, width, want_emb)  # type: ignore[call-arg]
+
+    def answer(self, targets: np.ndarray, width: int, want_emb: bool, budget: int = 0) -> tuple[np.ndarray, ...]:
         r = self.r
         if r.generation != self._generation:
             self._graphs.clear()
             self._generation = r.generation
         b = len(targets)
-        key = (bucket_of(b), width, bool(want_emb))
+        key = (bucket_of(b), width, budget if self.shadow else 0, bool(want_emb))
         entry = self._graphs.get(key)
         if entry is None:
             entry = self._capture(*key)
             self._graphs[key] = entry
         graph, static_in, static_out = entry
+        r.batches += 1
         with torch.inference_mode():
             ids = r.upload_ids(targets)
             static_in[:b].copy_(ids, non_blocking=True)
@@ -642,21 +668,43 @@ class CapturedForward:
                 static_in[b:].copy_(ids[:1].expand(static_in.numel() - b), non_blocking=True)
             graph.replay()
             self.replays += 1
-            return r.download(static_out, b, width, want_emb)
+            if self.shadow:
+                return r.download(static_out, b, want_emb)  # type: ignore[call-arg]
+            return r.download(static_out, b, width, want_emb)  # type: ignore[call-arg]
 
-    def _capture(self, bucket: int, width: int, want_emb: bool) -> tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]:
+    def _capture(self, bucket: int, width: int, budget: int, want_emb: bool
+                 ) -> tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]:
         r = self.r
         static_in = torch.zeros(bucket, dtype=torch.int64, device=r.device)
+        if self.emulate:
+            self.captures += 1
+            with torch.inference_mode():
+                host = _HostGraph(lambda: self._forward(static_in, width, budget, want_emb))
+                host.outputs = tuple(t.clone() for t in host.run())
+            return host, static_in, host.outputs
         with torch.inference_mode():
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # warm-up runs outside the capture (lazy allocations, cuBLAS handles)
                 for _ in range(2):
-                    r.forward(static_in, None, width, want_emb)
+                    self._forward(static_in, width, budget, want_emb)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                static_out = r.forward(static_in, None, width, want_emb)
+                static_out = self._forward(static_in, width, budget, want_emb)
         self.captures += 1
-        log.info("resident path: captured a CUDA graph for %d targets at width %d", bucket, width)
+        log.info("resident path: captured a CUDA graph for %d targets at width %d%s", bucket, width,
+                 f", budget {budget}" if self.shadow else "")
         return graph, static_in, static_out
+
+
+class _HostGraph:
+    """:class:`CapturedForward`'s stand-in for a CUDA graph on a CPU: ``replay`` recomputes into the outputs."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+        self.outputs: tuple[torch.Tensor, ...] = ()
+
+    def replay(self) -> None:
+        for dst, src in zip(self.outputs, self.run(), strict=True):
+            dst.copy_(src)

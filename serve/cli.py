@@ -106,8 +106,8 @@ def _serve(argv: Sequence[str]) -> int:
                          "sampling width (within --activation-cache-bytes) on the model's device and answer every "
                          "batch without new nodes there, sampling on the device (kernels.resident)")
     ap.add_argument("--cuda-graphs", action="store_true",
-                    help="with --resident on --device cuda: replay a captured CUDA graph per batch size bucket and "
-                         "sampled width (up to 256)")
+                    help="with --resident on --device cuda: replay a captured CUDA graph per batch size bucket, "
+                         "sampling width and PPR budget (plain models: sampled widths up to 256)")
     ap.add_argument("--max-nodes-per-request", type=int, default=4096,
                     help="ids plus new nodes per request; checked on the request's bytes before it is parsed")
     ap.add_argument("--max-new-node-edges", type=int, default=100_000,

@@ -170,8 +170,12 @@ class ShadowResidentPath(ServingPath):
 
         rt = self.rt
         t_sub = time.perf_counter()
+        captured = rt._captured
         with _torch_threads_for(len(targets) * budget, rt._torch_threads):
-            probs, labels, kept, total, emb = rt._resident_shadow.answer(targets, width, budget, want_emb)
+            if captured is not None and captured.accepts(len(targets), width):
+                probs, labels, kept, total, emb = captured.answer(targets, width, want_emb, budget)
+            else:
+                probs, labels, kept, total, emb = rt._resident_shadow.answer(targets, width, budget, want_emb)
         return PathOutput(probs, labels, emb, kept, total, t_sub, t_sub, time.perf_counter())
 
 

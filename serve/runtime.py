@@ -136,8 +136,8 @@ class RuntimeOptions:
     #: per sampling width (within ``activation_budget_bytes``) on the model's device and answer every batch
     #: without new nodes there, sampling on the device (:mod:`kernels.resident`, the ``plain-resident`` path)
     resident: bool = False
-    #: with ``resident`` on a CUDA device: replay one captured CUDA graph per (batch bucket, width) at sampled
-    #: widths up to ``kernels.resident.PAD_MAX``
+    #: with ``resident`` on a CUDA device: replay one captured CUDA graph per (batch bucket, width, PPR budget)
+    #: (plain models: at sampled widths up to ``kernels.resident.PAD_MAX``)
     cuda_graphs: bool = False
 
     #: refuse UpdateGraph (the graph stays as loaded plus its logged updates)
@@ -347,6 +347,8 @@ class ModelRuntime:
         if shadow:
             self._resident_shadow = ResidentShadow(self.model, self.ppr_index, self.projections.complete_table,
                                                    strategy=self.strategy)
+            if self.options.cuda_graphs and self.device.type == "cuda":
+                self._captured = CapturedForward(self._resident_shadow, max_bucket=self.options.max_batch_targets)
             log.info("model %s v%s: resident on %s (lists and induced table, k = %d)", self.name, self.version,
                      self.device, self._resident_shadow.k)
             return

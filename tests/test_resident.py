@@ -241,6 +241,41 @@ def test_resident_shadow_reads_nothing_back_from_the_device():
         assert not _SYNCING & names, _SYNCING & names
 
 
+@pytest.mark.parametrize("shadow", [False, True])
+def test_captured_forward_buckets_pads_and_invalidates(shadow):
+    """CapturedForward's logic around the capture, with its CPU emulation: batches pad to their bucket with
+    their first id and answer like the uncaptured forward, one capture per (bucket, width, budget,
+    embeddings), and a replaced resident tensor drops them."""
+    from kernels.resident import CapturedForward, DeviceGraph
+
+    if shadow:
+        _, _, _, _, res = _shadow_setup("gcn", "mean", 2, False)
+        n_nodes = 600
+    else:
+        g, _, _, res = _setup("sage", 15, True, "fastrand")
+        n_nodes = g.num_nodes
+    cap = CapturedForward(res, max_bucket=64, emulate=True)
+    rng = np.random.default_rng(16)
+    for n in (1, 3, 4, 17, 64):
+        t = np.sort(rng.choice(n_nodes, n, replace=False))
+        if shadow:
+            want, got = res.answer(t, 3, 12, True), cap.answer(t, 3, True, 12)
+        else:
+            assert res.has_table(3)
+            want, got = res.answer(t, 3, True), cap.answer(t, 3, True)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert cap.captures == 4 and cap.replays == 5  # buckets 1, 4 (3 and 4 share it), 32, 64
+    assert not cap.accepts(65, 3) and cap.accepts(64, 3) and cap.accepts(1, 0) == shadow
+    if shadow:
+        res.table = None  # as if the index rebuilt its table: uploaded again, a new generation
+        assert res.takes(np.array([1, 2]), 12)
+    else:
+        res.rebase(g, DeviceGraph.upload(g, torch.device("cpu")), np.array([1, 2]))
+    cap.answer(np.array([5]), 3, True, 12)
+    assert cap.captures == 5
+
+
 # ----------------------------------------------------------------------------- on a GPU
 def _cuda():
     if not torch.cuda.is_available():
@@ -313,6 +348,24 @@ def test_cuda_resident_shadow_does_not_synchronise():
             torch.cuda.set_sync_debug_mode("default")
         np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
         assert np.array_equal(got[2], want[2]) and np.array_equal(got[3], want[3])
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_replay_the_shadow_forward():
+    """CapturedForward on a shaDow model: per (bucket, width, budget), equal to the uncaptured forward."""
+    _cuda()
+    from kernels.resident import CapturedForward
+
+    _, _, _, _, res = _shadow_setup("sage", "mean", 2, False, device="cuda")
+    cap = CapturedForward(res, max_bucket=64)
+    rng = np.random.default_rng(14)
+    for n, width, budget in ((1, 0, 24), (5, 3, 24), (5, 3, 10), (40, 0, 10)):
+        t = np.sort(rng.choice(600, n, replace=False))
+        want = res.answer(t, width, budget, True)
+        got = cap.answer(t, width, True, budget)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+        assert np.array_equal(got[2], want[2]) and np.array_equal(got[3], want[3])
+    assert cap.captures == 4
 
 
 @pytest.mark.gpu
