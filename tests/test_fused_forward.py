@@ -247,3 +247,19 @@ def test_inner_and_outer_forwards_check_their_arguments(ds):  # noqa: F811
     single = StackParams.pack(0, [np.zeros((8, 10), np.float32)], [None], [8])
     with pytest.raises(ValueError, match="no inner layers"):
         plan_outer_cpu(one, single, acts, dinv)
+
+
+def test_paper_benchmark_runs_on_a_synthetic_graph(capsys):
+    """benchmarks/paper.py end to end (train, time both aggregations, accuracy per width) on a small synthetic
+    graph: the exact ES-SpMM forward has the baseline's accuracy, kept fractions grow with the width."""
+    mod = _benchmark("paper")
+    assert mod.main(["--graphs", "synthetic:1500", "--models", "gcn,sage", "--epochs", "5", "--rounds", "1",
+                     "--widths", "2,8", "--device", "cpu"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| synthetic")]
+    assert len(rows) == 6  # 2 models x (exact, 2, 8)
+    for exact, w2, w8 in (rows[:3], rows[3:]):
+        acc, base = exact[4].split(" (baseline ")
+        assert acc.strip() == base.strip().rstrip(")")
+        kept = [float(r[3].strip().rstrip("%")) for r in (w2, w8)]
+        assert kept[0] < kept[1] <= 100.0
+        assert all(float(r[5]) > 0 and float(r[6]) > 0 for r in (exact, w2, w8))

@@ -1,0 +1,201 @@
+"""Like for like with the ES-SpMM paper (issue #22 item 4): aggregation time summed over a whole inference,
+and test accuracy, at sampling widths S = 16 .. 512.
+
+The paper (Lin, Luo and Ceze; ``../shared/papers/es-spmm.txt``, Section V and Figure 8) trains GCN and
+GraphSAGE-mean once per dataset, then runs full-graph inference with DGL's cuSPARSE SpMM and with
+ES-SpMM at each S, and reports the SpMM kernel time of one inference (PyTorch profiler), the test
+accuracy and the sampling rate (its Table IV). This script does the same with gnnserve's pieces:
+
+* **graphs**: the shared real datasets (``cora``, ``citeseer``, ``amazon_computers``, ...) and synthetic
+  graphs shaped like the paper's (``pubmed-like``: 19,717 nodes, mean degree 4.5, 3 classes;
+  ``arxiv-like``: 169,343, 13.7, 40; ``reddit-like``: 232,965, 493, 41), stochastic block models with
+  class-correlated features (:func:`kernels.datasets.synthetic_sbm`), so accuracy depends on the graph;
+* **models**: trained here with :func:`models.fit.fit` (full batch, 2 layers);
+* **time**: per inference, the sum over both layers of the aggregation call alone
+  (``conv.aggregate``: :func:`kernels.sampled_spmm`, the ES-SpMM CUDA kernel on a GPU), measured with
+  CUDA events around each call on a GPU (device time) and the wall clock on a CPU; the baseline is
+  ``torch.sparse.mm`` (cuSPARSE on a GPU, MKL on a CPU) on the pre-normalised adjacency (GCN:
+  :math:`D^{-1/2}(A + I)D^{-1/2}`; SAGE: the row-mean matrix on the neighbour half), the layer's dense
+  transform outside the timed part in both. Median of ``--rounds`` inferences;
+* **accuracy**: test accuracy of the full-graph forward at each S (``model(graph, x, S)``) and of the
+  baseline's exact forward; **kept**: ``sum_i min(d_i, S) / E``.
+
+    python benchmarks/paper.py                                  # cora, citeseer, pubmed-like, arxiv-like
+    python benchmarks/paper.py --graphs reddit-like --device cuda --widths 16,32,64,128,256,512
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+#: synthetic graphs shaped like the paper's Table I: (nodes, mean-degree argument, classes, features, hidden)
+SHAPES = {
+    "pubmed-like": (19_717, 5.0, 3, 500, 32),
+    "arxiv-like": (169_343, 15.0, 40, 128, 128),
+    "reddit-like": (232_965, 540.0, 41, 602, 128),
+}
+DEFAULT_GRAPHS = "cora,citeseer,pubmed-like,arxiv-like"
+
+
+def load(name: str, data_dir: Path):
+    from kernels.datasets import load_dataset, synthetic_sbm
+
+    if name in SHAPES:
+        n, deg, classes, feats, _ = SHAPES[name]
+        return synthetic_sbm(n, num_classes=classes, avg_degree=deg, num_features=feats, feature_signal=0.25,
+                             train_per_class=20, seed=1, name=name)
+    if name.startswith("synthetic"):  # a load_dataset spec: synthetic[:N[:seed]]
+        return load_dataset(name)
+    path = data_dir / f"{name}.npz"
+    if not path.exists():
+        raise SystemExit(f"{path} not found (--data-dir)")
+    return load_dataset(str(path))
+
+
+def baseline_matrix(graph, arch: str, device: torch.device) -> torch.Tensor:
+    """The adjacency the baseline multiplies by, as a torch CSR: GCN's normalised ``A + I``, SAGE's row mean."""
+    import scipy.sparse as sp
+
+    a = graph.to_scipy().astype(np.float32)
+    n = graph.num_nodes
+    if arch == "gcn":
+        dinv = np.asarray((1.0 + a.sum(axis=1)).A1, dtype=np.float64) ** -0.5
+        m = sp.diags(dinv) @ (a + sp.identity(n, dtype=np.float32, format="csr")) @ sp.diags(dinv)
+    else:
+        deg = np.diff(a.indptr).astype(np.float64)
+        m = sp.diags(np.where(deg > 0, 1.0 / np.maximum(deg, 1), 0.0)) @ a
+    m = sp.csr_matrix(m, dtype=np.float32)
+    m.sort_indices()
+    crow, col = torch.from_numpy(m.indptr.astype(np.int64)), torch.from_numpy(m.indices.astype(np.int64))
+    return torch.sparse_csr_tensor(crow, col, torch.from_numpy(m.data), size=(n, n), check_invariants=False).to(device)
+
+
+class Timer:
+    """Sums the time of the calls it wraps: CUDA events on a GPU (device time), the wall clock on a CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.events: list = []
+        self.wall = 0.0
+
+    def __call__(self, fn, *args):
+        if self.device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            out = fn(*args)
+            b.record()
+            self.events.append((a, b))
+            return out
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.wall += time.perf_counter() - t0
+        return out
+
+    def ms(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return sum(a.elapsed_time(b) for a, b in self.events)
+        return self.wall * 1e3
+
+
+def inference(model, graph, x, width: int | None, strategy: str, timer: Timer, baseline: torch.Tensor | None):
+    """Full-graph logits, every layer's aggregation through ``timer`` (the model's own, or the baseline)."""
+    p = model.project(x)
+    h = p
+    last = len(model.convs) - 1
+    for i, conv in enumerate(model.convs):
+        t = p if i == 0 else conv.transform(h)
+        if baseline is None:
+            h = timer(conv.aggregate, graph, t, width, strategy)
+        elif model.arch == "gcn":
+            h = timer(torch.sparse.mm, baseline, t) + conv.bias
+        else:
+            o = conv.out_channels
+            h = t[:, :o] + timer(torch.sparse.mm, baseline, t[:, o:].contiguous()) + conv.bias
+        if i < last:
+            h = torch.relu(h)
+    return h
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--graphs", default=DEFAULT_GRAPHS, help=f"comma list: shared datasets and {', '.join(SHAPES)}")
+    ap.add_argument("--models", default="gcn,sage")
+    ap.add_argument("--widths", default="16,32,64,128,256,512")
+    ap.add_argument("--epochs", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=5, help="timed inferences per setting (median reported)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--strategy", choices=("fastrand", "bucket"), default="fastrand")
+    ap.add_argument("--data-dir", type=Path, default=REPO.parent / "shared" / "data")
+    args = ap.parse_args(argv)
+
+    from kernels.spmm import kept_edges
+    from models.fit import TrainConfig, fit
+
+    device = torch.device(args.device)
+    widths = [int(w) for w in args.widths.split(",") if w]
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU"
+    clock = "device time (CUDA events)" if device.type == "cuda" else "wall clock"
+    print("## Like for like with the ES-SpMM paper (`benchmarks/paper.py`)\n")
+    print(f"`python benchmarks/paper.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
+    print(f"{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} CPUs, {dev_name}, torch "
+          f"{torch.__version__}; aggregation ms per full-graph inference ({clock}, both layers, median of "
+          f"{args.rounds}), strategy {args.strategy}\n")
+    print("| graph | model | S | kept | test acc | ES-SpMM ms | baseline ms | speedup |")
+    print("|---|---|---|---|---|---|---|---|")
+    for gname in [g for g in args.graphs.split(",") if g]:
+        t0 = time.perf_counter()
+        ds = load(gname, args.data_dir)
+        print(f"[{time.perf_counter() - t0:6.1f} s] {gname}: {ds.num_nodes:,} nodes, {ds.graph.num_edges:,} edges",
+              file=sys.stderr, flush=True)
+        graph = ds.graph
+        x = torch.from_numpy(np.ascontiguousarray(ds.x, dtype=np.float32)).to(device)
+        y = torch.from_numpy(np.asarray(ds.y)).to(device)
+        test = torch.from_numpy(np.asarray(ds.test_mask)).to(device)
+        for arch in [m for m in args.models.split(",") if m]:
+            hidden = SHAPES[gname][4] if gname in SHAPES else 64
+            t0 = time.perf_counter()
+            res = fit(ds, TrainConfig(model=arch, hidden=hidden, layers=2, epochs=args.epochs, patience=args.epochs,
+                                      knob_widths=(0,), device=str(device)))
+            print(f"[{time.perf_counter() - t0:6.1f} s]   {arch} trained ({res.epochs_run} epochs)", file=sys.stderr,
+                  flush=True)
+            model = res.model.eval()
+            base = baseline_matrix(graph, arch, device)
+
+            def run(width, baseline=None, model=model, x=x, graph=graph, y=y, test=test):
+                times, logits = [], None
+                for _ in range(args.rounds + 1):  # the first is a warm-up (memoized device arrays, samples)
+                    timer = Timer(device)
+                    with torch.inference_mode():
+                        logits = inference(model, graph, x, width, args.strategy, timer, baseline)
+                    times.append(timer.ms())
+                acc = float((logits.argmax(1) == y)[test].float().mean())
+                return statistics.median(times[1:]), acc
+
+            base_ms, base_acc = run(None, base)
+            exact_ms, exact_acc = run(None)
+            print(f"| {gname} | {arch} | exact | 100.0% | {exact_acc:.2%} (baseline {base_acc:.2%}) | {exact_ms:.3f} | "
+                  f"{base_ms:.3f} | {base_ms / exact_ms:.2f}x |", flush=True)
+            for w in widths:
+                ms, acc = run(w)
+                kept = kept_edges(graph, w) / max(1, graph.num_edges)
+                print(f"| {gname} | {arch} | {w} | {kept:.1%} | {acc:.2%} | {ms:.3f} | {base_ms:.3f} | "
+                      f"{base_ms / ms:.2f}x |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
