@@ -49,9 +49,10 @@ import numpy as np
 import torch
 
 from .graph import CSRGraph
-from .spmm import sample_positions
+from .spmm import _gcn_dinv, sample_positions
 
-__all__ = ["PAD_MAX", "CapturedForward", "DeviceGraph", "ResidentPlain", "ResidentShadow", "bucket_of", "unpack"]
+__all__ = ["PAD_MAX", "CapturedForward", "DeviceGraph", "ResidentPlain", "ResidentShadow", "WidthBudget", "bucket_of",
+           "unpack"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,35 @@ REFRESH_ROWS = 8192
 def bucket_of(n: int) -> int:
     """The batch bucket of ``n`` targets: the next power of two (CUDA graphs are captured per bucket)."""
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+class WidthBudget:
+    """Which sampling widths get a per-node table (``[N, H]`` per width) within a byte budget: a width is
+    admitted while its table fits beside those held, with room always kept for ``reserved_width`` (the
+    model's default width) until it has its table, so widths that clients choose cannot take the budget
+    from the width a knob-less request gets. A refusal is logged once per width: as a warning when no
+    table fits at all (a configuration to fix), else as information, with ``consequence`` (formatted with
+    ``table_bytes``)."""
+
+    def __init__(self, budget_bytes: int, reserved_width: int | None, owner: str, consequence: str) -> None:
+        self.budget_bytes = int(budget_bytes)
+        self.reserved_width = reserved_width
+        self.owner = owner
+        self.consequence = consequence
+        self.refused: set[int] = set()
+
+    def admits(self, width: int, held: Any, table_bytes: int) -> bool:
+        """Whether a table for ``width`` fits beside the widths ``held`` (a container of widths)."""
+        held_back = int(self.reserved_width is not None and width != self.reserved_width
+                        and self.reserved_width not in held)
+        if (len(held) + 1 + held_back) * table_bytes <= self.budget_bytes:
+            return True
+        if width not in self.refused:  # said once per width
+            self.refused.add(width)
+            log.log(logging.WARNING if not held else logging.INFO,
+                    "%s: no room for width %d (%d tables of %d bytes fill the %d-byte budget); %s", self.owner,
+                    width, len(held), table_bytes, self.budget_bytes, self.consequence.format(table_bytes=table_bytes))
+        return False
 
 
 @dataclass
@@ -201,8 +231,7 @@ class ResidentPlain:
         self.device = next(model.parameters()).device
         self.projections = projections
         self.strategy = strategy
-        self.budget_bytes = int(budget_bytes)
-        self.reserved_width = reserved_width
+        self._room = WidthBudget(budget_bytes, reserved_width, "resident path", "its batches take the next path")
         last = model.convs[1]
         self.hidden = int(model.convs[0].out_channels)
         self.num_classes = int(last.out_channels)
@@ -217,7 +246,6 @@ class ResidentPlain:
             self._b1 = first.bias.detach().clone() if first.bias is not None else torch.zeros(self.hidden, device=self.device)
         self._tables: dict[int, torch.Tensor] = {}
         self.batches = 0
-        self._refused: set[int] = set()
         self.generation = 0  # bumped whenever a tensor a captured graph reads is replaced
         self._install(graph, DeviceGraph.upload(graph, self.device))
         self._pinned_in: torch.Tensor | None = None
@@ -226,21 +254,20 @@ class ResidentPlain:
 
     # ------------------------------------------------------------------ state
     def _install(self, graph: CSRGraph, dg: DeviceGraph) -> None:
-        from models.base import full_gcn_degrees
-
         self.graph = graph
         self.dg = dg
         self.num_nodes = graph.num_nodes
-        if self.gcn:
-            d = np.maximum(full_gcn_degrees(graph), 1e-12) ** -0.5
-            self.dinv = torch.from_numpy(d.astype(np.float32)).to(self.device)
-        else:
-            self.dinv = None
+        # D^{-1/2}, D_i = 1 + sum_j w_ij: the full graph's GCN degrees, as sampled_spmm computes them
+        self.dinv = _gcn_dinv(graph, self.device, torch.float32) if self.gcn else None
         self.table_bytes = self.num_nodes * self.hidden * 4
         self.generation += 1
 
     def widths(self) -> list[int]:
         return sorted(self._tables)
+
+    def holds(self, width: int) -> bool:
+        """Whether the table of ``width`` is built (:meth:`has_table` may build it)."""
+        return width in self._tables
 
     def nbytes(self) -> int:
         return self.dg.nbytes() + len(self._tables) * self.table_bytes
@@ -254,15 +281,7 @@ class ResidentPlain:
         """Whether ``width`` has a first-layer table, building it (one full-graph pass) if the budget has room."""
         if width in self._tables:
             return True
-        held_back = int(self.reserved_width is not None and width != self.reserved_width
-                        and self.reserved_width not in self._tables)
-        if (len(self._tables) + 1 + held_back) * self.table_bytes > self.budget_bytes:
-            if width not in self._refused:
-                self._refused.add(width)
-                log.log(logging.WARNING if not self._tables else logging.INFO,
-                        "resident path: no room for the first-layer table of width %d (%d tables of %d bytes in a "
-                        "%d-byte budget); its batches take the next path", width, len(self._tables),
-                        self.table_bytes, self.budget_bytes)
+        if not self._room.admits(width, self._tables, self.table_bytes):
             return False
         self._tables[width] = self._full_table(width)
         self.generation += 1

@@ -32,6 +32,7 @@ import torch
 from kernels.fused_forward import AGG_GCN, StackParams, plan_inner_cpu
 from kernels.graph import CSRGraph
 from kernels.plan import execution_plan, local_plan
+from kernels.resident import WidthBudget
 
 __all__ = ["ActivationCache", "FeatureSource", "ProjectionCache"]
 
@@ -216,11 +217,11 @@ class ActivationCache:
         self.layers = params.layers
         self.dim = int(params.dims[-1, 0])
         self.table_bytes = graph.num_nodes * (4 * self.dim + 1)
-        self.budget_bytes = int(budget_bytes)
-        self.reserved_width = reserved_width
+        self._room = WidthBudget(budget_bytes, reserved_width, "activation cache",
+                                 "its batches run the whole plan (--activation-cache-bytes {table_bytes} would hold one "
+                                 "table)")
         self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._filled: dict[int, int] = {}  # rows held per width
-        self._refused: set[int] = set()
         self.hits = 0
         self.misses = 0
 
@@ -229,21 +230,11 @@ class ActivationCache:
         return sorted(list(self._tables))
 
     def has_table(self, width: int) -> bool:
-        """Whether ``width`` has a table, allocating it if the budget has room."""
+        """Whether ``width`` has a table, allocating it if the budget has room (:class:`kernels.resident.WidthBudget`:
+        room stays for the reserved width; a width refused runs the whole plan)."""
         if width in self._tables:
             return True
-        # room stays for the reserved width (the model's default) until it has its table: widths that
-        # clients choose must not take the budget from the width a knob-less request gets
-        held_back = int(self.reserved_width is not None and width != self.reserved_width
-                        and self.reserved_width not in self._tables)
-        if (len(self._tables) + 1 + held_back) * self.table_bytes > self.budget_bytes:
-            if width not in self._refused:  # said once per width: its batches run the whole plan
-                self._refused.add(width)
-                # no table at all: the budget is below one table, a configuration to fix, said as a warning
-                log.log(logging.WARNING if not self._tables else logging.INFO,
-                        "activation cache: no room for width %d (%d tables of %d bytes fill the %d-byte budget); its "
-                        "batches run the whole plan (--activation-cache-bytes %d would hold one table)",
-                        width, len(self._tables), self.table_bytes, self.budget_bytes, self.table_bytes)
+        if not self._room.admits(width, self._tables, self.table_bytes):
             return False
         cap = self._capacity()
         self._tables[width] = (np.empty((cap, self.dim), dtype=np.float32), np.zeros(cap, dtype=bool))

@@ -538,8 +538,11 @@ class ModelRuntime:
             work = per_target * len(nodes)
         elif call.new_nodes:  # the batch takes induced L-hop scopes (every row at every layer)
             work = self._scope_bound_of(nodes)
-        elif self.activations_complete(s) and self._path_for(len(nodes), False, s).name == "plain-activations":
-            # the activation path with every first-layer row held: the last layer's rows alone
+        elif (self._resident is not None and self._resident.holds(s)) or (
+                self.activations_complete(s)
+                and self._path_for(nodes, False, s, call.ppr_budget).name == "plain-activations"):
+            # the resident path at a width it holds, or the activation path with every first-layer row held:
+            # the last layer's rows alone
             deg = self.graph.degrees[nodes]
             work = float(np.minimum(deg, s).sum() if s else deg.sum())
         else:  # an execution plan; sampled rows keep at most S edges

@@ -141,3 +141,26 @@ def test_a_warmed_width_is_complete_and_priced_by_the_last_layer(tiny_repo):
         call = PredictCall("w", nodes, [], s, 0, "default", 0.0, False, False)
         deg = rt.graph.degrees[nodes]
         assert rt.estimate_work(call) == int(np.minimum(deg, s).sum() if s else deg.sum())
+
+
+def test_a_resident_width_is_priced_by_the_last_layer(tiny_repo):
+    """On the resident path (--resident) a width whose first-layer table is built is priced by its targets'
+    degrees as well (without building a table: pricing runs on the event loop); an unbuilt width keeps the
+    plan's bound."""
+    import numpy as np
+
+    from serve.validation import PredictCall, resolve_knobs
+
+    from .serving import ServerThread
+
+    with ServerThread(tiny_repo, {"poll_s": 0, "runtime_kw": {"resident": True}}) as srv:
+        rt = srv.server.registry.get("gcn")
+        s = resolve_knobs(rt.limits, None, None, None)[0]
+        assert rt._resident.holds(s) and not rt._resident.holds(s + 1)  # the warm-up built the default width
+        nodes = np.array([3, 9, 700])
+        deg = rt.graph.degrees[nodes]
+        call = PredictCall("w", nodes, [], s, 0, "default", 0.0, False, False)
+        assert rt.estimate_work(call) == int(np.minimum(deg, s).sum() if s else deg.sum())
+        wider = PredictCall("w", nodes, [], s + 1, 0, "default", 0.0, False, False)
+        assert rt.estimate_work(wider) > int(np.minimum(deg, s + 1).sum())
+        assert not rt._resident.holds(s + 1)
