@@ -9,9 +9,10 @@ distinct targets at each model's default setting, the variants interleaved round
   ES-SpMM CUDA kernel);
 * ``cuda-hybrid``: ``--device cuda`` with the default ``--gpu-min-targets`` (smaller batches on the
   compiled CPU forward);
-* ``cpu-resident``, ``cuda-resident``: ``--resident`` (plain 2-layer models: the graph and first-layer
-  tables on the device, sampling there, ``kernels.resident``); ``cuda-graphs``: ``--resident
-  --cuda-graphs`` (one captured CUDA graph per batch bucket and width).
+* ``cpu-resident``, ``cuda-resident``: ``--resident`` (the graph and first-layer tables, or a shaDow
+  model's lists and induced table, on the device, sampling there: ``kernels.resident``; on the GPU with
+  ``--gpu-min-targets 0``, every batch there); ``cuda-graphs``: the same with ``--cuda-graphs`` (one
+  captured CUDA graph per batch bucket, width and budget).
 
 Reported: the median over rounds of the mean time per batch, each variant over ``cpu``, and the
 serving path each variant's last batch took. The ``cuda`` variants are left out where torch sees no
@@ -38,8 +39,8 @@ sys.path.insert(0, str(REPO))
 
 VARIANTS = {"cpu": {"device": "cpu"}, "cuda": {"device": "cuda", "gpu_min_targets": 0},
             "cuda-hybrid": {"device": "cuda"}, "cpu-resident": {"device": "cpu", "resident": True},
-            "cuda-resident": {"device": "cuda", "resident": True},
-            "cuda-graphs": {"device": "cuda", "resident": True, "cuda_graphs": True}}
+            "cuda-resident": {"device": "cuda", "resident": True, "gpu_min_targets": 0},
+            "cuda-graphs": {"device": "cuda", "resident": True, "cuda_graphs": True, "gpu_min_targets": 0}}
 DEFAULT_VARIANTS = "cpu,cuda,cuda-hybrid,cuda-resident,cuda-graphs"
 
 

@@ -104,7 +104,9 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--resident", action="store_true",
                     help="plain 2-layer models: keep the graph, the projection table and one first-layer table per "
                          "sampling width (within --activation-cache-bytes) on the model's device and answer every "
-                         "batch without new nodes there, sampling on the device (kernels.resident)")
+                         "batch without new nodes there, sampling on the device (kernels.resident); shaDow models: "
+                         "their PPR lists and induced table. With --device cuda, batches under --gpu-min-targets "
+                         "still take the compiled CPU paths")
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="with --resident on --device cuda: replay a captured CUDA graph per batch size bucket, "
                          "sampling width and PPR budget (plain models: sampled widths up to 256)")

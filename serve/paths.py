@@ -14,10 +14,12 @@ path                when it is taken                                        what
 ==================  =====================================================  ====================================
 plain-resident      plain 2-layer model on a local graph, asked for          the graph, projections and one
                     (``RuntimeOptions.resident``), no new nodes, the width   first-layer table per width, all
-                    has a table in the activation budget                     on the model's device
+                    has a table in the activation budget; on a GPU, at       on the model's device
+                    least ``gpu_min_targets`` targets
 shadow-resident     shaDow model, asked for (``RuntimeOptions.resident``),   the lists, the induced table and
                     no new nodes, an induced table covering the budget,      projections on the model's device
-                    no target dirty after a graph update
+                    no target dirty after a graph update; on a GPU, at
+                    least ``gpu_min_targets`` targets
 plain-activations   plain 2-layer model, compiled layers, no new nodes,      first-layer projections per node;
                     at most ``fused_max_targets`` targets, the width has a   first-layer outputs per node and
                     table in the activation budget                           width (``ActivationCache``)
@@ -101,6 +103,11 @@ def _compiled_fits(rt: ModelRuntime, targets: int, new_nodes: bool) -> bool:
     return not new_nodes and targets <= rt.fused_max_targets
 
 
+def _small_on_gpu(rt: ModelRuntime, targets: int) -> bool:
+    """A batch a GPU runtime leaves to its compiled CPU paths (fewer than ``--gpu-min-targets`` targets)."""
+    return rt.device.type == "cuda" and rt._fused_params is not None and targets <= rt.fused_max_targets
+
+
 def _stateless_edges(rt: ModelRuntime, kept: np.ndarray, ids: np.ndarray, plan: Any, layers: int,
                      width: int) -> tuple[np.ndarray, np.ndarray]:
     """``(kept, exact)`` edge counts on a stateless replica, as ``kernels.plan._with_exact`` gives them
@@ -131,7 +138,7 @@ class ResidentPath(ServingPath):
         return rt._resident is not None
 
     def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
-        return not new_nodes and self.rt._resident.has_table(width)
+        return not new_nodes and not _small_on_gpu(self.rt, targets) and self.rt._resident.has_table(width)
 
     def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
         from .runtime import _torch_threads_for
@@ -160,7 +167,7 @@ class ShadowResidentPath(ServingPath):
         return rt._resident_shadow is not None
 
     def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
-        return not new_nodes
+        return not new_nodes and not _small_on_gpu(self.rt, targets)
 
     def takes(self, targets: np.ndarray, budget: int) -> bool:
         return bool(self.rt._resident_shadow.takes(targets, budget))

@@ -132,9 +132,11 @@ class RuntimeOptions:
     #: model and its own projection table) instead of the GPU, where launches and copies, not arithmetic, set
     #: a small batch's cost (docs/BENCHMARKS.md, "GPU"); 0 = every batch on the GPU
     gpu_min_targets: int = 64
-    #: plain 2-layer models on a local graph: keep the graph, the projection table and one first-layer table
-    #: per sampling width (within ``activation_budget_bytes``) on the model's device and answer every batch
-    #: without new nodes there, sampling on the device (:mod:`kernels.resident`, the ``plain-resident`` path)
+    #: keep what a batch reads on the model's device and answer batches without new nodes there, sampling on
+    #: the device (:mod:`kernels.resident`): a plain 2-layer model's graph, projection table and one first-layer
+    #: table per sampling width (within ``activation_budget_bytes``; ``plain-resident``), a shaDow model's
+    #: PPR lists, induced table and projections (``shadow-resident``). On a GPU, batches of fewer than
+    #: ``gpu_min_targets`` targets still take the compiled CPU paths
     resident: bool = False
     #: with ``resident`` on a CUDA device: replay one captured CUDA graph per (batch bucket, width, PPR budget)
     #: (plain models: at sampled widths up to ``kernels.resident.PAD_MAX``)
@@ -299,8 +301,9 @@ class ModelRuntime:
         self._captured: Any = None
         if options.resident or options.serving_path == "plain-resident":
             self._resident_init()
-        # (a resident model keeps its first-layer tables on its device: no second copy in an ActivationCache)
-        keeps_acts = (self._resident is None and self._act_params is not None and self.extractor == "lhop"
+        # a resident model keeps its first-layer tables on its device: no second copy in an ActivationCache,
+        # except on a GPU, where batches under gpu_min_targets still take the compiled CPU paths
+        keeps_acts = ((self._resident is None or on_gpu) and self._act_params is not None and self.extractor == "lhop"
                       and self.num_layers == 2 and options.activation_budget_bytes > 0)
         self._activations = (ActivationCache(self.graph, self._act_params, self._dinv, self._cpu_projections,
                                              strategy=self.strategy, budget_bytes=options.activation_budget_bytes,

@@ -370,14 +370,19 @@ def test_cuda_graphs_replay_the_shadow_forward():
 
 @pytest.mark.gpu
 def test_cuda_server_with_resident_paths_answers_like_the_cpu_server(tiny_repo):
-    """A --device cuda --resident --cuda-graphs server (ModelRuntime in process): gcn and shaDow batches take
-    the resident paths and answer as a CPU server does."""
+    """A --device cuda --resident --cuda-graphs --gpu-min-targets 0 server (ModelRuntime in process): gcn and
+    shaDow batches take the resident paths and answer as a CPU server does; with the default
+    --gpu-min-targets, small batches keep the compiled CPU paths."""
     _cuda()
     from .serving import ServerThread
 
     nodes = np.arange(0, 800, 29)
+    with ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda", "resident": True}}) as hybrid:
+        assert _process(hybrid.server.registry.get("gcn"), nodes[:5], 4).path == "plain-activations"
+        assert _process(hybrid.server.registry.get("gcn"), np.arange(0, 800, 5), 4).path == "plain-resident"
     with ServerThread(tiny_repo, {"runtime_kw": {"device": "cpu"}}) as cpu_srv, \
-            ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda", "resident": True, "cuda_graphs": True}}) as gpu_srv:
+            ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda", "resident": True, "cuda_graphs": True,
+                                                    "gpu_min_targets": 0}}) as gpu_srv:
         for model, path in (("gcn", "plain-resident"), ("shadow", "shadow-resident")):
             rt_c, rt_g = cpu_srv.server.registry.get(model), gpu_srv.server.registry.get(model)
             for width in (0, 4):
