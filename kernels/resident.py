@@ -41,6 +41,7 @@ rows the update changed (the caller's stale set), through the same slot formula 
 from __future__ import annotations
 
 import logging
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -246,6 +247,9 @@ class ResidentPlain:
             self._b1 = first.bias.detach().clone() if first.bias is not None else torch.zeros(self.hidden, device=self.device)
         self._tables: dict[int, torch.Tensor] = {}
         self.batches = 0
+        #: one batch at a time on the device state (its pinned buffers, a captured graph's static tensors),
+        #: whatever the number of worker threads (--workers)
+        self.lock = threading.Lock()
         self.generation = 0  # bumped whenever a tensor a captured graph reads is replaced
         self._install(graph, DeviceGraph.upload(graph, self.device))
         self._pinned_in: torch.Tensor | None = None
@@ -281,10 +285,13 @@ class ResidentPlain:
         """Whether ``width`` has a first-layer table, building it (one full-graph pass) if the budget has room."""
         if width in self._tables:
             return True
-        if not self._room.admits(width, self._tables, self.table_bytes):
-            return False
-        self._tables[width] = self._full_table(width)
-        self.generation += 1
+        with self.lock:
+            if width in self._tables:  # built by another worker meanwhile
+                return True
+            if not self._room.admits(width, self._tables, self.table_bytes):
+                return False
+            self._tables[width] = self._full_table(width)
+            self.generation += 1
         return True
 
     def _full_table(self, width: int) -> torch.Tensor:
@@ -375,8 +382,8 @@ class ResidentPlain:
     def answer(self, targets: np.ndarray, width: int, want_emb: bool) -> tuple[np.ndarray, ...]:
         """NumPy ``(probs, labels, kept or None, emb or None)`` of ``targets`` (distinct global ids): one
         upload of the ids, the batch on the device, one packed copy back and one wait."""
-        self.batches += 1
-        with torch.inference_mode():
+        with self.lock, torch.inference_mode():
+            self.batches += 1
             rows = self.upload_ids(targets)
             out = self.forward(rows, targets, width, want_emb)
             return self.download(out, len(targets), width, want_emb)
@@ -452,6 +459,7 @@ class ResidentShadow:
         self.batches = 0
         self.uploads = 0
         self.generation = 0  # bumped whenever a tensor a captured graph reads is replaced
+        self.lock = threading.Lock()  # one batch at a time on the device state (ResidentPlain.lock)
         self.table: Any = None
         self._p = projections()
         self._upload()
@@ -495,7 +503,9 @@ class ResidentShadow:
         if self.index.induced is not self.table:
             if self.index.induced is None:
                 return False
-            self._upload()
+            with self.lock:
+                if self.index.induced is not self.table:
+                    self._upload()
         if not 1 <= budget <= self.k or not len(targets) or int(targets.max()) >= self.num_nodes:
             return False
         dirty = getattr(self.index, "is_dirty", None)
@@ -580,8 +590,8 @@ class ResidentShadow:
 
     def answer(self, targets: np.ndarray, width: int, budget: int, want_emb: bool) -> tuple[np.ndarray, ...]:
         """NumPy ``(probs, labels, kept, total, emb or None)`` of ``targets`` (which :meth:`takes`)."""
-        self.batches += 1
-        with torch.inference_mode():
+        with self.lock, torch.inference_mode():
+            self.batches += 1
             rows = _upload_ids(self, targets)
             return self.download(self.forward(rows, width, budget, want_emb), len(targets), want_emb)
 
@@ -668,6 +678,11 @@ class CapturedForward:
         return self.r.forward(rows, None, width, want_emb)  # type: ignore[call-arg]
 
     def answer(self, targets: np.ndarray, width: int, want_emb: bool, budget: int = 0) -> tuple[np.ndarray, ...]:
+        r = self.r
+        with r.lock:
+            return self._answer(targets, width, want_emb, budget)
+
+    def _answer(self, targets: np.ndarray, width: int, want_emb: bool, budget: int) -> tuple[np.ndarray, ...]:
         r = self.r
         if r.generation != self._generation:
             self._graphs.clear()

@@ -276,6 +276,25 @@ def test_captured_forward_buckets_pads_and_invalidates(shadow):
     assert cap.captures == 5
 
 
+def test_concurrent_batches_share_the_captured_buffers_safely():
+    """Several worker threads (--workers) answering through one CapturedForward (its static input and
+    outputs are shared): every answer is its own batch's."""
+    import concurrent.futures
+
+    from kernels.resident import CapturedForward
+
+    g, _, _, res = _setup("gcn", 17, False, "fastrand")
+    assert res.has_table(5)
+    cap = CapturedForward(res, max_bucket=16, emulate=True)
+    rng = np.random.default_rng(18)
+    batches = [np.sort(rng.choice(g.num_nodes, 9, replace=False)) for _ in range(24)]
+    want = [res.answer(t, 5, False)[0] for t in batches]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda t: cap.answer(t, 5, False)[0], batches))
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 # ----------------------------------------------------------------------------- on a GPU
 def _cuda():
     if not torch.cuda.is_available():
