@@ -247,6 +247,7 @@ class ResidentPlain:
             self._b1 = first.bias.detach().clone() if first.bias is not None else torch.zeros(self.hidden, device=self.device)
         self._tables: dict[int, torch.Tensor] = {}
         self.batches = 0
+        self.targets = 0
         #: one batch at a time on the device state (its pinned buffers, a captured graph's static tensors),
         #: whatever the number of worker threads (--workers)
         self.lock = threading.Lock()
@@ -277,9 +278,12 @@ class ResidentPlain:
         return self.dg.nbytes() + len(self._tables) * self.table_bytes
 
     def stats(self) -> dict[str, float]:
-        """Widths with a table, their bytes, the device graph's bytes, batches answered."""
-        return {"widths": len(self._tables), "bytes": len(self._tables) * self.table_bytes,
-                "graph_bytes": self.dg.nbytes(), "batches": self.batches}
+        """A per-node cache's statistics (serve.metrics): targets answered from the tables (``hits``; a
+        table is built whole, so no ``misses``), rows held over all widths, bytes of the tables and the
+        device graph; and widths, batches."""
+        return {"hits": self.targets, "misses": 0, "rows": len(self._tables) * self.num_nodes,
+                "bytes": len(self._tables) * self.table_bytes + self.dg.nbytes(), "widths": len(self._tables),
+                "batches": self.batches}
 
     def has_table(self, width: int) -> bool:
         """Whether ``width`` has a first-layer table, building it (one full-graph pass) if the budget has room."""
@@ -384,6 +388,7 @@ class ResidentPlain:
         upload of the ids, the batch on the device, one packed copy back and one wait."""
         with self.lock, torch.inference_mode():
             self.batches += 1
+            self.targets += len(targets)
             rows = self.upload_ids(targets)
             out = self.forward(rows, targets, width, want_emb)
             return self.download(out, len(targets), width, want_emb)
@@ -457,6 +462,8 @@ class ResidentShadow:
         self.num_classes = int(model.num_classes)
         self.pools = list(model.pools)
         self.batches = 0
+        self.targets = 0
+        self.dirty_batches = 0
         self.uploads = 0
         self.generation = 0  # bumped whenever a tensor a captured graph reads is replaced
         self.lock = threading.Lock()  # one batch at a time on the device state (ResidentPlain.lock)
@@ -495,7 +502,15 @@ class ResidentShadow:
         self.generation += 1
 
     def stats(self) -> dict[str, float]:
-        return {"batches": self.batches, "uploads": self.uploads, "k": self.k, "max_pairs": self.e_max}
+        """A per-node cache's statistics (serve.metrics): targets answered here (``hits``), batches left to
+        the other paths because a target was dirty (``misses``), nodes whose lists are held, device bytes;
+        and batches, uploads, the table's ``k``."""
+        return {"hits": self.targets, "misses": self.dirty_batches, "rows": self.num_nodes, "bytes": self.nbytes(),
+                "batches": self.batches, "uploads": self.uploads, "k": self.k}
+
+    def nbytes(self) -> int:
+        ts = [self.lptr, self.lnodes, self.eptr, self.src, self.dst] + ([self.weights] if self.weights is not None else [])
+        return sum(t.numel() * t.element_size() for t in ts)
 
     def takes(self, targets: np.ndarray, budget: int) -> bool:
         """Whether this answers a batch of ``targets`` at ``budget``: the budget within the table's ``k``,
@@ -509,7 +524,10 @@ class ResidentShadow:
         if not 1 <= budget <= self.k or not len(targets) or int(targets.max()) >= self.num_nodes:
             return False
         dirty = getattr(self.index, "is_dirty", None)
-        return dirty is None or not bool(dirty(targets).any())
+        if dirty is not None and bool(dirty(targets).any()):
+            self.dirty_batches += 1
+            return False
+        return True
 
     def rebase(self) -> None:
         """Features changed (or nodes were added): refresh the projection rows the update dropped."""
@@ -592,6 +610,7 @@ class ResidentShadow:
         """NumPy ``(probs, labels, kept, total, emb or None)`` of ``targets`` (which :meth:`takes`)."""
         with self.lock, torch.inference_mode():
             self.batches += 1
+            self.targets += len(targets)
             rows = _upload_ids(self, targets)
             return self.download(self.forward(rows, width, budget, want_emb), len(targets), want_emb)
 
@@ -695,6 +714,7 @@ class CapturedForward:
             self._graphs[key] = entry
         graph, static_in, static_out = entry
         r.batches += 1
+        r.targets += b
         with torch.inference_mode():
             ids = r.upload_ids(targets)
             static_in[:b].copy_(ids, non_blocking=True)

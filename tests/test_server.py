@@ -326,6 +326,22 @@ def test_metrics_endpoint(tiny_repo, tmp_path):
     assert sample("gnnserve_cache_bytes", model="gcn", version="1", cache="activation") > 0
 
 
+def test_metrics_of_the_resident_paths(tiny_repo):
+    """--resident: the scrape reports each resident model's device state as cache "resident" (targets
+    answered, rows and bytes held) instead of failing on it."""
+    with ServerThread(tiny_repo, {"metrics_port": 0, "runtime_kw": {"resident": True}}) as srv, \
+            grpc.insecure_channel(srv.address) as ch:
+        for model in ("gcn", "shadow"):
+            predict(pbg.GnnServiceStub(ch), model, [1, 2, 3])
+        text = urllib.request.urlopen(f"http://127.0.0.1:{srv.server.metrics_port}/metrics", timeout=10).read().decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    for model in ("gcn", "shadow"):
+        key = (("cache", "resident"), ("model", model), ("version", "1"))
+        assert samples[("gnnserve_cache_lookups_total", tuple(sorted((*key, ("result", "hit")))))] >= 3
+        assert samples[("gnnserve_cache_rows", key)] >= 800 and samples[("gnnserve_cache_bytes", key)] > 0
+
+
 def test_warm_projections_fills_the_cache_before_the_model_is_served(tiny_repo):
     from serve.registry import ModelRegistry
     from serve.runtime import RuntimeOptions
