@@ -11,7 +11,10 @@ the model's device once:
 * per sampling width ``S``, the ReLU'd first-layer output of every node ``H_S`` ``[N, H]``, computed
   by one full-graph :func:`kernels.spmm.sampled_spmm` (the ES-SpMM kernel on a GPU): the rows layer 1
   computes for node ``i`` at width ``S`` depend on ``i`` and ``S`` only, so one table serves every
-  batch at that width (the same argument as :class:`serve.projection.ActivationCache`).
+  batch at that width (the same argument as :class:`serve.projection.ActivationCache`);
+* per width, its kept edges with their coefficients and every node's 2-layer kept-edge count
+  (:class:`WidthCSR`, the sampled graph built once on the device), so a batch reads slices instead of
+  sampling again (a third of the operators a batch ran when it sampled per request).
 
 A batch then sends its target ids once and runs the last layer on the device:
 
@@ -31,11 +34,12 @@ masked with weight 0 and pointed at a dummy edge): static shapes, no data-depend
 so a batch is free of host synchronisations and can be captured in a CUDA graph per (batch bucket,
 width) (:class:`CapturedForward`). At the exact width (or a width above :data:`PAD_MAX`) the slots are
 the targets' kept edges back to back; their number is summed on the host from its own copy of the
-row lengths, so that path does not synchronise either.
+kept counts, so that path does not synchronise either.
 
 Live graphs. :meth:`ResidentPlain.rebase` installs an updated graph (its CSR uploaded again, which the
-host's copy-on-write edit costs anyway) and recomputes, at every width held, exactly the first-layer
-rows the update changed (the caller's stale set), through the same slot formula as layer 1.
+host's copy-on-write edit costs anyway, and every width's kept edges built again from it) and
+recomputes, at every width held, exactly the first-layer rows the update changed (the caller's stale
+set), through the same slots as the last layer.
 """
 
 from __future__ import annotations
@@ -133,78 +137,100 @@ def _tensor(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 @dataclass
-class Slots:
-    """The kept edges of some rows: slot ``q`` belongs to row ``seg[q]`` and reads node ``nbr[q]`` with
-    weight ``w[q]`` (0 on a masked slot). ``padded``: ``S`` slots per row in row order (``[R * S]``)."""
+class WidthCSR:
+    """The kept edges of every row at one sampling width, with their aggregation coefficients: the
+    sampled graph of ES-SpMM, built once per width on the device (:func:`width_csr`), so that a batch
+    reads its targets' slices instead of sampling again. Entry ``K`` (past the kept edges) is a dummy
+    (node 0, coefficient 0) where masked slots point."""
 
-    seg: torch.Tensor  # int64 [T]
+    crow: torch.Tensor  # int64 [N + 1]
+    col: torch.Tensor  # int64 [K + 1]
+    coef: torch.Tensor  # float32 [K + 1]: gcn w s_i g_i g_j, sage w / k_i
+    k: torch.Tensor  # int64 [N]: kept edges per row
+    k_host: np.ndarray  # int64 [N]: the same on the host (packed slot counts without the device)
+    kept2: torch.Tensor | None  # int64 [N]: a 2-layer path's kept edges per node (sampled widths)
+
+    def nbytes(self) -> int:
+        ts = [self.crow, self.col, self.coef, self.k] + ([self.kept2] if self.kept2 is not None else [])
+        return sum(t.numel() * t.element_size() for t in ts)
+
+
+def width_csr(dg: DeviceGraph, width: int, strategy: str, dinv: torch.Tensor | None) -> WidthCSR:
+    """The :class:`WidthCSR` of ``dg`` at ``width`` (0: every edge). ``dinv``: GCN's :math:`D^{-1/2}` (the
+    coefficients are then GCN's, else GraphSAGE-mean's). The kept positions are
+    :func:`kernels.spmm.sample_positions`' (through ``kernels.spmm._sampled_edges``); ``kept2`` counts
+    each distinct neighbour once (:func:`kernels.plan.edges_on_two_layer_paths`). Reads sizes back
+    from the device: a build, not a batch."""
+    from .spmm import _sampled_edges
+
+    dev = dg.indptr.device
+    n = dg.num_nodes
+    sampled = bool(width) and dg.num_edges > 0 and int(dg.deg_host.max(initial=0)) > width
+    if sampled:
+        kept, crow, row, edge = _sampled_edges({"indptr": dg.indptr, "deg": dg.deg}, width, strategy)
+    else:
+        kept, crow = dg.deg, dg.indptr
+        edge = torch.arange(dg.num_edges, device=dev)
+        row = torch.repeat_interleave(torch.arange(n, device=dev), kept, output_size=dg.num_edges)
+    col = dg.indices.index_select(0, edge).long()
+    w = dg.weights.index_select(0, edge) if dg.weights is not None else torch.ones(len(edge), device=dev)
+    kf = kept.float().clamp(min=1)
+    if dinv is not None:
+        coef = w * (dg.deg.float() / kf * dinv).index_select(0, row) * dinv.index_select(0, col)
+    else:
+        coef = w / kf.index_select(0, row)
+    kept2 = None
+    if width:
+        # k_t + sum over {t} u N_S(t) of k_u, each node once: sort the kept (row, column) pairs
+        key, order = torch.sort(row * (n + 1) + col)
+        first = torch.ones_like(key, dtype=torch.bool)
+        first[1:] = key[1:] != key[:-1]
+        r_s, c_s = row.index_select(0, order), col.index_select(0, order)
+        k_u = torch.where(first & (c_s != r_s), kept.index_select(0, c_s), 0)
+        kept2 = 2 * kept + torch.zeros(n, dtype=torch.int64, device=dev).index_add_(0, r_s, k_u)
+    k_host = np.minimum(dg.deg_host, width) if width else dg.deg_host
+    zero_i, zero_f = torch.zeros(1, dtype=torch.int64, device=dev), torch.zeros(1, device=dev)
+    return WidthCSR(crow, torch.cat([col, zero_i]), torch.cat([coef, zero_f]), kept, k_host, kept2)
+
+
+@dataclass
+class Slots:
+    """The kept edges of some rows at one width, read from its :class:`WidthCSR`: slot ``q`` belongs to
+    row ``seg[q]`` and reads node ``nbr[q]`` with coefficient ``coef[q]`` (0 on a masked slot).
+    ``padded``: ``S`` slots per row in row order (``[R * S]``)."""
+
+    seg: torch.Tensor | None  # int64 [T] (packed slots only)
     nbr: torch.Tensor  # int64 [T]
-    w: torch.Tensor  # float32 [T]
-    valid: torch.Tensor  # bool [T]
-    k: torch.Tensor  # int64 [R]: kept edges per row
-    deg: torch.Tensor  # int64 [R]: row lengths
+    coef: torch.Tensor  # float32 [T]
     padded: int  # S when padded, else 0
 
 
-def padded_slots(dg: DeviceGraph, rows: torch.Tensor, width: int, strategy: str) -> Slots:
+def padded_slots(c: WidthCSR, rows: torch.Tensor, width: int) -> Slots:
     """``width`` slots per row (``width`` > 0): the kept edges first, the rest masked (static shapes)."""
-    r = rows.numel()
-    deg = dg.deg.index_select(0, rows)
-    k = deg.clamp(max=width)
-    t = torch.arange(width, device=rows.device).expand(r, width)
-    valid = t < k.unsqueeze(1)
-    pos = sample_positions(deg.unsqueeze(1).expand(r, width), t, width, strategy)
-    edge = torch.where(valid, dg.indptr.index_select(0, rows).unsqueeze(1) + pos, 0)
-    return _slots(dg, torch.arange(r, device=rows.device).repeat_interleave(width), edge.reshape(-1),
-                  valid.reshape(-1), k, deg, width)
+    start = c.crow.index_select(0, rows).unsqueeze(1)
+    q = torch.arange(width, device=rows.device)
+    e = torch.where(q < c.k.index_select(0, rows).unsqueeze(1), start + q, c.col.numel() - 1).reshape(-1)
+    return Slots(None, c.col.index_select(0, e), c.coef.index_select(0, e), width)
 
 
-def packed_slots(dg: DeviceGraph, rows: torch.Tensor, rows_host: np.ndarray, width: int, strategy: str) -> Slots:
-    """The rows' kept edges back to back (exact when ``width`` is 0); their count comes from the host's
-    row lengths (``rows_host``: the same ids), so no size is read back from the device."""
-    deg_h = dg.deg_host[rows_host]
-    total = int((np.minimum(deg_h, width) if width else deg_h).sum())
-    deg = dg.deg.index_select(0, rows)
-    k = deg.clamp(max=width) if width else deg
-    start = torch.cumsum(k, 0) - k
+def packed_slots(c: WidthCSR, rows: torch.Tensor, rows_host: np.ndarray) -> Slots:
+    """The rows' kept edges back to back; their count comes from the host's copy of the kept counts
+    (``rows_host``: the same ids), so no size is read back from the device."""
+    total = int(c.k_host[rows_host].sum())
+    k = c.k.index_select(0, rows)
     seg = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), k, output_size=total)
-    t = torch.arange(total, device=rows.device) - start.index_select(0, seg)
-    d = deg.index_select(0, seg)
-    pos = sample_positions(d, t, width, strategy) if width else t
-    edge = dg.indptr.index_select(0, rows).index_select(0, seg) + pos
-    return _slots(dg, seg, edge, torch.ones(total, dtype=torch.bool, device=rows.device), k, deg, 0)
+    shift = (c.crow.index_select(0, rows) - (torch.cumsum(k, 0) - k)).index_select(0, seg)
+    e = torch.arange(total, device=rows.device) + shift
+    return Slots(seg, c.col.index_select(0, e), c.coef.index_select(0, e), 0)
 
 
-def _slots(dg: DeviceGraph, seg: torch.Tensor, edge: torch.Tensor, valid: torch.Tensor, k: torch.Tensor,
-           deg: torch.Tensor, padded: int) -> Slots:
-    nbr = dg.indices.index_select(0, edge).long()
-    w = valid.float() if dg.weights is None else dg.weights.index_select(0, edge) * valid
-    return Slots(seg, nbr, w, valid, k, deg, padded)
-
-
-def slot_sum(s: Slots, coef: torch.Tensor, x: torch.Tensor, rows: int) -> torch.Tensor:
+def slot_sum(s: Slots, x: torch.Tensor, rows: int) -> torch.Tensor:
     """``[R, F]``: per row, the sum over its slots of ``coef[q] * x[nbr[q]]``."""
-    xs = x.index_select(0, s.nbr) * coef.unsqueeze(1)
+    xs = x.index_select(0, s.nbr) * s.coef.unsqueeze(1)
     if s.padded:  # a fixed number of slots per row: a reshape and a sum (deterministic, no atomics)
         return xs.view(rows, s.padded, x.shape[1]).sum(1)
+    assert s.seg is not None
     return torch.zeros(rows, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, s.seg, xs)
-
-
-def distinct_kept(s: Slots, rows: torch.Tensor, width: int, dg: DeviceGraph) -> torch.Tensor:
-    r"""int64 ``[R]``: :math:`k_t + \sum_{u \in \{t\} \cup N_S(t)} k_u` per row ``t`` (a 2-layer path's
-    kept edges, :func:`kernels.plan.edges_on_two_layer_paths`), ``u`` counted once however many slots
-    name it. Static shapes: one sort of the slots by (row, node)."""
-    key = s.seg * (dg.num_nodes + 1) + torch.where(s.valid, s.nbr + 1, 0)
-    key, order = torch.sort(key)
-    nbr = s.nbr.index_select(0, order)
-    seg = s.seg.index_select(0, order)
-    first = torch.ones_like(key, dtype=torch.bool)
-    first[1:] = key[1:] != key[:-1]
-    ok = first & s.valid.index_select(0, order) & (nbr != rows.index_select(0, seg))
-    d = dg.deg.index_select(0, nbr)
-    k_u = torch.where(ok, d.clamp(max=width) if width else d, 0)
-    others = torch.zeros(rows.numel(), dtype=torch.int64, device=rows.device).index_add_(0, seg, k_u)
-    return 2 * s.k + others
 
 
 class ResidentPlain:
@@ -246,6 +272,7 @@ class ResidentPlain:
             first = model.convs[0]
             self._b1 = first.bias.detach().clone() if first.bias is not None else torch.zeros(self.hidden, device=self.device)
         self._tables: dict[int, torch.Tensor] = {}
+        self._csr: dict[int, WidthCSR] = {}  # the kept edges per width, beside its table
         self.batches = 0
         self.targets = 0
         #: one batch at a time on the device state (its pinned buffers, a captured graph's static tensors),
@@ -275,15 +302,15 @@ class ResidentPlain:
         return width in self._tables
 
     def nbytes(self) -> int:
-        return self.dg.nbytes() + len(self._tables) * self.table_bytes
+        """Device bytes: the graph, the first-layer tables and each width's kept edges."""
+        return self.dg.nbytes() + len(self._tables) * self.table_bytes + sum(c.nbytes() for c in self._csr.values())
 
     def stats(self) -> dict[str, float]:
         """A per-node cache's statistics (serve.metrics): targets answered from the tables (``hits``; a
-        table is built whole, so no ``misses``), rows held over all widths, bytes of the tables and the
-        device graph; and widths, batches."""
+        table is built whole, so no ``misses``), rows held over all widths, device bytes (:meth:`nbytes`);
+        and widths, batches."""
         return {"hits": self.targets, "misses": 0, "rows": len(self._tables) * self.num_nodes,
-                "bytes": len(self._tables) * self.table_bytes + self.dg.nbytes(), "widths": len(self._tables),
-                "batches": self.batches}
+                "bytes": self.nbytes(), "widths": len(self._tables), "batches": self.batches}
 
     def has_table(self, width: int) -> bool:
         """Whether ``width`` has a first-layer table, building it (one full-graph pass) if the budget has room."""
@@ -294,6 +321,8 @@ class ResidentPlain:
                 return True
             if not self._room.admits(width, self._tables, self.table_bytes):
                 return False
+            with torch.inference_mode():
+                self._csr[width] = width_csr(self.dg, width, self.strategy, self.dinv)
             self._tables[width] = self._full_table(width)
             self.generation += 1
         return True
@@ -318,6 +347,9 @@ class ResidentPlain:
             stale = np.union1d(stale, np.arange(n_old, graph.num_nodes, dtype=np.int64))
         done = 0
         with torch.inference_mode():  # the tables are inference tensors: written in that mode only
+            if dg is not None:  # every width's kept edges again, on the new graph (whole: O(E) on the device)
+                for width in list(self._csr):
+                    self._csr[width] = width_csr(self.dg, width, self.strategy, self.dinv)
             for width, table in list(self._tables.items()):
                 if table.shape[0] < graph.num_nodes:
                     grown = torch.empty((graph.num_nodes, self.hidden), dtype=table.dtype, device=table.device)
@@ -332,7 +364,7 @@ class ResidentPlain:
 
     # ------------------------------------------------------------------ the layers
     def first_layer_rows(self, rows: np.ndarray, width: int) -> torch.Tensor:
-        """``relu(layer 1)`` of ``rows`` at ``width`` by the slot formula (the rows an update changed)."""
+        """``relu(layer 1)`` of ``rows`` at ``width`` from the width's kept edges (the rows an update changed)."""
         with torch.inference_mode():
             p = self.projections()
             r = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(self.device)
@@ -341,33 +373,27 @@ class ResidentPlain:
                 h = self._gcn(s, r, p) + self._b1
             else:
                 o = self.hidden
-                h = p.index_select(0, r)[:, :o] + self._mean(s, p[:, o:], r.numel()) + self._b1
+                h = p.index_select(0, r)[:, :o] + slot_sum(s, p[:, o:], r.numel()) + self._b1
             return torch.relu_(h)
 
     def _slots(self, rows: torch.Tensor, rows_host: np.ndarray | None, width: int) -> Slots:
+        c = self._csr[width]
         if width and width <= PAD_MAX:
-            return padded_slots(self.dg, rows, width, self.strategy)
+            return padded_slots(c, rows, width)
         if rows_host is None:
             raise ValueError("packed slots need the host's copy of the row ids")
-        return packed_slots(self.dg, rows, rows_host, width, self.strategy)
+        return packed_slots(c, rows, rows_host)
 
     def _gcn(self, s: Slots, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``g_t^2 x_t + s_t g_t sum w g_j x_j`` for the rows (before the transform)."""
+        """``g_t^2 x_t + sum_q coef_q x_{j_q}`` for the rows (before the transform; ``coef = w s_t g_t g_j``)."""
         assert self.dinv is not None
-        g = self.dinv
-        agg = slot_sum(s, s.w * g.index_select(0, s.nbr), x, rows.numel())
-        scale = torch.where(s.k > 0, s.deg.float() / s.k.clamp(min=1).float(), 1.0)
-        gt = g.index_select(0, rows)
-        return (gt * gt).unsqueeze(1) * x.index_select(0, rows) + (scale * gt).unsqueeze(1) * agg
-
-    def _mean(self, s: Slots, x: torch.Tensor, rows: int) -> torch.Tensor:
-        agg = slot_sum(s, s.w, x, rows)
-        return agg * torch.where(s.k > 0, 1.0 / s.k.clamp(min=1).float(), 0.0).unsqueeze(1)
+        gt = self.dinv.index_select(0, rows)
+        return (gt * gt).unsqueeze(1) * x.index_select(0, rows) + slot_sum(s, x, rows.numel())
 
     def forward(self, rows: torch.Tensor, rows_host: np.ndarray | None, width: int,
                 want_emb: bool) -> tuple[torch.Tensor, ...]:
         """Device tensors ``(probs [B, C], labels [B], kept [B] or empty, emb [B, H] or empty)`` of the
-        targets ``rows`` at ``width`` (which :meth:`has_table`). ``kept`` is computed at sampled widths
+        targets ``rows`` at ``width`` (which :meth:`has_table`). ``kept`` is given at sampled widths
         only (the exact width's counts are the host's)."""
         h = self._tables[width]
         s = self._slots(rows, rows_host, width)
@@ -375,10 +401,11 @@ class ResidentPlain:
         if self.gcn:
             z = self._gcn(s, rows, h) @ self._w[0]
         else:
-            z = h.index_select(0, rows) @ self._w[0] + self._mean(s, h, b) @ self._w[1]
+            z = h.index_select(0, rows) @ self._w[0] + slot_sum(s, h, b) @ self._w[1]
         probs = torch.softmax(z + self._b, dim=1)
         labels = probs.argmax(dim=1)
-        kept = distinct_kept(s, rows, width, self.dg) if width else labels[:0]
+        kept2 = self._csr[width].kept2
+        kept = kept2.index_select(0, rows) if kept2 is not None else labels[:0]
         emb = h.index_select(0, rows) if want_emb else probs[:0]
         return probs, labels, kept, emb
 
