@@ -177,7 +177,7 @@ def test_inline_benchmark_runs_on_a_repository(tiny_repo, capsys):
 
 def test_device_split_benchmark_runs_on_a_repository(tiny_repo, capsys):
     """benchmarks/device_split.py end to end on the test repository (the CPU variants without a GPU): the
-    resident variant's gcn batches take the resident path, its shaDow batches the compiled one."""
+    resident variant's batches take the resident paths."""
     mod = _benchmark("device_split")
     assert mod.main(["--repo", str(tiny_repo), "--models", "gcn,shadow", "--batches", "1,5", "--sets", "2",
                      "--rounds", "1", "--variants", "cpu,cpu-resident,cuda"]) == 0
@@ -186,7 +186,7 @@ def test_device_split_benchmark_runs_on_a_repository(tiny_repo, capsys):
     for r in rows:
         cells = [c.strip() for c in r.split("|")]
         assert float(cells[4]) > 0 and float(cells[5]) > 0 and float(cells[6]) > 0  # cpu, cpu-resident, ratio
-        want = "plain-resident" if cells[1] == "gcn" else "shadow-compiled"
+        want = "plain-resident" if cells[1] == "gcn" else "shadow-resident"
         assert f"cpu-resident: {want}" in cells[7], r
 
 
