@@ -247,21 +247,49 @@ def _inner(sizes, ptr, cols, ew, rs, node_ids, table, agg, dinv_g, dims, mats, m
 @numba.njit(cache=True, nogil=True)
 def _outer(sizes, ptr, cols, ew, rs, node_ids, acts, agg, dinv_g, fin, tw, o, mat,
            bias):  # pragma: no cover - compiled
-    """The last layer of a plain model on a one-layer plan, from the layer before's activations
-    ``acts`` (by global id): gather, transform, aggregate, softmax."""
-    n0 = sizes[0]
+    r"""The last layer of a plain model on a one-layer plan, from the layer before's activations
+    ``acts`` (by global id): aggregate the input rows first, then transform each target's sum once
+    (the layer is linear: :math:`\sum_j c_j (x_j M) = (\sum_j c_j x_j) M`, so the plan's
+    ``B (1 + S)`` input rows are never transformed one by one), softmax."""
     b = sizes[1]
-    dl = np.empty(n0 if agg == AGG_GCN else 0, dtype=np.float32)
-    for j in range(dl.shape[0]):
-        dl[j] = dinv_g[node_ids[j]]
-    x = np.empty((n0, fin), dtype=np.float32)
-    for j in range(n0):
-        x[j] = acts[node_ids[j]]
-    t = np.dot(x, mat.reshape((fin, tw)))
-    h = np.empty((b, o), dtype=np.float32)
-    _aggregate(t, np.arange(n0), b, o, ptr, cols, ew, rs, 0, False, agg, dl, bias, 0, h)
+    m = mat.reshape((fin, tw))
+    has_w = ew.shape[0] > 0
+    given_scale = rs.shape[0] > 0
+    xt = np.empty((b, fin), dtype=np.float32)  # the targets' own rows (the embeddings)
+    z = np.zeros((b, fin), dtype=np.float32)  # gcn: the normalised sum with the self term; sage: the mean
+    for i in range(b):
+        xi = acts[node_ids[i]]
+        xt[i] = xi
+        acc = z[i]
+        a = ptr[i]
+        d = ptr[i + 1] - a  # the plan's rows hold the kept edges only
+        for e in range(a, a + d):
+            g = node_ids[cols[e]]
+            coef = ew[e] if has_w else np.float32(1.0)
+            if agg == AGG_GCN:
+                coef *= dinv_g[g]
+            xj = acts[g]
+            for c in range(fin):
+                acc[c] += coef * xj[c]
+        if agg == AGG_GCN:
+            di = dinv_g[node_ids[i]]
+            scale = (rs[i] if given_scale else np.float32(1.0)) * di
+            self_w = di * di
+            for c in range(fin):
+                acc[c] = acc[c] * scale + self_w * xi[c]
+        elif d > 0:
+            inv = np.float32(1.0) / np.float32(d)
+            for c in range(fin):
+                acc[c] *= inv
+    if agg == AGG_GCN:
+        h = np.dot(z, m)
+    else:  # [x W_r^T | x W_n^T]: the root half of the target's row, the neighbour half of the mean
+        h = np.dot(xt, m[:, :o].copy()) + np.dot(z, m[:, o:].copy())
+    for i in range(b):
+        for c in range(o):
+            h[i, c] += bias[c]
     probs, labels = _softmax(h)
-    return h, probs, labels, x[:b].copy()
+    return h, probs, labels, xt
 
 
 @numba.njit(cache=True, nogil=True)
