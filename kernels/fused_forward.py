@@ -161,6 +161,54 @@ def _aggregate(src, rows, n_out, o, ptr, cols, ew, rs, width, fastrand, agg, dl,
 
 
 @numba.njit(cache=True, nogil=True)
+def _aggregate_first(h, n_out, ptr, cols, ew, rs, width, fastrand, agg, dl, m, o, bias, b0):  # pragma: no cover
+    """Rows ``0 .. n_out - 1`` of a layer after the first from its input rows ``h`` (not yet transformed):
+    the kept rows are summed ``fin`` wide first, then one product per output row (gcn: ``z M``; sage:
+    ``h_i M_r + z M_n``). The same numbers as transforming every input row and then :func:`_aggregate`
+    (the layer is linear), with ``n_out x fin x tw`` instead of ``n_in x fin x tw`` multiplications: an
+    execution plan's layer has ``n_in = n_out (1 + S)`` at most."""
+    fin = h.shape[1]
+    has_w = ew.shape[0] > 0
+    given_scale = rs.shape[0] > 0
+    z = np.zeros((n_out, fin), dtype=np.float32)
+    for i in range(n_out):
+        acc = z[i]
+        a = ptr[i]
+        d = ptr[i + 1] - a
+        k = d if width <= 0 or d <= width else width
+        sampled = fastrand and width > 0 and d > width
+        mp = fastrand_period(d) if sampled else d
+        for t in range(k):
+            e = a + (fastrand_position(t, d, mp) if sampled else t)
+            j = cols[e]
+            coef = ew[e] if has_w else np.float32(1.0)
+            if agg == AGG_GCN:
+                coef *= dl[j]
+            xj = h[j]
+            for c in range(fin):
+                acc[c] += coef * xj[c]
+        xi = h[i]
+        if agg == AGG_GCN:
+            di = dl[i]
+            scale = (rs[i] if given_scale else np.float32(d / max(k, 1))) * di
+            self_w = di * di
+            for c in range(fin):
+                acc[c] = acc[c] * scale + self_w * xi[c]
+        elif k > 0:
+            inv = np.float32(1.0) / np.float32(k)
+            for c in range(fin):
+                acc[c] *= inv
+    if agg == AGG_GCN:
+        out = np.dot(z, m)
+    else:
+        out = np.dot(h[:n_out], m[:, :o].copy()) + np.dot(z, m[:, o:].copy())
+    for i in range(n_out):
+        for c in range(o):
+            out[i, c] += bias[b0 + c]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
 def _relu(h):  # pragma: no cover - compiled
     for i in range(h.shape[0]):
         for c in range(h.shape[1]):
@@ -172,7 +220,9 @@ def _relu(h):  # pragma: no cover - compiled
 def _layers(sizes, ptr, cols, ew, rs, width, fastrand, node_ids, table, agg, dl, dims, mats, mat_off, bias,
             bias_off, relu_last, keep):  # pragma: no cover - compiled
     """Every layer; returns the last layer's rows and the ReLU'd rows ``0 .. keep - 1`` of the one
-    before (the plain models' embedding)."""
+    before (the plain models' embedding). A layer whose output has fewer rows than its input (an
+    execution plan's) aggregates before transforming (:func:`_aggregate_first`); a square one (a shaDow
+    subgraph batch, where both orders cost the same) transforms first."""
     layers = dims.shape[0]
     ident = np.arange(sizes[0])
     prev = np.zeros((keep, dims[0, 2]), dtype=np.float32)
@@ -183,10 +233,15 @@ def _layers(sizes, ptr, cols, ew, rs, width, fastrand, node_ids, table, agg, dl,
         _relu(h)
         prev = h[:keep].copy()
         fin, tw, o = dims[layer, 0], dims[layer, 1], dims[layer, 2]
-        t = np.dot(h, mats[mat_off[layer]:mat_off[layer] + fin * tw].reshape((fin, tw)))
-        h = np.empty((sizes[layer + 1], o), dtype=np.float32)
-        _aggregate(t, ident, sizes[layer + 1], o, ptr, cols, ew, rs, width, fastrand, agg, dl, bias,
-                   bias_off[layer], h)
+        m = mats[mat_off[layer]:mat_off[layer] + fin * tw].reshape((fin, tw))
+        if sizes[layer + 1] < sizes[layer]:
+            h = _aggregate_first(h, sizes[layer + 1], ptr, cols, ew, rs, width, fastrand, agg, dl, m, o, bias,
+                                 bias_off[layer])
+        else:
+            t = np.dot(h, m)
+            h = np.empty((sizes[layer + 1], o), dtype=np.float32)
+            _aggregate(t, ident, sizes[layer + 1], o, ptr, cols, ew, rs, width, fastrand, agg, dl, bias,
+                       bias_off[layer], h)
     if relu_last:
         _relu(h)
     return h, prev
