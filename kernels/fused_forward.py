@@ -161,17 +161,22 @@ def _aggregate(src, rows, n_out, o, ptr, cols, ew, rs, width, fastrand, agg, dl,
 
 
 @numba.njit(cache=True, nogil=True)
-def _aggregate_first(h, n_out, ptr, cols, ew, rs, width, fastrand, agg, dl, m, o, bias, b0):  # pragma: no cover
-    """Rows ``0 .. n_out - 1`` of a layer after the first from its input rows ``h`` (not yet transformed):
-    the kept rows are summed ``fin`` wide first, then one product per output row (gcn: ``z M``; sage:
-    ``h_i M_r + z M_n``). The same numbers as transforming every input row and then :func:`_aggregate`
-    (the layer is linear), with ``n_out x fin x tw`` instead of ``n_in x fin x tw`` multiplications: an
-    execution plan's layer has ``n_in = n_out (1 + S)`` at most."""
-    fin = h.shape[1]
+def _aggregate_first(src, rows, n_out, ptr, cols, ew, rs, width, fastrand, agg, dl, m, o, bias,
+                     b0):  # pragma: no cover - compiled
+    """Rows ``0 .. n_out - 1`` of a layer after the first from its input rows ``src[rows[j]]`` (not yet
+    transformed): the kept rows are summed ``fin`` wide first, then one product per output row (gcn:
+    ``z M``; sage: ``x_i M_r + z M_n``). The same numbers as transforming every input row and then
+    :func:`_aggregate` (the layer is linear), with ``n_out x fin x tw`` instead of ``n_in x fin x tw``
+    multiplications: an execution plan's layer has ``n_in = n_out (1 + S)`` at most. Returns the output
+    rows and the input rows of the outputs themselves (``[n_out, fin]``, gathered)."""
+    fin = src.shape[1]
     has_w = ew.shape[0] > 0
     given_scale = rs.shape[0] > 0
-    z = np.zeros((n_out, fin), dtype=np.float32)
+    xt = np.empty((n_out, fin), dtype=np.float32)
+    z = np.zeros((n_out, fin), dtype=np.float32)  # gcn: the normalised sum with the self term; sage: the mean
     for i in range(n_out):
+        xi = src[rows[i]]
+        xt[i] = xi
         acc = z[i]
         a = ptr[i]
         d = ptr[i + 1] - a
@@ -184,10 +189,9 @@ def _aggregate_first(h, n_out, ptr, cols, ew, rs, width, fastrand, agg, dl, m, o
             coef = ew[e] if has_w else np.float32(1.0)
             if agg == AGG_GCN:
                 coef *= dl[j]
-            xj = h[j]
+            xj = src[rows[j]]
             for c in range(fin):
                 acc[c] += coef * xj[c]
-        xi = h[i]
         if agg == AGG_GCN:
             di = dl[i]
             scale = (rs[i] if given_scale else np.float32(d / max(k, 1))) * di
@@ -200,12 +204,12 @@ def _aggregate_first(h, n_out, ptr, cols, ew, rs, width, fastrand, agg, dl, m, o
                 acc[c] *= inv
     if agg == AGG_GCN:
         out = np.dot(z, m)
-    else:
-        out = np.dot(h[:n_out], m[:, :o].copy()) + np.dot(z, m[:, o:].copy())
+    else:  # [x W_r^T | x W_n^T]: the root half of the row itself, the neighbour half of the mean
+        out = np.dot(xt, m[:, :o].copy()) + np.dot(z, m[:, o:].copy())
     for i in range(n_out):
         for c in range(o):
             out[i, c] += bias[b0 + c]
-    return out
+    return out, xt
 
 
 @numba.njit(cache=True, nogil=True)
@@ -235,8 +239,8 @@ def _layers(sizes, ptr, cols, ew, rs, width, fastrand, node_ids, table, agg, dl,
         fin, tw, o = dims[layer, 0], dims[layer, 1], dims[layer, 2]
         m = mats[mat_off[layer]:mat_off[layer] + fin * tw].reshape((fin, tw))
         if sizes[layer + 1] < sizes[layer]:
-            h = _aggregate_first(h, sizes[layer + 1], ptr, cols, ew, rs, width, fastrand, agg, dl, m, o, bias,
-                                 bias_off[layer])
+            h, _ = _aggregate_first(h, ident, sizes[layer + 1], ptr, cols, ew, rs, width, fastrand, agg, dl, m, o,
+                                    bias, bias_off[layer])
         else:
             t = np.dot(h, m)
             h = np.empty((sizes[layer + 1], o), dtype=np.float32)
@@ -302,47 +306,16 @@ def _inner(sizes, ptr, cols, ew, rs, node_ids, table, agg, dinv_g, dims, mats, m
 @numba.njit(cache=True, nogil=True)
 def _outer(sizes, ptr, cols, ew, rs, node_ids, acts, agg, dinv_g, fin, tw, o, mat,
            bias):  # pragma: no cover - compiled
-    r"""The last layer of a plain model on a one-layer plan, from the layer before's activations
-    ``acts`` (by global id): aggregate the input rows first, then transform each target's sum once
-    (the layer is linear: :math:`\sum_j c_j (x_j M) = (\sum_j c_j x_j) M`, so the plan's
-    ``B (1 + S)`` input rows are never transformed one by one), softmax."""
-    b = sizes[1]
-    m = mat.reshape((fin, tw))
-    has_w = ew.shape[0] > 0
-    given_scale = rs.shape[0] > 0
-    xt = np.empty((b, fin), dtype=np.float32)  # the targets' own rows (the embeddings)
-    z = np.zeros((b, fin), dtype=np.float32)  # gcn: the normalised sum with the self term; sage: the mean
-    for i in range(b):
-        xi = acts[node_ids[i]]
-        xt[i] = xi
-        acc = z[i]
-        a = ptr[i]
-        d = ptr[i + 1] - a  # the plan's rows hold the kept edges only
-        for e in range(a, a + d):
-            g = node_ids[cols[e]]
-            coef = ew[e] if has_w else np.float32(1.0)
-            if agg == AGG_GCN:
-                coef *= dinv_g[g]
-            xj = acts[g]
-            for c in range(fin):
-                acc[c] += coef * xj[c]
-        if agg == AGG_GCN:
-            di = dinv_g[node_ids[i]]
-            scale = (rs[i] if given_scale else np.float32(1.0)) * di
-            self_w = di * di
-            for c in range(fin):
-                acc[c] = acc[c] * scale + self_w * xi[c]
-        elif d > 0:
-            inv = np.float32(1.0) / np.float32(d)
-            for c in range(fin):
-                acc[c] *= inv
-    if agg == AGG_GCN:
-        h = np.dot(z, m)
-    else:  # [x W_r^T | x W_n^T]: the root half of the target's row, the neighbour half of the mean
-        h = np.dot(xt, m[:, :o].copy()) + np.dot(z, m[:, o:].copy())
-    for i in range(b):
-        for c in range(o):
-            h[i, c] += bias[c]
+    """The last layer of a plain model on a one-layer plan, from the layer before's activations
+    ``acts`` (by global id): aggregated first, then transformed once per target
+    (:func:`_aggregate_first`; the plan's ``B (1 + S)`` input rows are never transformed one by one),
+    softmax."""
+    n0 = sizes[0]
+    dl = np.empty(n0 if agg == AGG_GCN else 0, dtype=np.float32)
+    for j in range(dl.shape[0]):
+        dl[j] = dinv_g[node_ids[j]]
+    h, xt = _aggregate_first(acts, node_ids, sizes[1], ptr, cols, ew, rs, 0, False, agg, dl, mat.reshape((fin, tw)),
+                             o, bias, 0)
     probs, labels = _softmax(h)
     return h, probs, labels, xt
 
