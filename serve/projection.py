@@ -22,6 +22,7 @@ runtime's single worker per model.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -222,6 +223,7 @@ class ActivationCache:
                                  "table)")
         self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._filled: dict[int, int] = {}  # rows held per width
+        self._count_lock = threading.Lock()  # _filled exact under --workers threads (they write equal rows)
         self.hits = 0
         self.misses = 0
 
@@ -288,8 +290,10 @@ class ActivationCache:
                 proj = self.projections.table_for(inner.node_ids)
                 assert proj is not None, "the activation cache reads an enabled projection cache"
                 table[missing] = plan_inner_cpu(inner, self.params, proj.numpy(), self.dinv)
-            valid[missing] = True
-            self._filled[width] += len(missing)  # node_ids are distinct
+            with self._count_lock:  # --workers threads may have filled some of the same rows meanwhile
+                fresh = int(np.count_nonzero(~valid[missing]))  # node_ids are distinct
+                valid[missing] = True
+                self._filled[width] += fresh
         return table
 
     def _remote_rows(self, missing: np.ndarray, width: int) -> np.ndarray:

@@ -164,3 +164,21 @@ def test_a_resident_width_is_priced_by_the_last_layer(tiny_repo):
         wider = PredictCall("w", nodes, [], s + 1, 0, "default", 0.0, False, False)
         assert rt.estimate_work(wider) > int(np.minimum(deg, s + 1).sum())
         assert not rt._resident.holds(s + 1)
+
+
+def test_concurrent_fills_count_each_row_once(ds):  # noqa: F811
+    """Several --workers threads filling overlapping rows of one width: every row held is counted once, so
+    ``complete`` turns true exactly when every node's row is held (it prices requests)."""
+    import concurrent.futures
+
+    _, _, _, acts = _caches(ds, "gcn", 1 << 22)
+    n = ds.graph.num_nodes
+    assert acts.has_table(4)
+    rng = np.random.default_rng(3)
+    chunks = [np.unique(rng.choice(n, 60)) for _ in range(12)]  # overlapping sets of distinct ids
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda ids: acts.table_for(ids, 4), chunks))
+    held = int(np.count_nonzero(acts._tables[4][1][:n]))
+    assert acts._filled[4] == held < n and not acts.complete(4)
+    acts.table_for(np.arange(n), 4)
+    assert acts.complete(4) and acts._filled[4] == n
