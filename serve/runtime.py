@@ -613,6 +613,13 @@ class ModelRuntime:
                 got = prefetch()
                 log.info("model %s v%s: %.0f MiB of PPR index read into the page cache in %.1f s", self.name,
                          self.version, got / 2**20, time.perf_counter() - t0)
+        if self._resident is not None:  # the tables of the widths clients pick (knob table), default first
+            t0 = time.perf_counter()
+            default = resolve_knobs(self.limits, None, None, None)[0]
+            widths = [default, *sorted({r.sampling_width for r in self.limits.knob_table} - {default})]
+            built = [w for w in widths if self._resident.has_table(w)]
+            log.info("model %s v%s: resident first-layer tables of widths %s built in %.2f s", self.name,
+                     self.version, built, time.perf_counter() - t0)
         for width in {self.limits.default_sampling_width, 0}:
             # every path a batch of existing nodes can take (an L-hop model's induced scopes serve only
             # batches with new nodes: not warmed, an exact scope of a deep model can be the whole graph)

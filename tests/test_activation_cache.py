@@ -156,7 +156,10 @@ def test_a_resident_width_is_priced_by_the_last_layer(tiny_repo):
     with ServerThread(tiny_repo, {"poll_s": 0, "runtime_kw": {"resident": True}}) as srv:
         rt = srv.server.registry.get("gcn")
         s = resolve_knobs(rt.limits, None, None, None)[0]
-        assert rt._resident.holds(s) and not rt._resident.holds(s + 1)  # the warm-up built the default width
+        # the warm-up built the default width's table and the knob table's widths (what clients pick)
+        knob_widths = {r.sampling_width for r in rt.limits.knob_table}
+        assert rt._resident.holds(s) and all(rt._resident.holds(w) for w in knob_widths)
+        assert s + 1 not in knob_widths and not rt._resident.holds(s + 1)
         nodes = np.array([3, 9, 700])
         deg = rt.graph.degrees[nodes]
         call = PredictCall("w", nodes, [], s, 0, "default", 0.0, False, False)
