@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 PAD_MAX = 256
 #: rows per chunk when recomputing first-layer rows after an update (bounds the gathered slots)
 REFRESH_ROWS = 8192
+#: rows per chunk when a GPU builds a width's first-layer table from its kept edges
+BUILD_ROWS = 16384
 
 
 def bucket_of(n: int) -> int:
@@ -259,6 +261,8 @@ class ResidentPlain:
         self.projections = projections
         self.strategy = strategy
         self._room = WidthBudget(budget_bytes, reserved_width, "resident path", "its batches take the next path")
+        #: build first-layer tables from the kept edges rather than through sampled_spmm (:meth:`_full_table`)
+        self.build_from_slots = self.device.type == "cuda"
         last = model.convs[1]
         self.hidden = int(model.convs[0].out_channels)
         self.num_classes = int(last.out_channels)
@@ -328,9 +332,17 @@ class ResidentPlain:
         return True
 
     def _full_table(self, width: int) -> torch.Tensor:
-        """``relu(layer 1)`` of every node at ``width``: the model's own layer over the whole graph (the
-        ES-SpMM kernel on a GPU, the compiled CPU kernel on a CPU)."""
+        """``relu(layer 1)`` of every node at ``width``. On a CPU, the model's own layer over the whole graph
+        (the compiled ES-SpMM kernel); on a GPU (:attr:`build_from_slots`), the width's kept edges read
+        :data:`BUILD_ROWS` rows at a time, because the CUDA kernel would keep a second copy of the CSR on the
+        device (its own memo) for this one pass."""
         with torch.inference_mode():
+            if self.build_from_slots:
+                table = torch.empty((self.num_nodes, self.hidden), dtype=torch.float32, device=self.device)
+                for lo in range(0, self.num_nodes, BUILD_ROWS):
+                    rows = np.arange(lo, min(self.num_nodes, lo + BUILD_ROWS), dtype=np.int64)
+                    table[lo: lo + len(rows)] = self.first_layer_rows(rows, width)
+                return table
             p = self.projections()
             h = self.model.convs[0].aggregate(self.graph, p[: self.num_nodes], width or None, self.strategy)
             return torch.relu_(h).contiguous()

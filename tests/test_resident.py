@@ -89,15 +89,22 @@ def test_resident_answers_equal_the_full_graph_forward(arch, weighted, strategy)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_recomputed_rows_equal_the_table(arch):
+def test_recomputed_rows_equal_the_table(arch, monkeypatch):
     """The slot formula that recomputes first-layer rows after an update gives the rows of the full-graph
-    table (built by the model's own layer through sampled_spmm)."""
-    g, _, _, res = _setup(arch, 5, True, "fastrand")
+    table built by the model's own layer through sampled_spmm (a CPU's build), and a table built from the
+    kept edges in chunks (a GPU's build) equals it."""
+    import kernels.resident as resident
+
+    g, model, p, res = _setup(arch, 5, True, "fastrand")
     rows = np.array([0, 1, 3, 17, 400, g.num_nodes - 1], dtype=np.int64)
+    monkeypatch.setattr(resident, "BUILD_ROWS", 300)  # several chunks on this graph
+    sliced = ResidentPlain(model, g, lambda: p, strategy="fastrand", budget_bytes=1 << 26)
+    sliced.build_from_slots = True
     for width in (0, 4, PAD_MAX + 5):
-        assert res.has_table(width)
+        assert res.has_table(width) and sliced.has_table(width)
         np.testing.assert_allclose(res.first_layer_rows(rows, width).numpy(), res._tables[width][rows].numpy(),
                                    rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(sliced._tables[width].numpy(), res._tables[width].numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_rebase_recomputes_the_stale_rows_and_grows():
