@@ -437,14 +437,20 @@ class ResidentPlain:
         return _upload_ids(self, targets)
 
     def download(self, out: tuple[torch.Tensor, ...], b: int, width: int, want_emb: bool) -> tuple[np.ndarray, ...]:
-        """The outputs of :meth:`forward` (or a captured replay, ``b`` first rows) on the host."""
+        """The outputs of :meth:`forward` (its ``b`` first rows) on the host: one packed copy."""
+        return self.unpack_host(_fetch(self, self.pack(out, b, width, want_emb)), b, width, want_emb)
+
+    def pack(self, out: tuple[torch.Tensor, ...], b: int, width: int, want_emb: bool) -> torch.Tensor:
+        """The ``b`` first rows of :meth:`forward`'s outputs as one float32 device tensor."""
         probs, labels, kept, emb = out
         parts = [probs[:b].reshape(-1), labels[:b].float()]
         if width:
             parts.append(kept[:b].double().view(torch.float32))  # int64 counts, carried bit for bit
         if want_emb:
             parts.append(emb[:b].reshape(-1))
-        flat = _download(self, parts)
+        return torch.cat(parts)
+
+    def unpack_host(self, flat: np.ndarray, b: int, width: int, want_emb: bool) -> tuple[np.ndarray, ...]:
         return unpack(flat, b, self.num_classes, self.hidden, width, want_emb)
 
 
@@ -657,10 +663,16 @@ class ResidentShadow:
         return _upload_ids(self, targets)
 
     def download(self, out: tuple[torch.Tensor, ...], b: int, want_emb: bool) -> tuple[np.ndarray, ...]:
-        """The outputs of :meth:`forward` (or a captured replay, ``b`` first rows) on the host."""
+        """The outputs of :meth:`forward` (its ``b`` first rows) on the host: one packed copy."""
+        return self.unpack_host(_fetch(self, self.pack(out, b, want_emb)), b, want_emb)
+
+    def pack(self, out: tuple[torch.Tensor, ...], b: int, want_emb: bool) -> torch.Tensor:
+        """The ``b`` first rows of :meth:`forward`'s outputs as one float32 device tensor."""
         probs, labels, kept, total, emb = out
-        flat = _download(self, [probs[:b].reshape(-1), labels[:b].float(), kept[:b].double().view(torch.float32),
-                                total[:b].double().view(torch.float32), emb[:b].reshape(-1)])
+        return torch.cat([probs[:b].reshape(-1), labels[:b].float(), kept[:b].double().view(torch.float32),
+                          total[:b].double().view(torch.float32), emb[:b].reshape(-1)])
+
+    def unpack_host(self, flat: np.ndarray, b: int, want_emb: bool) -> tuple[np.ndarray, ...]:
         c = self.num_classes
         pos = b * c
         out_p = flat[:pos].reshape(b, c)
@@ -674,23 +686,31 @@ class ResidentShadow:
         return out_p, out_l, out_k, out_t, out_e
 
 
+def _stage_ids(owner: Any, targets: np.ndarray, size: int | None = None) -> torch.Tensor:
+    """``targets`` as a host int64 tensor of ``size`` entries (default their count; the rest filled with
+    the first id): the owner's pinned buffer on a GPU, so that the upload does not block."""
+    n = len(targets)
+    size = n if size is None else int(size)
+    if owner.device.type != "cuda":
+        ids = np.empty(size, dtype=np.int64)
+    else:
+        if owner._pinned_in is None or owner._pinned_in.numel() < size:
+            owner._pinned_in = torch.empty(bucket_of(size), dtype=torch.int64, pin_memory=True)
+        ids = owner._pinned_in[:size].numpy()
+    ids[:n] = targets
+    ids[n:] = targets[0] if n else 0
+    return torch.from_numpy(ids) if owner.device.type != "cuda" else owner._pinned_in[:size]
+
+
 def _upload_ids(owner: Any, targets: np.ndarray) -> torch.Tensor:
     """``targets`` on ``owner.device``: through the owner's pinned buffer, without blocking, on a GPU."""
-    ids = torch.from_numpy(np.ascontiguousarray(targets, dtype=np.int64))
-    if owner.device.type != "cuda":
-        return ids
-    n = ids.numel()
-    if owner._pinned_in is None or owner._pinned_in.numel() < n:
-        owner._pinned_in = torch.empty(bucket_of(n), dtype=torch.int64, pin_memory=True)
-    buf = owner._pinned_in[:n]
-    buf.copy_(ids)
-    return buf.to(owner.device, non_blocking=True)
+    ids = _stage_ids(owner, targets)
+    return ids if owner.device.type != "cuda" else ids.to(owner.device, non_blocking=True)
 
 
-def _download(owner: Any, parts: list[torch.Tensor]) -> np.ndarray:
-    """The float32 ``parts`` concatenated on the host: one copy into the owner's pinned buffer and one wait
+def _fetch(owner: Any, packed: torch.Tensor) -> np.ndarray:
+    """A packed float32 device tensor on the host: one copy into the owner's pinned buffer and one wait
     on a GPU."""
-    packed = torch.cat(parts)
     if owner.device.type != "cuda":
         return packed.numpy()
     if owner._pinned_out is None or owner._pinned_out.numel() < packed.numel():
@@ -722,7 +742,7 @@ class CapturedForward:
         self.r = resident
         self.shadow = isinstance(resident, ResidentShadow)
         self.max_bucket = int(max_bucket)
-        self._graphs: dict[tuple[int, int, int, bool], tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]] = {}
+        self._graphs: dict[tuple[int, int, int, bool], tuple[Any, torch.Tensor, torch.Tensor]] = {}
         self._generation = resident.generation
         self.captures = 0
         self.replays = 0
@@ -730,10 +750,14 @@ class CapturedForward:
     def accepts(self, targets: int, width: int) -> bool:
         return 0 < targets <= self.max_bucket and (self.shadow or 0 < width <= PAD_MAX)
 
-    def _forward(self, rows: torch.Tensor, width: int, budget: int, want_emb: bool) -> tuple[torch.Tensor, ...]:
+    def _forward(self, rows: torch.Tensor, width: int, budget: int, want_emb: bool) -> torch.Tensor:
+        """The forward and the packing of its outputs for a whole bucket (what a graph captures)."""
+        b = rows.numel()
         if self.shadow:
-            return self.r.forward(rows, width, budget, want_emb)  # type: ignore[call-arg]
-        return self.r.forward(rows, None, width, want_emb)  # type: ignore[call-arg]
+            out = self.r.forward(rows, width, budget, want_emb)  # type: ignore[call-arg]
+            return self.r.pack(out, b, want_emb)  # type: ignore[call-arg]
+        out = self.r.forward(rows, None, width, want_emb)  # type: ignore[call-arg]
+        return self.r.pack(out, b, width, want_emb)  # type: ignore[call-arg]
 
     def answer(self, targets: np.ndarray, width: int, want_emb: bool, budget: int = 0) -> tuple[np.ndarray, ...]:
         r = self.r
@@ -754,27 +778,30 @@ class CapturedForward:
         graph, static_in, static_out = entry
         r.batches += 1
         r.targets += b
+        bucket = static_in.numel()
         with torch.inference_mode():
-            ids = r.upload_ids(targets)
-            static_in[:b].copy_(ids, non_blocking=True)
-            if b < static_in.numel():
-                static_in[b:].copy_(ids[:1].expand(static_in.numel() - b), non_blocking=True)
+            # per batch: one upload of the padded ids, one replay, one copy back (the packing is captured)
+            static_in.copy_(_stage_ids(r, targets, bucket), non_blocking=True)
             graph.replay()
             self.replays += 1
-            if self.shadow:
-                return r.download(static_out, b, want_emb)  # type: ignore[call-arg]
-            return r.download(static_out, b, width, want_emb)  # type: ignore[call-arg]
+            flat = _fetch(r, static_out)
+            if self.emulate:  # on a CPU that is a view of the static output, which the next replay overwrites
+                flat = flat.copy()
+        if self.shadow:
+            full = r.unpack_host(flat, bucket, want_emb)  # type: ignore[call-arg]
+        else:
+            full = r.unpack_host(flat, bucket, width, want_emb)  # type: ignore[call-arg]
+        return tuple(None if part is None else part[:b] for part in full)
 
-    def _capture(self, bucket: int, width: int, budget: int, want_emb: bool
-                 ) -> tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]:
+    def _capture(self, bucket: int, width: int, budget: int, want_emb: bool) -> tuple[Any, torch.Tensor, torch.Tensor]:
         r = self.r
         static_in = torch.zeros(bucket, dtype=torch.int64, device=r.device)
         if self.emulate:
             self.captures += 1
             with torch.inference_mode():
                 host = _HostGraph(lambda: self._forward(static_in, width, budget, want_emb))
-                host.outputs = tuple(t.clone() for t in host.run())
-            return host, static_in, host.outputs
+                host.output = host.run().clone()
+            return host, static_in, host.output
         with torch.inference_mode():
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -792,12 +819,11 @@ class CapturedForward:
 
 
 class _HostGraph:
-    """:class:`CapturedForward`'s stand-in for a CUDA graph on a CPU: ``replay`` recomputes into the outputs."""
+    """:class:`CapturedForward`'s stand-in for a CUDA graph on a CPU: ``replay`` recomputes into the output."""
 
     def __init__(self, run: Any) -> None:
         self.run = run
-        self.outputs: tuple[torch.Tensor, ...] = ()
+        self.output = torch.empty(0)
 
     def replay(self) -> None:
-        for dst, src in zip(self.outputs, self.run(), strict=True):
-            dst.copy_(src)
+        self.output.copy_(self.run())
