@@ -432,3 +432,35 @@ def _process(rt, nodes, width):
     res = rt.process([WorkItem(call, len(nodes), None, None, time.monotonic(), _WarmupFuture())])[0]
     assert not isinstance(res, BaseException), res
     return res
+
+
+def test_serve_cli_resident_answers_like_the_default_server(tiny_repo, tmp_path):
+    """`gnnserve serve --resident` (a subprocess, the flag through the CLI): plain and shaDow requests,
+    exact and sampled, answer as the default server does, and its log says the models are resident."""
+    import grpc
+
+    from clients._gen import gnnserve_pb2 as pb
+    from clients._gen import gnnserve_pb2_grpc as pbg
+
+    from .serving import ServerProcess
+
+    def ask(address):
+        out = []
+        with grpc.insecure_channel(address) as ch:
+            stub = pbg.GnnServiceStub(ch)
+            for model in ("gcn", "shadow"):
+                for width in (0, 3):
+                    r = stub.Predict(pb.PredictRequest(model=model, nodes=[5, 77, 300, 5], sampling_width=width,
+                                                       return_probabilities=True), timeout=60)
+                    out.append((np.asarray(r.probabilities), r.settings.edges_kept, r.settings.edges_total))
+        return out
+
+    log = tmp_path / "resident.log"
+    with ServerProcess(tiny_repo, "--poll-s", "0") as base, \
+            ServerProcess(tiny_repo, "--poll-s", "0", "--resident", "--log-level", "INFO", log_path=log) as res:
+        want, got = ask(base.address), ask(res.address)
+    for (pw, kw, tw), (pg, kg, tg) in zip(want, got, strict=True):
+        np.testing.assert_allclose(pg, pw, rtol=1e-4, atol=1e-5)
+        assert (kg, tg) == (kw, tw)
+    text = log.read_text()
+    assert "model gcn v1: resident on cpu" in text and "model shadow v1: resident on cpu" in text
