@@ -75,12 +75,13 @@ def bucket_of(n: int) -> int:
 
 
 class WidthBudget:
-    """Which sampling widths get a per-node table (``[N, H]`` per width) within a byte budget: a width is
-    admitted while its table fits beside those held, with room always kept for ``reserved_width`` (the
-    model's default width) until it has its table, so widths that clients choose cannot take the budget
-    from the width a knob-less request gets. A refusal is logged once per width: as a warning when no
-    table fits at all (a configuration to fix), else as information, with ``consequence`` (formatted with
-    ``table_bytes``)."""
+    """Which sampling widths get their per-node state (an ``[N, H]`` table, and for the resident path the
+    width's kept edges) within a byte budget: a width is admitted while its state fits beside that of the
+    widths held, with room always kept for ``reserved_width`` (the model's default width) until it has its
+    own, so widths that clients choose cannot take the budget from the width a knob-less request gets.
+    ``size_of(width)`` gives a width's bytes. A refusal is logged once per width: as a warning when no
+    width fits at all (a configuration to fix), else as information, with ``consequence`` (formatted with
+    ``table_bytes``, the refused width's bytes)."""
 
     def __init__(self, budget_bytes: int, reserved_width: int | None, owner: str, consequence: str) -> None:
         self.budget_bytes = int(budget_bytes)
@@ -89,17 +90,20 @@ class WidthBudget:
         self.consequence = consequence
         self.refused: set[int] = set()
 
-    def admits(self, width: int, held: Any, table_bytes: int) -> bool:
-        """Whether a table for ``width`` fits beside the widths ``held`` (a container of widths)."""
-        held_back = int(self.reserved_width is not None and width != self.reserved_width
-                        and self.reserved_width not in held)
-        if (len(held) + 1 + held_back) * table_bytes <= self.budget_bytes:
+    def admits(self, width: int, held: Any, size_of: Any) -> bool:
+        """Whether ``width``'s state fits beside that of the widths ``held`` (a container of widths)."""
+        reserved = self.reserved_width
+        need = size_of(width) + sum(size_of(w) for w in held)
+        if reserved is not None and width != reserved and reserved not in held:
+            need += size_of(reserved)
+        if need <= self.budget_bytes:
             return True
         if width not in self.refused:  # said once per width
             self.refused.add(width)
+            mine = size_of(width)
             log.log(logging.WARNING if not held else logging.INFO,
-                    "%s: no room for width %d (%d tables of %d bytes fill the %d-byte budget); %s", self.owner,
-                    width, len(held), table_bytes, self.budget_bytes, self.consequence.format(table_bytes=table_bytes))
+                    "%s: no room for width %d (%d widths held; %d bytes needed with it, budget %d); %s", self.owner,
+                    width, len(held), need, self.budget_bytes, self.consequence.format(table_bytes=mine))
         return False
 
 
@@ -305,6 +309,13 @@ class ResidentPlain:
         """Whether the table of ``width`` is built (:meth:`has_table` may build it)."""
         return width in self._tables
 
+    def width_bytes(self, width: int) -> int:
+        """The device bytes a width holds: its first-layer table and its kept edges (:class:`WidthCSR`:
+        row pointers, kept counts and 2-layer counts per node, a column and a coefficient per kept edge)."""
+        deg = self.dg.deg_host
+        kept = int((np.minimum(deg, width) if width else deg).sum())
+        return self.table_bytes + 8 * (self.num_nodes + 1) + 16 * self.num_nodes + 12 * (kept + 1)
+
     def nbytes(self) -> int:
         """Device bytes: the graph, the first-layer tables and each width's kept edges."""
         return self.dg.nbytes() + len(self._tables) * self.table_bytes + sum(c.nbytes() for c in self._csr.values())
@@ -323,7 +334,7 @@ class ResidentPlain:
         with self.lock:
             if width in self._tables:  # built by another worker meanwhile
                 return True
-            if not self._room.admits(width, self._tables, self.table_bytes):
+            if not self._room.admits(width, self._tables, self.width_bytes):
                 return False
             with torch.inference_mode():
                 self._csr[width] = width_csr(self.dg, width, self.strategy, self.dinv)

@@ -236,7 +236,7 @@ class ActivationCache:
         room stays for the reserved width; a width refused runs the whole plan)."""
         if width in self._tables:
             return True
-        if not self._room.admits(width, self._tables, self.table_bytes):
+        if not self._room.admits(width, self._tables, lambda _w: self.table_bytes):
             return False
         cap = self._capacity()
         self._tables[width] = (np.empty((cap, self.dim), dtype=np.float32), np.zeros(cap, dtype=bool))

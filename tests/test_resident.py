@@ -131,14 +131,18 @@ def test_rebase_recomputes_the_stale_rows_and_grows():
 
 
 def test_table_budget_keeps_room_for_the_default_width():
-    g, model, p, _ = _setup("gcn", 7, False, "fastrand")
-    table = g.num_nodes * 16 * 4
-    res = ResidentPlain(model, g, lambda: p, strategy="fastrand", budget_bytes=2 * table, reserved_width=8)
-    assert res.has_table(3)  # one table, one kept back for width 8
+    """The budget counts each width's table and kept edges (width_bytes), and keeps room for the default
+    width until it has them."""
+    g, model, p, probe = _setup("gcn", 7, False, "fastrand")
+    sizes = {w: probe.width_bytes(w) for w in (3, 5, 8)}
+    assert sizes[3] < sizes[5] < sizes[8]  # more kept edges at a wider width
+    assert sizes[3] > g.num_nodes * 16 * 4  # the table plus the kept edges
+    res = ResidentPlain(model, g, lambda: p, strategy="fastrand", budget_bytes=sizes[3] + sizes[8], reserved_width=8)
+    assert res.has_table(3)  # its state, and room kept back for width 8
     assert not res.has_table(5)
     assert res.has_table(8)
     assert res.widths() == [3, 8]
-    assert res.stats()["bytes"] == 2 * table + res.dg.nbytes() + sum(c.nbytes() for c in res._csr.values())
+    assert res.stats()["bytes"] == res.dg.nbytes() + sizes[3] + sizes[8] == res.nbytes()
 
 
 class _Ops(TorchDispatchMode):
