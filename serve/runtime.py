@@ -299,8 +299,11 @@ class ModelRuntime:
         self._resident: Any = None
         self._resident_shadow: Any = None
         self._captured: Any = None
-        if options.resident or options.serving_path == "plain-resident":
+        if options.resident or options.serving_path in ("plain-resident", "shadow-resident"):
             self._resident_init()
+        if options.cuda_graphs and (self._captured is None):
+            log.warning("model %s v%s: --cuda-graphs ignored (it needs --resident on --device cuda and a model "
+                        "that takes a resident path)", name, version)
         # a resident model keeps its first-layer tables on its device: no second copy in an ActivationCache,
         # except on a GPU, where batches under gpu_min_targets still take the compiled CPU paths
         keeps_acts = ((self._resident is None or on_gpu) and self._act_params is not None and self.extractor == "lhop"

@@ -468,3 +468,14 @@ def test_serve_cli_resident_answers_like_the_default_server(tiny_repo, tmp_path)
         assert (kg, tg) == (kw, tw)
     text = log.read_text()
     assert "model gcn v1: resident on cpu" in text and "model shadow v1: resident on cpu" in text
+
+
+def test_cuda_graphs_without_a_gpu_is_said_and_ignored(tiny_repo, caplog):
+    """--cuda-graphs on a CPU server: a warning per model, the resident paths still serve."""
+    from .serving import ServerThread
+
+    with caplog.at_level("WARNING", logger="serve.runtime"), \
+            ServerThread(tiny_repo, {"runtime_kw": {"resident": True, "cuda_graphs": True}}) as srv:
+        rt = srv.server.registry.get("gcn")
+        assert rt._captured is None and rt.paths[0].name == "plain-resident"
+    assert any("--cuda-graphs ignored" in r.getMessage() for r in caplog.records)
