@@ -8,10 +8,11 @@ the model's device once:
 
 * the CSR (``indptr``, ``indices``, ``weights``), the row lengths and the GCN :math:`D^{-1/2}`;
 * the first-layer projection table ``P`` ``[N, P]`` (:class:`serve.projection.ProjectionCache`);
-* per sampling width ``S``, the ReLU'd first-layer output of every node ``H_S`` ``[N, H]``, computed
-  by one full-graph :func:`kernels.spmm.sampled_spmm` (the ES-SpMM kernel on a GPU): the rows layer 1
-  computes for node ``i`` at width ``S`` depend on ``i`` and ``S`` only, so one table serves every
-  batch at that width (the same argument as :class:`serve.projection.ActivationCache`);
+* per sampling width ``S``, the ReLU'd first-layer output of every node ``H_S`` ``[N, H]`` (on a CPU
+  one full-graph :func:`kernels.spmm.sampled_spmm`, the compiled ES-SpMM kernel; on a GPU from the
+  width's kept edges below, in chunks): the rows layer 1 computes for node ``i`` at width ``S`` depend on
+  ``i`` and ``S`` only, so one table serves every batch at that width (the same argument as
+  :class:`serve.projection.ActivationCache`);
 * per width, its kept edges with their coefficients and every node's 2-layer kept-edge count
   (:class:`WidthCSR`, the sampled graph built once on the device), so a batch reads slices instead of
   sampling again (a third of the operators a batch ran when it sampled per request).
