@@ -57,8 +57,8 @@ import torch
 from .graph import CSRGraph
 from .spmm import _gcn_dinv, sample_positions
 
-__all__ = ["PAD_MAX", "CapturedForward", "DeviceGraph", "ResidentPlain", "ResidentShadow", "WidthBudget", "bucket_of",
-           "unpack"]
+__all__ = ["PAD_MAX", "CapturedForward", "DeviceGraph", "ResidentPlain", "ResidentShadow", "WidthBudget",
+           "bucket_of"]
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +110,11 @@ class WidthBudget:
 
 @dataclass
 class DeviceGraph:
-    """A :class:`~kernels.graph.CSRGraph` on a device (on a CPU, the host's arrays themselves). Masked
-    slots point at edge 0 with weight 0 (a graph without edges gets one dummy edge for them)."""
+    """A :class:`~kernels.graph.CSRGraph` on a device (on a CPU, the host's arrays themselves)."""
 
     indptr: torch.Tensor  # int64 [N + 1]
-    indices: torch.Tensor  # int32 / int64 [max(E, 1)]
-    weights: torch.Tensor | None  # float32 [max(E, 1)]
+    indices: torch.Tensor  # int32 / int64 [E]
+    weights: torch.Tensor | None  # float32 [E]
     deg: torch.Tensor  # int64 [N]
     deg_host: np.ndarray  # int64 [N]: the host's row lengths (sizes computed without the device)
     num_nodes: int
@@ -123,17 +122,17 @@ class DeviceGraph:
 
     @classmethod
     def upload(cls, graph: CSRGraph, device: torch.device) -> DeviceGraph:
-        idx = np.asarray(graph.indices)
-        w = None if graph.weights is None else np.asarray(graph.weights, dtype=np.float32)
-        if graph.num_edges == 0:  # one dummy edge for masked slots to point at
-            idx, w = np.zeros(1, idx.dtype), None if w is None else np.zeros(1, np.float32)
+        w = None if graph.weights is None else _tensor(np.asarray(graph.weights, dtype=np.float32), device)
         indptr = _tensor(np.asarray(graph.indptr, dtype=np.int64), device)
-        return cls(indptr, _tensor(idx, device), None if w is None else _tensor(w, device), indptr[1:] - indptr[:-1],
+        return cls(indptr, _tensor(np.asarray(graph.indices), device), w, indptr[1:] - indptr[:-1],
                    np.asarray(graph.degrees, dtype=np.int64), graph.num_nodes, graph.num_edges)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.indptr, self.indices, self.deg)
-                   if t is not None) + (self.weights.numel() * 4 if self.weights is not None else 0)
+        return _nbytes(self.indptr, self.indices, self.deg, self.weights)
+
+
+def _nbytes(*tensors: torch.Tensor | None) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
 def _tensor(a: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -158,8 +157,7 @@ class WidthCSR:
     kept2: torch.Tensor | None  # int64 [N]: a 2-layer path's kept edges per node (sampled widths)
 
     def nbytes(self) -> int:
-        ts = [self.crow, self.col, self.coef, self.k] + ([self.kept2] if self.kept2 is not None else [])
-        return sum(t.numel() * t.element_size() for t in ts)
+        return _nbytes(self.crow, self.col, self.coef, self.k, self.kept2)
 
 
 def width_csr(dg: DeviceGraph, width: int, strategy: str, dinv: torch.Tensor | None) -> WidthCSR:
@@ -240,7 +238,59 @@ def slot_sum(s: Slots, x: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.zeros(rows, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, s.seg, xs)
 
 
-class ResidentPlain:
+class _OnDevice:
+    """What both resident models keep beside their data: one batch at a time on the device state (a lock:
+    its pinned buffers and a captured graph's static tensors are shared by ``--workers`` threads), the
+    counters their statistics report, a ``generation`` bumped whenever a tensor a captured graph reads is
+    replaced, and the two transfers of a batch (ids up through a pinned buffer, one packed copy back)."""
+
+    def _init_device_state(self, device: torch.device) -> None:
+        self.device = device
+        self.lock = threading.Lock()
+        self.generation = 0
+        self.batches = 0
+        self.targets = 0
+        self._pinned_in: torch.Tensor | None = None
+        self._pinned_out: torch.Tensor | None = None
+        self._event = torch.cuda.Event() if device.type == "cuda" else None
+
+    def stage_ids(self, targets: np.ndarray, size: int | None = None) -> torch.Tensor:
+        """``targets`` as a host int64 tensor of ``size`` entries (default their count; the rest filled
+        with the first id): the pinned buffer on a GPU, so that the upload does not block."""
+        n = len(targets)
+        size = n if size is None else int(size)
+        if self.device.type != "cuda":
+            ids = torch.empty(size, dtype=torch.int64)
+        else:
+            if self._pinned_in is None or self._pinned_in.numel() < size:
+                self._pinned_in = torch.empty(bucket_of(size), dtype=torch.int64, pin_memory=True)
+            ids = self._pinned_in[:size]
+        view = ids.numpy()
+        view[:n] = targets
+        view[n:] = targets[0] if n else 0
+        return ids
+
+    def upload_ids(self, targets: np.ndarray) -> torch.Tensor:
+        """``targets`` on the device: through the pinned buffer, without blocking, on a GPU."""
+        ids = self.stage_ids(targets)
+        return ids if self.device.type != "cuda" else ids.to(self.device, non_blocking=True)
+
+    def fetch(self, packed: torch.Tensor) -> np.ndarray:
+        """A packed float32 device tensor on the host: one copy into the pinned buffer and one wait on a GPU
+        (on a CPU, a view of ``packed``)."""
+        if self.device.type != "cuda":
+            return packed.numpy()
+        if self._pinned_out is None or self._pinned_out.numel() < packed.numel():
+            self._pinned_out = torch.empty(max(packed.numel(), 1 << 12), dtype=torch.float32, pin_memory=True)
+        host = self._pinned_out[: packed.numel()]
+        host.copy_(packed, non_blocking=True)
+        assert self._event is not None
+        self._event.record()
+        self._event.synchronize()
+        return host.numpy().copy()
+
+
+class ResidentPlain(_OnDevice):
     """A plain 2-layer GCN / GraphSAGE, its graph, projections and first-layer tables on one device
     (module docstring).
 
@@ -262,7 +312,7 @@ class ResidentPlain:
             raise ValueError("the resident path serves plain 2-layer GCN / GraphSAGE models")
         self.model = model
         self.gcn = model.plan_aggregator == AGG_GCN
-        self.device = next(model.parameters()).device
+        self._init_device_state(next(model.parameters()).device)
         self.projections = projections
         self.strategy = strategy
         self._room = WidthBudget(budget_bytes, reserved_width, "resident path", "its batches take the next path")
@@ -282,16 +332,7 @@ class ResidentPlain:
             self._b1 = first.bias.detach().clone() if first.bias is not None else torch.zeros(self.hidden, device=self.device)
         self._tables: dict[int, torch.Tensor] = {}
         self._csr: dict[int, WidthCSR] = {}  # the kept edges per width, beside its table
-        self.batches = 0
-        self.targets = 0
-        #: one batch at a time on the device state (its pinned buffers, a captured graph's static tensors),
-        #: whatever the number of worker threads (--workers)
-        self.lock = threading.Lock()
-        self.generation = 0  # bumped whenever a tensor a captured graph reads is replaced
         self._install(graph, DeviceGraph.upload(graph, self.device))
-        self._pinned_in: torch.Tensor | None = None
-        self._pinned_out: torch.Tensor | None = None
-        self._event = torch.cuda.Event() if self.device.type == "cuda" else None
 
     # ------------------------------------------------------------------ state
     def _install(self, graph: CSRGraph, dg: DeviceGraph) -> None:
@@ -349,13 +390,13 @@ class ResidentPlain:
         :data:`BUILD_ROWS` rows at a time, because the CUDA kernel would keep a second copy of the CSR on the
         device (its own memo) for this one pass."""
         with torch.inference_mode():
+            p = self.projections()
             if self.build_from_slots:
                 table = torch.empty((self.num_nodes, self.hidden), dtype=torch.float32, device=self.device)
                 for lo in range(0, self.num_nodes, BUILD_ROWS):
                     rows = np.arange(lo, min(self.num_nodes, lo + BUILD_ROWS), dtype=np.int64)
-                    table[lo: lo + len(rows)] = self.first_layer_rows(rows, width)
+                    table[lo: lo + len(rows)] = self.first_layer_rows(rows, width, p)
                 return table
-            p = self.projections()
             h = self.model.convs[0].aggregate(self.graph, p[: self.num_nodes], width or None, self.strategy)
             return torch.relu_(h).contiguous()
 
@@ -371,6 +412,7 @@ class ResidentPlain:
             stale = np.union1d(stale, np.arange(n_old, graph.num_nodes, dtype=np.int64))
         done = 0
         with torch.inference_mode():  # the tables are inference tensors: written in that mode only
+            p = self.projections() if self._tables else None
             if dg is not None:  # every width's kept edges again, on the new graph (whole: O(E) on the device)
                 for width in list(self._csr):
                     self._csr[width] = width_csr(self.dg, width, self.strategy, self.dinv)
@@ -382,15 +424,16 @@ class ResidentPlain:
                     self.generation += 1
                 for lo in range(0, len(stale), REFRESH_ROWS):
                     part = stale[lo: lo + REFRESH_ROWS]
-                    table[torch.from_numpy(part).to(self.device)] = self.first_layer_rows(part, width)
+                    table[torch.from_numpy(part).to(self.device)] = self.first_layer_rows(part, width, p)
                 done += len(stale)
         return done
 
     # ------------------------------------------------------------------ the layers
-    def first_layer_rows(self, rows: np.ndarray, width: int) -> torch.Tensor:
-        """``relu(layer 1)`` of ``rows`` at ``width`` from the width's kept edges (the rows an update changed)."""
+    def first_layer_rows(self, rows: np.ndarray, width: int, p: torch.Tensor | None = None) -> torch.Tensor:
+        """``relu(layer 1)`` of ``rows`` at ``width`` from the width's kept edges (the rows an update changed);
+        ``p``: the complete projection table, when the caller has it (fetched here otherwise)."""
         with torch.inference_mode():
-            p = self.projections()
+            p = self.projections() if p is None else p
             r = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(self.device)
             s = self._slots(r, rows, width)
             if self.gcn:
@@ -444,13 +487,9 @@ class ResidentPlain:
             out = self.forward(rows, targets, width, want_emb)
             return self.download(out, len(targets), width, want_emb)
 
-    def upload_ids(self, targets: np.ndarray) -> torch.Tensor:
-        """The ids on the device: through a pinned buffer, without blocking, on a GPU."""
-        return _upload_ids(self, targets)
-
     def download(self, out: tuple[torch.Tensor, ...], b: int, width: int, want_emb: bool) -> tuple[np.ndarray, ...]:
         """The outputs of :meth:`forward` (its ``b`` first rows) on the host: one packed copy."""
-        return self.unpack_host(_fetch(self, self.pack(out, b, width, want_emb)), b, width, want_emb)
+        return self.unpack_host(self.fetch(self.pack(out, b, width, want_emb)), b, width, want_emb)
 
     def pack(self, out: tuple[torch.Tensor, ...], b: int, width: int, want_emb: bool) -> torch.Tensor:
         """The ``b`` first rows of :meth:`forward`'s outputs as one float32 device tensor."""
@@ -462,26 +501,23 @@ class ResidentPlain:
             parts.append(emb[:b].reshape(-1))
         return torch.cat(parts)
 
-    def unpack_host(self, flat: np.ndarray, b: int, width: int, want_emb: bool) -> tuple[np.ndarray, ...]:
-        return unpack(flat, b, self.num_classes, self.hidden, width, want_emb)
+    def unpack_host(self, flat: np.ndarray, b: int, width: int,
+                    want_emb: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Split :meth:`pack`'s buffer (``b`` rows) into ``(probs, labels, kept or None, emb or None)``."""
+        classes, hidden = self.num_classes, self.hidden
+        pos = b * classes
+        probs = flat[:pos].reshape(b, classes)
+        labels = flat[pos: pos + b].astype(np.int64)
+        pos += b
+        kept = None
+        if width:
+            kept = np.rint(flat[pos: pos + 2 * b].view(np.float64)).astype(np.int64)
+            pos += 2 * b
+        emb = flat[pos: pos + b * hidden].reshape(b, hidden) if want_emb else None
+        return probs, labels, kept, emb
 
 
-def unpack(flat: np.ndarray, b: int, classes: int, hidden: int, width: int,
-           want_emb: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """Split :meth:`ResidentPlain.download`'s packed float32 buffer into its parts."""
-    pos = b * classes
-    probs = flat[:pos].reshape(b, classes)
-    labels = flat[pos: pos + b].astype(np.int64)
-    pos += b
-    kept = None
-    if width:
-        kept = np.rint(flat[pos: pos + 2 * b].view(np.float64)).astype(np.int64)
-        pos += 2 * b
-    emb = flat[pos: pos + b * hidden].reshape(b, hidden) if want_emb else None
-    return probs, labels, kept, emb
-
-
-class ResidentShadow:
+class ResidentShadow(_OnDevice):
     r"""A shaDow-GNN (GCN or GraphSAGE backbone), its PPR lists, induced table and projections on one device.
 
     A batch of ``B`` targets at PPR budget ``K'`` and width ``S`` runs as dense ``[B, K', K']`` blocks, one
@@ -510,7 +546,7 @@ class ResidentShadow:
             raise ValueError("ResidentShadow serves shaDow-GNN models")
         self.model = model
         self.gcn = model.backbone == "gcn"
-        self.device = next(model.parameters()).device
+        self._init_device_state(next(model.parameters()).device)
         self.index = index
         self.projections = projections
         self.strategy = strategy
@@ -518,18 +554,11 @@ class ResidentShadow:
         self.hidden = int(model.hidden)
         self.num_classes = int(model.num_classes)
         self.pools = list(model.pools)
-        self.batches = 0
-        self.targets = 0
         self.dirty_batches = 0
         self.uploads = 0
-        self.generation = 0  # bumped whenever a tensor a captured graph reads is replaced
-        self.lock = threading.Lock()  # one batch at a time on the device state (ResidentPlain.lock)
         self.table: Any = None
         self._p = projections()
         self._upload()
-        self._pinned_in: torch.Tensor | None = None
-        self._pinned_out: torch.Tensor | None = None
-        self._event = torch.cuda.Event() if self.device.type == "cuda" else None
 
     def _upload(self) -> None:
         table = self.index.induced
@@ -566,8 +595,7 @@ class ResidentShadow:
                 "batches": self.batches, "uploads": self.uploads, "k": self.k}
 
     def nbytes(self) -> int:
-        ts = [self.lptr, self.lnodes, self.eptr, self.src, self.dst] + ([self.weights] if self.weights is not None else [])
-        return sum(t.numel() * t.element_size() for t in ts)
+        return _nbytes(self.lptr, self.lnodes, self.eptr, self.src, self.dst, self.weights)
 
     def takes(self, targets: np.ndarray, budget: int) -> bool:
         """Whether this answers a batch of ``targets`` at ``budget``: the budget within the table's ``k``,
@@ -668,15 +696,12 @@ class ResidentShadow:
         with self.lock, torch.inference_mode():
             self.batches += 1
             self.targets += len(targets)
-            rows = _upload_ids(self, targets)
+            rows = self.upload_ids(targets)
             return self.download(self.forward(rows, width, budget, want_emb), len(targets), want_emb)
-
-    def upload_ids(self, targets: np.ndarray) -> torch.Tensor:
-        return _upload_ids(self, targets)
 
     def download(self, out: tuple[torch.Tensor, ...], b: int, want_emb: bool) -> tuple[np.ndarray, ...]:
         """The outputs of :meth:`forward` (its ``b`` first rows) on the host: one packed copy."""
-        return self.unpack_host(_fetch(self, self.pack(out, b, want_emb)), b, want_emb)
+        return self.unpack_host(self.fetch(self.pack(out, b, want_emb)), b, want_emb)
 
     def pack(self, out: tuple[torch.Tensor, ...], b: int, want_emb: bool) -> torch.Tensor:
         """The ``b`` first rows of :meth:`forward`'s outputs as one float32 device tensor."""
@@ -696,42 +721,6 @@ class ResidentShadow:
         pos += 2 * b
         out_e = flat[pos:].reshape(b, -1) if want_emb else None
         return out_p, out_l, out_k, out_t, out_e
-
-
-def _stage_ids(owner: Any, targets: np.ndarray, size: int | None = None) -> torch.Tensor:
-    """``targets`` as a host int64 tensor of ``size`` entries (default their count; the rest filled with
-    the first id): the owner's pinned buffer on a GPU, so that the upload does not block."""
-    n = len(targets)
-    size = n if size is None else int(size)
-    if owner.device.type != "cuda":
-        ids = np.empty(size, dtype=np.int64)
-    else:
-        if owner._pinned_in is None or owner._pinned_in.numel() < size:
-            owner._pinned_in = torch.empty(bucket_of(size), dtype=torch.int64, pin_memory=True)
-        ids = owner._pinned_in[:size].numpy()
-    ids[:n] = targets
-    ids[n:] = targets[0] if n else 0
-    return torch.from_numpy(ids) if owner.device.type != "cuda" else owner._pinned_in[:size]
-
-
-def _upload_ids(owner: Any, targets: np.ndarray) -> torch.Tensor:
-    """``targets`` on ``owner.device``: through the owner's pinned buffer, without blocking, on a GPU."""
-    ids = _stage_ids(owner, targets)
-    return ids if owner.device.type != "cuda" else ids.to(owner.device, non_blocking=True)
-
-
-def _fetch(owner: Any, packed: torch.Tensor) -> np.ndarray:
-    """A packed float32 device tensor on the host: one copy into the owner's pinned buffer and one wait
-    on a GPU."""
-    if owner.device.type != "cuda":
-        return packed.numpy()
-    if owner._pinned_out is None or owner._pinned_out.numel() < packed.numel():
-        owner._pinned_out = torch.empty(max(packed.numel(), 1 << 12), dtype=torch.float32, pin_memory=True)
-    host = owner._pinned_out[: packed.numel()]
-    host.copy_(packed, non_blocking=True)
-    owner._event.record()
-    owner._event.synchronize()
-    return host.numpy().copy()
 
 
 class CapturedForward:
@@ -793,10 +782,10 @@ class CapturedForward:
         bucket = static_in.numel()
         with torch.inference_mode():
             # per batch: one upload of the padded ids, one replay, one copy back (the packing is captured)
-            static_in.copy_(_stage_ids(r, targets, bucket), non_blocking=True)
+            static_in.copy_(r.stage_ids(targets, bucket), non_blocking=True)
             graph.replay()
             self.replays += 1
-            flat = _fetch(r, static_out)
+            flat = r.fetch(static_out)
             if self.emulate:  # on a CPU that is a view of the static output, which the next replay overwrites
                 flat = flat.copy()
         if self.shadow:

@@ -293,9 +293,7 @@ class ModelRuntime:
                        and getattr(self.model, "plan_aggregator", -1) >= 0)
         #: the compiled layers of the activation path (the fused parameters, or a stateless replica's own)
         self._act_params = self._fused_params if not remote_acts else cpu_model.fused_params()
-        # the plan path of a 2-layer plain model: the last layer alone from per-node first-layer rows
-        # (edges_on_two_layer_paths counts a 2-layer path from the last layer's plan, hence 2 layers only)
-        #: the plain-resident path's state (kernels.resident), when asked for and this model can take it
+        #: the resident paths' state (kernels.resident), when asked for and this model can take one
         self._resident: Any = None
         self._resident_shadow: Any = None
         self._captured: Any = None
@@ -304,7 +302,9 @@ class ModelRuntime:
         if options.cuda_graphs and (self._captured is None):
             log.warning("model %s v%s: --cuda-graphs ignored (it needs --resident on --device cuda and a model "
                         "that takes a resident path)", name, version)
-        # a resident model keeps its first-layer tables on its device: no second copy in an ActivationCache,
+        # the plan path of a 2-layer plain model: the last layer alone from per-node first-layer rows
+        # (edges_on_two_layer_paths counts a 2-layer path from the last layer's plan, hence 2 layers only).
+        # A resident model keeps its first-layer tables on its device: no second copy in an ActivationCache,
         # except on a GPU, where batches under gpu_min_targets still take the compiled CPU paths
         keeps_acts = ((self._resident is None or on_gpu) and self._act_params is not None and self.extractor == "lhop"
                       and self.num_layers == 2 and options.activation_budget_bytes > 0)
@@ -350,21 +350,21 @@ class ModelRuntime:
             return
         from kernels.resident import CapturedForward, ResidentPlain, ResidentShadow
 
+        resident: Any
         if shadow:
-            self._resident_shadow = ResidentShadow(self.model, self.ppr_index, self.projections.complete_table,
-                                                   strategy=self.strategy)
-            if self.options.cuda_graphs and self.device.type == "cuda":
-                self._captured = CapturedForward(self._resident_shadow, max_bucket=self.options.max_batch_targets)
+            resident = self._resident_shadow = ResidentShadow(self.model, self.ppr_index,
+                                                              self.projections.complete_table, strategy=self.strategy)
             log.info("model %s v%s: resident on %s (lists and induced table, k = %d)", self.name, self.version,
-                     self.device, self._resident_shadow.k)
-            return
-        self._resident = ResidentPlain(self.model, self.graph, self.projections.complete_table,
-                                       strategy=self.strategy, budget_bytes=self.options.activation_budget_bytes,
-                                       reserved_width=resolve_knobs(self.limits, None, None, None)[0])
+                     self.device, resident.k)
+        else:
+            resident = self._resident = ResidentPlain(
+                self.model, self.graph, self.projections.complete_table, strategy=self.strategy,
+                budget_bytes=self.options.activation_budget_bytes,
+                reserved_width=resolve_knobs(self.limits, None, None, None)[0])
+            log.info("model %s v%s: resident on %s (graph %.1f MiB)", self.name, self.version, self.device,
+                     resident.dg.nbytes() / 2**20)
         if self.options.cuda_graphs and self.device.type == "cuda":
-            self._captured = CapturedForward(self._resident, max_bucket=self.options.max_batch_targets)
-        log.info("model %s v%s: resident on %s (graph %.1f MiB)", self.name, self.version, self.device,
-                 self._resident.dg.nbytes() / 2**20)
+            self._captured = CapturedForward(resident, max_bucket=self.options.max_batch_targets)
 
     def _graph_derived(self, graph: Any = None, walk_sums_: np.ndarray | None = None) -> dict[str, Any]:
         """What the runtime derives from the whole graph (``graph``, default its own): its limits and the
