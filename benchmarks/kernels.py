@@ -22,7 +22,11 @@ noise hits every variant alike), and reports, per variant, the median over round
   split and the 128-bit loads), ``no split`` (exact only: long rows walked by one group, in index
   order, with 128-bit loads), ``old exact`` (exact only: neither, the exact path from before),
   ``index order`` (exact only: split, but the whole rows in index order instead of longest first),
-  and ``split=N`` for each ``--split-edges`` value (exact only). Device time comes from CUDA events
+  and ``split=N`` for each ``--split-edges`` value (exact only). With ``--half bfloat16,float16``:
+  per 16-bit type and width, ``<type> native`` (x held in 16 bits, read by the kernel as it is,
+  float32 arithmetic) and ``<type> via fp32`` (the path before native 16-bit: x cast to float32,
+  the float32 kernel, the output cast back), both against the float32 ``torch.sparse.mm`` baseline
+  (the same product in float32). Device time comes from CUDA events
   around ``inner`` back-to-back calls; host time per call (the Python call, launch included,
   without waiting for the GPU) is reported beside it.
 
@@ -230,8 +234,14 @@ def _exact_via_mkl(g: CSRGraph, x: torch.Tensor, strategy: str, aggregator: str)
         spmm_mod.EXACT_BACKEND = before
 
 
+def _via_fp32(g: CSRGraph, x: torch.Tensor, width: int, strategy: str, aggregator: str) -> torch.Tensor:
+    """A 16-bit pass the way it ran before the kernel read 16-bit types: cast, float32 kernel, cast back."""
+    return spmm_cuda.sampled_spmm_cuda(g, x.float(), width, strategy, aggregator).to(x.dtype)
+
+
 def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[int], rounds: int,
-             strategy: str, aggregator: str, seed: int, split_edges: list[int] | None = None) -> Case:
+             strategy: str, aggregator: str, seed: int, split_edges: list[int] | None = None,
+             half: list[torch.dtype] | None = None) -> Case:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(g.num_nodes, f, generator=gen).to(device)
     a = baseline_csr(g, device)
@@ -256,10 +266,20 @@ def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[
         variants[("old exact", 0)] = lambda: cuda_call(g, x, 0, strategy, aggregator, split_edges=0, vector=False)
         for se in split_edges or []:
             variants[(f"split={se}", 0)] = lambda se=se: cuda_call(g, x, 0, strategy, aggregator, split_edges=se)
+        for dt in half or []:
+            xs = x.to(dt)
+            short = str(dt).removeprefix("torch.")
+            for w in [0, *widths]:
+                variants[(f"{short} native", w)] = lambda w=w, xs=xs: cuda_call(g, xs, w, strategy, aggregator)
+                variants[(f"{short} via fp32", w)] = lambda w=w, xs=xs: _via_fp32(g, xs, w, strategy, aggregator)
         # the knobs compute the same product
         for k, fn in variants.items():
             if k[0] != "base" and k[1] == 0 and aggregator == "sum":
-                torch.testing.assert_close(fn(), base(), **tol)
+                got = fn()
+                if got.dtype != torch.float32:  # 16-bit inputs: the product of rounded inputs, rounded
+                    torch.testing.assert_close(got.float(), base(), rtol=3e-2, atol=3e-2 * float(base().abs().max()))
+                else:
+                    torch.testing.assert_close(got, base(), **tol)
     else:
         forget_samples(g)
         for w in [0, *widths]:  # the public function as callers run it: nothing memoized
@@ -408,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads, which the compiled kernel follows too (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--half", default="",
+                   help="CUDA: comma list of 16-bit types (bfloat16, float16) to time natively and via float32")
     p.add_argument("--quick", action="store_true",
                    help="defaults become: F = 64, 3 rounds")
     args = p.parse_args(argv)
@@ -425,6 +447,11 @@ def main(argv: list[str] | None = None) -> int:
     feats = [int(s) for s in args.features.split(",")]
     widths = [int(s) for s in args.widths.split(",")]
     split_edges = [int(s) for s in args.split_edges.split(",") if s.strip()]
+    half_names = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+    bad_half = [s for s in args.half.split(",") if s.strip() and s.strip() not in half_names]
+    if bad_half:
+        raise SystemExit(f"--half: unknown types {bad_half}; choose from {sorted(half_names)}")
+    half = [half_names[s.strip()] for s in args.half.split(",") if s.strip()]
     devices = [torch.device("cpu")] if args.device in ("cpu", "both") else []
     if args.device in ("cuda", "both"):
         if torch.cuda.is_available() and spmm_cuda.available():
@@ -453,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         for f in feats:
             for dev in devices:
                 c = run_case(name, g, f, dev, widths, rounds, args.strategy, args.aggregator, args.seed,
-                             split_edges if dev.type == "cuda" else None)
+                             split_edges if dev.type == "cuda" else None, half if dev.type == "cuda" else None)
                 cases.append(c)
                 print(f"<!-- {name} F={f} {dev.type}: sparse.mm {c.baseline_s * 1e3:.2f} ms, "
                       f"{time.perf_counter() - t_start:.0f} s so far -->", flush=True)

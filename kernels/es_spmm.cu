@@ -14,7 +14,15 @@
 //   out_i = sum over kept edges of coefficient * x_j; rows with no edges give zeros (gcn: self term).
 //
 // Shapes: indptr int64 [N + 1]; indices I [E] (int or long long); weights float32 [E] (or unused);
-// x T [N, F] row-major contiguous; dinv T [N] (gcn only); out T [N, F] row-major contiguous.
+// x T [N, F] row-major contiguous; dinv A [N] (gcn only); out O [N, F] row-major contiguous.
+//
+// Value types. T is float, double, or a 16-bit storage type: half_t (IEEE binary16) or bf16_t
+// (bfloat16), both held as their bit patterns. Arithmetic runs in A = Acc<T>: T itself for float
+// and double, float for the 16-bit types (fp32 accumulation; coefficients, dinv and the shared-memory
+// stage are float). Every element of x is widened to A when read; a stored output is rounded once,
+// to nearest even, into O = T, except for launches that split rows (SPLIT = true), whose chunks add
+// into a float output (O = A: atomic adds of 16-bit partial sums would round every add; the launcher
+// narrows that output to T afterwards, also to nearest even).
 //
 // Work layout ("cache-first", Lin, Luo and Ceze): one thread group of G lanes (G a power of two,
 // 4..32, inside one warp) per work item; lanes split the feature columns, each lane owning CPT
@@ -70,14 +78,155 @@ enum Aggregator : int { kSum = 0, kMean = 1, kGcn = 2 };
 constexpr long long kPrime = 577;
 constexpr int kWarp = 32;
 
-template <typename T, typename I>
+// ----------------------------------------------------------------------------- value types
+// 16-bit storage types: the bit pattern only; arithmetic happens in float (Acc).
+struct half_t {
+    unsigned short bits;
+};
+struct bf16_t {
+    unsigned short bits;
+};
+
+template <typename T>
+struct Acc {
+    using type = T;  // float, double: computed in their own type
+};
+template <>
+struct Acc<half_t> {
+    using type = float;
+};
+template <>
+struct Acc<bf16_t> {
+    using type = float;
+};
+
+// The output's element type: T, or A for a launch whose split rows add into out.
+template <typename T, bool SPLIT>
+struct Out {
+    using type = typename Acc<T>::type;
+};
+template <typename T>
+struct Out<T, false> {
+    using type = T;
+};
+
+__host__ __device__ inline unsigned float_bits(float f) {
+#if ES_SPMM_CUDA
+    return __float_as_uint(f);
+#else
+    unsigned u;
+    __builtin_memcpy(&u, &f, sizeof(u));
+    return u;
+#endif
+}
+
+__host__ __device__ inline float bits_float(unsigned u) {
+#if ES_SPMM_CUDA
+    return __uint_as_float(u);
+#else
+    float f;
+    __builtin_memcpy(&f, &u, sizeof(f));
+    return f;
+#endif
+}
+
+// bfloat16 <-> float: the high half of a float; rounding to nearest even, NaN kept a (quiet) NaN.
+__host__ __device__ inline float bf16_to_float(unsigned short h) {
+    return bits_float(static_cast<unsigned>(h) << 16);
+}
+
+__host__ __device__ inline unsigned short float_to_bf16(float f) {
+    const unsigned u = float_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((u >> 16) | 0x40u);
+    return static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// IEEE binary16 <-> float. The device uses the hardware conversions (cvt, round to nearest even);
+// the host build computes the same results in integer arithmetic.
+__host__ __device__ inline float half_to_float(unsigned short h) {
+#if ES_SPMM_CUDA
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    const unsigned sign = static_cast<unsigned>(h & 0x8000u) << 16;
+    const unsigned exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in float
+        const float v = static_cast<float>(man) * 5.9604644775390625e-08f;
+        return bits_float(float_bits(v) | sign);
+    }
+    if (exp == 31) return bits_float(sign | 0x7f800000u | (man << 13) | (man ? 0x400000u : 0u));  // inf, NaN
+    return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
+#endif
+}
+
+__host__ __device__ inline unsigned short float_to_half(float f) {
+#if ES_SPMM_CUDA
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+#else
+    const unsigned u = float_bits(f);
+    const unsigned sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return static_cast<unsigned short>(sign | 0x7e00u);  // NaN
+    if (a >= 0x477ff000u) return static_cast<unsigned short>(sign | 0x7c00u);  // >= 65520 rounds to inf
+    if (a < 0x38800000u) {  // below 2^-14: a subnormal half (or zero), round(|f| * 2^24)
+        const unsigned e = a >> 23;
+        if (e < 102u) return static_cast<unsigned short>(sign);  // below 2^-25: rounds to zero
+        const unsigned mant = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;  // 14 <= shift <= 24
+        unsigned m = mant >> shift;
+        const unsigned rem = mant & ((1u << shift) - 1u), halfway = 1u << (shift - 1u);
+        if (rem > halfway || (rem == halfway && (m & 1u))) ++m;
+        return static_cast<unsigned short>(sign | m);
+    }
+    unsigned base = (((a >> 23) - 112u) << 10) | ((a >> 13) & 0x3ffu);
+    const unsigned rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (base & 1u))) ++base;  // a carry moves into the exponent
+    return static_cast<unsigned short>(sign | base);
+#endif
+}
+
+// Read an element as its accumulation type; store an accumulated value as an element (rounded).
+__host__ __device__ inline float widen(float v) { return v; }
+__host__ __device__ inline double widen(double v) { return v; }
+__host__ __device__ inline float widen(half_t v) { return half_to_float(v.bits); }
+__host__ __device__ inline float widen(bf16_t v) { return bf16_to_float(v.bits); }
+
+template <typename T>
+struct Narrow {
+    __host__ __device__ static T from(T v) { return v; }
+};
+template <>
+struct Narrow<half_t> {
+    __host__ __device__ static half_t from(float v) {
+        half_t r;
+        r.bits = float_to_half(v);
+        return r;
+    }
+};
+template <>
+struct Narrow<bf16_t> {
+    __host__ __device__ static bf16_t from(float v) {
+        bf16_t r;
+        r.bits = float_to_bf16(v);
+        return r;
+    }
+};
+
+template <typename O>
+__host__ __device__ inline O narrow(typename Acc<O>::type v) {
+    return Narrow<O>::from(v);
+}
+
+template <typename T, typename I, typename O>
 struct Args {
+    using A = typename Acc<T>::type;
     const long long* indptr;  // [N + 1]
     const I* indices;         // [E]
     const float* weights;     // [E] or nullptr (unweighted)
     const T* x;               // [N, F]
-    const T* dinv;            // [N] (gcn) or nullptr
-    T* out;                   // [N, F]
+    const A* dinv;            // [N] (gcn) or nullptr
+    O* out;                   // [N, F]: Out<T, SPLIT>
     const long long* work_row;  // [num_items] or nullptr (item r = row r)
     const int* work_chunk;      // [num_items] or nullptr (chunk of the item's row)
     long long num_items;        // N without a schedule
@@ -126,7 +275,7 @@ __host__ __device__ inline GroupCoords group_coords(int thread, int block_thread
 }
 
 // Dynamic shared memory layout, shared by kernel and host (the Python side computes the same size):
-// [groups_per_block * (tile + 1)] coefficients of type T, padded to 16 bytes, then as many indices.
+// [groups_per_block * (tile + 1)] coefficients of type A (Acc<T>), padded to 16 bytes, then as many indices.
 // The "+ 1" staggers the rows of neighbouring groups across shared-memory banks.
 __host__ __device__ inline long long smem_value_bytes(int groups_per_block, int tile, int value_size) {
     const long long b = static_cast<long long>(groups_per_block) * (tile + 1) * value_size;
@@ -134,49 +283,71 @@ __host__ __device__ inline long long smem_value_bytes(int groups_per_block, int 
 }
 
 // ----------------------------------------------------------------------------- 128-bit accesses
-// V = 16 / sizeof(T) elements per access. The device build uses float4 / double2; the host build
-// reads element by element and checks the 16-byte alignment a vector access needs.
+// V = 16 / sizeof(T) elements per access (4 float, 2 double, 8 half_t / bf16_t). The device build
+// uses float4 / double2 / uint4; the host build reads element by element and checks the 16-byte
+// alignment a vector access needs. Loads widen to A, stores narrow from it.
 template <typename T>
 struct Vec {
     static constexpr int kWidth = 16 / static_cast<int>(sizeof(T));
 };
 
 template <typename T>
-__host__ __device__ inline void load16(const T* p, T (&r)[Vec<T>::kWidth]) {
+__host__ __device__ inline void load16(const T* p, typename Acc<T>::type (&r)[Vec<T>::kWidth]) {
 #if ES_SPMM_CUDA
     if constexpr (sizeof(T) == 4) {
         const float4 v = *reinterpret_cast<const float4*>(p);
         r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
-    } else {
+    } else if constexpr (sizeof(T) == 8) {
         const double2 v = *reinterpret_cast<const double2*>(p);
         r[0] = v.x; r[1] = v.y;
+    } else {
+        const uint4 v = *reinterpret_cast<const uint4*>(p);
+        const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // little endian: element 2i is the low half of word i
+            T lo, hi;
+            lo.bits = static_cast<unsigned short>(w[i] & 0xffffu);
+            hi.bits = static_cast<unsigned short>(w[i] >> 16);
+            r[2 * i] = widen(lo);
+            r[2 * i + 1] = widen(hi);
+        }
     }
 #else
     ES_SPMM_HOST_CHECK_ALIGN16(p);
-    for (int e = 0; e < Vec<T>::kWidth; ++e) r[e] = p[e];
+    for (int e = 0; e < Vec<T>::kWidth; ++e) r[e] = widen(p[e]);
 #endif
 }
 
 template <typename T>
-__host__ __device__ inline void store16(T* p, const T (&r)[Vec<T>::kWidth]) {
+__host__ __device__ inline void store16(T* p, const typename Acc<T>::type (&r)[Vec<T>::kWidth]) {
 #if ES_SPMM_CUDA
     if constexpr (sizeof(T) == 4) {
         float4 v;
         v.x = r[0]; v.y = r[1]; v.z = r[2]; v.w = r[3];
         *reinterpret_cast<float4*>(p) = v;
-    } else {
+    } else if constexpr (sizeof(T) == 8) {
         double2 v;
         v.x = r[0]; v.y = r[1];
         *reinterpret_cast<double2*>(p) = v;
+    } else {
+        unsigned w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w[i] = static_cast<unsigned>(narrow<T>(r[2 * i]).bits) |
+                   (static_cast<unsigned>(narrow<T>(r[2 * i + 1]).bits) << 16);
+        }
+        uint4 v;
+        v.x = w[0]; v.y = w[1]; v.z = w[2]; v.w = w[3];
+        *reinterpret_cast<uint4*>(p) = v;
     }
 #else
     ES_SPMM_HOST_CHECK_ALIGN16(p);
-    for (int e = 0; e < Vec<T>::kWidth; ++e) p[e] = r[e];
+    for (int e = 0; e < Vec<T>::kWidth; ++e) p[e] = narrow<T>(r[e]);
 #endif
 }
 
-template <typename T>
-__host__ __device__ inline void atomic_add(T* p, T v) {
+template <typename A>
+__host__ __device__ inline void atomic_add(A* p, A v) {
 #if ES_SPMM_CUDA
     atomicAdd(p, v);
 #else
@@ -198,7 +369,9 @@ __host__ __device__ inline long long lane_column(int lane, int G, int c) {
 // acc[c] += sum_s sh_val[s] * x[sh_col[s], f0 + lane_column(c)] over the n staged entries.
 template <typename T, typename I, int CPT, bool VEC>
 __host__ __device__ inline void accumulate_tile(const T* __restrict__ x, long long F, long long f0, int lane,
-                                                int G, const T* sh_val, const I* sh_col, int n, T (&acc)[CPT]) {
+                                                int G, const typename Acc<T>::type* sh_val, const I* sh_col, int n,
+                                                typename Acc<T>::type (&acc)[CPT]) {
+    using A = typename Acc<T>::type;
     if constexpr (VEC) {
         constexpr int V = Vec<T>::kWidth;
         constexpr int NV = CPT / V;  // 128-bit loads per edge and lane
@@ -213,11 +386,11 @@ __host__ __device__ inline void accumulate_tile(const T* __restrict__ x, long lo
             (void)kUnroll;  // read only by the pragma, which plain C++ ignores
 #pragma unroll kUnroll
             for (int s = 0; s < n; ++s) {
-                const T v = sh_val[s];
+                const A v = sh_val[s];
                 const T* __restrict__ xr = xl + static_cast<long long>(sh_col[s]) * F;
 #pragma unroll
                 for (int j = 0; j < NV; ++j) {
-                    T r[V];
+                    A r[V];
                     load16<T>(xr + static_cast<long long>(j) * G * V, r);
 #pragma unroll
                     for (int e = 0; e < V; ++e) acc[j * V + e] += v * r[e];
@@ -225,12 +398,12 @@ __host__ __device__ inline void accumulate_tile(const T* __restrict__ x, long lo
             }
         } else {
             for (int s = 0; s < n; ++s) {
-                const T v = sh_val[s];
+                const A v = sh_val[s];
                 const T* __restrict__ xr = xl + static_cast<long long>(sh_col[s]) * F;
 #pragma unroll
                 for (int j = 0; j < NV; ++j) {
                     if (j < valid) {
-                        T r[V];
+                        A r[V];
                         load16<T>(xr + static_cast<long long>(j) * G * V, r);
 #pragma unroll
                         for (int e = 0; e < V; ++e) acc[j * V + e] += v * r[e];
@@ -247,21 +420,21 @@ __host__ __device__ inline void accumulate_tile(const T* __restrict__ x, long lo
             (void)kUnroll;  // read only by the pragma, which plain C++ ignores
 #pragma unroll kUnroll
             for (int s = 0; s < n; ++s) {
-                const T v = sh_val[s];
+                const A v = sh_val[s];
                 const T* __restrict__ xr = xl + static_cast<long long>(sh_col[s]) * F;
 #pragma unroll
-                for (int c = 0; c < CPT; ++c) acc[c] += v * xr[c * G];
+                for (int c = 0; c < CPT; ++c) acc[c] += v * widen(xr[c * G]);
             }
         } else {
             const long long rest = F - f0 - lane;  // columns from this lane's first one to the end
             const int valid = rest <= 0 ? 0 : static_cast<int>(rest < static_cast<long long>(CPT - 1) * G + 1
                                                                    ? (rest + G - 1) / G : CPT);
             for (int s = 0; s < n; ++s) {
-                const T v = sh_val[s];
+                const A v = sh_val[s];
                 const T* __restrict__ xr = xl + static_cast<long long>(sh_col[s]) * F;
 #pragma unroll
                 for (int c = 0; c < CPT; ++c) {
-                    if (c < valid) acc[c] += v * xr[c * G];
+                    if (c < valid) acc[c] += v * widen(xr[c * G]);
                 }
             }
         }
@@ -272,8 +445,11 @@ __host__ __device__ inline void accumulate_tile(const T* __restrict__ x, long lo
 // group. `sync` is called with the group mask wherever the group's lanes must meet (before
 // overwriting and after filling the shared-memory stage).
 template <typename T, typename I, int CPT, bool VEC, bool SPLIT, typename Sync>
-__host__ __device__ void process_item(const Args<T, I>& a, long long row, int chunk, int lane, unsigned mask,
-                                      T* sh_val, I* sh_col, const Sync& sync) {
+__host__ __device__ void process_item(const Args<T, I, typename Out<T, SPLIT>::type>& a, long long row, int chunk,
+                                      int lane, unsigned mask, typename Acc<T>::type* sh_val, I* sh_col,
+                                      const Sync& sync) {
+    using A = typename Acc<T>::type;
+    using O = typename Out<T, SPLIT>::type;
     const int G = a.group_size;
     const long long F = a.num_features;
     const long long start = a.indptr[row];
@@ -288,17 +464,17 @@ __host__ __device__ void process_item(const Args<T, I>& a, long long row, int ch
     const int m = static_cast<int>(split ? (k - t_begin < a.split_edges ? k - t_begin : a.split_edges) : k);
 
     // row factor of every kept coefficient (spec: scale_i, times dinv_i for gcn)
-    T scale;
+    A scale;
     if (a.aggregator == kMean) {
-        scale = k > 0 ? T(1) / static_cast<T>(k) : T(0);
+        scale = k > 0 ? A(1) / static_cast<A>(k) : A(0);
     } else {
-        scale = sampled ? static_cast<T>(d) / static_cast<T>(k) : T(1);
+        scale = sampled ? static_cast<A>(d) / static_cast<A>(k) : A(1);
     }
     // gcn's self term dinv_i^2 x_i comes once per row: with the whole row, or with chunk 0
     const bool with_self = a.aggregator == kGcn && chunk == 0;
-    T self = T(0);
+    A self = A(0);
     if (a.aggregator == kGcn) {
-        const T di = a.dinv[row];
+        const A di = a.dinv[row];
         scale *= di;
         self = di * di;
     }
@@ -306,9 +482,9 @@ __host__ __device__ void process_item(const Args<T, I>& a, long long row, int ch
     const int n_tiles = (m + a.tile - 1) / a.tile;
     const int pass = G * CPT;
     for (long long f0 = 0; f0 < F; f0 += pass) {
-        T acc[CPT];
+        A acc[CPT];
 #pragma unroll
-        for (int c = 0; c < CPT; ++c) acc[c] = T(0);
+        for (int c = 0; c < CPT; ++c) acc[c] = A(0);
         for (int tb = 0; tb < n_tiles; ++tb) {
             const int s0 = tb * a.tile;  // first entry of the stage, relative to t_begin
             const int n = m - s0 < a.tile ? m - s0 : a.tile;
@@ -318,7 +494,7 @@ __host__ __device__ void process_item(const Args<T, I>& a, long long row, int ch
                     const long long t = t_begin + s0 + s;
                     const long long e = start + (fastrand ? fastrand_position(t, d) : t);
                     const I col = a.indices[e];
-                    T v = a.weights != nullptr ? static_cast<T>(a.weights[e]) : T(1);
+                    A v = a.weights != nullptr ? static_cast<A>(a.weights[e]) : A(1);
                     v *= scale;
                     if (a.aggregator == kGcn) v *= a.dinv[col];
                     sh_col[s] = col;
@@ -328,24 +504,28 @@ __host__ __device__ void process_item(const Args<T, I>& a, long long row, int ch
             }
             accumulate_tile<T, I, CPT, VEC>(a.x, F, f0, lane, G, sh_val, sh_col, n, acc);
         }
-        T* __restrict__ o = a.out + row * F + f0;
+        O* __restrict__ o = a.out + row * F + f0;
         const T* __restrict__ xs = a.x + row * F + f0;
-        if (SPLIT && split) {
-            // partial sum of one chunk: merged into the zeroed output; chunk 0 brings the self term
+        if constexpr (SPLIT) {
+            if (split) {
+                // partial sum of one chunk: merged into the zeroed output; chunk 0 brings the self term
 #pragma unroll
-            for (int c = 0; c < CPT; ++c) {
-                const long long f = lane_column<T, CPT, VEC>(lane, G, c);
-                if (f0 + f < F) atomic_add(o + f, with_self ? acc[c] + self * xs[f] : acc[c]);
+                for (int c = 0; c < CPT; ++c) {
+                    const long long f = lane_column<T, CPT, VEC>(lane, G, c);
+                    if (f0 + f < F) atomic_add(o + f, with_self ? acc[c] + self * widen(xs[f]) : acc[c]);
+                }
+                continue;
             }
-        } else if constexpr (VEC) {
+        }
+        if constexpr (VEC && sizeof(O) == sizeof(T)) {  // O = T: the stores are 128-bit too
             constexpr int V = Vec<T>::kWidth;
 #pragma unroll
             for (int j = 0; j < CPT / V; ++j) {
                 const long long f = lane_column<T, CPT, VEC>(lane, G, j * V);
                 if (f0 + f < F) {  // F % V == 0: the whole vector is inside the row
-                    T r[V];
+                    A r[V];
                     if (with_self) {
-                        T xv[V];
+                        A xv[V];
                         load16<T>(xs + f, xv);
 #pragma unroll
                         for (int e = 0; e < V; ++e) r[e] = acc[j * V + e] + self * xv[e];
@@ -353,14 +533,14 @@ __host__ __device__ void process_item(const Args<T, I>& a, long long row, int ch
 #pragma unroll
                         for (int e = 0; e < V; ++e) r[e] = acc[j * V + e];
                     }
-                    store16<T>(o + f, r);
+                    store16<T>(reinterpret_cast<T*>(o) + f, r);
                 }
             }
         } else {
 #pragma unroll
             for (int c = 0; c < CPT; ++c) {
                 const long long f = lane_column<T, CPT, VEC>(lane, G, c);
-                if (f0 + f < F) o[f] = with_self ? acc[c] + self * xs[f] : acc[c];
+                if (f0 + f < F) o[f] = narrow<O>(with_self ? acc[c] + self * widen(xs[f]) : acc[c]);
             }
         }
     }
@@ -369,11 +549,12 @@ __host__ __device__ void process_item(const Args<T, I>& a, long long row, int ch
 // Everything one thread does in a launch: find its group, carve its group's stage out of the block's
 // dynamic shared memory, process work items (grid-stride, so any number fits in any grid).
 template <typename T, typename I, int CPT, bool VEC, bool SPLIT, typename Sync>
-__host__ __device__ void run_thread(const Args<T, I>& a, long long block, long long grid, int thread,
-                                    int block_threads, unsigned char* smem, const Sync& sync) {
+__host__ __device__ void run_thread(const Args<T, I, typename Out<T, SPLIT>::type>& a, long long block, long long grid,
+                                    int thread, int block_threads, unsigned char* smem, const Sync& sync) {
+    using A = typename Acc<T>::type;
     const GroupCoords g = group_coords(thread, block_threads, a.group_size);
-    T* sh_val = reinterpret_cast<T*>(smem) + static_cast<long long>(g.group) * (a.tile + 1);
-    I* sh_col = reinterpret_cast<I*>(smem + smem_value_bytes(g.groups_per_block, a.tile, sizeof(T))) +
+    A* sh_val = reinterpret_cast<A*>(smem) + static_cast<long long>(g.group) * (a.tile + 1);
+    I* sh_col = reinterpret_cast<I*>(smem + smem_value_bytes(g.groups_per_block, a.tile, sizeof(A))) +
                 static_cast<long long>(g.group) * (a.tile + 1);
     for (long long item = block * g.groups_per_block + g.group; item < a.num_items;
          item += grid * g.groups_per_block) {
@@ -393,23 +574,24 @@ struct WarpSync {
 };
 
 // Launch with blockDim.x = a multiple of 32 (<= 256), dynamic shared memory
-// smem_value_bytes(gpb, tile, sizeof(T)) + gpb * (tile + 1) * sizeof(I), gpb = groups per block.
+// smem_value_bytes(gpb, tile, sizeof(A)) + gpb * (tile + 1) * sizeof(I), gpb = groups per block.
 // VEC = true needs F % (16 / sizeof(T)) == 0, x and out 16-byte aligned, CPT a multiple of
 // 16 / sizeof(T). SPLIT = false: item r is row r (work_row, work_chunk and split_edges are not read),
-// exactly the kernel without long-row splitting. SPLIT = true: the schedule's items; `out` must be
-// zero on entry wherever a row is split.
+// exactly the kernel without long-row splitting. SPLIT = true: the schedule's items; `out` (of type
+// A) must be zero on entry wherever a row is split.
 // Register budget: float instances without SPLIT are held to 64 registers (4 blocks of 256 threads
 // per SM, as before the split existed; ptxas fits them without spills); SPLIT instances and double
 // ones may take up to 85 (3 blocks per SM) instead of spilling.
 template <typename T, typename I, int CPT, bool VEC, bool SPLIT>
 __global__ void __launch_bounds__(256, (SPLIT || sizeof(T) == 8) ? 3 : 4)
     es_spmm_kernel(const long long* __restrict__ indptr, const I* __restrict__ indices,
-                   const float* __restrict__ weights, const T* __restrict__ x, const T* __restrict__ dinv,
-                   T* __restrict__ out, const long long* __restrict__ work_row, const int* __restrict__ work_chunk,
+                   const float* __restrict__ weights, const T* __restrict__ x,
+                   const typename Acc<T>::type* __restrict__ dinv, typename Out<T, SPLIT>::type* __restrict__ out,
+                   const long long* __restrict__ work_row, const int* __restrict__ work_chunk,
                    long long num_items, long long split_edges, long long num_rows, long long num_features,
                    long long width, int strategy, int aggregator, int has_weights, int group_size, int tile) {
     extern __shared__ __align__(16) unsigned char smem[];
-    Args<T, I> a;
+    Args<T, I, typename Out<T, SPLIT>::type> a;
     a.indptr = indptr;
     a.indices = indices;
     a.weights = has_weights ? weights : nullptr;

@@ -63,6 +63,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FASTRAND_PRIME = 577
+#: 16-bit value types: every path computes them in float32 and rounds the result once
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 STRATEGIES = ("fastrand", "bucket")
 AGGREGATORS = ("sum", "mean", "gcn")
 Strategy = Literal["fastrand", "bucket"]
@@ -425,8 +427,14 @@ def sampled_spmm_torch(
     *,
     norm_degrees: np.ndarray | torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The torch path (the specification): differentiable in ``x``; runs on any torch device."""
+    """The torch path (the specification): differentiable in ``x``; runs on any torch device.
+
+    float16 and bfloat16 ``x`` are computed in float32 and the result rounded once to ``x``'s dtype
+    (what the CUDA kernel does natively; torch's CPU sparse products take neither type)."""
     width = _check_args(graph, x, width, strategy, aggregator)
+    if x.dtype in HALF_DTYPES:
+        wide = sampled_spmm_torch(graph, x.float(), width, strategy, aggregator, norm_degrees=norm_degrees)
+        return wide.to(x.dtype)
     if graph.num_nodes == 0:
         return x.new_zeros(x.shape)
     mat = sampled_csr(graph, width, strategy, aggregator, device=x.device, dtype=x.dtype, norm_degrees=norm_degrees)
@@ -465,8 +473,8 @@ def sampled_spmm(
     Returns:
         ``[N, F]`` tensor on ``x``'s device.
 
-    The CUDA kernel runs when ``x`` is on a GPU, CuPy is usable and ``x`` needs no gradient. On
-    the CPU, a float32/float64 pass that needs no gradient runs the fused compiled kernel of
+    The CUDA kernel runs when ``x`` is on a GPU, CuPy is usable and ``x`` needs no gradient
+    (float16 and bfloat16 natively, with float32 arithmetic). On the CPU, a float32/float64 pass that needs no gradient runs the fused compiled kernel of
     :mod:`kernels.spmm_cpu` (parallel over rows on large graphs), except an exact pass that
     :func:`_exact_through_torch` sends to ``torch.sparse.mm`` over :func:`exact_csr_view` (nothing
     sampled, nothing memoized). Any other case takes the torch path, which is the specification
@@ -474,6 +482,10 @@ def sampled_spmm(
     training's repeated passes).
     """
     no_grad = not (torch.is_grad_enabled() and x.requires_grad)
+    if no_grad and x.device.type == "cpu" and x.dtype in HALF_DTYPES:
+        # the compiled kernel computes in float32; one rounding back, as the specification does
+        return sampled_spmm(graph, x.detach().float(), width, strategy, aggregator,
+                            norm_degrees=norm_degrees).to(x.dtype)
     if no_grad and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
         width = _check_args(graph, x, width, strategy, aggregator)
         dinv = _gcn_dinv(graph, x.device, x.dtype, norm_degrees) if aggregator == "gcn" else None

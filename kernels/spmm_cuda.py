@@ -11,10 +11,15 @@ Mechanics:
   once per process whether the path can be used: CuPy imports, torch sees a CUDA device, and a tiny
   launch gives the expected numbers. On a CPU-only machine it returns ``False`` after one debug log.
 * ``es_spmm.cu`` is compiled through ``cupy.RawModule`` (NVRTC) once per (device, dtype, split),
-  with the template instances named by ``name_expressions``: value type float/double x index type
-  int/long long x columns per thread 1/2/4/8 x scalar or 128-bit loads (:func:`kernel_instances`);
-  the instances that split long rows (``SPLIT = true``) are a second module, compiled on the first
-  launch that needs one. float16/bfloat16 inputs are computed in float32.
+  with the template instances named by ``name_expressions``: value type float/double/half/bfloat16
+  x index type int/long long x columns per thread 1/2/4/8 x scalar or 128-bit loads
+  (:func:`kernel_instances`); the instances that split long rows (``SPLIT = true``) are a second
+  module, compiled on the first launch that needs one.
+* float16 and bfloat16 are native: ``x`` is read in its own 16 bits (half the bytes of a float32
+  copy, 8 elements per 128-bit load), every product and sum is float32, and each output element is
+  rounded once to nearest even -- the torch path's definition for these types (computed in float32,
+  cast back). A launch that splits rows adds its chunks into a float32 output, narrowed afterwards
+  (16-bit atomic adds would round every partial sum).
 * The graph's arrays move to the device once and stay memoized in ``graph.cache()`` under
   ``"cuda_spmm:<device>"`` (indptr int64, indices in the graph's int32/int64, weights float32),
   together with the work schedules of long rows (below). The entry holds the host arrays it was made
@@ -96,8 +101,17 @@ log = logging.getLogger(__name__)
 KERNEL_SOURCE = Path(__file__).with_name("es_spmm.cu")
 COLS_PER_THREAD = (1, 2, 4, 8)
 INDEX_CTYPES = {np.dtype(np.int32): "int", np.dtype(np.int64): "long long"}
-VALUE_CTYPES = {torch.float32: "float", torch.float64: "double"}
-VALUE_BYTES = {torch.float32: 4, torch.float64: 8}
+#: the kernel's value types T: float32 and float64 computed in their own type; float16 and bfloat16
+#: stored as 16-bit bit patterns and computed in float32 (ACC_DTYPES)
+VALUE_CTYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "es_spmm::half_t",
+                torch.bfloat16: "es_spmm::bf16_t"}
+VALUE_BYTES = {torch.float32: 4, torch.float64: 8, torch.float16: 2, torch.bfloat16: 2}
+#: the accumulation type A of each value type (coefficients, dinv, the shared-memory stage, a split
+#: launch's output)
+ACC_DTYPES = {torch.float32: torch.float32, torch.float64: torch.float64, torch.float16: torch.float32,
+              torch.bfloat16: torch.float32}
+CTYPE_BYTES = {"float": 4, "double": 8, "es_spmm::half_t": 2, "es_spmm::bf16_t": 2}
+ACC_CTYPES = {"float": "float", "double": "double", "es_spmm::half_t": "float", "es_spmm::bf16_t": "float"}
 STRATEGY_CODES = {"fastrand": 0, "bucket": 1}
 AGGREGATOR_CODES = {"sum": 0, "mean": 1, "gcn": 2}
 
@@ -153,14 +167,15 @@ def _next_pow2(n: int) -> int:
 
 def shared_bytes(groups_per_block: int, tile: int, value_bytes: int, index_bytes: int) -> int:
     """Dynamic shared memory of a block: the layout of ``es_spmm.cu`` (coefficients padded to 16
-    bytes, then indices; ``tile + 1`` entries per group)."""
+    bytes, then indices; ``tile + 1`` entries per group). ``value_bytes`` is the size of the
+    coefficients' type, the accumulation type (4 for the 16-bit value types)."""
     values = groups_per_block * (tile + 1) * value_bytes
     values = (values + 15) // 16 * 16
     return values + groups_per_block * (tile + 1) * index_bytes
 
 
 def vector_width(value_bytes: int) -> int:
-    """``V``: elements of one 128-bit load (4 float32, 2 float64)."""
+    """``V``: elements of one 128-bit load (4 float32, 2 float64, 8 float16 / bfloat16)."""
     return 16 // int(value_bytes)
 
 
@@ -182,6 +197,7 @@ def launch_config(
     max_blocks: int = 2**31 - 1,
     vector: bool = False,
     num_items: int | None = None,
+    acc_bytes: int | None = None,
 ) -> LaunchConfig:
     """Pick the launch shape for ``num_rows`` rows of ``num_features`` columns.
 
@@ -190,8 +206,11 @@ def launch_config(
     CPT >= F``; so ``F <= 256`` runs in one pass. ``tile`` defaults to ``min(S, 256)`` when sampling
     (``S = width > 0``), 128 in exact mode, never above the largest row (at least 1). Warps per
     block halve from 8 until the stages fit :data:`SHARED_BUDGET`. The grid covers ``num_items``
-    work items (default ``num_rows``: no schedule), one per group.
+    work items (default ``num_rows``: no schedule), one per group. ``value_bytes`` is the element
+    size of ``x`` (the 128-bit layout), ``acc_bytes`` that of the stage's coefficients (default
+    ``value_bytes``; 4 for float16 / bfloat16).
     """
+    acc_bytes = int(value_bytes) if acc_bytes is None else int(acc_bytes)
     f = max(1, int(num_features))
     cpt = min(8, _next_pow2(math.ceil(f / 32)))
     if vector:
@@ -205,10 +224,10 @@ def launch_config(
         tile = min(tile, int(max_degree))
     tile = max(1, int(tile))
     warps = MAX_BLOCK_THREADS // 32
-    while warps > 1 and shared_bytes(warps * (32 // g), tile, value_bytes, index_bytes) > SHARED_BUDGET:
+    while warps > 1 and shared_bytes(warps * (32 // g), tile, acc_bytes, index_bytes) > SHARED_BUDGET:
         warps //= 2
     gpb = warps * (32 // g)
-    smem = shared_bytes(gpb, tile, value_bytes, index_bytes)
+    smem = shared_bytes(gpb, tile, acc_bytes, index_bytes)
     if smem > SHARED_LIMIT:
         raise ValueError(f"stage of {tile} entries needs {smem} bytes of shared memory, above {SHARED_LIMIT}")
     items = int(num_rows) if num_items is None else int(num_items)
@@ -231,7 +250,7 @@ def kernel_instances(value_ctype: str) -> list[tuple[str, int, bool]]:
     """``(index ctype, CPT, vector)`` of every instance compiled for one value type (and each of
     ``split`` false / true): each CPT with scalar loads, and with 128-bit loads where ``CPT`` is a
     multiple of ``V``."""
-    v = vector_width({"float": 4, "double": 8}[value_ctype])
+    v = vector_width(CTYPE_BYTES[value_ctype])
     return [(ic, c, vec) for ic in INDEX_CTYPES.values() for c in COLS_PER_THREAD for vec in (False, True)
             if not vec or c % v == 0]
 
@@ -300,6 +319,9 @@ _configs: dict[tuple, LaunchConfig] = {}  # launch_config's answers, by its argu
 _CONFIGS_KEPT = 4096
 _available: bool | None = None
 _why = ""  # the probe's reason, with _available
+#: 16-bit value types whose module failed to build on a device (device index, dtype): those launches
+#: compute in float32 instead (the path before native 16-bit), after one warning
+_no_native: set[tuple[int, torch.dtype]] = set()
 
 
 def _cupy() -> Any:
@@ -463,8 +485,9 @@ def sampled_spmm_cuda(
 
     Args:
         graph: the adjacency, ``N`` rows (host arrays; copied to the device once and memoized).
-        x: ``[N, F]`` floating tensor on a CUDA device (float32/float64 natively; float16 and
-            bfloat16 are computed in float32 and cast back). Must not require a gradient.
+        x: ``[N, F]`` float32, float64, float16 or bfloat16 tensor on a CUDA device (16-bit types
+            read natively, computed in float32; any other floating type is computed in float32
+            and cast back). Must not require a gradient.
         width: sampling width ``S``; ``None`` or 0 = exact.
         strategy: ``"fastrand"`` or ``"bucket"``.
         aggregator: ``"sum"``, ``"mean"`` or ``"gcn"``.
@@ -487,6 +510,11 @@ def sampled_spmm_cuda(
         raise ValueError("sampled_spmm_cuda records no gradient: call kernels.sampled_spmm for autograd")
     out_dtype = x.dtype
     dtype = x.dtype if x.dtype in VALUE_CTYPES else torch.float32
+    device = x.device
+    dev_index = device.index if device.index is not None else torch.cuda.current_device()
+    if (dev_index, dtype) in _no_native:
+        dtype = torch.float32
+    acc = ACC_DTYPES[dtype]
     split_edges = None if split_edges is None else int(split_edges)
     row_order = ROW_ORDER if row_order is None else row_order
     if row_order not in ROW_ORDERS:
@@ -495,22 +523,30 @@ def sampled_spmm_cuda(
     n, f = xc.shape
     if n == 0 or f == 0:
         return torch.empty((n, f), dtype=out_dtype, device=x.device)
-    device = x.device
-    dev_index = device.index if device.index is not None else torch.cuda.current_device()
     dinv = None
     if aggregator == "gcn":
-        dinv = gcn_dinv if gcn_dinv is not None else _gcn_dinv(graph, device, dtype)
-        dinv = dinv.detach().to(device=device, dtype=dtype).contiguous()
+        dinv = gcn_dinv if gcn_dinv is not None else _gcn_dinv(graph, device, acc)
+        dinv = dinv.detach().to(device=device, dtype=acc).contiguous()
         if dinv.shape != (n,):
             raise ValueError(f"gcn_dinv must have shape [{n}], got {tuple(dinv.shape)}")
     out, plan = _plan(graph, xc, width, strategy, aggregator, dinv, torch.device("cuda", dev_index),
                       split_edges, row_order, vector)
     cfg = plan.cfg
-    fn = _kernel(dev_index, dtype, plan.index_ctype, cfg.cols_per_thread, cfg.vector, plan.split)
+    try:
+        fn = _kernel(dev_index, dtype, plan.index_ctype, cfg.cols_per_thread, cfg.vector, plan.split)
+    except Exception as exc:
+        if ACC_DTYPES[dtype] == dtype:
+            raise  # float32 / float64: the probe built these; a failure here is a real error
+        # a 16-bit module that does not build on this device/toolkit: float32 from now on, said once
+        log.warning("ES-SpMM: the native %s kernel does not build on cuda:%d (%s: %s); computing %s inputs in "
+                    "float32 instead", dtype, dev_index, type(exc).__name__, exc, dtype)
+        _no_native.add((dev_index, dtype))
+        return sampled_spmm_cuda(graph, x, width, strategy, aggregator, gcn_dinv, split_edges=split_edges,
+                                 row_order=row_order, vector=vector)
     cp = _cupy()
     with cp.cuda.Device(dev_index), _stream(dev_index, torch.cuda.current_stream(device).cuda_stream):
         fn((cfg.blocks,), (cfg.block_threads,), plan.args, shared_mem=cfg.shared_bytes)
-    return out if dtype == out_dtype else out.to(out_dtype)
+    return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
 @dataclass(frozen=True)
@@ -530,8 +566,9 @@ def _plan(graph: CSRGraph, xc: torch.Tensor, width: int, strategy: str, aggregat
           vector: bool | None) -> tuple[torch.Tensor, _Plan]:
     """Everything of a launch but the launch: the graph's device entry and schedule (on ``device``),
     the output tensor (zeroed when rows are split), the shape and the argument tuple. ``xc`` is
-    contiguous ``[N, F]`` (N, F > 0) in the value type the kernel computes in, on ``device``; so is
-    ``dinv`` (``gcn``). Separate from :func:`sampled_spmm_cuda` so that the tests can run it on the
+    contiguous ``[N, F]`` (N, F > 0) in one of the kernel's value types, on ``device``; ``dinv``
+    (``gcn``) is in its accumulation type. The output is in ``xc``'s type, or in the accumulation type
+    when rows are split (the caller narrows it). Separate from :func:`sampled_spmm_cuda` so that the tests can run it on the
     CPU and hand the arguments to the host emulation of the kernel."""
     n, f = xc.shape
     dtype = xc.dtype
@@ -540,16 +577,20 @@ def _plan(graph: CSRGraph, xc: torch.Tensor, width: int, strategy: str, aggregat
     if width >= max_deg:
         width = 0  # no row is sampled: exact
     sched = _device_schedule(graph, dg, width, split_edges, row_order)
-    # split rows add into out: it starts at zero; otherwise every entry is stored
-    out = (torch.zeros if sched is not None else torch.empty)((n, f), dtype=dtype, device=xc.device)
-    vb = VALUE_BYTES[dtype]
+    # split rows add into out (of the accumulation type): it starts at zero; otherwise every entry is stored
+    if sched is not None:
+        out = torch.zeros((n, f), dtype=ACC_DTYPES[dtype], device=xc.device)
+    else:
+        out = torch.empty((n, f), dtype=dtype, device=xc.device)
+    vb, ab = VALUE_BYTES[dtype], VALUE_BYTES[ACC_DTYPES[dtype]]
     x_ptr, out_ptr = xc.data_ptr(), out.data_ptr()
     vec = (VECTOR if vector is None else bool(vector)) and f % (16 // vb) == 0 and (x_ptr | out_ptr) & 15 == 0
     num_items = sched["num_items"] if sched is not None else n
-    ckey = (n, f, width, max_deg, vb, dg["index_bytes"], vec, num_items)
+    ckey = (n, f, width, max_deg, vb, ab, dg["index_bytes"], vec, num_items)
     cfg = _configs.get(ckey)
     if cfg is None:
-        cfg = launch_config(n, f, width, max_deg, vb, dg["index_bytes"], vector=vec, num_items=num_items)
+        cfg = launch_config(n, f, width, max_deg, vb, dg["index_bytes"], vector=vec, num_items=num_items,
+                            acc_bytes=ab)
         if len(_configs) >= _CONFIGS_KEPT:
             _configs.clear()
         _configs[ckey] = cfg

@@ -18,11 +18,17 @@
 //     row that the schedule splits (exit 7), and every other entry of out is stored: out starts as
 //     poison except on split rows, which start at zero as the launcher's torch.zeros makes them.
 //
-// usage: harness DIR VALUE(f32|f64) INDEX(i32|i64) CPT VEC G TILE BLOCK_THREADS BLOCKS SHARED_BYTES
+// usage: harness DIR VALUE(f32|f64|f16|bf16) INDEX(i32|i64) CPT VEC G TILE BLOCK_THREADS BLOCKS SHARED_BYTES
 //                N F WIDTH STRATEGY AGGREGATOR HAS_WEIGHTS SPLIT_EDGES NUM_ITEMS
-// reads DIR/{indptr,indices,weights,x,dinv}.bin (raw little-endian arrays) and, with SPLIT_EDGES > 0,
-// the schedule DIR/{work_row (int64), work_chunk (int32)}.bin of NUM_ITEMS items (the SPLIT = true
-// instance runs); writes DIR/out.bin and prints "atomics N" (atomic adds done).
+// reads DIR/{indptr,indices,weights,x,dinv}.bin (raw little-endian arrays; x in VALUE's type, f16 and
+// bf16 as their bit patterns; dinv in the accumulation type, float32 for f16 and bf16) and, with
+// SPLIT_EDGES > 0, the schedule DIR/{work_row (int64), work_chunk (int32)}.bin of NUM_ITEMS items (the
+// SPLIT = true instance runs); writes DIR/out.bin (VALUE's type; the accumulation type when
+// SPLIT_EDGES > 0) and prints "atomics N" (atomic adds done).
+//
+// usage: harness convert IN OUT: IN holds float32 values; OUT gets, per value, its float16 bits, its
+// bfloat16 bits (uint16 each) and both widened back (float32 each), as four consecutive arrays: the
+// kernel's host conversions, for the test to hold against numpy's and torch's.
 // Exit status: 0 ok, 2 usage or I/O error, 3 shared memory, 4 bad sync mask, 5 divergent sync,
 // 6 misaligned 128-bit access, 7 atomic add outside a split row.
 
@@ -157,7 +163,7 @@ int run_block(std::vector<Lane>& lanes, int groups) {
 
 template <typename T, typename I, int CPT, bool VEC, bool SPLIT>
 struct Launch {
-    static es_spmm::Args<T, I> args;
+    static es_spmm::Args<T, I, typename es_spmm::Out<T, SPLIT>::type> args;
     static unsigned char* smem;
     static long long block, blocks;
     static int block_threads;
@@ -166,7 +172,8 @@ struct Launch {
                                                    HostSync{args.group_size});
     }
 };
-template <typename T, typename I, int CPT, bool VEC, bool SPLIT> es_spmm::Args<T, I> Launch<T, I, CPT, VEC, SPLIT>::args;
+template <typename T, typename I, int CPT, bool VEC, bool SPLIT>
+es_spmm::Args<T, I, typename es_spmm::Out<T, SPLIT>::type> Launch<T, I, CPT, VEC, SPLIT>::args;
 template <typename T, typename I, int CPT, bool VEC, bool SPLIT> unsigned char* Launch<T, I, CPT, VEC, SPLIT>::smem;
 template <typename T, typename I, int CPT, bool VEC, bool SPLIT> long long Launch<T, I, CPT, VEC, SPLIT>::block;
 template <typename T, typename I, int CPT, bool VEC, bool SPLIT> long long Launch<T, I, CPT, VEC, SPLIT>::blocks;
@@ -207,8 +214,10 @@ int launch(const std::string& dir, const Params& p) {
     const auto indptr = read_array<long long>(dir + "/indptr.bin");
     const auto indices = read_array<I>(dir + "/indices.bin");
     const auto weights = read_array<float>(dir + "/weights.bin");
+    using A = typename es_spmm::Acc<T>::type;
+    using O = typename es_spmm::Out<T, SPLIT>::type;
     const auto x_file = read_array<T>(dir + "/x.bin");
-    const auto dinv = read_array<T>(dir + "/dinv.bin");
+    const auto dinv = read_array<A>(dir + "/dinv.bin");
     std::vector<long long> work_row;
     std::vector<int> work_chunk;
     if (SPLIT) {
@@ -220,8 +229,9 @@ int launch(const std::string& dir, const Params& p) {
         return 2;
     }
     if (static_cast<long long>(indptr.size()) != n + 1 || static_cast<long long>(x_file.size()) != n * f) return 2;
-    if (!stages_fit<T, I>(block_threads, g, tile, smem_bytes)) return 3;
-    Aligned<T> x(x_file.size()), out(static_cast<size_t>(n * f));
+    if (!stages_fit<A, I>(block_threads, g, tile, smem_bytes)) return 3;
+    Aligned<T> x(x_file.size());
+    Aligned<O> out(static_cast<size_t>(n * f));
     if (!x_file.empty()) std::memcpy(x.data, x_file.data(), x_file.size() * sizeof(T));
     // poison: every entry must be written; rows the schedule splits start at zero (chunks add into them)
     g_split_row.assign(static_cast<size_t>(n), 0);
@@ -229,14 +239,15 @@ int launch(const std::string& dir, const Params& p) {
         const long long d = indptr[r + 1] - indptr[r];
         const long long k = p.width > 0 && d > p.width ? p.width : d;
         g_split_row[r] = SPLIT && p.split_edges > 0 && k > p.split_edges;
-        for (long long c = 0; c < f; ++c) out.data[r * f + c] = g_split_row[r] ? T(0) : T(-12345);
+        const O fill = es_spmm::narrow<O>(g_split_row[r] ? A(0) : A(-12345));
+        for (long long c = 0; c < f; ++c) out.data[r * f + c] = fill;
     }
     g_out_begin = reinterpret_cast<const unsigned char*>(out.data);
-    g_out_row_bytes = f * static_cast<long long>(sizeof(T));
+    g_out_row_bytes = f * static_cast<long long>(sizeof(O));
     g_out_rows = n;
 
     using L = Launch<T, I, CPT, VEC, SPLIT>;
-    es_spmm::Args<T, I>& a = L::args;
+    es_spmm::Args<T, I, O>& a = L::args;
     a.indptr = indptr.data();
     a.indices = indices.data();
     a.weights = p.has_weights ? weights.data() : nullptr;
@@ -280,7 +291,7 @@ int launch(const std::string& dir, const Params& p) {
     }
     FILE* fo = std::fopen((dir + "/out.bin").c_str(), "wb");
     if (fo == nullptr) return 2;
-    std::fwrite(out.data, sizeof(T), static_cast<size_t>(n * f), fo);
+    std::fwrite(out.data, sizeof(O), static_cast<size_t>(n * f), fo);
     std::fclose(fo);
     std::printf("atomics %lld\n", g_atomics);
     return 0;
@@ -308,9 +319,30 @@ int by_cpt(int cpt, bool vec, bool split, const std::string& dir, const Params& 
     }
 }
 
+int convert(const std::string& in, const std::string& out_path) {
+    const auto v = read_array<float>(in);
+    std::vector<unsigned short> h(v.size()), b(v.size());
+    std::vector<float> hf(v.size()), bf(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+        h[i] = es_spmm::float_to_half(v[i]);
+        b[i] = es_spmm::float_to_bf16(v[i]);
+        hf[i] = es_spmm::half_to_float(h[i]);
+        bf[i] = es_spmm::bf16_to_float(b[i]);
+    }
+    FILE* fo = std::fopen(out_path.c_str(), "wb");
+    if (fo == nullptr) return 2;
+    std::fwrite(h.data(), 2, h.size(), fo);
+    std::fwrite(b.data(), 2, b.size(), fo);
+    std::fwrite(hf.data(), 4, hf.size(), fo);
+    std::fwrite(bf.data(), 4, bf.size(), fo);
+    std::fclose(fo);
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (argc == 4 && std::string(argv[1]) == "convert") return convert(argv[2], argv[3]);
     if (argc != 19) {
         std::fprintf(stderr, "usage: %s DIR VALUE INDEX CPT VEC G TILE BLOCK_THREADS BLOCKS SHARED_BYTES N F WIDTH "
                              "STRATEGY AGGREGATOR HAS_WEIGHTS SPLIT_EDGES NUM_ITEMS\n", argv[0]);
@@ -340,5 +372,9 @@ int main(int argc, char** argv) {
     if (value == "f32" && index == "i64") return by_cpt<float, long long>(cpt, vec, split, dir, p);
     if (value == "f64" && index == "i32") return by_cpt<double, int>(cpt, vec, split, dir, p);
     if (value == "f64" && index == "i64") return by_cpt<double, long long>(cpt, vec, split, dir, p);
+    if (value == "f16" && index == "i32") return by_cpt<es_spmm::half_t, int>(cpt, vec, split, dir, p);
+    if (value == "f16" && index == "i64") return by_cpt<es_spmm::half_t, long long>(cpt, vec, split, dir, p);
+    if (value == "bf16" && index == "i32") return by_cpt<es_spmm::bf16_t, int>(cpt, vec, split, dir, p);
+    if (value == "bf16" && index == "i64") return by_cpt<es_spmm::bf16_t, long long>(cpt, vec, split, dir, p);
     return 2;
 }
