@@ -166,6 +166,15 @@ def time_call2(fn: Callable[[], object], device: torch.device, prep: Callable[[]
     return t, t
 
 
+def _cupy_launch(fn: Callable[[], object]) -> object:
+    """``fn()`` with the kernel launched through CuPy's kernel call instead of the driver launch."""
+    spmm_cuda.FAST_LAUNCH = False
+    try:
+        return fn()
+    finally:
+        spmm_cuda.FAST_LAUNCH = True
+
+
 def launch_overhead(device: torch.device, calls: int = 2000, rounds: int = 5) -> dict[str, float]:
     """Host microseconds per call on a request-sized graph (64 rows, ~1,200 edges, F = 64: one shaDow
     target's subgraph), where launching, not the GPU, sets the pace: ``calls`` back-to-back calls timed
@@ -180,11 +189,16 @@ def launch_overhead(device: torch.device, calls: int = 2000, rounds: int = 5) ->
     g = CSRGraph(indptr=indptr, indices=indices, num_nodes=n)
     x = torch.randn(n, 64, device=device)
     mat = baseline_csr(g, device)
+    xb = x.to(torch.bfloat16)
     variants: dict[str, Callable[[], object]] = {
         "torch.sparse.mm": lambda: torch.sparse.mm(mat, x),
         "ES-SpMM S=8 sum": lambda: sampled_spmm(g, x, 8),
+        "ES-SpMM S=8 sum, CuPy launch": lambda: _cupy_launch(lambda: sampled_spmm(g, x, 8)),
         "ES-SpMM exact sum": lambda: sampled_spmm(g, x, 0),
         "ES-SpMM S=8 gcn": lambda: sampled_spmm(g, x, 8, "fastrand", "gcn"),
+        "ES-SpMM S=8 gcn, CuPy launch": lambda: _cupy_launch(lambda: sampled_spmm(g, x, 8, "fastrand", "gcn")),
+        "ES-SpMM S=8 sum bfloat16": lambda: sampled_spmm(g, xb, 8),
+        "ES-SpMM S=8 sum, direct call": lambda: spmm_cuda.sampled_spmm_cuda(g, x, 8, "fastrand", "sum"),
     }
     out: dict[str, list[float]] = {k: [] for k in variants}
     for fn in variants.values():  # compile / memoize outside the timing

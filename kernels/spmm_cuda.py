@@ -29,10 +29,17 @@ Mechanics:
   in-place write into an array the entry was built from is not detected (nothing in gnnserve does
   that).
 * The kernel takes the torch tensors' device pointers as 64-bit arguments (no copies, and no DLPack
-  conversion per call), and runs on torch's current CUDA stream (a memoized CuPy view of it), so it
-  is ordered with the surrounding torch work without any synchronisation. A request-sized call costs
-  about 55 us of host time on the H100 machine, against 32 us for ``torch.sparse.mm``
-  (``benchmarks/kernels.py``, docs/BENCHMARKS.md).
+  conversion per call), and runs on torch's current CUDA stream, so it is ordered with the surrounding
+  torch work without any synchronisation. The launch (:func:`_launch`) goes straight to the driver:
+  the 18 arguments, plain Python ints (:data:`ARG_KINDS`), are written into a per-thread block of
+  8-byte slots whose addresses ``cuLaunchKernel`` takes (:func:`param_block`; 0.4 us to fill against
+  3.9 us to box them as the NumPy scalars CuPy's kernel call wants, before its own packing and its
+  device and stream context managers). A thread without a CUDA context gets the device's primary
+  context bound on its first launch; a thread whose current device is another one, or
+  ``FAST_LAUNCH = False``, or a driver launch that fails the probe, takes CuPy's call. Before this, a
+  request-sized call cost about 55 us of host time on the H100 machine against 32 us for
+  ``torch.sparse.mm`` (``benchmarks/kernels.py``, docs/BENCHMARKS.md); the driver launch is not yet
+  timed on a GPU.
 
 Launch shape (:func:`launch_config`): a group of ``G`` lanes (power of two, 4..32, inside one warp)
 per row, each lane owning ``CPT`` feature columns per pass (``G * CPT`` columns a pass, any ``F``
@@ -68,6 +75,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import threading
 import warnings
 from dataclasses import dataclass
@@ -399,9 +407,9 @@ def _device_graph(graph: CSRGraph, device: torch.device) -> dict[str, Any]:
             tensors["weights"] = _upload(graph.weights.astype(np.float32, copy=False), device)
         entry = {
             "tensors": tensors,  # owns the device memory the pointers below point into
-            "ptr_indptr": np.uint64(tensors["indptr"].data_ptr()),
-            "ptr_indices": np.uint64(tensors["indices"].data_ptr()),
-            "ptr_weights": np.uint64(tensors["weights"].data_ptr() if "weights" in tensors else 0),
+            "ptr_indptr": tensors["indptr"].data_ptr(),
+            "ptr_indices": tensors["indices"].data_ptr(),
+            "ptr_weights": tensors["weights"].data_ptr() if "weights" in tensors else 0,
             "index_ctype": INDEX_CTYPES[np.dtype(graph.indices.dtype)],
             "index_bytes": int(graph.indices.dtype.itemsize),
             "max_degree": int(np.diff(graph.indptr).max()) if graph.num_nodes else 0,
@@ -434,8 +442,8 @@ def _device_schedule(graph: CSRGraph, entry: dict[str, Any], width: int, split_e
         if ws is not None:
             device = entry["tensors"]["indptr"].device
             row, chunk = _upload(ws[0], device), _upload(ws[1], device)
-            sched = {"tensors": (row, chunk), "ptr_row": np.uint64(row.data_ptr()),
-                     "ptr_chunk": np.uint64(chunk.data_ptr()), "num_items": len(ws[0]), "split_edges": threshold}
+            sched = {"tensors": (row, chunk), "ptr_row": row.data_ptr(), "ptr_chunk": chunk.data_ptr(),
+                     "num_items": len(ws[0]), "split_edges": threshold}
         scheds[key] = sched
         while len(scheds) > SCHEDULES_KEPT:
             scheds.pop(next(iter(scheds)))  # oldest first
@@ -543,10 +551,72 @@ def sampled_spmm_cuda(
         _no_native.add((dev_index, dtype))
         return sampled_spmm_cuda(graph, x, width, strategy, aggregator, gcn_dinv, split_edges=split_edges,
                                  row_order=row_order, vector=vector)
-    cp = _cupy()
-    with cp.cuda.Device(dev_index), _stream(dev_index, torch.cuda.current_stream(device).cuda_stream):
-        fn((cfg.blocks,), (cfg.block_threads,), plan.args, shared_mem=cfg.shared_bytes)
+    _launch(fn, cfg, plan.args, dev_index, _current_stream(dev_index))
     return out if out.dtype == out_dtype else out.to(out_dtype)
+
+
+# ----------------------------------------------------------------------------- launching
+#: the kinds of es_spmm_kernel's parameters, in order: 8 pointers, 5 long long, 5 int
+ARG_KINDS = ("ptr",) * 8 + ("i64",) * 5 + ("i32",) * 5
+_ARG_NP = {"ptr": np.uint64, "i64": np.int64, "i32": np.int32}
+#: launch through the driver (cuLaunchKernel with a per-thread parameter block) instead of CuPy's
+#: RawKernel call; the probe turns it off where it does not give the right numbers
+FAST_LAUNCH = True
+_fast_ok = True  # the probe's verdict on the driver launch
+_CUDA_ERROR_INVALID_CONTEXT = 201
+_tls = threading.local()
+
+
+def cupy_args(args: tuple) -> tuple:
+    """``args`` as the NumPy scalars CuPy's kernel call needs to know each C type."""
+    return tuple(_ARG_NP[k](v) for k, v in zip(ARG_KINDS, args, strict=True))
+
+
+def param_block() -> tuple[np.ndarray, int]:
+    """This thread's ``cuLaunchKernel`` parameter block: ``(values, address)``. ``values`` is one
+    8-byte slot per kernel parameter (``uint64``; an ``int`` parameter reads the low 4 bytes of its
+    slot, which is its value on a little-endian host); ``address`` points at the array of the slots'
+    addresses, the ``kernelParams`` argument. The driver copies the parameters at launch, so a block is
+    reused by every launch of its thread."""
+    blk = getattr(_tls, "params", None)
+    if blk is None:
+        values = np.zeros(len(ARG_KINDS), dtype=np.uint64)
+        base = values.ctypes.data
+        slots = np.array([base + 8 * i for i in range(len(ARG_KINDS))], dtype=np.uint64)
+        blk = _tls.params = (values, slots, int(slots.ctypes.data))  # slots kept alive with values
+    return blk[0], blk[2]
+
+
+def _current_stream(device_index: int) -> int:
+    """torch's current stream on ``device_index`` as a raw handle (the private binding avoids building a
+    Stream object per call; the public API where it is missing)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return int(raw(device_index))
+    return int(torch.cuda.current_stream(device_index).cuda_stream)
+
+
+def _launch(fn: Any, cfg: LaunchConfig, args: tuple, device_index: int, stream: int) -> None:
+    """Enqueue one launch of ``fn`` on ``stream``. The driver launch fills this thread's parameter block
+    and calls ``cuLaunchKernel`` (a few microseconds of host time) when the thread's current device is
+    the launch's; a thread that has no CUDA context yet gets the device's primary context bound once.
+    Otherwise, or with :data:`FAST_LAUNCH` off, CuPy's kernel call under the device and stream."""
+    cp = _cupy()
+    if FAST_LAUNCH and _fast_ok and sys.byteorder == "little" and cp.cuda.runtime.getDevice() == device_index:
+        values, addr = param_block()
+        values[:] = args
+        driver = cp.cuda.driver
+        try:
+            driver.launchKernel(fn.ptr, cfg.blocks, 1, 1, cfg.block_threads, 1, 1, cfg.shared_bytes, stream, addr, 0)
+            return
+        except driver.CUDADriverError as exc:
+            if getattr(exc, "status", None) != _CUDA_ERROR_INVALID_CONTEXT:
+                raise
+        cp.cuda.runtime.setDevice(device_index)  # binds the device's primary context to this thread
+        driver.launchKernel(fn.ptr, cfg.blocks, 1, 1, cfg.block_threads, 1, 1, cfg.shared_bytes, stream, addr, 0)
+        return
+    with cp.cuda.Device(device_index), _stream(device_index, stream):
+        fn((cfg.blocks,), (cfg.block_threads,), cupy_args(args), shared_mem=cfg.shared_bytes)
 
 
 @dataclass(frozen=True)
@@ -594,28 +664,29 @@ def _plan(graph: CSRGraph, xc: torch.Tensor, width: int, strategy: str, aggregat
         if len(_configs) >= _CONFIGS_KEPT:
             _configs.clear()
         _configs[ckey] = cfg
-    # Device pointers go in as 64-bit scalars (a pointer parameter is 8 bytes): no DLPack round trip per
+    # Device pointers go in as 64-bit integers (a pointer parameter is 8 bytes): no DLPack round trip per
     # call. A null pointer stands for the weights of an unweighted graph, for dinv unless ``gcn`` and for
-    # the schedule when no row is split: the kernel reads none of them then.
+    # the schedule when no row is split: the kernel reads none of them then. Plain ints, in the order and
+    # of the kinds of ARG_KINDS.
     args = (
         dg["ptr_indptr"],
         dg["ptr_indices"],
         dg["ptr_weights"],
-        np.uint64(x_ptr),
-        np.uint64(dinv.data_ptr() if dinv is not None else 0),
-        np.uint64(out_ptr),
-        sched["ptr_row"] if sched is not None else np.uint64(0),
-        sched["ptr_chunk"] if sched is not None else np.uint64(0),
-        np.int64(num_items),
-        np.int64(sched["split_edges"] if sched is not None else 0),
-        np.int64(n),
-        np.int64(f),
-        np.int64(width),
-        np.int32(STRATEGY_CODES[strategy]),
-        np.int32(AGGREGATOR_CODES[aggregator]),
-        np.int32(graph.weights is not None),
-        np.int32(cfg.group_size),
-        np.int32(cfg.tile),
+        x_ptr,
+        dinv.data_ptr() if dinv is not None else 0,
+        out_ptr,
+        sched["ptr_row"] if sched is not None else 0,
+        sched["ptr_chunk"] if sched is not None else 0,
+        num_items,
+        sched["split_edges"] if sched is not None else 0,
+        n,
+        f,
+        width,
+        STRATEGY_CODES[strategy],
+        AGGREGATOR_CODES[aggregator],
+        int(graph.weights is not None),
+        cfg.group_size,
+        cfg.tile,
     )
     return out, _Plan(cfg, args, dg["index_ctype"], sched is not None)
 
@@ -668,13 +739,31 @@ def _probe() -> tuple[bool, str]:
             weights=np.array([1.0, 3.0, 2.0], dtype=np.float32),
         )
         x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 10.0, 11.0, 12.0]], device="cuda")
-        for got, want in (
-            (sampled_spmm_cuda(g, x, 1, "bucket", "sum"), [[10, 12, 14, 16], [2, 4, 6, 8], [0, 0, 0, 0]]),
-            (sampled_spmm_cuda(g, x, 0, "fastrand", "sum", split_edges=1), [[32, 36, 40, 44], [2, 4, 6, 8], [0, 0, 0, 0]]),
-        ):
-            if not torch.equal(got.cpu(), torch.tensor(want, dtype=torch.float32)):
-                return False, f"probe launch gave {got.cpu().tolist()}, expected {want}"
-        return True, f"CuPy {cp.__version__} on {torch.cuda.get_device_name()}"
+
+        def wrong() -> str | None:
+            for got, want in (
+                (sampled_spmm_cuda(g, x, 1, "bucket", "sum"), [[10, 12, 14, 16], [2, 4, 6, 8], [0, 0, 0, 0]]),
+                (sampled_spmm_cuda(g, x, 0, "fastrand", "sum", split_edges=1),
+                 [[32, 36, 40, 44], [2, 4, 6, 8], [0, 0, 0, 0]]),
+            ):
+                if not torch.equal(got.cpu(), torch.tensor(want, dtype=torch.float32)):
+                    return f"probe launch gave {got.cpu().tolist()}, expected {want}"
+            return None
+
+        global _fast_ok
+        try:
+            bad = wrong()
+        except Exception as exc:  # judged below: the CuPy launch decides
+            bad = f"{type(exc).__name__}: {exc}"
+        if bad is not None and FAST_LAUNCH and _fast_ok:
+            # the driver launch is the newer of the two: without it, CuPy's kernel call (slower, proven)
+            log.warning("ES-SpMM: the driver launch failed its probe (%s); launching through CuPy", bad)
+            _fast_ok = False
+            bad = wrong()
+        if bad is not None:
+            return False, bad
+        how = "driver launch" if FAST_LAUNCH and _fast_ok else "CuPy launch"
+        return True, f"CuPy {cp.__version__} on {torch.cuda.get_device_name()}, {how}"
     except Exception as exc:  # compilation or launch failure: fall back to torch, say why once
         log.info("ES-SpMM CUDA probe failed: %s: %s", type(exc).__name__, exc)
         return False, f"probe failed ({type(exc).__name__})"

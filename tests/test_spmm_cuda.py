@@ -22,6 +22,7 @@ import logging
 import re
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -596,6 +597,45 @@ def test_launcher_plan_runs_in_the_host_emulation(harness, tmp_path, case):
         np.testing.assert_allclose(got.numpy(), want, rtol=tol, atol=tol)
 
 
+def _kernel_parameter_kinds() -> tuple[str, ...]:
+    """The parameter list of ``es_spmm_kernel`` in es_spmm.cu, as ``ptr`` / ``i64`` / ``i32``."""
+    src = KERNEL.read_text()
+    body = src[src.index("es_spmm_kernel(", src.index("__global__")):]
+    params = body[len("es_spmm_kernel("): body.index(")")]
+    while "<" in params:  # template arguments hold commas of their own: drop them
+        params = re.sub(r"<[^<>]*>", "", params)
+    kinds = []
+    for p in params.split(","):
+        p = " ".join(p.split())
+        kinds.append("ptr" if "*" in p else "i64" if p.startswith("long long") else "i32" if p.startswith("int ") else p)
+    return tuple(kinds)
+
+
+def test_driver_launch_parameters_follow_the_kernel_signature():
+    # the driver launch hands cuLaunchKernel one slot per parameter: kinds and order must be the
+    # kernel's, every value must read back from its slot at its C width, and each thread has its block
+    assert _kernel_parameter_kinds() == spmm_cuda.ARG_KINDS
+    g = hub_graph(42, weighted=True)
+    x = torch.from_numpy(features(g.num_nodes, 64, 42))
+    dinv = spmm_mod._gcn_dinv(g, torch.device("cpu"), torch.float32)
+    _, plan = spmm_cuda._plan(g, x, 0, "fastrand", "gcn", dinv, torch.device("cpu"), None, "degree", None)
+    assert all(type(v) is int for v in plan.args)  # plain ints: nothing to box per call
+    values, addr = spmm_cuda.param_block()
+    values[:] = plan.args
+    slots = _from_ptr(addr, np.uint64, len(plan.args))
+    width = {"ptr": np.uint64, "i64": np.int64, "i32": np.int32}
+    for i, (kind, want) in enumerate(zip(spmm_cuda.ARG_KINDS, plan.args, strict=True)):
+        assert int(_from_ptr(slots[i], width[kind], 1)[0]) == want, (i, kind)
+    typed = spmm_cuda.cupy_args(plan.args)
+    assert [type(v) for v in typed] == [width[k] for k in spmm_cuda.ARG_KINDS]
+    assert [int(v) for v in typed] == list(plan.args)
+    other: list = []
+    t = threading.Thread(target=lambda: other.append(spmm_cuda.param_block()[1]))
+    t.start()
+    t.join()
+    assert other[0] != addr and spmm_cuda.param_block()[1] == addr  # one block per thread, reused
+
+
 def test_host_emulation_of_the_probe_launches(harness, tmp_path):
     # spmm_cuda._probe expects these numbers from its two launches (128-bit loads; split rows)
     g = CSRGraph(indptr=np.array([0, 2, 3, 3], dtype=np.int64), indices=np.array([1, 2, 0], dtype=np.int32),
@@ -896,6 +936,46 @@ def test_cuda_16bit_input_on_split_rows(cuda, dtype):
     got = sampled_spmm(g, x, 0, "fastrand", "gcn")
     assert_rounded_once(got.cpu(), reference(g, x.double().cpu().numpy(), 0, "fastrand", "gcn"), dtype)
     assert (cuda.index or 0, dtype, True) in spmm_cuda._modules  # the native 16-bit split module
+
+
+@pytest.mark.gpu
+def test_cuda_driver_launch_matches_the_cupy_launch(cuda, monkeypatch):
+    ok, why = spmm_cuda.status()
+    assert ok and "driver launch" in why, why
+    g = hub_graph(14, weighted=True)
+    cases = [(0, "gcn", torch.float32, 64), (8, "mean", torch.float64, 30), (16, "sum", torch.bfloat16, 64)]
+    for width, aggregator, dtype, f in cases:
+        x = _to_gpu(features(g.num_nodes, f, 14), cuda).to(dtype)
+        fast = spmm_cuda.sampled_spmm_cuda(g, x, width, "fastrand", aggregator, split_edges=0)
+        monkeypatch.setattr(spmm_cuda, "FAST_LAUNCH", False)
+        slow = spmm_cuda.sampled_spmm_cuda(g, x, width, "fastrand", aggregator, split_edges=0)
+        monkeypatch.setattr(spmm_cuda, "FAST_LAUNCH", True)
+        assert torch.equal(fast, slow), (width, aggregator, dtype)  # one kernel, same arguments: same bits
+
+
+@pytest.mark.gpu
+def test_cuda_driver_launch_from_a_fresh_thread(cuda):
+    # a thread that has done no CUDA work has no context bound: the first driver launch binds the
+    # device's primary context and the result is right
+    g = random_graph(15, weighted=True)
+    x = _to_gpu(features(g.num_nodes, 32, 15), cuda)
+    want = reference(g, x.double().cpu().numpy(), 8, "fastrand", "gcn")
+    got: list = []
+    errors: list = []
+
+    def run():
+        try:
+            y = spmm_cuda.sampled_spmm_cuda(g, x, 8, "fastrand", "gcn")
+            torch.cuda.current_stream(cuda).synchronize()
+            got.append(y.cpu().numpy())
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert not errors, errors
+    np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.gpu
