@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -332,6 +333,19 @@ class ResidentPlain(_OnDevice):
             self._b1 = first.bias.detach().clone() if first.bias is not None else torch.zeros(self.hidden, device=self.device)
         self._tables: dict[int, torch.Tensor] = {}
         self._csr: dict[int, WidthCSR] = {}  # the kept edges per width, beside its table
+        #: bumped (under :attr:`lock`) by every :meth:`rebase`: a table built from the state before one is
+        #: dropped instead of installed (:meth:`_build`)
+        self._epoch = 0
+        self._build_lock = threading.Lock()
+        self._one_build = threading.Lock()  # builds run one at a time (the stale rows below are the build's)
+        #: while a build runs: the rows each rebase recomputed (and the graph it installed), which the build
+        #: recomputes in its own table before installing it (:meth:`_catch_up`)
+        self._tracking = False
+        self._pending_stale: list[np.ndarray] = []
+        self._building: int | None = None  # the width the background builder works on
+        self._builder: threading.Thread | None = None
+        self.builds = 0  # tables installed
+        self.caught_up = 0  # tables built across an update, brought up to it before their install
         self._install(graph, DeviceGraph.upload(graph, self.device))
 
     # ------------------------------------------------------------------ state
@@ -370,46 +384,143 @@ class ResidentPlain(_OnDevice):
                 "bytes": self.nbytes(), "widths": len(self._tables), "batches": self.batches}
 
     def has_table(self, width: int) -> bool:
-        """Whether ``width`` has a first-layer table, building it (one full-graph pass) if the budget has room."""
+        """Whether ``width`` has a first-layer table, building it here and now (one full-graph pass) if the
+        budget has room: the warm-up's call, before the model serves. Batches call :meth:`request`."""
+        return width in self._tables or self._build(width)
+
+    def request(self, width: int) -> bool:
+        """Whether ``width``'s table is held; if not, and the budget has room, start building it on a
+        background thread, so that no batch waits for a full-graph pass (seconds on a CPU at millions of
+        nodes): the batch takes the next path, later ones find the table. One build at a time: while one
+        runs, other widths are not queued (a later batch asks again), so a client cycling through widths
+        costs at most one build in flight, and no more tables than the budget holds."""
         if width in self._tables:
             return True
-        with self.lock:
-            if width in self._tables:  # built by another worker meanwhile
-                return True
+        with self._build_lock:
+            if self._building is not None or width in self._tables:
+                return width in self._tables
             if not self._room.admits(width, self._tables, self.width_bytes):
                 return False
-            with torch.inference_mode():
-                self._csr[width] = width_csr(self.dg, width, self.strategy, self.dinv)
-            self._tables[width] = self._full_table(width)
-            self.generation += 1
+            self._building = width
+            self._builder = threading.Thread(target=self._build_in_background, args=(width,),
+                                             name=f"resident-table-{width}", daemon=True)
+            self._builder.start()
+        return False
+
+    def _build_in_background(self, width: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            if self._build(width):
+                log.info("resident path: first-layer table of width %d built in %.2f s", width,
+                         time.perf_counter() - t0)
+        except Exception:  # loud, and the width keeps taking the host paths
+            log.exception("resident path: building the first-layer table of width %d failed", width)
+        finally:
+            with self._build_lock:
+                self._building = None
+
+    def wait_for_builds(self, timeout: float | None = None) -> bool:
+        """Wait for the background build (if one runs); whether none runs any more."""
+        t = self._builder
+        if t is not None:
+            t.join(timeout)
+        return self._building is None
+
+    def _build(self, width: int) -> bool:
+        """Build ``width``'s kept edges and table from a snapshot of the state taken under :attr:`lock`,
+        outside it (batches of other widths go on), and install them under it. Updates that came in
+        meanwhile (:attr:`_epoch` moved) are applied to the new table first, exactly as :meth:`rebase`
+        applied them to the held ones (:meth:`_catch_up`): a table never holds a row of an older graph or
+        older features than the held ones, and a write load cannot starve a build. An update after the
+        install recomputes the new table's stale rows with the others'. Whether the width is held."""
+        with self._one_build:
+            with self.lock:
+                if width in self._tables:
+                    return True
+                if not self._room.admits(width, self._tables, self.width_bytes):
+                    return False
+                epoch, graph, dg, dinv = self._epoch, self.graph, self.dg, self.dinv
+                self._tracking, self._pending_stale = True, []
+            try:
+                with torch.inference_mode():
+                    csr = width_csr(dg, width, self.strategy, dinv)
+                    table = self._full_table(width, graph, csr, dinv)
+                    if table.is_cuda:
+                        torch.cuda.current_stream(table.device).synchronize()  # done before any batch reads it
+                with self.lock, torch.inference_mode():
+                    if width in self._tables:
+                        return True
+                    if not self._room.admits(width, self._tables, self.width_bytes):
+                        return False
+                    if self._epoch != epoch:
+                        csr, table = self._catch_up(width, csr, table, dg)
+                    self._csr[width] = csr
+                    self._tables[width] = table
+                    self.generation += 1
+                    self.builds += 1
+            finally:
+                with self.lock:
+                    self._tracking, self._pending_stale = False, []
         return True
 
-    def _full_table(self, width: int) -> torch.Tensor:
-        """``relu(layer 1)`` of every node at ``width``. On a CPU, the model's own layer over the whole graph
-        (the compiled ES-SpMM kernel); on a GPU (:attr:`build_from_slots`), the width's kept edges read
-        :data:`BUILD_ROWS` rows at a time, because the CUDA kernel would keep a second copy of the CSR on the
-        device (its own memo) for this one pass."""
+    def _catch_up(self, width: int, csr: WidthCSR, table: torch.Tensor,
+                  dg: DeviceGraph) -> tuple[WidthCSR, torch.Tensor]:
+        """A table (and kept edges) built from device graph ``dg`` and the features of then, brought to the
+        state the held tables are in now (under :attr:`lock`): the kept edges again if the graph changed,
+        rows for new nodes, and every row an update since then recomputed."""
+        if self.dg is not dg:
+            csr = width_csr(self.dg, width, self.strategy, self.dinv)
+        n = self.num_nodes
+        if table.shape[0] < n:
+            grown = torch.empty((n, self.hidden), dtype=table.dtype, device=table.device)
+            grown[: table.shape[0]] = table
+            table = grown  # the new nodes' rows are in the stale rows (rebase adds them)
+        stale = np.unique(np.concatenate(self._pending_stale)) if self._pending_stale else np.zeros(0, np.int64)
+        p = self.projections()
+        for lo in range(0, len(stale), REFRESH_ROWS):
+            part = stale[lo: lo + REFRESH_ROWS]
+            table[torch.from_numpy(part).to(self.device)] = self.first_layer_rows(part, width, p, csr, self.dinv)
+        self.caught_up += 1
+        log.info("resident path: the table of width %d was built across %d row recomputes; %d rows brought up "
+                 "to date", width, len(self._pending_stale), len(stale))
+        return csr, table
+
+    def _full_table(self, width: int, graph: CSRGraph, csr: WidthCSR, dinv: torch.Tensor | None) -> torch.Tensor:
+        """``relu(layer 1)`` of every node of ``graph`` at ``width`` (``csr``: its kept edges, ``dinv``: its
+        GCN degrees). On a CPU, the model's own layer over the whole graph (the compiled ES-SpMM kernel); on
+        a GPU (:attr:`build_from_slots`), the width's kept edges read :data:`BUILD_ROWS` rows at a time,
+        because the CUDA kernel would keep a second copy of the CSR on the device (its own memo) for this
+        one pass."""
+        n = graph.num_nodes
         with torch.inference_mode():
             p = self.projections()
             if self.build_from_slots:
-                table = torch.empty((self.num_nodes, self.hidden), dtype=torch.float32, device=self.device)
-                for lo in range(0, self.num_nodes, BUILD_ROWS):
-                    rows = np.arange(lo, min(self.num_nodes, lo + BUILD_ROWS), dtype=np.int64)
-                    table[lo: lo + len(rows)] = self.first_layer_rows(rows, width, p)
+                table = torch.empty((n, self.hidden), dtype=torch.float32, device=self.device)
+                for lo in range(0, n, BUILD_ROWS):
+                    rows = np.arange(lo, min(n, lo + BUILD_ROWS), dtype=np.int64)
+                    table[lo: lo + len(rows)] = self.first_layer_rows(rows, width, p, csr, dinv)
                 return table
-            h = self.model.convs[0].aggregate(self.graph, p[: self.num_nodes], width or None, self.strategy)
+            h = self.model.convs[0].aggregate(graph, p[:n], width or None, self.strategy)
             return torch.relu_(h).contiguous()
 
     def rebase(self, graph: CSRGraph, dg: DeviceGraph | None, stale: np.ndarray) -> int:
         """Serve ``graph`` (an update of the one held: same nodes plus new ones) with ``dg`` (its upload,
         ``None`` when only features changed), recomputing the first-layer rows of ``stale`` (and of every
-        new node) at every width held; returns the rows recomputed."""
+        new node) at every width held; returns the rows recomputed. Under :attr:`lock`, with the epoch
+        bumped: a table a background build made from the state before is dropped, not installed."""
+        with self.lock:
+            self._epoch += 1
+            return self._rebase(graph, dg, stale)
+
+    def _rebase(self, graph: CSRGraph, dg: DeviceGraph | None, stale: np.ndarray) -> int:
         n_old = self.num_nodes
         if dg is not None:
             self._install(graph, dg)
         stale = np.asarray(stale, dtype=np.int64)
         if graph.num_nodes > n_old:
             stale = np.union1d(stale, np.arange(n_old, graph.num_nodes, dtype=np.int64))
+        if self._tracking:  # a build runs: it recomputes these rows in its table too before installing it
+            self._pending_stale.append(stale)
         done = 0
         with torch.inference_mode():  # the tables are inference tensors: written in that mode only
             p = self.projections() if self._tables else None
@@ -429,32 +540,36 @@ class ResidentPlain(_OnDevice):
         return done
 
     # ------------------------------------------------------------------ the layers
-    def first_layer_rows(self, rows: np.ndarray, width: int, p: torch.Tensor | None = None) -> torch.Tensor:
+    def first_layer_rows(self, rows: np.ndarray, width: int, p: torch.Tensor | None = None,
+                         csr: WidthCSR | None = None, dinv: torch.Tensor | None = None) -> torch.Tensor:
         """``relu(layer 1)`` of ``rows`` at ``width`` from the width's kept edges (the rows an update changed);
-        ``p``: the complete projection table, when the caller has it (fetched here otherwise)."""
+        ``p``: the complete projection table, when the caller has it (fetched here otherwise); ``csr`` and
+        ``dinv``: the kept edges and GCN degrees to use (default: the width's held ones and the graph's)."""
         with torch.inference_mode():
             p = self.projections() if p is None else p
             r = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(self.device)
-            s = self._slots(r, rows, width)
+            s = self._slots(r, rows, width, csr)
             if self.gcn:
-                h = self._gcn(s, r, p) + self._b1
+                h = self._gcn(s, r, p, dinv) + self._b1
             else:
                 o = self.hidden
                 h = p.index_select(0, r)[:, :o] + slot_sum(s, p[:, o:], r.numel()) + self._b1
             return torch.relu_(h)
 
-    def _slots(self, rows: torch.Tensor, rows_host: np.ndarray | None, width: int) -> Slots:
-        c = self._csr[width]
+    def _slots(self, rows: torch.Tensor, rows_host: np.ndarray | None, width: int,
+               csr: WidthCSR | None = None) -> Slots:
+        c = self._csr[width] if csr is None else csr
         if width and width <= PAD_MAX:
             return padded_slots(c, rows, width)
         if rows_host is None:
             raise ValueError("packed slots need the host's copy of the row ids")
         return packed_slots(c, rows, rows_host)
 
-    def _gcn(self, s: Slots, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def _gcn(self, s: Slots, rows: torch.Tensor, x: torch.Tensor, dinv: torch.Tensor | None = None) -> torch.Tensor:
         """``g_t^2 x_t + sum_q coef_q x_{j_q}`` for the rows (before the transform; ``coef = w s_t g_t g_j``)."""
-        assert self.dinv is not None
-        gt = self.dinv.index_select(0, rows)
+        dinv = self.dinv if dinv is None else dinv
+        assert dinv is not None
+        gt = dinv.index_select(0, rows)
         return (gt * gt).unsqueeze(1) * x.index_select(0, rows) + slot_sum(s, x, rows.numel())
 
     def forward(self, rows: torch.Tensor, rows_host: np.ndarray | None, width: int,

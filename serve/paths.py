@@ -138,7 +138,8 @@ class ResidentPath(ServingPath):
         return rt._resident is not None
 
     def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
-        return not new_nodes and not _small_on_gpu(self.rt, targets) and self.rt._resident.has_table(width)
+        # a width without its table starts its build in the background and takes the next path meanwhile
+        return not new_nodes and not _small_on_gpu(self.rt, targets) and self.rt._resident.request(width)
 
     def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
         from .runtime import _torch_threads_for

@@ -236,11 +236,14 @@ class ActivationCache:
         room stays for the reserved width; a width refused runs the whole plan)."""
         if width in self._tables:
             return True
-        if not self._room.admits(width, self._tables, lambda _w: self.table_bytes):
-            return False
-        cap = self._capacity()
-        self._tables[width] = (np.empty((cap, self.dim), dtype=np.float32), np.zeros(cap, dtype=bool))
-        self._filled[width] = 0
+        with self._count_lock:  # two --workers threads asking for one new width allocate it once
+            if width in self._tables:
+                return True
+            if not self._room.admits(width, self._tables, lambda _w: self.table_bytes):
+                return False
+            cap = self._capacity()
+            self._filled[width] = 0
+            self._tables[width] = (np.empty((cap, self.dim), dtype=np.float32), np.zeros(cap, dtype=bool))
         return True
 
     def _capacity(self) -> int:

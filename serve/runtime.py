@@ -674,15 +674,19 @@ class ModelRuntime:
                 row_map = np.concatenate([inverse.reshape(-1), len(uniq) + np.arange(len(new_specs))])
                 targets = uniq
         want_emb = any(c.return_embeddings for c in calls)
-        if path is None:
-            path = self._path_for(targets, bool(new_specs), width, budget)
         live = self.data.live
         if live is None:
             graph_version = 0
+            if path is None:
+                path = self._path_for(targets, bool(new_specs), width, budget)
             o = path.run(targets, new_specs, width, budget, want_emb)
         else:  # one graph version for the whole batch (serve.live: an update waits for it)
             graph_version = live.begin_read()
             try:
+                if path is None:
+                    # chosen under the read lock too: a path's accepts() may allocate per-graph state (the
+                    # activation cache's table of a new width), which an update must not interleave with
+                    path = self._path_for(targets, bool(new_specs), width, budget)
                 o = path.run(targets, new_specs, width, budget, want_emb)
             finally:
                 live.end_read()

@@ -182,6 +182,9 @@ def test_random_updates_on_the_resident_path(base_repo, tiny_dataset, tmp_path):
     try:
         plain = [srv.server.registry.get(m) for m in ("gcn", "sage")]
         assert all(rt.paths[0].name == "plain-resident" for rt in plain)
+        for rt in plain:  # S = 3 is no knob-table width: a batch asks for it, a background build makes it
+            assert not rt._resident.holds(3) and not rt._resident.request(3)
+            assert rt._resident.wait_for_builds(60) and rt._resident.holds(3)
         before = [rt._resident.batches for rt in plain]
         _random_updates_answer_like_the_updated_graph(srv, base_repo, tiny_dataset, np.random.default_rng(7))
         assert all(rt._resident.batches >= b + 4 for rt, b in zip(plain, before, strict=True))
@@ -320,6 +323,25 @@ def test_an_update_that_fails_half_way_answers_unavailable(server, tiny_dataset,
             c.update_graph("gcn", add_edges=[(v, u)])
         with pytest.raises(clients.UnavailableError, match="restart"):
             c.predict("gcn", [u])
+
+
+def test_the_serving_path_is_chosen_under_the_read_lock(server, monkeypatch):
+    """A path's accepts() may allocate per-graph state (the activation cache's table of a width asked for
+    the first time, sized by the graph's node count): the batch chooses its path inside its read section,
+    so no update can grow the graph between that allocation and the batch."""
+    rt = server.server.registry.get("gcn")
+    lock = rt.data.live.lock
+    seen: list[int] = []
+    real = rt._path_for
+
+    def spy(*args):
+        seen.append(lock._readers)
+        return real(*args)
+
+    monkeypatch.setattr(rt, "_path_for", spy)
+    with GnnClient(server.address) as c:
+        c.predict("gcn", [1, 2, 3], sampling_width=5)  # a width no table holds: the estimate asks no path
+    assert seen and all(r >= 1 for r in seen), seen
 
 
 def test_read_only_server_refuses_updates(base_repo, tmp_path):

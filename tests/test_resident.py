@@ -7,6 +7,9 @@ against the specification) and ``tests/test_live.py`` (random updates)."""
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -128,6 +131,73 @@ def test_rebase_recomputes_the_stale_rows_and_grows():
     for width in (0, 3):
         assert fresh.has_table(width)
         np.testing.assert_allclose(res._tables[width].numpy(), fresh._tables[width].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _update(g: CSRGraph, p: torch.Tensor, gcn: bool):
+    """A new node n linked to 0 and 5, and new features (projection) for node 7: the new graph and
+    projections, and the stale first-layer rows as the runtime computes them (serve.runtime.prepare_rebase)."""
+    n = g.num_nodes
+    ei = np.stack([np.repeat(np.arange(n), np.diff(g.indptr)), g.indices.astype(np.int64)])
+    ei = np.concatenate([ei, [[n, n, 0, 5], [0, 5, n, n]]], axis=1)
+    g2 = CSRGraph.from_edge_index(ei, num_nodes=n + 1)
+    p2 = torch.cat([p, torch.randn(1, p.shape[1], generator=torch.Generator().manual_seed(1))])
+    p2[7] = torch.randn(p.shape[1], generator=torch.Generator().manual_seed(2))
+    changed, feats = np.array([0, 5, n]), np.array([7])
+    spread = np.concatenate([feats, changed]) if gcn else feats
+    stale = np.unique(np.concatenate([changed, feats, g2.neighbors_of(spread)]))
+    return g2, p2, stale
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("width", [3, 0])
+def test_a_table_built_across_an_update_is_brought_up_to_it(arch, width):
+    """request() builds a missing width on a background thread and answers "not yet" (the batch takes
+    another path); one build at a time, nothing queued meanwhile. An update committed while the build runs
+    (a new node, changed rows, new features) is applied to the new table before it is installed: it then
+    equals a table built fresh on the updated graph, and the answers equal the model's forward there."""
+    from kernels.resident import DeviceGraph
+
+    g, model, p, res = _setup(arch, 8, False, "fastrand")  # unweighted: _update's graph has no weights
+    entered, release = threading.Event(), threading.Event()
+    real = res._full_table
+
+    def slow(*args):
+        out = real(*args)
+        entered.set()
+        assert release.wait(30)
+        return out
+
+    res._full_table = slow
+    assert not res.request(width)
+    assert entered.wait(30)
+    assert not res.request(width) and not res.request(11) and res._building == width  # one build in flight
+    g2, p2, stale = _update(g, p, arch == "gcn")
+    res.projections = lambda: p2
+    assert res.rebase(g2, DeviceGraph.upload(g2, torch.device("cpu")), stale) == 0  # no table held yet
+    release.set()
+    assert res.wait_for_builds(30) and res.holds(width) and not res.holds(11)
+    assert (res.builds, res.caught_up) == (1, 1)
+    fresh = ResidentPlain(model, g2, lambda: p2, strategy="fastrand", budget_bytes=1 << 26)
+    assert fresh.has_table(width)
+    np.testing.assert_allclose(res._tables[width].numpy(), fresh._tables[width].numpy(), rtol=1e-5, atol=1e-6)
+    t = np.array([0, 5, 7, 3, g2.num_nodes - 1])
+    want, _ = _spec(model, g2, p2, width, "fastrand")
+    probs, _, _, _ = res.answer(t, width, want_emb=False)
+    np.testing.assert_allclose(probs, want[t].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_failed_build_is_logged_and_frees_the_builder(caplog):
+    res = _setup("gcn", 9, False, "fastrand")[3]
+
+    def broken(*args):
+        raise RuntimeError("out of device memory")
+
+    res._full_table = broken
+    with caplog.at_level(logging.ERROR, logger="kernels.resident"):
+        assert not res.request(4)
+        assert res.wait_for_builds(30)
+    assert not res.holds(4) and res._building is None and not res._tracking
+    assert any("width 4 failed" in r.getMessage() for r in caplog.records)
 
 
 def test_table_budget_keeps_room_for_the_default_width():
