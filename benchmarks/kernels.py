@@ -166,6 +166,44 @@ def time_call2(fn: Callable[[], object], device: torch.device, prep: Callable[[]
     return t, t
 
 
+def host_prep(calls: int = 20000, rounds: int = 5) -> dict[str, float]:
+    """Host microseconds per call of the CUDA launcher's preparation, run on CPU tensors (it needs no
+    GPU): the argument checks, :func:`kernels.spmm_cuda._plan` (device entry, schedule, output, launch
+    shape, argument tuple) on a request-sized graph (64 rows, ~1,200 edges, F = 64, S = 8), filling the
+    driver launch's parameter block with the arguments, and boxing them as the NumPy scalars CuPy's kernel
+    call takes instead (which CuPy then packs again). Median over ``rounds`` of ``calls`` calls each."""
+    from kernels.spmm import _check_args
+
+    rng = np.random.default_rng(0)
+    n = 64
+    deg = rng.integers(1, 40, size=n)
+    indptr = np.concatenate([[0], np.cumsum(deg)]).astype(np.int64)
+    indices = np.concatenate([np.sort(rng.choice(n, size=int(d), replace=False)) for d in deg]).astype(np.int32)
+    g = CSRGraph(indptr=indptr, indices=indices, num_nodes=n)
+    x = torch.randn(n, 64)
+    cpu = torch.device("cpu")
+    _, plan = spmm_cuda._plan(g, x, 8, "fastrand", "sum", None, cpu, None, "degree", None)
+    values, _ = spmm_cuda.param_block()
+
+    def fill() -> None:
+        values[:] = plan.args
+
+    variants: dict[str, Callable[[], object]] = {
+        "argument checks": lambda: _check_args(g, x, 8, "fastrand", "sum"),
+        "_plan": lambda: spmm_cuda._plan(g, x, 8, "fastrand", "sum", None, cpu, None, "degree", None),
+        "fill the driver's parameter block": fill,
+        "box as NumPy scalars for CuPy": lambda: spmm_cuda.cupy_args(plan.args),
+    }
+    out: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            out[name].append((time.perf_counter() - t0) / calls * 1e6)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
 def _cupy_launch(fn: Callable[[], object]) -> object:
     """``fn()`` with the kernel launched through CuPy's kernel call instead of the driver launch."""
     spmm_cuda.FAST_LAUNCH = False
@@ -444,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--half", default="",
                    help="CUDA: comma list of 16-bit types (bfloat16, float16) to time natively and via float32")
+    p.add_argument("--host-prep", action="store_true",
+                   help="also time the CUDA launcher's host-side preparation on CPU tensors (no GPU needed)")
     p.add_argument("--quick", action="store_true",
                    help="defaults become: F = 64, 3 rounds")
     args = p.parse_args(argv)
@@ -500,6 +540,12 @@ def main(argv: list[str] | None = None) -> int:
                       f"{time.perf_counter() - t_start:.0f} s so far -->", flush=True)
         g.cache().clear()
     print(markdown(cases, graphs, widths, args, peak))
+    if args.host_prep:
+        print("\nHost time of the CUDA launcher's preparation, on CPU tensors (64 rows, ~1,200 edges, F = 64, "
+              "S = 8; median of 5 rounds of 20,000 calls):\n")
+        print("| step | us per call |\n|---|---|")
+        for k, v in host_prep().items():
+            print(f"| {k} | {v:.2f} |")
     for dev in devices:
         if dev.type == "cuda":
             lo = launch_overhead(dev)
