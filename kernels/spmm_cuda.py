@@ -340,8 +340,9 @@ def _cupy() -> Any:
 
 def _kernel(device_index: int, dtype: torch.dtype, index_ctype: str, cpt: int, vector: bool = False,
             split: bool = False) -> Any:
-    """The compiled kernel for one (device, dtype, index type, CPT, vector, split); modules built once
-    per (device, dtype, split)."""
+    """The compiled kernel for one (device, dtype, index type, CPT, vector, split): ``(raw kernel, CUfunction
+    handle)``, the :class:`cupy.RawKernel` (for CuPy's call) and its function on ``device_index`` (for the
+    driver launch); modules built once per (device, dtype, split)."""
     key = (device_index, dtype, index_ctype, cpt, vector, split)
     fn = _kernels.get(key)
     if fn is not None:
@@ -359,7 +360,10 @@ def _kernel(device_index: int, dtype: torch.dtype, index_ctype: str, cpt: int, v
                 mod = cp.RawModule(code=kernel_source(), options=("-std=c++17",), name_expressions=names)
                 _modules[(device_index, dtype, split)] = mod
                 log.debug("compiling %s for cuda:%d %s (split=%s)", KERNEL_SOURCE.name, device_index, dtype, split)
-            fn = mod.get_function(kernel_name(vt, index_ctype, cpt, vector, split))
+            raw = mod.get_function(kernel_name(vt, index_ctype, cpt, vector, split))
+            # RawModule.get_function gives a RawKernel; its Function on the current device (compiling the
+            # module if needed) holds the CUfunction handle cuLaunchKernel takes
+            fn = (raw, int(raw.kernel.ptr))
         _kernels[key] = fn
         return fn
 
@@ -596,27 +600,28 @@ def _current_stream(device_index: int) -> int:
     return int(torch.cuda.current_stream(device_index).cuda_stream)
 
 
-def _launch(fn: Any, cfg: LaunchConfig, args: tuple, device_index: int, stream: int) -> None:
+def _launch(fn: tuple[Any, int], cfg: LaunchConfig, args: tuple, device_index: int, stream: int) -> None:
     """Enqueue one launch of ``fn`` on ``stream``. The driver launch fills this thread's parameter block
     and calls ``cuLaunchKernel`` (a few microseconds of host time) when the thread's current device is
     the launch's; a thread that has no CUDA context yet gets the device's primary context bound once.
     Otherwise, or with :data:`FAST_LAUNCH` off, CuPy's kernel call under the device and stream."""
     cp = _cupy()
+    raw, handle = fn
     if FAST_LAUNCH and _fast_ok and sys.byteorder == "little" and cp.cuda.runtime.getDevice() == device_index:
         values, addr = param_block()
         values[:] = args
         driver = cp.cuda.driver
         try:
-            driver.launchKernel(fn.ptr, cfg.blocks, 1, 1, cfg.block_threads, 1, 1, cfg.shared_bytes, stream, addr, 0)
+            driver.launchKernel(handle, cfg.blocks, 1, 1, cfg.block_threads, 1, 1, cfg.shared_bytes, stream, addr, 0)
             return
         except driver.CUDADriverError as exc:
             if getattr(exc, "status", None) != _CUDA_ERROR_INVALID_CONTEXT:
                 raise
         cp.cuda.runtime.setDevice(device_index)  # binds the device's primary context to this thread
-        driver.launchKernel(fn.ptr, cfg.blocks, 1, 1, cfg.block_threads, 1, 1, cfg.shared_bytes, stream, addr, 0)
+        driver.launchKernel(handle, cfg.blocks, 1, 1, cfg.block_threads, 1, 1, cfg.shared_bytes, stream, addr, 0)
         return
     with cp.cuda.Device(device_index), _stream(device_index, stream):
-        fn((cfg.blocks,), (cfg.block_threads,), cupy_args(args), shared_mem=cfg.shared_bytes)
+        raw((cfg.blocks,), (cfg.block_threads,), cupy_args(args), shared_mem=cfg.shared_bytes)
 
 
 @dataclass(frozen=True)
