@@ -45,6 +45,7 @@ set), through the same slots as the last layer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -432,35 +433,48 @@ class ResidentPlain(_OnDevice):
         meanwhile (:attr:`_epoch` moved) are applied to the new table first, exactly as :meth:`rebase`
         applied them to the held ones (:meth:`_catch_up`): a table never holds a row of an older graph or
         older features than the held ones, and a write load cannot starve a build. An update after the
-        install recomputes the new table's stale rows with the others'. Whether the width is held."""
+        install recomputes the new table's stale rows with the others'. On a GPU the whole build holds the
+        lock instead (a CUDA graph capture, done under it, tolerates no other thread's allocation or
+        synchronisation). Whether the width is held."""
         with self._one_build:
-            with self.lock:
+            if self.device.type == "cuda":
+                # a batch thread may be capturing a CUDA graph (under the lock), and a capture forbids other
+                # threads' allocations and synchronisations: on a GPU (a build of milliseconds) the whole
+                # build holds the lock
+                with self.lock:
+                    return self._build_now(width, contextlib.nullcontext())
+            return self._build_now(width, self.lock)
+
+    def _build_now(self, width: int, lock: Any) -> bool:
+        """:meth:`_build`'s steps, ``lock`` taken for the snapshot and the install (a no-op context when the
+        caller holds the lock throughout)."""
+        with lock:
+            if width in self._tables:
+                return True
+            if not self._room.admits(width, self._tables, self.width_bytes):
+                return False
+            epoch, graph, dg, dinv = self._epoch, self.graph, self.dg, self.dinv
+            self._tracking, self._pending_stale = True, []
+        try:
+            with torch.inference_mode():
+                csr = width_csr(dg, width, self.strategy, dinv)
+                table = self._full_table(width, graph, csr, dinv)
+                if table.is_cuda:
+                    torch.cuda.current_stream(table.device).synchronize()  # done before any batch reads it
+            with lock, torch.inference_mode():
                 if width in self._tables:
                     return True
                 if not self._room.admits(width, self._tables, self.width_bytes):
                     return False
-                epoch, graph, dg, dinv = self._epoch, self.graph, self.dg, self.dinv
-                self._tracking, self._pending_stale = True, []
-            try:
-                with torch.inference_mode():
-                    csr = width_csr(dg, width, self.strategy, dinv)
-                    table = self._full_table(width, graph, csr, dinv)
-                    if table.is_cuda:
-                        torch.cuda.current_stream(table.device).synchronize()  # done before any batch reads it
-                with self.lock, torch.inference_mode():
-                    if width in self._tables:
-                        return True
-                    if not self._room.admits(width, self._tables, self.width_bytes):
-                        return False
-                    if self._epoch != epoch:
-                        csr, table = self._catch_up(width, csr, table, dg)
-                    self._csr[width] = csr
-                    self._tables[width] = table
-                    self.generation += 1
-                    self.builds += 1
-            finally:
-                with self.lock:
-                    self._tracking, self._pending_stale = False, []
+                if self._epoch != epoch:
+                    csr, table = self._catch_up(width, csr, table, dg)
+                self._csr[width] = csr
+                self._tables[width] = table
+                self.generation += 1
+                self.builds += 1
+        finally:
+            with lock:
+                self._tracking, self._pending_stale = False, []
         return True
 
     def _catch_up(self, width: int, csr: WidthCSR, table: torch.Tensor,
