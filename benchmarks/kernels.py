@@ -166,6 +166,16 @@ def time_call2(fn: Callable[[], object], device: torch.device, prep: Callable[[]
     return t, t
 
 
+def request_graph() -> CSRGraph:
+    """A request-sized graph: 64 rows of 1..39 edges (~1,200), one shaDow target's subgraph."""
+    rng = np.random.default_rng(0)
+    n = 64
+    deg = rng.integers(1, 40, size=n)
+    indptr = np.concatenate([[0], np.cumsum(deg)]).astype(np.int64)
+    indices = np.concatenate([np.sort(rng.choice(n, size=int(d), replace=False)) for d in deg]).astype(np.int32)
+    return CSRGraph(indptr=indptr, indices=indices, num_nodes=n)
+
+
 def host_prep(calls: int = 20000, rounds: int = 5) -> dict[str, float]:
     """Host microseconds per call of the CUDA launcher's preparation, run on CPU tensors (it needs no
     GPU): the argument checks, :func:`kernels.spmm_cuda._plan` (device entry, schedule, output, launch
@@ -174,12 +184,8 @@ def host_prep(calls: int = 20000, rounds: int = 5) -> dict[str, float]:
     call takes instead (which CuPy then packs again). Median over ``rounds`` of ``calls`` calls each."""
     from kernels.spmm import _check_args
 
-    rng = np.random.default_rng(0)
-    n = 64
-    deg = rng.integers(1, 40, size=n)
-    indptr = np.concatenate([[0], np.cumsum(deg)]).astype(np.int64)
-    indices = np.concatenate([np.sort(rng.choice(n, size=int(d), replace=False)) for d in deg]).astype(np.int32)
-    g = CSRGraph(indptr=indptr, indices=indices, num_nodes=n)
+    g = request_graph()
+    n = g.num_nodes
     x = torch.randn(n, 64)
     cpu = torch.device("cpu")
     _, plan = spmm_cuda._plan(g, x, 8, "fastrand", "sum", None, cpu, None, "degree", None)
@@ -219,12 +225,8 @@ def launch_overhead(device: torch.device, calls: int = 2000, rounds: int = 5) ->
     on the host clock (one synchronisation at the end), median over ``rounds``."""
     from kernels.spmm import sampled_spmm
 
-    rng = np.random.default_rng(0)
-    n = 64
-    deg = rng.integers(1, 40, size=n)
-    indptr = np.concatenate([[0], np.cumsum(deg)]).astype(np.int64)
-    indices = np.concatenate([np.sort(rng.choice(n, size=int(d), replace=False)) for d in deg]).astype(np.int32)
-    g = CSRGraph(indptr=indptr, indices=indices, num_nodes=n)
+    g = request_graph()
+    n = g.num_nodes
     x = torch.randn(n, 64, device=device)
     mat = baseline_csr(g, device)
     xb = x.to(torch.bfloat16)
