@@ -940,7 +940,9 @@ class CapturedForward:
                     self._forward(static_in, width, budget, want_emb)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # thread_local: other threads go on allocating and copying while this one captures (an update's
+            # prepare phase uploads the new CSR while batches run); the default, global, would fail them
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 static_out = self._forward(static_in, width, budget, want_emb)
         self.captures += 1
         log.info("resident path: captured a CUDA graph for %d targets at width %d%s", bucket, width,

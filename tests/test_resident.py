@@ -433,6 +433,43 @@ def test_cuda_graphs_replay_the_forward():
 
 
 @pytest.mark.gpu
+def test_cuda_graph_capture_while_another_thread_uploads():
+    """An update's prepare phase uploads the new CSR (allocations, copies) on its own thread while batches
+    run, and a batch may be capturing a CUDA graph then: neither may fail (capture_error_mode
+    thread_local), and the replays answer like the plain forward."""
+    from kernels.resident import CapturedForward, DeviceGraph
+
+    _cuda()
+    cuda = torch.device("cuda")
+    g, _, _, res = _setup("gcn", 31, False, "fastrand", device="cuda")
+    assert res.has_table(4)
+    cap = CapturedForward(res, max_bucket=64)
+    stop, errors = threading.Event(), []
+
+    def uploads():
+        try:
+            while not stop.is_set():
+                DeviceGraph.upload(g, cuda)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=uploads)
+    t.start()
+    try:
+        rng = np.random.default_rng(5)
+        for b in (1, 2, 5, 9, 17, 33, 64):
+            targets = np.sort(rng.choice(g.num_nodes, b, replace=False))
+            got = cap.answer(targets, 4, want_emb=False)[0]
+            want = res.answer(targets, 4, want_emb=False)[0]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    finally:
+        stop.set()
+        t.join()
+    assert not errors, errors
+    assert cap.captures == 7
+
+
+@pytest.mark.gpu
 def test_cuda_resident_shadow_does_not_synchronise():
     """shaDow on the GPU: answers equal the CPU resident model's, under set_sync_debug_mode("error")."""
     _cuda()
