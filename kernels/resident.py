@@ -350,12 +350,14 @@ class ResidentPlain(_OnDevice):
         self._install(graph, DeviceGraph.upload(graph, self.device))
 
     # ------------------------------------------------------------------ state
-    def _install(self, graph: CSRGraph, dg: DeviceGraph) -> None:
+    def _install(self, graph: CSRGraph, dg: DeviceGraph, dinv: torch.Tensor | None = None) -> None:
         self.graph = graph
         self.dg = dg
         self.num_nodes = graph.num_nodes
         # D^{-1/2}, D_i = 1 + sum_j w_ij: the full graph's GCN degrees, as sampled_spmm computes them
-        self.dinv = _gcn_dinv(graph, self.device, torch.float32) if self.gcn else None
+        if self.gcn and dinv is None:
+            dinv = _gcn_dinv(graph, self.device, torch.float32)
+        self.dinv = dinv if self.gcn else None
         self.table_bytes = self.num_nodes * self.hidden * 4
         self.generation += 1
 
@@ -517,19 +519,31 @@ class ResidentPlain(_OnDevice):
             h = self.model.convs[0].aggregate(graph, p[:n], width or None, self.strategy)
             return torch.relu_(h).contiguous()
 
-    def rebase(self, graph: CSRGraph, dg: DeviceGraph | None, stale: np.ndarray) -> int:
+    def prepare(self, graph: CSRGraph, dg: DeviceGraph) -> dict[str, Any]:
+        """What a structural update's :meth:`rebase` needs from the new graph alone, computed while batches
+        still run on the old one (an update's prepare phase, outside the write lock): its GCN degrees and
+        the kept edges of every width held now (O(E) each on the device). A width installed after this is
+        built in the rebase itself."""
+        dinv = _gcn_dinv(graph, self.device, torch.float32) if self.gcn else None
+        with torch.inference_mode():
+            csr = {w: width_csr(dg, w, self.strategy, dinv) for w in list(self._csr)}
+        return {"dinv": dinv, "csr": csr}
+
+    def rebase(self, graph: CSRGraph, dg: DeviceGraph | None, stale: np.ndarray,
+               prepared: dict[str, Any] | None = None) -> int:
         """Serve ``graph`` (an update of the one held: same nodes plus new ones) with ``dg`` (its upload,
         ``None`` when only features changed), recomputing the first-layer rows of ``stale`` (and of every
-        new node) at every width held; returns the rows recomputed. Under :attr:`lock`, with the epoch
-        bumped: a table a background build made from the state before is dropped, not installed."""
+        new node) at every width held; returns the rows recomputed. ``prepared``: :meth:`prepare`'s result
+        for ``graph`` and ``dg`` (else computed here, under the lock). Under :attr:`lock`, with the epoch
+        bumped: a table a background build made from the state before is brought up to this one."""
         with self.lock:
             self._epoch += 1
-            return self._rebase(graph, dg, stale)
+            return self._rebase(graph, dg, stale, prepared or {})
 
-    def _rebase(self, graph: CSRGraph, dg: DeviceGraph | None, stale: np.ndarray) -> int:
+    def _rebase(self, graph: CSRGraph, dg: DeviceGraph | None, stale: np.ndarray, prepared: dict[str, Any]) -> int:
         n_old = self.num_nodes
         if dg is not None:
-            self._install(graph, dg)
+            self._install(graph, dg, prepared.get("dinv"))
         stale = np.asarray(stale, dtype=np.int64)
         if graph.num_nodes > n_old:
             stale = np.union1d(stale, np.arange(n_old, graph.num_nodes, dtype=np.int64))
@@ -538,9 +552,11 @@ class ResidentPlain(_OnDevice):
         done = 0
         with torch.inference_mode():  # the tables are inference tensors: written in that mode only
             p = self.projections() if self._tables else None
-            if dg is not None:  # every width's kept edges again, on the new graph (whole: O(E) on the device)
+            if dg is not None:  # every width's kept edges on the new graph (prepared, or O(E) here)
+                ready = prepared.get("csr", {})
                 for width in list(self._csr):
-                    self._csr[width] = width_csr(self.dg, width, self.strategy, self.dinv)
+                    c = ready.get(width)
+                    self._csr[width] = c if c is not None else width_csr(self.dg, width, self.strategy, self.dinv)
             for width, table in list(self._tables.items()):
                 if table.shape[0] < graph.num_nodes:
                     grown = torch.empty((graph.num_nodes, self.hidden), dtype=table.dtype, device=table.device)

@@ -428,10 +428,11 @@ class ModelRuntime:
             plan["activation"] = np.unique(np.concatenate([changed, feats, graph.neighbors_of(spread)]))
         if graph is old and not len(changed) and not len(new_ids):  # features only: the graph is the same
             return plan
-        if self._resident is not None:  # the new CSR on the device, uploaded while batches still run
+        if self._resident is not None:  # the new CSR and kept edges on the device, built while batches still run
             from kernels.resident import DeviceGraph
 
-            plan["resident_graph"] = DeviceGraph.upload(graph, self.device)
+            dg = plan["resident_graph"] = DeviceGraph.upload(graph, self.device)
+            plan["resident_prepared"] = self._resident.prepare(graph, dg)
         if not self.remote_graph:
             carry_gcn_degrees(old, graph, changed)  # memoized on the new graph, not yet visible
             if self._dinv is not None:
@@ -461,7 +462,8 @@ class ModelRuntime:
         if self._activations is not None and "activation" in plan:
             inv["activation"] = self._activations.rebase(graph, self._dinv, plan["activation"])
         if self._resident is not None:
-            inv["resident"] = self._resident.rebase(graph, plan.get("resident_graph"), plan["activation"])
+            inv["resident"] = self._resident.rebase(graph, plan.get("resident_graph"), plan["activation"],
+                                                    plan.get("resident_prepared"))
         if self._resident_shadow is not None:  # new features: its projection rows (lists follow the dirty marks)
             self._resident_shadow.rebase()
         if self._exact_edges is not None and "exact_edges" in plan:

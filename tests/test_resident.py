@@ -133,6 +133,33 @@ def test_rebase_recomputes_the_stale_rows_and_grows():
         np.testing.assert_allclose(res._tables[width].numpy(), fresh._tables[width].numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_rebase_with_the_kept_edges_prepared_outside_the_lock(monkeypatch):
+    """prepare() builds every held width's kept edges from the new graph before the write lock (batches
+    still run); the rebase then builds none and ends where a rebase that builds them does."""
+    import kernels.resident as resident
+    from kernels.resident import DeviceGraph
+
+    g, _, p, res = _setup("gcn", 6, False, "fastrand")
+    _, _, _, twin = _setup("gcn", 6, False, "fastrand")
+    for r in (res, twin):
+        assert r.has_table(3) and r.has_table(0)
+    g2, p2, stale = _update(g, p, True)
+    dg2 = DeviceGraph.upload(g2, torch.device("cpu"))
+    prepared = res.prepare(g2, dg2)
+    assert sorted(prepared["csr"]) == [0, 3]
+    built = []
+    real = resident.width_csr
+    monkeypatch.setattr(resident, "width_csr", lambda *a: built.append(a[1]) or real(*a))
+    res.projections = twin.projections = lambda: p2
+    res.rebase(g2, dg2, stale, prepared)
+    assert built == []  # nothing O(E) under the lock
+    twin.rebase(g2, DeviceGraph.upload(g2, torch.device("cpu")), stale)
+    assert sorted(built) == [0, 3]
+    for width in (0, 3):
+        np.testing.assert_allclose(res._tables[width].numpy(), twin._tables[width].numpy(), rtol=1e-6, atol=1e-7)
+        assert torch.equal(res._csr[width].coef, twin._csr[width].coef)
+
+
 def _update(g: CSRGraph, p: torch.Tensor, gcn: bool):
     """A new node n linked to 0 and 5, and new features (projection) for node 7: the new graph and
     projections, and the stale first-layer rows as the runtime computes them (serve.runtime.prepare_rebase)."""
