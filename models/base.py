@@ -94,10 +94,11 @@ def as_index_tensor(a: np.ndarray | Tensor, device: torch.device) -> Tensor:
     return torch.as_tensor(np.asarray(a) if not isinstance(a, Tensor) else a, dtype=torch.int64, device=device)
 
 
-def segment_ids(ptr: Tensor) -> Tensor:
-    """Subgraph id of every row: ``ptr`` int64 ``[B + 1]`` -> int64 ``[ptr[-1]]``."""
+def segment_ids(ptr: Tensor, total: int | None = None) -> Tensor:
+    """Subgraph id of every row: ``ptr`` int64 ``[B + 1]`` -> int64 ``[ptr[-1]]``. ``total`` (= ``ptr[-1]``,
+    when the caller knows it) spares a GPU the read-back of the output size."""
     counts = ptr[1:] - ptr[:-1]
-    return torch.repeat_interleave(torch.arange(len(counts), device=ptr.device), counts)
+    return torch.repeat_interleave(torch.arange(len(counts), device=ptr.device), counts, output_size=total)
 
 
 def full_gcn_degrees(graph: CSRGraph) -> np.ndarray:

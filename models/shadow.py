@@ -56,7 +56,8 @@ POOLS = ("none", "mean", "max", "mean+max")
 def segment_mean(h: Tensor, seg: Tensor, num_segments: int) -> Tensor:
     """Mean of the rows of ``h`` ``[R, H]`` per segment id ``seg`` ``[R]`` -> ``[B, H]``."""
     out = h.new_zeros(num_segments, h.shape[1]).index_add_(0, seg, h)
-    cnt = torch.bincount(seg, minlength=num_segments).clamp(min=1).to(h.dtype)
+    # counted with index_add_ (bincount reads the largest id back to size its output: a GPU sync)
+    cnt = h.new_zeros(num_segments).index_add_(0, seg, h.new_ones(seg.shape[0])).clamp(min=1)
     return out / cnt.unsqueeze(1)
 
 
@@ -140,7 +141,7 @@ class ShadowGNN(GNNModel):
         target_rows = torch.as_tensor(np.asarray(batch.target_rows), dtype=torch.int64, device=dev)
         parts = [h[target_rows]]
         if self.pools:
-            seg = segment_ids(ptr)
+            seg = segment_ids(ptr, h.shape[0])
             nseg = len(ptr) - 1
             for kind in self.pools:
                 parts.append(segment_mean(h, seg, nseg) if kind == "mean" else segment_max(h, seg, nseg))

@@ -314,6 +314,29 @@ def _shadow_setup(backbone: str, pool: str, layers: int, weighted: bool, seed: i
     return g, index, model, p, ResidentShadow(model, index, lambda: p, strategy="fastrand")
 
 
+def test_the_shadow_readout_reads_nothing_back():
+    """The host-path shaDow model's readout (segment ids, mean and max pooling), which a --device cuda server
+    runs without --resident: no operator reads a size or value back (it used repeat_interleave without its
+    output size and bincount, two synchronisations per batch on a GPU)."""
+    from models.base import segment_ids
+    from models.shadow import segment_max, segment_mean
+
+    ptr = torch.tensor([0, 3, 3, 7, 12])
+    h = torch.randn(12, 5)
+    with torch.inference_mode(), _Ops() as ops:
+        seg = segment_ids(ptr, 12)
+        mean, top = segment_mean(h, seg, 4), segment_max(h, seg, 4)
+    names = [f.__name__.split(".")[0] for f, _, _ in ops.calls]
+    assert not _SYNCING & set(names), _SYNCING & set(names)
+    for f, args, kwargs in ops.calls:
+        if f.__name__.startswith("repeat_interleave") and isinstance(args[0], torch.Tensor) and len(args) < 2:
+            assert kwargs.get("output_size") is not None, "repeat_interleave without its output size"
+    assert seg.tolist() == [0, 0, 0, 2, 2, 2, 2, 3, 3, 3, 3, 3]
+    torch.testing.assert_close(mean[2], h[3:7].mean(0))
+    torch.testing.assert_close(mean[1], torch.zeros(5))  # an empty segment
+    torch.testing.assert_close(top[3], h[7:12].max(0).values)
+
+
 @pytest.mark.parametrize(("backbone", "pool", "layers"), [("gcn", "mean", 2), ("sage", "max", 3), ("gcn", "mean+max", 1),
                                                           ("sage", "none", 2)])
 @pytest.mark.parametrize("weighted", [False, True])
