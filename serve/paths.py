@@ -123,8 +123,22 @@ def _torch_answers(rt: ModelRuntime, rows: int, forward: Any, want_emb: bool) ->
         logits, emb, t_feat = forward()
         probs = torch.softmax(logits.float(), dim=1)
         labels = probs.argmax(dim=1)
-    emb_np = emb.float().cpu().numpy() if want_emb else None
-    return probs.cpu().numpy(), labels.cpu().numpy().astype(np.int64), emb_np, t_feat
+        probs_np, labels_np, emb_np = answers_to_host(probs, labels, emb if want_emb else None, pack=probs.is_cuda)
+    return probs_np, labels_np, emb_np, t_feat
+
+
+def answers_to_host(probs: torch.Tensor, labels: torch.Tensor, emb: torch.Tensor | None,
+                    pack: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(probs, labels, emb)`` as NumPy. ``pack`` (a GPU batch): one ``[n, C + 1 (+ H)]`` float32 tensor
+    copied back once (labels, class ids below 2^24, are exact in float32) instead of a copy and a
+    synchronisation per tensor; otherwise each tensor's own (CPU) memory."""
+    if not pack:
+        emb_np = emb.float().cpu().numpy() if emb is not None else None
+        return probs.cpu().numpy(), labels.cpu().numpy().astype(np.int64), emb_np
+    c = probs.shape[1]
+    parts = [probs, labels.to(probs.dtype).unsqueeze(1)] + ([emb.float()] if emb is not None else [])
+    flat = torch.cat(parts, dim=1).cpu().numpy()
+    return flat[:, :c], flat[:, c].astype(np.int64), (flat[:, c + 1:] if emb is not None else None)
 
 
 class ResidentPath(ServingPath):

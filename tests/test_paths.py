@@ -166,3 +166,21 @@ def test_a_forced_path_must_exist_and_apply(four_repo):
 
     with pytest.raises(ValueError, match="unknown serving path 'nope'; the paths are plain-resident, shadow-resident, plain-activations"):
         RuntimeOptions(serving_path="nope")
+
+
+def test_answers_packed_for_one_copy_back_equal_the_separate_copies():
+    """A GPU batch's probabilities, labels and embeddings come back in one packed copy (serve.paths
+    answers_to_host); on CPU tensors the packing gives what the separate copies give."""
+    import torch
+
+    from serve.paths import answers_to_host
+
+    gen = torch.Generator().manual_seed(3)
+    probs = torch.softmax(torch.randn(37, 7, generator=gen), dim=1)
+    labels = probs.argmax(dim=1)
+    emb = torch.randn(37, 16, generator=gen).to(torch.bfloat16)
+    for e in (emb, None):
+        want = answers_to_host(probs, labels, e, pack=False)
+        got = answers_to_host(probs, labels, e, pack=True)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and got[1].dtype == np.int64
+        assert (got[2] is None) == (e is None) and (e is None or np.array_equal(got[2], want[2]))
