@@ -474,8 +474,9 @@ def sampled_spmm(
         ``[N, F]`` tensor on ``x``'s device.
 
     The CUDA kernel runs when ``x`` is on a GPU, CuPy is usable and ``x`` needs no gradient
-    (float16 and bfloat16 natively, with float32 arithmetic). On the CPU, a float32/float64 pass that needs no gradient runs the fused compiled kernel of
-    :mod:`kernels.spmm_cpu` (parallel over rows on large graphs), except an exact pass that
+    (float16 and bfloat16 natively, with float32 arithmetic). On the CPU, a pass that needs no
+    gradient runs the fused compiled kernel of :mod:`kernels.spmm_cpu`, parallel over rows on large
+    graphs (float16 and bfloat16 in float32, rounded back), except an exact pass that
     :func:`_exact_through_torch` sends to ``torch.sparse.mm`` over :func:`exact_csr_view` (nothing
     sampled, nothing memoized). Any other case takes the torch path, which is the specification
     both kernels are tested against (and memoizes its sparse matrices on the graph, for
