@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Issue #22's GPU checks and benchmarks on a lent GPU machine, one step per call.
+#
+# Lent machines (the `device` tool) get a copy of the repository and nothing beside it: no internet,
+# no ../shared/data, and their image lacks some of gnnserve's packages. `prepare` gathers all that in
+# .gpu/ (ignored by git), on this machine:
+#
+#   bash benchmarks/gpu_session.sh prepare        # wheels -> .gpu/whl, datasets -> .gpu/data,
+#                                                 # trained checkpoints -> .gpu/repo (trains if missing)
+#
+# Then one device call per step, each inside the 10-minute limit, with carry [".gpu"]; results land
+# in $OUT (the call brings them back):
+#
+#   bash benchmarks/gpu_session.sh tests          # pytest -m gpu: kernel, resident paths, GPU serving
+#   bash benchmarks/gpu_session.sh kernels        # ES-SpMM against cuSPARSE on the real graphs and
+#                                                 # arxiv-like: widths, split thresholds, 16-bit, host time
+#   bash benchmarks/gpu_session.sh reddit         # the same on the Reddit-shaped graph (F = 64)
+#   bash benchmarks/gpu_session.sh serving        # device_split.py: CPU, GPU, hybrid, resident, CUDA graphs
+#   bash benchmarks/gpu_session.sh paper          # the ES-SpMM paper's experiment, CUDA events
+#
+# Steps print a short summary last; full output is in $OUT/<step>.log or .md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+step=${1:?"usage: $0 prepare|tests|kernels|reddit|serving|paper"}
+DATASETS="amazon_computers coauthor_physics cora citeseer"
+WHEELS="redis==8.1.0 grpcio-health-checking==1.78.0 grpcio-reflection==1.78.0 pytest-asyncio==1.5.0"
+
+if [ "$step" = prepare ]; then
+    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+    mkdir -p .gpu/whl .gpu/data .gpu/repo
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d .gpu/whl $WHEELS
+    for d in $DATASETS; do cp -f "../shared/data/$d.npz" .gpu/data/; done
+    cache=${GNNSERVE_GPU_CACHE:-/tmp/gnnserve-gpu-cache}
+    PY=${PYTHON:-.venv/bin/python}
+    "$PY" benchmarks/serve.py --datasets amazon_computers --models gcn,shadow-gcn --cache-dir "$cache" --train-only
+    for m in gcn shadow-gcn; do rm -rf ".gpu/repo/$m"; cp -r "$cache/amazon_computers/repo/$m" .gpu/repo/; done
+    du -sh .gpu
+    exit 0
+fi
+
+# ---------------------------------------------------------------- on the device machine
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .gpu/whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl
+    export PYTHONPATH=/tmp/site:.
+else
+    export PYTHONPATH=.
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+python3 -c "import torch; from kernels import spmm_cuda; print('torch', torch.__version__, spmm_cuda.status())"
+data=.gpu/data
+case "$step" in
+tests)
+    timeout 560 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 300 \
+        tests/test_spmm_cuda.py tests/test_resident.py tests/test_gpu_serving.py 2>&1 | tee "$OUT/tests.log" | tail -40
+    ;;
+kernels)
+    timeout 570 python3 benchmarks/kernels.py --device cuda --data-dir "$data" \
+        --graphs amazon_computers,coauthor_physics,arxiv-like --features 64,256 --widths 8,16,32,64,128 \
+        --split-edges 128,512 --half bfloat16,float16 --host-prep --rounds 7 | tee "$OUT/kernels.md" | tail -60
+    ;;
+reddit)
+    timeout 570 python3 benchmarks/kernels.py --device cuda --data-dir "$data" --graphs reddit-like --features 64 \
+        --widths 8,16,32,64,128 --half bfloat16 --big-rounds 3 | tee "$OUT/reddit.md" | tail -40
+    ;;
+serving)
+    rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
+    timeout 570 python3 benchmarks/device_split.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
+        --models gcn,shadow-gcn --batches 1,8,64,256,1024 --rounds 5 | tee "$OUT/serving.md" | tail -60
+    ;;
+paper)
+    timeout 570 python3 benchmarks/paper.py --device cuda --data-dir "$data" \
+        --graphs cora,citeseer,pubmed-like,amazon_computers,arxiv-like,reddit-like --rounds 5 | tee "$OUT/paper.md" | tail -60
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac
