@@ -22,6 +22,7 @@ Items with the same (sampling width, PPR budget, whether they bring new nodes) s
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import copy
@@ -652,6 +653,8 @@ class ModelRuntime:
     async def close(self, grace_s: float | None = None) -> None:
         self.ready = False
         await self.batcher.stop(grace_s)
+        if self._resident is not None:  # a table build in flight ends (or the grace does) before the process
+            await asyncio.to_thread(self._resident.wait_for_builds, 30.0 if grace_s is None else grace_s)
 
     # ------------------------------------------------------------------ the pipeline
     def process(self, items: list[WorkItem], path: ServingPath | None = None) -> list[PredictResult | BaseException]:
