@@ -61,6 +61,10 @@ __all__ = ["DataBundle", "ModelRuntime", "PredictResult", "RuntimeOptions"]
 
 log = logging.getLogger(__name__)
 
+#: opt-in serving paths switched off for a model version when a batch on them raises (the batch takes
+#: the next path): the resident paths, whose device code is the newest
+SWITCHABLE_PATHS = frozenset({"plain-resident", "shadow-resident"})
+
 # A plain model of at most 2 layers on at most this many nodes gets its exact path-edge counts for every
 # node at warm-up; otherwise each node's count is computed on first use (at 3 layers the 2-hop balls reach
 # the hubs and the whole graph costs seconds). Timings: docs/BENCHMARKS.md, "Serving over gRPC".
@@ -315,6 +319,7 @@ class ModelRuntime:
                              if keeps_acts else None)
         #: the serving paths this runtime takes, in order of preference (decided once; serve.paths)
         self.paths = paths_for(self, options.serving_path)
+        self.switched_off: list[str] = []  # paths that failed a batch and were switched off (_run_path)
         self.batcher = DynamicBatcher(
             self.process,
             max_batch_targets=options.max_batch_targets,
@@ -502,6 +507,27 @@ class ModelRuntime:
             self.server_metrics.set_queue(self.name, self.batcher.queued_targets)
         return res
 
+    def _run_path(self, path: ServingPath | None, targets: np.ndarray, new_specs: list, width: int, budget: int,
+                  want_emb: bool) -> tuple[ServingPath, Any]:
+        """Run the batch on ``path`` (or the first path that takes it). An opt-in path that raises
+        (:data:`SWITCHABLE_PATHS`: the resident paths, the newest code) is switched off for this model
+        version, loudly, and the batch runs on the next path: a fault there costs no request and no
+        restart. Any other path's error is the batch's."""
+        chosen = path is None
+        if path is None:
+            path = self._path_for(targets, bool(new_specs), width, budget)
+        try:
+            return path, path.run(targets, new_specs, width, budget, want_emb)
+        except Exception:
+            if not chosen or path.name not in SWITCHABLE_PATHS:
+                raise
+            log.exception("model %s v%s: serving path %s failed; switched off for this model version, its "
+                          "batches take the next path", self.name, self.version, path.name)
+            self.paths = [p for p in self.paths if p is not path]
+            self.switched_off.append(path.name)
+            path = self._path_for(targets, bool(new_specs), width, budget)
+            return path, path.run(targets, new_specs, width, budget, want_emb)
+
     def _path_for(self, targets: np.ndarray, new_nodes: bool, width: int, budget: int) -> ServingPath:
         """The first of this runtime's paths that takes such a batch (serve.paths)."""
         return next(p for p in self.paths if p.accepts(len(targets), new_nodes, width) and p.takes(targets, budget))
@@ -682,17 +708,13 @@ class ModelRuntime:
         live = self.data.live
         if live is None:
             graph_version = 0
-            if path is None:
-                path = self._path_for(targets, bool(new_specs), width, budget)
-            o = path.run(targets, new_specs, width, budget, want_emb)
+            path, o = self._run_path(path, targets, new_specs, width, budget, want_emb)
         else:  # one graph version for the whole batch (serve.live: an update waits for it)
             graph_version = live.begin_read()
             try:
-                if path is None:
-                    # chosen under the read lock too: a path's accepts() may allocate per-graph state (the
-                    # activation cache's table of a new width), which an update must not interleave with
-                    path = self._path_for(targets, bool(new_specs), width, budget)
-                o = path.run(targets, new_specs, width, budget, want_emb)
+                # the path is chosen under the read lock too: a path's accepts() may allocate per-graph
+                # state (the activation cache's table of a new width), which an update must not interleave with
+                path, o = self._run_path(path, targets, new_specs, width, budget, want_emb)
             finally:
                 live.end_read()
         probs_np, labels_np, emb_np, kept, total = o.probs, o.labels, o.emb, o.kept, o.total

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -636,3 +637,46 @@ def test_cuda_graphs_without_a_gpu_is_said_and_ignored(tiny_repo, caplog):
         rt = srv.server.registry.get("gcn")
         assert rt._captured is None and rt.paths[0].name == "plain-resident"
     assert any("--cuda-graphs ignored" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failing_resident_path_is_switched_off_and_the_batch_answered(tiny_repo, caplog, monkeypatch):
+    """A batch whose resident path raises (device code that no CPU test reached, say) is answered by the
+    next path, with the same answer; the path is switched off for the model version, loudly, and later
+    batches no longer try it. Other paths' errors stay the batch's."""
+    from .serving import ServerThread
+
+    with ServerThread(tiny_repo, {"runtime_kw": {"resident": True}}) as srv:
+        rt = srv.server.registry.get("gcn")
+        nodes = [5, 77, 300]
+        rt._resident.request(3)
+        assert rt._resident.wait_for_builds(60) and rt._resident.holds(3)
+        want = _process(rt, nodes, 3)
+        assert want.path == "plain-resident"
+        calls = []
+
+        def broken(*args, **kwargs):
+            calls.append(1)
+            raise RuntimeError("injected device fault")
+
+        monkeypatch.setattr(rt._resident, "answer", broken)
+        with caplog.at_level(logging.ERROR, logger="serve.runtime"):
+            got = _process(rt, nodes, 3)
+        assert got.path != "plain-resident" and calls == [1]
+        np.testing.assert_allclose(got.probabilities, want.probabilities, rtol=1e-5, atol=1e-6)
+        assert (got.edges_kept, got.edges_total) == (want.edges_kept, want.edges_total)
+        assert rt.switched_off == ["plain-resident"] and "plain-resident" not in [p.name for p in rt.paths]
+        assert any("switched off" in r.getMessage() for r in caplog.records)
+        _process(rt, nodes, 3)
+        assert calls == [1]  # not tried again
+        # a path that is not opt-in: its error is the batch's
+        path = rt.paths[0]
+        monkeypatch.setattr(path, "run", broken)
+        from serve.batcher import WorkItem
+        from serve.runtime import _WarmupFuture
+        from serve.validation import PredictCall
+
+        call = PredictCall("t", np.asarray(nodes, np.int64), [], 3, rt.limits.default_ppr_budget, "request", 0.0,
+                           True, True)
+        with pytest.raises(RuntimeError, match="injected"):
+            rt.process([WorkItem(call, 3, None, None, time.monotonic(), _WarmupFuture())])
+        assert rt.paths[0] is path
