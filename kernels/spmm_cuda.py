@@ -403,25 +403,86 @@ def _device_graph(graph: CSRGraph, device: torch.device) -> dict[str, Any]:
         entry = cache_.get(key)
         if _valid(entry, graph):
             return entry
-        tensors = {
-            "indptr": _upload(graph.indptr.astype(np.int64, copy=False), device),
-            "indices": _upload(graph.indices, device),
-        }
-        if graph.weights is not None:
-            tensors["weights"] = _upload(graph.weights.astype(np.float32, copy=False), device)
-        entry = {
-            "tensors": tensors,  # owns the device memory the pointers below point into
-            "ptr_indptr": tensors["indptr"].data_ptr(),
-            "ptr_indices": tensors["indices"].data_ptr(),
-            "ptr_weights": tensors["weights"].data_ptr() if "weights" in tensors else 0,
-            "index_ctype": INDEX_CTYPES[np.dtype(graph.indices.dtype)],
-            "index_bytes": int(graph.indices.dtype.itemsize),
-            "max_degree": int(np.diff(graph.indptr).max()) if graph.num_nodes else 0,
-            "source": _source(graph),  # keeps the host arrays alive, so `is` cannot match a recycled id
-            "schedules": {},  # (width, split_edges or None = default, order) -> device schedule or None
-        }
-        cache_[key] = entry
+        entry = cache_[key] = _entry(graph, {name: _upload(a, device) for name, a in _csr_arrays(graph).items()})
         return entry
+
+
+def _csr_arrays(graph: CSRGraph) -> dict[str, np.ndarray]:
+    """The host arrays a device entry holds: indptr int64, indices as they are, weights float32 (if any)."""
+    out = {"indptr": graph.indptr.astype(np.int64, copy=False), "indices": graph.indices}
+    if graph.weights is not None:
+        out["weights"] = graph.weights.astype(np.float32, copy=False)
+    return out
+
+
+def _entry(graph: CSRGraph, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """A device entry of ``graph`` over ``tensors`` (:func:`_csr_arrays` on the device)."""
+    return {
+        "tensors": tensors,  # owns the device memory the pointers below point into
+        "ptr_indptr": tensors["indptr"].data_ptr(),
+        "ptr_indices": tensors["indices"].data_ptr(),
+        "ptr_weights": tensors["weights"].data_ptr() if "weights" in tensors else 0,
+        "index_ctype": INDEX_CTYPES[np.dtype(graph.indices.dtype)],
+        "index_bytes": int(graph.indices.dtype.itemsize),
+        "max_degree": int(np.diff(graph.indptr).max()) if graph.num_nodes else 0,
+        "source": _source(graph),  # keeps the host arrays alive, so `is` cannot match a recycled id
+        "schedules": {},  # (width, split_edges or None = default, order) -> device schedule or None
+    }
+
+
+_STAGE_ALIGN = 16
+
+
+def stage_graphs(graphs: list[CSRGraph], device: torch.device,
+                 extras: list[np.ndarray] | tuple[np.ndarray, ...] = ()) -> list[torch.Tensor]:
+    """Put the device entries of ``graphs`` (what :func:`_device_graph` would upload for each, one copy per
+    array) and the arrays ``extras`` on ``device`` with one copy: every array packed into this thread's
+    staging buffer (pinned on a GPU) at 16-byte aligned offsets, one non-blocking copy, views of the one
+    device buffer. A batch's execution plan has a fresh graph per layer and their degrees: about nine
+    synchronous copies of pageable memory become one. Graphs whose entry is valid already are skipped.
+    Returns ``extras`` on the device, in order."""
+    key = f"cuda_spmm:{device}"
+    todo = [g for g in graphs if not _valid(g.cache().get(key), g)]
+    arrays: list[np.ndarray] = []
+    for g in todo:
+        arrays.extend(_csr_arrays(g).values())
+    arrays.extend(np.ascontiguousarray(e) for e in extras)
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    offsets, total = [], 0
+    for a in arrays:
+        offsets.append(total)
+        total += -(-a.nbytes // _STAGE_ALIGN) * _STAGE_ALIGN
+    host = _staging_buffer(max(total, _STAGE_ALIGN), device)
+    view = host.numpy()
+    for a, off in zip(arrays, offsets, strict=True):
+        view[off: off + a.nbytes] = a.reshape(-1).view(np.uint8)
+    dev = torch.empty(max(total, _STAGE_ALIGN), dtype=torch.uint8, device=device)
+    dev.copy_(host[: dev.numel()], non_blocking=device.type == "cuda")
+    if device.type == "cuda":
+        _tls.stage_event.record()  # the buffer is written again only after this copy (_staging_buffer)
+    parts = [dev[off: off + a.nbytes].view(torch.from_numpy(a[:0]).dtype) for a, off in zip(arrays, offsets,
+                                                                                            strict=True)]
+    i = 0
+    with _lock:
+        for g in todo:
+            names = list(_csr_arrays(g))
+            g.cache()[key] = _entry(g, dict(zip(names, parts[i: i + len(names)], strict=True)))
+            i += len(names)
+    return parts[i:]
+
+
+def _staging_buffer(size: int, device: torch.device) -> torch.Tensor:
+    """This thread's host staging buffer of at least ``size`` bytes (pinned on a GPU), once the copy that
+    last read it has finished."""
+    buf = getattr(_tls, "stage", None)
+    if device.type == "cuda":
+        if getattr(_tls, "stage_event", None) is None:
+            _tls.stage_event = torch.cuda.Event()
+        _tls.stage_event.synchronize()  # returns at once unless the previous batch's copy still runs
+    if buf is None or buf.numel() < size or buf.is_pinned() != (device.type == "cuda"):
+        cap = 1 << max(12, (size - 1).bit_length())
+        buf = _tls.stage = torch.empty(cap, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    return buf
 
 
 def _device_schedule(graph: CSRGraph, entry: dict[str, Any], width: int, split_edges: int | None,

@@ -272,6 +272,8 @@ class TorchPlanPath(ServingPath):
     def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
         rt = self.rt
         plan, plan_graph, plan_ids, degrees = rt._plan(targets, width, degrees=True)
+        if rt.device.type == "cuda":
+            degrees = _stage_plan(rt, plan, degrees)
         t_sub = time.perf_counter()
 
         def forward() -> tuple[Any, Any, float]:
@@ -287,6 +289,20 @@ class TorchPlanPath(ServingPath):
         else:
             kept, total = edges_on_paths(plan, plan_graph, width, rt._exact_edges)
         return PathOutput(probs, labels, emb, kept, total, t_sub, t_feat, t_fwd)
+
+
+def _stage_plan(rt: ModelRuntime, plan: Any, degrees: np.ndarray | None) -> Any:
+    """On a GPU with the ES-SpMM kernel: the plan's layer graphs and the GCN degrees on the device in one
+    copy (:func:`kernels.spmm_cuda.stage_graphs`) instead of one synchronous copy per array and layer;
+    returns the degrees to hand to the forward (on the device, or as they were)."""
+    from kernels import spmm_cuda
+
+    if not spmm_cuda.available():
+        return degrees
+    graphs = [plan.layer_graph(layer, rt.model.rescales_samples) for layer in range(1, plan.layers + 1)]
+    extras = [] if degrees is None else [np.asarray(degrees, dtype=np.float64)]
+    staged = spmm_cuda.stage_graphs(graphs, rt.device, extras)
+    return staged[0] if degrees is not None else None
 
 
 class CompiledShadowPath(ServingPath):

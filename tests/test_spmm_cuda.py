@@ -636,6 +636,41 @@ def test_driver_launch_parameters_follow_the_kernel_signature():
     assert other[0] != addr and spmm_cuda.param_block()[1] == addr  # one block per thread, reused
 
 
+def test_stage_graphs_puts_every_entry_in_one_copy(monkeypatch):
+    # a plan's layer graphs and its degrees staged with one copy (here onto the CPU, which stands in for
+    # the device): the entries _device_graph then finds hold the graphs' arrays, 16-byte aligned views of
+    # one buffer, and no array is uploaded on its own
+    cpu = torch.device("cpu")
+    graphs = [random_graph(80, weighted=True), random_graph(81, weighted=False, index_dtype="int64")]
+    deg = np.random.default_rng(0).uniform(1, 9, 37)
+
+    def no_upload(*args):
+        raise AssertionError("an array uploaded on its own")
+
+    monkeypatch.setattr(spmm_cuda, "_upload", no_upload)
+    (d,) = spmm_cuda.stage_graphs(graphs, cpu, [deg])
+    assert d.dtype == torch.float64 and np.array_equal(d.numpy(), deg)
+    storages = {d.untyped_storage().data_ptr()}
+    for g in graphs:
+        entry = spmm_cuda._device_graph(g, cpu)  # found, not uploaded
+        t = entry["tensors"]
+        assert np.array_equal(t["indptr"].numpy(), g.indptr) and t["indptr"].dtype == torch.int64
+        assert np.array_equal(t["indices"].numpy(), g.indices)
+        assert ("weights" in t) == g.is_weighted and (not g.is_weighted or np.array_equal(t["weights"].numpy(),
+                                                                                          g.weights))
+        for name, tensor in t.items():
+            assert tensor.data_ptr() % 16 == 0 and entry[f"ptr_{name}"] == tensor.data_ptr()
+            storages.add(tensor.untyped_storage().data_ptr())
+        assert entry["max_degree"] == int(g.degrees.max())
+    assert len(storages) == 1  # one buffer, one copy
+    before = [g.cache()["cuda_spmm:cpu"] for g in graphs]
+    (again,) = spmm_cuda.stage_graphs(graphs, cpu, [deg])  # valid entries are kept
+    assert [g.cache()["cuda_spmm:cpu"] for g in graphs] == before and np.array_equal(again.numpy(), deg)
+    x = torch.from_numpy(features(graphs[1].num_nodes, 8, 1))
+    _, plan = spmm_cuda._plan(graphs[1], x, 8, "fastrand", "sum", None, cpu, None, "degree", None)
+    assert plan.args[:3] == (before[1]["ptr_indptr"], before[1]["ptr_indices"], 0)  # launches read the staged arrays
+
+
 def test_host_emulation_of_the_probe_launches(harness, tmp_path):
     # spmm_cuda._probe expects these numbers from its two launches (128-bit loads; split rows)
     g = CSRGraph(indptr=np.array([0, 2, 3, 3], dtype=np.int64), indices=np.array([1, 2, 0], dtype=np.int32),
