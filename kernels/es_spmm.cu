@@ -111,7 +111,7 @@ struct Out<T, false> {
 };
 
 __host__ __device__ inline unsigned float_bits(float f) {
-#if ES_SPMM_CUDA
+#ifdef __CUDA_ARCH__
     return __float_as_uint(f);
 #else
     unsigned u;
@@ -121,7 +121,7 @@ __host__ __device__ inline unsigned float_bits(float f) {
 }
 
 __host__ __device__ inline float bits_float(unsigned u) {
-#if ES_SPMM_CUDA
+#ifdef __CUDA_ARCH__
     return __uint_as_float(u);
 #else
     float f;
@@ -142,9 +142,10 @@ __host__ __device__ inline unsigned short float_to_bf16(float f) {
 }
 
 // IEEE binary16 <-> float. The device uses the hardware conversions (cvt, round to nearest even);
-// the host build computes the same results in integer arithmetic.
+// the host build computes the same results in integer arithmetic. (These four conversions test
+// __CUDA_ARCH__, not ES_SPMM_CUDA: nvcc's host pass compiles __host__ __device__ code too.)
 __host__ __device__ inline float half_to_float(unsigned short h) {
-#if ES_SPMM_CUDA
+#ifdef __CUDA_ARCH__
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
@@ -161,7 +162,7 @@ __host__ __device__ inline float half_to_float(unsigned short h) {
 }
 
 __host__ __device__ inline unsigned short float_to_half(float f) {
-#if ES_SPMM_CUDA
+#ifdef __CUDA_ARCH__
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
