@@ -518,6 +518,8 @@ class ModelRuntime:
             path = self._path_for(targets, bool(new_specs), width, budget)
         try:
             return path, path.run(targets, new_specs, width, budget, want_emb)
+        except (InvalidArgument, Overloaded, Unavailable):
+            raise  # the request's or the server's state, not a fault of the path
         except Exception:
             if not chosen or path.name not in SWITCHABLE_PATHS:
                 raise
