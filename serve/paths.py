@@ -273,7 +273,8 @@ class TorchPlanPath(ServingPath):
         rt = self.rt
         plan, plan_graph, plan_ids, degrees = rt._plan(targets, width, degrees=True)
         if rt.device.type == "cuda":
-            degrees = _stage_plan(rt, plan, degrees)
+            layers = [plan.layer_graph(layer, rt.model.rescales_samples) for layer in range(1, plan.layers + 1)]
+            degrees = _stage(rt, layers, degrees)
         t_sub = time.perf_counter()
 
         def forward() -> tuple[Any, Any, float]:
@@ -291,15 +292,15 @@ class TorchPlanPath(ServingPath):
         return PathOutput(probs, labels, emb, kept, total, t_sub, t_feat, t_fwd)
 
 
-def _stage_plan(rt: ModelRuntime, plan: Any, degrees: np.ndarray | None) -> Any:
-    """On a GPU with the ES-SpMM kernel: the plan's layer graphs and the GCN degrees on the device in one
-    copy (:func:`kernels.spmm_cuda.stage_graphs`) instead of one synchronous copy per array and layer;
-    returns the degrees to hand to the forward (on the device, or as they were)."""
+def _stage(rt: ModelRuntime, graphs: list, degrees: Any) -> Any:
+    """On a GPU with the ES-SpMM kernel: a batch's graphs (a plan's layer graphs, or the induced subgraphs)
+    and its GCN degrees on the device in one copy (:func:`kernels.spmm_cuda.stage_graphs`) instead of one
+    synchronous copy per array; returns the degrees to hand to the forward (on the device, or as they
+    were)."""
     from kernels import spmm_cuda
 
     if not spmm_cuda.available():
         return degrees
-    graphs = [plan.layer_graph(layer, rt.model.rescales_samples) for layer in range(1, plan.layers + 1)]
     extras = [] if degrees is None else [np.asarray(degrees, dtype=np.float64)]
     staged = spmm_cuda.stage_graphs(graphs, rt.device, extras)
     return staged[0] if degrees is not None else None
@@ -353,6 +354,8 @@ class TorchSubgraphPath(ServingPath):
             p_rows = rt._projections(batch, new_specs)
             t_feat = time.perf_counter()
             norm_degrees = rt._norm_degrees(batch, new_specs) if rt.architecture == "gcn" else None
+            if rt.device.type == "cuda":
+                norm_degrees = _stage(rt, [batch.graph], norm_degrees)
             logits, emb = rt.model.forward_batch_projected(batch, p_rows, width or None, rt.strategy, norm_degrees)
             return logits, emb, t_feat
 
