@@ -17,11 +17,13 @@
 #   bash benchmarks/gpu_session.sh reddit         # the same on the Reddit-shaped graph (F = 64)
 #   bash benchmarks/gpu_session.sh serving        # device_split.py: CPU, GPU, hybrid, resident, CUDA graphs
 #   bash benchmarks/gpu_session.sh paper          # the ES-SpMM paper's experiment, CUDA events
+#   bash benchmarks/gpu_session.sh ceiling        # ceiling.py on its cores: 1, 4, 8, 16 server processes
+#   bash benchmarks/gpu_session.sh throughput     # serve.py --quick --device cuda: floor, knobs, PyG twin
 #
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|tests|kernels|reddit|serving|paper"}
+step=${1:?"usage: $0 prepare|tests|kernels|reddit|serving|paper|ceiling|throughput"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 WHEELS="redis==8.1.0 grpcio-health-checking==1.78.0 grpcio-reflection==1.78.0 pytest-asyncio==1.5.0"
 
@@ -75,6 +77,16 @@ serving)
 paper)
     timeout 570 python3 benchmarks/paper.py --device cuda --data-dir "$data" \
         --graphs cora,citeseer,pubmed-like,amazon_computers,arxiv-like,reddit-like --rounds 5 | tee "$OUT/paper.md" | tail -60
+    ;;
+ceiling)
+    rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
+    timeout 570 python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --model gcn --processes 1,4,8,16 --batch 64 \
+        --clients 16 --client-procs 4 --seconds 4 --rounds 3 | tee "$OUT/ceiling.md" | tail -40
+    ;;
+throughput)
+    rm -rf /tmp/gpu-cache && mkdir -p /tmp/gpu-cache/amazon_computers && cp -r .gpu/repo /tmp/gpu-cache/amazon_computers/repo
+    timeout 570 python3 benchmarks/serve.py --quick --device cuda --data-dir "$data" --cache-dir /tmp/gpu-cache \
+        | tee "$OUT/throughput.md" | tail -60
     ;;
 *)
     echo "unknown step $step" >&2
