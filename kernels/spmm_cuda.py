@@ -448,6 +448,8 @@ def stage_graphs(graphs: list[CSRGraph], device: torch.device,
         arrays.extend(_csr_arrays(g).values())
     arrays.extend(np.ascontiguousarray(e) for e in extras)
     arrays = [np.ascontiguousarray(a) for a in arrays]
+    if not arrays:
+        return []
     offsets, total = [], 0
     for a in arrays:
         offsets.append(total)
