@@ -118,7 +118,9 @@ class CacheCollector:
     * ``gnnserve_cache_lookups_total{model, version, cache, result}``: rows looked up, ``result``
       ``hit`` or ``miss`` (computed and stored);
     * ``gnnserve_cache_rows{model, version, cache}``: rows held;
-    * ``gnnserve_cache_bytes{model, version, cache}``: memory of the tables allocated.
+    * ``gnnserve_cache_bytes{model, version, cache}``: memory of the tables allocated;
+    * ``gnnserve_serving_path_switched_off{model, version, path}``: 1 for an opt-in serving path a
+      failed batch switched off (``ModelRuntime.switched_off``; its batches take the next path).
 
     ``cache`` is ``projection`` (first-layer projections), ``projection_cpu`` (a GPU model's CPU
     copy) or ``activation`` (a plain model's first-layer output per width). ``snapshot`` returns
@@ -129,18 +131,21 @@ class CacheCollector:
         self._snapshot = snapshot
         registry.register(self)
 
-    def _families(self) -> tuple[CounterMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    def _families(self) -> tuple[CounterMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
         labels = ["model", "version", "cache"]
         return (CounterMetricFamily("gnnserve_cache_lookups", "Rows looked up in a per-node cache, by result",
                                     labels=[*labels, "result"]),
                 GaugeMetricFamily("gnnserve_cache_rows", "Rows held by a per-node cache", labels=labels),
-                GaugeMetricFamily("gnnserve_cache_bytes", "Memory of a per-node cache's tables", labels=labels))
+                GaugeMetricFamily("gnnserve_cache_bytes", "Memory of a per-node cache's tables", labels=labels),
+                GaugeMetricFamily("gnnserve_serving_path_switched_off",
+                                  "1: an opt-in serving path a failed batch switched off", labels=["model", "version",
+                                                                                                  "path"]))
 
     def describe(self) -> list[Any]:
         return list(self._families())
 
     def collect(self) -> Iterator[Any]:
-        lookups, rows, nbytes = self._families()
+        lookups, rows, nbytes, off = self._families()
         for name, versions in sorted(self._snapshot().items()):
             for version, rt in sorted(versions.items()):
                 for cache, st in rt.cache_stats().items():
@@ -149,7 +154,9 @@ class CacheCollector:
                     lookups.add_metric([*key, "miss"], st["misses"])
                     rows.add_metric(key, st["rows"])
                     nbytes.add_metric(key, st["bytes"])
-        yield from (lookups, rows, nbytes)
+                for path in getattr(rt, "switched_off", ()):
+                    off.add_metric([name, str(version), path], 1)
+        yield from (lookups, rows, nbytes, off)
 
 
 class ServerMetrics:

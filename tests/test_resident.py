@@ -666,6 +666,10 @@ def test_a_failing_resident_path_is_switched_off_and_the_batch_answered(tiny_rep
         assert (got.edges_kept, got.edges_total) == (want.edges_kept, want.edges_total)
         assert rt.switched_off == ["plain-resident"] and "plain-resident" not in [p.name for p in rt.paths]
         assert any("switched off" in r.getMessage() for r in caplog.records)
+        from prometheus_client import generate_latest
+
+        scraped = generate_latest(srv.server.metrics.registry).decode()
+        assert 'gnnserve_serving_path_switched_off{model="gcn",path="plain-resident",version="1"} 1.0' in scraped
         _process(rt, nodes, 3)
         assert calls == [1]  # not tried again
         # a path that is not opt-in: its error is the batch's
