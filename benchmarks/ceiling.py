@@ -157,7 +157,8 @@ class Server:
         ready = workdir / f"ready-{variant}"
         self.log_path = workdir / f"server-{variant}.log"
         cmd = [sys.executable, "-m", "serve.cli", "serve", "--repo", str(args.repo), "--port", "0", "--read-only",
-               "--warm-projections", "--poll-s", "0", "--processes", str(self.processes), "--ready-file", str(ready)]
+               "--warm-projections", "--poll-s", "0", "--processes", str(self.processes), "--ready-file", str(ready),
+               "--device", args.device, *(["--resident"] if args.resident else [])]
         self._log = open(self.log_path, "wb")
         from serve.processes import _die_with_parent  # the server goes if this script is killed
 
@@ -343,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repo", type=Path, help="model repository with a plain model (e.g. benchmarks/serve.py's)")
     ap.add_argument("--model", default="gcn")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the servers' --device")
+    ap.add_argument("--resident", action="store_true", help="the servers' --resident (with --device cuda)")
     ap.add_argument("--processes", default="1,2",
                     help="comma-separated server variants: P (P processes) or PtK (and K compute threads each)")
     ap.add_argument("--batch", type=int, default=64, help="nodes per request")
@@ -421,7 +424,8 @@ def report(args: argparse.Namespace, results: dict[tuple[str, str], list[dict[st
     print(f"Started {started:%Y-%m-%d %H:%M} UTC on {platform.node() or 'this machine'}, {os.cpu_count()} CPUs; "
           f"load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end. Model `{args.model}` of {args.repo}, "
           f"{args.batch}-node requests with probabilities, {args.client_procs} client process(es) x {args.clients} "
-          f"async clients, {args.seconds:.0f} s phases, {args.rounds} rounds (median).\n")
+          f"async clients, {args.seconds:.0f} s phases, {args.rounds} rounds (median); servers on "
+          f"`--device {args.device}`{' --resident' if args.resident else ''}.\n")
     if prof is not None:
         ph, nodes = prof["phase"], prof["nodes"]
         print(f"Profile phase: {ph['nodes_per_s']:,.0f} nodes/s, p50 {ph['p50_ms']:.2f} ms, "

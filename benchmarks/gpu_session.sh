@@ -80,8 +80,11 @@ paper)
     ;;
 ceiling)
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
-    timeout 570 python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --model gcn --processes 1,4,8,16 --batch 64 \
-        --clients 16 --client-procs 4 --seconds 4 --rounds 3 | tee "$OUT/ceiling.md" | tail -40
+    # CPU servers, then GPU servers (one CUDA context each) with the resident path
+    timeout 280 python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --model gcn --processes 1,4,8,16 --batch 64 \
+        --clients 16 --client-procs 4 --seconds 4 --rounds 3 | tee "$OUT/ceiling.md" | tail -30
+    timeout 280 python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --model gcn --processes 1,2,4 --batch 64 \
+        --clients 16 --client-procs 4 --seconds 4 --rounds 3 --device cuda --resident | tee "$OUT/ceiling-cuda.md" | tail -30
     ;;
 throughput)
     rm -rf /tmp/gpu-cache && mkdir -p /tmp/gpu-cache/amazon_computers && cp -r .gpu/repo /tmp/gpu-cache/amazon_computers/repo
