@@ -1,0 +1,53 @@
+"""benchmarks/gpu_session.sh, the script a session with a lent GPU runs step by step: it parses, every
+step its header lists has a branch, docs/BENCHMARKS.md names the same steps, and a device step on a
+machine without CUDA runs the GPU tests, which all skip (the dry run a CPU session can do)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "benchmarks" / "gpu_session.sh"
+
+
+def _steps() -> tuple[list[str], list[str]]:
+    text = SCRIPT.read_text()
+    usage = re.search(r'usage: \$0 ([a-z|]+)"', text)
+    assert usage is not None
+    listed = usage.group(1).split("|")
+    branches = re.findall(r"^([a-z]+)\)$", text, re.M)
+    return listed, branches
+
+
+def test_the_script_parses_and_every_step_has_a_branch():
+    assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
+    listed, branches = _steps()
+    assert listed[0] == "prepare" and sorted(listed[1:]) == sorted(branches), (listed, branches)
+    header = SCRIPT.read_text().split("set -euo pipefail")[0]
+    for step in listed:
+        assert f"gpu_session.sh {step}" in header, step
+    doc = (REPO / "docs" / "BENCHMARKS.md").read_text()
+    for step in branches:
+        assert f"`{step}`" in doc, step
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_a_device_step_without_cuda_runs_and_skips_the_gpu_tests(tmp_path):
+    # `python3` on the device is the interpreter with torch: here, the one running the tests
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (shim / "python3").chmod(0o755)
+    env = dict(os.environ, PATH=f"{shim}{os.pathsep}{os.environ['PATH']}", OUT=str(tmp_path / "out"))
+    res = subprocess.run(["bash", str(SCRIPT), "tests"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    log = (tmp_path / "out" / "tests.log").read_text()
+    assert re.search(r"\d+ skipped", log) and " failed" not in log and " passed" not in log, log[-1500:]
