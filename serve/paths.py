@@ -40,6 +40,7 @@ runs every path on the same batches against them and against the offline model.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -49,6 +50,8 @@ import torch
 
 from kernels.fused_forward import plan_forward_cpu, plan_outer_cpu, shadow_forward_cpu
 from kernels.plan import edges_on_paths, edges_on_two_layer_paths, local_plan, two_layer_kept
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .runtime import ModelRuntime
@@ -297,13 +300,22 @@ def _stage(rt: ModelRuntime, graphs: list, degrees: Any) -> Any:
     and its GCN degrees on the device in one copy (:func:`kernels.spmm_cuda.stage_graphs`) instead of one
     synchronous copy per array; returns the degrees to hand to the forward (on the device, or as they
     were)."""
+    global _staging_ok
     from kernels import spmm_cuda
 
-    if not spmm_cuda.available():
+    if not (_staging_ok and spmm_cuda.available()):
         return degrees
     extras = [] if degrees is None else [np.asarray(degrees, dtype=np.float64)]
-    staged = spmm_cuda.stage_graphs(graphs, rt.device, extras)
+    try:
+        staged = spmm_cuda.stage_graphs(graphs, rt.device, extras)
+    except Exception:  # an optimisation: without it each array is uploaded on its own, as before
+        _staging_ok = False
+        log.exception("staging a batch's graphs in one copy failed; uploading them one by one from now on")
+        return degrees
     return staged[0] if degrees is not None else None
+
+
+_staging_ok = True  # False once staging failed (then every batch uploads its arrays one by one)
 
 
 class CompiledShadowPath(ServingPath):

@@ -184,3 +184,33 @@ def test_answers_packed_for_one_copy_back_equal_the_separate_copies():
         got = answers_to_host(probs, labels, e, pack=True)
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and got[1].dtype == np.int64
         assert (got[2] is None) == (e is None) and (e is None or np.array_equal(got[2], want[2]))
+
+
+def test_a_failing_staged_upload_falls_back_to_per_array_uploads(monkeypatch, caplog):
+    """Staging a batch's graphs in one copy is an optimisation: if it raises, the batch goes on with its
+    degrees as they were (each array then uploaded on its own), it is said once, and not tried again."""
+    import logging
+
+    import torch
+
+    from kernels import spmm_cuda
+    from kernels.graph import CSRGraph
+    from serve import paths
+
+    calls = []
+
+    def broken(*args):
+        calls.append(1)
+        raise RuntimeError("no pinned memory")
+
+    monkeypatch.setattr(spmm_cuda, "available", lambda: True)
+    monkeypatch.setattr(spmm_cuda, "stage_graphs", broken)
+    monkeypatch.setattr(paths, "_staging_ok", True)
+    g = CSRGraph(indptr=np.array([0, 1, 2]), indices=np.array([1, 0], dtype=np.int32))
+    deg = np.array([2.0, 2.0])
+    rt = type("Runtime", (), {"device": torch.device("cuda")})()
+    with caplog.at_level(logging.ERROR, logger="serve.paths"):
+        assert paths._stage(rt, [g], deg) is deg
+        assert paths._stage(rt, [g], deg) is deg
+    assert calls == [1] and not paths._staging_ok
+    assert sum("one by one" in r.getMessage() for r in caplog.records) == 1
