@@ -49,7 +49,6 @@ import contextlib
 import logging
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +57,7 @@ import torch
 
 from .graph import CSRGraph
 from .spmm import _gcn_dinv, sample_positions
+from .spmm_cuda import _upload as _to_device  # host array -> device tensor (no copy on a CPU)
 
 __all__ = ["PAD_MAX", "CapturedForward", "DeviceGraph", "ResidentPlain", "ResidentShadow", "WidthBudget",
            "bucket_of"]
@@ -124,9 +124,9 @@ class DeviceGraph:
 
     @classmethod
     def upload(cls, graph: CSRGraph, device: torch.device) -> DeviceGraph:
-        w = None if graph.weights is None else _tensor(np.asarray(graph.weights, dtype=np.float32), device)
-        indptr = _tensor(np.asarray(graph.indptr, dtype=np.int64), device)
-        return cls(indptr, _tensor(np.asarray(graph.indices), device), w, indptr[1:] - indptr[:-1],
+        w = None if graph.weights is None else _to_device(np.asarray(graph.weights, dtype=np.float32), device)
+        indptr = _to_device(np.asarray(graph.indptr, dtype=np.int64), device)
+        return cls(indptr, _to_device(np.asarray(graph.indices), device), w, indptr[1:] - indptr[:-1],
                    np.asarray(graph.degrees, dtype=np.int64), graph.num_nodes, graph.num_edges)
 
     def nbytes(self) -> int:
@@ -135,13 +135,6 @@ class DeviceGraph:
 
 def _nbytes(*tensors: torch.Tensor | None) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-
-def _tensor(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """``a`` on ``device``; on a CPU, without a copy (a memory-mapped graph is read-only: never written here)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
 
 @dataclass
@@ -335,12 +328,12 @@ class ResidentPlain(_OnDevice):
         self._tables: dict[int, torch.Tensor] = {}
         self._csr: dict[int, WidthCSR] = {}  # the kept edges per width, beside its table
         #: bumped (under :attr:`lock`) by every :meth:`rebase`: a table built from the state before one is
-        #: dropped instead of installed (:meth:`_build`)
+        #: brought up to it before its install (:meth:`_build`, :meth:`_catch_up`)
         self._epoch = 0
         self._build_lock = threading.Lock()
         self._one_build = threading.Lock()  # builds run one at a time (the stale rows below are the build's)
-        #: while a build runs: the rows each rebase recomputed (and the graph it installed), which the build
-        #: recomputes in its own table before installing it (:meth:`_catch_up`)
+        #: while a build runs: the rows each rebase recomputed, which the build recomputes in its own table
+        #: before installing it (:meth:`_catch_up`)
         self._tracking = False
         self._pending_stale: list[np.ndarray] = []
         self._building: int | None = None  # the width the background builder works on
@@ -486,16 +479,8 @@ class ResidentPlain(_OnDevice):
         rows for new nodes, and every row an update since then recomputed."""
         if self.dg is not dg:
             csr = width_csr(self.dg, width, self.strategy, self.dinv)
-        n = self.num_nodes
-        if table.shape[0] < n:
-            grown = torch.empty((n, self.hidden), dtype=table.dtype, device=table.device)
-            grown[: table.shape[0]] = table
-            table = grown  # the new nodes' rows are in the stale rows (rebase adds them)
         stale = np.unique(np.concatenate(self._pending_stale)) if self._pending_stale else np.zeros(0, np.int64)
-        p = self.projections()
-        for lo in range(0, len(stale), REFRESH_ROWS):
-            part = stale[lo: lo + REFRESH_ROWS]
-            table[torch.from_numpy(part).to(self.device)] = self.first_layer_rows(part, width, p, csr, self.dinv)
+        table = self._refreshed(table, width, stale, self.projections(), csr)
         self.caught_up += 1
         log.info("resident path: the table of width %d was built across %d row recomputes; %d rows brought up "
                  "to date", width, len(self._pending_stale), len(stale))
@@ -558,16 +543,26 @@ class ResidentPlain(_OnDevice):
                     c = ready.get(width)
                     self._csr[width] = c if c is not None else width_csr(self.dg, width, self.strategy, self.dinv)
             for width, table in list(self._tables.items()):
-                if table.shape[0] < graph.num_nodes:
-                    grown = torch.empty((graph.num_nodes, self.hidden), dtype=table.dtype, device=table.device)
-                    grown[:n_old] = table[:n_old]
-                    self._tables[width] = table = grown
+                refreshed = self._refreshed(table, width, stale, p)
+                if refreshed is not table:  # grown: a captured graph read the old tensor
+                    self._tables[width] = refreshed
                     self.generation += 1
-                for lo in range(0, len(stale), REFRESH_ROWS):
-                    part = stale[lo: lo + REFRESH_ROWS]
-                    table[torch.from_numpy(part).to(self.device)] = self.first_layer_rows(part, width, p)
                 done += len(stale)
         return done
+
+    def _refreshed(self, table: torch.Tensor, width: int, stale: np.ndarray, p: torch.Tensor,
+                   csr: WidthCSR | None = None) -> torch.Tensor:
+        """``table`` (first-layer rows at ``width``) grown to the graph's node count if it is shorter (a new
+        tensor; the new nodes' rows are among ``stale``), with the rows of ``stale`` recomputed from ``p``
+        (the complete projection table) and ``csr`` (default: the width's held kept edges)."""
+        if table.shape[0] < self.num_nodes:
+            grown = torch.empty((self.num_nodes, self.hidden), dtype=table.dtype, device=table.device)
+            grown[: table.shape[0]] = table
+            table = grown
+        for lo in range(0, len(stale), REFRESH_ROWS):
+            part = stale[lo: lo + REFRESH_ROWS]
+            table[torch.from_numpy(part).to(self.device)] = self.first_layer_rows(part, width, p, csr)
+        return table
 
     # ------------------------------------------------------------------ the layers
     def first_layer_rows(self, rows: np.ndarray, width: int, p: torch.Tensor | None = None,
@@ -711,20 +706,20 @@ class ResidentShadow(_OnDevice):
             raise ValueError("the PPR index has no induced table (--induced-table-bytes)")
         dev = self.device
         ptr = np.asarray(self.index.ptr, dtype=np.int64)[: table.num_nodes + 1]
-        self.lptr = _tensor(ptr, dev)
-        self.lnodes = _tensor(np.asarray(self.index.nodes[: int(ptr[-1])], dtype=np.int64), dev)
-        self.eptr = _tensor(np.asarray(table.eptr, dtype=np.int64), dev)
+        self.lptr = _to_device(ptr, dev)
+        self.lnodes = _to_device(np.asarray(self.index.nodes[: int(ptr[-1])], dtype=np.int64), dev)
+        self.eptr = _to_device(np.asarray(table.eptr, dtype=np.int64), dev)
         m = max(len(table.src), 1)
         src = np.zeros(m, np.int32)
         dst = np.zeros(m, np.int32)
         src[: len(table.src)] = table.src
         dst[: len(table.dst)] = table.dst
-        self.src, self.dst = _tensor(src, dev), _tensor(dst, dev)
+        self.src, self.dst = _to_device(src, dev), _to_device(dst, dev)
         self.weights = None
         if table.weights is not None:
             w = np.zeros(m, np.float32)
             w[: len(table.weights)] = table.weights
-            self.weights = _tensor(w, dev)
+            self.weights = _to_device(w, dev)
         self.e_max = int(np.diff(table.eptr).max()) if table.num_nodes else 0
         self.k = int(table.k)
         self.num_nodes = int(table.num_nodes)
