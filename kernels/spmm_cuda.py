@@ -118,8 +118,9 @@ VALUE_BYTES = {torch.float32: 4, torch.float64: 8, torch.float16: 2, torch.bfloa
 #: launch's output)
 ACC_DTYPES = {torch.float32: torch.float32, torch.float64: torch.float64, torch.float16: torch.float32,
               torch.bfloat16: torch.float32}
-CTYPE_BYTES = {"float": 4, "double": 8, "es_spmm::half_t": 2, "es_spmm::bf16_t": 2}
-ACC_CTYPES = {"float": "float", "double": "double", "es_spmm::half_t": "float", "es_spmm::bf16_t": "float"}
+#: the same by C type name (the name expressions' side)
+CTYPE_BYTES = {VALUE_CTYPES[d]: VALUE_BYTES[d] for d in VALUE_CTYPES}
+ACC_CTYPES = {VALUE_CTYPES[d]: VALUE_CTYPES[ACC_DTYPES[d]] for d in VALUE_CTYPES}
 STRATEGY_CODES = {"fastrand": 0, "bucket": 1}
 AGGREGATOR_CODES = {"sum": 0, "mean": 1, "gcn": 2}
 
@@ -442,12 +443,9 @@ def stage_graphs(graphs: list[CSRGraph], device: torch.device,
     synchronous copies of pageable memory become one. Graphs whose entry is valid already are skipped.
     Returns ``extras`` on the device, in order."""
     key = f"cuda_spmm:{device}"
-    todo = [g for g in graphs if not _valid(g.cache().get(key), g)]
-    arrays: list[np.ndarray] = []
-    for g in todo:
-        arrays.extend(_csr_arrays(g).values())
-    arrays.extend(np.ascontiguousarray(e) for e in extras)
-    arrays = [np.ascontiguousarray(a) for a in arrays]
+    todo = [(g, _csr_arrays(g)) for g in graphs if not _valid(g.cache().get(key), g)]
+    arrays = [np.ascontiguousarray(a) for _, named in todo for a in named.values()]
+    arrays += [np.ascontiguousarray(e) for e in extras]
     if not arrays:
         return []
     offsets, total = [], 0
@@ -466,10 +464,9 @@ def stage_graphs(graphs: list[CSRGraph], device: torch.device,
                                                                                             strict=True)]
     i = 0
     with _lock:
-        for g in todo:
-            names = list(_csr_arrays(g))
-            g.cache()[key] = _entry(g, dict(zip(names, parts[i: i + len(names)], strict=True)))
-            i += len(names)
+        for g, named in todo:
+            g.cache()[key] = _entry(g, dict(zip(named, parts[i: i + len(named)], strict=True)))
+            i += len(named)
     return parts[i:]
 
 
@@ -706,8 +703,8 @@ def _plan(graph: CSRGraph, xc: torch.Tensor, width: int, strategy: str, aggregat
     the output tensor (zeroed when rows are split), the shape and the argument tuple. ``xc`` is
     contiguous ``[N, F]`` (N, F > 0) in one of the kernel's value types, on ``device``; ``dinv``
     (``gcn``) is in its accumulation type. The output is in ``xc``'s type, or in the accumulation type
-    when rows are split (the caller narrows it). Separate from :func:`sampled_spmm_cuda` so that the tests can run it on the
-    CPU and hand the arguments to the host emulation of the kernel."""
+    when rows are split (the caller narrows it). Separate from :func:`sampled_spmm_cuda` so that the
+    tests can run it on the CPU and hand the arguments to the host emulation of the kernel."""
     n, f = xc.shape
     dtype = xc.dtype
     dg = _device_graph(graph, device)
