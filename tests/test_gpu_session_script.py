@@ -17,25 +17,42 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "gpu_session.sh"
 
 
-def _steps() -> tuple[list[str], list[str]]:
+def _steps() -> tuple[list[str], list[str], dict[str, list[tuple[str, int]]]]:
+    """(the usage line's steps, the steps with a ``step_`` function, each composite's parts and limits)."""
     text = SCRIPT.read_text()
     usage = re.search(r'usage: \$0 ([a-z|]+)"', text)
     assert usage is not None
     listed = usage.group(1).split("|")
-    branches = re.findall(r"^([a-z]+)\)$", text, re.M)
-    return listed, branches
+    functions = re.findall(r"^step_([a-z]+)\(\) \{", text, re.M)
+    singles = re.search(r"^([a-z|]+)\)\n\s+\"step_\$step\" 570$", text, re.M)
+    assert singles is not None and sorted(singles.group(1).split("|")) == sorted(functions), functions
+    composites = {}
+    for name, body in re.findall(r"^([a-z]+)\)\n((?:\s+.*\n)+?)\s+;;", text, re.M):
+        composites[name] = [(p, int(t)) for p, t in re.findall(r"\bpart ([a-z]+) (\d+)$", body, re.M)]
+    return listed, functions, composites
 
 
 def test_the_script_parses_and_every_step_has_a_branch():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
-    listed, branches = _steps()
-    assert listed[0] == "prepare" and sorted(listed[1:]) == sorted(branches), (listed, branches)
+    listed, functions, composites = _steps()
+    assert listed[0] == "prepare" and sorted(listed[1:]) == sorted(functions + list(composites)), listed
     header = SCRIPT.read_text().split("set -euo pipefail")[0]
     for step in listed:
         assert f"gpu_session.sh {step}" in header, step
     doc = (REPO / "docs" / "BENCHMARKS.md").read_text()
-    for step in branches:
+    for step in functions + list(composites):
         assert f"`{step}`" in doc, step
+
+
+def test_each_composite_fits_one_device_call():
+    # one device call runs at most 600 s: a composite's parts must end inside it, with room for the
+    # start (the wheels' install, the CUDA context), and every part must be a step that exists
+    _, functions, composites = _steps()
+    assert set(composites) == {"core", "scale"}, composites
+    for name, parts in composites.items():
+        assert parts and all(p in functions for p, _ in parts), (name, parts)
+        assert sum(t for _, t in parts) <= 560, (name, parts)
+    assert composites["core"][0][0] == "tests"  # correctness first
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
