@@ -158,7 +158,8 @@ class Server:
         self.log_path = workdir / f"server-{variant}.log"
         cmd = [sys.executable, "-m", "serve.cli", "serve", "--repo", str(args.repo), "--port", "0", "--read-only",
                "--warm-projections", "--poll-s", "0", "--processes", str(self.processes), "--ready-file", str(ready),
-               "--device", args.device, *(["--resident"] if args.resident else [])]
+               "--device", args.device, *(["--resident"] if args.resident else []),
+               *[a for d in args.data for a in ("--data", str(d))]]
         self._log = open(self.log_path, "wb")
         from serve.processes import _die_with_parent  # the server goes if this script is killed
 
@@ -344,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repo", type=Path, help="model repository with a plain model (e.g. benchmarks/serve.py's)")
     ap.add_argument("--model", default="gcn")
+    ap.add_argument("--data", type=Path, action="append", default=[],
+                    help="the servers' --data: the dataset file, where the path the checkpoints recorded does "
+                         "not exist on this machine (a lent GPU machine)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the servers' --device")
     ap.add_argument("--resident", action="store_true", help="the servers' --resident (with --device cuda)")
     ap.add_argument("--processes", default="1,2",

@@ -31,7 +31,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 step=${1:?"usage: $0 prepare|core|scale|tests|kernels|reddit|serving|paper|ceiling|throughput"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
-WHEELS="redis==8.1.0 grpcio-health-checking==1.78.0 grpcio-reflection==1.78.0 pytest-asyncio==1.5.0"
+# grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
+# grpcio >= 1.78 and protobuf 6
+WHEELS="redis==8.1.0 grpcio==1.85.3 protobuf==6.33.6 grpcio-health-checking==1.78.0 grpcio-reflection==1.78.0 pytest-asyncio==1.5.0"
 
 if [ "$step" = prepare ]; then
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
@@ -52,15 +54,16 @@ fi
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if ls .gpu/whl/*.whl >/dev/null 2>&1; then
+# GPU_SESSION_NO_WHEELS=1: the interpreter's own packages (a dry run where Python is not the device's 3.12)
+if [ -z "${GPU_SESSION_NO_WHEELS:-}" ] && ls .gpu/whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl
     export PYTHONPATH=/tmp/site:.
 else
     export PYTHONPATH=.
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-python3 -c "import torch; from kernels import spmm_cuda; print('torch', torch.__version__, spmm_cuda.status())"
-data=.gpu/data
+python3 -c "import grpc, google.protobuf, torch; from kernels import spmm_cuda; print('grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__, 'torch', torch.__version__, spmm_cuda.status())"
+data="$PWD/.gpu/data"
 
 # Each step is a function of its time limit in seconds; a composite runs several in one call.
 step_tests() {
@@ -90,9 +93,11 @@ step_paper() {
 step_ceiling() {  # CPU servers, then GPU servers (one CUDA context each) with the resident path
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
     local half=$(($1 / 2))
-    timeout "$half" python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --model gcn --processes "${CPU_PROCS:-1,4,8,16}" \
+    timeout "$half" python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
+        --model gcn --processes "${CPU_PROCS:-1,4,8,16}" \
         --batch 64 --clients 16 --client-procs 4 --seconds 4 --rounds "${ROUNDS:-3}" | tee "$OUT/ceiling.md" | tail -30
-    timeout "$half" python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --model gcn --processes "${GPU_PROCS:-1,2,4}" \
+    timeout "$half" python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
+        --model gcn --processes "${GPU_PROCS:-1,2,4}" \
         --batch 64 --clients 16 --client-procs 4 --seconds 4 --rounds "${ROUNDS:-3}" --device cuda --resident \
         | tee "$OUT/ceiling-cuda.md" | tail -30
 }

@@ -280,7 +280,7 @@ class _OnDevice:
         host = self._pinned_out[: packed.numel()]
         host.copy_(packed, non_blocking=True)
         assert self._event is not None
-        self._event.record()
+        self._event.record(torch.cuda.current_stream(self.device))  # the copy's stream, on the model's device
         self._event.synchronize()
         return host.numpy().copy()
 

@@ -118,12 +118,21 @@ _INT32_LIMIT = 2**31 - 1
 SAMPLED_CACHE_SIZE = 4  # sampled matrices memoized per graph (the oldest is dropped first)
 
 
+def device_key(device: torch.device) -> str:
+    """``device`` as the graph cache keys name it, with a GPU's index filled in: ``torch.device("cuda")``
+    (a server's ``--device cuda``) and ``torch.device("cuda", 0)`` (a tensor's ``.device``) are one
+    device, so they must find one memoized entry, not upload the graph twice."""
+    if device.type == "cuda" and device.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(device)
+
+
 def _graph_tensors(graph: CSRGraph, device: torch.device) -> dict[str, torch.Tensor]:
     """Tensors of ``graph`` on ``device``, memoized: ``indptr`` int64 ``[N + 1]``, ``deg`` int64 ``[N]``,
     ``crow`` ``[N + 1]`` and ``indices`` ``[E]`` in the CSR index dtype (int32 while ``E`` and ``N``
     fit, which halves the index traffic of the multiply and is what MKL takes without a copy),
     ``weights`` float32 ``[E]`` when weighted."""
-    key = f"torch:{device}"
+    key = f"torch:{device_key(device)}"
     cache = graph.cache()
     t = cache.get(key)
     if t is None:
@@ -151,7 +160,7 @@ def _gcn_dinv(
         if d.shape != (graph.num_nodes,):
             raise ValueError(f"norm_degrees must have shape [{graph.num_nodes}], got {tuple(d.shape)}")
         return d.clamp(min=1e-12).rsqrt().to(dtype)
-    key = f"gcn_dinv:{device}:{dtype}"
+    key = f"gcn_dinv:{device_key(device)}:{dtype}"
     cache = graph.cache()
     v = cache.get(key)
     if v is None:

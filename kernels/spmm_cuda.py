@@ -87,6 +87,7 @@ import numpy as np
 import torch
 
 from .graph import CSRGraph
+from .spmm import device_key
 
 __all__ = [
     "COLS_PER_THREAD",
@@ -392,10 +393,17 @@ def _valid(entry: dict[str, Any] | None, graph: CSRGraph) -> bool:
             and (gw is None or gw.size == n_w))
 
 
+def entry_key(device: torch.device) -> str:
+    """The graph cache key of a device entry: ``"cuda_spmm:<device>"`` with the index filled in
+    (:func:`kernels.spmm.device_key`): a server's ``torch.device("cuda")`` stages the entry that a launch,
+    which derives ``cuda:0`` from its tensor, looks up."""
+    return f"cuda_spmm:{device_key(device)}"
+
+
 def _device_graph(graph: CSRGraph, device: torch.device) -> dict[str, Any]:
     """The graph's CSR arrays on ``device`` as torch tensors and their device pointers; memoized on the
     graph while it holds the same arrays (see the module docstring)."""
-    key = f"cuda_spmm:{device}"
+    key = entry_key(device)
     cache_ = graph.cache()
     entry = cache_.get(key)
     if _valid(entry, graph):
@@ -442,7 +450,7 @@ def stage_graphs(graphs: list[CSRGraph], device: torch.device,
     device buffer. A batch's execution plan has a fresh graph per layer and their degrees: about nine
     synchronous copies of pageable memory become one. Graphs whose entry is valid already are skipped.
     Returns ``extras`` on the device, in order."""
-    key = f"cuda_spmm:{device}"
+    key = entry_key(device)
     todo = [(g, _csr_arrays(g)) for g in graphs if not _valid(g.cache().get(key), g)]
     arrays = [np.ascontiguousarray(a) for _, named in todo for a in named.values()]
     arrays += [np.ascontiguousarray(e) for e in extras]
@@ -459,7 +467,8 @@ def stage_graphs(graphs: list[CSRGraph], device: torch.device,
     dev = torch.empty(max(total, _STAGE_ALIGN), dtype=torch.uint8, device=device)
     dev.copy_(host[: dev.numel()], non_blocking=device.type == "cuda")
     if device.type == "cuda":
-        _tls.stage_event.record()  # the buffer is written again only after this copy (_staging_buffer)
+        # the buffer is written again only after this copy (_staging_buffer)
+        _tls.stage_event.record(torch.cuda.current_stream(device))
     parts = [dev[off: off + a.nbytes].view(torch.from_numpy(a[:0]).dtype) for a, off in zip(arrays, offsets,
                                                                                             strict=True)]
     i = 0

@@ -62,9 +62,21 @@ def test_a_device_step_without_cuda_runs_and_skips_the_gpu_tests(tmp_path):
     shim.mkdir()
     (shim / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     (shim / "python3").chmod(0o755)
-    env = dict(os.environ, PATH=f"{shim}{os.pathsep}{os.environ['PATH']}", OUT=str(tmp_path / "out"))
+    env = dict(os.environ, PATH=f"{shim}{os.pathsep}{os.environ['PATH']}", OUT=str(tmp_path / "out"),
+               GPU_SESSION_NO_WHEELS="1")  # .gpu/whl, if prepared here, holds the device's cp312 wheels
     res = subprocess.run(["bash", str(SCRIPT), "tests"], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     log = (tmp_path / "out" / "tests.log").read_text()
     assert re.search(r"\d+ skipped", log) and " failed" not in log and " passed" not in log, log[-1500:]
+
+
+def test_every_device_command_names_its_dataset():
+    # on a lent machine the path a checkpoint recorded for its dataset (../shared/data here) does not
+    # exist: every benchmark that serves .gpu/repo's checkpoints or loads a dataset must be handed
+    # .gpu/data (a ceiling run without it failed here with every client erroring)
+    text = SCRIPT.read_text().replace("\\\n", " ")
+    commands = re.findall(r"python3 (benchmarks/\S+\.py[^|\n]*)", text)
+    assert len(commands) >= 7, commands
+    for cmd in commands:
+        assert '--data "$data/' in cmd or '--data-dir "$data"' in cmd, cmd

@@ -636,6 +636,14 @@ def test_driver_launch_parameters_follow_the_kernel_signature():
     assert other[0] != addr and spmm_cuda.param_block()[1] == addr  # one block per thread, reused
 
 
+def test_device_keys_name_a_device_once():
+    # the graph cache keys of kernels.spmm and kernels.spmm_cuda: a CPU is "cpu"; a GPU without an index
+    # is keyed as the current device (checked on a GPU by test_cuda_staged_graphs_are_the_ones_launches_read)
+    cpu = torch.device("cpu")
+    assert spmm_mod.device_key(cpu) == "cpu" and spmm_cuda.entry_key(cpu) == "cuda_spmm:cpu"
+    assert spmm_mod.device_key(torch.device("cuda", 1)) == "cuda:1"  # an explicit index is kept, no CUDA call
+
+
 def test_stage_graphs_puts_every_entry_in_one_copy(monkeypatch):
     # a plan's layer graphs and its degrees staged with one copy (here onto the CPU, which stands in for
     # the device): the entries _device_graph then finds hold the graphs' arrays, 16-byte aligned views of
@@ -930,7 +938,7 @@ def test_cuda_split_hub_rows_match_spec(cuda, width, strategy, aggregator, f, dt
     assert got.dtype == _to_gpu(x, cuda).dtype and got.shape == x.shape
     tol = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(got.cpu().numpy(), reference(g, x, width, strategy, aggregator), rtol=tol, atol=tol)
-    entry = g.cache()[f"cuda_spmm:{cuda}"]
+    entry = g.cache()[spmm_cuda.entry_key(cuda)]
     w = width if width < int(g.degrees.max()) else 0
     assert entry["schedules"][(w, None, spmm_cuda.ROW_ORDER)]["split_edges"] == split_threshold(g.indptr, w) == 128
     assert (cuda.index or 0, torch.float32 if dtype == np.float32 else torch.float64, True) in spmm_cuda._modules
