@@ -106,8 +106,8 @@ class _Walk:
             return (end - start) // width
         if end - start > 10 * cap:  # at most 10 bytes per varint: more than ``cap`` for sure
             return (end - start + 9) // 10
-        payload = self.buf[start:end].tobytes()
-        return len(payload) - len(payload.translate(None, _HIGH))
+        # the bytes left once those with the continuation bit are deleted: one per varint
+        return len(self.buf[start:end].tobytes().translate(None, _HIGH))
 
 
 class _Malformed(Exception):

@@ -177,6 +177,20 @@ def test_an_expensive_request_is_refused_before_it_runs(hub_repo, hub_dataset):
         assert ok.settings.edges_kept <= walk_bounds(g, 2)[7]
 
 
+def test_the_sdk_chunks_of_large_ids_are_taken(hub_repo):
+    """Ids from 16,384 up take three bytes on the wire: the SDK's full 4,096-id chunks of them are
+    answered, not refused as "at least 8192 nodes" (the count before parsing once took the continuation
+    bytes for the ids), and each answer equals the one for that node alone."""
+    from clients import GnnClient
+
+    ids = np.random.default_rng(3).integers(16_384, 20_000, 9_000)
+    with ServerThread(hub_repo, {"poll_s": 0}) as srv, GnnClient(srv.address) as c:
+        res = c.predict("hub", ids, sampling_width=4)
+        assert len(res.labels) == len(ids)
+        for i in (0, 4_095, 4_096, 8_999):
+            assert c.predict("hub", [int(ids[i])], sampling_width=4).labels[0] == res.labels[i]
+
+
 # ------------------------------------------------------------------- 6. heavy work off the loop
 def test_a_heavy_request_runs_off_the_event_loop(hub_repo):
     """Exact requests on the hub (one target each, under --inline-max-targets) are priced above
