@@ -43,7 +43,7 @@ def test_the_node_limit_takes_exactly_its_count(low, high):
     tensor = ipb.ModelInferRequest.InferInputTensor(name="NODE_IDS", datatype="INT64", shape=[len(ok)])
     tensor.contents.int64_contents.extend(ok)
     check_infer(ipb.ModelInferRequest(model_name="m", inputs=[tensor]).SerializeToString(), LIMITS)
-    over = ok + [low]
+    over = [*ok, low]
     with pytest.raises(InvalidArgument, match="more than the limit of 4096"):
         check_predict(pb.PredictRequest(model="m", nodes=over).SerializeToString(), LIMITS)
     tensor.contents.int64_contents.append(low)
@@ -57,6 +57,6 @@ def test_new_node_neighbours_are_counted_exactly():
     nbrs = list(range(20_000, 21_000))  # three bytes each
     ok = pb.PredictRequest(model="m", new_nodes=[pb.NewNode(neighbors=nbrs)]).SerializeToString()
     check_predict(ok, limits)
-    over = pb.PredictRequest(model="m", new_nodes=[pb.NewNode(neighbors=nbrs + [5])]).SerializeToString()
+    over = pb.PredictRequest(model="m", new_nodes=[pb.NewNode(neighbors=[*nbrs, 5])]).SerializeToString()
     with pytest.raises(InvalidArgument, match="more than the limit of 1000"):
         check_predict(over, limits)
