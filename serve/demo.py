@@ -76,13 +76,17 @@ def run_demo(
         data_dir = repo / "_data" / ds.fingerprint()
         ds.save(data_dir)
         t0 = time.perf_counter()
+        # long stages on a large graph (--nodes in the millions): each is announced, and shows a progress
+        # bar on stderr
+        say(f"building the PPR top-{PPR_K} index of {ds.graph.num_nodes:,} nodes ...")
         # One PPR index for training and serving: built where the server looks for it (REPO/_ppr, keyed by
         # the graph's fingerprint and the PPR settings), so the server opens it instead of rebuilding it.
-        index = PPRIndex.open_or_build(repo / "_ppr", ds.graph, make_ppr_config(None, PPR_K), progress=False)
-        index.ensure_induced(ds.graph)  # every node's induced top-K subgraph: training batches and serving reuse it
+        index = PPRIndex.open_or_build(repo / "_ppr", ds.graph, make_ppr_config(None, PPR_K), progress=True)
+        index.ensure_induced(ds.graph, progress=True)  # every node's induced top-K subgraph: training batches and serving reuse it
         say(f"PPR top-{PPR_K} index of every node in {time.perf_counter() - t0:.1f} s")
         t0 = time.perf_counter()
-        train(ds, "shadow-sage", repo / "demo" / "1", progress=False, source=str(data_dir), seed=seed,
+        say(f"training shadow-sage for {epochs} epochs, then timing its knob table ...")
+        train(ds, "shadow-sage", repo / "demo" / "1", progress=True, source=str(data_dir), seed=seed,
               ppr_lookup=index, epochs=epochs, hidden=64, ppr_k=PPR_K, knob_budgets=[8, 16, PPR_K],
               knob_widths=[0, 2, 4, 8])
         say(f"trained shadow-sage in {time.perf_counter() - t0:.1f} s (checkpoint {repo / 'demo' / '1'})")

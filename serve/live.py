@@ -620,9 +620,7 @@ class LiveGraph:
 
     def _check_writable(self) -> None:
         if self.read_only:
-            why = ("it was started with --read-only" if self.log is not None
-                   else "another server holds this graph's update log")
-            raise ReadOnly(f"this server does not take graph updates: {why}")
+            raise ReadOnly("this server does not take graph updates: it was started with --read-only")
 
     def _drain(self) -> None:
         """Commit the waiting updates, a group at a time (holding the writer)."""
@@ -663,8 +661,12 @@ class LiveGraph:
                     self._commit(accepted, group)
                     return tickets[i:]
                 if parsed.expect_version != self.version:
+                    why = ("another update came first; read the graph again and retry"
+                           if parsed.expect_version < self.version else
+                           "the graph has not reached that version: expect_graph_version names the version the "
+                           "update applies to, the graph_version of the latest answer or update")
                     t.fail(UpdateConflict(f"the graph is at version {self.version}, not {parsed.expect_version}: "
-                                          "another update came first; read the graph again and retry"))
+                                          + why))
                     continue
             try:
                 group.add(parsed, self._edit_fn)

@@ -10,11 +10,10 @@ check of :mod:`serve.memory_budget` counts N).
 This module is the parent. It
 
 * refuses a configuration in which the processes could answer from different graph states
-  without saying so (:func:`refusal`): with N > 1 either the server is ``--read-only`` and no local
-  update log holds updates (a file log is replayed by the one process that holds its lock; the
-  others would serve the graph as loaded), or the graph and features are in Redis, whose update
-  log every process follows (as replicas do; each answer carries its ``graph_version`` and
-  ``min_graph_version`` gives read-your-writes across processes);
+  without saying so (:func:`refusal`): with N > 1 either the server is ``--read-only`` (every process
+  replays the local update log, opened shared: none writes it, so all serve its last version), or the
+  graph and features are in Redis, whose update log every process follows (as replicas do; each answer
+  carries its ``graph_version`` and ``min_graph_version`` gives read-your-writes across processes);
 * reserves the port (binds it, with ``SO_REUSEPORT``, without listening: it never takes a
   connection, and ``--port 0`` gets a port every child can join), then starts the N children:
   ``gnnserve serve`` with the same options plus ``--port P --process-slot i/N`` (each child binds
@@ -62,31 +61,6 @@ __all__ = ["refusal", "reserve_port", "run_processes"]
 
 log = logging.getLogger("gnnserve.processes")
 
-_FILE_LOG_HEADER = 20  # bytes of an empty file update log (serve.update_log)
-
-
-def _local_update_logs(args: Any) -> list[tuple[Path, str]]:
-    """``(path, what)`` of every local update log with updates, or snapshot, that a checkpoint of
-    ``args.repo`` would replay (``REPO/_live`` or ``--update-log-dir``, by dataset fingerprint)."""
-    from .memory_budget import _checkpoints
-
-    live_dir = Path(args.update_log_dir) if args.update_log_dir else Path(args.repo) / "_live"
-    out: list[tuple[Path, str]] = []
-    seen: set[str] = set()
-    for _tag, conf in _checkpoints(Path(args.repo)):
-        fp = str(conf["dataset"].get("fingerprint") or "")
-        if not fp or fp in seen:
-            continue
-        seen.add(fp)
-        logf, snap = live_dir / f"{fp}.log", live_dir / f"{fp}.snapshot"
-        with contextlib.suppress(OSError):
-            if logf.stat().st_size > _FILE_LOG_HEADER:
-                out.append((logf, "holds logged updates"))
-        if snap.exists():
-            out.append((snap, "is a compacted snapshot of logged updates"))
-    return out
-
-
 def refusal(args: Any) -> str | None:
     """Why ``args`` (``gnnserve serve`` with ``--processes`` > 1) cannot run, or None."""
     n = int(args.processes)
@@ -95,16 +69,10 @@ def refusal(args: Any) -> str | None:
     if not args.read_only:
         return (f"--processes {n} with a local graph needs --read-only: a file update log is written by one "
                 "process, and the others would answer from a graph without its updates. Either serve "
-                "read-only (--read-only), or keep the features (and graph) in Redis (--features redis://... "
-                "or --graph redis://...), whose update log every process follows, or run one process")
-    logs = _local_update_logs(args)
-    if logs:
-        listing = "; ".join(f"{p} {what}" for p, what in logs)
-        return (f"--processes {n}: {listing}. A file log is replayed by the one process that holds its lock, so "
-                "the processes would answer from different graph versions. Serve it with one process, or move "
-                "the graph and features to Redis (`gnnserve graph load`, `gnnserve features load`) and serve "
-                "with --graph / --features redis://...")
-    return None
+                "read-only (--read-only: every process replays the log, none takes updates), or keep the "
+                "features (and graph) in Redis (--features redis://... or --graph redis://...), whose update log "
+                "every process follows, or run one process")
+    return None  # read-only: every process replays the file log, shared (serve.update_log.FileUpdateLog)
 
 
 def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
@@ -175,11 +143,6 @@ def _child_argv(args: Any, argv: Sequence[str], port: int, index: int, tmp: Path
            "--ready-file", ""]
     if args.metrics_port is not None:
         out += ["--metrics-port", "0"]
-    if index > 1 and not _shared_log(args):
-        # read-only on local data, and refusal() found no logged update to replay: process 1 opens the
-        # (empty) file log and holds its lock, the others an empty log of their own instead of failing
-        # to take that lock (all serve version 0; _version_mismatch checks it once they are up)
-        out += ["--update-log-dir", str(tmp / f"log-{index}")]
     return out
 
 

@@ -110,8 +110,9 @@ def _in_daemon_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *
 
 def _transient(exc: BaseException) -> bool:
     from .features.base import FeatureUnavailable
+    from .update_log import UpdateLogInUse
 
-    return isinstance(exc, FeatureUnavailable)
+    return isinstance(exc, FeatureUnavailable | UpdateLogInUse)
 
 
 class ModelRegistry:
@@ -431,8 +432,8 @@ class ModelRegistry:
         if replayed:
             log.info("graph %s: %d logged updates replayed, now at version %d", live.label, replayed, live.version)
         limit = self.options.compact_log_bytes
-        if (limit > 0 and isinstance(live.log, FileUpdateLog) and live.version > live.log.base
-                and live.log.size_bytes() > limit):
+        if (limit > 0 and isinstance(live.log, FileUpdateLog) and not live.log.shared
+                and live.version > live.log.base and live.log.size_bytes() > limit):
             live.compact(self._live_dir() / f"{data.fingerprint}.snapshot")
         rt.warm()
         log.info("loaded %s v%d in %.1f s", name, version, time.perf_counter() - t0)
@@ -476,14 +477,17 @@ class ModelRegistry:
             update_log: Any = RedisUpdateLog(redis_url, data.fingerprint)
         else:
             path = self._live_dir() / f"{data.fingerprint}.log"
-            try:
-                update_log = FileUpdateLog(path, fsync=o.update_log_fsync)
-            except UpdateLogInUse as exc:  # (a damaged log raises on: no serving a graph that lost updates)
-                log.warning("graph %s: %s. This server serves the graph as loaded, without those updates, and "
-                            "refuses new ones (FAILED_PRECONDITION); for several servers that take updates, keep "
-                            "features (and the graph) in Redis, or give each its own --update-log-dir",
-                            data.fingerprint[:12], exc)
-                update_log = None
+            try:  # a read-only server shares the log with other readers; a writer holds it alone
+                update_log = FileUpdateLog(path, fsync=o.update_log_fsync, shared=o.read_only)
+            except UpdateLogInUse as exc:
+                # answering from the graph as loaded would drop acknowledged updates (or miss the other
+                # server's next ones): the models of this graph are refused, and retried at every scan, so
+                # they load once the other server lets the log go (a restart's handover)
+                raise UpdateLogInUse(
+                    f"graph {data.fingerprint[:12]}: {exc}. Its models load once the other server stops (retried "
+                    "at every repository scan); to run both, start every one of them with --read-only (none then "
+                    "takes updates), give this one its own --update-log-dir (a separate graph history), or keep "
+                    "the graph and features in Redis") from None
         data.live = LiveGraph(data, update_log, read_only=o.read_only, max_update_size=o.max_update_size,
                               metrics=self.metrics, version=data.base_version, ppr_tolerance=o.ppr_refresh_tolerance)
         if redis_url:

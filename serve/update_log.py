@@ -217,14 +217,22 @@ class FileUpdateLog:
     Args:
         path: the log file (created with its directory when absent).
         fsync: ``fsync`` every append (survives a machine crash, not only the process dying).
+        shared: open to read only (a ``--read-only`` server): a shared lock on ``<path>.lock`` instead
+            of the exclusive one a writer takes, so several readers replay one log while **no writer**
+            has it open. A reader and a writer exclude each other, in either order: a reader beside a
+            writer would answer from a graph without the writer's later updates. A reader writes nothing
+            (no header for a new log, no cut of a torn tail: it reads up to it; ``append`` and
+            ``truncate_before`` raise), and what it read at open stays the log's content while it holds
+            the lock.
 
-    Raises (constructor): :class:`UpdateLogError` when the file is damaged before its last record,
-    is not a log, or is open in another process.
+    Raises (constructor): :class:`UpdateLogError` when the file is damaged before its last record or is
+    not a log; :class:`UpdateLogInUse` when another process holds it in a mode that excludes this one.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False, shared: bool = False) -> None:
         self.path = Path(path)
         self.fsync = bool(fsync)
+        self.shared = bool(shared)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._closed = False
@@ -232,12 +240,16 @@ class FileUpdateLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self._lock_fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(self._lock_fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise UpdateLogInUse(f"update log {self.path} is open in another process (or twice in this one): "
-                                     "one server writes a file log; use a Redis log for several") from None
+                raise UpdateLogInUse(
+                    f"update log {self.path} is open in another process (or twice in this one): "
+                    + ("a server that takes updates writes it, so a read-only server beside it would answer "
+                       "without them" if self.shared else
+                       "one server writes a file log, and none takes it while read-only servers replay it")
+                    + "; for several servers that all see every update, use a Redis log") from None
             raise
         try:
             self._open()
@@ -249,13 +261,19 @@ class FileUpdateLog:
     def _open(self) -> None:
         with contextlib.suppress(FileNotFoundError):  # a compaction that crashed before its os.replace
             os.unlink(self.path.with_name(self.path.name + ".compact.tmp"))
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if self.shared and not self.path.exists():  # nothing logged yet, and no writer can start meanwhile
+            self._base, self._offsets, self._end = 0, array("q"), _FILE_HDR.size
+            return
+        fd = os.open(self.path, os.O_RDONLY if self.shared else os.O_RDWR | os.O_CREAT, 0o644)
         self._fd = fd
         size = os.fstat(fd).st_size
         if size < _FILE_HDR.size:
             head = os.pread(fd, size, 0)
             if head != _header(0)[:size]:  # a compacted log is never torn (os.replace): only a new one is
                 raise UpdateLogError(f"{self.path} is not an update log (it starts with {head[:8]!r})")
+            if self.shared:  # an empty log, or a header cut short by a crash: no records either way
+                self._base, self._offsets, self._end = 0, array("q"), _FILE_HDR.size
+                return
             if size:
                 log.warning("update log %s: its header was cut short (a crash while creating it): starting it "
                             "again, it held no records", self.path)
@@ -298,10 +316,16 @@ class FileUpdateLog:
                                          "write: restore the log from a copy or rebuild the graph from a snapshot")
                 break
         if off < size:
-            log.warning("update log %s: cut off %d bytes of a torn last record at byte offset %d (a crash in "
-                        "the middle of a write; that update was never acknowledged)", self.path, size - off, off)
-            os.ftruncate(self._fd, off)
-            self._sync()
+            if self.shared:
+                log.warning("update log %s: %d bytes of a torn last record at byte offset %d (a crash in the "
+                            "middle of a write; that update was never acknowledged) are not read; the next "
+                            "server to write the log cuts them off", self.path, size - off, off)
+            else:
+                log.warning("update log %s: cut off %d bytes of a torn last record at byte offset %d (a crash "
+                            "in the middle of a write; that update was never acknowledged)", self.path,
+                            size - off, off)
+                os.ftruncate(self._fd, off)
+                self._sync()
         self._end = off
 
     # ---------------------------------------------------------------- helpers
@@ -321,6 +345,10 @@ class FileUpdateLog:
     def _check_open(self) -> None:
         if self._closed:
             raise UpdateLogError(f"update log {self.path} is closed")
+
+    def _check_writable(self) -> None:
+        if self.shared:
+            raise UpdateLogError(f"update log {self.path} is open to read only (shared with other readers)")
 
     @property
     def _head(self) -> int:
@@ -343,6 +371,7 @@ class FileUpdateLog:
         data = _payload_bytes(payload)
         with self._lock:
             self._check_open()
+            self._check_writable()
             head = self._head
             if expect_version is not None and int(expect_version) != head:
                 raise _conflict(head, int(expect_version), f"update log {self.path}")
@@ -412,6 +441,7 @@ class FileUpdateLog:
         version = int(version)
         with self._lock:
             self._check_open()
+            self._check_writable()
             if version <= self._base:
                 return
             if version > self._head:

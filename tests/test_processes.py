@@ -68,24 +68,34 @@ def test_refuses_processes_without_read_only_or_a_shared_log(tiny_repo):
     assert "Redis" in res.stderr
 
 
-def test_refuses_a_local_update_log_with_updates(tiny_repo, tmp_path):
+def test_read_only_processes_all_replay_a_local_update_log(tiny_repo, tmp_path):
+    """--processes 2 --read-only over a file update log that holds updates (refused before: one process
+    held the log and the others would have answered without them): every process opens the log shared,
+    replays it and answers at its last version; the refusal is for a writable local graph only."""
     from serve.processes import refusal
-    from serve.update_log import FileUpdateLog
 
-    fp = next(p.name for p in (tiny_repo / "_data").iterdir())
     args = Namespace(processes=2, graph=None, features="memory", read_only=True, repo=str(tiny_repo),
                      update_log_dir=str(tmp_path))
-    assert refusal(args) is None  # no log yet
-    log = FileUpdateLog(tmp_path / f"{fp}.log")
-    assert refusal(args) is None  # an empty log: nothing any process would replay
-    log.append(b"an update")
-    log.close()
-    why = refusal(args)
-    assert why is not None and "holds logged updates" in why and "one process" in why
-    res = _serve_cmd(tiny_repo, "--port", "0", "--processes", "2", "--read-only", "--update-log-dir", str(tmp_path))
-    assert res.returncode == 2 and "holds logged updates" in res.stderr, res.stderr
+    assert refusal(args) is None
+    assert "needs --read-only" in refusal(Namespace(**{**vars(args), "read_only": False}))
     # features in Redis: every process follows the Redis log, no --read-only needed
     assert refusal(Namespace(**{**vars(args), "read_only": False, "features": "redis://localhost:6379/0"})) is None
+    logs = ("--update-log-dir", str(tmp_path / "live"))
+    with ServerProcess(tiny_repo, "--poll-s", "0", *logs) as one, GnnClient(one.address) as c:
+        assert c.update_graph("gcn", features={3: np.full(c.get_model("gcn").num_features, 0.5)}).graph_version == 1
+        want = c.predict("gcn", [3, 4], sampling_width=0)
+    with ServerProcess(tiny_repo, "--processes", "2", "--read-only", "--poll-s", "0", *logs) as srv:
+        seen = {}
+        for _ in range(24):
+            with grpc.insecure_channel(srv.address) as ch:
+                resp = pb_grpc.GnnServiceStub(ch).Predict(
+                    pb.PredictRequest(model="gcn", nodes=[3, 4], sampling_width=0, return_probabilities=True),
+                    timeout=30)
+            seen[resp.served_by] = resp
+        assert len(seen) == 2, seen.keys()
+        for resp in seen.values():
+            assert resp.graph_version == 1
+            assert list(resp.labels) == list(want.labels)
 
 
 def test_memory_check_counts_every_process(tiny_repo):

@@ -524,3 +524,36 @@ def test_redis_cluster_log(redis_cluster):
     finally:
         a.close()
         b.close()
+
+
+def test_file_log_readers_share_it_and_exclude_a_writer(tmp_path, caplog):
+    # read-only servers open the log shared: several replay it together, none beside a writer (either
+    # order), and a reader writes nothing, not even the cut of a torn tail
+    p = tmp_path / "u.log"
+    empty = FileUpdateLog(p, shared=True)  # no log yet: nothing to replay, nothing created
+    assert empty.head() == 0 and empty.read(0) == [] and not p.exists()
+    with pytest.raises(UpdateLogError, match="open in another process"):
+        FileUpdateLog(p)
+    empty.close()
+    with FileUpdateLog(p) as w:
+        for v in range(1, 4):
+            w.append(payload(v))
+        with pytest.raises(UpdateLogError, match="a server that takes updates writes it"):
+            FileUpdateLog(p, shared=True)
+    with open(p, "ab") as f:  # a torn last record
+        f.write(b"\x00" * 7)
+    size = p.stat().st_size
+    a, b = FileUpdateLog(p, shared=True), FileUpdateLog(p, shared=True)
+    assert a.read(0) == b.read(0) == [(v, payload(v)) for v in range(1, 4)]
+    assert p.stat().st_size == size  # the torn tail is left to the next writer
+    with pytest.raises(UpdateLogError, match="read only"):
+        a.append(payload(4))
+    with pytest.raises(UpdateLogError, match="read only"):
+        a.truncate_before(2)
+    with pytest.raises(UpdateLogError, match="read-only servers replay it"):
+        FileUpdateLog(p)
+    a.close()
+    b.close()
+    with FileUpdateLog(p) as w:  # the writer cuts the tail and goes on
+        assert w.head() == 3 and p.stat().st_size < size
+        assert w.append(payload(4)) == 4
