@@ -512,7 +512,11 @@ class LiveGraph:
                  ppr_tolerance: float = 1.0) -> None:
         self.data = data
         self.log = update_log
-        self.read_only = bool(read_only) or update_log is None
+        #: a file log another process writes (serve.update_log.FileUpdateLog follow mode): this graph is
+        #: answered as that server updates it, and updates go to that server
+        self.follows_writer = bool(getattr(update_log, "follow", False))
+        self.read_only = bool(read_only) or update_log is None or self.follows_writer
+        self._started_read_only = bool(read_only)
         self.max_update_size = int(max_update_size)
         self.ppr_tolerance = float(ppr_tolerance)
         self.metrics = metrics
@@ -620,7 +624,10 @@ class LiveGraph:
 
     def _check_writable(self) -> None:
         if self.read_only:
-            raise ReadOnly("this server does not take graph updates: it was started with --read-only")
+            why = ("it was started with --read-only" if self._started_read_only or not self.follows_writer else
+                   "another server on this repository writes this graph's update log; send updates there "
+                   "(this server follows them)")
+            raise ReadOnly(f"this server does not take graph updates: {why}")
 
     def _drain(self) -> None:
         """Commit the waiting updates, a group at a time (holding the writer)."""
@@ -900,11 +907,22 @@ class LiveGraph:
         if self.log is None or self._follower is not None:
             return
 
+        from .update_log import UpdateLogError, UpdateLogUnavailable
+
         def run() -> None:
             while not self._stop.is_set():
                 try:
                     if self.log.wait(self.version, interval):
                         self.catch_up()
+                except UpdateLogError as exc:
+                    if not isinstance(exc, UpdateLogUnavailable):  # it lost records this server applied,
+                        # or was compacted past them: answering on would be answering from a forked graph
+                        self.broken = (f"graph {self.label}: following its update log failed ({exc}); this server "
+                                       "no longer answers for this graph: restart it")
+                        log.error("%s", self.broken)
+                        return
+                    log.warning("graph %s: following the update log failed (%s); retrying", self.label, exc)
+                    self._stop.wait(interval)
                 except Exception as exc:  # Redis down: keep trying; requests needing newer versions fail loudly
                     log.warning("graph %s: following the update log failed (%s); retrying", self.label, exc)
                     self._stop.wait(interval)

@@ -11,7 +11,7 @@ This module is the parent. It
 
 * refuses a configuration in which the processes could answer from different graph states
   without saying so (:func:`refusal`): with N > 1 either the server is ``--read-only`` (every process
-  replays the local update log, opened shared: none writes it, so all serve its last version), or the
+  replays and follows the local update log, which no process writes, so all serve its last version), or the
   graph and features are in Redis, whose update log every process follows (as replicas do; each answer
   carries its ``graph_version`` and ``min_graph_version`` gives read-your-writes across processes);
 * reserves the port (binds it, with ``SO_REUSEPORT``, without listening: it never takes a
@@ -72,7 +72,7 @@ def refusal(args: Any) -> str | None:
                 "read-only (--read-only: every process replays the log, none takes updates), or keep the "
                 "features (and graph) in Redis (--features redis://... or --graph redis://...), whose update log "
                 "every process follows, or run one process")
-    return None  # read-only: every process replays the file log, shared (serve.update_log.FileUpdateLog)
+    return None  # read-only: every process follows the file log (serve.update_log.FileUpdateLog, follow=True)
 
 
 def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:

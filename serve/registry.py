@@ -110,9 +110,7 @@ def _in_daemon_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *
 
 def _transient(exc: BaseException) -> bool:
     from .features.base import FeatureUnavailable
-    from .update_log import UpdateLogInUse
-
-    return isinstance(exc, FeatureUnavailable | UpdateLogInUse)
+    return isinstance(exc, FeatureUnavailable)
 
 
 class ModelRegistry:
@@ -432,7 +430,7 @@ class ModelRegistry:
         if replayed:
             log.info("graph %s: %d logged updates replayed, now at version %d", live.label, replayed, live.version)
         limit = self.options.compact_log_bytes
-        if (limit > 0 and isinstance(live.log, FileUpdateLog) and not live.log.shared
+        if (limit > 0 and isinstance(live.log, FileUpdateLog) and not live.log.follow
                 and live.version > live.log.base and live.log.size_bytes() > limit):
             live.compact(self._live_dir() / f"{data.fingerprint}.snapshot")
         rt.warm()
@@ -477,20 +475,22 @@ class ModelRegistry:
             update_log: Any = RedisUpdateLog(redis_url, data.fingerprint)
         else:
             path = self._live_dir() / f"{data.fingerprint}.log"
-            try:  # a read-only server shares the log with other readers; a writer holds it alone
-                update_log = FileUpdateLog(path, fsync=o.update_log_fsync, shared=o.read_only)
-            except UpdateLogInUse as exc:
-                # answering from the graph as loaded would drop acknowledged updates (or miss the other
-                # server's next ones): the models of this graph are refused, and retried at every scan, so
-                # they load once the other server lets the log go (a restart's handover)
-                raise UpdateLogInUse(
-                    f"graph {data.fingerprint[:12]}: {exc}. Its models load once the other server stops (retried "
-                    "at every repository scan); to run both, start every one of them with --read-only (none then "
-                    "takes updates), give this one its own --update-log-dir (a separate graph history), or keep "
-                    "the graph and features in Redis") from None
+            follow = o.read_only  # a read-only server never writes the log: it follows whoever does
+            if not follow:
+                try:
+                    update_log = FileUpdateLog(path, fsync=o.update_log_fsync)
+                except UpdateLogInUse:  # another server on this repository takes this graph's updates
+                    follow = True
+                    log.warning("graph %s: another server on this repository writes its update log %s: this "
+                                "one replays and follows it (every update that server takes is answered here "
+                                "too; min_graph_version gives read-your-writes) and refuses updates itself "
+                                "(FAILED_PRECONDITION); several servers that all take updates need the graph "
+                                "and features in Redis", data.fingerprint[:12], path)
+            if follow:
+                update_log = FileUpdateLog(path, follow=True)
         data.live = LiveGraph(data, update_log, read_only=o.read_only, max_update_size=o.max_update_size,
                               metrics=self.metrics, version=data.base_version, ppr_tolerance=o.ppr_refresh_tolerance)
-        if redis_url:
+        if redis_url or getattr(update_log, "follow", False):
             data.live.follow()
         return data.live
 

@@ -35,8 +35,10 @@ process being killed (it is in the page cache); with ``fsync=True`` it is also `
 ``append`` returns and survives a machine crash. A failed write is cut back off, so it never
 leaves damage in front of later records. ``truncate_before`` writes the kept records into a temp
 file (fsynced) and ``os.replace``-s it over the log: a crash leaves either the old or the new log.
-One process at a time: a sidecar ``<path>.lock`` is held with ``flock`` while the log is open
-(a second opener gets :class:`UpdateLogError`). Thread-safe.
+One writer at a time: a sidecar ``<path>.lock`` is held with ``flock`` while the log is open to
+write (a second writer gets :class:`UpdateLogInUse`); any number of processes may **follow** it
+(``follow=True``: no lock, read-only, each read first picks up the complete records appended since).
+Thread-safe.
 
 Redis log (:class:`RedisUpdateLog`)
 -----------------------------------
@@ -211,45 +213,52 @@ def _check_range(after: int, head: int, base: int, where: str) -> None:
 
 
 # =========================================================================== file log
+FOLLOW_POLL_S = 0.02  # how often a follower's wait looks at the file (an fstat when nothing changed)
+
 class FileUpdateLog:
     """Append-only file log (format and guarantees in the module docstring).
 
     Args:
         path: the log file (created with its directory when absent).
         fsync: ``fsync`` every append (survives a machine crash, not only the process dying).
-        shared: open to read only (a ``--read-only`` server): a shared lock on ``<path>.lock`` instead
-            of the exclusive one a writer takes, so several readers replay one log while **no writer**
-            has it open. A reader and a writer exclude each other, in either order: a reader beside a
-            writer would answer from a graph without the writer's later updates. A reader writes nothing
-            (no header for a new log, no cut of a torn tail: it reads up to it; ``append`` and
-            ``truncate_before`` raise), and what it read at open stays the log's content while it holds
-            the lock.
+        follow: open to **follow** the log another process writes (a second server on the repository,
+            a ``--read-only`` server, ``--processes`` children): no lock, nothing written (no header
+            for a new log, no cut of a torn tail; ``append`` and ``truncate_before`` raise), and every
+            ``read`` / ``head`` / ``wait`` first picks up what the writer appended since (complete
+            records only: a record being written is read once it is whole). A log replaced by the
+            writer's compaction is reopened (records this follower had not applied yet are then in the
+            writer's snapshot: :class:`RecordsCompacted`); a log cut back behind what was read raises
+            :class:`UpdateLogError`.
 
     Raises (constructor): :class:`UpdateLogError` when the file is damaged before its last record or is
-    not a log; :class:`UpdateLogInUse` when another process holds it in a mode that excludes this one.
+    not a log; :class:`UpdateLogInUse` (a writer) when another process writes it.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False, shared: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False, follow: bool = False) -> None:
         self.path = Path(path)
         self.fsync = bool(fsync)
-        self.shared = bool(shared)
+        self.follow = bool(follow)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._closed = False
         self._fd = -1
+        self._lock_fd = -1
+        self._base, self._offsets, self._end = 0, array("q"), _FILE_HDR.size
+        self._have_header = False
+        if self.follow:
+            self._reopen()
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(self._lock_fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(self._lock_fd)
+            self._lock_fd = -1
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise UpdateLogInUse(
-                    f"update log {self.path} is open in another process (or twice in this one): "
-                    + ("a server that takes updates writes it, so a read-only server beside it would answer "
-                       "without them" if self.shared else
-                       "one server writes a file log, and none takes it while read-only servers replay it")
-                    + "; for several servers that all see every update, use a Redis log") from None
+                raise UpdateLogInUse(f"update log {self.path} is open in another process (or twice in this one): "
+                                     "one server writes a file log, others follow it; for several servers that "
+                                     "all take updates, use a Redis log") from None
             raise
         try:
             self._open()
@@ -261,19 +270,13 @@ class FileUpdateLog:
     def _open(self) -> None:
         with contextlib.suppress(FileNotFoundError):  # a compaction that crashed before its os.replace
             os.unlink(self.path.with_name(self.path.name + ".compact.tmp"))
-        if self.shared and not self.path.exists():  # nothing logged yet, and no writer can start meanwhile
-            self._base, self._offsets, self._end = 0, array("q"), _FILE_HDR.size
-            return
-        fd = os.open(self.path, os.O_RDONLY if self.shared else os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         self._fd = fd
         size = os.fstat(fd).st_size
         if size < _FILE_HDR.size:
             head = os.pread(fd, size, 0)
             if head != _header(0)[:size]:  # a compacted log is never torn (os.replace): only a new one is
                 raise UpdateLogError(f"{self.path} is not an update log (it starts with {head[:8]!r})")
-            if self.shared:  # an empty log, or a header cut short by a crash: no records either way
-                self._base, self._offsets, self._end = 0, array("q"), _FILE_HDR.size
-                return
             if size:
                 log.warning("update log %s: its header was cut short (a crash while creating it): starting it "
                             "again, it held no records", self.path)
@@ -292,12 +295,13 @@ class FileUpdateLog:
         self._scan(size)
 
     def _scan(self, size: int) -> None:
-        """Index every record; cut a torn tail off, refuse damage before it."""
-        if size == _FILE_HDR.size:
+        """Index every record from :attr:`_end` on; a writer cuts a torn tail off, a follower leaves it
+        (the writer may be writing it); damage before the end is refused."""
+        if size <= self._end:
             return
         with mmap.mmap(self._fd, size, prot=mmap.PROT_READ) as mm:
-            off = _FILE_HDR.size
-            expect = self._base + 1
+            off = self._end
+            expect = self._head + 1
             while off < size:
                 problem = _record_problem(mm, off, size)
                 if problem is None:
@@ -315,18 +319,60 @@ class FileUpdateLog:
                                          f"valid record follows at byte offset {later}, so this is not a torn "
                                          "write: restore the log from a copy or rebuild the graph from a snapshot")
                 break
-        if off < size:
-            if self.shared:
-                log.warning("update log %s: %d bytes of a torn last record at byte offset %d (a crash in the "
-                            "middle of a write; that update was never acknowledged) are not read; the next "
-                            "server to write the log cuts them off", self.path, size - off, off)
-            else:
-                log.warning("update log %s: cut off %d bytes of a torn last record at byte offset %d (a crash "
-                            "in the middle of a write; that update was never acknowledged)", self.path,
-                            size - off, off)
-                os.ftruncate(self._fd, off)
-                self._sync()
+        if off < size and not self.follow:
+            log.warning("update log %s: cut off %d bytes of a torn last record at byte offset %d (a crash in "
+                        "the middle of a write; that update was never acknowledged)", self.path, size - off, off)
+            os.ftruncate(self._fd, off)
+            self._sync()
         self._end = off
+
+    # ---------------------------------------------------------------- following
+    def _reopen(self) -> None:
+        """A follower's (re)open: the log as it is now, or nothing while it does not exist."""
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+        self._base, self._offsets, self._end = 0, array("q"), _FILE_HDR.size
+        self._have_header = False
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # nothing logged yet
+        self._fd = fd
+        size = os.fstat(fd).st_size
+        if size < _FILE_HDR.size:  # a log being created: no records yet
+            return
+        self._have_header = True
+        magic, base, crc = _FILE_HDR.unpack(os.pread(fd, _FILE_HDR.size, 0))
+        if magic != _FILE_MAGIC:
+            raise UpdateLogError(f"{self.path} is not an update log (it starts with {magic!r})")
+        if crc != zlib.crc32(_FILE_HDR.pack(magic, base, 0)[:16]):
+            raise UpdateLogError(f"update log {self.path}: its header (byte offset 0) fails its CRC")
+        self._base = int(base)
+        self._scan(size)
+
+    def _refresh(self) -> None:
+        """A follower: pick up what the writer appended (or a log it created or replaced) since the last
+        look. Called under :attr:`_lock`."""
+        if not self.follow:
+            return
+        try:
+            ino = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            return  # not created yet (or between a compaction's unlink and rename: look again later)
+        if self._fd < 0 or not self._have_header or ino != os.fstat(self._fd).st_ino:
+            head = self._head
+            self._reopen()  # created, or replaced by a compaction (os.replace): a new file
+            if self._head < head:
+                raise UpdateLogError(f"update log {self.path} was replaced by one that ends at version "
+                                     f"{self._head}, behind version {head} this server read: restart it")
+            return
+        size = os.fstat(self._fd).st_size
+        if size < self._end:
+            raise UpdateLogError(f"update log {self.path} was cut back to {size} bytes, behind the {self._end} this "
+                                 "server read (records it applied are gone): restart it")
+        self._scan(size)
 
     # ---------------------------------------------------------------- helpers
     def _write_all(self, data: bytes | memoryview, offset: int) -> None:
@@ -347,8 +393,8 @@ class FileUpdateLog:
             raise UpdateLogError(f"update log {self.path} is closed")
 
     def _check_writable(self) -> None:
-        if self.shared:
-            raise UpdateLogError(f"update log {self.path} is open to read only (shared with other readers)")
+        if self.follow:
+            raise UpdateLogError(f"update log {self.path} is open to follow another process's writes, not to write")
 
     @property
     def _head(self) -> int:
@@ -361,6 +407,7 @@ class FileUpdateLog:
 
     def head(self) -> int:
         with self._lock:
+            self._refresh()
             return self._head
 
     def size_bytes(self) -> int:
@@ -395,6 +442,7 @@ class FileUpdateLog:
         after, limit = _check_after(after, limit)
         with self._lock:
             self._check_open()
+            self._refresh()
             return self._read_locked(after, limit)
 
     def _read_locked(self, after: int, limit: int | None) -> list[tuple[int, bytes]]:
@@ -422,19 +470,22 @@ class FileUpdateLog:
 
     def wait(self, after: int, timeout: float, *, limit: int | None = 1024) -> list[tuple[int, bytes]]:
         """Records ``> after`` (at most ``limit``), waiting up to ``timeout`` s for an append of this
-        process; ``[]`` on timeout or when the log is closed meanwhile."""
+        process (a follower: looking at the file every :data:`FOLLOW_POLL_S`); ``[]`` on timeout or when
+        the log is closed meanwhile."""
         after, limit = _check_after(after, limit)
         deadline = time.monotonic() + max(0.0, float(timeout))
         with self._cond:
             self._check_open()
+            self._refresh()
             while self._head <= after:
                 _check_range(after, self._head, self._base, f"update log {self.path}")
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed:
                     return []
-                self._cond.wait(left)
+                self._cond.wait(min(left, FOLLOW_POLL_S) if self.follow else left)
                 if self._closed:
                     return []
+                self._refresh()
             return self._read_locked(after, limit)
 
     def truncate_before(self, version: int) -> None:

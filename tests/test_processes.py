@@ -70,7 +70,7 @@ def test_refuses_processes_without_read_only_or_a_shared_log(tiny_repo):
 
 def test_read_only_processes_all_replay_a_local_update_log(tiny_repo, tmp_path):
     """--processes 2 --read-only over a file update log that holds updates (refused before: one process
-    held the log and the others would have answered without them): every process opens the log shared,
+    held the log and the others would have answered without them): every process follows the log,
     replays it and answers at its last version; the refusal is for a writable local graph only."""
     from serve.processes import refusal
 

@@ -24,6 +24,7 @@ from serve.update_log import (
     UpdateLogError,
     UpdateLogUnavailable,
     VersionConflict,
+    _encode_record,
 )
 
 pytest_plugins = ("tests.redis_server",)
@@ -526,34 +527,45 @@ def test_redis_cluster_log(redis_cluster):
         b.close()
 
 
-def test_file_log_readers_share_it_and_exclude_a_writer(tmp_path, caplog):
-    # read-only servers open the log shared: several replay it together, none beside a writer (either
-    # order), and a reader writes nothing, not even the cut of a torn tail
+def test_file_log_followers_read_what_the_writer_appends(tmp_path):
+    # a second server, a --read-only one or a --processes child opens the log to follow it: no lock, no
+    # write (not even the cut of a torn tail), and each read picks up the complete records appended since
     p = tmp_path / "u.log"
-    empty = FileUpdateLog(p, shared=True)  # no log yet: nothing to replay, nothing created
-    assert empty.head() == 0 and empty.read(0) == [] and not p.exists()
+    f = FileUpdateLog(p, follow=True)  # before the log exists: nothing yet, nothing created
+    assert f.head() == 0 and f.read(0) == [] and f.wait(0, 0.05) == [] and not p.exists()
+    w = FileUpdateLog(p)  # the writer is not kept out by followers
     with pytest.raises(UpdateLogError, match="open in another process"):
-        FileUpdateLog(p)
-    empty.close()
-    with FileUpdateLog(p) as w:
-        for v in range(1, 4):
-            w.append(payload(v))
-        with pytest.raises(UpdateLogError, match="a server that takes updates writes it"):
-            FileUpdateLog(p, shared=True)
-    with open(p, "ab") as f:  # a torn last record
-        f.write(b"\x00" * 7)
+        FileUpdateLog(p)  # but by another writer
+    for v in range(1, 4):
+        w.append(payload(v))
+    assert f.read(0) == [(v, payload(v)) for v in range(1, 4)] and f.head() == 3
+    f2 = FileUpdateLog(p, follow=True)
+    assert f2.read(1) == [(2, payload(2)), (3, payload(3))]
+    got: list = []
+    t = threading.Thread(target=lambda: got.extend(f.wait(3, 10)))
+    t.start()
+    time.sleep(0.1)
+    w.append(payload(4))  # another process's append: seen by polling the file
+    t.join(10)
+    assert got == [(4, payload(4))]
+    with open(p, "ab") as fh:  # half a record, as a reader may see one being written
+        fh.write(_encode_record(5, payload(5))[:9])
     size = p.stat().st_size
-    a, b = FileUpdateLog(p, shared=True), FileUpdateLog(p, shared=True)
-    assert a.read(0) == b.read(0) == [(v, payload(v)) for v in range(1, 4)]
-    assert p.stat().st_size == size  # the torn tail is left to the next writer
-    with pytest.raises(UpdateLogError, match="read only"):
-        a.append(payload(4))
-    with pytest.raises(UpdateLogError, match="read only"):
-        a.truncate_before(2)
-    with pytest.raises(UpdateLogError, match="read-only servers replay it"):
-        FileUpdateLog(p)
-    a.close()
-    b.close()
-    with FileUpdateLog(p) as w:  # the writer cuts the tail and goes on
-        assert w.head() == 3 and p.stat().st_size < size
-        assert w.append(payload(4)) == 4
+    assert f.head() == 4 and p.stat().st_size == size  # read once whole; the follower cuts nothing
+    with pytest.raises(UpdateLogError, match="follow another process's writes"):
+        f.append(payload(5))
+    with pytest.raises(UpdateLogError, match="follow another process's writes"):
+        f.truncate_before(2)
+    w.close()
+    w = FileUpdateLog(p)  # a writer's restart cuts the torn tail and goes on
+    assert w.head() == 4 and w.append(payload(5)) == 5
+    assert f.read(4) == [(5, payload(5))]
+    w.truncate_before(3)  # compaction replaces the file: followers reopen it
+    w.append(payload(6))
+    assert f.read(5) == [(6, payload(6))] and f.base == 3
+    w.close()
+    p.write_bytes(p.read_bytes()[:-3])  # cut back behind what the follower read: it must not go on
+    with pytest.raises(UpdateLogError, match="cut back"):
+        f.read(6)
+    f.close()
+    f2.close()
