@@ -863,6 +863,13 @@ class ResidentShadow(_OnDevice):
         return out_p, out_l, out_k, out_t, out_e
 
 
+#: One CUDA graph capture at a time in the process (torch's documented restriction: ``torch.cuda.graph``
+#: synchronises the device on entry and captures on one process-wide stream, so a second capture begun
+#: on another thread, by another model or a version warming beside the one serving, would fail both
+#: batches and switch the resident path off). Taken inside a resident model's own lock.
+_CAPTURE_LOCK = threading.Lock()
+
+
 class CapturedForward:
     """A resident model's ``forward`` captured in one CUDA graph per (batch bucket, width, PPR budget,
     embeddings): a batch copies its ids into the bucket's static input (padded with its first id) and
@@ -943,7 +950,7 @@ class CapturedForward:
                 host = _HostGraph(lambda: self._forward(static_in, width, budget, want_emb))
                 host.output = host.run().clone()
             return host, static_in, host.output
-        with torch.inference_mode():
+        with torch.inference_mode(), _CAPTURE_LOCK:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # warm-up runs outside the capture (lazy allocations, cuBLAS handles)

@@ -101,16 +101,19 @@ def test_cuda_concurrent_requests_match_one_by_one(cuda_stub):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(("model", "kernel"), [("gcn", "plan_forward_cpu"), ("shadow", "shadow_forward_cpu")])
+@pytest.mark.parametrize(("model", "kernels"), [("gcn", ("plan_forward_cpu", "plan_outer_cpu")),
+                                                ("shadow", ("shadow_forward_cpu",))])
 def test_small_batches_on_a_gpu_server_take_the_compiled_cpu_forward(tiny_repo, served_cuda, monkeypatch, model,
-                                                                      kernel):
-    """``gpu_min_targets``: smaller batches run kernels.fused_forward on a CPU copy of the model, larger ones
-    the GPU; both give the all-GPU server's answers."""
-    import serve.runtime as runtime_mod
+                                                                      kernels):
+    """``gpu_min_targets``: smaller batches run kernels.fused_forward on a CPU copy of the model (a plain
+    model's last layer through plan_outer_cpu when its activation cache serves the batch, else the whole
+    forward), larger ones the GPU; both give the all-GPU server's answers."""
+    import serve.paths as paths_mod  # where the serving paths call the compiled forwards
 
     calls_made = []
-    real = getattr(runtime_mod, kernel)
-    monkeypatch.setattr(runtime_mod, kernel, lambda *a: calls_made.append(1) or real(*a))
+    for kernel in kernels:
+        real = getattr(paths_mod, kernel)
+        monkeypatch.setattr(paths_mod, kernel, lambda *a, real=real: calls_made.append(1) or real(*a))
     srv = ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda", "gpu_min_targets": 16}}).start()
     try:
         rt = srv.server.registry.get(model)
