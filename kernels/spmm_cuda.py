@@ -393,6 +393,17 @@ def _valid(entry: dict[str, Any] | None, graph: CSRGraph) -> bool:
             and (gw is None or gw.size == n_w))
 
 
+HOLD_CYCLES_PER_S = 2.0e9  # a little above the H100's and H200's 1.98 GHz SM boost clock: a hold lasts at least
+
+
+def hold_stream(seconds: float) -> None:
+    """Queue a kernel that spins for about ``seconds`` (at least that, at SM clocks up to 2 GHz) on the
+    current CUDA stream. For timing: launches issued right after it queue behind it, so CUDA events
+    recorded after it and after them bracket the device's work only, not the host's time to issue it
+    (which on a small graph is longer than the kernels themselves)."""
+    torch.cuda._sleep(max(1, int(seconds * HOLD_CYCLES_PER_S)))
+
+
 def entry_key(device: torch.device) -> str:
     """The graph cache key of a device entry: ``"cuda_spmm:<device>"`` with the index filled in
     (:func:`kernels.spmm.device_key`): a server's ``torch.device("cuda")`` stages the entry that a launch,
