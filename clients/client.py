@@ -309,7 +309,7 @@ class GnnClient(_ClientBase):
         """Classify nodes that are not in the stored graph, from raw features and edges.
 
         One node: ``features`` ``[F]`` and ``neighbors`` (existing ids; edges go both ways) with
-        optional ``edge_weights`` (one positive weight per neighbour). Several nodes: ``features``
+        optional ``edge_weights`` (one weight per neighbour, finite and >= 0). Several nodes: ``features``
         ``[m, F]`` with ``neighbors`` a list of m id lists (and ``edge_weights`` a list of m lists
         or None), or a list of :class:`~clients.types.NewNode`. The stored graph is not changed.
         Knobs and the result are as for :meth:`predict` (``result.nodes`` is empty; row i is new node i).

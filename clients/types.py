@@ -333,7 +333,7 @@ class ModelInfo:
 @dataclass(frozen=True)
 class NewNode:
     """A node that is not in the stored graph: raw features ``[F]``, edges to existing node ids
-    (taken in both directions) and optional positive edge weights (one per neighbour).
+    (taken in both directions) and optional edge weights (one per neighbour, finite and >= 0).
 
     Example::
 

@@ -229,6 +229,7 @@ def _self_loop_count(graph: CSRGraph) -> int:
 
 
 def _check_weights(w: np.ndarray | None, name: str, src: np.ndarray, dst: np.ndarray) -> None:
+    """Weights must be finite and >= 0; ``name`` is the list the error names (the entry's index follows)."""
     if w is None or not len(w):
         return
     bad = ~np.isfinite(w) | (w < 0)
@@ -341,7 +342,7 @@ def apply_edit(graph: CSRGraph, edit: GraphEdit, *, allow_self_loops: bool | Non
                 i = int(np.flatnonzero(bad)[0])
                 v = int(s[i]) if not 0 <= int(s[i]) < n2 else int(d[i])
                 raise GraphEditError(f"{name}[{i}]: node {v} is not in the graph {_range_text(n, m)}")
-    _check_weights(edit.add_w, "add_w", as_, ad)
+    _check_weights(edit.add_w, "add_edges", as_, ad)
     if len(as_) and np.any(as_ == ad):
         allowed = allow_self_loops if allow_self_loops is not None else _self_loop_count(graph) > 0
         if not allowed:

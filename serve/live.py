@@ -394,7 +394,7 @@ class _Group:
         top = n + m
 
         def ok_w(w: float) -> bool:
-            return bool(np.isfinite(w)) and w > 0
+            return bool(np.isfinite(w)) and w >= 0  # what apply_edit and Predict's new nodes accept
 
         for j in range(m):
             v = n + j

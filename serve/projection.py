@@ -218,9 +218,9 @@ class ActivationCache:
         self.layers = params.layers
         self.dim = int(params.dims[-1, 0])
         self.table_bytes = graph.num_nodes * (4 * self.dim + 1)
-        self._room = WidthBudget(budget_bytes, reserved_width, "activation cache",
-                                 "its batches run the whole plan (--activation-cache-bytes {table_bytes} would hold one "
-                                 "table)")
+        self.reserved_width = reserved_width
+        # the consequence a refusal logs is set per width before it is asked for (_refusal_advice)
+        self._room = WidthBudget(budget_bytes, reserved_width, "activation cache", "its batches run the whole plan")
         self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._filled: dict[int, int] = {}  # rows held per width
         self._count_lock = threading.Lock()  # _filled exact under --workers threads (they write equal rows)
@@ -239,6 +239,8 @@ class ActivationCache:
         with self._count_lock:  # two --workers threads asking for one new width allocate it once
             if width in self._tables:
                 return True
+            if width not in self._room.refused:  # a refusal is logged once per width, with this advice
+                self._room.consequence = self._refusal_advice(width)
             if not self._room.admits(width, self._tables, lambda _w: self.table_bytes):
                 return False
             cap = self._capacity()
@@ -248,6 +250,26 @@ class ActivationCache:
 
     def _capacity(self) -> int:
         return max([self.graph.num_nodes] + [len(v) for _, v in self._tables.values()])
+
+    def budget_to_admit(self, width: int) -> int:
+        """The ``--activation-cache-bytes`` that holds ``width``'s table beside the tables held now and the
+        reserved width's (room is kept for it: :class:`kernels.resident.WidthBudget`); every table of one
+        cache has :attr:`table_bytes`."""
+        tables = set(self._tables) | {width}
+        if self.reserved_width is not None:
+            tables.add(self.reserved_width)
+        return len(tables) * self.table_bytes
+
+    def _refusal_advice(self, width: int) -> str:
+        """What the log of ``width``'s refusal says to do: the budget that holds it, what that counts, what
+        one table takes (a budget of one table's size, the advice this replaced, may be below the one set)."""
+        held = len(self._tables)
+        beside = [f"the {held} table{'' if held == 1 else 's'} held"] if held else []
+        if self.reserved_width not in (None, width, *self._tables):
+            beside.append(f"the table kept for the default width {self.reserved_width}")
+        return (f"its batches run the whole plan; --activation-cache-bytes {self.budget_to_admit(width)} would hold it"
+                + (" beside " + " and ".join(beside) if beside else "")
+                + f" (each width's table takes {self.table_bytes} bytes)")  # no braces: WidthBudget formats it
 
     def rebase(self, graph: CSRGraph, dinv: np.ndarray | None, stale: np.ndarray) -> int:
         """Serve ``graph`` (the updated graph: same nodes plus new ones) from now on, dropping the rows

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from kernels.graph import CSRGraph
+from kernels.graph_edit import _self_loop_count
 from kernels.plan import (
     ExactPathEdges,
     ExecutionPlan,
@@ -383,7 +384,10 @@ class ModelRuntime:
         else:
             max_deg = int(g.degrees.max()) if g.num_edges else 1
         max_k = self._max_k
-        max_width = max(1, min(max_deg, max_k - 1) if max_k else max_deg)
+        # a shaDow subgraph of K nodes: a row has at most K - 1 neighbours, K where the graph keeps
+        # self-loops (the subgraph builder keeps them; a Redis graph's are not counted: K)
+        loops = bool(max_k) and (self.remote_graph or _self_loop_count(g) > 0)
+        max_width = max(1, min(max_deg, max_k - (0 if loops else 1)) if max_k else max_deg)
         default_width, default_budget, knobs = self._checkpoint_defaults
         if c is not None:
             layers = max(1, self.num_layers)
@@ -650,7 +654,7 @@ class ModelRuntime:
         if self._resident is not None:  # the tables of the widths clients pick (knob table), default first
             t0 = time.perf_counter()
             default = resolve_knobs(self.limits, None, None, None)[0]
-            widths = [default, *sorted({r.sampling_width for r in self.limits.knob_table} - {default})]
+            widths = [default, *sorted({r.sampling_width for r in self.limits.served_knob_table} - {default})]
             built = [w for w in widths if self._resident.has_table(w)]
             log.info("model %s v%s: resident first-layer tables of widths %s built in %.2f s", self.name,
                      self.version, built, time.perf_counter() - t0)

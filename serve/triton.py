@@ -447,6 +447,8 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         p["sampling_width"].int64_param = call.sampling_width
         p["ppr_budget"].int64_param = call.ppr_budget
         p["chosen_by"].string_param = call.chosen_by
+        if call.expected_accuracy:  # the knob table's accuracy of the setting served (absent: none measured)
+            p["expected_accuracy"].double_param = call.expected_accuracy
         p["edges_kept"].int64_param = res.edges_kept
         p["edges_total"].int64_param = res.edges_total
         p["total_ms"].double_param = res.timing["total"]

@@ -3,7 +3,9 @@
 Every check raises :class:`~serve.errors.InvalidArgument` with the offending value in the message.
 Knobs are resolved here, against the model's :class:`ModelLimits` and knob table:
 
-* ``sampling_width`` S: must be >= 0; 0 = exact; values above the model's maximum are clamped.
+* ``sampling_width`` S: must be >= 0; 0 = exact; values above the model's maximum
+  (``max_sampling_width``, a bound on every row's degree: a width at or above it keeps every edge)
+  are clamped to it.
 * ``ppr_budget`` K: must be >= 1; clamped to the K the model's top-K index holds. For an L-hop model
   the budget does not apply and is echoed as 0.
 * ``max_accuracy_loss`` L: finite, in [0, 1]. The server picks the knob-table row with the lowest
@@ -11,6 +13,19 @@ Knobs are resolved here, against the model's :class:`ModelLimits` and knob table
   exact-width row at the largest budget). An explicit S or K fixes that coordinate. The rule is
   :func:`clients.knob_rules.cheapest_within`, the one the SDK's ``ModelInfo.best_knobs`` applies.
 * nothing given: the model's defaults.
+
+New nodes' ``edge_weights`` (optional, one per neighbour) must be finite and >= 0: the rule of every
+edge weight the server takes (``UpdateGraph``'s new nodes and ``add_edges``,
+:mod:`kernels.graph_edit`; :meth:`kernels.graph.CSRGraph.from_edge_index`). A weight of 0 is an edge
+that contributes nothing to an aggregation; GCN's degree is ``1 + sum of weights``, never 0.
+
+The knob table is read with its widths clamped the same way (:attr:`ModelLimits.served_knob_table`):
+a row measured at a width at or above ``max_sampling_width`` ran the computation the clamped width
+runs, every node keeping every edge. So a request clamped from S = 64 to 63 (the (K = 8, S = 64) row
+of a model whose bound is 63) reports that row's accuracy, and the table's choice for a loss or an
+explicit width finds it. The expected accuracy is the validation accuracy of the row at the resolved
+``(K, S)``; an exact request (S = 0) and one at the bound are one computation, so either finds the
+other's row when its own is missing; 0.0 when the table has no such row.
 """
 
 from __future__ import annotations
@@ -18,7 +33,8 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -56,12 +72,25 @@ class ModelLimits:
     knob_table: tuple[KnobRow, ...] = ()
     max_new_node_edges: int = MAX_NEW_NODE_NEIGHBORS  # neighbours over all new nodes of one request
 
+    def clamp_width(self, s: int) -> int:
+        """The width a request for ``s`` runs at: 0 (exact) stays 0, others at most ``max_sampling_width``."""
+        return min(s, self.max_sampling_width) if s > 0 else 0
+
+    @cached_property
+    def served_knob_table(self) -> tuple[KnobRow, ...]:
+        """:attr:`knob_table` with each row's width as a request for it runs (:meth:`clamp_width`): a width
+        at or above the degree bound ``max_sampling_width`` keeps every edge of every row, so the row's
+        accuracy is that of the clamped width. Computed once per limits (they are rebuilt when a live
+        graph's degrees change, and the bound with them)."""
+        return tuple(r if self.clamp_width(r.sampling_width) == r.sampling_width
+                     else replace(r, sampling_width=self.clamp_width(r.sampling_width)) for r in self.knob_table)
+
 
 @dataclass
 class NewNodeSpec:
     features: np.ndarray  # float32 [F]
     neighbors: np.ndarray  # int64 [d]
-    weights: np.ndarray | None  # float32 [d] or None
+    weights: np.ndarray | None  # float32 [d], finite and >= 0, or None (1 each)
 
 
 @dataclass
@@ -111,33 +140,40 @@ def resolve_knobs(
     if max_accuracy_loss is not None and not (math.isfinite(max_accuracy_loss) and 0.0 <= max_accuracy_loss <= 1.0):
         raise InvalidArgument(f"max_accuracy_loss must be a finite fraction in [0, 1], got {max_accuracy_loss}")
     lhop = limits.extractor != "ppr"
-
-    def clamp_s(s: int) -> int:
-        return min(s, limits.max_sampling_width) if s > 0 else 0
+    table = limits.served_knob_table  # widths as served: a clamped request finds its row
 
     def clamp_k(k: int) -> int:
         return 0 if lhop else max(1, min(k, limits.max_ppr_budget))
 
-    s = clamp_s(sampling_width) if sampling_width is not None else None
+    s = limits.clamp_width(sampling_width) if sampling_width is not None else None
     k = clamp_k(ppr_budget) if ppr_budget is not None else None
     chosen_by = "request"
-    if max_accuracy_loss is not None and limits.knob_table and (s is None or k is None):
-        best = cheapest_within(limits.knob_table, max_accuracy_loss, sampling_width=s,
-                               ppr_budget=None if lhop else k)
+    if max_accuracy_loss is not None and table and (s is None or k is None):
+        best = cheapest_within(table, max_accuracy_loss, sampling_width=s, ppr_budget=None if lhop else k)
         if best is not None:
-            s = clamp_s(best.sampling_width) if s is None else s
+            s = best.sampling_width if s is None else s
             k = clamp_k(best.ppr_budget) if k is None else k
             chosen_by = "max_accuracy_loss"
     if s is None and k is None and chosen_by == "request":
         chosen_by = "default"
-    s = clamp_s(limits.default_sampling_width) if s is None else s
+    s = limits.clamp_width(limits.default_sampling_width) if s is None else s
     k = clamp_k(limits.default_ppr_budget) if k is None else k
-    expected = 0.0
-    for r in limits.knob_table:
-        if r.sampling_width == s and (lhop or r.ppr_budget == k):
-            expected = r.val_accuracy
-            break
+    expected = _expected_accuracy(table, s, k, lhop, limits.max_sampling_width)
     return s, k, chosen_by, expected
+
+
+def _expected_accuracy(table: Sequence[KnobRow], s: int, k: int, lhop: bool, bound: int) -> float:
+    """The validation accuracy of the row of ``table`` (widths clamped) at ``(k, s)``; an exact width and
+    the bound, which keeps every edge too, stand in for each other; 0.0 when there is no such row."""
+    at_k = [r for r in table if lhop or r.ppr_budget == k]
+    for r in at_k:
+        if r.sampling_width == s:
+            return r.val_accuracy
+    if s == 0 or s >= bound:
+        for r in at_k:
+            if r.sampling_width == 0 or r.sampling_width >= bound:
+                return r.val_accuracy
+    return 0.0
 
 
 def validate_predict(request, limits: ModelLimits) -> PredictCall:
@@ -199,8 +235,11 @@ def _validate_new_node(i: int, nn, limits: ModelLimits) -> NewNodeSpec:
             raise InvalidArgument(
                 f"new_nodes[{i}]: edge_weights has {len(weights)} values for {len(nbrs)} neighbours"
             )
-        if not (np.all(np.isfinite(weights)) and np.all(weights > 0)):
-            raise InvalidArgument(f"new_nodes[{i}]: edge_weights must be finite and > 0")
+        bad = ~np.isfinite(weights) | (weights < 0)
+        if bad.any():
+            t = int(np.flatnonzero(bad)[0])
+            raise InvalidArgument(f"new_nodes[{i}].edge_weights[{t}]: weight {float(weights[t])} of the edge to "
+                                  f"node {int(nbrs[t])} must be finite and >= 0")
     if len(np.unique(nbrs)) != len(nbrs):
         raise InvalidArgument(f"new_nodes[{i}]: neighbours repeat; give each neighbour once")
     return NewNodeSpec(features=feats, neighbors=nbrs, weights=weights)

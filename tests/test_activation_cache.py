@@ -73,6 +73,48 @@ def test_widths_beyond_the_budget_get_no_table(ds, caplog):  # noqa: F811
     assert acts.has_table(1), "a width with a table keeps it"
 
 
+def test_a_refused_width_is_told_the_budget_that_would_hold_it(ds, caplog):  # noqa: F811
+    """The log of a refused width names the --activation-cache-bytes that holds it: its table, the tables
+    held and the default width's (room is kept for it), not one table's size, which may be below the budget
+    already set (a 1M-node server logged "514000000 bytes needed ... budget 268435456 ...
+    (--activation-cache-bytes 257000000 would hold one table)")."""
+    m = _model("gcn", ds, 2)
+    proj = ProjectionCache(m.project, MemoryFeatureStore(ds.x, registry=None), ds.graph.num_nodes,
+                           int(m.projection_dim))
+    dinv = gcn_dinv32(ds.graph)
+
+    def cache(budget: int, reserved: int | None = 8) -> ActivationCache:
+        return ActivationCache(ds.graph, m.fused_params(), dinv, proj, strategy="fastrand", budget_bytes=budget,
+                               reserved_width=reserved)
+
+    def refusal(acts: ActivationCache, width: int) -> str:
+        caplog.clear()
+        with caplog.at_level("INFO", logger="kernels.resident"):
+            assert not acts.has_table(width)
+        (said,) = [r.getMessage() for r in caplog.records if f"no room for width {width}" in r.getMessage()]
+        return said
+
+    table = ds.graph.num_nodes * (4 * m.embedding_dim + 1)
+    one_and_a_half = table + table // 2  # the default width's table fits, a second one does not
+    acts = cache(one_and_a_half)
+    assert acts.table_bytes == table and acts.has_table(8)
+    said = refusal(acts, 4)
+    assert f"{2 * table} bytes needed with it, budget {one_and_a_half}" in said
+    assert (f"--activation-cache-bytes {2 * table} would hold it beside the 1 table held (each width's table "
+            f"takes {table} bytes)") in said, said
+    assert cache(2 * table).has_table(8) and cache(2 * table).has_table(4), "the figure given is enough"
+    # before the default width has its table, room is kept for it: the advice counts it
+    said = refusal(cache(one_and_a_half), 4)
+    assert (f"--activation-cache-bytes {2 * table} would hold it beside the table kept for the default width 8 "
+            f"(each width's table takes {table} bytes)") in said, said
+    fresh = cache(2 * table)
+    assert fresh.has_table(4) and fresh.has_table(8), "the figure given is enough, the default width's table too"
+    # nothing held, nothing reserved: one table is what it takes
+    said = refusal(cache(table - 1, reserved=None), 4)
+    assert f"--activation-cache-bytes {table} would hold it (each width's table takes {table} bytes)" in said, said
+    assert cache(table, reserved=None).has_table(4)
+
+
 def test_a_one_layer_stack_is_refused(ds):  # noqa: F811
     from kernels.fused_forward import StackParams
 
@@ -98,7 +140,9 @@ def test_a_served_plain_model_answers_the_same_with_and_without_the_cache(tmp_pa
     repo = make_repo(tmp_path, tiny_dataset, {"m": kind}, epochs=15)
     runtimes, registries = [], []
     for budget in (1 << 20, 0):
-        reg = ModelRegistry(str(repo), RuntimeOptions(activation_budget_bytes=budget))
+        # each registry its own update log (one file log has one writer; nothing is updated here)
+        reg = ModelRegistry(str(repo), RuntimeOptions(activation_budget_bytes=budget,
+                                                      update_log_dir=str(tmp_path / f"_live-{budget}")))
         registries.append(reg)
         runtimes.append(reg._load_version("m", 1, repo / "m" / "1"))
     cached, plain = runtimes

@@ -207,6 +207,9 @@ def test_unweighted_graph_materialises_weights_when_needed():
     np.testing.assert_array_equal(eff.graph.weights, [1.0, 1.0, 0.5, 0.5])
     zero = check(g, GraphEdit.make(add_src=[1], add_dst=[2], add_w=[0.0]))  # 0 is a weight, kept as from_edge_index does
     assert zero.graph.is_weighted and zero.graph.num_edges == 4
+    # a new node's edges follow the same rule: 0 is a weight
+    zero = check(g, GraphEdit.make(new_count=1, new_ptr=[0, 2], new_nbrs=[0, 2], new_weights=[0.0, 1.0]))
+    assert list(zero.graph.neighbors(3)) == [0, 2] and zero.graph.weights[zero.graph.indptr[3]] == 0.0
 
 
 def test_index_dtype_follows_node_count():
@@ -244,8 +247,10 @@ def small():
         (dict(add_src=[5], add_dst=[9]), "add_edges[0]: edge (5, 9) already exists"),
         (dict(add_src=[2, 7], add_dst=[7, 2]), "add_edges[1]: edge (7, 2) is added twice (also add_edges[0])"),
         (dict(add_src=[3], add_dst=[3]), "add_edges[0]: self-loop (3, 3) is not allowed"),
-        (dict(add_src=[0, 3], add_dst=[7, 8], add_w=[1.0, -2.0]), "add_w[1]: weight -2.0 of edge (3, 8)"),
-        (dict(add_src=[0], add_dst=[7], add_w=[np.nan]), "add_w[0]: weight nan"),
+        # the request's field (UpdateGraph's add_edges), not the kernel's array
+        (dict(add_src=[0, 3], add_dst=[7, 8], add_w=[1.0, -2.0]),
+         "add_edges[1]: weight -2.0 of edge (3, 8) must be finite and >= 0"),
+        (dict(add_src=[0], add_dst=[7], add_w=[np.nan]), "add_edges[0]: weight nan"),
         (dict(new_count=1, new_ptr=[0, 2], new_nbrs=[3, 3]), "new_nbrs[1]: new node 40 lists neighbour 3 twice"),
         (dict(new_count=2, new_ptr=[0, 1, 2], new_nbrs=[3, 41]), "new_nbrs[1]: new node 41"),
         (dict(new_count=1, new_ptr=[0, 1], new_nbrs=[3], new_weights=[np.inf]), "new_weights[0]: weight inf"),

@@ -171,8 +171,8 @@ BAD_CASES = {
                                                               "edge_weights": [1.0]}]},
     "new node: NaN weight": {"model": "shadow", "new_nodes": [{"features": OK_FEATS, "neighbors": [1],
                                                               "edge_weights": [NAN]}]},
-    "new node: zero weight": {"model": "gcn", "new_nodes": [{"features": OK_FEATS, "neighbors": [1],
-                                                            "edge_weights": [0.0]}]},
+    "new node: negative weight": {"model": "gcn", "new_nodes": [{"features": OK_FEATS, "neighbors": [1, 2],
+                                                                "edge_weights": [0.0, -0.5]}]},
     "second new node bad": {"model": "gcn", "new_nodes": [{"features": OK_FEATS, "neighbors": [1]},
                                                           {"features": OK_FEATS, "neighbors": [N + 5]}]},
 }
@@ -205,6 +205,8 @@ def test_valid_edge_values_are_accepted_and_correct(channel, stub, tiny_repo, ti
         {"model": "shadow", "nodes": [1], "max_accuracy_loss": 0.0},
         {"model": "shadow", "nodes": [1], "max_accuracy_loss": 1.0, "version": "1"},
         {"model": "gcn", "nodes": [5], "ppr_budget": 1, "sampling_width": 0},  # K ignored by L-hop models
+        # a new node's 0 weight is an edge that adds nothing (the rule of UpdateGraph and from_edge_index)
+        {"model": "shadow", "new_nodes": [{"features": OK_FEATS, "neighbors": [1, 2], "edge_weights": [0.0, 0.0]}]},
     ):
         assert expected_error(fields) is None
         _check_against_contract(stub, fields, tiny_repo, tiny_dataset)

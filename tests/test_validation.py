@@ -38,6 +38,29 @@ def test_max_accuracy_loss_picks_cheapest_row_within_loss():
     assert resolve_knobs(LHOP, None, None, 0.05)[:2] == (8, 0)
 
 
+def test_a_table_width_above_the_bound_keeps_its_accuracy_once_clamped():
+    """max_sampling_width bounds every row's degree: the (K=8, S=64) row of a model whose bound is 63 is
+    the computation a request clamped to 63 runs, and reports that row's accuracy (it used to find none)."""
+    table = (KnobRow(64, 0, 0.90, 1.0), KnobRow(8, 0, 0.88, 0.5), KnobRow(8, 64, 0.87, 0.1), KnobRow(8, 4, 0.70, 0.05),
+             KnobRow(16, 0, 0.89, 0.6))
+    lim = ModelLimits("cora", 2708, 8, "ppr", 64, 63, 64, 8, 256, table)
+    assert resolve_knobs(lim, None, None, 0.05) == (63, 8, "max_accuracy_loss", 0.87)  # the row a loss picks
+    assert resolve_knobs(lim, 64, 8, None) == (63, 8, "request", 0.87)
+    assert resolve_knobs(lim, 1000, 8, None) == (63, 8, "request", 0.87)
+    assert resolve_knobs(lim, 63, 8, None) == (63, 8, "request", 0.87), "the bound asked for: the same computation"
+    assert resolve_knobs(lim, None, None, None) == (63, 8, "default", 0.87), "a default above the bound too"
+    # an explicit width above the bound with a loss: the loss chooses among that width's rows
+    assert resolve_knobs(lim, 64, None, 0.05) == (63, 8, "max_accuracy_loss", 0.87)
+    # at K = 16 the table has no wide row: the exact row stands in for the bound, which keeps every edge
+    assert resolve_knobs(lim, 64, 16, None) == (63, 16, "request", 0.89)
+    assert resolve_knobs(lim, 4, 16, None)[3] == 0.0, "no row, and width 4 is not exact: no accuracy"
+    assert resolve_knobs(lim, 0, 8, None)[3] == 0.88, "an exact request keeps the exact row"
+    assert [r.sampling_width for r in lim.served_knob_table] == [0, 0, 63, 4, 0]
+    assert [r.sampling_width for r in lim.knob_table] == [0, 0, 64, 4, 0], "the table itself is reported as trained"
+    lhop = ModelLimits("g", 1000, 8, "lhop", 0, 20, 32, 0, 256, (KnobRow(0, 0, 0.8, 1.0), KnobRow(0, 32, 0.8, 0.3)))
+    assert resolve_knobs(lhop, None, None, None) == (20, 0, "default", 0.8)
+
+
 @pytest.mark.parametrize(
     "args, msg",
     [
@@ -72,12 +95,17 @@ def test_new_node_checks():
     ok = pb.NewNode(features=[0.5] * 8, neighbors=[1, 5], edge_weights=[1.0, 2.0])
     call = validate_predict(pb.PredictRequest(model="m", new_nodes=[ok]), PPR)
     assert call.size == 1 and call.new_nodes[0].neighbors.tolist() == [1, 5]
+    # 0 is a weight, as in UpdateGraph and CSRGraph.from_edge_index (an edge that adds nothing)
+    zero = pb.NewNode(features=[0.5] * 8, neighbors=[1, 5], edge_weights=[0.0, 2.0])
+    assert validate_predict(pb.PredictRequest(model="m", new_nodes=[zero]), PPR).new_nodes[0].weights.tolist() == [0, 2]
     cases = [
         (pb.NewNode(features=[0.5] * 7, neighbors=[1]), "must have 8 values"),
         (pb.NewNode(features=[math.nan] + [0.5] * 7, neighbors=[1]), "NaN"),
         (pb.NewNode(features=[0.5] * 8, neighbors=[1, 5000]), "neighbours out of range"),
         (pb.NewNode(features=[0.5] * 8, neighbors=[1, 2], edge_weights=[1.0]), "edge_weights has 1"),
-        (pb.NewNode(features=[0.5] * 8, neighbors=[1], edge_weights=[-1.0]), "finite and > 0"),
+        (pb.NewNode(features=[0.5] * 8, neighbors=[1, 7], edge_weights=[1.0, -1.0]),
+         r"new_nodes\[0\]\.edge_weights\[1\]: weight -1\.0 of the edge to node 7 must be finite and >= 0"),
+        (pb.NewNode(features=[0.5] * 8, neighbors=[1], edge_weights=[math.nan]), r"edge_weights\[0\]: weight nan"),
         (pb.NewNode(features=[0.5] * 8, neighbors=[1, 1]), "repeat"),
     ]
     for nn, msg in cases:

@@ -1,0 +1,136 @@
+"""A knob-table width above a model's degree bound: the clamped request keeps its row's expected accuracy.
+
+``max_sampling_width`` bounds every aggregated row's degree (the graph's maximum degree; for a shaDow
+model also ``K - 1`` of its largest budget), so a width at or above it keeps every edge: the same
+computation as the table's row at the larger width. Real models trained on the tiny graph (maximum
+degree 114) with a knob-table width of 256, a real server on loopback; the expected accuracy must come
+through the native API, the SDK, the client CLI and the KServe/Triton response parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import grpc
+import numpy as np
+import pytest
+
+from clients import GnnClient
+from clients._gen import gnnserve_pb2 as pb
+from clients._gen import gnnserve_pb2_grpc as pb_grpc
+
+from .serving import ServerThread, make_repo
+
+WIDE = 256  # a knob-table width above every degree bound of the tiny graph
+FASTEST = 8  # the shaDow row (K = 8, S = WIDE) is made the table's fastest: a loss alone picks it
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_dataset):
+    root = tmp_path_factory.mktemp("knob-clamp")
+    assert int(tiny_dataset.graph.degrees.max()) < WIDE
+    make_repo(root, tiny_dataset, {"shadow": "shadow-sage"}, knob_widths=[0, 4, WIDE], epochs=15, patience=15)
+    # the GCN's widths: exact and WIDE, which is exact too, so WIDE is its default width (the smallest
+    # width within the tolerance of exact)
+    repo = make_repo(root, tiny_dataset, {"gcn": "gcn"}, knob_widths=[0, WIDE], epochs=15, patience=15)
+    knobs = repo / "shadow" / "1" / "knobs.json"
+    doc = json.loads(knobs.read_text())
+    for r in doc["rows"]:  # the latency column only (what a re-timing rewrites); accuracies stay as trained
+        if (r["ppr_budget"], r["sampling_width"]) == (FASTEST, WIDE):
+            r["latency_ms_per_node"] = min(x["latency_ms_per_node"] for x in doc["rows"]) / 2
+    knobs.write_text(json.dumps(doc))
+    srv = ServerThread(repo).start()
+    yield srv
+    srv.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _row(info, k: int, s: int):
+    return next(r for r in info.knob_table if (r.ppr_budget, r.sampling_width) == (k, s))
+
+
+def _raw(addr: str, **fields) -> pb.PredictResponse:
+    with grpc.insecure_channel(addr) as ch:
+        return pb_grpc.GnnServiceStub(ch).Predict(pb.PredictRequest(**fields), timeout=60)
+
+
+def test_a_width_above_the_bound_is_clamped_and_keeps_its_rows_accuracy(served):
+    with GnnClient(served.address, timeout=60) as c:
+        gcn, shadow = c.get_model("gcn"), c.get_model("shadow")
+        assert gcn.max_sampling_width == 114 and shadow.max_sampling_width == 31  # max degree; K 32 - 1
+        assert gcn.default_sampling_width == WIDE  # a knob-less request asks for WIDE
+        row = _row(gcn, 0, WIDE)
+        for res in (c.predict("gcn", [1]), c.predict("gcn", [1], sampling_width=WIDE)):
+            assert res.settings.sampling_width == gcn.max_sampling_width
+            assert res.settings.expected_accuracy == pytest.approx(row.val_accuracy) and row.val_accuracy > 0
+        raw = _raw(served.address, model="gcn", nodes=[1])
+        assert raw.settings.sampling_width == 114 and raw.settings.expected_accuracy == pytest.approx(row.val_accuracy)
+        for k in (8, 16, 32):
+            res = c.predict("shadow", [1], sampling_width=WIDE, ppr_budget=k)
+            assert (res.settings.sampling_width, res.settings.ppr_budget) == (31, k)
+            assert res.settings.expected_accuracy == pytest.approx(_row(shadow, k, WIDE).val_accuracy)
+            # the bound itself, asked for, is the same computation and reports the same row
+            assert c.predict("shadow", [1], sampling_width=31, ppr_budget=k).settings.expected_accuracy \
+                == pytest.approx(_row(shadow, k, WIDE).val_accuracy)
+
+
+def test_the_clamped_width_is_the_same_computation_as_exact(served):
+    """The premise of reporting the WIDE row for the clamped width: nothing is sampled at the bound."""
+    nodes = list(range(0, 800, 7))
+    with GnnClient(served.address, timeout=60) as c:
+        for model, knobs in (("gcn", {}), ("shadow", {"ppr_budget": 32})):
+            clamped = c.predict(model, nodes, sampling_width=WIDE, return_probabilities=True, **knobs)
+            exact = c.predict(model, nodes, sampling_width=0, return_probabilities=True, **knobs)
+            assert clamped.settings.edges_kept == clamped.settings.edges_total == exact.settings.edges_total
+            assert np.array_equal(clamped.labels, exact.labels)
+            np.testing.assert_allclose(clamped.probabilities, exact.probabilities, atol=1e-6)
+
+
+def _loss_for_the_fastest_row(info) -> float:
+    """A loss that admits the (FASTEST, WIDE) row: the table then picks it, the fastest."""
+    exact = max((r for r in info.knob_table if r.sampling_width == 0), key=lambda r: r.ppr_budget)
+    return round(max(0.0, exact.val_accuracy - _row(info, FASTEST, WIDE).val_accuracy) + 0.001, 4)
+
+
+def test_a_loss_picks_the_wide_row_and_reports_its_accuracy(served, capsys):
+    from serve.cli import main
+
+    with GnnClient(served.address, timeout=60) as c:
+        shadow = c.get_model("shadow")
+        loss = _loss_for_the_fastest_row(shadow)
+        best = shadow.best_knobs(loss)
+        assert (best.ppr_budget, best.sampling_width) == (FASTEST, WIDE), "the fixture made it the fastest"
+        res = c.predict("shadow", [1], max_accuracy_loss=loss)
+        s = res.settings
+        assert (s.sampling_width, s.ppr_budget, s.chosen_by) == (31, FASTEST, "max_accuracy_loss")
+        assert s.expected_accuracy == pytest.approx(best.val_accuracy) and best.val_accuracy > 0
+        # an explicit width above the bound with a loss: the loss still chooses among that width's rows
+        res = c.predict("shadow", [1], sampling_width=WIDE, max_accuracy_loss=loss)
+        assert (res.settings.ppr_budget, res.settings.chosen_by) == (FASTEST, "max_accuracy_loss")
+        assert res.settings.expected_accuracy == pytest.approx(best.val_accuracy)
+    assert main(["predict", "--server", served.address, "--model", "shadow", "--nodes", "1",
+                 "--max-accuracy-loss", str(loss)]) == 0
+    out = capsys.readouterr().out
+    assert f"sampling_width=31 ppr_budget={FASTEST} " in out
+    assert f"chosen_by=max_accuracy_loss expected_accuracy={best.val_accuracy:.4f} " in out
+
+
+def test_kserve_parameters_carry_the_expected_accuracy(served):
+    from clients._gen import inference_pb2 as ipb
+    from clients._gen import inference_pb2_grpc as ipbg
+
+    with GnnClient(served.address, timeout=60) as c:
+        info = c.get_model("shadow")
+    loss = _loss_for_the_fastest_row(info)
+    best = info.best_knobs(loss)
+    req = ipb.ModelInferRequest(
+        model_name="shadow", raw_input_contents=[np.array([1], dtype=np.int64).tobytes()],
+        inputs=[ipb.ModelInferRequest.InferInputTensor(name="NODE_IDS", datatype="INT64", shape=[1])])
+    req.parameters["max_accuracy_loss"].double_param = loss
+    with grpc.insecure_channel(served.address) as ch:
+        resp = ipbg.GRPCInferenceServiceStub(ch).ModelInfer(req, timeout=60)
+    p = resp.parameters
+    assert (p["sampling_width"].int64_param, p["ppr_budget"].int64_param) == (31, FASTEST)
+    assert "expected_accuracy" in p
+    assert p["expected_accuracy"].double_param == pytest.approx(best.val_accuracy)
