@@ -284,15 +284,19 @@ class FileUpdateLog:
             os.ftruncate(fd, _FILE_HDR.size)
             self._sync(directory=True)
             size = _FILE_HDR.size
+        self._base = self._read_header(fd)
+        self._offsets = array("q")
+        self._end = _FILE_HDR.size
+        self._scan(size)
+
+    def _read_header(self, fd: int) -> int:
+        """The log's base version, from a header that must be whole and valid."""
         magic, base, crc = _FILE_HDR.unpack(os.pread(fd, _FILE_HDR.size, 0))
         if magic != _FILE_MAGIC:
             raise UpdateLogError(f"{self.path} is not an update log (it starts with {magic!r})")
         if crc != zlib.crc32(_FILE_HDR.pack(magic, base, 0)[:16]):
             raise UpdateLogError(f"update log {self.path}: its header (byte offset 0) fails its CRC")
-        self._base = int(base)
-        self._offsets = array("q")
-        self._end = _FILE_HDR.size
-        self._scan(size)
+        return int(base)
 
     def _scan(self, size: int) -> None:
         """Index every record from :attr:`_end` on; a writer cuts a torn tail off, a follower leaves it
@@ -344,12 +348,7 @@ class FileUpdateLog:
         if size < _FILE_HDR.size:  # a log being created: no records yet
             return
         self._have_header = True
-        magic, base, crc = _FILE_HDR.unpack(os.pread(fd, _FILE_HDR.size, 0))
-        if magic != _FILE_MAGIC:
-            raise UpdateLogError(f"{self.path} is not an update log (it starts with {magic!r})")
-        if crc != zlib.crc32(_FILE_HDR.pack(magic, base, 0)[:16]):
-            raise UpdateLogError(f"update log {self.path}: its header (byte offset 0) fails its CRC")
-        self._base = int(base)
+        self._base = self._read_header(fd)
         self._scan(size)
 
     def _refresh(self) -> None:
