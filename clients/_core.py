@@ -83,6 +83,57 @@ def _host_of(target: str) -> str:
     return target.rsplit(":", 1)[0] if target.count(":") == 1 else target
 
 
+DEFAULT_PORT = 8500  # gnnserve serve --port
+
+
+_PASSED_THROUGH = ("unix:", "unix-abstract:", "vsock:", "dns:", "ipv4:", "ipv6:")  # gRPC target syntax
+
+
+def server_address(value: str, option: str = "--server") -> str:
+    """``--server`` as the SDK takes it: ``HOST:PORT``, with port :data:`DEFAULT_PORT` when only a
+    host is given (gRPC itself would pick 443 for a bare name). ``[v6]`` and a bare IPv6 address get
+    the port too; ``grpc://`` / ``grpcs://`` prefixes are kept, and other gRPC target forms
+    (``unix:PATH``, ``dns:...``) pass unchanged. A port that is not a number from 1 to 65535 is a
+    usage error (``ValueError``).
+
+    Example::
+
+        >>> server_address("localhost"), server_address("[::1]"), server_address("grpcs://h:9")
+        ('localhost:8500', '[::1]:8500', 'grpcs://h:9')
+    """
+    text = value.strip()
+    scheme = next((p for p in ("grpc://", "grpcs://") if text.startswith(p)), "")
+    rest = text[len(scheme):]
+    if not rest:
+        raise ValueError(f"{option} is empty: give HOST or HOST:PORT")
+    if rest.startswith(_PASSED_THROUGH):
+        return text
+    if rest.startswith("["):  # [v6] or [v6]:port
+        close = rest.find("]")
+        if close < 0:
+            raise ValueError(f"{option} {value!r}: no ']' after the IPv6 address")
+        host, after = rest[: close + 1], rest[close + 1 :]
+        if after and not after.startswith(":"):
+            raise ValueError(f"{option} {value!r}: expected ':PORT' after {host}")
+        port = after[1:] if after else None
+    elif rest.count(":") > 1:  # a bare IPv6 address (with a port it must be in brackets)
+        try:
+            ipaddress.IPv6Address(rest)
+        except ValueError:
+            raise ValueError(f"{option} {value!r}: an IPv6 address with a port is written [ADDRESS]:PORT") from None
+        host, port = f"[{rest}]", None
+    else:
+        host, sep, port_text = rest.partition(":")
+        port = port_text if sep else None
+    if host in ("", "[]"):
+        raise ValueError(f"{option} {value!r}: no host (HOST or HOST:PORT)")
+    if port is None:
+        return f"{scheme}{host}:{DEFAULT_PORT}"
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"{option} {value!r}: the port must be a number from 1 to 65535, got {port!r}")
+    return f"{scheme}{host}:{int(port)}"
+
+
 @dataclass
 class ChannelConfig:
     """Everything needed to open a channel and authorise calls (see :class:`clients.GnnClient`)."""
@@ -109,7 +160,7 @@ class ChannelConfig:
     ) -> ChannelConfig:
         if not isinstance(address, str) or not address.strip():
             raise ValueError(f"address must be 'host:port', got {address!r}")
-        target = address.strip()
+        target = server_address(address, "address")  # a bare host: gnnserve's port, not gRPC's 443
         for scheme, secure in (("grpcs://", True), ("grpc://", False)):
             if target.startswith(scheme):
                 target = target[len(scheme) :]
@@ -619,6 +670,7 @@ class PredictPlan:
             num_classes=c,
             data_version=" | ".join(dict.fromkeys(r.data_version for r in rs)),
             graph_version=max(int(r.graph_version) for r in rs),
+            served_by=" | ".join(dict.fromkeys(r.served_by for r in rs if r.served_by)),
         )
 
 

@@ -1,8 +1,10 @@
 """The client side of the ``gnnserve`` command: ``gnnserve predict``, ``gnnserve models`` and ``gnnserve update``.
 
-``serve.cli`` hands these subcommands to :func:`predict_main` and :func:`models_main`, which
-return the exit code: 0 on success, 2 for bad arguments or ``INVALID_ARGUMENT``, 1 for any other
-failure. Failures print ``gnnserve <cmd>: CODE: message`` on stderr, without a traceback.
+``serve.cli`` hands these subcommands to :func:`predict_main`, :func:`models_main` and
+:func:`update_main`, which return the exit code: 0 on success, 2 for bad arguments or
+``INVALID_ARGUMENT``, 1 for any other failure. Failures print ``gnnserve <cmd>: CODE: message`` (or
+``gnnserve <cmd>: error: ...`` for bad arguments) on stderr, without a traceback. ``--server HOST``
+alone means port 8500 (:func:`server_address`).
 
 Examples::
 
@@ -24,24 +26,37 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from ._core import DEFAULT_PORT, server_address
 from .client import GnnClient
 from .errors import GnnServeError, InvalidArgumentError
 from .types import ModelInfo, PredictResult
 
-__all__ = ["NodeSpecError", "models_main", "parse_nodes", "predict_main", "read_updates", "update_main"]
+__all__ = ["NodeSpecError", "models_main", "parse_nodes", "predict_main", "read_updates", "server_address",
+           "update_main"]
 
-DEFAULT_SERVER = "127.0.0.1:8500"
+DEFAULT_SERVER = f"127.0.0.1:{DEFAULT_PORT}"
 MAX_RANGE = 50_000_000  # ids in one --nodes range: a typo like 0-9999999999 should not eat the memory
+INT64_MAX = (1 << 63) - 1  # node ids travel as int64
 
 
 class NodeSpecError(ValueError):
     """A ``--nodes`` value that cannot be read."""
 
 
+def _too_large(digits: str) -> bool:
+    """Whether a string of ASCII digits is a number beyond int64 (checked on the text first, so a
+    thousand-digit typo is not converted at all)."""
+    digits = digits.lstrip("0")
+    return len(digits) > 19 or (len(digits) == 19 and int(digits) > INT64_MAX)
+
+
 def _parse_id(text: str, where: str) -> int:
     t = text.strip()
-    if not t.isdigit():
-        raise NodeSpecError(f"{where}: {text.strip()!r} is not a node id (a non-negative integer)")
+    if not (t.isascii() and t.isdigit()):
+        raise NodeSpecError(f"{where}: {t!r} is not a node id (a non-negative integer)")
+    if _too_large(t):
+        raise NodeSpecError(f"{where}: node id {t[:30]}{'...' if len(t) > 30 else ''} is too large: "
+                            f"node ids must fit int64 (at most {INT64_MAX})")
     return int(t)
 
 
@@ -102,7 +117,8 @@ def parse_nodes(spec: str, *, base_dir: str | os.PathLike[str] | None = None) ->
 def _connection_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("connection")
     g.add_argument("--server", default=os.environ.get("GNNSERVE_SERVER", DEFAULT_SERVER),
-                   help=f"HOST:PORT of the server (default: $GNNSERVE_SERVER or {DEFAULT_SERVER})")
+                   help=f"HOST:PORT of the server, port {DEFAULT_PORT} when only HOST is given "
+                        f"(default: $GNNSERVE_SERVER or {DEFAULT_SERVER})")
     g.add_argument("--tls", action="store_true", help="use TLS (verify the server against --ca or the system roots)")
     g.add_argument("--ca", metavar="FILE", help="CA certificate (PEM) to verify the server with; implies --tls")
     g.add_argument("--cert", metavar="FILE", help="client certificate (PEM) for mutual TLS; with --key")
@@ -137,7 +153,7 @@ def _client(args: argparse.Namespace, **extra: Any) -> GnnClient:
         raise _UsageError(f"--retries must be >= 0, got {args.retries}")
     try:
         return GnnClient(
-            args.server,
+            server_address(args.server),
             tls=args.tls,
             root_certificates=Path(args.ca) if args.ca else None,
             client_cert=Path(args.cert) if args.cert else None,
@@ -208,7 +224,8 @@ def format_result(res: PredictResult, *, probabilities: bool = False) -> str:
 
         print(format_result(client.predict("cora-sage", [0, 1])))
     """
-    lines = [f"model {res.model}  version {res.version}  request {res.request_id}  nodes {len(res)}"]
+    lines = [f"model {res.model}  version {res.version}  graph version {res.graph_version}  "
+             f"request {res.request_id}  nodes {len(res)}"]
     top = res.top_probabilities
     header = f"{'node':>10}  {'label':>5}"
     if top is not None:
@@ -240,7 +257,18 @@ def format_result(res: PredictResult, *, probabilities: bool = False) -> str:
         f"features {t.features_ms:.2f}, forward {t.forward_ms:.2f}; batch {t.batch_size}); "
         f"client {t.client_ms:.2f} ms"
     )
+    answered = [f"served_by={res.served_by}"] if res.served_by else []
+    if res.data_version:
+        answered.append(f"data_version={res.data_version}")
+    if answered:
+        lines.append("answered: " + " ".join(answered))
     return "\n".join(lines)
+
+
+def result_dict(res: PredictResult, *, probabilities: bool = False) -> dict[str, Any]:
+    """The JSON object ``gnnserve predict --json`` prints: :meth:`PredictResult.to_dict` (with the graph
+    version that answered and the process that served it)."""
+    return res.to_dict(probabilities=probabilities, embeddings=False)
 
 
 def _predict(args: argparse.Namespace, out: TextIO) -> int:
@@ -260,7 +288,7 @@ def _predict(args: argparse.Namespace, out: TextIO) -> int:
             min_graph_version=args.min_graph_version,
         )
     if args.json:
-        json.dump(res.to_dict(probabilities=args.probabilities, embeddings=False), out)
+        json.dump(result_dict(res, probabilities=args.probabilities), out)
         out.write("\n")
     else:
         out.write(format_result(res, probabilities=args.probabilities) + "\n")
@@ -347,30 +375,17 @@ def models_main(argv: Sequence[str] | None = None) -> int:
     return _run("gnnserve models", _models_parser, argv, _models)
 
 
-if __name__ == "__main__":  # python -m clients.cli predict|models ...
-    cmds = {"predict": predict_main, "models": models_main}
-    if len(sys.argv) < 2 or sys.argv[1] not in cmds:
-        print("usage: python -m clients.cli {predict,models} [options]", file=sys.stderr)
-        raise SystemExit(2)
-    raise SystemExit(cmds[sys.argv[1]](sys.argv[2:]))
-
-
 # --------------------------------------------------------------------------- update
 _UPDATE_KEYS = {"features", "new_nodes", "add_edges", "remove_edges", "expect_graph_version", "request_id"}
+_NEW_NODE_KEYS = {"features", "neighbors", "edge_weights"}
+# a failed update with one of these codes was refused by the server: it was not applied
+_REFUSED = {"INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+            "RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "UNAUTHENTICATED", "UNIMPLEMENTED"}
 
 
-def read_updates(text: str, where: str = "<updates>") -> list[dict[str, Any]]:
-    """The updates of an update file: one JSON object per line (blank lines and ``#`` comments
-    skipped), or one JSON array of objects. Each object has any of ``features`` (``{"node": [F
-    floats]}``), ``new_nodes`` (``[{"features": [...], "neighbors": [...], "edge_weights": [...]}]``),
-    ``add_edges`` (``[[u, v]]`` or ``[[u, v, w]]``), ``remove_edges`` (``[[u, v]]``),
-    ``expect_graph_version`` and ``request_id``; each object is one atomic update.
-
-    Example::
-
-        >>> read_updates('{"add_edges": [[1, 2]]}')
-        [{'add_edges': [[1, 2]]}]
-    """
+def _parse_updates(text: str, where: str) -> list[tuple[str, dict[str, Any]]]:
+    """``(place, object)`` per update of an update file; ``place`` is ``FILE:LINE`` (JSON lines) or
+    ``FILE: item I`` (a JSON array)."""
     stripped = text.strip()
     if stripped.startswith("["):
         try:
@@ -396,31 +411,127 @@ def read_updates(text: str, where: str = "<updates>") -> list[dict[str, Any]]:
             raise _UsageError(f"{place}: unknown field(s) {sorted(unknown)}; an update has {sorted(_UPDATE_KEYS)}")
     if not items:
         raise _UsageError(f"{where}: no updates in it")
-    return items
+    return list(zip(places, items, strict=True))
+
+
+def read_updates(text: str, where: str = "<updates>") -> list[dict[str, Any]]:
+    """The updates of an update file: one JSON object per line (blank lines and ``#`` comments
+    skipped), or one JSON array of objects. Each object has any of ``features`` (``{"node": [F
+    floats]}``), ``new_nodes`` (``[{"features": [...], "neighbors": [...], "edge_weights": [...]}]``),
+    ``add_edges`` (``[[u, v]]`` or ``[[u, v, w]]``), ``remove_edges`` (``[[u, v]]``),
+    ``expect_graph_version`` and ``request_id``; each object is one atomic update.
+
+    Example::
+
+        >>> read_updates('{"add_edges": [[1, 2]]}')
+        [{'add_edges': [[1, 2]]}]
+    """
+    return [item for _, item in _parse_updates(text, where)]
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _json_id(value: Any, what: str) -> int:
+    """A node id from JSON: an integer (not ``true``/``false``, not ``1.0``), non-negative, within int64."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _UsageError(f"{what}: {_shown(value)} is not a node id (a non-negative integer)")
+    if value < 0:
+        raise _UsageError(f"{what}: {value}: node ids are non-negative")
+    if value > INT64_MAX:
+        raise _UsageError(f"{what}: node id {_shown(value)} is too large: node ids must fit int64 (at most {INT64_MAX})")
+    return value
+
+
+def _json_number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _UsageError(f"{what}: {_shown(value)} is not a number")
+    try:
+        return float(value)
+    except OverflowError:
+        raise _UsageError(f"{what}: {_shown(value)} is too large for a float") from None
+
+
+def _json_numbers(value: Any, what: str) -> list[float]:
+    if not isinstance(value, list):
+        raise _UsageError(f"{what}: expected a list of numbers, got {_shown(value)}")
+    return [_json_number(v, f"{what}[{i}]") for i, v in enumerate(value)]
+
+
+def _json_ids(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list):
+        raise _UsageError(f"{what}: expected a list of node ids, got {_shown(value)}")
+    return [_json_id(v, f"{what}[{i}]") for i, v in enumerate(value)]
+
+
+def _json_edges(value: Any, what: str, *, weights: bool) -> list[tuple[Any, ...]]:
+    shape = "[u, v] or [u, v, weight]" if weights else "[u, v]"
+    if not isinstance(value, list):
+        raise _UsageError(f"{what}: expected a list of edges {shape}, got {_shown(value)}")
+    out: list[tuple[Any, ...]] = []
+    for i, edge in enumerate(value):
+        if not isinstance(edge, list) or len(edge) not in ((2, 3) if weights else (2,)):
+            raise _UsageError(f"{what}[{i}]: an edge is {shape}, got {_shown(edge)}")
+        ends = (_json_id(edge[0], f"{what}[{i}][0]"), _json_id(edge[1], f"{what}[{i}][1]"))
+        out.append((*ends, _json_number(edge[2], f"{what}[{i}][2]")) if len(edge) == 3 else ends)
+    return out
 
 
 def _update_args(item: dict[str, Any], place: str) -> dict[str, Any]:
+    """The keyword arguments of :meth:`GnnClient.update_graph` for one update object, every value
+    checked for its JSON type here (a usage error naming ``place`` and the entry) before anything
+    is sent; the server checks the rest (ids in range, edges present or absent, row lengths)."""
     from .types import NewNode
 
     kw: dict[str, Any] = {}
     feats = item.get("features")
     if feats is not None:
         if not isinstance(feats, dict):
-            raise _UsageError(f"{place}: features must be an object {{\"node\": [floats]}}")
-        try:
-            kw["features"] = {int(k): v for k, v in feats.items()}
-        except ValueError:
-            raise _UsageError(f"{place}: features keys must be node ids") from None
+            raise _UsageError(f"{place}: features must be an object {{\"node\": [numbers]}}, got {_shown(feats)}")
+        rows: dict[int, list[float]] = {}
+        for key, row in feats.items():
+            k = key.strip()
+            if not (k.isascii() and k.isdigit()):
+                raise _UsageError(f"{place}: features: key {key!r} is not a node id (a non-negative integer)")
+            if _too_large(k):
+                raise _UsageError(f"{place}: features: node id {_shown(key)} is too large: node ids must fit int64")
+            rows[int(k)] = _json_numbers(row, f"{place}: features[{key!r}]")
+        kw["features"] = rows
     nodes = item.get("new_nodes")
     if nodes is not None:
-        try:
-            kw["new_nodes"] = [NewNode(features=n["features"], neighbors=n.get("neighbors", []),
-                                       edge_weights=n.get("edge_weights")) for n in nodes]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise _UsageError(f"{place}: new_nodes: each needs features and neighbors ({exc})") from None
-    for key in ("add_edges", "remove_edges", "expect_graph_version", "request_id"):
-        if item.get(key) is not None:
-            kw[key] = item[key]
+        if not isinstance(nodes, list):
+            raise _UsageError(f"{place}: new_nodes must be a list of objects, got {_shown(nodes)}")
+        new: list[NewNode] = []
+        for j, node in enumerate(nodes):
+            what = f"{place}: new_nodes[{j}]"
+            if not isinstance(node, dict) or "features" not in node:
+                raise _UsageError(f'{what}: a new node is an object {{"features": [numbers], "neighbors": [ids], '
+                                  f'"edge_weights": [numbers]}}, got {_shown(node)}')
+            unknown = set(node) - _NEW_NODE_KEYS
+            if unknown:
+                raise _UsageError(f"{what}: unknown field(s) {sorted(unknown)}; a new node has {sorted(_NEW_NODE_KEYS)}")
+            weights = node.get("edge_weights")
+            new.append(NewNode(features=_json_numbers(node["features"], f"{what}.features"),
+                               neighbors=_json_ids(node.get("neighbors", []), f"{what}.neighbors"),
+                               edge_weights=None if weights is None else _json_numbers(weights, f"{what}.edge_weights")))
+        if new:
+            kw["new_nodes"] = new
+    if item.get("add_edges") is not None:
+        kw["add_edges"] = _json_edges(item["add_edges"], f"{place}: add_edges", weights=True)
+    if item.get("remove_edges") is not None:
+        kw["remove_edges"] = _json_edges(item["remove_edges"], f"{place}: remove_edges", weights=False)
+    expect = item.get("expect_graph_version")
+    if expect is not None:
+        if isinstance(expect, bool) or not isinstance(expect, int) or not 0 <= expect < 1 << 64:
+            raise _UsageError(f"{place}: expect_graph_version must be a non-negative integer, got {_shown(expect)}")
+        kw["expect_graph_version"] = expect
+    rid = item.get("request_id")
+    if rid is not None:
+        if not isinstance(rid, str):
+            raise _UsageError(f"{place}: request_id must be a string, got {_shown(rid)}")
+        kw["request_id"] = rid
     return kw
 
 
@@ -429,7 +540,9 @@ def _update_parser() -> argparse.ArgumentParser:
         prog="gnnserve update",
         description="Apply graph updates (features, new nodes, edge additions and removals) to the graph a model "
                     "serves on. Each update is atomic; they are applied in file order and the new graph version "
-                    "is printed after each (pass it to 'gnnserve predict --min-graph-version').",
+                    "is printed after each (pass it to 'gnnserve predict --min-graph-version'). Every update of "
+                    "the file is checked before the first is sent; if the server refuses one, the ones after it "
+                    "are not sent (exit 2 for INVALID_ARGUMENT, 1 for other errors).",
         epilog="FILE: one JSON object per line, or a JSON array; '-' reads stdin. Example line: "
                '{"features": {"7": [0.1, 0.2]}, "add_edges": [[1, 2], [3, 4, 0.5]], "remove_edges": [[5, 6]], '
                '"new_nodes": [{"features": [0.3, 0.1], "neighbors": [1, 2]}]}',
@@ -442,18 +555,50 @@ def _update_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _stopped_at(place: str, index: int, total: int, applied_version: int | None, exc: GnnServeError) -> str:
+    """What became of a file's updates when update ``index`` (0-based) of ``total`` failed."""
+    if index == 0:
+        before = "no earlier update was applied"
+    else:
+        before = f"the {_count(index, 'earlier update')} {'was' if index == 1 else 'were'} applied " \
+                 f"(graph version {applied_version})"
+    if exc.code.name in _REFUSED:
+        this = "this one was not"
+    else:  # lost on the way or on the server: the server may have applied it before the failure
+        this = "this one may or may not have been applied (see the graph version in 'gnnserve models')"
+    rest = total - index - 1
+    after = f"the {_count(rest, 'update')} after it {'was' if rest == 1 else 'were'} not sent" if rest \
+        else "it was the last one"
+    return f"stopped at {place} (update {index + 1} of {total}): {before}; {this}; {after}"
+
+
 def _update(args: argparse.Namespace, out: TextIO) -> int:
+    prog = "gnnserve update"
     if args.file == "-":
         text, where = sys.stdin.read(), "<stdin>"
     else:
         try:
             text, where = Path(args.file).read_text(), args.file
-        except OSError as exc:
-            raise _UsageError(f"cannot read {args.file!r}: {exc.strerror or exc}") from None
-    items = read_updates(text, where)
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise _UsageError(f"cannot read {args.file!r}: {why}") from None
+    calls = [(place, _update_args(item, place)) for place, item in _parse_updates(text, where)]
+    version: int | None = None
     with _client(args) as client:
-        for i, item in enumerate(items):
-            res = client.update_graph(args.model, version=args.version, **_update_args(item, f"{where}: update {i}"))
+        for i, (place, kw) in enumerate(calls):
+            try:
+                res = client.update_graph(args.model, version=args.version, **kw)
+            except GnnServeError as exc:
+                print(f"{prog}: {place}: {exc.code.name}: {exc.details}", file=sys.stderr)
+                if exc.attempts > 1:
+                    print(f"{prog}: (gave up after {exc.attempts} attempts)", file=sys.stderr)
+                print(f"{prog}: {_stopped_at(place, i, len(calls), version, exc)}", file=sys.stderr)
+                return 2 if isinstance(exc, InvalidArgumentError) else 1
+            version = res.graph_version
             if args.json:
                 json.dump({"graph_version": res.graph_version, "new_node_ids": res.new_node_ids.tolist(),
                            "num_nodes": res.num_nodes, "num_edges": res.num_edges, "request_id": res.request_id,
@@ -463,6 +608,7 @@ def _update(args: argparse.Namespace, out: TextIO) -> int:
                 new = f"  new nodes {res.new_node_ids.tolist()}" if len(res.new_node_ids) else ""
                 out.write(f"graph version {res.graph_version}: {res.num_nodes} nodes, {res.num_edges} edges{new}  "
                           f"(applied in {res.apply_ms:.2f} ms)\n")
+            out.flush()
     return 0
 
 
@@ -474,3 +620,11 @@ def update_main(argv: Sequence[str] | None = None) -> int:
         update_main(["--server", "127.0.0.1:8500", "--model", "cora-gcn", "updates.jsonl"])
     """
     return _run("gnnserve update", _update_parser, argv, _update)
+
+
+if __name__ == "__main__":  # python -m clients.cli predict|models|update ...
+    cmds = {"predict": predict_main, "models": models_main, "update": update_main}
+    if len(sys.argv) < 2 or sys.argv[1] not in cmds:
+        print("usage: python -m clients.cli {predict,models,update} [options]", file=sys.stderr)
+        raise SystemExit(2)
+    raise SystemExit(cmds[sys.argv[1]](sys.argv[2:]))

@@ -204,6 +204,9 @@ class PredictResult:
     #: the live graph's version the answer was computed on (0 before any update); a chunked call's later
     #: chunks are asked for at least the first chunk's version, and this is the newest that answered
     graph_version: int = 0
+    #: which server process answered (``"<pid> <slot>/<N>"`` under ``--processes``, else ``"<pid>"``); a
+    #: chunked call answered by several lists each, joined by ``" | "``
+    served_by: str = ""
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -229,6 +232,8 @@ class PredictResult:
             "version": self.version,
             "request_id": self.request_id,
             "data_version": self.data_version,
+            "graph_version": self.graph_version,
+            "served_by": self.served_by,
             "nodes": self.nodes.tolist(),
             "num_new_nodes": self.num_new_nodes,
             "labels": self.labels.tolist(),

@@ -1,6 +1,6 @@
 """``gnnserve bench``: a model's accuracy-versus-latency curve over its knob settings, measured live.
 
-    gnnserve bench --server HOST:PORT --model NAME --dataset PATH.npz [--plot curve.png] [--json]
+    gnnserve bench --server HOST[:PORT] --model NAME --dataset PATH.npz [--plot curve.png] [--json]
     gnnserve bench --repo REPO --model NAME [--dataset ...] ...   # starts a server in this process
 
 For every (K, S) of the model's knob table (or ``--widths`` x ``--budgets``) it sends
@@ -16,12 +16,12 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["main", "measure_curve", "plot_curve"]
+__all__ = ["BenchError", "main", "measure_curve", "plot_curve"]
 
 
 def measure_curve(
@@ -92,48 +92,168 @@ def plot_curve(rows: list[dict[str, float]], path: str, title: str) -> None:
     plt.close(fig)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="gnnserve bench", description=__doc__.splitlines()[0])
+class BenchError(Exception):
+    """A bad argument or a dataset that does not fit the model: one line, exit code 2."""
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _int_list(minimum: int, what: str) -> Callable[[str], list[int]]:
+    """An argparse type: comma-separated integers of at least ``minimum`` (duplicates dropped)."""
+
+    def parse(text: str) -> list[int]:
+        values: list[int] = []
+        for item in text.split(","):
+            item = item.strip()
+            try:
+                value = int(item)
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"{item!r} in {text!r} is not an integer (give comma-separated {what}s, e.g. 0,4,16)") from None
+            if value < minimum:
+                raise argparse.ArgumentTypeError(f"{what} {value} in {text!r}: must be >= {minimum}")
+            if value not in values:
+                values.append(value)
+        return values
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gnnserve bench", description=__doc__.splitlines()[0],
+                                 epilog="Exit codes: 0 done, 2 bad arguments, a dataset that is not the model's, or "
+                                        "INVALID_ARGUMENT from the server, 1 other server errors.")
     where = ap.add_mutually_exclusive_group(required=True)
-    where.add_argument("--server", help="HOST:PORT of a running server")
+    where.add_argument("--server", help="HOST[:PORT] of a running server (port 8500 when not given)")
     where.add_argument("--repo", help="start a server on this repository in-process")
     ap.add_argument("--model", required=True)
-    ap.add_argument("--dataset", default=None, help="dataset with labels (accuracy on its test nodes)")
-    ap.add_argument("--queries", type=int, default=100, help="single-node requests per setting")
-    ap.add_argument("--eval-nodes", type=int, default=2000, help="test nodes for accuracy per setting")
-    ap.add_argument("--widths", default=None, help="comma-separated S values (default: the knob table's)")
-    ap.add_argument("--budgets", default=None, help="comma-separated K values (default: the knob table's)")
+    ap.add_argument("--dataset", default=None,
+                    help="the dataset the model was trained on, with labels (accuracy on its test nodes)")
+    ap.add_argument("--queries", type=_count(1), default=100, help="single-node requests per setting")
+    ap.add_argument("--eval-nodes", type=_count(1), default=2000,
+                    help="test nodes for accuracy per setting")
+    ap.add_argument("--widths", type=_int_list(0, "sampling width"), default=None,
+                    help="comma-separated S values, 0 = exact (default: the knob table's)")
+    ap.add_argument("--budgets", type=_int_list(1, "PPR budget"), default=None,
+                    help="comma-separated K values (default: the knob table's)")
     ap.add_argument("--plot", default=None, help="write the curve to this PNG")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    return ap
 
+
+def _check_plot(path: str) -> None:
+    """Fail before measuring, not after: the plot's directory exists and matplotlib is installed."""
+    import importlib.util
+    from pathlib import Path
+
+    parent = Path(path).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise BenchError(f"--plot {path!r}: directory {str(parent)!r} does not exist")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise BenchError("--plot needs matplotlib: pip install 'gnnserve[plot]'")
+
+
+def _load_eval_data(path: str) -> Any:
+    from kernels.datasets import DatasetError, load_dataset
+
+    try:
+        ds = load_dataset(path)
+    except (DatasetError, OSError) as exc:
+        raise BenchError(f"--dataset {path!r}: {exc}") from None
+    if not len(ds.split("test")):
+        raise BenchError(f"--dataset {path!r} has no test nodes to measure accuracy on")
+    return ds
+
+
+def _check_dataset(ds: Any, path: str, info: Any) -> None:
+    """The dataset must be the one the model serves: its test ids and labels mean nothing otherwise."""
+    if info.dataset_fingerprint and ds.fingerprint() != info.dataset_fingerprint:
+        raise BenchError(
+            f"--dataset {path!r} ({ds.num_nodes} nodes, fingerprint {ds.fingerprint()[:12]}) is not the data model "
+            f"{info.name!r} serves ({info.num_nodes} nodes, fingerprint {info.dataset_fingerprint[:12]}); give the "
+            "dataset it was trained on")
+    if ds.num_nodes > info.num_nodes:
+        raise BenchError(f"--dataset {path!r} has {ds.num_nodes} nodes, model {info.name!r} serves "
+                         f"{info.num_nodes}: not the model's graph")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``gnnserve bench``: returns the exit code (0 done, 2 bad arguments / dataset / INVALID_ARGUMENT, 1 other
+    server errors); failures are one line on stderr."""
+    from clients.errors import GnnServeError, InvalidArgumentError
+
+    args = _parser().parse_args(argv)
+    try:
+        return _bench(args)
+    except BenchError as exc:
+        print(f"gnnserve bench: error: {exc}", file=sys.stderr)
+        return 2
+    except GnnServeError as exc:
+        print(f"gnnserve bench: {exc.code.name}: {exc.details}", file=sys.stderr)
+        return 2 if isinstance(exc, InvalidArgumentError) else 1
+    except KeyboardInterrupt:
+        print("gnnserve bench: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the table piped into `head`, say
+        from .cli import stdout_closed
+
+        return stdout_closed()
+
+
+def _bench(args: argparse.Namespace) -> int:
     from clients import GnnClient
+    from clients.cli import server_address
 
+    if args.plot:
+        _check_plot(args.plot)
+    address = None
+    if args.server is not None:
+        try:
+            address = server_address(args.server)
+        except ValueError as exc:
+            raise BenchError(str(exc)) from None
+    ds = _load_eval_data(args.dataset) if args.dataset else None
     server = None
     if args.repo:
+        from .registry import RepositoryError
         from .runtime import RuntimeOptions
         from .server import BackgroundServer, ServerConfig
 
         cfg = ServerConfig(repo=args.repo, port=0, poll_s=0, runtime=RuntimeOptions(),
                            data_paths=[args.dataset] if args.dataset else [])
-        server = BackgroundServer(cfg).start()
+        try:
+            server = BackgroundServer(cfg).start()
+        except RepositoryError as exc:
+            raise BenchError(f"--repo {args.repo!r}: {exc}") from None
         address = server.address
-    else:
-        address = args.server
     try:
         with GnnClient(address, timeout=120) as client:
             info = client.get_model(args.model)
             table = {(r.sampling_width, r.ppr_budget): r.val_accuracy for r in info.knob_table}
-            widths = [int(x) for x in args.widths.split(",")] if args.widths else sorted({w for w, _ in table})
-            budgets = [int(x) for x in args.budgets.split(",")] if args.budgets else sorted({k for _, k in table})
+            widths = args.widths if args.widths is not None else sorted({w for w, _ in table})
+            budgets = args.budgets if args.budgets is not None else sorted({k for _, k in table})
+            if not widths or not budgets:
+                raise BenchError(f"model {args.model!r} has no knob table: give --widths (and --budgets for a "
+                                 "PPR model)")
             settings = [(w, k) for k in budgets for w in widths]
             rng = np.random.default_rng(args.seed)
             eval_nodes = eval_labels = None
-            if args.dataset:
-                from kernels.datasets import load_dataset
-
-                ds = load_dataset(args.dataset)
+            if ds is not None:
+                _check_dataset(ds, args.dataset, info)
                 test = ds.split("test")
                 eval_nodes = rng.choice(test, size=min(args.eval_nodes, len(test)), replace=False)
                 eval_labels = ds.y[eval_nodes]
@@ -147,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if server is not None:
             server.stop()
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(rows, indent=2), flush=True)
     else:
         print(f"{'S':>6} {'K':>5} {'accuracy':>9} {'p50 ms':>8} {'p99 ms':>8} {'server p50':>11} {'edges kept':>11}")
         for r in rows:
@@ -155,7 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['server_p50_ms']:>10.2f}  "
                   f"{100 * r.get('edges_kept', float('nan')):>9.1f}%")
     if args.plot:
-        plot_curve(rows, args.plot, f"gnnserve: {args.model} ({info.architecture}), {len(probe)} queries/setting")
+        try:
+            plot_curve(rows, args.plot, f"gnnserve: {args.model} ({info.architecture}), {len(probe)} queries/setting")
+        except OSError as exc:
+            print(f"gnnserve bench: cannot write --plot {args.plot!r}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
+import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 __all__ = ["main"]
 
@@ -62,6 +66,72 @@ def setup_logging(level: str = "INFO", json_logs: bool = False) -> None:
     root.setLevel(level.upper())
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0 to 65535; 0 = any free port)")
+    return value
+
+
+_BIND_ERRNOS = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES}
+
+
+def _unbindable(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on (None when it can), found by binding it the way the gRPC
+    server and the metrics endpoint do (``SO_REUSEADDR``, every address the host resolves to)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"cannot resolve host {host!r}: {exc.strerror}"
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(addr)
+            except OSError as exc:
+                return exc.strerror or str(exc)
+    return None
+
+
+def _grpc_port_problem(args: argparse.Namespace) -> str:
+    why = _unbindable(args.host, args.port) or "the address could not be bound"
+    return f"cannot listen on {args.host}:{args.port} (--host/--port, gRPC): {why}"
+
+
+def _metrics_port_problem(args: argparse.Namespace, why: str) -> str:
+    return f"cannot serve metrics on {args.host}:{args.metrics_port} (--metrics-port): {why}"
+
+
+def _port_problem(args: argparse.Namespace) -> str | None:
+    """Before anything loads: a gRPC or metrics port that cannot be bound, as one line (None when both can).
+    Port 0 (any free port) always can; a child of --processes shares its port with its siblings (its parent
+    checked)."""
+    if args.process_slot is not None:
+        return None
+    if args.port and _unbindable(args.host, args.port) is not None:
+        return _grpc_port_problem(args)
+    if args.metrics_port and (why := _unbindable(args.host, args.metrics_port)) is not None:
+        return _metrics_port_problem(args, why)
+    return None
+
+
+def _start_failure(exc: BaseException, args: argparse.Namespace) -> str | None:
+    """One line naming what could not be bound, for the bind failures ``serve_forever`` raises when a port
+    was taken after :func:`_port_problem` looked; None for anything else. gRPC raises
+    ``RuntimeError("Failed to bind to address ...")`` for its port, the metrics endpoint (bound after it) an
+    ``OSError`` with a bind errno and no file name."""
+    if isinstance(exc, RuntimeError) and "failed to bind" in str(exc).lower():
+        return _grpc_port_problem(args)
+    if (isinstance(exc, OSError) and args.metrics_port is not None and exc.errno in _BIND_ERRNOS
+            and exc.filename is None):
+        return _metrics_port_problem(args, exc.strerror or str(exc))
+    return None
+
+
 def _serve(argv: Sequence[str]) -> int:
     from .paths import PATH_NAMES
     from .runtime import RuntimeOptions
@@ -70,8 +140,9 @@ def _serve(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(prog="gnnserve serve", description="Serve the models of a repository over gRPC.")
     ap.add_argument("--repo", required=True, help="model repository: REPO/<name>/<version>/ checkpoints")
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all interfaces)")
-    ap.add_argument("--port", type=int, default=8500, help="gRPC port (0 = any free port)")
-    ap.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port (off by default)")
+    ap.add_argument("--port", type=_port, default=8500, help="gRPC port (0 = any free port)")
+    ap.add_argument("--metrics-port", type=_port, default=None,
+                    help="Prometheus /metrics port (off by default; 0 = any free port)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--data", action="append", default=[], help="dataset path(s) to find checkpoints' data in")
     ap.add_argument("--features", default="memory",
@@ -188,8 +259,17 @@ def _serve(argv: Sequence[str]) -> int:
                          "exceed the machine's memory (serve/memory_budget.py; refused by default)")
     args = ap.parse_args(argv)
     setup_logging(args.log_level, args.log_json)
+    repo = Path(args.repo)
+    if not repo.is_dir():
+        why = "is not a directory" if repo.exists() else "does not exist"
+        print(f"gnnserve serve: model repository {args.repo!r} {why} (--repo: a directory of <name>/<version>/ "
+              "checkpoints, written by 'gnnserve train --out REPO/<name>/<version>')", file=sys.stderr)
+        return 2
     if args.processes < 1:
         print("gnnserve serve: --processes must be >= 1", file=sys.stderr)
+        return 2
+    if (problem := _port_problem(args)) is not None:
+        print(f"gnnserve serve: {problem}", file=sys.stderr)
         return 2
     if args.processes > 1:
         from .processes import refusal
@@ -284,12 +364,20 @@ def _serve(argv: Sequence[str]) -> int:
         index, total = (int(v) for v in args.process_slot.split("/"))
         set_process_slot(index, total)
         cfg.reuse_port = True
+    from .registry import RepositoryError
+
     try:
         asyncio.run(serve_forever(cfg, ready_file=args.ready_file, status_file=args.process_status))
-    except SecurityConfigError as exc:
+    except (SecurityConfigError, RepositoryError) as exc:
         print(f"gnnserve serve: {exc}", file=sys.stderr)
         return 2
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RuntimeError) as exc:
+        why = _start_failure(exc, args)
+        if why is not None:
+            print(f"gnnserve serve: {why}", file=sys.stderr)
+            return 2
+        if isinstance(exc, RuntimeError):  # not a bind failure: a bug, shown as one
+            raise
         logging.getLogger("gnnserve").error("cannot start: %s", exc)
         return 1
     return 0
@@ -318,13 +406,25 @@ HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
 }
 
 
+def stdout_closed() -> int:
+    """After a ``BrokenPipeError`` on stdout (output piped into ``head``, say): point stdout at /dev/null so
+    that Python's flush at exit does not raise again, and return the exit code 0."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: gnnserve <command> [options]\n\ncommands:")
-        for name, text in COMMANDS.items():
-            print(f"  {name:<12} {text}")
-        print("\n'gnnserve <command> --help' describes a command.")
+        lines = ["usage: gnnserve <command> [options]", "", "commands:"]
+        lines += [f"  {name:<12} {text}" for name, text in COMMANDS.items()]
+        lines += ["", "'gnnserve <command> --help' describes a command."]
+        try:
+            print("\n".join(lines), flush=True)
+        except BrokenPipeError:
+            stdout_closed()
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     from kernels.malloc import tune_malloc

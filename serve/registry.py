@@ -160,6 +160,7 @@ class ModelRegistry:
         self._models: dict[str, dict[int, ModelRuntime]] = {}
         self._data: dict[str, DataBundle] = {}
         self._failed: dict[Path, tuple[float, str]] = {}  # path -> (stamp, reason)
+        self._ignored: set[Path] = set()  # bad version directories already logged (once each, see scan)
         self._data_index: dict[str, Path] | None = None
         self._closing = False
         self._draining: set[asyncio.Future[None]] = set()
@@ -223,16 +224,20 @@ class ModelRegistry:
     def scan(self) -> dict[str, dict[int, Path]]:
         """Model directories on disk: ``{name: {version: path}}`` (bad names are logged and skipped)."""
         found: dict[str, dict[int, Path]] = {}
+        ignored: set[Path] = set()
         for mdir in sorted(self.repo.iterdir()):
             if not mdir.is_dir() or mdir.name.startswith(("_", ".")):
                 continue
             for vdir in sorted(mdir.iterdir()):
                 if not vdir.is_dir() or vdir.name.startswith((".", "_")):
                     continue
-                if not vdir.name.isdigit() or int(vdir.name) < 1:
-                    log.warning("ignoring %s: version directories are positive integers", vdir)
+                if not (vdir.name.isascii() and vdir.name.isdigit()) or int(vdir.name) < 1:
+                    ignored.add(vdir)
+                    if vdir not in self._ignored:  # once per path, not at every poll; again if it comes back
+                        log.warning("ignoring %s: version directories are positive integers", vdir)
                     continue
                 found.setdefault(mdir.name, {})[int(vdir.name)] = vdir
+        self._ignored = ignored
         return found
 
     async def refresh(self) -> bool:

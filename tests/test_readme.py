@@ -39,7 +39,7 @@ EXPECTED_COMMANDS = [
     "gnnserve predict --server localhost:8500 --model cora --nodes 0-9 --width 8 --budget 32",
     "gnnserve models --server localhost:8500",
     "gnnserve bench --server localhost:8500 --model cora --dataset ../shared/data/cora.npz --queries 50 --eval-nodes 1000"
-    " --plot docs/knob-curve.png",
+    " --plot knob-curve.png",
     """echo '{"add_edges": [[1, 3]]}' > update.jsonl""",
     "gnnserve update --server localhost:8500 --model cora update.jsonl",
     "gnnserve predict --server localhost:8500 --model cora --nodes 1,3 --min-graph-version 1",
@@ -159,7 +159,6 @@ def test_train_serve_query_redis_triton(tmp_path, cora_path, redis_server):
         "../shared/data/cora.npz": str(cora_path),
         "--out repo/": f"--out {tmp_path}/repo/",
         "--repo repo": f"--repo {tmp_path}/repo",
-        "docs/knob-curve.png": str(tmp_path / "knob-curve.png"),
         "redis://localhost:6379/0": redis_url,
         "--port 8500": f"--port {port}",
         "--metrics-port 9100": f"--metrics-port {mport}",
