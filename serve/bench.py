@@ -57,8 +57,9 @@ def measure_curve(
             row["accuracy"] = float((res.labels == eval_labels).mean())
             row["edges_kept"] = res.settings.edges_kept_fraction
             row["accuracy_source"] = 1.0  # measured on the eval nodes
-        else:
-            row["accuracy"] = float((val_accuracy or {}).get((width, budget), float("nan")))
+        else:  # the server's own reading of its knob table for the setting it served (a width it clamped
+            # to max_sampling_width included), else the table's row as asked
+            row["accuracy"] = float(r.settings.expected_accuracy) or float((val_accuracy or {}).get((width, budget), float("nan")))
             row["accuracy_source"] = 0.0  # from the knob table (validation)
         rows.append(row)
     return rows

@@ -134,3 +134,15 @@ def test_kserve_parameters_carry_the_expected_accuracy(served):
     assert (p["sampling_width"].int64_param, p["ppr_budget"].int64_param) == (31, FASTEST)
     assert "expected_accuracy" in p
     assert p["expected_accuracy"].double_param == pytest.approx(best.val_accuracy)
+
+
+def test_bench_reads_the_served_settings_accuracy(served):
+    # gnnserve bench without a dataset reports the knob table's accuracy of each setting: for the bound
+    # width (114, not a table width) the server's reading, the WIDE row's, not NaN
+    from serve.bench import measure_curve
+
+    with GnnClient(served.address, timeout=60) as c:
+        gcn = c.get_model("gcn")
+        table = {(r.sampling_width, r.ppr_budget): r.val_accuracy for r in gcn.knob_table}
+        rows = measure_curve(c, "gcn", [(114, 0), (WIDE, 0)], probe_nodes=np.array([1, 2]), val_accuracy=table)
+    assert [r["accuracy"] for r in rows] == pytest.approx([_row(gcn, 0, WIDE).val_accuracy] * 2)
