@@ -584,6 +584,7 @@ class LiveGraph:
         fails alone, and an update with ``expect_graph_version`` starts a group of its own.
         """
         self._check_writable()
+        self._check_new_nodes(request)
         ticket = _Ticket(request)
         self._enqueue(ticket)
         ticket.settled.wait()
@@ -597,6 +598,7 @@ class LiveGraph:
         and the graph's writer thread applies the queue (so as many updates as arrive meanwhile join one
         group, however many there are)."""
         self._check_writable()
+        self._check_new_nodes(request)
         fut: asyncio.Future[UpdateResult] = asyncio.get_running_loop().create_future()
         self._enqueue(_Ticket(request, fut))
         return await fut
@@ -621,6 +623,19 @@ class LiveGraph:
                         self._drain()
             except Exception:  # _drain settles every ticket it takes; this is a bug: keep the thread
                 log.exception("graph %s: the writer thread failed; it goes on", self.label)
+
+    def _check_new_nodes(self, request: Any) -> None:
+        """A replica that reads the graph from Redis places no new node where a PPR model serves the
+        graph: the node's PPR list needs the whole graph, so every shaDow model on every replica would
+        then answer UNAVAILABLE for it (Predict's new nodes are refused the same way)."""
+        if not (self.remote and len(request.new_nodes)):
+            return
+        ppr = sorted({rt.name for rt in list(self._runtimes) if getattr(rt, "extractor", None) == "ppr"})
+        if ppr or self.data.ppr_indexes:
+            raise InvalidArgument(
+                f"new_nodes: this replica reads the graph from Redis (--graph), and the PPR model(s) "
+                f"{', '.join(ppr) or 'on it'} would have no PPR list for a node it places (that needs the whole "
+                "graph in memory); add nodes through a server started without --graph, which stores their lists")
 
     def _check_writable(self) -> None:
         if self.read_only:

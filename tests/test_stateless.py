@@ -187,6 +187,17 @@ def test_stateless_replica_refuses_new_nodes(stateless):
         pbg.GnnServiceStub(ch).Predict(req, timeout=60)
     assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "--graph" in ei.value.details()
+    # an update that places a node is refused too (it was applied, and every shaDow model then answered
+    # UNAVAILABLE for the node, on every replica, and a restarted replica refused the model); nothing lands
+    upd = pb.UpdateGraphRequest(model="shadow", new_nodes=[pb.NewNode(features=[0.1] * 16, neighbors=[1, 2])])
+    with grpc.insecure_channel(stateless.address) as ch:
+        stub = pbg.GnnServiceStub(ch)
+        before = stub.GetModel(pb.GetModelRequest(name="shadow"), timeout=60).graph_version
+        with pytest.raises(grpc.RpcError) as ei:
+            stub.UpdateGraph(upd, timeout=60)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "new_nodes" in ei.value.details() and "shadow" in ei.value.details()
+        assert stub.GetModel(pb.GetModelRequest(name="shadow"), timeout=60).graph_version == before
 
 
 def test_induced_and_lhop_batches_equal_in_memory(loaded, tiny_dataset, tiny_repo):
