@@ -43,6 +43,7 @@ import os
 import shutil
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -624,6 +625,13 @@ class LiveGraph:
             except Exception:  # _drain settles every ticket it takes; this is a bug: keep the thread
                 log.exception("graph %s: the writer thread failed; it goes on", self.label)
 
+    def _unavailable(self, what: str, exc: BaseException) -> str:
+        """A client's message for a store failure: what failed and an incident id; the driver's text and the
+        (masked) address go to the server log under that id, never to the client (docs/RELIABILITY.md)."""
+        incident = f"incident {uuid.uuid4().hex[:12]}"
+        log.warning("graph %s: %s (%s): %s", self.label, what, incident, exc)
+        return f"{what} ({incident}: the server log has the details)"
+
     def _check_new_nodes(self, request: Any) -> None:
         """A replica that reads the graph from Redis places no new node where a PPR model serves the
         graph: the node's PPR list needs the whole graph, so every shaDow model on every replica would
@@ -726,8 +734,9 @@ class LiveGraph:
                 self._pending[:0] = [t for t, _ in accepted]
             return
         except UpdateLogUnavailable as exc:
+            why = self._unavailable("graph update not applied: the update log is unavailable; retry with backoff", exc)
             for t, _ in accepted:
-                t.fail(Unavailable(f"graph update not applied: the update log is unavailable ({exc})"))
+                t.fail(Unavailable(why))
             return
         n0 = self.features.num_nodes
         try:
@@ -832,7 +841,8 @@ class LiveGraph:
                 try:
                     records = self.log.read(self.version, limit=1024)
                 except UpdateLogUnavailable as exc:
-                    raise Unavailable(f"cannot read the graph's update log ({exc})") from None
+                    raise Unavailable(self._unavailable("cannot read the graph's update log; retry with backoff",
+                                                        exc)) from None
                 if not records:
                     return done
                 for version, payload in records:

@@ -450,7 +450,8 @@ def test_two_replicas_over_one_redis_see_each_others_updates(redis_factory, base
     from serve.graph_store import load_graph
 
     ds, rng = tiny_dataset, np.random.default_rng(21)
-    url = redis_factory().url
+    redis = redis_factory()
+    url = redis.url
     load_features(ds, url, progress=False)
     kw: dict = {}
     models = ("gcn", "sage")
@@ -492,6 +493,13 @@ def test_two_replicas_over_one_redis_see_each_others_updates(redis_factory, base
         while b.get_model("gcn").graph_version < up.graph_version:  # the follower, without being asked
             assert time.monotonic() < t_end, "replica b did not follow the update within 10 s"
             time.sleep(0.01)
+        if not graph_in_redis:  # the shared log down: not applied, and the client reads no driver text
+            redis.kill(forget=False)
+            with pytest.raises(clients.UnavailableError) as info:
+                a.update_graph("gcn", features={int(nodes[1]): np.ones(ds.num_features)}, timeout=60)
+            msg = str(info.value)
+            assert "update log" in msg and "incident" in msg, msg
+            assert "Error" not in msg and str(redis.port) not in msg and "localhost" not in msg, msg
     finally:
         for s in servers:
             s.stop()
