@@ -64,9 +64,9 @@ the sum ``D_s`` of the bounds of the edits since its list was computed, and ``s`
 the *old* ``pi_s(u)`` at hand:
 
 * ``u`` in ``s``'s current list: its stored score (a lower bound, error ``< eps w(u)``). Found
-  through an **inverse index** (node -> positions of the lists holding it; ``N K`` int64 entries,
-  CSR, built once by a counting sort on the first :meth:`apply`, rebuilt at each merge of the
-  overlay), plus a vectorized scan of the overlay's live entries.
+  through an **inverse index** (node -> positions of the lists holding it; ``N K`` entries, int32
+  below ``2^31`` of them, CSR, built once by a counting sort on the first :meth:`apply`, rebuilt
+  at each merge of the overlay), plus a vectorized scan of the overlay's live entries.
 * otherwise ``min(last score of s's list, w(u) / w(s) * hat pi_u(s))``: the list bounds an absent
   node's estimate by its last score, and reversibility ``w(s) pi_s(u) = w(u) pi_u(s)`` turns a
   **reverse push from u** on the old graph into estimates for every ``s`` at once (the inverse
@@ -86,6 +86,20 @@ lookup (O(holders) plus a scan of the overlay, bounded by the merge fraction); o
 per changed row (at most ``1 / (a eps_u)`` edge updates, capped); the recomputation, one push per
 flagged source (``<= 1 / (alpha eps)`` edge updates each, parallel on the numba threads), which
 dominates: everything else is about 10 ms per single-edge update on Amazon Computers.
+
+Memory of one :meth:`apply`: ``O(N)`` scratch (the reverse push's dense state, the per-source
+sums of ``B_s``, a memo of the lists' last scores), the holders, the changed rows' entries, one
+chunk of ``push_chunk`` padded ``[B, K]`` push results, the recomputed lists themselves (kept in
+the overlay) and, at a merge, the new copy of every list (filled chunk by chunk). Nothing is
+proportional to (changed rows) x (sources a reverse push touches): each reverse push's terms are
+added into the per-source sums as the push ends (:func:`_reverse_accumulate`), in the order the
+earlier implementation added them, so the sums are the same to the last bit. That product is what
+a bulk edit makes large: the 2,000 added edges of a QA report (4,000 changed rows, 500 pushes each
+under ``reverse_total_pushes``) touch 1.1e8 (push, source) pairs on a 200,000-node products-shaped
+graph, which were materialised (24 bytes each in the kernel) and then run through a dozen NumPy
+temporaries and sorts of that length: past 4 GB within seconds (1.7e8 pairs and an out-of-memory
+kill at 2 M nodes). The same update now peaks 0.33 GB above the process's earlier peak: the
+108,000 lists it recomputes and the merge they trigger (``tests/test_ppr_live_memory.py``).
 
 Measured with :func:`benchmark` (Amazon Computers, 13,752 nodes, 491,722 edges, default
 :class:`PPRConfig`, 40 single-edge updates: additions of random pairs alternating with removals
@@ -130,7 +144,7 @@ import numpy as np
 
 from .graph import CSRGraph, gather_ranges, index_dtype_for
 from .ppr import _SCRATCH_KEY, _SCRATCH_LOCK, PPRConfig, PPRIndex, PPRIndexError, _weighted_degree, ppr_topk
-from .subgraph import InducedTable, SubgraphBatch, _grow, induced_batch
+from .subgraph import InducedTable, SubgraphBatch, induced_batch
 
 __all__ = ["LivePPRIndex", "benchmark", "row_change_bounds"]
 
@@ -138,27 +152,34 @@ log = logging.getLogger(__name__)
 
 _TINY = 1e-300  # a pushed node keeps this residue: r == 0 means "never touched"
 _RULES = ("node", "l1")
+_LOOKUP_CHUNK = 1 << 20  # list entries gathered at a time when all lists are copied (a merge)
 
 
 # ============================================================================ compiled kernels
 @numba.njit(cache=True, nogil=True)
-def _reverse_estimates(
-    indptr, indices, weights, wdeg, srcs, eps_rs, alpha, lazy, max_pushes, r, p, queue, touched
+def _reverse_accumulate(
+    indptr, indices, weights, wdeg, srcs, eps_rs, alpha, lazy, max_pushes, r, p, queue, touched,
+    w_src, coef_src, hptr, hsrc, mark, lp, ls, ostart, olen, a_scores, last, acc, seen,
 ):  # pragma: no cover - compiled
     """ACL push from each ``srcs[i]`` with threshold ``eps_rs[i] * w(v)`` (``eps_rs[i]`` where
-    ``w(v) = 0``), the walk of :func:`kernels.ppr._push_dense`. ``r``, ``p`` (float64 ``[N]``) are
-    zero on entry and on return; ``queue``, ``touched`` int64 ``[N + 1]``.
+    ``w(v) = 0``), the walk of :func:`kernels.ppr._push_dense`, each push's terms added up at once:
+    memory ``O(N)`` however many sources and however far their pushes reach.
 
-    Returns ``(owner, node, estimate, capped)``: for every node touched by push ``i``, the
-    estimate ``p + alpha r`` (a lower bound of ``pi_{srcs[i]}(node)``), and the number of pushes
-    stopped by ``max_pushes``.
+    For every node ``s`` touched by push ``i`` (in the order it touched them, pushes in order) whose
+    list does not hold ``srcs[i]`` (``hsrc[hptr[i]:hptr[i + 1]]`` are the sources whose list does):
+    ``est`` = ``p + alpha r`` (a lower bound of ``pi_{srcs[i]}(s)``), the term
+    ``min(est * w_src[i] / hat w(s), last score of s's list) * coef_src[i]`` and, when it is
+    positive, ``acc[s] += term``, ``seen[s] = True`` (``hat w(s) = w(s)``, 1 where ``w(s) = 0``; the
+    last score from the merged lists ``lp``, ``ls`` or, where ``ostart[s] >= 0``, the overlay
+    ``a_scores``, memoized in ``last``, float64 ``[N]``, NaN where not yet read). Each operation is
+    the one :meth:`LivePPRIndex._reverse_terms` ran in NumPy on the materialised
+    ``(push, node, est)`` entries before: same terms, added in the same order.
+
+    ``r``, ``p`` (float64 ``[N]``) and ``mark`` (bool ``[N]``) are zero on entry and on return;
+    ``queue``, ``touched`` int64 ``[N + 1]``. Returns the number of pushes stopped by ``max_pushes``.
     """
     has_w = weights.shape[0] > 0
     qcap = queue.shape[0]
-    o_own = np.empty(1024, dtype=np.int64)
-    o_node = np.empty(1024, dtype=np.int64)
-    o_est = np.empty(1024, dtype=np.float64)
-    no = 0
     capped = 0
     for i in range(srcs.shape[0]):
         src = srcs[i]
@@ -220,37 +241,62 @@ def _reverse_estimates(
             if max_pushes > 0 and pushes >= max_pushes and qlen > 0:
                 capped += 1
                 break
-        if no + nt > o_own.shape[0]:
-            o_own = _grow(o_own, no + nt)
-            o_node = _grow(o_node, no + nt)
-            o_est = _grow(o_est, no + nt)
+        for h in range(hptr[i], hptr[i + 1]):
+            mark[hsrc[h]] = True
+        wsrc = w_src[i]
+        cf = coef_src[i]
         for j in range(nt):
             v = touched[j]
-            o_own[no] = i
-            o_node[no] = v
-            o_est[no] = p[v] + alpha * r[v]
-            no += 1
+            est = p[v] + alpha * r[v]
             r[v] = 0.0
             p[v] = 0.0
-    return o_own[:no], o_node[:no], o_est[:no], capped
+            if mark[v]:
+                continue
+            wv = wdeg[v]
+            term = est * wsrc
+            term = term / (wv if wv > 0.0 else 1.0)
+            lv = last[v]
+            if np.isnan(lv):
+                o = ostart[v]
+                if o < 0:
+                    lv = np.float64(ls[max(lp[v + 1] - 1, lp[v])])
+                else:
+                    lv = np.float64(a_scores[o + max(olen[v] - 1, 0)])
+                last[v] = lv
+            if lv < term:
+                term = lv
+            term = term * cf
+            if term > 0.0:
+                acc[v] += term
+                seen[v] = True
+        for h in range(hptr[i], hptr[i + 1]):
+            mark[hsrc[h]] = False
+    return capped
 
 
 @numba.njit(cache=True, nogil=True)
-def _inverse_csr(nodes, n):  # pragma: no cover - compiled
-    """Counting sort: ``(ptr int64 [n + 1], pos int64 [len(nodes)])`` with the positions holding node
-    ``v`` at ``pos[ptr[v]:ptr[v + 1]]`` in increasing order."""
+def _accumulate(acc, seen, s, w):  # pragma: no cover - compiled
+    """``acc[s[j]] += w[j]`` for ``j`` in order (the order ``np.bincount`` adds in) and ``seen[s[j]] = True``."""
+    for j in range(s.shape[0]):
+        acc[s[j]] += w[j]
+        seen[s[j]] = True
+
+
+@numba.njit(cache=True, nogil=True)
+def _inverse_csr(nodes, n, pos):  # pragma: no cover - compiled
+    """Counting sort: ``ptr int64 [n + 1]``, with ``pos`` (``len(nodes)`` entries, int32 or int64)
+    filled so that the positions holding node ``v`` are ``pos[ptr[v]:ptr[v + 1]]`` in increasing order."""
     ptr = np.zeros(n + 1, dtype=np.int64)
     for i in range(nodes.shape[0]):
         ptr[nodes[i] + 1] += 1
     for v in range(n):
         ptr[v + 1] += ptr[v]
     fill = ptr[:-1].copy()
-    pos = np.empty(nodes.shape[0], dtype=np.int64)
     for i in range(nodes.shape[0]):
         v = nodes[i]
         pos[fill[v]] = i
         fill[v] += 1
-    return ptr, pos
+    return ptr
 
 
 # ============================================================================ the perturbation bound
@@ -322,6 +368,8 @@ class LivePPRIndex:
             changed rows (0: none): a bulk edit then estimates only near sources.
         merge_fraction: merge the overlay into the lists when it holds more than this fraction of
             the lists' entries (plus a floor of ``64 k_max`` entries).
+        push_chunk: targets per :func:`kernels.ppr.ppr_topk` call when recomputing lists (its padded
+            result arrays take ``16 K`` bytes per target; the results do not depend on it).
 
     Attributes:
         last_recomputed: int64, the existing sources the last :meth:`apply` recomputed.
@@ -338,6 +386,7 @@ class LivePPRIndex:
         reverse_max_pushes: int = 200_000,
         reverse_total_pushes: int = 2_000_000,
         merge_fraction: float = 0.25,
+        push_chunk: int = 8192,
     ) -> None:
         if rule not in _RULES:
             raise ValueError(f"rule must be one of {_RULES}, got {rule!r}")
@@ -350,6 +399,9 @@ class LivePPRIndex:
         self.reverse_max_pushes = int(reverse_max_pushes)
         self.reverse_total_pushes = int(reverse_total_pushes)
         self.merge_fraction = float(merge_fraction)
+        if int(push_chunk) < 1:
+            raise ValueError(f"push_chunk must be >= 1, got {push_chunk}")
+        self.push_chunk = int(push_chunk)
         self.num_nodes = base.num_nodes
         self.path = base.path
         self.meta = base.meta
@@ -417,8 +469,7 @@ class LivePPRIndex:
         if mat is None or mat[0] != self._version:
             arrays = self._lists
             if np.any(self._ostart >= 0):
-                ptr, nodes, scores = self.lookup(np.arange(self.num_nodes), return_scores=True)
-                arrays = (ptr, nodes.astype(index_dtype_for(self.num_nodes)), scores)
+                arrays = self._all_lists()
             mat = (self._version, arrays)
             self._mat = mat
         return mat[1]
@@ -597,18 +648,24 @@ class LivePPRIndex:
             coef = (1.0 - a) / a * (l1 if self.rule == "l1" else mnode)
             hs, hx, hsc = self._holders(rows)
             holders = hs
-            s_all, contrib, capped = self._reverse_terms(old_graph, rows, coef, hs, hx)
-            s_all = np.concatenate([hs, s_all])
-            contrib = np.concatenate([hsc.astype(np.float64) * coef[hx], contrib])
-            if len(s_all):
-                uniq, inv = np.unique(s_all, return_inverse=True)
+            # B_s summed per source in a dense accumulator, term by term in a fixed order (the holders,
+            # then the reverse terms push by push): O(N) memory however many terms, and the same float
+            # sums, term for term, as one np.bincount over all the terms (what this code did before)
+            acc = np.zeros(n_old)
+            seen = np.zeros(n_old, dtype=np.bool_)
+            _accumulate(acc, seen, hs, hsc.astype(np.float64) * coef[hx])
+            capped = self._reverse_terms(old_graph, rows, coef, hs, hx, acc, seen)
+            uniq = np.flatnonzero(seen)
+            del seen
+            if len(uniq):
                 # the bound of this edit on top of what earlier edits already moved the list
-                drift = self._drift[uniq] + np.bincount(inv, weights=contrib, minlength=len(uniq))
+                drift = self._drift[uniq] + acc[uniq]
                 self._drift[uniq] = drift
                 candidates = len(uniq)
                 recompute = uniq[drift > self.tol_factor * cfg.eps]
+            del acc
         targets = np.concatenate([recompute, new_ids])
-        lists = ppr_topk(new_graph, targets, cfg) if len(targets) else None
+        lists = self._push(new_graph, targets) if len(targets) else None
         if len(targets):
             self._drift_grow(new_graph.num_nodes)
             self._drift[targets] = 0.0
@@ -682,18 +739,44 @@ class LivePPRIndex:
         """Fold the overlay into fresh in-memory lists (the base's files are never written)."""
         if not np.any(self._ostart >= 0):
             return
-        n = self.num_nodes
-        ptr, nodes, scores = self.lookup(np.arange(n, dtype=np.int64), self.k_max, return_scores=True)
-        self._lists = (ptr, nodes.astype(index_dtype_for(n)), scores)  # one swap; then the overlay goes
+        self._lists = self._all_lists()  # one swap; then the overlay goes
         self._mat = None
         self._ostart[:] = -1
         self._olen[:] = 0
         self._a_fill = 0
         self._inv = None  # rebuilt on the next apply
 
+    def _all_lists(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every current list as CSR ``(ptr int64, nodes int32/int64, scores float32)``: what
+        ``lookup(arange(N))`` returns (nodes cast to the index dtype), gathered in chunks of about
+        ``_LOOKUP_CHUNK`` entries into the final arrays (no ``O(N K)`` int64 temporaries)."""
+        n, k = self.num_nodes, self.k_max
+        lp = self._lists[0]
+        nb = len(lp) - 1
+        cnt = np.zeros(n, dtype=np.int64)
+        cnt[:nb] = np.diff(lp)
+        o = self._ostart[:n]
+        over = np.flatnonzero(o >= 0)
+        cnt[over] = self._olen[over]
+        np.minimum(cnt, k, out=cnt)
+        ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(cnt, out=ptr[1:])
+        del cnt, over
+        nodes = np.empty(int(ptr[-1]), dtype=index_dtype_for(n))
+        scores = np.empty(int(ptr[-1]), dtype=np.float32)
+        step = max(2, _LOOKUP_CHUNK // max(k, 1))
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            _, nd, sc = self.lookup(np.arange(lo, hi, dtype=np.int64), k, return_scores=True)
+            nodes[ptr[lo] : ptr[hi]] = nd
+            scores[ptr[lo] : ptr[hi]] = sc
+        return ptr, nodes, scores
+
     def _inverse(self) -> tuple[np.ndarray, np.ndarray]:
         if self._inv is None:
-            self._inv = _inverse_csr(self._lists[1], len(self._lists[0]) - 1)
+            nodes = self._lists[1]
+            pos = np.empty(len(nodes), dtype=index_dtype_for(len(nodes)))  # int32 below 2^31 entries: N K x 4 bytes
+            self._inv = (_inverse_csr(nodes, len(self._lists[0]) - 1, pos), pos)
         return self._inv
 
     def _holders(self, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -731,16 +814,22 @@ class LivePPRIndex:
         return out
 
     def _reverse_terms(
-        self, old_graph: CSRGraph, rows: np.ndarray, coef: np.ndarray, hs: np.ndarray, hx: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, int]:
+        self, old_graph: CSRGraph, rows: np.ndarray, coef: np.ndarray, hs: np.ndarray, hx: np.ndarray,
+        acc: np.ndarray, seen: np.ndarray,
+    ) -> int:
         """Sources whose list lacks a changed row ``u``, with the term ``coef_u * est_s(u)`` from a
-        reverse push from ``u`` on the old graph (module docstring). Returns (sources, terms, capped)."""
+        reverse push from ``u`` on the old graph (module docstring), added to ``acc[s]`` (``seen[s]``
+        set) push by push. Returns the number of capped pushes.
+
+        The terms (one per source touched per push: changed rows x reverse reach, 10^8 on a bulk
+        edit of a large graph) are consumed as each push ends (:func:`_reverse_accumulate`), never
+        held: the memory is ``O(N + holders)`` whatever the size of the edit."""
         cfg = self.config
         wd = _weighted_degree(old_graph)
         tol = self.tol_factor * cfg.eps
         act = np.flatnonzero((coef > 0) & (wd[rows] > 0))  # w(u) = 0: no other source reaches u
         if not len(act):
-            return np.zeros(0, dtype=np.int64), np.zeros(0), 0
+            return 0
         n = old_graph.num_nodes
         if self._rs is None or len(self._rs[0]) < n:
             self._rs = (np.zeros(n), np.zeros(n), np.zeros(n + 1, dtype=np.int64), np.zeros(n + 1, dtype=np.int64))
@@ -754,21 +843,40 @@ class LivePPRIndex:
         if self.reverse_total_pushes > 0:
             share = max(1, self.reverse_total_pushes // len(act))
             cap = share if cap <= 0 else min(cap, share)
-        own, node, est, capped = _reverse_estimates(
-            old_graph.indptr, old_graph.indices, w, wd, u, eps_r, cfg.alpha, cfg.lazy, cap,
-            r, p, queue, touched,
+        # a listed pair keeps its stored score (counted by the caller): the holders of each pushed row, as CSR
+        push_of = np.full(len(rows), -1, dtype=np.int64)
+        push_of[act] = np.arange(len(act), dtype=np.int64)
+        hi = push_of[hx]
+        sel = np.flatnonzero(hi >= 0)
+        hsrc = hs[sel[np.argsort(hi[sel], kind="stable")]].astype(np.int64)
+        hptr = np.zeros(len(act) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(hi[sel], minlength=len(act)), out=hptr[1:])
+        del push_of, hi, sel
+        lp, _, ls = self._lists
+        mark = np.zeros(n, dtype=np.bool_)
+        last = np.full(n, np.nan)
+        capped = _reverse_accumulate(
+            old_graph.indptr, old_graph.indices, w, wd, u, eps_r, cfg.alpha, cfg.lazy, cap, r, p, queue, touched,
+            wd[u], coef[act], hptr, hsrc, mark, lp, ls, self._ostart, self._olen, self._a_scores, last, acc, seen,
         )  # fmt: skip
-        ui = act[own]  # index into rows
-        ws = wd[node]
-        term = est * wd[rows[ui]] / np.where(ws > 0, ws, 1.0)
-        term = np.minimum(term, self._last_scores(node)) * coef[ui]
-        big = term > 0
-        node, ui, term = node[big], ui[big], term[big]
-        if len(hs):  # a listed pair keeps its stored score (counted by the caller)
-            nr = len(rows)
-            dup = np.isin(node * nr + ui, hs * nr + hx)
-            node, term = node[~dup], term[~dup]
-        return node, term, int(capped)
+        return int(capped)
+
+    def _push(self, graph: CSRGraph, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:func:`kernels.ppr.ppr_topk` of ``targets`` in chunks of ``push_chunk`` targets (its padded
+        ``[B, K]`` result arrays stay small; each list is the same push whatever its chunk)."""
+        cfg = self.config
+        c = max(1, int(self.push_chunk))
+        if len(targets) <= c:
+            return ppr_topk(graph, targets, cfg)
+        ptrs, nodes, scores = [], [], []
+        for lo in range(0, len(targets), c):
+            pt, nd, sc = ppr_topk(graph, targets[lo : lo + c], cfg)
+            ptrs.append(np.diff(pt))
+            nodes.append(nd)
+            scores.append(sc)
+        ptr = np.zeros(len(targets) + 1, dtype=np.int64)
+        np.cumsum(np.concatenate(ptrs), out=ptr[1:])
+        return ptr, np.concatenate(nodes), np.concatenate(scores)
 
     def _carry_scratch(self, old_graph: CSRGraph, new_graph: CSRGraph, changed: np.ndarray) -> None:
         """Hand the old graph's dense push scratch (kernels.ppr) to the new graph when the node count
