@@ -19,6 +19,15 @@ What one run does:
 copy's (``latency_source: "training:torch-copy"``); ``python -m serve.knob_timing CHECKPOINT``
 re-times such a checkpoint afterwards.
 
+A served model repository can be the target (``--out REPO/<name>/<version>`` while ``gnnserve serve
+--repo REPO`` polls it). So the checkpoint, the knob re-timing included, is written into a staging
+directory beside the target (:func:`staging_dir`: ``.<version>.train-<random>``; the repository scan
+skips names starting with ``.``) and renamed into place only when it is complete
+(:func:`publish_checkpoint`): a polling server sees the version appear once, whole, with the
+``knobs.json`` it keeps. ``--overwrite`` swaps the new directory with the existing one in one
+``renameat2(RENAME_EXCHANGE)`` (two renames where the file system lacks it), then deletes the old
+one: the version's directory is a new directory (new inode, newer files), never a mix of the two.
+
 Every stage (load, build graph, PPR lists, fit, knob table, write) is logged with its wall time
 (logger ``models.train``; ``gnnserve train`` prints these lines on stderr) and recorded in
 ``metrics.json["stage_times_s"]``; long stages show tqdm bars unless ``--no-progress``.
@@ -31,12 +40,16 @@ training loops), :mod:`models.knobs` (the knob table and the default knobs) and 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import datetime as _dt
+import errno
 import logging
 import os
+import shutil
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,7 +60,7 @@ from kernels.datasets import DatasetError, GraphDataset, load_dataset
 from kernels.spmm import STRATEGIES
 
 from . import MODEL_KINDS
-from .checkpoint import CheckpointError, save_checkpoint
+from .checkpoint import CheckpointError, _fsync_dir, save_checkpoint
 from .fit import (
     DEFAULT_KNOB_WIDTHS,
     DEFAULT_LAYERS,
@@ -100,8 +113,10 @@ __all__ = [
     "ppr_table",
     "predict_batched",
     "project_all",
+    "publish_checkpoint",
     "sample_nodes",
     "stage",
+    "staging_dir",
     "step_logits",
     "train",
     "use_minibatch",
@@ -159,8 +174,34 @@ def train(
     if out_dir is None:
         raise ValueError("out_dir is required")
     out = Path(out_dir)
-    if out.exists() and not overwrite:
+    _check_out(out, overwrite)
+    staged = _train_staged(dataset, model, out, progress=progress, ppr_lookup=ppr_lookup, source=source,
+                           stage_times=stage_times, **settings)
+    try:
+        return publish_checkpoint(staged, out, overwrite=overwrite)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    if os.path.lexists(out) and not overwrite:
         raise CheckpointError(f"{out} already exists; pass overwrite=True (CLI: --overwrite) or choose another --out")
+
+
+def _train_staged(
+    dataset: GraphDataset | str | os.PathLike[str],
+    model: str,
+    out: Path,
+    *,
+    progress: bool,
+    ppr_lookup: Any,
+    source: str | None,
+    stage_times: dict[str, float] | None,
+    **settings: Any,
+) -> Path:
+    """:func:`train` up to a complete checkpoint in :func:`staging_dir` ``(out)``, not yet in place;
+    returns the staged directory."""
     cfg = TrainConfig(model=model, **settings)
     times: dict[str, float] = dict(stage_times or {})
     if isinstance(dataset, GraphDataset):
@@ -250,10 +291,81 @@ def train(
         "latency_source": "training:torch-copy",
         "rows": rows,
     }
-    with stage("write", times, f"checkpoint {out}"):
-        path = save_checkpoint(out, res.model, config, metrics, knobs, overwrite=overwrite)
+    staged = staging_dir(out)
+    with stage("write", times, f"checkpoint for {out} (staged at {staged.name})"):
+        path = save_checkpoint(staged, res.model, config, metrics, knobs)
     log.info("stage times: %s", ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))
     return path
+
+
+# ============================================================================ putting a checkpoint in place
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def staging_dir(out: str | os.PathLike[str]) -> Path:
+    """A fresh (not yet existing) directory beside ``out`` to write its checkpoint into:
+    ``<parent>/.<name>.train-<random>``. A model repository's scan skips it (names starting with ``.``
+    are not versions, serve.registry), so a server polling the repository never sees it."""
+    out = Path(out)
+    return out.parent / f".{out.name}.train-{uuid.uuid4().hex[:12]}"
+
+
+def _rename_exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where that is not
+    available (another OS, an old C library or kernel, a file system without it)."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError, TypeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def publish_checkpoint(staged: str | os.PathLike[str], out: str | os.PathLike[str], *,
+                       overwrite: bool = False) -> Path:
+    """Put the complete checkpoint directory ``staged`` (from :func:`staging_dir` ``(out)``) in place at
+    ``out`` and return ``out``.
+
+    A new ``out`` is one rename. An existing one (``overwrite``) is swapped with ``staged`` in one atomic
+    ``renameat2(RENAME_EXCHANGE)`` where the system has it (a reader of ``out`` sees the old checkpoint or
+    the new one, never a gap), else moved aside and replaced (two renames); the old directory is deleted
+    afterwards. Either way ``out`` is then a different directory (inode) with newer files, which a
+    polling server can tell from the one it loaded.
+
+    Raises:
+        CheckpointError: ``out`` exists and ``overwrite`` is false.
+    """
+    staged, out = Path(staged), Path(out)
+    if os.path.lexists(out):
+        if not overwrite:
+            raise CheckpointError(f"{out} already exists; pass overwrite=True (CLI: --overwrite) or choose "
+                                  "another --out")
+        if _rename_exchange(staged, out):
+            _remove(staged)  # the old checkpoint, swapped out
+        else:
+            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+            os.rename(out, old)
+            os.rename(staged, out)
+            _remove(old)
+    else:
+        os.rename(staged, out)
+    _fsync_dir(out.parent)
+    log.info("checkpoint in place at %s", out)
+    return out
 
 
 # ============================================================================ CLI
@@ -326,9 +438,12 @@ def _stage_logging(extra: Sequence[str] = ()) -> None:
         lg.propagate = False
 
 
-#: called by :func:`main` after the checkpoint is written, before its summary is printed:
-#: ``after_train(checkpoint_dir, dataset, args) -> None`` (``gnnserve train`` re-times the knob table
-#: there, serve.knob_timing); an exception makes the run fail with exit code 1, the checkpoint staying
+#: called by :func:`main` on the complete checkpoint before it is put in place at ``--out``:
+#: ``after_train(staged_dir, dataset, args) -> None``, where ``staged_dir`` is the staging directory
+#: beside ``args.out`` (:func:`staging_dir`; ``gnnserve train`` re-times the knob table there,
+#: serve.knob_timing). What it writes there is published with the checkpoint, in one rename. An
+#: exception makes the run fail with exit code 1; the checkpoint is still put in place, as training
+#: wrote it.
 AfterTrain = Callable[[Path, GraphDataset, argparse.Namespace], None]
 
 
@@ -336,7 +451,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "gnnserve train", *,
          after_train: AfterTrain | None = None, log_names: Sequence[str] = (), epilog: str | None = None) -> int:
     """CLI entry point; returns the exit code (0 ok, 1 failure, 2 bad dataset/arguments).
 
-    ``after_train`` (see :data:`AfterTrain`) runs on the written checkpoint and the loaded dataset;
+    ``after_train`` (see :data:`AfterTrain`) runs on the complete checkpoint, in its staging directory
+    before it is put in place at ``--out``, and the loaded dataset;
     ``log_names``: further loggers whose INFO lines go to stderr with the stage lines; ``epilog``: text
     at the end of ``--help``.
     """
@@ -351,6 +467,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "gnnserve train", *,
     if args.ppr_eps is not None:
         ppr["eps"] = args.ppr_eps
     times: dict[str, float] = {}
+    out = Path(args.out)
+    try:
+        _check_out(out, args.overwrite)  # before the dataset is loaded and the model trained
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         with stage("load", times, f"dataset {args.dataset}"):
             ds = load_dataset(args.dataset)
@@ -358,8 +480,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "gnnserve train", *,
         print(f"error: cannot load dataset {args.dataset}: {exc}", file=sys.stderr)
         return 2
     try:
-        out = train(
-            ds, args.model, args.out, overwrite=args.overwrite, progress=not args.no_progress,
+        staged = _train_staged(
+            ds, args.model, out, progress=not args.no_progress, ppr_lookup=None,
             source=_dataset_source(args.dataset, ds), stage_times=times,
             hidden=args.hidden, layers=args.layers, dropout=args.dropout, lr=args.lr,
             weight_decay=args.weight_decay, epochs=args.epochs, patience=args.patience, seed=args.seed,
@@ -373,14 +495,26 @@ def main(argv: Sequence[str] | None = None, prog: str = "gnnserve train", *,
     except (CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if after_train is not None:
-        try:
-            after_train(Path(out), ds, args)
-        except Exception as exc:  # the checkpoint is written; say what failed after it
-            log.exception("after training: %s", exc)
-            print(f"error: {out} was written, but what follows training failed: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)
-            return 1
+    failed: Exception | None = None
+    try:
+        if after_train is not None:
+            try:
+                after_train(staged, ds, args)
+            except Exception as exc:  # the checkpoint is complete: it is still put in place, and the run fails
+                log.exception("after training: %s", exc)
+                failed = exc
+        publish_checkpoint(staged, out, overwrite=args.overwrite)
+    except CheckpointError as exc:  # --out appeared while training ran
+        shutil.rmtree(staged, ignore_errors=True)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    if failed is not None:
+        print(f"error: {out} was written, but what follows training failed: {type(failed).__name__}: {failed}",
+              file=sys.stderr)
+        return 1
     from .checkpoint import load_checkpoint
 
     ck = load_checkpoint(out)

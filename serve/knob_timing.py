@@ -34,9 +34,12 @@ gains ``latency_source`` (``"served:<path>[,<path>...]"``, against training's
 ``latency_device``. ``knobs.json`` is replaced atomically; nothing else in the checkpoint changes
 (the default knobs are chosen from accuracy alone).
 
-``gnnserve train`` runs this after training (:func:`train_main`, the CLI's ``train`` handler);
-``python -m models.train`` does not (models never import serve), and ``python -m serve.knob_timing
-CHECKPOINT`` re-times any checkpoint afterwards.
+``gnnserve train`` runs this after training (:func:`train_main`, the CLI's ``train`` handler), on the
+checkpoint in its staging directory beside ``--out`` (``models.train.staging_dir``), before the
+directory is renamed into place: a server polling the repository loads the version once, with the
+re-timed ``knobs.json``. ``python -m models.train`` does not (models never import serve), and
+``python -m serve.knob_timing CHECKPOINT`` re-times any checkpoint afterwards, in place: a server
+already serving that checkpoint keeps the table it loaded.
 """
 
 from __future__ import annotations
@@ -283,17 +286,22 @@ TRAIN_EPILOG = ("After the checkpoint is written, its knob table's latency_ms_pe
                 "validation nodes, median per setting); `python -m models.train` skips that step.")
 
 
-def _after_train(out: Path, ds: Any, args: argparse.Namespace) -> None:
-    """``gnnserve train``: re-time the written checkpoint's knob table (the CLI's settings)."""
+def _after_train(staged: Path, ds: Any, args: argparse.Namespace) -> None:
+    """``gnnserve train``: re-time the knob table of the checkpoint training wrote, in its staging
+    directory beside ``--out`` (models.train.staging_dir), before it is put in place: a server polling
+    the repository loads the version once, with this ``knobs.json``. A shaDow model's PPR index goes
+    where the server of ``--out``'s repository looks for it (``REPO/_ppr`` for ``REPO/<name>/<version>``),
+    so serving does not build it again."""
     import torch
 
     from .runtime import RuntimeOptions
 
     device = "cuda" if str(args.device).startswith("cuda") and torch.cuda.is_available() else "cpu"
-    log.info("knob timing: re-timing %s on the served path (%s) ...", out, device)
+    log.info("knob timing: re-timing the checkpoint for %s (staged at %s) on the served path (%s) ...", args.out,
+             staged, device)
     t0 = time.perf_counter()
-    retime_knobs(out, ds, nodes=int(args.knob_latency_nodes), seed=int(args.seed),
-                 options=RuntimeOptions(device=device),
+    retime_knobs(staged, ds, nodes=int(args.knob_latency_nodes), seed=int(args.seed),
+                 options=RuntimeOptions(device=device), ppr_cache_dir=_default_ppr_cache(Path(args.out)),
                  progress=not args.no_progress)
     log.info("knob timing: done in %.1f s", time.perf_counter() - t0)
 

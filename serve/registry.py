@@ -67,6 +67,16 @@ def _dir_stamp(path: Path) -> float:
         return 0.0
 
 
+def _dir_identity(path: Path) -> tuple[int, int, float]:
+    """(device, inode, stamp) of a version directory: one replaced by another directory (a new inode:
+    ``gnnserve train --overwrite``) or changed in place (a newer file) reads differently."""
+    try:
+        st = path.stat()
+    except OSError:
+        return (0, 0, 0.0)
+    return (st.st_dev, st.st_ino, _dir_stamp(path))
+
+
 #: model names a NOT_FOUND message lists at most
 NOT_FOUND_NAMES = 10
 #: characters of a client-sent model name a message repeats at most
@@ -166,6 +176,7 @@ class ModelRegistry:
         self._draining: set[asyncio.Future[None]] = set()
         # explicitly unloaded: (name, None) = the whole model, (name, version) = one version (see unload)
         self._held: set[tuple[str, int | None]] = set()
+        self._loaded: dict[tuple[str, int], tuple[int, int, float]] = {}  # served version -> its directory's identity
         self._control = asyncio.Lock()  # one repository change at a time: the poller, load, unload
 
     # ------------------------------------------------------------------ lookup
@@ -250,7 +261,11 @@ class ModelRegistry:
         rt = self._models[name].pop(version)
         if not self._models[name]:
             del self._models[name]
-        log.info("model %s v%d %s; draining", name, version, why)
+        self._loaded.pop((name, version), None)
+        self._drain(rt, why)
+
+    def _drain(self, rt: ModelRuntime, why: str) -> None:
+        log.info("model %s v%d %s; draining", rt.name, rt.version, why)
         task = asyncio.ensure_future(rt.close(grace_s=30))
         self._draining.add(task)
         task.add_done_callback(self._draining.discard)
@@ -335,9 +350,13 @@ class ModelRegistry:
         changed = False
         for name, versions in on_disk.items():
             for version, path in versions.items():
-                if version in self._models.get(name, {}) or self.held(name, version):
+                if self.held(name, version):
                     continue
-                stamp = _dir_stamp(path)
+                ident = _dir_identity(path)
+                before = self._models.get(name, {}).get(version)
+                if before is not None and self._loaded.get((name, version)) == ident:
+                    continue
+                stamp = ident[2]
                 failed = self._failed.get(path)
                 if failed is not None and failed[0] == stamp:
                     continue
@@ -357,8 +376,11 @@ class ModelRegistry:
                     await rt.close(0)
                     return changed
                 self._models.setdefault(name, {})[version] = rt
+                self._loaded[(name, version)] = ident
                 changed = True
                 log.info("serving model %s v%d (%s, %s) from %s", name, version, rt.architecture, rt.extractor, path)
+                if before is not None:
+                    self._drain(before, "replaced by its changed directory")
         for name in list(self._models):
             for version in list(self._models[name]):
                 if version not in on_disk.get(name, {}):

@@ -133,6 +133,7 @@ class GnnServer:
         self.metrics_port: int | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
+        self._served = asyncio.Event()  # set once health first reports SERVING (a model loaded and warmed)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> int:
@@ -177,6 +178,13 @@ class GnnServer:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for svc in ("", GNN_SERVICE, TRITON_SERVICE):
             await self.health.set(svc, status)
+        if serving:
+            self._served.set()
+
+    async def wait_served(self) -> None:
+        """Return once the server has served a model (health SERVING), which can be long after
+        :meth:`start`: when no model loads at first, a later repository scan may bring one."""
+        await self._served.wait()
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Graceful stop: NOT_SERVING, refuse new RPCs, finish in-flight ones within the grace."""
@@ -215,9 +223,13 @@ class GnnServer:
 
 
 async def serve_forever(config: ServerConfig, ready_file: str | None = None, status_file: str | None = None) -> None:
-    """Run until SIGTERM/SIGINT; ``ready_file`` gets the bound port once models are served;
-    ``status_file`` (a child of ``--processes N``) gets JSON: port, metrics port, pid and the graph
-    version of each dataset served from a local graph (serve.processes compares them)."""
+    """Run until SIGTERM/SIGINT; ``ready_file`` gets the bound port once a model is served (loaded and
+    warmed: health SERVING). When no model could be loaded at start the server keeps running,
+    NOT_SERVING, and polls the repository: the file is written when a scan first brings a model, not
+    before (never, with ``poll_s`` 0). ``status_file`` (a child of ``--processes N``) is written at the
+    same moment, with JSON: port, metrics port, pid and the graph version of each dataset served from a
+    local graph (serve.processes compares them, and writes the parent's ``--ready-file`` once every child
+    has written its status: once all of them serve)."""
     server = GnnServer(config)
     server.install_signal_handlers()
     # a signal during start-up (models still loading) stops the server at once: start() is abandoned,
@@ -233,6 +245,8 @@ async def serve_forever(config: ServerConfig, ready_file: str | None = None, sta
         return
     stopped.cancel()
     port = starting.result()
+    if (ready_file or status_file) and not await _served_or_stopped(server):
+        return
     if ready_file:
         Path(ready_file).write_text(f"{port}\n")
     if status_file:
@@ -247,6 +261,23 @@ async def serve_forever(config: ServerConfig, ready_file: str | None = None, sta
                                    "graph_versions": versions}))
         tmp.replace(status_file)  # the parent polls for the file: it appears whole
     await server.wait()
+
+
+async def _served_or_stopped(server: GnnServer) -> bool:
+    """Wait until ``server`` serves a model (True) or stops first (False), saying why it waits."""
+    if not server.registry.ready:
+        if server.config.poll_s > 0:
+            log.warning("no model is served yet: the ready file is written once one is (the repository is polled "
+                        "every %g s)", server.config.poll_s)
+        else:
+            log.error("no model is served, and the repository is not polled (poll interval 0): the ready file will "
+                      "not be written; restart once the repository holds a model that loads")
+    served = asyncio.ensure_future(server.wait_served())
+    stopped = asyncio.ensure_future(server.wait())
+    await asyncio.wait({served, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (served, stopped):
+        task.cancel()
+    return served.done() and not served.cancelled() and server.gate.open
 
 
 class BackgroundServer:

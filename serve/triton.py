@@ -2,14 +2,21 @@
 
 Tensor mapping (so ``tritonclient.grpc.InferenceServerClient`` works unchanged):
 
-* input ``NODE_IDS``: INT64, shape ``[n]`` (or ``[n, 1]``), raw little-endian or ``int64_contents``;
+* input ``NODE_IDS``: INT64, shape ``[n]`` (or ``[n, 1]``), raw little-endian or ``int64_contents``,
+  not both: ``raw_input_contents`` holds one entry per input, in order (more entries than inputs is
+  INVALID_ARGUMENT), and an input sent raw must have empty ``contents`` (INVALID_ARGUMENT naming the
+  input, as Triton refuses it);
 * outputs ``LABELS`` (INT64 ``[n]``), ``PROBABILITIES`` (FP32 ``[n, C]``), ``EMBEDDINGS``
   (FP32 ``[n, H]``); ``LABELS`` and ``PROBABILITIES`` when the request names none. A request that
   names an output twice, names one the model does not have, or names more outputs than there are is
   refused with INVALID_ARGUMENT before any work (each named output is built once per request: a
   repeated name would multiply the response's size);
 * request parameters ``sampling_width``, ``ppr_budget`` (integers) and ``max_accuracy_loss``
-  (number) are the knobs; the response parameters report the settings used and the timing.
+  (number) are the knobs; a value outside what the model accepts is refused with that range
+  (:func:`serve.validation.knob_rule`: ``sampling_width`` >= 0, ``ppr_budget`` >= 1 on a shaDow
+  model and >= 0 on a plain one, which has no budget: 0 or absent means none; both at most
+  2**31 - 1, the fields' width); ``min_graph_version`` is a graph version (>= 0). The response
+  parameters report the settings used and the timing.
 
 Triton's extensions of the service, and what gnnserve does with each:
 
@@ -21,14 +28,26 @@ Triton's extensions of the service, and what gnnserve does with each:
 * ``ModelConfig``: a Triton model configuration (platform and backend ``gnnserve``, every version
   served, ``max_batch_size`` = the node limit per request, ``NODE_IDS`` dims ``[1]`` reshaped to a
   scalar per node, the outputs with their dims, the batcher's queue delay, and ``parameters`` with
-  the knobs and their ranges as JSON strings, plus the architecture and the knob table).
-* ``ModelStatistics``: :mod:`serve.stats` (native ``Predict`` and KServe requests alike).
+  the knobs and their ranges as JSON strings, plus the architecture and the knob table). A knob's
+  ``min`` is the lowest value a request may send and ``max`` the largest one served (a larger value
+  runs at it); a plain model's ``ppr_budget`` is ``{"min": 0, "max": 0, "default": 0}``, and 0 is
+  accepted. ``ModelMetadata.platform`` is the same ``gnnserve`` (the architecture is the config's
+  ``architecture`` parameter).
+* ``ModelStatistics``: :mod:`serve.stats` (native ``Predict`` and KServe requests alike). As in
+  Triton, a ``ModelInfer`` / stream request counts in ``inference_stats.fail`` (with its duration)
+  once it names a served version and passes the checks Triton makes before a model sees a request
+  (outputs, input name, datatype, shape, size and data layout): a refused parameter or node id, a
+  graph version not reached, a full queue, a passed deadline or a failed batch all count. Refused
+  before that (an unknown output, a bad input tensor, an unknown model), it counts nowhere.
 * ``RepositoryIndex`` / ``RepositoryModelLoad`` / ``RepositoryModelUnload``: the model repository
   through :class:`serve.registry.ModelRegistry` (its docstring has the unload rule: an unloaded
   model stays unloaded, whatever the poller sees, until it is loaded again). Parameters: ``version``
   (gnnserve's own: one version instead of the whole model) and ``unload_dependents`` (accepted;
   gnnserve models have no dependents); ``config`` overrides and uploaded ``file:`` contents are not
-  supported (UNIMPLEMENTED).
+  supported (UNIMPLEMENTED). Under ``gnnserve serve --processes N`` (N > 1) load and unload answer
+  FAILED_PRECONDITION: a connection reaches one process, and each holds its own models, so they would
+  act on that process alone; the message says how to load and unload there (change the repository
+  directory, which every process polls).
 * ``LogSettings``: ``log_info``, ``log_warning``, ``log_error``, ``log_verbose_level`` set the level of
   the server's loggers (``serve``, ``kernels``, ``models``): DEBUG when the verbose level is above 0,
   else the lowest enabled of INFO, WARNING, ERROR, else nothing. Python's levels are thresholds, so a
@@ -59,7 +78,7 @@ from .errors import GnnServeError, InvalidArgument, ModelNotFound, Unavailable
 from .interceptors import bounded, error_status, unparsed_reason
 from .registry import RepositoryError
 from .servicer import deadline_of, reach_version
-from .validation import validate_predict
+from .validation import knob_range_error, knob_rule, validate_predict
 
 if TYPE_CHECKING:
     from .interceptors import DrainGate
@@ -81,6 +100,8 @@ KNOBS = ("sampling_width", "ppr_budget", "max_accuracy_loss")
 REQUEST_PARAMS = (*KNOBS, "min_graph_version")
 #: Triton's names of the protocol extensions this server implements (ServerMetadata.extensions)
 EXTENSIONS = ("parameters", "model_repository", "model_configuration", "statistics", "logging")
+#: the largest min_graph_version (PredictRequest's uint64 field)
+MAX_GRAPH_VERSION = 2**64 - 1
 #: requests of one ModelStreamInfer stream that run at once
 STREAM_WINDOW = 64
 #: the loggers LogSettings controls
@@ -97,7 +118,8 @@ class Unimplemented(GnnServeError):
 
 
 class FailedPrecondition(GnnServeError):
-    """The repository holds the model, but it cannot be loaded (the message says why)."""
+    """The repository holds the model, but it cannot be loaded, or the call cannot act in this server's
+    configuration (a repository load or unload under ``--processes N``); the message says why."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
 
@@ -111,16 +133,35 @@ def _param_value(p: pb.InferParameter) -> float | int | str | bool:
 
 
 def _int_param(name: str, p: pb.InferParameter) -> int:
+    """An integer request parameter: ``int64_param``, or a ``double_param`` / ``string_param`` holding an
+    integer. Its range is the caller's to check (and to state: :func:`_knob_param`)."""
     v = _param_value(p)
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise InvalidArgument(f"parameter {name} must be an integer, got {v!r}")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            pass
     try:
         f = float(v)
     except ValueError:
         raise InvalidArgument(f"parameter {name} must be an integer, got {v!r}") from None
-    if not f.is_integer() or abs(f) > 2**31 - 1:
+    if not f.is_integer():  # also NaN and infinities
         raise InvalidArgument(f"parameter {name} must be an integer, got {v!r}")
     return int(f)
+
+
+def _knob_param(name: str, p: pb.InferParameter, rt: ModelRuntime) -> int:
+    """``sampling_width`` / ``ppr_budget``: an integer in the range the model accepts
+    (:func:`serve.validation.knob_rule`, which the refusal states)."""
+    v = _int_param(name, p)
+    lo, hi, _ = knob_rule(rt.limits, name)
+    if not lo <= v <= hi:
+        raise InvalidArgument(f"parameter {knob_range_error(rt.limits, name, v)}")
+    return v
 
 
 def _float_param(name: str, p: pb.InferParameter) -> float:
@@ -156,9 +197,19 @@ def requested_outputs(request: pb.ModelInferRequest) -> list[str]:
 
 
 def _node_ids(request: pb.ModelInferRequest, max_nodes: int) -> np.ndarray:
+    """The request's ``NODE_IDS``, refusing what Triton refuses before a model sees a request: another
+    input, another datatype or shape, too many nodes, data that does not fit the shape, and ambiguous
+    data. ``raw_input_contents`` holds one entry per input, in the order of ``inputs`` (so at most one
+    here); an input whose data is in ``raw_input_contents`` must have empty ``contents`` (Triton: "contents
+    field must not be specified when using raw_input_contents"); without raw data, the values are in
+    ``contents.int64_contents`` (the field of INT64), no other ``contents`` field."""
     if len(request.inputs) != 1 or request.inputs[0].name != INPUT:
         names = [i.name[:64] for i in request.inputs[:8]]
         raise InvalidArgument(f"expected exactly one input named {INPUT!r} (INT64, shape [n]), got {names}")
+    raw_entries = len(request.raw_input_contents)
+    if raw_entries > len(request.inputs):
+        raise InvalidArgument(f"request has {raw_entries} raw_input_contents entries for 1 input ({INPUT}): "
+                              "raw_input_contents holds one entry per input, in the order of inputs")
     tensor = request.inputs[0]
     if tensor.datatype != "INT64":
         raise InvalidArgument(f"input {INPUT} must be INT64, got {tensor.datatype[:32] or 'no datatype'}")
@@ -168,11 +219,19 @@ def _node_ids(request: pb.ModelInferRequest, max_nodes: int) -> np.ndarray:
     n = shape[0]
     if n > max_nodes:
         raise InvalidArgument(f"request has {n} nodes, more than the limit of {max_nodes} per request; split it")
-    if len(request.raw_input_contents):
+    given = [f.name for f, _ in tensor.contents.ListFields()]  # the non-empty contents fields
+    if raw_entries:
+        if given:
+            raise InvalidArgument(f"input {INPUT} has both contents ({', '.join(given)}) and raw_input_contents: "
+                                  "send its values in one of them (an input with raw data must have empty contents)")
         raw = request.raw_input_contents[0]
         if len(raw) != 8 * n:
             raise InvalidArgument(f"input {INPUT}: {len(raw)} raw bytes for shape {shape} (need {8 * n})")
         return np.frombuffer(raw, dtype="<i8").astype(np.int64)
+    other = [g for g in given if g != "int64_contents"]
+    if other:
+        raise InvalidArgument(f"input {INPUT} (INT64) has its values in contents.{', contents.'.join(other)}; "
+                              "INT64 values go in contents.int64_contents (or raw_input_contents)")
     ids = np.asarray(tensor.contents.int64_contents, dtype=np.int64)
     if len(ids) != n:
         raise InvalidArgument(f"input {INPUT}: {len(ids)} values for shape {shape}")
@@ -199,6 +258,23 @@ def _check_repository(name: str, registry: ModelRegistry) -> None:
     if name not in ("", registry.repo.name):
         raise InvalidArgument(f"repository {name[:64]!r}: this server has one model repository "
                               f"({registry.repo.name!r}); leave repository_name empty")
+
+
+def _refuse_under_processes(rpc: str) -> None:
+    """Under ``gnnserve serve --processes N`` (N > 1) a load or unload would change the one process this
+    connection reached (each process holds its own models; the others would go on serving, or not, as
+    before), so it is refused with the way that reaches every process: the repository directory."""
+    from . import servicer
+
+    slot = servicer._SLOT  # (index, total) of a --processes child (serve.servicer.set_process_slot)
+    if slot is None or slot[1] <= 1:
+        return
+    raise FailedPrecondition(
+        f"{rpc} is not available under gnnserve serve --processes {slot[1]}: it would act on one process only "
+        f"(this connection reached process {slot[0]} of {slot[1]}). Change the model repository instead, which "
+        "every process polls (--poll-s; with --poll-s 0, restart the server): to load, add REPO/<model>/<version>/ "
+        "(gnnserve train --out writes it whole); to unload a version or a model, move its directory out of the "
+        "repository or rename it to start with '.'")
 
 
 # ---------------------------------------------------------------------- model configuration
@@ -228,14 +304,18 @@ def model_config(rt: ModelRuntime) -> pb.ModelConfig:
             max_queue_delay_microseconds=max(0, round(rt.options.max_delay_ms * 1000))),
     )
     ppr = lim.extractor == "ppr"
+    # min: the lowest value a request may send (serve.validation.knob_rule, which refuses below it);
+    # max: the largest value served, a request above it runs at it
     params = {
-        "sampling_width": {"type": "int", "min": 0, "max": lim.max_sampling_width,
+        "sampling_width": {"type": "int", "min": knob_rule(lim, "sampling_width")[0], "max": lim.max_sampling_width,
                            "default": lim.default_sampling_width,
                            "doc": "edges kept per node in each aggregation; 0 = exact; larger values are clamped"},
-        "ppr_budget": ({"type": "int", "min": 1, "max": lim.max_ppr_budget, "default": lim.default_ppr_budget,
+        "ppr_budget": ({"type": "int", "min": knob_rule(lim, "ppr_budget")[0], "max": lim.max_ppr_budget,
+                        "default": lim.default_ppr_budget,
                         "doc": "nodes in each target's PPR subgraph; larger values are clamped"} if ppr else
-                       {"type": "int", "min": 0, "max": 0, "default": 0,
-                        "doc": "not used by this model (L-hop neighbourhoods, no PPR subgraph)"}),
+                       {"type": "int", "min": knob_rule(lim, "ppr_budget")[0], "max": 0, "default": 0,
+                        "doc": "not used by this model (L-hop neighbourhoods, no PPR subgraph): 0 or absent; a "
+                               "larger value is accepted and ignored, and the answer reports 0"}),
         "max_accuracy_loss": {"type": "float", "min": 0.0, "max": 1.0,
                               "doc": "the cheapest knob-table setting whose validation accuracy is within "
                                      "this of exact; an explicit sampling_width or ppr_budget wins"},
@@ -383,7 +463,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelMetadataResponse(
             name=rt.name,
             versions=[str(v) for v in self.registry.versions(rt.name)],
-            platform="gnnserve_" + rt.architecture,
+            platform=PLATFORM,  # as ModelConfig.platform; the architecture is ModelConfig's parameter
             inputs=[T(name=INPUT, datatype="INT64", shape=[-1])],
             outputs=[
                 T(name="LABELS", datatype="INT64", shape=[-1]),
@@ -397,35 +477,17 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _infer(self, request: pb.ModelInferRequest, deadline: float | None) -> pb.ModelInferResponse:
         t0 = time.perf_counter()
-        wanted = requested_outputs(request)  # first: a bad list is refused before any work
+        # what Triton checks before the model sees a request (not counted in the model's statistics): the
+        # outputs (first: a bad list is refused before any work), the model version, the input tensor
+        wanted = requested_outputs(request)
         rt = self.registry.get(request.model_name, request.model_version)
-        unknown_params = sorted(set(request.parameters) - set(REQUEST_PARAMS))
-        if unknown_params:
-            raise InvalidArgument(f"unknown request parameters {[u[:64] for u in unknown_params[:8]]}; "
-                                  f"supported: {list(REQUEST_PARAMS)}")
-        greq = gpb.PredictRequest(
-            model=rt.name,
-            version=str(rt.version),
-            nodes=_node_ids(request, rt.limits.max_nodes_per_request).tolist(),
-            request_id=request.id,
-            return_probabilities="PROBABILITIES" in wanted,
-            return_embeddings="EMBEDDINGS" in wanted,
-        )
-        params = request.parameters
-        if "sampling_width" in params:
-            greq.sampling_width = _int_param("sampling_width", params["sampling_width"])
-        if "ppr_budget" in params:
-            greq.ppr_budget = _int_param("ppr_budget", params["ppr_budget"])
-        if "max_accuracy_loss" in params:
-            greq.max_accuracy_loss = _float_param("max_accuracy_loss", params["max_accuracy_loss"])
-        if "min_graph_version" in params:
-            v = _int_param("min_graph_version", params["min_graph_version"])
-            if v < 0:
-                raise InvalidArgument(f"parameter min_graph_version must be >= 0, got {v}")
-            if v:
-                await reach_version(rt, v, deadline)
-        call = validate_predict(greq, rt.limits)
-        res = await rt.submit(call, deadline=deadline)
+        nodes = _node_ids(request, rt.limits.max_nodes_per_request)
+        try:  # the model's part (a Triton backend's): a failure here counts in inference_stats.fail
+            call = await self._model_call(rt, request, nodes, wanted, deadline)
+        except BaseException:  # cancellation too, as in ModelRuntime.submit; the time since the request came
+            rt.stats.failed(round(1e9 * (time.perf_counter() - t0)))
+            raise
+        res = await rt.submit(call, deadline=deadline)  # counts its own failures (queue, deadline, batch)
         res.timing["total"] = 1e3 * (time.perf_counter() - t0)
         rt.observe(res)
         resp = pb.ModelInferResponse(model_name=rt.name, model_version=str(rt.version), id=request.id)
@@ -454,6 +516,38 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         p["total_ms"].double_param = res.timing["total"]
         p["graph_version"].int64_param = res.graph_version
         return resp
+
+    @staticmethod
+    async def _model_call(rt: ModelRuntime, request: pb.ModelInferRequest, nodes: np.ndarray, wanted: list[str],
+                          deadline: float | None) -> Any:
+        """The request's parameters and node ids checked against the model: a validated PredictCall."""
+        unknown_params = sorted(set(request.parameters) - set(REQUEST_PARAMS))
+        if unknown_params:
+            raise InvalidArgument(f"unknown request parameters {[u[:64] for u in unknown_params[:8]]}; "
+                                  f"supported: {list(REQUEST_PARAMS)}")
+        greq = gpb.PredictRequest(
+            model=rt.name,
+            version=str(rt.version),
+            nodes=nodes.tolist(),
+            request_id=request.id,
+            return_probabilities="PROBABILITIES" in wanted,
+            return_embeddings="EMBEDDINGS" in wanted,
+        )
+        params = request.parameters
+        if "sampling_width" in params:
+            greq.sampling_width = _knob_param("sampling_width", params["sampling_width"], rt)
+        if "ppr_budget" in params:
+            greq.ppr_budget = _knob_param("ppr_budget", params["ppr_budget"], rt)
+        if "max_accuracy_loss" in params:
+            greq.max_accuracy_loss = _float_param("max_accuracy_loss", params["max_accuracy_loss"])
+        if "min_graph_version" in params:
+            v = _int_param("min_graph_version", params["min_graph_version"])
+            if not 0 <= v <= MAX_GRAPH_VERSION:
+                raise InvalidArgument(f"parameter min_graph_version must be >= 0 and <= {MAX_GRAPH_VERSION} (a graph "
+                                      f"version; 0 = any), got {v}")
+            if v:
+                await reach_version(rt, v, deadline)
+        return validate_predict(greq, rt.limits)
 
     # ------------------------------------------------------------------ streaming
     async def _stream_one(self, request: pb.ModelInferRequest, deadline: float | None) -> pb.ModelStreamInferResponse:
@@ -540,8 +634,9 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
             out.models.add(name=name, version=str(version), state=state, reason=bounded(reason, 512))
         return out
 
-    def _repository_request(self, request: Any, allowed: tuple[str, ...]) -> int | None:
+    def _repository_request(self, request: Any, allowed: tuple[str, ...], rpc: str) -> int | None:
         _check_repository(request.repository_name, self.registry)
+        _refuse_under_processes(rpc)
         if not request.model_name:
             raise InvalidArgument("model_name is empty")
         for key in request.parameters:
@@ -555,7 +650,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: aio.ServicerContext
     ) -> pb.RepositoryModelLoadResponse:
-        version = self._repository_request(request, ("version",))
+        version = self._repository_request(request, ("version",), "RepositoryModelLoad")
         try:
             await self.registry.load(request.model_name, version)
         except RepositoryError as exc:
@@ -565,7 +660,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: aio.ServicerContext
     ) -> pb.RepositoryModelUnloadResponse:
-        version = self._repository_request(request, ("version", "unload_dependents"))
+        version = self._repository_request(request, ("version", "unload_dependents"), "RepositoryModelUnload")
         if "unload_dependents" in request.parameters:
             v = _repository_param("unload_dependents", request.parameters["unload_dependents"])
             if not isinstance(v, bool):

@@ -6,8 +6,15 @@ Knobs are resolved here, against the model's :class:`ModelLimits` and knob table
 * ``sampling_width`` S: must be >= 0; 0 = exact; values above the model's maximum
   (``max_sampling_width``, a bound on every row's degree: a width at or above it keeps every edge)
   are clamped to it.
-* ``ppr_budget`` K: must be >= 1; clamped to the K the model's top-K index holds. For an L-hop model
-  the budget does not apply and is echoed as 0.
+* ``ppr_budget`` K: a shaDow (PPR) model: must be >= 1; clamped to the K the model's top-K index
+  holds. An L-hop (plain GCN / GraphSAGE) model has no PPR budget: 0 or absent means none, and is
+  what it echoes (``settings.ppr_budget``, KServe's ``ppr_budget`` response parameter), so an answer's
+  settings can be sent back as they are; a larger value is accepted and ignored (as a shaDow model
+  clamps a K above its maximum); a negative one is refused. KServe's ``ModelConfig`` advertises
+  exactly this: ``min`` is the lowest accepted value, ``max`` the largest one served
+  (:func:`knob_rule`).
+* Both are ``int32`` in ``PredictRequest``; a KServe request parameter above :data:`KNOB_MAX` is
+  refused with the same range message (:func:`knob_range_error`).
 * ``max_accuracy_loss`` L: finite, in [0, 1]. The server picks the knob-table row with the lowest
   measured latency whose validation accuracy is at least ``exact - L`` (exact = the table's
   exact-width row at the largest budget). An explicit S or K fixes that coordinate. The rule is
@@ -42,9 +49,12 @@ from clients.knob_rules import cheapest_within
 
 from .errors import InvalidArgument
 
-__all__ = ["KnobRow", "ModelLimits", "NewNodeSpec", "PredictCall", "resolve_knobs", "validate_predict"]
+__all__ = ["KNOB_MAX", "KnobRow", "ModelLimits", "NewNodeSpec", "PredictCall", "knob_range_error", "knob_rule",
+           "resolve_knobs", "validate_predict"]
 
 MAX_NEW_NODE_NEIGHBORS = 100_000
+#: the largest ``sampling_width`` / ``ppr_budget`` a request can carry (``int32`` fields of PredictRequest)
+KNOB_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -126,6 +136,25 @@ def check_node_ids(nodes: np.ndarray, num_nodes: int, what: str = "node id") -> 
         raise InvalidArgument(f"{what}s out of range [0, {num_nodes}): {_preview(bad)}")
 
 
+def knob_rule(limits: ModelLimits, name: str) -> tuple[int, int, str]:
+    """``(lowest, highest, meaning)`` of the values integer knob ``name`` (``sampling_width`` or
+    ``ppr_budget``) accepts for this model: what a refusal states and what ModelConfig advertises."""
+    if name == "sampling_width":
+        return 0, KNOB_MAX, (f"0 = exact; a width above this model's maximum, {limits.max_sampling_width}, "
+                             "runs at that maximum")
+    if name != "ppr_budget":
+        raise ValueError(f"not an integer knob: {name!r}")
+    if limits.extractor != "ppr":
+        return 0, KNOB_MAX, "this model has no PPR budget: 0 or absent; a larger value is ignored"
+    return 1, KNOB_MAX, f"a budget above this model's maximum, {limits.max_ppr_budget}, runs at that maximum"
+
+
+def knob_range_error(limits: ModelLimits, name: str, value: object) -> InvalidArgument:
+    """The refusal of ``value`` for integer knob ``name``: it states the accepted range."""
+    lo, hi, meaning = knob_rule(limits, name)
+    return InvalidArgument(f"{name} must be >= {lo} and <= {hi} ({meaning}), got {value}")
+
+
 def resolve_knobs(
     limits: ModelLimits,
     sampling_width: int | None,
@@ -133,10 +162,11 @@ def resolve_knobs(
     max_accuracy_loss: float | None,
 ) -> tuple[int, int, str, float]:
     """Return ``(S, K, chosen_by, expected_accuracy)`` for one request (see module docstring)."""
-    if sampling_width is not None and sampling_width < 0:
-        raise InvalidArgument(f"sampling_width must be >= 0 (0 = exact), got {sampling_width}")
-    if ppr_budget is not None and ppr_budget < 1:
-        raise InvalidArgument(f"ppr_budget must be >= 1, got {ppr_budget}")
+    for name, value in (("sampling_width", sampling_width), ("ppr_budget", ppr_budget)):
+        if value is not None:
+            lo, hi, _ = knob_rule(limits, name)
+            if not lo <= value <= hi:
+                raise knob_range_error(limits, name, value)
     if max_accuracy_loss is not None and not (math.isfinite(max_accuracy_loss) and 0.0 <= max_accuracy_loss <= 1.0):
         raise InvalidArgument(f"max_accuracy_loss must be a finite fraction in [0, 1], got {max_accuracy_loss}")
     lhop = limits.extractor != "ppr"
@@ -146,7 +176,7 @@ def resolve_knobs(
         return 0 if lhop else max(1, min(k, limits.max_ppr_budget))
 
     s = limits.clamp_width(sampling_width) if sampling_width is not None else None
-    k = clamp_k(ppr_budget) if ppr_budget is not None else None
+    k = clamp_k(ppr_budget) if ppr_budget is not None and not lhop else None  # an L-hop model has none to choose
     chosen_by = "request"
     if max_accuracy_loss is not None and table and (s is None or k is None):
         best = cheapest_within(table, max_accuracy_loss, sampling_width=s, ppr_budget=None if lhop else k)

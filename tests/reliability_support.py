@@ -170,8 +170,9 @@ def expected_error(req: dict[str, Any], limit: int = LIMIT) -> tuple[grpc.Status
     s, k, loss = req.get("sampling_width"), req.get("ppr_budget"), req.get("max_accuracy_loss")
     if s is not None and s < 0:
         return inv, "sampling_width must be >= 0"
-    if k is not None and k < 1:
-        return inv, "ppr_budget must be >= 1"
+    lowest_k = 1 if model == "shadow" else 0  # a plain model has no PPR budget: 0 means none (serve.validation)
+    if k is not None and k < lowest_k:
+        return inv, f"ppr_budget must be >= {lowest_k}"
     if loss is not None and not (math.isfinite(loss) and 0.0 <= loss <= 1.0):
         return inv, "max_accuracy_loss must be a finite fraction in [0, 1]"
     return None

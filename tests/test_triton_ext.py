@@ -167,8 +167,10 @@ def client_config(address: str) -> dict[str, Any]:
 
 
 def client_statistics(address: str, sends: str) -> dict[str, Any]:
-    """Statistics of shadow v1 before and after ``sends`` ModelInfer requests of 3 nodes each (and
-    one refused by validation, which must not count)."""
+    """Statistics of shadow v1 before and after ``sends`` ModelInfer requests of 3 nodes each, one
+    refused by the model (a node id it does not have: a failure, as a Triton backend's refusal counts),
+    one refused for its parameter's range (counts too) and one refused for its input tensor before the
+    model sees it (an INT32 NODE_IDS: counts nowhere, as in Triton)."""
     import tritonclient.grpc as tg
     import tritonclient.grpc.aio as tga
 
@@ -177,6 +179,10 @@ def client_statistics(address: str, sends: str) -> dict[str, Any]:
     for i in range(int(sends)):
         c.infer("shadow", _inputs(tg, [i, i + 100, i + 200]), parameters={"sampling_width": 4, "ppr_budget": 16})
     refused = _call(c.infer, "shadow", _inputs(tg, [100_000]))
+    refused_param = _call(c.infer, "shadow", _inputs(tg, [1]), parameters={"ppr_budget": 2**40})
+    int32 = tg.InferInput("NODE_IDS", [1], "INT32")
+    int32.set_data_from_numpy(np.asarray([1], dtype=np.int32))
+    refused_input = _call(c.infer, "shadow", [int32])
     after = c.get_inference_statistics("shadow", "1", as_json=True)
     every = c.get_inference_statistics(as_json=True)
     c.close()
@@ -188,7 +194,8 @@ def client_statistics(address: str, sends: str) -> dict[str, Any]:
         finally:
             await a.close()
 
-    return {"before": before, "after": after, "all": every, "refused": refused, "aio": asyncio.run(aio_stats())}
+    return {"before": before, "after": after, "all": every, "refused": refused, "refused_param": refused_param,
+            "refused_input": refused_input, "aio": asyncio.run(aio_stats())}
 
 
 def client_read_statistics(address: str) -> dict[str, Any]:
@@ -579,9 +586,13 @@ def test_statistics_count_kserve_and_native_requests(server, native):
     sends = 7
     out = run_client(server.address, "statistics", sends)
     b, a = _stats(out["before"]), _stats(out["after"])
-    assert out["refused"]["error"]["status"] == "StatusCode.INVALID_ARGUMENT"
+    for key in ("refused", "refused_param", "refused_input"):
+        assert out[key]["error"]["status"] == "StatusCode.INVALID_ARGUMENT", key
+    assert "ppr_budget must be >= 1 and <= 2147483647" in out["refused_param"]["error"]["message"]
     assert a["success"][0] - b["success"][0] == sends
-    assert a["fail"][0] == b["fail"][0]  # refused by validation: the model never saw it
+    # the model refused the unknown node id and the budget (failures, with their time); the INT32 input
+    # was refused before the model saw it (Triton's own checks): it counts nowhere
+    assert a["fail"][0] - b["fail"][0] == 2 and a["fail"][1] > b["fail"][1]
     for key in ("queue", "compute_input", "compute_infer", "compute_output"):
         assert a[key][0] - b[key][0] == sends, key
         assert a[key][1] > b[key][1], f"{key} duration did not grow"

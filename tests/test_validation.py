@@ -8,7 +8,7 @@ import pytest
 
 from clients._gen import gnnserve_pb2 as pb
 from serve.errors import InvalidArgument
-from serve.validation import KnobRow, ModelLimits, resolve_knobs, validate_predict
+from serve.validation import KNOB_MAX, KnobRow, ModelLimits, knob_rule, resolve_knobs, validate_predict
 
 TABLE = (
     KnobRow(200, 0, 0.90, 1.00, 1.0),
@@ -75,6 +75,33 @@ def test_a_table_width_above_the_bound_keeps_its_accuracy_once_clamped():
 def test_bad_knobs(args, msg):
     with pytest.raises(InvalidArgument, match=msg):
         resolve_knobs(PPR, *args)
+
+
+def test_refusals_state_the_accepted_range():
+    with pytest.raises(InvalidArgument, match=r"^sampling_width must be >= 0 and <= 2147483647 \(0 = exact; a width "
+                                              r"above this model's maximum, 512, runs at that maximum\), got -1$"):
+        resolve_knobs(PPR, -1, None, None)
+    with pytest.raises(InvalidArgument, match=r"^ppr_budget must be >= 1 and <= 2147483647 \(a budget above this "
+                                              r"model's maximum, 200, runs at that maximum\), got 0$"):
+        resolve_knobs(PPR, None, 0, None)
+    with pytest.raises(InvalidArgument, match=r"got 2147483648$"):
+        resolve_knobs(PPR, KNOB_MAX + 1, None, None)  # beyond the int32 field (a KServe parameter can carry it)
+    assert resolve_knobs(PPR, KNOB_MAX, KNOB_MAX, None)[:2] == (512, 200)
+
+
+def test_a_plain_model_has_no_budget_and_takes_0_as_none():
+    """What KServe's ModelConfig advertises for a plain model (min 0, max 0, default 0) and what every
+    answer reports (0) is accepted; a larger value is ignored; a negative one refused."""
+    assert knob_rule(LHOP, "ppr_budget")[:2] == (0, KNOB_MAX) and knob_rule(PPR, "ppr_budget")[:2] == (1, KNOB_MAX)
+    assert resolve_knobs(LHOP, None, 0, None) == resolve_knobs(LHOP, None, None, None) == (0, 0, "default", 0.8)
+    assert resolve_knobs(LHOP, 8, 0, None) == (8, 0, "request", 0.79)
+    assert resolve_knobs(LHOP, None, 50, None) == (0, 0, "default", 0.8), "an ignored budget chooses nothing"
+    assert resolve_knobs(LHOP, None, 0, 0.05)[:3] == (8, 0, "max_accuracy_loss")
+    with pytest.raises(InvalidArgument, match=r"^ppr_budget must be >= 0 and <= 2147483647 \(this model has no PPR "
+                                              r"budget: 0 or absent; a larger value is ignored\), got -7$"):
+        resolve_knobs(LHOP, None, -7, None)
+    call = validate_predict(pb.PredictRequest(model="g", nodes=[1], ppr_budget=0), LHOP)
+    assert (call.sampling_width, call.ppr_budget) == (0, 0)
 
 
 def test_validate_request_shapes_and_ids():

@@ -1,0 +1,173 @@
+"""KServe ``ModelInfer`` inputs, parameter ranges, model configuration and failure statistics
+(serve/triton.py, serve/validation.py), on a real server on loopback with the generated KServe stubs
+(tritonclient cannot send the ambiguous requests refused here: it fills either contents or raw data).
+
+* an input's data in both ``contents`` and ``raw_input_contents``, or more raw entries than inputs, is
+  INVALID_ARGUMENT naming the input (Triton refuses these; they were answered for the raw data, or the
+  second raw entry was ignored);
+* a knob outside its range is refused with the range, not "must be an integer";
+* a plain model's advertised ``ppr_budget`` (min 0, max 0, default 0) is accepted, and every answer's
+  settings can be sent back; ``ModelMetadata.platform`` is ``ModelConfig.platform``;
+* failed requests count in ``inference_stats.fail`` as in Triton.
+"""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import numpy as np
+import pytest
+
+from clients import GnnClient
+from clients._gen import inference_pb2 as pb
+from clients._gen import inference_pb2_grpc as pb_grpc
+
+from .serving import ServerThread
+
+Tensor = pb.ModelInferRequest.InferInputTensor
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repo):
+    # its own server: the statistics tests count this server's failures; a short read-your-writes wait
+    with ServerThread(tiny_repo, {"runtime_kw": {"read_your_writes_timeout_s": 0.05}}) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    with grpc.insecure_channel(server.address) as ch:
+        yield pb_grpc.GRPCInferenceServiceStub(ch)
+
+
+@pytest.fixture(scope="module")
+def native(server):
+    with GnnClient(server.address) as c:
+        yield c
+
+
+def _request(model: str = "shadow", *, contents: list[int] | None = None, raw: list[list[int]] = (),
+             shape: int = 3, datatype: str = "INT64", **params: object) -> pb.ModelInferRequest:
+    tensor = Tensor(name="NODE_IDS", datatype=datatype, shape=[shape])
+    if contents is not None:
+        tensor.contents.int64_contents.extend(contents)
+    req = pb.ModelInferRequest(model_name=model, inputs=[tensor],
+                               raw_input_contents=[np.asarray(r, dtype="<i8").tobytes() for r in raw])
+    for key, value in params.items():
+        if isinstance(value, str):
+            req.parameters[key].string_param = value
+        elif isinstance(value, float):
+            req.parameters[key].double_param = value
+        else:
+            req.parameters[key].int64_param = int(value)
+    return req
+
+
+def _labels(resp: pb.ModelInferResponse) -> list[int]:
+    return np.frombuffer(resp.raw_output_contents[0], dtype="<i8").tolist()
+
+
+def _refused(stub, req: pb.ModelInferRequest, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT) -> str:
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.ModelInfer(req, timeout=60)
+    assert ei.value.code() == code, ei.value.details()
+    return ei.value.details()
+
+
+def _fails(stub, model: str) -> tuple[int, int]:
+    (s,) = stub.ModelStatistics(pb.ModelStatisticsRequest(name=model, version="1"), timeout=60).model_stats
+    return s.inference_stats.fail.count, s.inference_stats.success.count
+
+
+# ---------------------------------------------------------------------- item 3: input conflicts
+def test_raw_data_and_contents_of_one_input_are_refused(stub, native):
+    want_raw = native.predict("shadow", [1, 2, 3]).labels.tolist()
+    want_contents = native.predict("shadow", [0, 5, 7]).labels.tolist()
+    assert _labels(stub.ModelInfer(_request(raw=[[1, 2, 3]]), timeout=60)) == want_raw
+    assert _labels(stub.ModelInfer(_request(contents=[0, 5, 7]), timeout=60)) == want_contents
+    msg = _refused(stub, _request(contents=[0, 5, 7], raw=[[1, 2, 3]]))
+    assert "input NODE_IDS has both contents (int64_contents) and raw_input_contents" in msg, msg
+    # contents of the wrong type for INT64, with or without raw data
+    wrong = _request()
+    wrong.inputs[0].contents.int_contents.extend([0, 5, 7])
+    assert "contents.int_contents" in _refused(stub, wrong)
+    wrong.raw_input_contents.append(np.asarray([1, 2, 3], dtype="<i8").tobytes())
+    assert "has both contents (int_contents) and raw_input_contents" in _refused(stub, wrong)
+
+
+def test_more_raw_entries_than_inputs_are_refused(stub):
+    msg = _refused(stub, _request(raw=[[1, 2, 3], [4, 5, 6]]))
+    assert "2 raw_input_contents entries for 1 input (NODE_IDS)" in msg and "one entry per input" in msg, msg
+
+
+# ---------------------------------------------------------------------- item 4: ranges
+@pytest.mark.parametrize("name, value, lowest", [
+    ("sampling_width", 2**31, 0), ("ppr_budget", 2**40, 1), ("sampling_width", -4, 0), ("ppr_budget", 0, 1)])
+def test_knob_out_of_range_states_the_range(stub, name, value, lowest):
+    msg = _refused(stub, _request(raw=[[1, 2, 3]], **{name: value}))
+    assert f"parameter {name} must be >= {lowest} and <= 2147483647" in msg and f"got {value}" in msg, msg
+    assert "must be an integer" not in msg
+
+
+def test_knobs_at_the_field_limit_are_clamped(stub):
+    resp = stub.ModelInfer(_request(raw=[[1, 2, 3]], sampling_width=2**31 - 1, ppr_budget=str(2**31 - 1)), timeout=60)
+    cfg = stub.ModelConfig(pb.ModelConfigRequest(name="shadow"), timeout=60).config
+    assert resp.parameters["ppr_budget"].int64_param == json.loads(cfg.parameters["ppr_budget"].string_value)["max"]
+    assert resp.parameters["sampling_width"].int64_param == json.loads(
+        cfg.parameters["sampling_width"].string_value)["max"]
+    assert "must be an integer" in _refused(stub, _request(raw=[[1, 2, 3]], ppr_budget=2.5))
+    msg = _refused(stub, _request(raw=[[1, 2, 3]], min_graph_version=-1))
+    assert "min_graph_version must be >= 0" in msg, msg
+
+
+# ---------------------------------------------------------------------- item 5: what a model advertises
+@pytest.mark.parametrize("model", ["gcn", "shadow"])
+def test_advertised_knobs_are_accepted_and_answers_can_be_replayed(stub, native, model):
+    cfg = stub.ModelConfig(pb.ModelConfigRequest(name=model), timeout=60).config
+    knobs = {k: json.loads(cfg.parameters[k].string_value) for k in ("sampling_width", "ppr_budget")}
+    if model == "gcn":
+        assert (knobs["ppr_budget"]["min"], knobs["ppr_budget"]["max"], knobs["ppr_budget"]["default"]) == (0, 0, 0)
+    for key in ("min", "max", "default"):  # each advertised value is accepted, alone and together
+        params = {k: v[key] for k, v in knobs.items()}
+        resp = stub.ModelInfer(_request(model, raw=[[1, 2, 3]], **params), timeout=60)
+        settings = {k: resp.parameters[k].int64_param for k in knobs}
+        again = stub.ModelInfer(_request(model, raw=[[1, 2, 3]], **settings), timeout=60)  # sent back as answered
+        assert {k: again.parameters[k].int64_param for k in knobs} == settings
+        assert _labels(again) == _labels(resp)
+    below = knobs["ppr_budget"]["min"] - 1
+    msg = _refused(stub, _request(model, raw=[[1, 2, 3]], ppr_budget=below))
+    assert f"ppr_budget must be >= {below + 1}" in msg, msg
+    # the native API takes a plain model's reported budget back too (the one validation behind both)
+    res = native.predict(model, [1, 2, 3], sampling_width=2)
+    assert native.predict(model, [1, 2, 3], sampling_width=res.settings.sampling_width,
+                          ppr_budget=res.settings.ppr_budget).labels.tolist() == res.labels.tolist()
+
+
+@pytest.mark.parametrize("model", ["gcn", "shadow"])
+def test_metadata_platform_is_the_config_platform(stub, model):
+    cfg = stub.ModelConfig(pb.ModelConfigRequest(name=model), timeout=60).config
+    meta = stub.ModelMetadata(pb.ModelMetadataRequest(name=model), timeout=60)
+    assert meta.platform == cfg.platform == cfg.backend == "gnnserve"
+    assert cfg.parameters["architecture"].string_value in ("gcn", "shadow-sage")  # where the architecture is
+
+
+# ---------------------------------------------------------------------- item 5: failure statistics
+def test_failed_requests_count_in_the_model_statistics(stub):
+    fail0, ok0 = _fails(stub, "gcn")
+    stub.ModelInfer(_request("gcn", raw=[[1, 2, 3]]), timeout=60)
+    assert _fails(stub, "gcn") == (fail0, ok0 + 1)
+    # refused by the model: an unknown node id, a knob out of range, an unknown parameter, a graph
+    # version this server does not reach in time (UNAVAILABLE)
+    _refused(stub, _request("gcn", raw=[[1, 2, 10**9]]))
+    _refused(stub, _request("gcn", raw=[[1, 2, 3]], sampling_width=-1))
+    _refused(stub, _request("gcn", raw=[[1, 2, 3]], temperature=2))
+    _refused(stub, _request("gcn", raw=[[1, 2, 3]], min_graph_version=10**6), grpc.StatusCode.UNAVAILABLE)
+    assert _fails(stub, "gcn") == (fail0 + 4, ok0 + 1)
+    # refused before the model sees the request (what Triton itself checks): counted nowhere
+    _refused(stub, _request("gcn", raw=[[1, 2, 3]], datatype="INT32"))
+    _refused(stub, _request("gcn", contents=[0, 5, 7], raw=[[1, 2, 3]]))
+    bad_output = _request("gcn", raw=[[1, 2, 3]])
+    bad_output.outputs.add(name="LOGITS")
+    _refused(stub, bad_output)
+    assert _fails(stub, "gcn") == (fail0 + 4, ok0 + 1)
