@@ -225,7 +225,8 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--insecure", action="store_true",
                     help="allow a non-loopback --host with neither a token nor client certificates (without "
                          "it such a server refuses to start; with it, it logs a warning)")
-    ap.add_argument("--ready-file", default=None, help="write the bound port here once a model is served (not while every model failed to load)")
+    ap.add_argument("--ready-file", default=None,
+                    help="write the bound port here once a model is served (not while every model failed to load)")
     ap.add_argument("--processes", type=int, default=1,
                     help="server processes sharing the port (SO_REUSEPORT; each a whole server with its own "
                          "models and caches: N times the memory). A parent supervises them: it forwards SIGTERM, "

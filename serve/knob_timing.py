@@ -39,7 +39,8 @@ checkpoint in its staging directory beside ``--out`` (``models.train.staging_dir
 directory is renamed into place: a server polling the repository loads the version once, with the
 re-timed ``knobs.json``. ``python -m models.train`` does not (models never import serve), and
 ``python -m serve.knob_timing CHECKPOINT`` re-times any checkpoint afterwards, in place: a server
-already serving that checkpoint keeps the table it loaded.
+polling the repository that serves that checkpoint loads it again (its directory changed,
+serve.registry).
 """
 
 from __future__ import annotations

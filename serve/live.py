@@ -939,16 +939,15 @@ class LiveGraph:
                 try:
                     if self.log.wait(self.version, interval):
                         self.catch_up()
-                except UpdateLogError as exc:
-                    if not isinstance(exc, UpdateLogUnavailable):  # it lost records this server applied,
-                        # or was compacted past them: answering on would be answering from a forked graph
+                except Exception as exc:
+                    if isinstance(exc, UpdateLogError) and not isinstance(exc, UpdateLogUnavailable):
+                        # the log lost records this server applied, or was compacted past them: answering
+                        # on would be answering from a forked graph
                         self.broken = (f"graph {self.label}: following its update log failed ({exc}); this server "
                                        "no longer answers for this graph: restart it")
                         log.error("%s", self.broken)
                         return
-                    log.warning("graph %s: following the update log failed (%s); retrying", self.label, exc)
-                    self._stop.wait(interval)
-                except Exception as exc:  # Redis down: keep trying; requests needing newer versions fail loudly
+                    # Redis down: keep trying; requests needing newer versions fail loudly
                     log.warning("graph %s: following the update log failed (%s); retrying", self.label, exc)
                     self._stop.wait(interval)
 

@@ -120,6 +120,7 @@ def _in_daemon_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *
 
 def _transient(exc: BaseException) -> bool:
     from .features.base import FeatureUnavailable
+
     return isinstance(exc, FeatureUnavailable)
 
 

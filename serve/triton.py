@@ -160,7 +160,7 @@ def _knob_param(name: str, p: pb.InferParameter, rt: ModelRuntime) -> int:
     v = _int_param(name, p)
     lo, hi, _ = knob_rule(rt.limits, name)
     if not lo <= v <= hi:
-        raise InvalidArgument(f"parameter {knob_range_error(rt.limits, name, v)}")
+        raise InvalidArgument(f"parameter {knob_range_error(rt.limits, name, v).message}")
     return v
 
 

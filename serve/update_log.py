@@ -215,6 +215,7 @@ def _check_range(after: int, head: int, base: int, where: str) -> None:
 # =========================================================================== file log
 FOLLOW_POLL_S = 0.02  # how often a follower's wait looks at the file (an fstat when nothing changed)
 
+
 class FileUpdateLog:
     """Append-only file log (format and guarantees in the module docstring).
 

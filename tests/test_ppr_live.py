@@ -41,6 +41,17 @@ def cora():
     return g, PPRIndex.build(g, CORA_CFG, progress=False)
 
 
+
+def assert_fresh_lists(live: LivePPRIndex, g: CSRGraph, targets: np.ndarray, cfg: PPRConfig) -> tuple:
+    """The live index's lists of ``targets`` are a fresh push's on ``g`` (``ppr_topk``), ids and scores
+    alike; returns that push's ``(ptr, nodes, scores)``."""
+    fptr, fnodes, fscores = ppr_topk(g, targets, cfg)
+    lptr, lnodes, lscores = live.lookup(targets, return_scores=True)
+    np.testing.assert_array_equal(lptr, fptr)
+    np.testing.assert_array_equal(lnodes, fnodes)
+    np.testing.assert_array_equal(lscores, fscores)
+    return fptr, fnodes, fscores
+
 def make_edit(rng, g, *, new=True, adds=3, rems=3):
     """A valid random edit: some new nodes linked to existing ones, edge removals and additions."""
     n = g.num_nodes
@@ -89,11 +100,7 @@ def run_sequence(live, g, rng, steps, cfg, *, on_step=None, **kw):
         targets = np.concatenate([live.last_recomputed, live.last_new])
         assert len(np.unique(targets)) == len(targets)
         if len(targets):
-            fptr, fnodes, fscores = ppr_topk(g, targets, cfg)
-            lptr, lnodes, lscores = live.lookup(targets, return_scores=True)
-            np.testing.assert_array_equal(lptr, fptr)
-            np.testing.assert_array_equal(lnodes, fnodes)
-            np.testing.assert_array_equal(lscores, fscores)
+            fptr, fnodes, fscores = assert_fresh_lists(live, g, targets, cfg)
             for b, t in enumerate(targets):
                 model[int(t)] = (fnodes[fptr[b] : fptr[b + 1]], fscores[fptr[b] : fptr[b + 1]])
         assert live.num_nodes == g.num_nodes

@@ -33,6 +33,8 @@ from kernels.ppr import PPRConfig, PPRIndex, _weighted_degree, ppr_topk
 from kernels.ppr_live import LivePPRIndex, row_change_bounds
 from kernels.subgraph import _grow
 
+from .test_ppr_live import assert_fresh_lists
+
 _TINY = 1e-300
 
 
@@ -251,11 +253,7 @@ def check_sequence(live: LivePPRIndex, g: CSRGraph, rng, sizes, cfg) -> dict[str
         assert st["candidates"] == candidates and st["reverse_capped"] == capped
         targets = np.concatenate([live.last_recomputed, live.last_new])
         if len(targets):
-            fptr, fnodes, fscores = ppr_topk(g, targets, cfg)
-            lptr, lnodes, lscores = live.lookup(targets, return_scores=True)
-            np.testing.assert_array_equal(lptr, fptr)
-            np.testing.assert_array_equal(lnodes, fnodes)
-            np.testing.assert_array_equal(lscores, fscores)
+            assert_fresh_lists(live, g, targets, cfg)
         r, p, _, _ = live._rs
         assert not r.any() and not p.any()
         seen["recomputed"] += st["recomputed"]
