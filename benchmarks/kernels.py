@@ -50,6 +50,7 @@ import argparse
 import datetime
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -304,6 +305,10 @@ def _via_fp32(g: CSRGraph, x: torch.Tensor, width: int, strategy: str, aggregato
     return spmm_cuda.sampled_spmm_cuda(g, x.float(), width, strategy, aggregator).to(x.dtype)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[int], rounds: int,
              strategy: str, aggregator: str, seed: int, split_edges: list[int] | None = None,
              half: list[torch.dtype] | None = None) -> Case:
@@ -543,19 +548,28 @@ def main(argv: list[str] | None = None) -> int:
 
     graphs: dict[str, CSRGraph] = {}
     cases: list[Case] = []
-    for name in names:
-        g = load_graph(name, args)
-        graphs[name] = g
-        rounds = args.big_rounds if g.num_edges > 20_000_000 else args.rounds
-        for f in feats:
-            for dev in devices:
-                c = run_case(name, g, f, dev, widths, rounds, args.strategy, args.aggregator, args.seed,
-                             split_edges if dev.type == "cuda" else None, half if dev.type == "cuda" else None)
-                cases.append(c)
-                print(f"<!-- {name} F={f} {dev.type}: sparse.mm {c.baseline_s * 1e3:.2f} ms, "
-                      f"{time.perf_counter() - t_start:.0f} s so far -->", flush=True)
-        g.cache().clear()
-    print(markdown(cases, graphs, widths, args, peak))
+    # a time limit (timeout's SIGTERM) or Ctrl-C still prints the table of the cases finished so far:
+    # a lent GPU's minutes are too few to lose a whole run to one slow graph
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        for name in names:
+            g = load_graph(name, args)
+            graphs[name] = g
+            rounds = args.big_rounds if g.num_edges > 20_000_000 else args.rounds
+            for f in feats:
+                for dev in devices:
+                    c = run_case(name, g, f, dev, widths, rounds, args.strategy, args.aggregator, args.seed,
+                                 split_edges if dev.type == "cuda" else None, half if dev.type == "cuda" else None)
+                    cases.append(c)
+                    print(f"<!-- {name} F={f} {dev.type}: sparse.mm {c.baseline_s * 1e3:.2f} ms, "
+                          f"{time.perf_counter() - t_start:.0f} s so far -->", flush=True)
+            g.cache().clear()
+    except KeyboardInterrupt:
+        print(f"<!-- interrupted after {time.perf_counter() - t_start:.0f} s: the table holds the "
+              f"{len(cases)} finished cases -->", flush=True)
+        if not cases:
+            return 1
+    print(markdown(cases, graphs, widths, args, peak), flush=True)
     if args.host_prep:
         print("\nHost time of the CUDA launcher's preparation, on CPU tensors (64 rows, ~1,200 edges, F = 64, "
               "S = 8; median of 5 rounds of 20,000 calls):\n")
