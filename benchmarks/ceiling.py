@@ -16,6 +16,11 @@ round) so drift in a shared machine's load falls on every variant alike; the tab
 over rounds. CPU: the server processes' (parent and children) and the clients' CPU seconds per phase
 (``/proc``), in cores.
 
+``pygN`` in ``--processes``: N processes of the PyG twin of ``benchmarks/serve.py`` (our trained weights
+as PyG layers on each request's exact 2-hop subgraph, probabilities returned as gnnserve returns them) on
+one port, on ``--device``, under the same load: the like-for-like baseline of issue 22's "10x PyG".
+List them first (``--processes pyg1,pyg4,1,4``) to get each gnnserve variant over each PyG one.
+
 ``--profile S``: first, one server process under the same load for S seconds with (a) CPU seconds per
 thread, by thread name (``py-spy dump`` names the Python threads; numba's pool threads, gRPC's
 C-core threads), and (b) ``py-spy record`` (non-blocking, 250 Hz, Python frames) of the event-loop
@@ -140,12 +145,55 @@ def _thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
+def _bench_serve() -> Any:
+    """``benchmarks/serve.py`` as a module (its PyG twin; the name ``serve`` is the server package's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gnnserve_bench_serve", REPO / "benchmarks" / "serve.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def pyg_serve(spec: dict[str, Any]) -> None:
+    """One PyG twin server process (``--pyg-serve``): benchmarks/serve.py's ``PygModel`` (the same trained
+    weights as PyG layers on each request's exact 2-hop subgraph) behind a ``grpc.aio`` server on
+    ``spec["port"]``, shared with the other such processes (SO_REUSEPORT); writes its ready file, then
+    serves until SIGTERM."""
+    import torch
+
+    from kernels.datasets import load_dataset
+    from models.checkpoint import load_checkpoint
+
+    bench = _bench_serve()
+    torch.set_num_threads(int(spec["threads"]))
+    ckpt = load_checkpoint(spec["checkpoint"])
+    ds = load_dataset(spec["data"])
+    with torch.inference_mode():
+        xn = ckpt.model.norm(torch.from_numpy(np.asarray(ds.x, dtype=np.float32)))
+    model = bench.PygModel(ckpt, ds, xn, spec["device"])
+    server = bench.PygServer({spec["model"]: model}, port=int(spec["port"]), served_by=spec["served_by"])
+    stop = [False]  # the server's loop thread serves; this one waits for SIGTERM
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
+    Path(spec["ready"]).write_text(str(server.port))
+    while not stop[0]:
+        time.sleep(0.2)
+    server.stop()
+
+
 class Server:
     """``variant``: ``"P"`` (P processes, their default compute threads) or ``"PtK"`` (K compute threads
     per process: OMP_NUM_THREADS, NUMBA_NUM_THREADS and MKL_NUM_THREADS set to K); a trailing ``p``
-    sets ``OMP_WAIT_POLICY=PASSIVE``."""
+    sets ``OMP_WAIT_POLICY=PASSIVE``. ``"pygN"``: N PyG twin processes on one port (:func:`pyg_serve`),
+    each with ``cores // N`` torch threads, on ``--device``."""
 
     def __init__(self, args: argparse.Namespace, variant: str, workdir: Path) -> None:
+        self._log = None
+        if variant.startswith("pyg"):
+            self._start_pyg(args, variant, workdir)
+            return
         passive = variant.endswith("p")
         processes, _, threads = variant.rstrip("p").partition("t")
         self.processes = int(processes)
@@ -158,7 +206,7 @@ class Server:
         self.log_path = workdir / f"server-{variant}.log"
         cmd = [sys.executable, "-m", "serve.cli", "serve", "--repo", str(args.repo), "--port", "0", "--read-only",
                "--warm-projections", "--poll-s", "0", "--processes", str(self.processes), "--ready-file", str(ready),
-               "--device", args.device, *(["--resident"] if args.resident else []),
+               "--device", args.device, *({True: ["--resident"], False: ["--no-resident"]}.get(args.resident, [])),
                *[a for d in args.data for a in ("--data", str(d))]]
         self._log = open(self.log_path, "wb")
         from serve.processes import _die_with_parent  # the server goes if this script is killed
@@ -173,17 +221,57 @@ class Server:
         self.address = f"127.0.0.1:{int(ready.read_text())}"
         self.pids = [self.proc.pid] + (_children(self.proc.pid) if self.processes > 1 else [])
 
+    def _start_pyg(self, args: argparse.Namespace, variant: str, workdir: Path) -> None:
+        import socket
+
+        from serve.processes import _die_with_parent
+
+        self.processes = int(variant[3:] or 1)
+        with socket.socket() as sock:  # a free port for all of them (each binds it with SO_REUSEPORT)
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        ckpt_dir = sorted((args.repo / args.model).glob("*/config.json"), key=lambda p: int(p.parent.name))[-1].parent
+        conf = json.loads((ckpt_dir / "config.json").read_text())
+        data = str(args.data[0]) if args.data else conf["dataset"]["source"]
+        threads = max(1, (os.cpu_count() or 1) // self.processes)
+        self.log_path = workdir / f"server-{variant}.log"
+        self._log = open(self.log_path, "wb")
+        self.procs, readies = [], []
+        for i in range(self.processes):
+            ready = workdir / f"ready-{variant}-{i}"
+            readies.append(ready)
+            spec = {"checkpoint": str(ckpt_dir), "data": data, "model": args.model, "device": args.device,
+                    "port": port, "threads": threads, "ready": str(ready),
+                    "served_by": f"pyg {i + 1}/{self.processes}"}
+            self.procs.append(subprocess.Popen([sys.executable, __file__, "--pyg-serve", json.dumps(spec)],
+                                               stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
+                                               preexec_fn=_die_with_parent))
+        t_end = time.monotonic() + 600
+        while not all(r.exists() and r.read_text().strip() for r in readies):
+            if any(p.poll() is not None for p in self.procs) or time.monotonic() > t_end:
+                self.stop()
+                raise RuntimeError(f"PyG server ({variant}) did not start:\n{self.log_path.read_text()[-3000:]}")
+            time.sleep(0.2)
+        self.proc = self.procs[0]
+        self.address = f"127.0.0.1:{port}"
+        self.pids = [p.pid for p in self.procs]
+
     def cpu(self) -> float:
         return sum(_proc_cpu(p) for p in self.pids)
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
+        procs = getattr(self, "procs", None) or [self.proc]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._log is not None:
+            self._log.close()
 
 
 def run_phase(args: argparse.Namespace, server: Server, packed: bool, seed: int) -> dict[str, Any]:
@@ -349,9 +437,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="the servers' --data: the dataset file, where the path the checkpoints recorded does "
                          "not exist on this machine (a lent GPU machine)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the servers' --device")
-    ap.add_argument("--resident", action="store_true", help="the servers' --resident (with --device cuda)")
+    ap.add_argument("--resident", action=argparse.BooleanOptionalAction, default=None,
+                    help="the servers' --resident / --no-resident (default: theirs, on with --device cuda)")
     ap.add_argument("--processes", default="1,2",
-                    help="comma-separated server variants: P (P processes) or PtK (and K compute threads each)")
+                    help="comma-separated server variants: P (P processes) or PtK (and K compute threads each), "
+                         "pygN (N processes of the PyG twin of benchmarks/serve.py, the same trained weights "
+                         "as PyG layers on each request's exact 2-hop subgraph, on --device)")
     ap.add_argument("--batch", type=int, default=64, help="nodes per request")
     ap.add_argument("--clients", type=int, default=8, help="async clients per client process")
     ap.add_argument("--client-procs", type=int, default=1, help="client processes")
@@ -362,9 +453,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="first, the encode/decode microbenchmark of a response (repeated against packed)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--client-spec", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--pyg-serve", default=None, help=argparse.SUPPRESS)  # child: one PyG twin server process
     args = ap.parse_args(argv)
     if args.client_spec:
         client_main(json.loads(args.client_spec))
+        return 0
+    if args.pyg_serve:
+        pyg_serve(json.loads(args.pyg_serve))
         return 0
     if args.repo is None:
         ap.error("--repo is required")
@@ -429,7 +524,7 @@ def report(args: argparse.Namespace, results: dict[tuple[str, str], list[dict[st
           f"load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end. Model `{args.model}` of {args.repo}, "
           f"{args.batch}-node requests with probabilities, {args.client_procs} client process(es) x {args.clients} "
           f"async clients, {args.seconds:.0f} s phases, {args.rounds} rounds (median); servers on "
-          f"`--device {args.device}`{' --resident' if args.resident else ''}.\n")
+          f"`--device {args.device}`{({True: ' --resident', False: ' --no-resident'}).get(args.resident, '')}.\n")
     if prof is not None:
         ph, nodes = prof["phase"], prof["nodes"]
         print(f"Profile phase: {ph['nodes_per_s']:,.0f} nodes/s, p50 {ph['p50_ms']:.2f} ms, "

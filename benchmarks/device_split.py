@@ -5,14 +5,16 @@ tables filled first, no gRPC on the timed path) and times ``process`` on batches
 distinct targets at each model's default setting, the variants interleaved round by round:
 
 * ``cpu``: ``--device cpu`` (the compiled forward, ``kernels.fused_forward``);
-* ``cuda``: ``--device cuda --gpu-min-targets 0`` (every batch on the GPU: the torch path with the
-  ES-SpMM CUDA kernel);
-* ``cuda-hybrid``: ``--device cuda`` with the default ``--gpu-min-targets`` (smaller batches on the
+* ``cuda``: ``--device cuda --no-resident --gpu-min-targets 0`` (every batch on the GPU: the torch path
+  with the ES-SpMM CUDA kernel);
+* ``cuda-hybrid``: the same with the torch path's default ``--gpu-min-targets`` (smaller batches on the
   compiled CPU forward);
 * ``cpu-resident``, ``cuda-resident``: ``--resident`` (the graph and first-layer tables, or a shaDow
   model's lists and induced table, on the device, sampling there: ``kernels.resident``; on the GPU with
-  ``--gpu-min-targets 0``, every batch there); ``cuda-graphs``: the same with ``--cuda-graphs`` (one
-  captured CUDA graph per batch bucket, width and budget).
+  ``--no-cuda-graphs --gpu-min-targets 0``, every batch there); ``cuda-graphs``: the same with CUDA graphs
+  (one captured CUDA graph per batch bucket, width and budget);
+* ``cuda-default``: ``--device cuda`` on its defaults (resident, CUDA graphs, batches under the measured
+  crossover ``serve.runtime.GPU_MIN_TARGETS_AUTO`` on the compiled CPU paths).
 
 Reported: the median over rounds of the mean time per batch, each variant over ``cpu``, and the
 serving path each variant's last batch took. The ``cuda`` variants are left out where torch sees no
@@ -37,11 +39,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-VARIANTS = {"cpu": {"device": "cpu"}, "cuda": {"device": "cuda", "gpu_min_targets": 0},
-            "cuda-hybrid": {"device": "cuda"}, "cpu-resident": {"device": "cpu", "resident": True},
-            "cuda-resident": {"device": "cuda", "resident": True, "gpu_min_targets": 0},
-            "cuda-graphs": {"device": "cuda", "resident": True, "cuda_graphs": True, "gpu_min_targets": 0}}
-DEFAULT_VARIANTS = "cpu,cuda,cuda-hybrid,cuda-resident,cuda-graphs"
+VARIANTS = {"cpu": {"device": "cpu"}, "cuda": {"device": "cuda", "resident": False, "gpu_min_targets": 0},
+            "cuda-hybrid": {"device": "cuda", "resident": False}, "cpu-resident": {"device": "cpu", "resident": True},
+            "cuda-resident": {"device": "cuda", "resident": True, "cuda_graphs": False, "gpu_min_targets": 0},
+            "cuda-graphs": {"device": "cuda", "resident": True, "cuda_graphs": True, "gpu_min_targets": 0},
+            "cuda-default": {"device": "cuda"}}
+DEFAULT_VARIANTS = "cpu,cuda,cuda-hybrid,cuda-resident,cuda-graphs,cuda-default"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,8 @@
 # (the call brings them back, at most 8 files):
 #
 #   bash benchmarks/gpu_session.sh core           # tests, kernels (5 rounds), serving (1, 64, 1024 targets)
-#   bash benchmarks/gpu_session.sh scale          # ceiling (1, 4, 16 CPU / 1, 2 GPU servers), throughput, reddit
+#   bash benchmarks/gpu_session.sh scale          # ceiling (1, 16 CPU / 1, 4 GPU servers, 1, 4 PyG), throughput, reddit
+#   bash benchmarks/gpu_session.sh more           # the paper's experiment; throughput on the torch path
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
 #
@@ -24,13 +25,13 @@
 #   bash benchmarks/gpu_session.sh reddit         # the same on the Reddit-shaped graph (F = 64)
 #   bash benchmarks/gpu_session.sh serving        # device_split.py: CPU, GPU, hybrid, resident, CUDA graphs
 #   bash benchmarks/gpu_session.sh paper          # the ES-SpMM paper's experiment, CUDA events
-#   bash benchmarks/gpu_session.sh ceiling        # ceiling.py on its cores: 1, 4, 8, 16 server processes
+#   bash benchmarks/gpu_session.sh ceiling        # ceiling.py on its cores: CPU servers, GPU servers beside PyG twins
 #   bash benchmarks/gpu_session.sh throughput     # serve.py --quick --device cuda: floor, knobs, PyG twin
 #
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|tests|kernels|reddit|serving|paper|ceiling|throughput"}
+step=${1:?"usage: $0 prepare|core|scale|more|tests|kernels|reddit|serving|paper|ceiling|throughput"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
@@ -97,15 +98,17 @@ step_ceiling() {  # CPU servers, then GPU servers (one CUDA context each) with t
     timeout "$half" python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
         --model gcn --processes "${CPU_PROCS:-1,4,8,16}" \
         --batch 64 --clients 16 --client-procs 4 --seconds 4 --rounds "${ROUNDS:-3}" | tee "$OUT/ceiling.md" | tail -30
+    # GPU servers (resident with CUDA graphs, the default) beside PyG twin processes on the same GPU (pygN)
     timeout "$half" python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
-        --model gcn --processes "${GPU_PROCS:-1,2,4}" \
-        --batch 64 --clients 16 --client-procs 4 --seconds 4 --rounds "${ROUNDS:-3}" --device cuda --resident \
+        --model gcn --processes "${GPU_PROCS:-pyg1,pyg4,1,2,4}" \
+        --batch 64 --clients 16 --client-procs 4 --seconds 4 --rounds "${ROUNDS:-3}" --device cuda \
         | tee "$OUT/ceiling-cuda.md" | tail -30
 }
 step_throughput() {
     rm -rf /tmp/gpu-cache && mkdir -p /tmp/gpu-cache/amazon_computers && cp -r .gpu/repo /tmp/gpu-cache/amazon_computers/repo
+    # SERVE_FLAGS: e.g. "--no-resident" (the torch path), OUT_NAME: the result's name
     timeout "$1" python3 benchmarks/serve.py --quick --device cuda --data-dir "$data" --cache-dir /tmp/gpu-cache \
-        | tee "$OUT/throughput.md" | tail -60
+        ${SERVE_FLAGS:-} | tee "$OUT/${OUT_NAME:-throughput}.md" | tail -60
 }
 # a composite's part: a failure or a timeout is reported and the next part still runs
 part() {
@@ -129,9 +132,15 @@ core)
 scale)
     # the second call, right after the first (the machine stays warm 30 s): the serving ceiling, the
     # throughput against PyG, the Reddit-shaped kernel table
-    ROUNDS=2 CPU_PROCS=1,4,16 GPU_PROCS=1,2 part ceiling 220
+    ROUNDS=2 CPU_PROCS=1,16 GPU_PROCS=pyg1,pyg4,1,4 part ceiling 220
     part throughput 200
     part reddit 130
+    ;;
+more)
+    # a third call where the time allows: the paper's experiment, and the throughput run on the torch path
+    # (the server's GPU default before 2026-11-25 was neither resident nor graphs)
+    GRAPHS=cora,citeseer,pubmed-like,arxiv-like,reddit-like part paper 120
+    SERVE_FLAGS="--no-resident" OUT_NAME=throughput-torch part throughput 110
     ;;
 *)
     echo "unknown step $step" >&2

@@ -285,7 +285,8 @@ class LoopThread:
 class AioServer:
     """A ``grpc.aio`` server on loopback in its own event-loop thread; subclasses add the services."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, port: int = 0) -> None:
+        self._bind_port = port  # 0: a free port; else this one, shared with other processes (SO_REUSEPORT)
         self.lt = LoopThread(name)
         self.port = self.lt.call(self._start())
 
@@ -295,9 +296,9 @@ class AioServer:
     async def _start(self) -> int:
         from grpc import aio
 
-        self.server = aio.server(options=GRPC_OPTIONS)
+        self.server = aio.server(options=[*GRPC_OPTIONS, ("grpc.so_reuseport", 1 if self._bind_port else 0)])
         self._register(self.server)
-        port = self.server.add_insecure_port("127.0.0.1:0")
+        port = self.server.add_insecure_port(f"127.0.0.1:{self._bind_port}")
         await self.server.start()
         return port
 
@@ -366,8 +367,9 @@ class PygModel:
         self.edge_index = self.edge_index.to(self.device)
         self.edge_weight = None if self.edge_weight is None else self.edge_weight.to(self.device)
 
-    def predict(self, nodes: np.ndarray) -> tuple[np.ndarray, int]:
-        """Labels of ``nodes`` and the size of their 2-hop subgraph."""
+    def predict(self, nodes: np.ndarray, probabilities: bool = False) -> tuple[np.ndarray, int, np.ndarray | None]:
+        """Labels of ``nodes``, the size of their 2-hop subgraph and, if asked for, their class
+        probabilities (softmax, float32), as gnnserve answers them."""
         import torch
         import torch.nn.functional as F
         from torch_geometric.utils import k_hop_subgraph
@@ -383,31 +385,47 @@ class PygModel:
             else:
                 h = F.relu(self.convs[0](h, ei))
                 out = self.convs[1](h, ei)
-            return out[mapping].argmax(dim=1).cpu().numpy(), len(subset)
+            out = out[mapping]
+            probs = torch.softmax(out, dim=1).float().cpu().numpy() if probabilities else None
+            return out.argmax(dim=1).cpu().numpy(), len(subset), probs
 
 
 class PygServer(AioServer):
-    """``gnnserve.v1.GnnService/Predict`` answered per request by :class:`PygModel` (one worker thread)."""
+    """``gnnserve.v1.GnnService/Predict`` answered per request by :class:`PygModel` (one worker thread):
+    labels, and probabilities (repeated or packed, as gnnserve gives them) where the request asks.
+    ``port``: bind this port beside other processes (``benchmarks/ceiling.py``'s PyG servers);
+    ``served_by``: what each reply's ``served_by`` says."""
 
-    def __init__(self, models: dict[str, PygModel]) -> None:
+    def __init__(self, models: dict[str, PygModel], port: int = 0, served_by: str = "") -> None:
         self.models = models
+        self.served_by = served_by
         self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pyg-worker")
-        super().__init__("pyg-server")
+        super().__init__("pyg-server", port)
 
     def _register(self, server: Any) -> None:
         from clients._gen import gnnserve_pb2 as pb
         from clients._gen import gnnserve_pb2_grpc as pb_grpc
 
-        models, executor = self.models, self.executor
+        models, executor, served_by = self.models, self.executor, self.served_by
 
         class Servicer(pb_grpc.GnnServiceServicer):
             async def Predict(self, request: Any, context: Any) -> Any:
                 t0 = time.perf_counter()
                 m = models[request.model]
                 nodes = np.fromiter(request.nodes, dtype=np.int64, count=len(request.nodes))
-                labels, _rows = await asyncio.get_running_loop().run_in_executor(executor, m.predict, nodes)
-                resp = pb.PredictResponse(model=request.model, version="pyg", labels=labels.tolist(),
-                                          num_classes=m.num_classes)
+                labels, _rows, probs = await asyncio.get_running_loop().run_in_executor(
+                    executor, m.predict, nodes, request.return_probabilities)
+                if request.packed_outputs:
+                    resp = pb.PredictResponse(model=request.model, version="pyg", num_classes=m.num_classes,
+                                              packed=True, packed_labels=np.ascontiguousarray(labels, "<i4").tobytes(),
+                                              packed_probabilities=(b"" if probs is None else
+                                                                    np.ascontiguousarray(probs, "<f4").tobytes()))
+                else:
+                    resp = pb.PredictResponse(model=request.model, version="pyg", labels=labels.tolist(),
+                                              num_classes=m.num_classes)
+                    if probs is not None:
+                        resp.probabilities.extend(probs.ravel().tolist())
+                resp.served_by = served_by
                 resp.settings.extractor = "k_hop_subgraph"
                 resp.timing.total_ms = 1e3 * (time.perf_counter() - t0)
                 resp.timing.batch_size = len(nodes)
@@ -546,6 +564,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write every figure to this file")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where gnnserve (--device of gnnserve serve) and the PyG baseline compute")
+    ap.add_argument("--resident", action=argparse.BooleanOptionalAction, default=None,
+                    help="--device cuda: gnnserve's resident GPU paths (gnnserve serve --resident; default: the "
+                         "server's, on with --device cuda)")
+    ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                    help="--device cuda: replay captured CUDA graphs on the resident paths (gnnserve serve "
+                         "--cuda-graphs; default: the server's, on where a model is resident)")
+    ap.add_argument("--gpu-min-targets", type=int, default=None,
+                    help="--device cuda: batches below this many targets take the CPU paths "
+                         "(gnnserve serve --gpu-min-targets; default: the server's)")
     ap.add_argument("--client-spec", default=None, help=argparse.SUPPRESS)  # child process: run clients
     args = ap.parse_args(argv)
 
@@ -553,6 +580,10 @@ def main(argv: list[str] | None = None) -> int:
         spec = json.loads(sys.stdin.read() if args.client_spec == "-" else args.client_spec)
         print(json.dumps(client_main(spec)))
         return 0
+    if (args.resident or args.cuda_graphs or args.gpu_min_targets is not None) and args.device != "cuda":
+        ap.error("--resident, --cuda-graphs and --gpu-min-targets need --device cuda")
+    if args.cuda_graphs and args.resident is False:
+        ap.error("--cuda-graphs replays the resident paths: drop --no-resident")
     if args.quick:
         args.datasets = "amazon_computers"
         args.models = "gcn,shadow-gcn"
@@ -627,9 +658,11 @@ def main(argv: list[str] | None = None) -> int:
 
                 log(f"{d}: starting gnnserve ...")
                 t0 = time.perf_counter()
+                gpu_opts = {"resident": args.resident, "cuda_graphs": args.cuda_graphs,
+                            "gpu_min_targets": args.gpu_min_targets}
                 cfg = ServerConfig(repo=str(repo), port=0, poll_s=0, data_paths=[str(path)],
                                    runtime=RuntimeOptions(ppr_cache_dir=str(args.cache_dir / d / "ppr"),
-                                                          device=args.device))
+                                                          device=args.device, **gpu_opts))
                 server = BackgroundServer(cfg).start()
                 res_d["server_start_s"] = time.perf_counter() - t0
                 t0 = time.perf_counter()

@@ -28,6 +28,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
@@ -792,11 +793,7 @@ def synthetic_sbm_to_dir(
         if d.exists():
             raise DatasetError(f"{d} exists and does not hold this synthetic dataset "
                                f"({params}); remove it or choose another directory")
-        for stale in d.parent.glob(f".{d.name}.tmp-*"):
-            pid = stale.name.rsplit("-", 1)[-1]
-            if not pid.isdigit() or not _pid_alive(int(pid)):
-                log.info("removing %s, left by an interrupted generation", stale)
-                shutil.rmtree(stale, ignore_errors=True)
+        remove_stale_tmp(d.parent, f".{d.name}", "an interrupted generation")
         tmp = d.parent / f".{d.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
@@ -813,6 +810,24 @@ def synthetic_sbm_to_dir(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return d
+
+
+def remove_stale_tmp(parent: Path, name: str, what: str) -> int:
+    """Remove ``parent/<name>.tmp-<pid>[-<more>]`` files and directories whose writer process is gone
+    (killed mid-write: a clean failure removes its own); returns how many. ``what`` names the writer in
+    the log line ("an interrupted PPR index build")."""
+    removed = 0
+    for stale in parent.glob(f"{glob_escape(name)}.tmp-*"):
+        pid = stale.name[len(name) + len(".tmp-"):].split("-", 1)[0]
+        if pid.isdigit() and _pid_alive(int(pid)):
+            continue
+        log.warning("removing %s, left by %s", stale, what)
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+        removed += 1
+    return removed
 
 
 def _pid_alive(pid: int) -> bool:

@@ -27,6 +27,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from .datasets import remove_stale_tmp
 from .graph import CSRGraph, gather_ranges, index_dtype_for
 from .ppr_push import _ALGO_VERSION, PPRConfig, _compact, _give_dense, _run_batch, _take_dense
 from .subgraph import InducedTable, SubgraphBatch, induced_batch
@@ -455,6 +456,7 @@ class PPRIndex:
         if (final / "meta.json").exists():
             return cls.open(final, graph)
         final.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_tmp(final.parent, final.name, "an interrupted PPR index build")
         tmp = final.with_name(f"{final.name}{_writer_tag()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:

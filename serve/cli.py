@@ -169,18 +169,22 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--inline-max-targets", type=int, default=8,
                     help="batches up to this many targets run on the event loop when the server is otherwise idle "
                          "(no thread hand-off; in-memory features only; 0 = always in the worker thread)")
-    ap.add_argument("--gpu-min-targets", type=int, default=64,
-                    help="--device cuda: batches of fewer targets run the compiled CPU forward (a CPU copy of "
-                         "the model), where the GPU's launch and copy costs outweigh its arithmetic (0 = all on GPU)")
-    ap.add_argument("--resident", action="store_true",
+    ap.add_argument("--gpu-min-targets", type=int, default=None,
+                    help="--device cuda: batches of fewer targets run the compiled CPU paths (a CPU copy of the "
+                         "model), where the GPU's launch and copy costs outweigh its arithmetic (0 = all on GPU; "
+                         "default: where the model's GPU path was measured to win, 64 for plain models and 8 for "
+                         "shaDow with CUDA graphs, 512 and 32 resident without, 64 on the torch path)")
+    ap.add_argument("--resident", action=argparse.BooleanOptionalAction, default=None,
                     help="plain 2-layer models: keep the graph, the projection table and one first-layer table per "
                          "sampling width (within --activation-cache-bytes) on the model's device and answer every "
                          "batch without new nodes there, sampling on the device (kernels.resident); shaDow models: "
                          "their PPR lists and induced table. With --device cuda, batches under --gpu-min-targets "
-                         "still take the compiled CPU paths")
-    ap.add_argument("--cuda-graphs", action="store_true",
-                    help="with --resident on --device cuda: replay a captured CUDA graph per batch size bucket, "
-                         "sampling width and PPR budget (plain models: sampled widths up to 256)")
+                         "still take the compiled CPU paths. Default: on with --device cuda, off on a CPU (where "
+                         "the compiled paths are faster)")
+    ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                    help="on a resident --device cuda model: replay a captured CUDA graph per batch size bucket, "
+                         "sampling width and PPR budget (plain models: sampled widths up to 256). Default: on "
+                         "wherever a model is resident on a GPU")
     ap.add_argument("--max-nodes-per-request", type=int, default=4096,
                     help="ids plus new nodes per request; checked on the request's bytes before it is parsed")
     ap.add_argument("--max-new-node-edges", type=int, default=100_000,
@@ -268,6 +272,9 @@ def _serve(argv: Sequence[str]) -> int:
         return 2
     if args.processes < 1:
         print("gnnserve serve: --processes must be >= 1", file=sys.stderr)
+        return 2
+    if args.gpu_min_targets is not None and args.gpu_min_targets < 0:
+        print("gnnserve serve: --gpu-min-targets must be >= 0 (0: every batch on the GPU)", file=sys.stderr)
         return 2
     if (problem := _port_problem(args)) is not None:
         print(f"gnnserve serve: {problem}", file=sys.stderr)

@@ -53,6 +53,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import numpy as np
 
+from kernels.datasets import remove_stale_tmp
+
 from .errors import GnnServeError, InvalidArgument, Unavailable
 
 if TYPE_CHECKING:
@@ -875,6 +877,7 @@ class LiveGraph:
             version = self.version
             graph = self.data.graph
             n, f = self.features.num_nodes, self.features.num_features
+            remove_stale_tmp(d.parent, d.name, "an interrupted snapshot")
             tmp = d.with_name(f"{d.name}.tmp-{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)

@@ -12,14 +12,15 @@ is how tests and benchmarks reach a path without touching private state.
 ==================  =====================================================  ====================================
 path                when it is taken                                        what it caches (beyond the model)
 ==================  =====================================================  ====================================
-plain-resident      plain 2-layer model on a local graph, asked for          the graph, projections and one
-                    (``RuntimeOptions.resident``), no new nodes, the width   first-layer table per width, all
-                    has a table in the activation budget; on a GPU, at       on the model's device
-                    least ``gpu_min_targets`` targets
-shadow-resident     shaDow model, asked for (``RuntimeOptions.resident``),   the lists, the induced table and
-                    no new nodes, an induced table covering the budget,      projections on the model's device
-                    no target dirty after a graph update; on a GPU, at
-                    least ``gpu_min_targets`` targets
+plain-resident      plain 2-layer model on a local graph, resident (on a     the graph, projections and one
+                    GPU by default, on a CPU with ``resident=True``), no     first-layer table per width, all
+                    new nodes, the width has a table in the activation       on the model's device
+                    budget; on a GPU, at least ``gpu_min_targets``
+                    targets (default: serve.runtime.GPU_MIN_TARGETS_AUTO)
+shadow-resident     shaDow model, resident as above, no new nodes, an        the lists, the induced table and
+                    induced table covering the budget, no target dirty       projections on the model's device
+                    after a graph update; on a GPU, at least
+                    ``gpu_min_targets`` targets
 plain-activations   plain 2-layer model, compiled layers, no new nodes,      first-layer projections per node;
                     at most ``fused_max_targets`` targets, the width has a   first-layer outputs per node and
                     table in the activation budget                           width (``ActivationCache``)

@@ -74,6 +74,25 @@ EXACT_EDGES_EAGER_NODES = 1 << 20
 #: than a small operation saves, while large batches keep every thread (docs/BENCHMARKS.md, "Serving
 #: over gRPC", SMALL_BATCH_ROWS)
 SMALL_BATCH_ROWS = 4096
+#: ``RuntimeOptions.gpu_min_targets`` left unset, by the GPU path a model takes: the smallest batch at which
+#: that path beat the compiled CPU path in ``benchmarks/device_split.py`` on an H200 machine (16 CPU cores;
+#: Amazon Computers, docs/BENCHMARKS.md, "GPU: an H200 machine, 2026-11-25"). With CUDA graphs a plain GCN
+#: batch of 48 targets was even (0.98x) and 64 faster (0.89x); shaDow-GCN 4 even (1.05x), 8 faster (0.72x).
+#: Resident without graphs: plain 256 slower (1.37x), 1,024 faster (0.52x); shaDow 32 even (0.99x). The
+#: torch path (a model that cannot be resident) keeps the old default: shaDow crossed at 32, plain GCN not
+#: up to 1,024
+GPU_MIN_TARGETS_AUTO = {"plain-graphs": 64, "shadow-graphs": 8, "plain-resident": 512, "shadow-resident": 32,
+                        "torch": 64}
+
+
+def gpu_min_targets_auto(shadow: bool, resident: bool, graphs: bool) -> int:
+    """:data:`GPU_MIN_TARGETS_AUTO`'s entry for a GPU model (``shadow``: a shaDow model; ``resident`` /
+    ``graphs``: whether it took a resident path and captures CUDA graphs)."""
+    if not resident:
+        return GPU_MIN_TARGETS_AUTO["torch"]
+    return GPU_MIN_TARGETS_AUTO[f"{'shadow' if shadow else 'plain'}-{'graphs' if graphs else 'resident'}"]
+
+
 #: the default RuntimeOptions.fused_max_targets: a batch of at most this many targets on a CPU takes a
 #: compiled path (serve.paths; one call instead of a dozen tensor operations per layer). benchmarks/fused.py
 #: found it faster than the torch path at every batch size the server forms (docs/BENCHMARKS.md,
@@ -136,17 +155,20 @@ class RuntimeOptions:
     max_new_node_edges: int = 100_000
     #: ``device="cuda"``: batches of fewer targets than this take the compiled CPU forward (a CPU copy of the
     #: model and its own projection table) instead of the GPU, where launches and copies, not arithmetic, set
-    #: a small batch's cost (docs/BENCHMARKS.md, "GPU"); 0 = every batch on the GPU
-    gpu_min_targets: int = 64
+    #: a small batch's cost; 0 = every batch on the GPU; None = the measured crossover of the GPU path the
+    #: model takes (:data:`GPU_MIN_TARGETS_AUTO`)
+    gpu_min_targets: int | None = None
     #: keep what a batch reads on the model's device and answer batches without new nodes there, sampling on
     #: the device (:mod:`kernels.resident`): a plain 2-layer model's graph, projection table and one first-layer
     #: table per sampling width (within ``activation_budget_bytes``; ``plain-resident``), a shaDow model's
     #: PPR lists, induced table and projections (``shadow-resident``). On a GPU, batches of fewer than
-    #: ``gpu_min_targets`` targets still take the compiled CPU paths
-    resident: bool = False
+    #: ``gpu_min_targets`` targets still take the compiled CPU paths. None = on a CUDA device only (on a CPU
+    #: the compiled paths are faster: docs/BENCHMARKS.md, "Resident paths")
+    resident: bool | None = None
     #: with ``resident`` on a CUDA device: replay one captured CUDA graph per (batch bucket, width, PPR budget)
-    #: (plain models: at sampled widths up to ``kernels.resident.PAD_MAX``)
-    cuda_graphs: bool = False
+    #: (plain models: at sampled widths up to ``kernels.resident.PAD_MAX``); None = whenever the model is
+    #: resident on a CUDA device
+    cuda_graphs: bool | None = None
 
     #: refuse UpdateGraph (the graph stays as loaded plus its logged updates)
     read_only: bool = False
@@ -277,13 +299,9 @@ class ModelRuntime:
         # torch path stays for the rest (no table, new nodes, larger batches). On a GPU, only batches of fewer
         # than gpu_min_targets targets take it, with a CPU copy of the model and a CPU projection table.
         on_gpu = self.device.type == "cuda"
-        fusable = (self.projections.enabled and (not on_gpu or options.gpu_min_targets > 0)
+        fusable = (self.projections.enabled and (not on_gpu or options.gpu_min_targets != 0)
                    and ((self.extractor == "lhop" and not self.remote_graph
                          and getattr(self.model, "plan_aggregator", -1) >= 0) or self.extractor == "ppr"))
-        # the largest batch for the compiled forward on a GPU runtime (a CPU runtime: FUSED_MAX_TARGETS alone)
-        self._gpu_fused_max = options.gpu_min_targets - 1 if on_gpu else math.inf
-        #: the largest batch a compiled path takes (serve.paths)
-        self.fused_max_targets = min(options.fused_max_targets, self._gpu_fused_max)
         self._cpu_projections = self.projections
         cpu_model = self.model
         if fusable and on_gpu:  # its own CPU copy of the model and a CPU projection table
@@ -303,8 +321,23 @@ class ModelRuntime:
         self._resident: Any = None
         self._resident_shadow: Any = None
         self._captured: Any = None
-        if options.resident or options.serving_path in ("plain-resident", "shadow-resident"):
+        # resident and CUDA graphs unless told otherwise on a GPU, never unless told on a CPU
+        wants_resident = options.resident if options.resident is not None else on_gpu
+        if wants_resident or options.serving_path in ("plain-resident", "shadow-resident"):
             self._resident_init()
+        resident_now = self._resident is not None or self._resident_shadow is not None
+        #: batches of fewer targets take the compiled CPU paths (a GPU runtime; RuntimeOptions.gpu_min_targets)
+        self.gpu_min_targets = (options.gpu_min_targets if options.gpu_min_targets is not None
+                                else gpu_min_targets_auto(self.extractor == "ppr", resident_now,
+                                                          self._captured is not None))
+        # the largest batch for the compiled forward on a GPU runtime (a CPU runtime: FUSED_MAX_TARGETS alone)
+        self._gpu_fused_max = self.gpu_min_targets - 1 if on_gpu else math.inf
+        #: the largest batch a compiled path takes (serve.paths)
+        self.fused_max_targets = min(options.fused_max_targets, self._gpu_fused_max)
+        if on_gpu:
+            log.info("model %s v%s on %s: %s%s; batches under %d targets on the compiled CPU paths", name, version,
+                     self.device, "resident" if resident_now else "not resident (torch path)",
+                     ", CUDA graphs" if self._captured is not None else "", self.gpu_min_targets)
         if options.cuda_graphs and (self._captured is None):
             log.warning("model %s v%s: --cuda-graphs ignored (it needs --resident on --device cuda and a model "
                         "that takes a resident path)", name, version)
@@ -370,7 +403,7 @@ class ModelRuntime:
                 reserved_width=resolve_knobs(self.limits, None, None, None)[0])
             log.info("model %s v%s: resident on %s (graph %.1f MiB)", self.name, self.version, self.device,
                      resident.dg.nbytes() / 2**20)
-        if self.options.cuda_graphs and self.device.type == "cuda":
+        if self.options.cuda_graphs is not False and self.device.type == "cuda":
             self._captured = CapturedForward(resident, max_bucket=self.options.max_batch_targets)
 
     def _graph_derived(self, graph: Any = None, walk_sums_: np.ndarray | None = None) -> dict[str, Any]:

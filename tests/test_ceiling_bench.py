@@ -47,3 +47,23 @@ def test_ceiling_small(tiny_repo: Path, tmp_path: Path) -> None:
     for variant in ("| 1 | repeated |", "| 1 | packed |", "| 2t1 | repeated |", "| 2t1 | packed |"):
         assert variant in md, md
     assert "- packed / repeated, server 1:" in md and "- server 2t1 / 1, packed:" in md, md
+
+
+def test_ceiling_pyg_twin_under_the_same_load(tiny_repo: Path, tmp_path: Path) -> None:
+    """``pygN`` variants: N PyG twin processes on one port, answering the same requests (probabilities,
+    repeated and packed, which the clients decode and check) under the same load as gnnserve; the
+    replies come from both processes, and the report gives gnnserve over PyG."""
+    out = tmp_path / "ceiling.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "ceiling.py"), "--repo", str(tiny_repo),
+                           "--model", "gcn", "--processes", "pyg2,1", "--batch", "8", "--clients", "4",
+                           "--seconds", "1", "--rounds", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(out.read_text())
+    assert set(data["results"]) == {"pyg2:repeated", "pyg2:packed", "1:repeated", "1:packed"}
+    for key in ("pyg2:repeated", "pyg2:packed"):
+        (r,) = data["results"][key]
+        assert r["nodes_per_s"] > 0 and sum(r["served_by"].values()) == r["requests"], r
+        assert set(r["served_by"]) <= {"pyg 1/2", "pyg 2/2"}, r["served_by"]
+    assert "| pyg2 | packed |" in proc.stdout and "- server 1 / pyg2, packed:" in proc.stdout, proc.stdout

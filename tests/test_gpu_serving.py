@@ -5,6 +5,7 @@ CuPy kernel (every test here needs both)."""
 from __future__ import annotations
 
 import concurrent.futures
+import re
 
 import grpc
 import numpy as np
@@ -29,8 +30,9 @@ def served_cuda(tiny_repo):
         pytest.skip("no CUDA device")
     if not spmm_cuda.available():
         pytest.skip("CuPy / the ES-SpMM kernel is not usable here")
-    # every batch on the GPU (by default batches under 64 targets take the compiled CPU forward)
-    srv = ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda", "gpu_min_targets": 0}}).start()
+    # every batch on the GPU's torch path (by default a GPU server is resident with CUDA graphs, and small
+    # batches take the compiled CPU forward; tests/test_resident.py covers those)
+    srv = ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda", "gpu_min_targets": 0, "resident": False}}).start()
     yield srv
     srv.stop()
 
@@ -114,7 +116,7 @@ def test_small_batches_on_a_gpu_server_take_the_compiled_cpu_forward(tiny_repo, 
     for kernel in kernels:
         real = getattr(paths_mod, kernel)
         monkeypatch.setattr(paths_mod, kernel, lambda *a, real=real: calls_made.append(1) or real(*a))
-    srv = ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda", "gpu_min_targets": 16}}).start()
+    srv = ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda", "gpu_min_targets": 16, "resident": False}}).start()
     try:
         rt = srv.server.registry.get(model)
         assert rt._fused_params is not None and rt._cpu_projections is not rt.projections
@@ -134,8 +136,10 @@ def test_small_batches_on_a_gpu_server_take_the_compiled_cpu_forward(tiny_repo, 
 
 
 def test_serve_cli_with_device_cuda_answers_like_the_cpu_server(tiny_repo, served, served_cuda, tmp_path):
-    """``gnnserve serve --device cuda`` from the command line gives the CPU server's answers."""
-    with ServerProcess(tiny_repo, "--device", "cuda", log_path=tmp_path / "cuda.log") as proc:
+    """``gnnserve serve --device cuda`` from the command line, on its defaults (resident, CUDA graphs, small
+    batches on the compiled CPU paths), gives the CPU server's answers."""
+    log = tmp_path / "cuda.log"
+    with ServerProcess(tiny_repo, "--device", "cuda", "--log-level", "INFO", log_path=log) as proc:
         for model, kw in (("shadow", {"sampling_width": 4, "ppr_budget": 16}), ("gcn", {"sampling_width": 0})):
             with grpc.insecure_channel(proc.address) as ch_gpu, grpc.insecure_channel(served.address) as ch_cpu:
                 r_gpu, p_gpu = _predict(pbg.GnnServiceStub(ch_gpu), model, NODES, **kw)
@@ -145,3 +149,7 @@ def test_serve_cli_with_device_cuda_answers_like_the_cpu_server(tiny_repo, serve
             np.testing.assert_allclose(emb_gpu, np.asarray(r_cpu.embeddings, dtype=np.float32), rtol=1e-3, atol=1e-4)
             assert (r_gpu.settings.edges_kept, r_gpu.settings.edges_total) == (r_cpu.settings.edges_kept,
                                                                                 r_cpu.settings.edges_total)
+    text = log.read_text()
+    for model, least in (("gcn", 64), ("shadow", 8)):  # serve.runtime.GPU_MIN_TARGETS_AUTO
+        assert re.search(rf"model {model} v\d+ on cuda(:0)?: resident, CUDA graphs; batches under {least} targets",
+                         text), text[-3000:]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 
 import numpy as np
 import pytest
@@ -499,3 +500,26 @@ def test_induced_table_is_saved_reopened_and_refused_when_too_big(sbm, tmp_path,
         idx.induced.batch(sbm, np.array([6, 5]), ptr, nodes)
     with pytest.raises(ValueError, match="longer than"):
         idx.induced.batch(sbm, np.array([5]), np.array([0, 31]), np.arange(31) + 5)
+
+
+def test_a_build_killed_mid_write_leaves_nothing_the_next_build_keeps(sbm, tmp_path, caplog):
+    """A build killed with SIGKILL cannot remove its temporary directory; the next ``open_or_build`` of
+    that cache directory removes it (its process is gone) and leaves a live writer's alone."""
+    import subprocess
+    import sys
+
+    cfg = PPRConfig(eps=1e-4, topk=25)
+    d = PPRIndex.path_for(tmp_path, sbm, cfg)
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    stale = tmp_path / f"{d.name}.tmp-{dead}-140000"
+    stale.mkdir()
+    (stale / "nodes.bin").write_bytes(b"\0" * 4096)
+    live = tmp_path / f"{d.name}.tmp-{os.getpid()}-1"  # this process: alive, so someone's build in progress
+    live.mkdir()
+    other = tmp_path / "ppr-otherfingerprint-x.tmp-1-1"  # another index's: not this build's business
+    other.mkdir()
+    with caplog.at_level("WARNING", logger="kernels.datasets"):
+        PPRIndex.open_or_build(tmp_path, sbm, cfg, progress=False)
+    assert not stale.exists() and live.exists() and other.exists()
+    assert any("interrupted PPR index build" in r.getMessage() for r in caplog.records)

@@ -715,3 +715,28 @@ def test_a_failing_resident_path_is_switched_off_and_the_batch_answered(tiny_rep
         with pytest.raises(RuntimeError, match="injected"):
             rt.process([WorkItem(call, 3, None, None, time.monotonic(), _WarmupFuture())])
         assert rt.paths[0] is path
+
+
+def test_gpu_defaults_resident_with_graphs_and_the_measured_crossover(tiny_repo, capsys):
+    """The GPU defaults decided from the H200 run (docs/BENCHMARKS.md, "GPU: an H200 machine, 2026-11-25"):
+    ``--gpu-min-targets`` left unset follows the GPU path a model takes; a CPU server on its defaults is not
+    resident and warns of nothing; a negative ``--gpu-min-targets`` is refused by the CLI."""
+    from serve.cli import main
+    from serve.runtime import GPU_MIN_TARGETS_AUTO, RuntimeOptions, gpu_min_targets_auto
+
+    from .serving import ServerThread
+
+    assert gpu_min_targets_auto(shadow=False, resident=True, graphs=True) == GPU_MIN_TARGETS_AUTO["plain-graphs"] == 64
+    assert gpu_min_targets_auto(shadow=True, resident=True, graphs=True) == GPU_MIN_TARGETS_AUTO["shadow-graphs"] == 8
+    assert gpu_min_targets_auto(shadow=False, resident=True, graphs=False) == 512
+    assert gpu_min_targets_auto(shadow=True, resident=True, graphs=False) == 32
+    assert gpu_min_targets_auto(shadow=True, resident=False, graphs=False) == GPU_MIN_TARGETS_AUTO["torch"] == 64
+    opts = RuntimeOptions()
+    assert (opts.resident, opts.cuda_graphs, opts.gpu_min_targets) == (None, None, None)
+    with ServerThread(tiny_repo, {"runtime_kw": {}}) as srv:
+        for name in ("gcn", "shadow"):
+            rt = srv.server.registry.get(name)
+            assert rt._resident is None and rt._resident_shadow is None and rt._captured is None
+            assert not any(p.name.endswith("-resident") for p in rt.paths)
+    assert main(["serve", "--repo", str(tiny_repo), "--gpu-min-targets", "-1"]) == 2
+    assert "--gpu-min-targets must be >= 0" in capsys.readouterr().err
