@@ -13,7 +13,7 @@
 # first, then as much of `scale` as the time left allows, with carry [".gpu"]; results land in $OUT
 # (the call brings them back, at most 8 files):
 #
-#   bash benchmarks/gpu_session.sh core           # tests, kernels (5 rounds), serving (1, 64, 1024 targets)
+#   bash benchmarks/gpu_session.sh core           # tests, kernels (5 rounds), serving (1, 64, 1024 targets), onenode
 #   bash benchmarks/gpu_session.sh scale          # ceiling (1, 16 CPU / 1, 4 GPU servers, 1, 4 PyG), throughput, reddit
 #   bash benchmarks/gpu_session.sh more           # the paper's experiment; throughput on the torch path
 #
@@ -24,6 +24,7 @@
 #                                                 # arxiv-like: widths, split thresholds, 16-bit, host time
 #   bash benchmarks/gpu_session.sh reddit         # the same on the Reddit-shaped graph (F = 64)
 #   bash benchmarks/gpu_session.sh serving        # device_split.py: CPU, GPU, hybrid, resident, CUDA graphs
+#   bash benchmarks/gpu_session.sh onenode        # one_node.py: a small batch's stages on CPU and GPU, profiled
 #   bash benchmarks/gpu_session.sh paper          # the ES-SpMM paper's experiment, CUDA events
 #   bash benchmarks/gpu_session.sh ceiling        # ceiling.py on its cores: CPU servers, GPU servers beside PyG twins
 #   bash benchmarks/gpu_session.sh throughput     # serve.py --quick --device cuda: floor, knobs, PyG twin
@@ -31,7 +32,7 @@
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|more|tests|kernels|reddit|serving|paper|ceiling|throughput"}
+step=${1:?"usage: $0 prepare|core|scale|more|tests|kernels|reddit|serving|onenode|paper|ceiling|throughput"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
@@ -87,6 +88,11 @@ step_serving() {
         --models gcn,shadow-gcn --batches "${BATCHES:-1,8,64,256,1024}" --rounds "${ROUNDS:-5}" \
         | tee "$OUT/serving.md" | tail -60
 }
+step_onenode() {  # where a small batch's time goes on the CPU and GPU paths, stage by stage, and a profile
+    rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
+    timeout "$1" python3 benchmarks/one_node.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
+        --models gcn,shadow-gcn --batches 1,8,64 --rounds "${ROUNDS:-5}" --profile | tee "$OUT/onenode.md" | tail -40
+}
 step_paper() {
     timeout "$1" python3 benchmarks/paper.py --device cuda --data-dir "$data" \
         --graphs "${GRAPHS:-cora,citeseer,pubmed-like,amazon_computers,arxiv-like,reddit-like}" --rounds 5 \
@@ -119,15 +125,16 @@ part() {
 }
 
 case "$step" in
-tests|kernels|reddit|serving|paper|ceiling|throughput)
+tests|kernels|reddit|serving|onenode|paper|ceiling|throughput)
     "step_$step" 570
     ;;
 core)
     # the first call of a GPU session (device time is 15 minutes in all, one call at most 10):
-    # correctness first, then the kernel table and the per-batch serving table, fewer rounds
+    # correctness first, then the kernel table, the per-batch serving table and the small batch's stages
     part tests 190
     ROUNDS=5 part kernels 160
-    ROUNDS=3 BATCHES=1,64,1024 part serving 160
+    ROUNDS=3 BATCHES=1,64,1024 part serving 120
+    ROUNDS=3 part onenode 90
     ;;
 scale)
     # the second call, right after the first (the machine stays warm 30 s): the serving ceiling, the

@@ -390,19 +390,20 @@ class ModelRuntime:
             return
         from kernels.resident import CapturedForward, ResidentPlain, ResidentShadow
 
+        t0 = time.perf_counter()
         resident: Any
         if shadow:
             resident = self._resident_shadow = ResidentShadow(self.model, self.ppr_index,
                                                               self.projections.complete_table, strategy=self.strategy)
-            log.info("model %s v%s: resident on %s (lists and induced table, k = %d)", self.name, self.version,
-                     self.device, resident.k)
+            log.info("model %s v%s: resident on %s (lists and induced table, k = %d) in %.1f s", self.name,
+                     self.version, self.device, resident.k, time.perf_counter() - t0)
         else:
             resident = self._resident = ResidentPlain(
                 self.model, self.graph, self.projections.complete_table, strategy=self.strategy,
                 budget_bytes=self.options.activation_budget_bytes,
                 reserved_width=resolve_knobs(self.limits, None, None, None)[0])
-            log.info("model %s v%s: resident on %s (graph %.1f MiB)", self.name, self.version, self.device,
-                     resident.dg.nbytes() / 2**20)
+            log.info("model %s v%s: resident on %s (graph %.1f MiB) in %.1f s", self.name, self.version,
+                     self.device, resident.dg.nbytes() / 2**20, time.perf_counter() - t0)
         if self.options.cuda_graphs is not False and self.device.type == "cuda":
             self._captured = CapturedForward(resident, max_bucket=self.options.max_batch_targets)
 

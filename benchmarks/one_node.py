@@ -1,0 +1,207 @@
+"""Where a small batch's time goes, CPU against GPU (issue 22: "a one-node GCN request on the GPU at or
+below its CPU cost").
+
+Loads a model repository the way the server does (one ``BackgroundServer`` per variant, no gRPC on the
+timed path) and times ``ModelRuntime.process`` on batches of ``B`` random targets, split into the stages
+it goes through, each measured on the host with ``perf_counter_ns`` by wrapping the function that does it
+(this script's wrappers only; the server has none):
+
+* ``process``: the whole call; ``path.run``: the serving path's own work (the rest of ``process`` is
+  choosing the path, pricing, building the results);
+* on the resident paths: ``captured.answer`` / ``resident.answer`` (the device part), within it
+  ``stage_ids`` (the ids into the pinned buffer), ``CUDAGraph.replay``, ``fetch`` (the packed copy back
+  and the event wait) and ``unpack_host`` (the rest of ``path.run`` there is mostly the batch's exact
+  edge count, on the host);
+* on the compiled CPU paths: ``path.run`` is the compiled forward.
+
+Each stage is given in microseconds per batch (its summed time over the timed batches, divided by their
+count), the variants interleaved round by round, median over rounds. With ``--profile`` and a GPU, one
+``torch.profiler`` pass over one-target batches of the GPU variant prints the operators by host time and
+the device time of the replayed graph.
+
+    python benchmarks/one_node.py --repo DIR/amazon_computers/repo --data ../shared/data/amazon_computers.npz \
+        --models gcn,shadow-gcn --batches 1,8,64 --profile
+
+Variants: ``cpu`` (``--device cpu``), ``gpu`` (``--device cuda --gpu-min-targets 0``: resident with CUDA
+graphs, every batch on the GPU), ``gpu-no-graphs`` (the same with ``--no-cuda-graphs``); and, not by
+default, ``cpu-resident`` (``--resident`` on the CPU). The GPU variants are left out where torch sees no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+VARIANTS = {"cpu": {"device": "cpu"}, "cpu-resident": {"device": "cpu", "resident": True},
+            "gpu": {"device": "cuda", "gpu_min_targets": 0},
+            "gpu-no-graphs": {"device": "cuda", "gpu_min_targets": 0, "cuda_graphs": False}}
+STAGES = ("process", "path.run", "captured.answer", "resident.answer", "stage_ids", "CUDAGraph.replay", "fetch",
+          "unpack_host")
+
+
+class Stages:
+    """Host time per stage (ns, summed), by wrapping the callables that do them."""
+
+    def __init__(self) -> None:
+        self.ns: collections.Counter[str] = collections.Counter()
+        self.undo: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, obj: Any, attr: str, name: str) -> None:
+        if obj is None or not hasattr(obj, attr):
+            return
+        real = getattr(obj, attr)
+        ns = self.ns
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter_ns()
+            try:
+                return real(*a, **k)
+            finally:
+                ns[name] += time.perf_counter_ns() - t
+
+        self.undo.append((obj, attr, obj.__dict__.get(attr, _MISSING) if hasattr(obj, "__dict__") else _MISSING))
+        setattr(obj, attr, timed)
+
+    def restore(self) -> None:
+        for obj, attr, old in reversed(self.undo):
+            if old is _MISSING:
+                delattr(obj, attr)
+            else:
+                setattr(obj, attr, old)
+        self.undo.clear()
+
+
+_MISSING = object()
+
+
+def instrument(rt: Any, stages: Stages) -> None:
+    stages.wrap(rt, "process", "process")
+    for p in rt.paths:
+        stages.wrap(p, "run", "path.run")
+    for res in (rt._resident, rt._resident_shadow):
+        if res is not None:
+            stages.wrap(res, "answer", "resident.answer")
+            for attr in ("stage_ids", "fetch", "unpack_host"):
+                stages.wrap(res, attr, attr)
+    if rt._captured is not None:
+        stages.wrap(rt._captured, "answer", "captured.answer")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repo", required=True, help="a model repository (checkpoint directories)")
+    ap.add_argument("--data", action="append", default=[], help="dataset path(s), as for gnnserve serve --data")
+    ap.add_argument("--models", required=True, help="comma-separated model names in the repository")
+    ap.add_argument("--batches", default="1,8,64", help="targets per batch")
+    ap.add_argument("--sets", type=int, default=200, help="batches per round")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--variants", default="cpu,gpu,gpu-no-graphs", help="comma-separated: " + ", ".join(VARIANTS))
+    ap.add_argument("--profile", action="store_true", help="GPU: a torch.profiler pass over one-target batches")
+    args = ap.parse_args(argv)
+
+    import numpy as np
+    import torch
+
+    from serve.batcher import WorkItem
+    from serve.runtime import RuntimeOptions
+    from serve.server import BackgroundServer, ServerConfig
+    from serve.validation import PredictCall
+
+    names = [v for v in args.variants.split(",") if v]
+    for v in names:
+        if v not in VARIANTS:
+            ap.error(f"unknown variant {v!r}")
+    if not torch.cuda.is_available():
+        names = [v for v in names if VARIANTS[v]["device"] == "cpu"]
+    servers = {v: BackgroundServer(ServerConfig(repo=args.repo, port=0, poll_s=0, data_paths=args.data,
+                                                runtime=RuntimeOptions(**VARIANTS[v]))).start() for v in names}
+
+    class _Pending:
+        def done(self) -> bool:
+            return False
+
+    rng = np.random.default_rng(0)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    print("## Where a small batch's time goes (`benchmarks/one_node.py`)\n")
+    print(f"`python benchmarks/one_node.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
+    print(f"{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} CPUs, {device}; us per batch "
+          f"(host time, summed per stage over {args.sets} batches / {args.sets}), median of {args.rounds} "
+          "interleaved rounds\n")
+    print("| model | variant | targets | path | " + " | ".join(STAGES) + " |")
+    print("|---|---|---|---|" + "---|" * len(STAGES))
+    profile_rt = None
+    try:
+        for model in [m for m in args.models.split(",") if m]:
+            rts = {v: s.server.registry.get(model) for v, s in servers.items()}
+            with torch.inference_mode():
+                for rt in rts.values():
+                    rt.warm_projections()
+            lim = next(iter(rts.values())).limits
+            width = lim.default_sampling_width
+
+            def run(rt: Any, nodes: np.ndarray, lim: Any = lim, width: int = width) -> str:
+                call = PredictCall("bench", nodes, [], width, lim.default_ppr_budget, "default", 0.0, True, False)
+                res = rt.process([WorkItem(call, len(nodes), None, None, time.monotonic(), _Pending())])[0]
+                if isinstance(res, BaseException):
+                    raise res
+                return str(res.path)
+
+            for size in (min(int(b), lim.num_nodes) for b in args.batches.split(",") if b):
+                per: dict[str, list[dict[str, float]]] = {v: [] for v in rts}
+                paths: dict[str, str] = {}
+                for rt in rts.values():  # untimed: first use (a width's table, a CUDA graph capture)
+                    for _ in range(3):
+                        run(rt, np.sort(rng.choice(lim.num_nodes, size, replace=False)).astype(np.int64))
+                    if rt._resident is not None:
+                        rt._resident.wait_for_builds()
+                for _ in range(args.rounds):
+                    for v, rt in rts.items():
+                        batches = [np.sort(rng.choice(lim.num_nodes, size, replace=False)).astype(np.int64)
+                                   for _ in range(args.sets)]
+                        stages = Stages()
+                        instrument(rt, stages)
+                        if rt._captured is not None:
+                            stages.wrap(torch.cuda.CUDAGraph, "replay", "CUDAGraph.replay")
+                        try:
+                            for nodes in batches:
+                                paths[v] = run(rt, nodes)
+                        finally:
+                            stages.restore()
+                        per[v].append({k: stages.ns[k] / args.sets / 1e3 for k in STAGES})
+                for v in rts:
+                    med = {k: statistics.median(r[k] for r in per[v]) for k in STAGES}
+                    print(f"| {model} | {v} | {size} | {paths[v]} | "
+                          + " | ".join(f"{med[k]:.1f}" if med[k] else "-" for k in STAGES) + " |", flush=True)
+                if args.profile and "gpu" in rts and size == 1 and profile_rt is None:
+                    profile_rt = (model, rts["gpu"], run)
+        if profile_rt is not None:
+            model, rt, run = profile_rt
+            from torch.profiler import ProfilerActivity, profile
+
+            batches = [np.array([int(i)], dtype=np.int64) for i in rng.choice(lim.num_nodes, 200)]
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for nodes in batches:
+                    run(rt, nodes)
+            print(f"\n`torch.profiler`, {model}, 200 one-target batches on the `gpu` variant:\n")
+            print("```")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+            print("```")
+    finally:
+        for s in servers.values():
+            s.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
