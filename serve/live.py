@@ -54,6 +54,7 @@ import grpc
 import numpy as np
 
 from kernels.datasets import remove_stale_tmp
+from kernels.update_warmup import warm_in_background
 
 from .errors import GnnServeError, InvalidArgument, Unavailable
 
@@ -538,6 +539,8 @@ class LiveGraph:
         self.features: LiveFeatures = data.features
         for key, idx in list(data.ppr_indexes.items()):
             data.ppr_indexes[key] = self.wrap_index(idx)
+        if not self.remote:  # the first update's kernels compiled now, beside serving (kernels.update_warmup)
+            warm_in_background(data.graph)
         self.label = data.fingerprint[:12]
         self._follower: threading.Thread | None = None
         self._stop = threading.Event()
@@ -552,7 +555,10 @@ class LiveGraph:
             return idx
         from kernels.ppr_live import LivePPRIndex
 
-        return idx if isinstance(idx, LivePPRIndex) else LivePPRIndex(idx, tol_factor=self.ppr_tolerance)
+        if isinstance(idx, LivePPRIndex):
+            return idx
+        warm_in_background(self.data.graph, idx.config)
+        return LivePPRIndex(idx, tol_factor=self.ppr_tolerance)
 
     def attach(self, rt: ModelRuntime) -> None:
         """Keep ``rt`` up to date with the graph. Build it and attach it inside :meth:`writing`, so that no
