@@ -854,8 +854,33 @@ class LiveGraph:
                 if not records:
                     return done
                 for version, payload in records:
-                    self._apply_record(version, payload)
+                    try:
+                        self._apply_record(version, payload)
+                    except Exception as exc:
+                        raise self._replay_failure(version, exc) from exc
                     done += 1
+
+    def _replay_failure(self, version: int, exc: BaseException) -> Exception:
+        """The error of a logged update that cannot be applied again: where it is and how to repair it
+        (``gnnserve log``). An :class:`UpdateLogError`, so that a follower takes the graph out of service
+        instead of retrying a record that fails every time."""
+        from .update_log import UpdateLogError
+
+        path = getattr(self.log, "path", None)
+        head = version
+        with contextlib.suppress(Exception):
+            head = int(self.log.head())
+        what = f"it and the {head - version} after it" if head > version else "it"
+        if path is not None:
+            where = f"--log-dir {Path(path).parent} --graph {self.label}"
+            fix = (f"'gnnserve log show {where}' lists the records; 'gnnserve log truncate {where} --after "
+                   f"{version - 1} --yes' (every server of the log stopped) drops {what}; updates dropped were "
+                   "acknowledged to their clients: keep them first with 'gnnserve log show ... --json'")
+        else:
+            fix = "the log is a Redis stream: inspect and trim it with Redis's tools"
+        return UpdateLogError(f"graph {self.label}: logged update {version} cannot be applied again "
+                              f"({type(exc).__name__}: {exc}); the graph stays at version {self.version}, out of "
+                              f"service, and the log is kept as it is. {fix}")
 
     def _apply_record(self, version: int, payload: bytes) -> None:
         from clients._gen import gnnserve_pb2 as pb

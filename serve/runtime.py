@@ -339,8 +339,8 @@ class ModelRuntime:
                      self.device, "resident" if resident_now else "not resident (torch path)",
                      ", CUDA graphs" if self._captured is not None else "", self.gpu_min_targets)
         if options.cuda_graphs and (self._captured is None):
-            log.warning("model %s v%s: --cuda-graphs ignored (it needs --resident on --device cuda and a model "
-                        "that takes a resident path)", name, version)
+            log.warning("model %s v%s: --cuda-graphs ignored (it needs a model resident on --device cuda, where "
+                        "models are resident unless --no-resident)", name, version)
         # the plan path of a 2-layer plain model: the last layer alone from per-node first-layer rows
         # (edges_on_two_layer_paths counts a 2-layer path from the last layer's plan, hence 2 layers only).
         # A resident model keeps its first-layer tables on its device: no second copy in an ActivationCache,

@@ -438,6 +438,29 @@ class FileUpdateLog:
             self._cond.notify_all()
             return version
 
+    def truncate_after(self, version: int) -> int:
+        """Drop every record after ``version`` (an operator's repair, ``gnnserve log truncate``: a record
+        that fails on replay and the ones after it); returns how many. A writer only, so no server writes
+        the log meanwhile; records compacted into the snapshot (``version < base``) cannot be dropped."""
+        with self._lock:
+            self._check_open()
+            self._check_writable()
+            head, base = self._head, self._base
+            version = int(version)
+            if version < base:
+                raise UpdateLogError(f"update log {self.path}: versions up to {base} are compacted into the "
+                                     f"snapshot; the log holds {base + 1}..{head}")
+            if version >= head:
+                return 0
+            cut = self._offsets[version - base]  # where record version + 1 starts
+            os.ftruncate(self._fd, cut)
+            self._sync()
+            del self._offsets[version - base:]
+            self._end = cut
+            log.info("update log %s: records %d..%d dropped (truncated after version %d)", self.path,
+                        version + 1, head, version)
+            return head - version
+
     def read(self, after: int = 0, limit: int | None = None) -> list[tuple[int, bytes]]:
         after, limit = _check_after(after, limit)
         with self._lock:

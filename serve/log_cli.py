@@ -1,0 +1,167 @@
+"""``gnnserve log``: look into a repository's graph update logs, and cut one back (an operator's repair).
+
+A server writes every accepted update to its graph's log (``REPO/_live/<dataset fingerprint>.log``, or
+``--update-log-dir``; :mod:`serve.update_log`) and replays it at start. An update that cannot be applied
+again (a bug, a resource the machine no longer has) keeps that graph out of service at every restart:
+the server logs which version failed. ``gnnserve log show`` lists the logs and their records (what
+each update changed, or the updates themselves as JSON lines that ``gnnserve update`` takes, each record's
+version in a ``#`` comment line);
+``gnnserve log truncate --after V`` drops every record after version ``V``, so that the graph replays to
+``V`` and serves again. The updates dropped were acknowledged to their clients: they are lost unless
+sent again (``show --json`` first keeps them). Truncating needs every server of the log stopped (the
+log's lock says so otherwise), and ``--yes``; without it the command says what it would drop.
+
+Only file logs: a log in Redis (``--redis-url`` servers) is a stream, read and trimmed with Redis's own
+tools.
+
+    gnnserve log show --repo REPO                       # every graph's log: versions, records, size
+    gnnserve log show --repo REPO --graph cd91052d48c0  # its records, one line each
+    gnnserve log show --repo REPO --graph cd91 --json > kept.jsonl
+    gnnserve log truncate --repo REPO --graph cd91 --after 56 --yes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .update_log import FileUpdateLog, UpdateLogError, UpdateLogInUse
+
+
+def _logs(args: argparse.Namespace) -> list[Path]:
+    if not (args.log_dir or args.repo):
+        raise SystemExit("gnnserve log: give --repo (its logs are in REPO/_live) or --log-dir")
+    d = Path(args.log_dir) if args.log_dir else Path(args.repo) / "_live"
+    if not d.is_dir():
+        raise SystemExit(f"gnnserve log: no update logs: {d} does not exist (a server writes them there once it "
+                         "takes an update; --log-dir for a server run with --update-log-dir)")
+    found = sorted(d.glob("*.log"))
+    if args.graph:
+        found = [p for p in found if p.stem.startswith(args.graph)]
+        if not found:
+            raise SystemExit(f"gnnserve log: no update log of a graph {args.graph!r} in {d}")
+        if len(found) > 1:
+            names = ", ".join(p.stem[:16] for p in found)
+            raise SystemExit(f"gnnserve log: --graph {args.graph!r} matches several logs ({names}): give more of it")
+    return found
+
+
+def _summary(update: Any) -> str:
+    parts = [f"{n} {what}" for n, what in ((len(update.features), "feature rows"), (len(update.new_nodes), "new nodes"),
+                                          (len(update.remove_edges), "edges removed"),
+                                          (len(update.add_edges), "edges added")) if n]
+    via = f" via {update.model}" if update.model else ""
+    rid = f" [request {update.request_id}]" if update.request_id else ""
+    return f"{', '.join(parts) or 'nothing'}{via}{rid}"
+
+
+def _as_update_line(update: Any) -> dict[str, Any]:
+    """One update as ``gnnserve update``'s file format takes it (clients/cli.py)."""
+    out: dict[str, Any] = {"request_id": update.request_id} if update.request_id else {}
+    if update.features:
+        out["features"] = {str(r.node): [float(v) for v in r.features] for r in update.features}
+    if update.new_nodes:
+        out["new_nodes"] = [{"features": [float(v) for v in n.features], "neighbors": [int(v) for v in n.neighbors],
+                             **({"edge_weights": [float(v) for v in n.edge_weights]} if len(n.edge_weights) else {})}
+                            for n in update.new_nodes]
+    for key in ("remove_edges", "add_edges"):
+        edges = getattr(update, key)
+        if edges:
+            out[key] = [[int(e.src), int(e.dst)] + ([float(e.weight)] if e.HasField("weight") else []) for e in edges]
+    return out
+
+
+def _show(args: argparse.Namespace) -> int:
+    from clients._gen import gnnserve_pb2 as pb
+
+    logs = _logs(args)
+    if not logs:
+        print("no update logs", file=sys.stderr)
+        return 0
+    for path in logs:
+        with FileUpdateLog(path, follow=True) as lg:
+            head, base = lg.head(), lg.base
+            snapshot = path.with_suffix(".snapshot").exists()
+            if not args.json:
+                print(f"graph {path.stem[:12]}: versions {base + 1}..{head} in the log ({head - base} records, "
+                      f"{lg.size_bytes():,} bytes){f'; 1..{base} in its snapshot' if snapshot and base else ''}  "
+                      f"{path}")
+            if not (args.graph or args.json):
+                continue
+            after = base
+            while after < head:
+                for version, payload in lg.read(after, limit=1024):
+                    after = version
+                    rec = pb.UpdateLogRecord.FromString(payload)
+                    if args.json:  # a '#' line is a comment to 'gnnserve update'
+                        print(f"# graph {path.stem[:12]} version {version}")
+                        for u in rec.updates:
+                            print(json.dumps(_as_update_line(u)))
+                    else:
+                        text = "; ".join(_summary(u) for u in rec.updates)
+                        print(f"  {version}: {len(payload):,} bytes, {len(rec.updates)} update(s): {text}")
+    return 0
+
+
+def _truncate(args: argparse.Namespace) -> int:
+    (path,) = _logs(args) if args.graph else (None,)
+    if path is None:
+        raise SystemExit("gnnserve log truncate: --graph is required (the fingerprint prefix 'show' lists)")
+    try:
+        lg = FileUpdateLog(path)
+    except UpdateLogInUse:
+        print(f"gnnserve log truncate: a server is running on {path} (it holds the log's lock): stop every server "
+              "of this repository first", file=sys.stderr)
+        return 1
+    with lg:
+        head, base = lg.head(), lg.base
+        after = int(args.after)
+        if after < base:
+            print(f"gnnserve log truncate: versions 1..{base} of graph {path.stem[:12]} are compacted into its "
+                  f"snapshot ({path.with_suffix('.snapshot')}); the log holds {base + 1}..{head} only", file=sys.stderr)
+            return 2
+        if after >= head:
+            print(f"graph {path.stem[:12]}: the log ends at version {head}; nothing after {after} to drop")
+            return 0
+        what = f"{head - after} record(s), versions {after + 1}..{head}, of graph {path.stem[:12]}"
+        if not args.yes:
+            print(f"would drop {what}; the graph would then replay to version {after}. These updates were "
+                  "acknowledged to their clients: keep them first with 'gnnserve log show --json'. Add --yes to drop "
+                  "them.")
+            return 0
+        lg.truncate_after(after)
+        print(f"dropped {what}; the graph replays to version {after} at the next start")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="gnnserve log", description=__doc__.splitlines()[0],
+                                 epilog="The module docstring of serve/log_cli.py has examples.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, text in (("show", "list the logs, or one graph's records (--graph), or its updates as JSON lines"),
+                       ("truncate", "drop every record after --after (every server of the repository stopped)")):
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("--repo", default=None, help="the model repository the servers serve (logs in REPO/_live)")
+        p.add_argument("--log-dir", default=None, help="the servers' --update-log-dir (default REPO/_live)")
+        p.add_argument("--graph", default=None, help="a graph's dataset fingerprint, or its first characters")
+        if name == "show":
+            p.add_argument("--json", action="store_true",
+                           help="the updates as JSON lines, each record's version in a '#' comment line before "
+                                "it (the format 'gnnserve update' takes)")
+        else:
+            p.add_argument("--after", type=int, required=True, help="keep the records up to this version")
+            p.add_argument("--yes", action="store_true", help="drop them (without it: say what would be dropped)")
+    args = ap.parse_args(argv)
+    try:
+        return _show(args) if args.cmd == "show" else _truncate(args)
+    except UpdateLogError as exc:
+        print(f"gnnserve log: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

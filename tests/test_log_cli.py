@@ -1,0 +1,91 @@
+"""``gnnserve log`` (serve/log_cli.py) and a logged update that cannot be applied again: the server names
+the version and the repair; ``show`` lists the records and gives them back in ``gnnserve update``'s
+format; ``truncate`` refuses while a server holds the log, says what it would drop without ``--yes``, and
+with it the graph replays to the version kept and serves again. Real servers, real trained models, the
+real file log."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from clients import GnnClient
+from clients._gen import gnnserve_pb2 as pb
+from clients.cli import read_updates
+from clients.errors import NotFoundError
+from serve.log_cli import main as log_main
+from serve.update_log import FileUpdateLog, UpdateLogError
+
+from .serving import ServerThread
+
+
+@pytest.fixture()
+def repo(tiny_repo: Path, tmp_path: Path) -> Path:
+    d = tmp_path / "repo"
+    shutil.copytree(tiny_repo, d, ignore=shutil.ignore_patterns("_live", "_ppr"))
+    return d
+
+
+def test_a_poisoned_record_is_named_listed_and_dropped(repo: Path, capsys, caplog) -> None:
+    with ServerThread(repo, {"poll_s": 0}) as srv, GnnClient(srv.address) as c:
+        assert c.update_graph("gcn", add_edges=[(1, 2)], request_id="first").graph_version == 1
+        assert c.update_graph("gcn", features={5: [0.5] * srv.server.registry.get("gcn").model.in_dim},
+                              remove_edges=[(1, 2)]).graph_version == 2
+        want = c.predict("gcn", [1, 5], sampling_width=0)
+    (path,) = (repo / "_live").glob("*.log")
+    label = path.stem[:12]
+    bad = pb.UpdateLogRecord(updates=[pb.UpdateGraphRequest(add_edges=[pb.Edge(src=0, dst=10**9)])])
+    with FileUpdateLog(path) as lg:  # accepted once, say, by code that no longer accepts it
+        assert lg.append(bad.SerializeToString()) == 3
+
+    with caplog.at_level("ERROR"), ServerThread(repo, {"poll_s": 0}) as srv:
+        with GnnClient(srv.address) as c, pytest.raises(NotFoundError):  # no model on that graph loaded
+            c.predict("gcn", [1])
+        # a server holds the log: truncating is refused
+        assert log_main(["truncate", "--repo", str(repo), "--graph", label, "--after", "2", "--yes"]) == 1
+        assert "stop every server" in capsys.readouterr().err
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"graph {label}: logged update 3 cannot be applied again (GraphEditError" in text, text
+    assert f"gnnserve log truncate --log-dir {path.parent} --graph {label} --after 2 --yes" in text, text
+
+    assert log_main(["show", "--repo", str(repo)]) == 0
+    assert f"graph {label}: versions 1..3 in the log (3 records" in capsys.readouterr().out
+    assert log_main(["show", "--repo", str(repo), "--graph", label[:4]]) == 0
+    out = capsys.readouterr().out
+    assert "  1: " in out and "1 edges added [request first]" in out
+    assert "  2: " in out and "1 feature rows, 1 edges removed" in out and "  3: " in out
+    assert log_main(["show", "--repo", str(repo), "--graph", label, "--json"]) == 0
+    lines = capsys.readouterr().out
+    updates = read_updates(lines, "shown")  # what 'gnnserve update' would send again
+    assert [u.get("add_edges") for u in updates] == [[[1, 2]], None, [[0, 10**9]]]
+    assert updates[0]["request_id"] == "first" and set(updates[1]["features"]) == {"5"}
+    assert updates[1]["remove_edges"] == [[1, 2]]
+    assert "# graph " + label + " version 3" in lines
+
+    assert log_main(["truncate", "--repo", str(repo), "--graph", label, "--after", "2"]) == 0  # a dry run
+    assert "would drop 1 record(s), versions 3..3" in capsys.readouterr().out
+    with FileUpdateLog(path, follow=True) as lg:
+        assert lg.head() == 3
+    assert log_main(["truncate", "--repo", str(repo), "--graph", label, "--after", "2", "--yes"]) == 0
+    assert "dropped 1 record(s), versions 3..3" in capsys.readouterr().out
+    with ServerThread(repo, {"poll_s": 0}) as srv, GnnClient(srv.address) as c:
+        got = c.predict("gcn", [1, 5], sampling_width=0)
+        assert got.graph_version == 2 and list(got.labels) == list(want.labels)
+
+
+def test_truncate_after_keeps_whole_records_and_refuses_compacted_ones(tmp_path: Path) -> None:
+    path = tmp_path / "g.log"
+    with FileUpdateLog(path) as lg:
+        for i in range(5):
+            lg.append(bytes([i]) * (10 + i))
+        assert lg.truncate_after(5) == 0 and lg.truncate_after(2) == 3 and lg.head() == 2
+        assert lg.append(b"again") == 3  # appends go on after the cut
+        lg.truncate_before(2)  # compaction: versions 1..2 in a snapshot
+        with pytest.raises(UpdateLogError, match="compacted into the snapshot"):
+            lg.truncate_after(1)
+    with FileUpdateLog(path) as lg:  # reopened: the cut is on disk, nothing torn
+        assert [v for v, _ in lg.read(2)] == [3] and lg.read(2)[0][1] == b"again"
+    with FileUpdateLog(path, follow=True) as lg, pytest.raises(UpdateLogError, match="follow"):
+        lg.truncate_after(2)
