@@ -15,7 +15,9 @@ Tensor mapping (so ``tritonclient.grpc.InferenceServerClient`` works unchanged):
   (number) are the knobs; a value outside what the model accepts is refused with that range
   (:func:`serve.validation.knob_rule`: ``sampling_width`` >= 0, ``ppr_budget`` >= 1 on a shaDow
   model and >= 0 on a plain one, which has no budget: 0 or absent means none; both at most
-  2**31 - 1, the fields' width); ``min_graph_version`` is a graph version (>= 0). The response
+  2**31 - 1, the fields' width); ``min_graph_version`` is a graph version (>= 0); Triton's own
+  ``priority`` (>= 0, accepted and ignored: one priority level) and ``timeout`` (microseconds, 0 = none:
+  the request fails if still queued when it expires, as with a gRPC deadline) are taken too. The response
   parameters report the settings used and the timing.
 
 Triton's extensions of the service, and what gnnserve does with each:
@@ -96,8 +98,14 @@ INPUT = "NODE_IDS"
 OUTPUTS = ("LABELS", "PROBABILITIES", "EMBEDDINGS")
 DEFAULT_OUTPUTS = ("LABELS", "PROBABILITIES")
 KNOBS = ("sampling_width", "ppr_budget", "max_accuracy_loss")
-#: request parameters besides the knobs: read-your-writes on a live graph (serve.live)
-REQUEST_PARAMS = (*KNOBS, "min_graph_version")
+#: Triton's own request parameters: ``priority`` (accepted; the batcher has one priority level, as a Triton
+#: model without ``priority_levels``, which ignores it too) and ``timeout`` (microseconds, 0 = none: a request
+#: still queued when it expires fails, as with a gRPC deadline, whichever comes first)
+TRITON_PARAMS = ("priority", "timeout")
+#: request parameters besides the knobs: read-your-writes on a live graph (serve.live), Triton's own
+REQUEST_PARAMS = (*KNOBS, "min_graph_version", *TRITON_PARAMS)
+#: the largest ``timeout`` taken, in microseconds (a year: beyond it, no timeout is meant)
+MAX_TIMEOUT_US = 365 * 86400 * 10**6
 #: Triton's names of the protocol extensions this server implements (ServerMetadata.extensions)
 EXTENSIONS = ("parameters", "model_repository", "model_configuration", "statistics", "logging")
 #: the largest min_graph_version (PredictRequest's uint64 field)
@@ -152,6 +160,21 @@ def _int_param(name: str, p: pb.InferParameter) -> int:
     if not f.is_integer():  # also NaN and infinities
         raise InvalidArgument(f"parameter {name} must be an integer, got {v!r}")
     return int(f)
+
+
+def _request_deadline(request: pb.ModelInferRequest, deadline: float | None) -> float | None:
+    """The request's deadline (``time.monotonic``): its gRPC deadline, or its ``timeout`` parameter
+    (microseconds from now, 0 = none) if that comes first."""
+    if "timeout" not in request.parameters:
+        return deadline
+    us = _int_param("timeout", request.parameters["timeout"])
+    if not 0 <= us <= MAX_TIMEOUT_US:
+        raise InvalidArgument(f"parameter timeout must be >= 0 and <= {MAX_TIMEOUT_US} microseconds (0 = none), "
+                              f"got {us}")
+    if us == 0:
+        return deadline
+    mine = time.monotonic() + us / 1e6
+    return mine if deadline is None else min(deadline, mine)
 
 
 def _knob_param(name: str, p: pb.InferParameter, rt: ModelRuntime) -> int:
@@ -483,6 +506,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         rt = self.registry.get(request.model_name, request.model_version)
         nodes = _node_ids(request, rt.limits.max_nodes_per_request)
         try:  # the model's part (a Triton backend's): a failure here counts in inference_stats.fail
+            deadline = _request_deadline(request, deadline)
             call = await self._model_call(rt, request, nodes, wanted, deadline)
         except BaseException:  # cancellation too, as in ModelRuntime.submit; the time since the request came
             rt.stats.failed(round(1e9 * (time.perf_counter() - t0)))
@@ -540,6 +564,8 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
             greq.ppr_budget = _knob_param("ppr_budget", params["ppr_budget"], rt)
         if "max_accuracy_loss" in params:
             greq.max_accuracy_loss = _float_param("max_accuracy_loss", params["max_accuracy_loss"])
+        if "priority" in params and _int_param("priority", params["priority"]) < 0:
+            raise InvalidArgument("parameter priority must be >= 0 (Triton's priority level; this server has one)")
         if "min_graph_version" in params:
             v = _int_param("min_graph_version", params["min_graph_version"])
             if not 0 <= v <= MAX_GRAPH_VERSION:

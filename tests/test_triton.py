@@ -50,6 +50,8 @@ def test_infer_matches_native_api_with_knobs(probe, served):
     np.testing.assert_array_equal(labels, ref.labels)
     np.testing.assert_allclose(probs, ref.probabilities, rtol=1e-6)
     assert probe["embedding_shape"][0] == 3 and probe["embedding_shape"][1] > 0
+    # Triton's priority and timeout parameters are taken (one priority level; a 30 s timeout not reached)
+    assert probe["infer_priority_timeout"] == inf["labels"]
 
 
 @pytest.mark.parametrize(
@@ -60,6 +62,7 @@ def test_infer_matches_native_api_with_knobs(probe, served):
         ("bad_width", "StatusCode.INVALID_ARGUMENT", "sampling_width"),
         ("bad_budget", "StatusCode.INVALID_ARGUMENT", "ppr_budget"),
         ("bad_output", "StatusCode.INVALID_ARGUMENT", "unknown outputs"),
+        ("bad_timeout", "StatusCode.INVALID_ARGUMENT", "timeout must be >= 0"),
     ],
 )
 def test_errors_reach_tritonclient(probe, case, status, text):

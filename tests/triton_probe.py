@@ -15,11 +15,11 @@ import tritonclient.grpc as tritongrpc
 from tritonclient.utils import InferenceServerException
 
 
-def infer(client, nodes, outputs=("LABELS", "PROBABILITIES"), model="shadow", **params):
+def infer(client, nodes, outputs=("LABELS", "PROBABILITIES"), model="shadow", priority=0, timeout=None, **params):
     inp = tritongrpc.InferInput("NODE_IDS", [len(nodes)], "INT64")
     inp.set_data_from_numpy(np.asarray(nodes, dtype=np.int64))
     outs = [tritongrpc.InferRequestedOutput(o) for o in outputs]
-    return client.infer(model, [inp], outputs=outs, parameters=params or None)
+    return client.infer(model, [inp], outputs=outs, parameters=params or None, priority=priority, timeout=timeout)
 
 
 def main(address: str) -> dict:
@@ -46,6 +46,9 @@ def main(address: str) -> dict:
         "sampling_width": params["sampling_width"].int64_param,
         "ppr_budget": params["ppr_budget"].int64_param,
     }
+    # tritonclient's own priority and timeout (request parameters "priority" and "timeout", microseconds)
+    res = infer(client, nodes, sampling_width=4, ppr_budget=16, priority=3, timeout=30_000_000)
+    out["infer_priority_timeout"] = res.as_numpy("LABELS").tolist()
     out["embedding_shape"] = list(infer(client, nodes[:3], outputs=("EMBEDDINGS",)).as_numpy("EMBEDDINGS").shape)
 
     cases = {
@@ -54,6 +57,7 @@ def main(address: str) -> dict:
         "bad_width": {"nodes": [1], "sampling_width": -4},
         "bad_budget": {"nodes": [1], "ppr_budget": "many"},
         "bad_output": {"nodes": [1], "outputs": ("LOGITS",)},
+        "bad_timeout": {"nodes": [1], "timeout": -5},
     }
     out["errors"] = {}
     for name, kw in cases.items():
