@@ -42,6 +42,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO / "benchmarks"))  # bench_runtime, also when loaded as a module (after REPO: serve.py)
 
 VARIANTS = {"cpu": {"device": "cpu"}, "cpu-resident": {"device": "cpu", "resident": True},
             "gpu": {"device": "cuda", "gpu_min_targets": 0},
@@ -112,24 +113,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
     import torch
+    from bench_runtime import process, start_variants
 
-    from serve.batcher import WorkItem
-    from serve.runtime import RuntimeOptions
-    from serve.server import BackgroundServer, ServerConfig
-    from serve.validation import PredictCall
-
-    names = [v for v in args.variants.split(",") if v]
-    for v in names:
-        if v not in VARIANTS:
-            ap.error(f"unknown variant {v!r}")
-    if not torch.cuda.is_available():
-        names = [v for v in names if VARIANTS[v]["device"] == "cpu"]
-    servers = {v: BackgroundServer(ServerConfig(repo=args.repo, port=0, poll_s=0, data_paths=args.data,
-                                                runtime=RuntimeOptions(**VARIANTS[v]))).start() for v in names}
-
-    class _Pending:
-        def done(self) -> bool:
-            return False
+    servers = start_variants(ap, VARIANTS, args.variants, args.repo, args.data)
 
     rng = np.random.default_rng(0)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
@@ -151,11 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             width = lim.default_sampling_width
 
             def run(rt: Any, nodes: np.ndarray, lim: Any = lim, width: int = width) -> str:
-                call = PredictCall("bench", nodes, [], width, lim.default_ppr_budget, "default", 0.0, True, False)
-                res = rt.process([WorkItem(call, len(nodes), None, None, time.monotonic(), _Pending())])[0]
-                if isinstance(res, BaseException):
-                    raise res
-                return str(res.path)
+                return str(process(rt, nodes, width, lim.default_ppr_budget).path)
 
             for size in (min(int(b), lim.num_nodes) for b in args.batches.split(",") if b):
                 per: dict[str, list[dict[str, float]]] = {v: [] for v in rts}
