@@ -164,13 +164,15 @@ def pyg_serve(spec: dict[str, Any]) -> None:
     serves until SIGTERM."""
     import torch
 
-    from kernels.datasets import load_dataset
     from models.checkpoint import load_checkpoint
+    from serve.registry import find_dataset
 
     bench = _bench_serve()
     torch.set_num_threads(int(spec["threads"]))
-    ckpt = load_checkpoint(spec["checkpoint"])
-    ds = load_dataset(spec["data"])
+    ckpt_dir = Path(spec["checkpoint"])
+    ckpt = load_checkpoint(ckpt_dir)
+    # the dataset the server would find for it: by fingerprint among --data and the recorded source
+    ds = find_dataset(ckpt.dataset_fingerprint, ckpt.config["dataset"].get("source"), ckpt_dir, spec["data"])
     with torch.inference_mode():
         xn = ckpt.model.norm(torch.from_numpy(np.asarray(ds.x, dtype=np.float32)))
     model = bench.PygModel(ckpt, ds, xn, spec["device"])
@@ -231,8 +233,7 @@ class Server:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         ckpt_dir = sorted((args.repo / args.model).glob("*/config.json"), key=lambda p: int(p.parent.name))[-1].parent
-        conf = json.loads((ckpt_dir / "config.json").read_text())
-        data = str(args.data[0]) if args.data else conf["dataset"]["source"]
+        data = [str(d) for d in args.data]
         threads = max(1, (os.cpu_count() or 1) // self.processes)
         self.log_path = workdir / f"server-{variant}.log"
         self._log = open(self.log_path, "wb")
@@ -299,6 +300,10 @@ def run_phase(args: argparse.Namespace, server: Server, packed: bool, seed: int)
             "p99_ms": float(np.percentile(lat, 99)), "requests": len(lat),
             "server_cores": server_cpu / wall, "client_cores": sum(o["cpu_s"] / o["wall_s"] for o in outs),
             "served_by": dict(served)}
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 # ---------------------------------------------------------------------------- profile
@@ -488,16 +493,27 @@ def main(argv: list[str] | None = None) -> int:
             log(f"profile: server {counts[0]}, repeated probabilities, {args.profile:.0f} s")
             prof = profile(args, servers[counts[0]], workdir, log)
         variants = [(p, enc) for p in counts for enc in ("repeated", "packed")]
-        for r in range(args.rounds):
-            order = variants[r % len(variants):] + variants[:r % len(variants)]
-            if r % 2:
-                order = order[::-1]
-            for p, enc in order:
-                res = run_phase(args, servers[p], enc == "packed", 11 + r)
-                results[(p, enc)].append(res)
-                log(f"round {r + 1}: server {p}, {enc}: {res['nodes_per_s']:,.0f} nodes/s, "
-                    f"p50 {res['p50_ms']:.2f} ms, server {res['server_cores']:.2f} cores, "
-                    f"clients {res['client_cores']:.2f} cores, served_by {res['served_by']}")
+        # a time limit (timeout's SIGTERM) or Ctrl-C ends the rounds; the rounds every variant finished are
+        # still reported (a lent GPU's minutes are too few to lose a whole run)
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            for r in range(args.rounds):
+                order = variants[r % len(variants):] + variants[:r % len(variants)]
+                if r % 2:
+                    order = order[::-1]
+                for p, enc in order:
+                    res = run_phase(args, servers[p], enc == "packed", 11 + r)
+                    results[(p, enc)].append(res)
+                    log(f"round {r + 1}: server {p}, {enc}: {res['nodes_per_s']:,.0f} nodes/s, "
+                        f"p50 {res['p50_ms']:.2f} ms, server {res['server_cores']:.2f} cores, "
+                        f"clients {res['client_cores']:.2f} cores, served_by {res['served_by']}")
+        except KeyboardInterrupt:
+            done = min((len(results[v]) for v in variants), default=0)
+            log(f"interrupted: reporting the {done} round(s) every variant finished")
+            for v in variants:
+                del results[v][done:]
+            if not done:
+                return 1
     finally:
         for s in servers.values():
             s.stop()
@@ -523,7 +539,7 @@ def report(args: argparse.Namespace, results: dict[tuple[str, str], list[dict[st
     print(f"Started {started:%Y-%m-%d %H:%M} UTC on {platform.node() or 'this machine'}, {os.cpu_count()} CPUs; "
           f"load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end. Model `{args.model}` of {args.repo}, "
           f"{args.batch}-node requests with probabilities, {args.client_procs} client process(es) x {args.clients} "
-          f"async clients, {args.seconds:.0f} s phases, {args.rounds} rounds (median); servers on "
+          f"async clients, {args.seconds:.0f} s phases, {len(next(iter(results.values()), []))} rounds (median); servers on "
           f"`--device {args.device}`{({True: ' --resident', False: ' --no-resident'}).get(args.resident, '')}.\n")
     if prof is not None:
         ph, nodes = prof["phase"], prof["nodes"]

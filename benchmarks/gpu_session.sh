@@ -100,11 +100,14 @@ step_paper() {
 }
 step_ceiling() {  # CPU servers, then GPU servers (one CUDA context each) with the resident path
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
-    local half=$(($1 / 2))
+    local cpu_limit=${CPU_LIMIT:-$(($1 / 2))}
+    local half=$cpu_limit
     timeout "$half" python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
         --model gcn --processes "${CPU_PROCS:-1,4,8,16}" \
         --batch 64 --clients 16 --client-procs 4 --seconds 4 --rounds "${ROUNDS:-3}" | tee "$OUT/ceiling.md" | tail -30
-    # GPU servers (resident with CUDA graphs, the default) beside PyG twin processes on the same GPU (pygN)
+    # GPU servers (resident with CUDA graphs, the default) beside PyG twin processes on the same GPU (pygN);
+    # the rest of the limit (a timeout still reports the rounds every variant finished)
+    half=$(($1 - cpu_limit))
     timeout "$half" python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
         --model gcn --processes "${GPU_PROCS:-pyg1,pyg4,1,2,4}" \
         --batch 64 --clients 16 --client-procs 4 --seconds 4 --rounds "${ROUNDS:-3}" --device cuda \
@@ -139,9 +142,9 @@ core)
 scale)
     # the second call, right after the first (the machine stays warm 30 s): the serving ceiling, the
     # throughput against PyG, the Reddit-shaped kernel table
-    ROUNDS=2 CPU_PROCS=1,16 GPU_PROCS=pyg1,pyg4,1,4 part ceiling 220
-    part throughput 200
-    part reddit 130
+    ROUNDS=2 CPU_PROCS=1,16 GPU_PROCS=pyg1,pyg4,1,4 CPU_LIMIT=70 part ceiling 260
+    part throughput 150
+    part reddit 100
     ;;
 more)
     # a third call where the time allows: the paper's experiment, and the throughput run on the torch path

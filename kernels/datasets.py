@@ -20,6 +20,7 @@ times on the dataset (:attr:`GraphDataset.load_times`: ``read`` or ``generate``,
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -812,14 +813,21 @@ def synthetic_sbm_to_dir(
     return d
 
 
+#: a temporary directory is left alone while anything in it changed this recently: its writer may run on
+#: another host sharing the directory (a network volume), where its pid means nothing here
+STALE_AFTER_S = 300.0
+
+
 def remove_stale_tmp(parent: Path, name: str, what: str) -> int:
-    """Remove ``parent/<name>.tmp-<pid>[-<more>]`` files and directories whose writer process is gone
-    (killed mid-write: a clean failure removes its own); returns how many. ``what`` names the writer in
-    the log line ("an interrupted PPR index build")."""
+    """Remove ``parent/<name>.tmp-<pid>[-<more>]`` files and directories left by a writer killed mid-write
+    (a clean failure removes its own): its pid is not a live process here and nothing in it changed for
+    :data:`STALE_AFTER_S`. Names whose pid is not a number are not this code's and are kept. Returns how
+    many were removed. ``what`` names the writer in the log line ("an interrupted PPR index build")."""
     removed = 0
+    now = time.time()
     for stale in parent.glob(f"{glob_escape(name)}.tmp-*"):
         pid = stale.name[len(name) + len(".tmp-"):].split("-", 1)[0]
-        if pid.isdigit() and _pid_alive(int(pid)):
+        if not pid.isdigit() or _pid_alive(int(pid)) or now - _newest_mtime(stale) < STALE_AFTER_S:
             continue
         log.warning("removing %s, left by %s", stale, what)
         if stale.is_dir() and not stale.is_symlink():
@@ -830,12 +838,25 @@ def remove_stale_tmp(parent: Path, name: str, what: str) -> int:
     return removed
 
 
+def _newest_mtime(path: Path) -> float:
+    """The latest modification time of ``path`` and, for a directory, of everything in it."""
+    try:
+        newest = path.lstat().st_mtime
+        if path.is_dir() and not path.is_symlink():
+            for p in path.rglob("*"):
+                with contextlib.suppress(OSError):
+                    newest = max(newest, p.lstat().st_mtime)
+    except OSError:
+        return time.time()  # vanished or unreadable: not this call's to judge
+    return newest
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except (PermissionError, OverflowError, ValueError):  # another user's, or no pid at all: leave it
         return True
     return True
 

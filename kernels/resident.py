@@ -45,6 +45,7 @@ set), through the same slots as the last layer.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -868,6 +869,12 @@ class ResidentShadow(_OnDevice):
 #: on another thread, by another model or a version warming beside the one serving, would fail both
 #: batches and switch the resident path off). Taken inside a resident model's own lock.
 _CAPTURE_LOCK = threading.Lock()
+#: captured graphs kept per model (least recently replayed dropped first): each holds its own device memory
+#: pool, and the widths and budgets come from requests
+MAX_GRAPHS = 48
+#: a (bucket, width, budget, embeddings) key is captured on its this-many-th batch; the ones before take the
+#: resident forward uncaptured, so one-off settings do not each pay a capture and a pool
+CAPTURE_AFTER = 2
 
 
 class CapturedForward:
@@ -890,13 +897,32 @@ class CapturedForward:
         self.r = resident
         self.shadow = isinstance(resident, ResidentShadow)
         self.max_bucket = int(max_bucket)
-        self._graphs: dict[tuple[int, int, int, bool], tuple[Any, torch.Tensor, torch.Tensor]] = {}
+        self._graphs: collections.OrderedDict[tuple[int, int, int, bool], tuple[Any, torch.Tensor, torch.Tensor]] = (
+            collections.OrderedDict())
+        self._seen: collections.Counter[tuple[int, int, int, bool]] = collections.Counter()
         self._generation = resident.generation
         self.captures = 0
         self.replays = 0
+        self.evictions = 0
 
     def accepts(self, targets: int, width: int) -> bool:
         return 0 < targets <= self.max_bucket and (self.shadow or 0 < width <= PAD_MAX)
+
+    def _key(self, targets: int, width: int, budget: int, want_emb: bool) -> tuple[int, int, int, bool]:
+        return bucket_of(targets), int(width), int(budget) if self.shadow else 0, bool(want_emb)
+
+    def wants(self, targets: int, width: int, budget: int = 0, want_emb: bool = False) -> bool:
+        """Whether this batch should replay a graph: :meth:`accepts` it, and its key is captured or has been
+        asked for :data:`CAPTURE_AFTER` times (the serving paths ask this; :meth:`answer` captures on demand)."""
+        if not self.accepts(targets, width):
+            return False
+        key = self._key(targets, width, budget, want_emb)
+        if key in self._graphs:
+            return True
+        if len(self._seen) > 64 * MAX_GRAPHS:  # bounded: requests choose the keys
+            self._seen.clear()
+        self._seen[key] += 1
+        return self._seen[key] >= CAPTURE_AFTER
 
     def _forward(self, rows: torch.Tensor, width: int, budget: int, want_emb: bool) -> torch.Tensor:
         """The forward and the packing of its outputs for a whole bucket (what a graph captures)."""
@@ -918,11 +944,16 @@ class CapturedForward:
             self._graphs.clear()
             self._generation = r.generation
         b = len(targets)
-        key = (bucket_of(b), width, budget if self.shadow else 0, bool(want_emb))
+        key = self._key(b, width, budget, want_emb)
         entry = self._graphs.get(key)
         if entry is None:
             entry = self._capture(*key)
             self._graphs[key] = entry
+            while len(self._graphs) > MAX_GRAPHS:  # its pool goes with the graph
+                self._graphs.popitem(last=False)
+                self.evictions += 1
+        else:
+            self._graphs.move_to_end(key)
         graph, static_in, static_out = entry
         r.batches += 1
         r.targets += b

@@ -54,7 +54,7 @@ import grpc
 import numpy as np
 
 from kernels.datasets import remove_stale_tmp
-from kernels.update_warmup import warm_in_background
+from kernels.update_warmup import warm_once
 
 from .errors import GnnServeError, InvalidArgument, Unavailable
 
@@ -537,10 +537,12 @@ class LiveGraph:
         if not isinstance(data.features, LiveFeatures):
             data.features = LiveFeatures(data.features)
         self.features: LiveFeatures = data.features
+        #: whether an update may ever be applied here: a local graph with a log (written, or followed)
+        self._takes_updates = update_log is not None and not self.remote
         for key, idx in list(data.ppr_indexes.items()):
             data.ppr_indexes[key] = self.wrap_index(idx)
-        if not self.remote:  # the first update's kernels compiled now, beside serving (kernels.update_warmup)
-            warm_in_background(data.graph)
+        if self._takes_updates:  # the first update's kernels compiled now, before serving (kernels.update_warmup)
+            warm_once(data.graph)
         self.label = data.fingerprint[:12]
         self._follower: threading.Thread | None = None
         self._stop = threading.Event()
@@ -557,7 +559,8 @@ class LiveGraph:
 
         if isinstance(idx, LivePPRIndex):
             return idx
-        warm_in_background(self.data.graph, idx.config)
+        if self._takes_updates:
+            warm_once(self.data.graph, idx.config)
         return LivePPRIndex(idx, tol_factor=self.ppr_tolerance)
 
     def attach(self, rt: ModelRuntime) -> None:

@@ -108,8 +108,9 @@ def _compiled_fits(rt: ModelRuntime, targets: int, new_nodes: bool) -> bool:
 
 
 def _small_on_gpu(rt: ModelRuntime, targets: int) -> bool:
-    """A batch a GPU runtime leaves to its compiled CPU paths (fewer than ``--gpu-min-targets`` targets)."""
-    return rt.device.type == "cuda" and rt._fused_params is not None and targets <= rt.fused_max_targets
+    """A batch a GPU runtime's resident paths leave to its compiled CPU paths (fewer than its
+    ``gpu_min_targets``: ``--gpu-min-targets``, or the measured crossover of its resident path)."""
+    return rt.device.type == "cuda" and rt._fused_params is not None and targets < rt.gpu_min_targets
 
 
 def _stateless_edges(rt: ModelRuntime, kept: np.ndarray, ids: np.ndarray, plan: Any, layers: int,
@@ -166,7 +167,7 @@ class ResidentPath(ServingPath):
         t_sub = time.perf_counter()  # no host plan: the device samples
         captured = rt._captured
         with _torch_threads_for(len(targets) * max(width, 1), rt._torch_threads):
-            if captured is not None and captured.accepts(len(targets), width):
+            if captured is not None and captured.wants(len(targets), width, 0, want_emb):
                 probs, labels, kept, emb = captured.answer(targets, width, want_emb)
             else:
                 probs, labels, kept, emb = rt._resident.answer(targets, width, want_emb)
@@ -198,7 +199,7 @@ class ShadowResidentPath(ServingPath):
         t_sub = time.perf_counter()
         captured = rt._captured
         with _torch_threads_for(len(targets) * budget, rt._torch_threads):
-            if captured is not None and captured.accepts(len(targets), width):
+            if captured is not None and captured.wants(len(targets), width, budget, want_emb):
                 probs, labels, kept, total, emb = captured.answer(targets, width, want_emb, budget)
             else:
                 probs, labels, kept, total, emb = rt._resident_shadow.answer(targets, width, budget, want_emb)

@@ -40,7 +40,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,36 @@ def _transient(exc: BaseException) -> bool:
     from .features.base import FeatureUnavailable
 
     return isinstance(exc, FeatureUnavailable)
+
+
+def find_dataset(fingerprint: str, source: str | None, ckpt_path: Path, data_paths: Sequence[str] = (),
+                 repo: Path | None = None) -> GraphDataset:
+    """The dataset a checkpoint was trained on, by its fingerprint: among ``data_paths`` (``--data``),
+    ``REPO/_data/<fingerprint>``, and the ``source`` the checkpoint recorded (a relative one also from the
+    checkpoint's directory). Raises :class:`RepositoryError` naming every candidate tried and why."""
+    cands: list[str] = list(data_paths)
+    local = (repo / "_data" / fingerprint) if repo is not None else None
+    if local is not None and local.exists():
+        cands.insert(0, str(local))
+    if source:
+        cands.append(source)
+        if not os.path.isabs(source):
+            cands.append(str((ckpt_path / source).resolve()))
+    seen = []
+    for c in cands:
+        try:
+            ds = load_dataset(c)
+        except Exception as exc:
+            seen.append(f"{c} ({type(exc).__name__}: {exc})")
+            continue
+        if ds.fingerprint() == fingerprint:
+            return ds
+        seen.append(f"{c} (fingerprint {ds.fingerprint()[:12]}..., not {fingerprint[:12]}...)")
+    where = f" or put the dataset directory at {local}" if local is not None else ""
+    raise RepositoryError(
+        f"no dataset with fingerprint {fingerprint} for {ckpt_path}; tried: {'; '.join(seen) or 'nothing'}. "
+        f"Pass --data PATH{where}"
+    )
 
 
 class ModelRegistry:
@@ -527,29 +557,7 @@ class ModelRegistry:
         return Path(self.options.update_log_dir) if self.options.update_log_dir else self.repo / "_live"
 
     def _find_dataset(self, fingerprint: str, source: str | None, ckpt_path: Path) -> GraphDataset:
-        cands: list[str] = []
-        cands += self.data_paths
-        local = self.repo / "_data" / fingerprint
-        if local.exists():
-            cands.insert(0, str(local))
-        if source:
-            cands.append(source)
-            if not os.path.isabs(source):
-                cands.append(str((ckpt_path / source).resolve()))
-        seen = []
-        for c in cands:
-            try:
-                ds = load_dataset(c)
-            except Exception as exc:
-                seen.append(f"{c} ({type(exc).__name__}: {exc})")
-                continue
-            if ds.fingerprint() == fingerprint:
-                return ds
-            seen.append(f"{c} (fingerprint {ds.fingerprint()[:12]}..., not {fingerprint[:12]}...)")
-        raise RepositoryError(
-            f"no dataset with fingerprint {fingerprint} for {ckpt_path}; tried: {'; '.join(seen) or 'nothing'}. "
-            f"Pass --data PATH or put the dataset directory at {local}"
-        )
+        return find_dataset(fingerprint, source, ckpt_path, self.data_paths, self.repo)
 
     def _remote_data_for(self, dataset_fp: str, graph_fp: str) -> DataBundle:
         """Graph, PPR lists and features from Redis (stateless replica); nothing from disk."""

@@ -79,18 +79,40 @@ SMALL_BATCH_ROWS = 4096
 #: Amazon Computers, docs/BENCHMARKS.md, "GPU: an H200 machine, 2026-11-25"). With CUDA graphs a plain GCN
 #: batch of 48 targets was even (0.98x) and 64 faster (0.89x); shaDow-GCN 4 even (1.05x), 8 faster (0.72x).
 #: Resident without graphs: plain 256 slower (1.37x), 1,024 faster (0.52x); shaDow 32 even (0.99x). The
-#: torch path (a model that cannot be resident) keeps the old default: shaDow crossed at 32, plain GCN not
-#: up to 1,024
-GPU_MIN_TARGETS_AUTO = {"plain-graphs": 64, "shadow-graphs": 8, "plain-resident": 512, "shadow-resident": 32,
-                        "torch": 64}
+#: torch path: shaDow 32 faster (0.88x); plain GCN never, up to 1,024 targets (3.6x slower there), so None:
+#: the compiled CPU paths take every batch they can. A batch the resident path declines (a width without
+#: its table yet, dirty targets after an update) goes to the compiled CPU paths below the torch entry
+GPU_MIN_TARGETS_AUTO: dict[str, int | None] = {"plain-graphs": 64, "shadow-graphs": 8, "plain-resident": 512,
+                                               "shadow-resident": 32, "plain-torch": None, "shadow-torch": 32}
 
 
-def gpu_min_targets_auto(shadow: bool, resident: bool, graphs: bool) -> int:
+def gpu_min_targets_auto(shadow: bool, resident: bool, graphs: bool) -> int | None:
     """:data:`GPU_MIN_TARGETS_AUTO`'s entry for a GPU model (``shadow``: a shaDow model; ``resident`` /
-    ``graphs``: whether it took a resident path and captures CUDA graphs)."""
+    ``graphs``: whether it took a resident path and captures CUDA graphs; ``resident`` False: the torch
+    path's). None: no batch is better on the GPU."""
+    family = "shadow" if shadow else "plain"
+    kind = "torch" if not resident else ("graphs" if graphs else "resident")
+    return GPU_MIN_TARGETS_AUTO[f"{family}-{kind}"]
+
+
+def gpu_thresholds(options: RuntimeOptions, shadow: bool, resident: bool, graphs: bool,
+                   on_gpu: bool) -> tuple[float, float]:
+    """``(gpu_min_targets, fused_max_targets)`` of a runtime: its resident paths take batches of at least
+    the first; its compiled CPU paths batches of at most the second. On a GPU with ``gpu_min_targets``
+    unset, the compiled paths take every batch below the torch path's crossover, so that a batch the
+    resident path declines goes to the faster of the two; set, it is one threshold for every GPU path."""
+    if not on_gpu:
+        return math.inf, options.fused_max_targets
+    if options.gpu_min_targets is not None:
+        torch_min: int | None = options.gpu_min_targets
+        resident_min: float = options.gpu_min_targets
+    else:
+        torch_min = gpu_min_targets_auto(shadow, False, False)
+        resident_min = gpu_min_targets_auto(shadow, True, graphs) or 0
     if not resident:
-        return GPU_MIN_TARGETS_AUTO["torch"]
-    return GPU_MIN_TARGETS_AUTO[f"{'shadow' if shadow else 'plain'}-{'graphs' if graphs else 'resident'}"]
+        resident_min = torch_min if torch_min is not None else math.inf
+    fused_max = min(options.fused_max_targets, torch_min - 1 if torch_min is not None else math.inf)
+    return resident_min, fused_max
 
 
 #: the default RuntimeOptions.fused_max_targets: a batch of at most this many targets on a CPU takes a
@@ -324,20 +346,18 @@ class ModelRuntime:
         # resident and CUDA graphs unless told otherwise on a GPU, never unless told on a CPU
         wants_resident = options.resident if options.resident is not None else on_gpu
         if wants_resident or options.serving_path in ("plain-resident", "shadow-resident"):
-            self._resident_init()
+            # asked for: a failure is the model's; by default on a GPU: said, and the torch path serves
+            self._resident_init(fallback=options.resident is None and options.serving_path is None)
         resident_now = self._resident is not None or self._resident_shadow is not None
-        #: batches of fewer targets take the compiled CPU paths (a GPU runtime; RuntimeOptions.gpu_min_targets)
-        self.gpu_min_targets = (options.gpu_min_targets if options.gpu_min_targets is not None
-                                else gpu_min_targets_auto(self.extractor == "ppr", resident_now,
-                                                          self._captured is not None))
-        # the largest batch for the compiled forward on a GPU runtime (a CPU runtime: FUSED_MAX_TARGETS alone)
-        self._gpu_fused_max = self.gpu_min_targets - 1 if on_gpu else math.inf
-        #: the largest batch a compiled path takes (serve.paths)
-        self.fused_max_targets = min(options.fused_max_targets, self._gpu_fused_max)
+        #: a GPU runtime's resident paths take batches of at least this many targets (serve.paths); the
+        #: largest batch a compiled path takes
+        self.gpu_min_targets, self.fused_max_targets = gpu_thresholds(
+            options, self.extractor == "ppr", resident_now, self._captured is not None, on_gpu)
         if on_gpu:
-            log.info("model %s v%s on %s: %s%s; batches under %d targets on the compiled CPU paths", name, version,
+            log.info("model %s v%s on %s: %s%s; batches under %s targets on the compiled CPU paths", name, version,
                      self.device, "resident" if resident_now else "not resident (torch path)",
-                     ", CUDA graphs" if self._captured is not None else "", self.gpu_min_targets)
+                     ", CUDA graphs" if self._captured is not None else "",
+                     self.gpu_min_targets if resident_now else self.fused_max_targets + 1)
         if options.cuda_graphs and (self._captured is None):
             log.warning("model %s v%s: --cuda-graphs ignored (it needs a model resident on --device cuda, where "
                         "models are resident unless --no-resident)", name, version)
@@ -371,8 +391,22 @@ class ModelRuntime:
         self.stats = ModelStats()  # Triton's ModelStatistics (serve.stats): recorded in submit and process
         self.ready = False
 
-    def _resident_init(self) -> None:
-        """Build the resident path's state (kernels.resident) or say why this model cannot take it."""
+    def _resident_init(self, fallback: bool = False) -> None:
+        """Build the resident path's state (kernels.resident) or say why this model cannot take it.
+        ``fallback`` (resident by default, not asked for): a failure to build it (the GPU's memory, say) is
+        logged and the model serves without it."""
+        try:
+            self._resident_build()
+        except Exception:
+            if not fallback:
+                raise
+            log.exception("model %s v%s: its resident state could not be built on %s; it serves on the other "
+                          "paths (--no-resident says so at start)", self.name, self.version, self.device)
+            self._resident = self._resident_shadow = self._captured = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    def _resident_build(self) -> None:
         why = None
         shadow = self.extractor == "ppr"
         if not shadow and (self.num_layers != 2 or getattr(self.model, "plan_aggregator", -1) < 0):

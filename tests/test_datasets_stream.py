@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import filecmp
 import json
+import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -123,6 +125,9 @@ def test_a_dead_process_temp_dir_is_removed(tmp_path, small_chunks):
     (stale / "graph").mkdir(parents=True)
     (stale / "x.npy").write_bytes(b"half")
     (stale / "dataset.json").write_text("{}")  # even a stale metadata file never makes it look complete
+    old = time.time() - 3600  # untouched for an hour (a recent one may be another host's writer)
+    for p in (stale, stale / "graph", stale / "x.npy", stale / "dataset.json"):
+        os.utime(p, (old, old))
     d = synthetic_sbm_to_dir(tmp_path / "ds", 300, seed=4)
     assert not stale.exists()
     _assert_same(synthetic_sbm(300, seed=4), GraphDataset.load_dir(d))

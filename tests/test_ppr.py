@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import time
 
 import numpy as np
 import pytest
@@ -504,7 +505,9 @@ def test_induced_table_is_saved_reopened_and_refused_when_too_big(sbm, tmp_path,
 
 def test_a_build_killed_mid_write_leaves_nothing_the_next_build_keeps(sbm, tmp_path, caplog):
     """A build killed with SIGKILL cannot remove its temporary directory; the next ``open_or_build`` of
-    that cache directory removes it (its process is gone) and leaves a live writer's alone."""
+    that cache directory removes it (its process is gone, nothing in it changed for STALE_AFTER_S) and
+    leaves alone a live writer's, one written to recently (a writer on another host of a shared volume)
+    and names whose pid is not one."""
     import subprocess
     import sys
 
@@ -519,7 +522,16 @@ def test_a_build_killed_mid_write_leaves_nothing_the_next_build_keeps(sbm, tmp_p
     live.mkdir()
     other = tmp_path / "ppr-otherfingerprint-x.tmp-1-1"  # another index's: not this build's business
     other.mkdir()
+    recent = tmp_path / f"{d.name}.tmp-{dead}-7"  # a dead pid here, but written to just now: another host's?
+    recent.mkdir()
+    odd = [tmp_path / f"{d.name}.tmp-keep-me", tmp_path / f"{d.name}.tmp-99999999999999999999"]  # no pid of ours
+    for p in odd:
+        p.mkdir()
+    old = time.time() - 3600
+    for p in (stale, stale / "nodes.bin", *odd):
+        os.utime(p, (old, old))
     with caplog.at_level("WARNING", logger="kernels.datasets"):
         PPRIndex.open_or_build(tmp_path, sbm, cfg, progress=False)
-    assert not stale.exists() and live.exists() and other.exists()
+    assert not stale.exists() and live.exists() and other.exists() and recent.exists()
+    assert all(p.exists() for p in odd)
     assert any("interrupted PPR index build" in r.getMessage() for r in caplog.records)

@@ -730,7 +730,8 @@ def test_gpu_defaults_resident_with_graphs_and_the_measured_crossover(tiny_repo,
     assert gpu_min_targets_auto(shadow=True, resident=True, graphs=True) == GPU_MIN_TARGETS_AUTO["shadow-graphs"] == 8
     assert gpu_min_targets_auto(shadow=False, resident=True, graphs=False) == 512
     assert gpu_min_targets_auto(shadow=True, resident=True, graphs=False) == 32
-    assert gpu_min_targets_auto(shadow=True, resident=False, graphs=False) == GPU_MIN_TARGETS_AUTO["torch"] == 64
+    assert gpu_min_targets_auto(shadow=True, resident=False, graphs=False) == GPU_MIN_TARGETS_AUTO["shadow-torch"] == 32
+    assert gpu_min_targets_auto(shadow=False, resident=False, graphs=False) is None  # the torch path never won
     opts = RuntimeOptions()
     assert (opts.resident, opts.cuda_graphs, opts.gpu_min_targets) == (None, None, None)
     with ServerThread(tiny_repo, {"runtime_kw": {}}) as srv:
@@ -740,3 +741,74 @@ def test_gpu_defaults_resident_with_graphs_and_the_measured_crossover(tiny_repo,
             assert not any(p.name.endswith("-resident") for p in rt.paths)
     assert main(["serve", "--repo", str(tiny_repo), "--gpu-min-targets", "-1"]) == 2
     assert "--gpu-min-targets must be >= 0" in capsys.readouterr().err
+
+
+def test_gpu_thresholds_send_declined_batches_to_the_faster_path():
+    """serve.runtime.gpu_thresholds: with CUDA graphs a shaDow model's resident path takes 8 targets and
+    up, and its compiled CPU path every batch below the torch path's crossover (32), so a batch of 8..31
+    the resident path declines (dirty targets after an update, say) stays on the CPU rather than go to the
+    slower torch path on the GPU; a plain model's torch path never won, so its compiled paths take all;
+    ``--gpu-min-targets N`` is one threshold for every path; a CPU runtime has no GPU threshold."""
+    import math
+
+    from serve.runtime import FUSED_MAX_TARGETS, RuntimeOptions, gpu_thresholds
+
+    auto = RuntimeOptions()
+    assert gpu_thresholds(auto, True, True, True, True) == (8, 31)
+    assert gpu_thresholds(auto, True, True, False, True) == (32, 31)
+    assert gpu_thresholds(auto, False, True, True, True) == (64, FUSED_MAX_TARGETS)
+    assert gpu_thresholds(auto, False, False, False, True) == (math.inf, FUSED_MAX_TARGETS)
+    assert gpu_thresholds(auto, True, False, False, True) == (32, 31)
+    assert gpu_thresholds(RuntimeOptions(gpu_min_targets=16), True, True, True, True) == (16, 15)
+    assert gpu_thresholds(RuntimeOptions(gpu_min_targets=0), False, True, True, True) == (0, -1)
+    assert gpu_thresholds(auto, True, True, True, False) == (math.inf, FUSED_MAX_TARGETS)
+
+
+def test_a_resident_state_that_cannot_be_built_falls_back_when_not_asked_for(tiny_repo, monkeypatch, caplog):
+    """Resident by default (a GPU server) but its state cannot be built (the GPU's memory, say): the failure
+    is logged and the model serves on its other paths; asked for (--resident), the failure is the model's."""
+    from .serving import ServerThread
+
+    with ServerThread(tiny_repo, {"runtime_kw": {}}) as srv:
+        rt = srv.server.registry.get("gcn")
+
+        def no_memory() -> None:
+            rt._resident = object()  # half built when it failed
+            raise MemoryError("out of device memory (injected)")
+
+        monkeypatch.setattr(rt, "_resident_build", no_memory)
+        with caplog.at_level(logging.ERROR, logger="serve.runtime"):
+            rt._resident_init(fallback=True)
+        assert rt._resident is None and rt._captured is None
+        assert any("could not be built" in r.getMessage() for r in caplog.records)
+        with pytest.raises(MemoryError):
+            rt._resident_init(fallback=False)
+
+
+def test_captured_graphs_are_bounded_and_captured_on_a_second_request(monkeypatch):
+    """The serving paths replay a graph only for a (bucket, width, budget, embeddings) key asked for
+    CAPTURE_AFTER times (one-off widths run uncaptured), and at most MAX_GRAPHS graphs are kept, the least
+    recently replayed dropped first: requests choose widths, and each graph holds device memory."""
+    import kernels.resident as resident
+    from kernels.resident import CapturedForward
+
+    monkeypatch.setattr(resident, "MAX_GRAPHS", 3)
+    _, _, _, res = _setup("gcn", 12, False, "fastrand")
+    for width in (2, 3, 4, 5, 6):  # each width's first-layer table, built in the background, one at a time
+        res.request(width)
+        assert res.wait_for_builds(120) and res.holds(width)
+    cap = CapturedForward(res, max_bucket=64, emulate=True)
+    nodes = np.array([1, 5, 9])
+    assert not cap.wants(3, 4) and cap.wants(3, 4)  # the second request of the key
+    assert not cap.wants(3, 4, want_emb=True) and not cap.wants(70, 4) and not cap.wants(3, 0)
+    for width in (2, 3, 4, 5):
+        cap.answer(nodes, width, False)
+    assert cap.captures == 4 and cap.evictions == 1 and len(cap._graphs) == 3
+    cap.answer(nodes, 3, False)  # replayed: now the most recent
+    cap.answer(nodes, 6, False)  # evicts width 4, the least recently replayed
+    assert cap.evictions == 2 and {k[1] for k in cap._graphs} == {3, 5, 6}
+    assert cap.wants(3, 3)  # captured already: no second request needed
+    want = res.answer(nodes, 4, False)
+    got = cap.answer(nodes, 4, False)  # captured again after its eviction, same answer
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-7)
+    assert cap.captures == 6

@@ -1,9 +1,8 @@
-"""kernels.update_warmup: a server compiles its update kernels at start, on a background thread, so that
-the first UpdateGraph compiles nothing (it paid about 3 s with an empty numba cache: module docstring).
+"""kernels.update_warmup: a server compiles its update kernels while it loads a model on a graph that can
+take updates, so that the first UpdateGraph compiles nothing (it paid about 3 s with an empty numba cache: module docstring).
 
 Checked in a fresh interpreter (compiled specializations are per process): a real server over the trained
-tiny repository (a plain GCN and a shaDow model, its PPR index opened from disk), the warm-up threads
-joined, then real updates through the SDK, new node included; every numba dispatcher of the update path
+tiny repository (a plain GCN and a shaDow model), ready, then real updates through the SDK, new node included; every numba dispatcher of the update path
 must hold the same compiled signatures before and after them. Without the warm-up the splice and the
 live PPR kernels were first compiled by the update itself."""
 
@@ -18,7 +17,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = r"""
-import json, sys, threading
+import json, sys
 import numpy as np
 from clients import GnnClient, NewNode
 from kernels import graph_edit, plan, ppr_live, ppr_push
@@ -32,9 +31,6 @@ FUNCS = {"graph_edit._splice": graph_edit._splice, "plan._walk_sums_rows": plan.
 repo = sys.argv[1]
 srv = BackgroundServer(ServerConfig(repo=repo, port=0, poll_s=0)).start()
 try:
-    for t in threading.enumerate():
-        if t.name == "gnnserve-update-warmup":
-            t.join(300)
     before = {k: [str(s) for s in f.signatures] for k, f in FUNCS.items()}
     rt = srv.server.registry.get("gcn")
     with GnnClient(srv.address) as c:
