@@ -11,6 +11,21 @@ from typing import Any
 import numpy as np
 
 
+def parser(doc: str, variants: dict[str, dict[str, Any]], default_variants: str, batches: str,
+           sets: int) -> argparse.ArgumentParser:
+    """The arguments both scripts take: the repository, datasets, models, batch sizes, batches per round,
+    rounds and variants (a comma list of ``variants``' names)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repo", required=True, help="a model repository (checkpoint directories)")
+    ap.add_argument("--data", action="append", default=[], help="dataset path(s), as for gnnserve serve --data")
+    ap.add_argument("--models", required=True, help="comma-separated model names in the repository")
+    ap.add_argument("--batches", default=batches, help="targets per batch")
+    ap.add_argument("--sets", type=int, default=sets, help="batches per round")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--variants", default=default_variants, help="comma-separated: " + ", ".join(variants))
+    return ap
+
+
 def start_variants(ap: argparse.ArgumentParser, variants: dict[str, dict[str, Any]], wanted: str, repo: str,
                    data: list[str]) -> dict[str, Any]:
     """A started ``BackgroundServer`` per name in the comma list ``wanted`` (``ap.error`` on an unknown

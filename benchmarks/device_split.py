@@ -27,7 +27,6 @@ GPU.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import platform
@@ -40,6 +39,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.append(str(REPO / "benchmarks"))  # bench_runtime, also when loaded as a module (after REPO: serve.py)
 
+import bench_runtime  # noqa: E402
+
 VARIANTS = {"cpu": {"device": "cpu"}, "cuda": {"device": "cuda", "resident": False, "gpu_min_targets": 0},
             "cuda-hybrid": {"device": "cuda", "resident": False}, "cpu-resident": {"device": "cpu", "resident": True},
             "cuda-resident": {"device": "cuda", "resident": True, "cuda_graphs": False, "gpu_min_targets": 0},
@@ -49,14 +50,7 @@ DEFAULT_VARIANTS = "cpu,cuda,cuda-hybrid,cuda-resident,cuda-graphs,cuda-default"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repo", required=True, help="a model repository (checkpoint directories)")
-    ap.add_argument("--data", action="append", default=[], help="dataset path(s), as for gnnserve serve --data")
-    ap.add_argument("--models", required=True, help="comma-separated model names in the repository")
-    ap.add_argument("--batches", default="1,8,16,32,64,128,256,1024", help="targets per batch")
-    ap.add_argument("--sets", type=int, default=40, help="batches per round")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--variants", default=DEFAULT_VARIANTS, help="comma-separated: " + ", ".join(VARIANTS))
+    ap = bench_runtime.parser(__doc__, VARIANTS, DEFAULT_VARIANTS, batches="1,8,16,32,64,128,256,1024", sets=40)
     ap.add_argument("--width", type=int, default=None, help="sampling width (default: each model's default)")
     args = ap.parse_args(argv)
 

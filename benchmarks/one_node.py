@@ -29,7 +29,6 @@ default, ``cpu-resident`` (``--resident`` on the CPU). The GPU variants are left
 
 from __future__ import annotations
 
-import argparse
 import collections
 import datetime
 import os
@@ -43,6 +42,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.append(str(REPO / "benchmarks"))  # bench_runtime, also when loaded as a module (after REPO: serve.py)
+
+import bench_runtime  # noqa: E402
 
 VARIANTS = {"cpu": {"device": "cpu"}, "cpu-resident": {"device": "cpu", "resident": True},
             "gpu": {"device": "cuda", "gpu_min_targets": 0},
@@ -100,14 +101,7 @@ def instrument(rt: Any, stages: Stages) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repo", required=True, help="a model repository (checkpoint directories)")
-    ap.add_argument("--data", action="append", default=[], help="dataset path(s), as for gnnserve serve --data")
-    ap.add_argument("--models", required=True, help="comma-separated model names in the repository")
-    ap.add_argument("--batches", default="1,8,64", help="targets per batch")
-    ap.add_argument("--sets", type=int, default=200, help="batches per round")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--variants", default="cpu,gpu,gpu-no-graphs", help="comma-separated: " + ", ".join(VARIANTS))
+    ap = bench_runtime.parser(__doc__, VARIANTS, "cpu,gpu,gpu-no-graphs", batches="1,8,64", sets=200)
     ap.add_argument("--profile", action="store_true", help="GPU: a torch.profiler pass over one-target batches")
     args = ap.parse_args(argv)
 
