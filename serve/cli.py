@@ -277,6 +277,12 @@ def _serve(argv: Sequence[str]) -> int:
     if args.gpu_min_targets is not None and args.gpu_min_targets < 0:
         print("gnnserve serve: --gpu-min-targets must be >= 0 (0: every batch on the GPU)", file=sys.stderr)
         return 2
+    if args.resident is False and args.serving_path in ("plain-resident", "shadow-resident"):
+        print(f"gnnserve serve: --serving-path {args.serving_path} needs the resident state that --no-resident "
+              "turns off: drop one of them", file=sys.stderr)
+        return 2
+    if args.gpu_min_targets is not None and args.device != "cuda":
+        logging.getLogger("serve").warning("--gpu-min-targets has no effect without --device cuda")
     if (problem := _port_problem(args)) is not None:
         print(f"gnnserve serve: {problem}", file=sys.stderr)
         return 2

@@ -8,8 +8,10 @@ each update changed, or the updates themselves as JSON lines that ``gnnserve upd
 version in a ``#`` comment line);
 ``gnnserve log truncate --after V`` drops every record after version ``V``, so that the graph replays to
 ``V`` and serves again. The updates dropped were acknowledged to their clients: they are lost unless
-sent again (``show --json`` first keeps them). Truncating needs every server of the log stopped (the
-log's lock says so otherwise), and ``--yes``; without it the command says what it would drop.
+sent again (``show --json`` first keeps them). Truncating needs every server of the log stopped, the one
+writing it and those following it (their locks say so otherwise), and ``--yes``; without it the command
+says what it would drop. A log damaged before its last record is refused by both commands: restore it
+from a copy.
 
 Only file logs: a log in Redis (``--redis-url`` servers) is a stream, read and trimmed with Redis's own
 tools.
@@ -37,7 +39,7 @@ def _logs(args: argparse.Namespace) -> list[Path]:
         raise SystemExit("gnnserve log: give --repo (its logs are in REPO/_live) or --log-dir")
     d = Path(args.log_dir) if args.log_dir else Path(args.repo) / "_live"
     if not d.is_dir():
-        raise SystemExit(f"gnnserve log: no update logs: {d} does not exist (a server writes them there once it "
+        raise SystemExit(f"gnnserve log: no update logs: {d} is not a directory (a server writes them there once it "
                          "takes an update; --log-dir for a server run with --update-log-dir)")
     found = sorted(d.glob("*.log"))
     if args.graph:
@@ -54,9 +56,8 @@ def _summary(update: Any) -> str:
     parts = [f"{n} {what}" for n, what in ((len(update.features), "feature rows"), (len(update.new_nodes), "new nodes"),
                                           (len(update.remove_edges), "edges removed"),
                                           (len(update.add_edges), "edges added")) if n]
-    via = f" via {update.model}" if update.model else ""
     rid = f" [request {update.request_id}]" if update.request_id else ""
-    return f"{', '.join(parts) or 'nothing'}{via}{rid}"
+    return f"{', '.join(parts) or 'nothing'}{rid}"
 
 
 def _as_update_line(update: Any) -> dict[str, Any]:
@@ -87,7 +88,8 @@ def _show(args: argparse.Namespace) -> int:
             head, base = lg.head(), lg.base
             snapshot = path.with_suffix(".snapshot").exists()
             if not args.json:
-                print(f"graph {path.stem[:12]}: versions {base + 1}..{head} in the log ({head - base} records, "
+                held = f"versions {base + 1}..{head}" if head > base else "no records"
+                print(f"graph {path.stem[:12]}: {held} in the log ({head - base} records, "
                       f"{lg.size_bytes():,} bytes){f'; 1..{base} in its snapshot' if snapshot and base else ''}  "
                       f"{path}")
             if not (args.graph or args.json):
@@ -98,7 +100,9 @@ def _show(args: argparse.Namespace) -> int:
                     after = version
                     rec = pb.UpdateLogRecord.FromString(payload)
                     if args.json:  # a '#' line is a comment to 'gnnserve update'
-                        print(f"# graph {path.stem[:12]} version {version}")
+                        more = (f" ({len(rec.updates)} updates committed together; sent again, each takes a "
+                                "version of its own)") if len(rec.updates) > 1 else ""
+                        print(f"# graph {path.stem[:12]} version {version}{more}")
                         for u in rec.updates:
                             print(json.dumps(_as_update_line(u)))
                     else:
@@ -120,6 +124,10 @@ def _truncate(args: argparse.Namespace) -> int:
     with lg:
         head, base = lg.head(), lg.base
         after = int(args.after)
+        if after < 0:
+            print("gnnserve log truncate: --after must be >= 0 (a graph version; 0 drops every record)",
+                  file=sys.stderr)
+            return 2
         if after < base:
             print(f"gnnserve log truncate: versions 1..{base} of graph {path.stem[:12]} are compacted into its "
                   f"snapshot ({path.with_suffix('.snapshot')}); the log holds {base + 1}..{head} only", file=sys.stderr)
@@ -133,7 +141,11 @@ def _truncate(args: argparse.Namespace) -> int:
                   "acknowledged to their clients: keep them first with 'gnnserve log show --json'. Add --yes to drop "
                   "them.")
             return 0
-        lg.truncate_after(after)
+        try:
+            lg.truncate_after(after)
+        except UpdateLogInUse as exc:
+            print(f"gnnserve log truncate: {exc}", file=sys.stderr)
+            return 1
         print(f"dropped {what}; the graph replays to version {after} at the next start")
     return 0
 
@@ -161,6 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UpdateLogError as exc:
         print(f"gnnserve log: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into head, say
+        from .cli import stdout_closed
+
+        return stdout_closed()
 
 
 if __name__ == "__main__":

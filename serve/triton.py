@@ -104,7 +104,8 @@ KNOBS = ("sampling_width", "ppr_budget", "max_accuracy_loss")
 TRITON_PARAMS = ("priority", "timeout")
 #: request parameters besides the knobs: read-your-writes on a live graph (serve.live), Triton's own
 REQUEST_PARAMS = (*KNOBS, "min_graph_version", *TRITON_PARAMS)
-#: the largest ``timeout`` taken, in microseconds (a year: beyond it, no timeout is meant)
+#: a ``timeout`` above this many microseconds (a year) means none, as 0 does: clients send the largest
+#: integer for "no timeout"
 MAX_TIMEOUT_US = 365 * 86400 * 10**6
 #: Triton's names of the protocol extensions this server implements (ServerMetadata.extensions)
 EXTENSIONS = ("parameters", "model_repository", "model_configuration", "statistics", "logging")
@@ -168,10 +169,9 @@ def _request_deadline(request: pb.ModelInferRequest, deadline: float | None) -> 
     if "timeout" not in request.parameters:
         return deadline
     us = _int_param("timeout", request.parameters["timeout"])
-    if not 0 <= us <= MAX_TIMEOUT_US:
-        raise InvalidArgument(f"parameter timeout must be >= 0 and <= {MAX_TIMEOUT_US} microseconds (0 = none), "
-                              f"got {us}")
-    if us == 0:
+    if us < 0:
+        raise InvalidArgument(f"parameter timeout must be >= 0 microseconds (0 = none), got {str(us)[:32]}")
+    if us == 0 or us > MAX_TIMEOUT_US:
         return deadline
     mine = time.monotonic() + us / 1e6
     return mine if deadline is None else min(deadline, mine)

@@ -223,7 +223,8 @@ class FileUpdateLog:
         path: the log file (created with its directory when absent).
         fsync: ``fsync`` every append (survives a machine crash, not only the process dying).
         follow: open to **follow** the log another process writes (a second server on the repository,
-            a ``--read-only`` server, ``--processes`` children): no lock, nothing written (no header
+            a ``--read-only`` server, ``--processes`` children): no writer's lock (a shared one on
+            ``<log>.readers``, which :meth:`truncate_after` checks), nothing written to the log (no header
             for a new log, no cut of a torn tail; ``append`` and ``truncate_before`` raise), and every
             ``read`` / ``head`` / ``wait`` first picks up what the writer appended since (complete
             records only: a record being written is read once it is whole). A log replaced by the
@@ -246,7 +247,9 @@ class FileUpdateLog:
         self._lock_fd = -1
         self._base, self._offsets, self._end = 0, array("q"), _FILE_HDR.size
         self._have_header = False
+        self._readers_fd = -1
         if self.follow:
+            self._hold_reader_lock()
             self._reopen()
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -268,6 +271,25 @@ class FileUpdateLog:
             raise
 
     # ---------------------------------------------------------------- opening
+    def _readers_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".readers")
+
+    def _hold_reader_lock(self) -> None:
+        """A follower holds a shared lock on ``<log>.readers`` while open, so that an operator's
+        :meth:`truncate_after` can tell it runs (the writer's own lock does not cover followers). Where the
+        file cannot be made (a read-only directory, where nothing truncates the log either) it goes without."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self._readers_path(), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except OSError:
+            os.close(fd)
+            return
+        self._readers_fd = fd
+
     def _open(self) -> None:
         with contextlib.suppress(FileNotFoundError):  # a compaction that crashed before its os.replace
             os.unlink(self.path.with_name(self.path.name + ".compact.tmp"))
@@ -347,6 +369,9 @@ class FileUpdateLog:
         self._fd = fd
         size = os.fstat(fd).st_size
         if size < _FILE_HDR.size:  # a log being created: no records yet
+            head = os.pread(fd, size, 0)
+            if head != _header(0)[:size]:
+                raise UpdateLogError(f"{self.path} is not an update log (it starts with {head[:8]!r})")
             return
         self._have_header = True
         self._base = self._read_header(fd)
@@ -452,6 +477,9 @@ class FileUpdateLog:
                                      f"snapshot; the log holds {base + 1}..{head}")
             if version >= head:
                 return 0
+            if not self._no_followers():
+                raise UpdateLogInUse(f"update log {self.path} is followed by a running server (a --read-only one, "
+                                     "a --processes child, or a second server on the repository): stop it first")
             cut = self._offsets[version - base]  # where record version + 1 starts
             os.ftruncate(self._fd, cut)
             self._sync()
@@ -460,6 +488,20 @@ class FileUpdateLog:
             log.info("update log %s: records %d..%d dropped (truncated after version %d)", self.path,
                         version + 1, head, version)
             return head - version
+
+    def _no_followers(self) -> bool:
+        """Whether no process follows this log now (:meth:`_hold_reader_lock`)."""
+        try:
+            fd = os.open(self._readers_path(), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)  # releases the lock too
+        return True
 
     def read(self, after: int = 0, limit: int | None = None) -> list[tuple[int, bytes]]:
         after, limit = _check_after(after, limit)
@@ -574,6 +616,10 @@ class FileUpdateLog:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
                 os.close(self._lock_fd)
             self._lock_fd = -1
+        if self._readers_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._readers_fd)
+            self._readers_fd = -1
 
     def __enter__(self) -> FileUpdateLog:
         return self

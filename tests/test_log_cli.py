@@ -89,3 +89,28 @@ def test_truncate_after_keeps_whole_records_and_refuses_compacted_ones(tmp_path:
         assert [v for v, _ in lg.read(2)] == [3] and lg.read(2)[0][1] == b"again"
     with FileUpdateLog(path, follow=True) as lg, pytest.raises(UpdateLogError, match="follow"):
         lg.truncate_after(2)
+
+
+def test_truncate_is_refused_while_a_server_follows_the_log(tmp_path: Path, capsys) -> None:
+    """A follower (a --read-only server, a --processes child) holds no writer's lock, but a shared one on
+    ``<log>.readers``: truncating under it would cut records it applied, so it is refused; closed, the
+    truncate goes ahead. A negative --after and a file that is not a log get one-line errors."""
+    live = tmp_path / "_live"
+    path = live / "abcdef123456.log"
+    with FileUpdateLog(path) as lg:
+        for i in range(4):
+            lg.append(bytes([i]) * 8)
+    follower = FileUpdateLog(path, follow=True)
+    assert follower.head() == 4
+    args = ["truncate", "--log-dir", str(live), "--graph", "abc", "--after", "2", "--yes"]
+    assert log_main(args) == 1
+    assert "followed by a running server" in capsys.readouterr().err
+    with FileUpdateLog(path) as lg, pytest.raises(UpdateLogError, match="followed by a running server"):
+        lg.truncate_after(2)
+    follower.close()
+    assert log_main(args) == 0 and "dropped 2 record(s), versions 3..4" in capsys.readouterr().out
+    assert log_main(["truncate", "--log-dir", str(live), "--graph", "abc", "--after", "-1", "--yes"]) == 2
+    assert "--after must be >= 0" in capsys.readouterr().err
+    (live / "zzz.log").write_bytes(b"garbage\n")  # shorter than a header, and not the start of one
+    assert log_main(["show", "--log-dir", str(live), "--graph", "zzz"]) == 1
+    assert "is not an update log" in capsys.readouterr().err

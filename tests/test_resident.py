@@ -741,6 +741,8 @@ def test_gpu_defaults_resident_with_graphs_and_the_measured_crossover(tiny_repo,
             assert not any(p.name.endswith("-resident") for p in rt.paths)
     assert main(["serve", "--repo", str(tiny_repo), "--gpu-min-targets", "-1"]) == 2
     assert "--gpu-min-targets must be >= 0" in capsys.readouterr().err
+    assert main(["serve", "--repo", str(tiny_repo), "--serving-path", "plain-resident", "--no-resident"]) == 2
+    assert "drop one of them" in capsys.readouterr().err
 
 
 def test_gpu_thresholds_send_declined_batches_to_the_faster_path():

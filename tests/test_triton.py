@@ -51,7 +51,7 @@ def test_infer_matches_native_api_with_knobs(probe, served):
     np.testing.assert_allclose(probs, ref.probabilities, rtol=1e-6)
     assert probe["embedding_shape"][0] == 3 and probe["embedding_shape"][1] > 0
     # Triton's priority and timeout parameters are taken (one priority level; a 30 s timeout not reached)
-    assert probe["infer_priority_timeout"] == inf["labels"]
+    assert probe["infer_priority_timeout"] == inf["labels"] == probe["infer_no_timeout"]
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,9 @@ def main(address: str) -> dict:
     # tritonclient's own priority and timeout (request parameters "priority" and "timeout", microseconds)
     res = infer(client, nodes, sampling_width=4, ppr_budget=16, priority=3, timeout=30_000_000)
     out["infer_priority_timeout"] = res.as_numpy("LABELS").tolist()
+    # the largest int64 for "no timeout", as clients send it: answered, not refused
+    res = infer(client, nodes, sampling_width=4, ppr_budget=16, timeout=2**63 - 1)
+    out["infer_no_timeout"] = res.as_numpy("LABELS").tolist()
     out["embedding_shape"] = list(infer(client, nodes[:3], outputs=("EMBEDDINGS",)).as_numpy("EMBEDDINGS").shape)
 
     cases = {
