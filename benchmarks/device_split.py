@@ -56,11 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
     import torch
-    from bench_runtime import process, start_variants
 
     from kernels.resident import CAPTURE_AFTER
 
-    servers = start_variants(ap, VARIANTS, args.variants, args.repo, args.data)
+    servers = bench_runtime.start_variants(ap, VARIANTS, args.variants, args.repo, args.data)
     names = list(servers)
     sizes = [int(b) for b in args.batches.split(",") if b]
     rng = np.random.default_rng(0)
@@ -84,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             paths: dict[str, str] = {}
 
             def run(v, rt, nodes, lim=lim, width=width, paths=paths):
-                paths[v] = process(rt, nodes, width, lim.default_ppr_budget).path
+                paths[v] = bench_runtime.process(rt, nodes, width, lim.default_ppr_budget).path
 
             for size in sizes:
                 size = min(size, lim.num_nodes)

@@ -107,9 +107,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
     import torch
-    from bench_runtime import process, start_variants
 
-    servers = start_variants(ap, VARIANTS, args.variants, args.repo, args.data)
+    servers = bench_runtime.start_variants(ap, VARIANTS, args.variants, args.repo, args.data)
 
     rng = np.random.default_rng(0)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
@@ -131,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             width = lim.default_sampling_width
 
             def run(rt: Any, nodes: np.ndarray, lim: Any = lim, width: int = width) -> str:
-                return str(process(rt, nodes, width, lim.default_ppr_budget).path)
+                return str(bench_runtime.process(rt, nodes, width, lim.default_ppr_budget).path)
 
             for size in (min(int(b), lim.num_nodes) for b in args.batches.split(",") if b):
                 per: dict[str, list[dict[str, float]]] = {v: [] for v in rts}

@@ -174,7 +174,8 @@ def _serve(argv: Sequence[str]) -> int:
                     help="--device cuda: batches of fewer targets run the compiled CPU paths (a CPU copy of the "
                          "model), where the GPU's launch and copy costs outweigh its arithmetic (0 = all on GPU; "
                          "default: where the model's GPU path was measured to win, 64 for plain models and 8 for "
-                         "shaDow with CUDA graphs, 512 and 32 resident without, 64 on the torch path)")
+                         "shaDow with CUDA graphs, 512 and 32 resident without; on the torch path never for plain "
+                         "models, 32 for shaDow: serve.runtime.GPU_MIN_TARGETS_AUTO)")
     ap.add_argument("--resident", action=argparse.BooleanOptionalAction, default=None,
                     help="plain 2-layer models: keep the graph, the projection table and one first-layer table per "
                          "sampling width (within --activation-cache-bytes) on the model's device and answer every "

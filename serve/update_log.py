@@ -486,7 +486,7 @@ class FileUpdateLog:
             del self._offsets[version - base:]
             self._end = cut
             log.info("update log %s: records %d..%d dropped (truncated after version %d)", self.path,
-                        version + 1, head, version)
+                     version + 1, head, version)
             return head - version
 
     def _no_followers(self) -> bool:
