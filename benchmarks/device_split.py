@@ -11,10 +11,13 @@ distinct targets at each model's default setting, the variants interleaved round
   compiled CPU forward);
 * ``cpu-resident``, ``cuda-resident``: ``--resident`` (the graph and first-layer tables, or a shaDow
   model's lists and induced table, on the device, sampling there: ``kernels.resident``; on the GPU with
-  ``--no-cuda-graphs --gpu-min-targets 0``, every batch there); ``cuda-graphs``: the same with CUDA graphs
-  (one captured CUDA graph per batch bucket, width and budget);
-* ``cuda-default``: ``--device cuda`` on its defaults (resident, CUDA graphs, batches under the measured
-  crossover ``serve.runtime.GPU_MIN_TARGETS_AUTO`` on the compiled CPU paths).
+  ``--no-cuda-graphs --no-fused-head --gpu-min-targets 0``, every batch there); ``cuda-graphs``: the same
+  with CUDA graphs (one captured CUDA graph per batch bucket, width and budget);
+* ``cuda-fused``: resident with ``--gpu-min-targets 0`` and the plain model's last layer in one kernel
+  (``kernels.resident_head``; a shaDow model as ``cuda-graphs``);
+* ``cuda-default``: ``--device cuda`` on its defaults (resident, the fused last layer for plain models, CUDA
+  graphs for shaDow, batches under the measured crossover ``serve.runtime.GPU_MIN_TARGETS_AUTO`` on the
+  compiled CPU paths).
 
 Reported: the median over rounds of the mean time per batch, each variant over ``cpu``, and the
 serving path each variant's last batch took. The ``cuda`` variants are left out where torch sees no
@@ -43,10 +46,13 @@ import bench_runtime  # noqa: E402
 
 VARIANTS = {"cpu": {"device": "cpu"}, "cuda": {"device": "cuda", "resident": False, "gpu_min_targets": 0},
             "cuda-hybrid": {"device": "cuda", "resident": False}, "cpu-resident": {"device": "cpu", "resident": True},
-            "cuda-resident": {"device": "cuda", "resident": True, "cuda_graphs": False, "gpu_min_targets": 0},
-            "cuda-graphs": {"device": "cuda", "resident": True, "cuda_graphs": True, "gpu_min_targets": 0},
+            "cuda-resident": {"device": "cuda", "resident": True, "cuda_graphs": False, "fused_head": False,
+                              "gpu_min_targets": 0},
+            "cuda-graphs": {"device": "cuda", "resident": True, "cuda_graphs": True, "fused_head": False,
+                            "gpu_min_targets": 0},
+            "cuda-fused": {"device": "cuda", "resident": True, "gpu_min_targets": 0},
             "cuda-default": {"device": "cuda"}}
-DEFAULT_VARIANTS = "cpu,cuda,cuda-hybrid,cuda-resident,cuda-graphs,cuda-default"
+DEFAULT_VARIANTS = "cpu,cuda,cuda-hybrid,cuda-resident,cuda-graphs,cuda-fused,cuda-default"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@
 #   bash benchmarks/gpu_session.sh core           # tests, kernels (5 rounds), serving (1, 64, 1024 targets), onenode
 #   bash benchmarks/gpu_session.sh scale          # ceiling (1, 16 CPU / 1, 4 GPU servers, 1, 4 PyG), throughput, reddit
 #   bash benchmarks/gpu_session.sh more           # the paper's experiment; throughput on the torch path
+#   bash benchmarks/gpu_session.sh fused          # tests, onenode, serving against CUDA graphs, GPU ceiling
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
 #
@@ -32,7 +33,7 @@
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|more|tests|kernels|reddit|serving|onenode|paper|ceiling|throughput"}
+step=${1:?"usage: $0 prepare|core|scale|more|fused|tests|kernels|reddit|serving|onenode|paper|ceiling|throughput"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
@@ -71,7 +72,7 @@ data="$PWD/.gpu/data"
 # Each step is a function of its time limit in seconds; a composite runs several in one call.
 step_tests() {
     timeout "$1" python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 300 \
-        tests/test_spmm_cuda.py tests/test_resident.py tests/test_gpu_serving.py 2>&1 | tee "$OUT/tests.log" | tail -40
+        tests/test_spmm_cuda.py tests/test_resident.py tests/test_resident_head.py tests/test_gpu_serving.py 2>&1 | tee "$OUT/tests.log" | tail -40
 }
 step_kernels() {
     timeout "$1" python3 benchmarks/kernels.py --device cuda --data-dir "$data" \
@@ -86,6 +87,7 @@ step_serving() {
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
     timeout "$1" python3 benchmarks/device_split.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
         --models gcn,shadow-gcn --batches "${BATCHES:-1,8,64,256,1024}" --rounds "${ROUNDS:-5}" \
+        --variants "${VARIANTS:-cpu,cuda,cuda-resident,cuda-graphs,cuda-fused,cuda-default}" \
         | tee "$OUT/serving.md" | tail -60
 }
 step_onenode() {  # where a small batch's time goes on the CPU and GPU paths, stage by stage, and a profile
@@ -102,7 +104,7 @@ step_ceiling() {  # CPU servers, then GPU servers (one CUDA context each) with t
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
     local cpu_limit=${CPU_LIMIT:-$(($1 / 2))}
     local half=$cpu_limit
-    timeout "$half" python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
+    [ "$cpu_limit" -gt 0 ] && timeout "$half" python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
         --model gcn --processes "${CPU_PROCS:-1,4,8,16}" \
         --batch 64 --clients 16 --client-procs 4 --seconds 4 --rounds "${ROUNDS:-3}" | tee "$OUT/ceiling.md" | tail -30
     # GPU servers (resident with CUDA graphs, the default) beside PyG twin processes on the same GPU (pygN);
@@ -151,6 +153,14 @@ more)
     # (the server's GPU default before 2026-11-25 was neither resident nor graphs)
     GRAPHS=cora,citeseer,pubmed-like,arxiv-like,reddit-like part paper 120
     SERVE_FLAGS="--no-resident" OUT_NAME=throughput-torch part throughput 110
+    ;;
+fused)
+    # after the fused last layer (kernels.resident_head, 2026-11-26): its tests and the GPU tests, where a
+    # small batch's time goes now, the per-batch table against CUDA graphs, the GPU servers beside PyG twins
+    part tests 170
+    ROUNDS=3 BATCHES=1,8,64 part onenode 100
+    ROUNDS=3 BATCHES=1,8,64,1024 VARIANTS=cpu,cuda-graphs,cuda-fused,cuda-default part serving 110
+    ROUNDS=2 CPU_LIMIT=0 GPU_PROCS=pyg1,pyg4,1,4 part ceiling 150
     ;;
 *)
     echo "unknown step $step" >&2

@@ -22,9 +22,14 @@ the device time of the replayed graph.
     python benchmarks/one_node.py --repo DIR/amazon_computers/repo --data ../shared/data/amazon_computers.npz \
         --models gcn,shadow-gcn --batches 1,8,64 --profile
 
-Variants: ``cpu`` (``--device cpu``), ``gpu`` (``--device cuda --gpu-min-targets 0``: resident with CUDA
-graphs, every batch on the GPU), ``gpu-no-graphs`` (the same with ``--no-cuda-graphs``); and, not by
-default, ``cpu-resident`` (``--resident`` on the CPU). The GPU variants are left out where torch sees no GPU.
+* with the fused last layer (``kernels.resident_head``): ``head.launch`` (the kernel's launch) and
+  ``head.sync`` (the wait for it; its answers are then in mapped host memory).
+
+Variants: ``cpu`` (``--device cpu``), ``gpu`` (``--device cuda --gpu-min-targets 0``: resident, a plain
+model's last layer in one kernel, shaDow with CUDA graphs, every batch on the GPU), ``gpu-graphs`` (the same
+with ``--no-fused-head``: the plain model's torch operators in CUDA graphs); and, not by default,
+``gpu-no-graphs`` (``--no-fused-head --no-cuda-graphs``) and ``cpu-resident`` (``--resident`` on the CPU).
+The GPU variants are left out where torch sees no GPU.
 """
 
 from __future__ import annotations
@@ -47,9 +52,10 @@ import bench_runtime  # noqa: E402
 
 VARIANTS = {"cpu": {"device": "cpu"}, "cpu-resident": {"device": "cpu", "resident": True},
             "gpu": {"device": "cuda", "gpu_min_targets": 0},
-            "gpu-no-graphs": {"device": "cuda", "gpu_min_targets": 0, "cuda_graphs": False}}
+            "gpu-graphs": {"device": "cuda", "gpu_min_targets": 0, "fused_head": False},
+            "gpu-no-graphs": {"device": "cuda", "gpu_min_targets": 0, "cuda_graphs": False, "fused_head": False}}
 STAGES = ("process", "path.run", "captured.answer", "resident.answer", "stage_ids", "CUDAGraph.replay", "fetch",
-          "unpack_host")
+          "head.launch", "head.sync", "unpack_host")
 
 
 class Stages:
@@ -98,10 +104,15 @@ def instrument(rt: Any, stages: Stages) -> None:
                 stages.wrap(res, attr, attr)
     if rt._captured is not None:
         stages.wrap(rt._captured, "answer", "captured.answer")
+    if rt._resident is not None and rt._resident.head is not None:  # the fused last layer's launch and wait
+        from kernels import resident_head, spmm_cuda
+
+        stages.wrap(spmm_cuda, "launch", "head.launch")
+        stages.wrap(resident_head, "synchronize", "head.sync")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = bench_runtime.parser(__doc__, VARIANTS, "cpu,gpu,gpu-no-graphs", batches="1,8,64", sets=200)
+    ap = bench_runtime.parser(__doc__, VARIANTS, "cpu,gpu,gpu-graphs", batches="1,8,64", sets=200)
     ap.add_argument("--profile", action="store_true", help="GPU: a torch.profiler pass over one-target batches")
     args = ap.parse_args(argv)
 

@@ -301,7 +301,7 @@ class ResidentPlain(_OnDevice):
     """
 
     def __init__(self, model: Any, graph: CSRGraph, projections: Any, *, strategy: str, budget_bytes: int,
-                 reserved_width: int | None = None) -> None:
+                 reserved_width: int | None = None, fused_head: bool | None = None) -> None:
         from .fused_forward import AGG_GCN, AGG_SAGE
 
         if int(getattr(model, "layers", 0)) != 2 or model.plan_aggregator not in (AGG_GCN, AGG_SAGE):
@@ -342,6 +342,14 @@ class ResidentPlain(_OnDevice):
         self.builds = 0  # tables installed
         self.caught_up = 0  # tables built across an update, brought up to it before their install
         self._install(graph, DeviceGraph.upload(graph, self.device))
+        #: the last layer in one kernel launch (kernels.resident_head) on a GPU; None: the torch operators
+        self.head: Any = None
+        if fused_head is not False and self.device.type == "cuda":
+            from . import resident_head
+
+            self.head = resident_head.create(self)
+        if fused_head and self.head is None:
+            raise RuntimeError("the fused last layer cannot run here (the log says why); leave fused_head unset")
 
     # ------------------------------------------------------------------ state
     def _install(self, graph: CSRGraph, dg: DeviceGraph, dinv: torch.Tensor | None = None) -> None:
@@ -619,11 +627,14 @@ class ResidentPlain(_OnDevice):
 
     # ------------------------------------------------------------------ one batch, host to host
     def answer(self, targets: np.ndarray, width: int, want_emb: bool) -> tuple[np.ndarray, ...]:
-        """NumPy ``(probs, labels, kept or None, emb or None)`` of ``targets`` (distinct global ids): one
-        upload of the ids, the batch on the device, one packed copy back and one wait."""
+        """NumPy ``(probs, labels, kept or None, emb or None)`` of ``targets`` (distinct global ids): with the
+        fused last layer (:attr:`head`), one launch and one wait; otherwise one upload of the ids, the batch
+        on the device (:meth:`forward`, the fused kernel's specification), one packed copy back and one wait."""
         with self.lock, torch.inference_mode():
             self.batches += 1
             self.targets += len(targets)
+            if self.head is not None:  # one launch, the answers in mapped host memory
+                return self.unpack_host(self.head.answer(targets, width, want_emb), len(targets), width, want_emb)
             rows = self.upload_ids(targets)
             out = self.forward(rows, targets, width, want_emb)
             return self.download(out, len(targets), width, want_emb)

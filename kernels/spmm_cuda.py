@@ -658,18 +658,21 @@ def cupy_args(args: tuple) -> tuple:
     return tuple(_ARG_NP[k](v) for k, v in zip(ARG_KINDS, args, strict=True))
 
 
-def param_block() -> tuple[np.ndarray, int]:
-    """This thread's ``cuLaunchKernel`` parameter block: ``(values, address)``. ``values`` is one
-    8-byte slot per kernel parameter (``uint64``; an ``int`` parameter reads the low 4 bytes of its
-    slot, which is its value on a little-endian host); ``address`` points at the array of the slots'
-    addresses, the ``kernelParams`` argument. The driver copies the parameters at launch, so a block is
-    reused by every launch of its thread."""
-    blk = getattr(_tls, "params", None)
+def param_block(n: int = len(ARG_KINDS)) -> tuple[np.ndarray, int]:
+    """This thread's ``cuLaunchKernel`` parameter block for a kernel of ``n`` parameters: ``(values,
+    address)``. ``values`` is one 8-byte slot per kernel parameter (``uint64``; an ``int`` parameter reads
+    the low 4 bytes of its slot, which is its value on a little-endian host); ``address`` points at the
+    array of the slots' addresses, the ``kernelParams`` argument. The driver copies the parameters at
+    launch, so a block is reused by every launch of its thread."""
+    blocks = getattr(_tls, "params", None)
+    if blocks is None:
+        blocks = _tls.params = {}
+    blk = blocks.get(n)
     if blk is None:
-        values = np.zeros(len(ARG_KINDS), dtype=np.uint64)
+        values = np.zeros(n, dtype=np.uint64)
         base = values.ctypes.data
-        slots = np.array([base + 8 * i for i in range(len(ARG_KINDS))], dtype=np.uint64)
-        blk = _tls.params = (values, slots, int(slots.ctypes.data))  # slots kept alive with values
+        slots = np.array([base + 8 * i for i in range(n)], dtype=np.uint64)
+        blk = blocks[n] = (values, slots, int(slots.ctypes.data))  # slots kept alive with values
     return blk[0], blk[2]
 
 
@@ -683,27 +686,35 @@ def _current_stream(device_index: int) -> int:
 
 
 def _launch(fn: tuple[Any, int], cfg: LaunchConfig, args: tuple, device_index: int, stream: int) -> None:
-    """Enqueue one launch of ``fn`` on ``stream``. The driver launch fills this thread's parameter block
-    and calls ``cuLaunchKernel`` (a few microseconds of host time) when the thread's current device is
+    """Enqueue one launch of ``es_spmm_kernel`` (``fn``) on ``stream`` (:func:`launch`)."""
+    launch(fn, cfg.blocks, cfg.block_threads, cfg.shared_bytes, args, ARG_KINDS, device_index, stream)
+
+
+def launch(fn: tuple[Any, int], blocks: int, threads: int, shared_bytes: int, args: tuple, kinds: tuple[str, ...],
+           device_index: int, stream: int) -> None:
+    """Enqueue one launch of ``fn`` (``(raw kernel, CUfunction handle)``) on ``stream`` with ``args`` (plain
+    ints, of the C kinds ``kinds``: "ptr", "i64", "i32"). The driver launch fills this thread's parameter
+    block and calls ``cuLaunchKernel`` (a few microseconds of host time) when the thread's current device is
     the launch's; a thread that has no CUDA context yet gets the device's primary context bound once.
     Otherwise, or with :data:`FAST_LAUNCH` off, CuPy's kernel call under the device and stream."""
     cp = _cupy()
     raw, handle = fn
     if FAST_LAUNCH and _fast_ok and sys.byteorder == "little" and cp.cuda.runtime.getDevice() == device_index:
-        values, addr = param_block()
+        values, addr = param_block(len(kinds))
         values[:] = args
         driver = cp.cuda.driver
         try:
-            driver.launchKernel(handle, cfg.blocks, 1, 1, cfg.block_threads, 1, 1, cfg.shared_bytes, stream, addr, 0)
+            driver.launchKernel(handle, blocks, 1, 1, threads, 1, 1, shared_bytes, stream, addr, 0)
             return
         except driver.CUDADriverError as exc:
             if getattr(exc, "status", None) != _CUDA_ERROR_INVALID_CONTEXT:
                 raise
         cp.cuda.runtime.setDevice(device_index)  # binds the device's primary context to this thread
-        driver.launchKernel(handle, cfg.blocks, 1, 1, cfg.block_threads, 1, 1, cfg.shared_bytes, stream, addr, 0)
+        driver.launchKernel(handle, blocks, 1, 1, threads, 1, 1, shared_bytes, stream, addr, 0)
         return
     with cp.cuda.Device(device_index), _stream(device_index, stream):
-        raw((cfg.blocks,), (cfg.block_threads,), cupy_args(args), shared_mem=cfg.shared_bytes)
+        raw((blocks,), (threads,), tuple(_ARG_NP[k](v) for k, v in zip(kinds, args, strict=True)),
+            shared_mem=shared_bytes)
 
 
 @dataclass(frozen=True)

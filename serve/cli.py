@@ -173,9 +173,10 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--gpu-min-targets", type=int, default=None,
                     help="--device cuda: batches of fewer targets run the compiled CPU paths (a CPU copy of the "
                          "model), where the GPU's launch and copy costs outweigh its arithmetic (0 = all on GPU; "
-                         "default: where the model's GPU path was measured to win, 64 for plain models and 8 for "
-                         "shaDow with CUDA graphs, 512 and 32 resident without; on the torch path never for plain "
-                         "models, 32 for shaDow: serve.runtime.GPU_MIN_TARGETS_AUTO)")
+                         "default: where the model's GPU path was measured to win: 0 for plain models with the "
+                         "fused last layer, 8 for shaDow with CUDA graphs; 64 and 512 for plain models with and "
+                         "without CUDA graphs (--no-fused-head), 32 for shaDow without; on the torch path never "
+                         "for plain models, 32 for shaDow: serve.runtime.GPU_MIN_TARGETS_AUTO)")
     ap.add_argument("--resident", action=argparse.BooleanOptionalAction, default=None,
                     help="plain 2-layer models: keep the graph, the projection table and one first-layer table per "
                          "sampling width (within --activation-cache-bytes) on the model's device and answer every "
@@ -187,6 +188,11 @@ def _serve(argv: Sequence[str]) -> int:
                     help="on a resident --device cuda model: replay a captured CUDA graph per batch size bucket, "
                          "sampling width and PPR budget (plain models: sampled widths up to 256). Default: on "
                          "wherever a model is resident on a GPU")
+    ap.add_argument("--fused-head", action=argparse.BooleanOptionalAction, default=None,
+                    help="on a plain model resident on --device cuda: its last layer (aggregation, classifier, "
+                         "softmax, arg-max) in one kernel launch, answers read from mapped host memory "
+                         "(kernels.resident_head); --no-fused-head runs it as torch operators (with --cuda-graphs). "
+                         "Default: wherever that kernel compiles")
     ap.add_argument("--max-nodes-per-request", type=int, default=4096,
                     help="ids plus new nodes per request; checked on the request's bytes before it is parsed")
     ap.add_argument("--max-new-node-edges", type=int, default=100_000,
@@ -282,6 +288,10 @@ def _serve(argv: Sequence[str]) -> int:
         print(f"gnnserve serve: --serving-path {args.serving_path} needs the resident state that --no-resident "
               "turns off: drop one of them", file=sys.stderr)
         return 2
+    if args.fused_head and (args.device != "cuda" or args.resident is False):
+        print("gnnserve serve: --fused-head is a kernel for plain models resident on the GPU: it needs --device "
+              "cuda without --no-resident", file=sys.stderr)
+        return 2
     if args.gpu_min_targets is not None and args.device != "cuda":
         logging.getLogger("serve").warning("--gpu-min-targets has no effect without --device cuda")
     if (problem := _port_problem(args)) is not None:
@@ -328,6 +338,7 @@ def _serve(argv: Sequence[str]) -> int:
             gpu_min_targets=args.gpu_min_targets,
             resident=args.resident,
             cuda_graphs=args.cuda_graphs,
+            fused_head=args.fused_head,
             max_nodes_per_request=args.max_nodes_per_request,
             max_new_node_edges=args.max_new_node_edges,
             max_request_work=args.max_request_work,

@@ -166,11 +166,14 @@ class ResidentPath(ServingPath):
         rt = self.rt
         t_sub = time.perf_counter()  # no host plan: the device samples
         captured = rt._captured
-        with _torch_threads_for(len(targets) * max(width, 1), rt._torch_threads):
-            if captured is not None and captured.wants(len(targets), width, 0, want_emb):
-                probs, labels, kept, emb = captured.answer(targets, width, want_emb)
-            else:
-                probs, labels, kept, emb = rt._resident.answer(targets, width, want_emb)
+        if rt._resident.head is not None:  # one kernel launch: no torch operator, no thread setting
+            probs, labels, kept, emb = rt._resident.answer(targets, width, want_emb)
+        else:
+            with _torch_threads_for(len(targets) * max(width, 1), rt._torch_threads):
+                if captured is not None and captured.wants(len(targets), width, 0, want_emb):
+                    probs, labels, kept, emb = captured.answer(targets, width, want_emb)
+                else:
+                    probs, labels, kept, emb = rt._resident.answer(targets, width, want_emb)
         t_fwd = time.perf_counter()
         total = rt._exact_edges(targets)
         return PathOutput(probs, labels, emb, total if kept is None else kept, total, t_sub, t_sub, t_fwd)

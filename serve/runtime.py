@@ -82,21 +82,26 @@ SMALL_BATCH_ROWS = 4096
 #: torch path: shaDow 32 faster (0.88x); plain GCN never, up to 1,024 targets (3.6x slower there), so None:
 #: the compiled CPU paths take every batch they can. A batch the resident path declines (a width without
 #: its table yet, dirty targets after an update) goes to the compiled CPU paths below the torch entry
-GPU_MIN_TARGETS_AUTO: dict[str, int | None] = {"plain-graphs": 64, "shadow-graphs": 8, "plain-resident": 512,
-                                               "shadow-resident": 32, "plain-torch": None, "shadow-torch": 32}
+#: ``plain-fused``: a plain model resident with its last layer in one kernel (kernels.resident_head; CUDA
+#: graphs are not captured for it): on the H200 on 2026-11-26 (docs/BENCHMARKS.md, "GPU: an H200 machine,
+#: 2026-11-26") one target cost 0.058 ms there and on the compiled CPU path alike (1.00x), 8 targets 0.79x,
+#: 64 0.47x, 1,024 0.08x, so it takes every batch
+GPU_MIN_TARGETS_AUTO: dict[str, int | None] = {"plain-fused": 0, "plain-graphs": 64, "shadow-graphs": 8,
+                                               "plain-resident": 512, "shadow-resident": 32, "plain-torch": None,
+                                               "shadow-torch": 32}
 
 
-def gpu_min_targets_auto(shadow: bool, resident: bool, graphs: bool) -> int | None:
+def gpu_min_targets_auto(shadow: bool, resident: bool, graphs: bool, fused: bool = False) -> int | None:
     """:data:`GPU_MIN_TARGETS_AUTO`'s entry for a GPU model (``shadow``: a shaDow model; ``resident`` /
-    ``graphs``: whether it took a resident path and captures CUDA graphs; ``resident`` False: the torch
-    path's). None: no batch is better on the GPU."""
+    ``graphs`` / ``fused``: whether it took a resident path, captures CUDA graphs, runs its last layer in
+    one kernel; ``resident`` False: the torch path's). None: no batch is better on the GPU."""
     family = "shadow" if shadow else "plain"
-    kind = "torch" if not resident else ("graphs" if graphs else "resident")
+    kind = "torch" if not resident else ("fused" if fused else "graphs" if graphs else "resident")
     return GPU_MIN_TARGETS_AUTO[f"{family}-{kind}"]
 
 
 def gpu_thresholds(options: RuntimeOptions, shadow: bool, resident: bool, graphs: bool,
-                   on_gpu: bool) -> tuple[float, float]:
+                   on_gpu: bool, fused: bool = False) -> tuple[float, float]:
     """``(gpu_min_targets, fused_max_targets)`` of a runtime: its resident paths take batches of at least
     the first; its compiled CPU paths batches of at most the second. On a GPU with ``gpu_min_targets``
     unset, the compiled paths take every batch below the torch path's crossover, so that a batch the
@@ -108,7 +113,7 @@ def gpu_thresholds(options: RuntimeOptions, shadow: bool, resident: bool, graphs
         resident_min: float = options.gpu_min_targets
     else:
         torch_min = gpu_min_targets_auto(shadow, False, False)
-        resident_min = gpu_min_targets_auto(shadow, True, graphs) or 0
+        resident_min = gpu_min_targets_auto(shadow, True, graphs, fused) or 0
     if not resident:
         resident_min = torch_min if torch_min is not None else math.inf
     fused_max = min(options.fused_max_targets, torch_min - 1 if torch_min is not None else math.inf)
@@ -191,6 +196,10 @@ class RuntimeOptions:
     #: (plain models: at sampled widths up to ``kernels.resident.PAD_MAX``); None = whenever the model is
     #: resident on a CUDA device
     cuda_graphs: bool | None = None
+    #: a plain model resident on a CUDA device: its last layer (aggregation, classifier, softmax, arg-max) in
+    #: one kernel launch whose answers land in mapped host memory (:mod:`kernels.resident_head`), instead of
+    #: a dozen torch operators (and CUDA graphs of them); None = wherever that kernel runs, True = required
+    fused_head: bool | None = None
 
     #: refuse UpdateGraph (the graph stays as loaded plus its logged updates)
     read_only: bool = False
@@ -347,18 +356,22 @@ class ModelRuntime:
         wants_resident = options.resident if options.resident is not None else on_gpu
         if wants_resident or options.serving_path in ("plain-resident", "shadow-resident"):
             # asked for: a failure is the model's; by default on a GPU: said, and the torch path serves
-            self._resident_init(fallback=options.resident is None and options.serving_path is None)
+            self._resident_init(fallback=options.resident is None and options.serving_path is None
+                                and not options.fused_head)
         resident_now = self._resident is not None or self._resident_shadow is not None
         #: a GPU runtime's resident paths take batches of at least this many targets (serve.paths); the
         #: largest batch a compiled path takes
+        fused_head = self._resident is not None and self._resident.head is not None
         self.gpu_min_targets, self.fused_max_targets = gpu_thresholds(
-            options, self.extractor == "ppr", resident_now, self._captured is not None, on_gpu)
+            options, self.extractor == "ppr", resident_now, self._captured is not None, on_gpu, fused_head)
         if on_gpu:
-            log.info("model %s v%s on %s: %s%s; batches under %s targets on the compiled CPU paths", name, version,
+            least = self.gpu_min_targets if resident_now else self.fused_max_targets + 1
+            log.info("model %s v%s on %s: %s%s; %s", name, version,
                      self.device, "resident" if resident_now else "not resident (torch path)",
+                     ", last layer in one kernel" if fused_head else
                      ", CUDA graphs" if self._captured is not None else "",
-                     self.gpu_min_targets if resident_now else self.fused_max_targets + 1)
-        if options.cuda_graphs and (self._captured is None):
+                     "every batch on the GPU" if least <= 0 else f"batches under {least} targets on the compiled CPU paths")
+        if options.cuda_graphs and self._captured is None and not fused_head:
             log.warning("model %s v%s: --cuda-graphs ignored (it needs a model resident on --device cuda, where "
                         "models are resident unless --no-resident)", name, version)
         # the plan path of a 2-layer plain model: the last layer alone from per-node first-layer rows
@@ -435,9 +448,12 @@ class ModelRuntime:
             resident = self._resident = ResidentPlain(
                 self.model, self.graph, self.projections.complete_table, strategy=self.strategy,
                 budget_bytes=self.options.activation_budget_bytes,
-                reserved_width=resolve_knobs(self.limits, None, None, None)[0])
-            log.info("model %s v%s: resident on %s (graph %.1f MiB) in %.1f s", self.name, self.version,
-                     self.device, resident.dg.nbytes() / 2**20, time.perf_counter() - t0)
+                reserved_width=resolve_knobs(self.limits, None, None, None)[0], fused_head=self.options.fused_head)
+            log.info("model %s v%s: resident on %s (graph %.1f MiB%s) in %.1f s", self.name, self.version,
+                     self.device, resident.dg.nbytes() / 2**20,
+                     ", last layer in one kernel" if resident.head is not None else "", time.perf_counter() - t0)
+            if resident.head is not None:
+                return  # one launch a batch already: nothing for a CUDA graph to save
         if self.options.cuda_graphs is not False and self.device.type == "cuda":
             self._captured = CapturedForward(resident, max_bucket=self.options.max_batch_targets)
 

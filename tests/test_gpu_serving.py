@@ -136,8 +136,9 @@ def test_small_batches_on_a_gpu_server_take_the_compiled_cpu_forward(tiny_repo, 
 
 
 def test_serve_cli_with_device_cuda_answers_like_the_cpu_server(tiny_repo, served, served_cuda, tmp_path):
-    """``gnnserve serve --device cuda`` from the command line, on its defaults (resident, CUDA graphs, small
-    batches on the compiled CPU paths), gives the CPU server's answers."""
+    """``gnnserve serve --device cuda`` from the command line, on its defaults (resident; the plain model's last
+    layer in one kernel for every batch, the shaDow model's CUDA graphs from 8 targets), gives the CPU server's
+    answers."""
     log = tmp_path / "cuda.log"
     with ServerProcess(tiny_repo, "--device", "cuda", "--log-level", "INFO", log_path=log) as proc:
         for model, kw in (("shadow", {"sampling_width": 4, "ppr_budget": 16}), ("gcn", {"sampling_width": 0})):
@@ -150,6 +151,7 @@ def test_serve_cli_with_device_cuda_answers_like_the_cpu_server(tiny_repo, serve
             assert (r_gpu.settings.edges_kept, r_gpu.settings.edges_total) == (r_cpu.settings.edges_kept,
                                                                                 r_cpu.settings.edges_total)
     text = log.read_text()
-    for model, least in (("gcn", 64), ("shadow", 8)):  # serve.runtime.GPU_MIN_TARGETS_AUTO
-        assert re.search(rf"model {model} v\d+ on cuda(:0)?: resident, CUDA graphs; batches under {least} targets",
-                         text), text[-3000:]
+    # serve.runtime.GPU_MIN_TARGETS_AUTO: plain-fused 0, shadow-graphs 8
+    assert re.search(r"model gcn v\d+ on cuda(:0)?: resident, last layer in one kernel; every batch on the GPU",
+                     text), text[-3000:]
+    assert re.search(r"model shadow v\d+ on cuda(:0)?: resident, CUDA graphs; batches under 8 targets", text), text[-3000:]

@@ -24,7 +24,8 @@ def test_one_node_stages(tiny_repo: Path) -> None:
     by = {(r[0].strip(), r[1].strip(), int(r[2])): [c.strip() for c in r[3:]] for r in rows}
     assert set(by) == {(m, v, b) for m in ("gcn", "shadow") for v in ("cpu", "cpu-resident") for b in (1, 4)}
     for (model, variant, _), cells in by.items():
-        path, process, run, _captured, answer, stage_ids, _replay, fetch, unpack = cells
+        path, process, run, _captured, answer, stage_ids, _replay, fetch, launch, sync, unpack = cells
+        assert launch == sync == "-", cells  # the fused last layer's stages: a GPU only
         assert float(process) >= float(run) > 0, cells  # the path's run is part of process
         if variant == "cpu-resident":
             assert path == ("plain-resident" if model == "gcn" else "shadow-resident"), cells

@@ -597,9 +597,13 @@ def test_cuda_server_with_resident_paths_answers_like_the_cpu_server(tiny_repo):
     from .serving import ServerThread
 
     nodes = np.arange(0, 800, 29)
-    with ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda", "resident": True}}) as hybrid:
+    with ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda", "resident": True, "fused_head": False}}) as hybrid:
         assert _process(hybrid.server.registry.get("gcn"), nodes[:5], 4).path == "plain-activations"
         assert _process(hybrid.server.registry.get("gcn"), np.arange(0, 800, 5), 4).path == "plain-resident"
+    with ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda"}}) as fused:  # the fused last layer: every batch
+        rt = fused.server.registry.get("gcn")
+        assert rt._resident.head is not None and rt._captured is None and rt.gpu_min_targets == 0
+        assert _process(rt, nodes[:1], 4).path == "plain-resident"
     with ServerThread(tiny_repo, {"runtime_kw": {"device": "cpu"}}) as cpu_srv, \
             ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda", "resident": True, "cuda_graphs": True,
                                                     "gpu_min_targets": 0}}) as gpu_srv:
@@ -732,6 +736,8 @@ def test_gpu_defaults_resident_with_graphs_and_the_measured_crossover(tiny_repo,
     assert gpu_min_targets_auto(shadow=True, resident=True, graphs=False) == 32
     assert gpu_min_targets_auto(shadow=True, resident=False, graphs=False) == GPU_MIN_TARGETS_AUTO["shadow-torch"] == 32
     assert gpu_min_targets_auto(shadow=False, resident=False, graphs=False) is None  # the torch path never won
+    assert gpu_min_targets_auto(shadow=False, resident=True, graphs=False, fused=True) == GPU_MIN_TARGETS_AUTO[
+        "plain-fused"] == 0
     opts = RuntimeOptions()
     assert (opts.resident, opts.cuda_graphs, opts.gpu_min_targets) == (None, None, None)
     with ServerThread(tiny_repo, {"runtime_kw": {}}) as srv:
@@ -743,6 +749,10 @@ def test_gpu_defaults_resident_with_graphs_and_the_measured_crossover(tiny_repo,
     assert "--gpu-min-targets must be >= 0" in capsys.readouterr().err
     assert main(["serve", "--repo", str(tiny_repo), "--serving-path", "plain-resident", "--no-resident"]) == 2
     assert "drop one of them" in capsys.readouterr().err
+    assert main(["serve", "--repo", str(tiny_repo), "--fused-head"]) == 2  # a CPU server
+    assert "--fused-head is a kernel for plain models resident on the GPU" in capsys.readouterr().err
+    assert main(["serve", "--repo", str(tiny_repo), "--device", "cuda", "--no-resident", "--fused-head"]) == 2
+    assert "needs --device cuda without --no-resident" in capsys.readouterr().err
 
 
 def test_gpu_thresholds_send_declined_batches_to_the_faster_path():
@@ -764,6 +774,7 @@ def test_gpu_thresholds_send_declined_batches_to_the_faster_path():
     assert gpu_thresholds(RuntimeOptions(gpu_min_targets=16), True, True, True, True) == (16, 15)
     assert gpu_thresholds(RuntimeOptions(gpu_min_targets=0), False, True, True, True) == (0, -1)
     assert gpu_thresholds(auto, True, True, True, False) == (math.inf, FUSED_MAX_TARGETS)
+    assert gpu_thresholds(auto, False, True, False, True, fused=True) == (0, FUSED_MAX_TARGETS)
 
 
 def test_a_resident_state_that_cannot_be_built_falls_back_when_not_asked_for(tiny_repo, monkeypatch, caplog):

@@ -1,0 +1,184 @@
+r"""A resident plain model's last layer in one kernel launch, answers straight into mapped host memory.
+
+:class:`kernels.resident.ResidentPlain` answers a batch with a dozen torch operators on the device
+(slot gathers, the aggregation, the classifier, softmax, arg-max, packing) between an upload of the ids
+and a copy back: on the H200 a one-target batch cost 0.145 ms against 0.081 on the compiled CPU path,
+almost all of it per-operator launch and device time, not work (issue #22's one-node target).
+``resident_head.cu`` does the whole of :meth:`ResidentPlain.forward` and :meth:`ResidentPlain.pack` in one
+launch, one block per target, for every width (the exact width too: a block walks its target's kept
+edges, so the host's slot count is not needed). Its specification is that torch code, which stays the
+path wherever this one is not used; tests compare the two on random graphs on a GPU.
+
+The ids and the packed answers live in page-locked host memory mapped into the device's address space
+(``cudaHostAllocMapped``): the host writes the ids where the kernel reads them and reads the answers
+where the kernel wrote them, so a batch is one launch and one stream synchronisation, with no copy
+enqueued either way. The launch goes through :func:`kernels.spmm_cuda.launch` (the driver call with a
+per-thread parameter block) on torch's current stream, ordered after whatever torch work built the
+tables.
+
+:func:`create` returns ``None`` (and says why once, in the log) where this cannot run: no CUDA device,
+CuPy missing or failing, tensors not float32, or a hidden width too wide for the block's shared memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import spmm_cuda
+
+__all__ = ["KERNEL_SOURCE", "MappedBuffer", "ResidentHead", "create", "launch_shape", "packed_floats", "synchronize"]
+
+log = logging.getLogger(__name__)
+
+KERNEL_SOURCE = Path(__file__).with_name("resident_head.cu")
+#: the kernel's parameters, in order: 12 pointers, 4 ints
+ARG_KINDS = ("ptr",) * 12 + ("i32",) * 4
+#: shared memory a block may take (the default limit without opting in to more is 48 KiB)
+SHARED_LIMIT = 48 * 1024
+#: the most warps a block uses (they split a target's kept edges)
+MAX_WARPS = 8
+
+_lock = threading.Lock()
+_functions: dict[int, tuple[Any, int]] = {}  # device index -> (raw kernel, CUfunction handle)
+
+
+def launch_shape(hidden: int, classes: int, limit: int = SHARED_LIMIT) -> tuple[int, int] | None:
+    """``(threads per block, shared bytes)`` for ``hidden`` features and ``classes`` outputs: as many
+    warps (up to :data:`MAX_WARPS`) as fit their partial rows in ``limit`` bytes; None when one does not."""
+    fixed = 4 * (hidden + classes)
+    warps = min(MAX_WARPS, (limit - fixed) // (4 * hidden)) if hidden > 0 else 0
+    if warps < 1:
+        return None
+    return 32 * warps, fixed + 4 * hidden * warps
+
+
+def packed_floats(b: int, classes: int, hidden: int, kept: bool, want_emb: bool) -> int:
+    """Float32 entries of the packed answers of ``b`` targets (:meth:`ResidentPlain.pack`'s layout)."""
+    return b * classes + b + (2 * b if kept else 0) + (b * hidden if want_emb else 0)
+
+
+def _function(device_index: int) -> tuple[Any, int]:
+    fn = _functions.get(device_index)
+    if fn is None:
+        with _lock:
+            fn = _functions.get(device_index)
+            if fn is None:
+                cp = spmm_cuda._cupy()
+                with cp.cuda.Device(device_index):
+                    mod = cp.RawModule(code=KERNEL_SOURCE.read_text(), options=("-std=c++17",))
+                    raw = mod.get_function("resident_head")
+                    fn = _functions[device_index] = (raw, int(raw.kernel.ptr))
+    return fn
+
+
+def synchronize(stream: int) -> None:
+    """Wait for ``stream`` (a raw handle): the batch's answers are then in the mapped output."""
+    spmm_cuda._cupy().cuda.runtime.streamSynchronize(stream)
+
+
+class MappedBuffer:
+    """Page-locked host memory mapped into the device's address space: ``array`` (NumPy, on the host)
+    and ``device_ptr`` (the same bytes, for a kernel). Freed with the object."""
+
+    def __init__(self, count: int, dtype: np.dtype | type, device_index: int) -> None:
+        cp = spmm_cuda._cupy()
+        rt = cp.cuda.runtime
+        dtype = np.dtype(dtype)
+        nbytes = max(int(count), 1) * dtype.itemsize
+        with cp.cuda.Device(device_index):
+            self._ptr = int(rt.hostAlloc(nbytes, rt.hostAllocMapped | rt.hostAllocPortable))
+            try:
+                self.device_ptr = int(rt.pointerGetAttributes(self._ptr).devicePointer)
+            except Exception:
+                rt.freeHost(self._ptr)
+                raise
+        self._free = rt.freeHost
+        self.array = np.frombuffer((ctypes.c_char * nbytes).from_address(self._ptr), dtype=dtype)
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __del__(self) -> None:
+        ptr, self._ptr = getattr(self, "_ptr", 0), 0
+        if ptr:
+            self.array = None  # type: ignore[assignment]
+            try:
+                self._free(ptr)
+            except Exception:  # interpreter shutdown: the process's memory goes anyway
+                pass
+
+
+class ResidentHead:
+    """One resident plain model's fused last layer (module docstring). Not thread-safe: the caller holds
+    the model's lock (its mapped buffers are shared)."""
+
+    def __init__(self, resident: Any, device_index: int, shape: tuple[int, int]) -> None:
+        self.r = resident
+        self.device_index = device_index
+        self.threads, self.shared_bytes = shape
+        self.fn = _function(device_index)
+        self._ids: MappedBuffer | None = None
+        self._out: MappedBuffer | None = None
+        self.launches = 0
+
+    def _buffers(self, b: int, floats: int) -> tuple[MappedBuffer, MappedBuffer]:
+        from .resident import bucket_of
+
+        if self._ids is None or len(self._ids) < b:
+            self._ids = MappedBuffer(max(bucket_of(b), 64), np.int64, self.device_index)
+        if self._out is None or len(self._out) < floats:
+            self._out = MappedBuffer(max(floats, 1 << 14), np.float32, self.device_index)
+        return self._ids, self._out
+
+    def answer(self, targets: np.ndarray, width: int, want_emb: bool) -> np.ndarray:
+        """The packed answers of ``targets`` at ``width`` (its table held): a copy of the mapped output."""
+        r = self.r
+        b = len(targets)
+        h = r._tables[width]
+        c = r._csr[width]
+        kept2 = c.kept2 if width else None
+        floats = packed_floats(b, r.num_classes, r.hidden, kept2 is not None, want_emb)
+        ids, out = self._buffers(b, floats)
+        ids.array[:b] = targets
+        gcn = r.gcn
+        w_agg, w_self = (r._w[0], None) if gcn else (r._w[1], r._w[0])
+        args = (ids.device_ptr, h.data_ptr(), c.crow.data_ptr(), c.col.data_ptr(), c.coef.data_ptr(),
+                c.k.data_ptr(), r.dinv.data_ptr() if gcn else 0, kept2.data_ptr() if kept2 is not None else 0,
+                w_agg.data_ptr(), 0 if w_self is None else w_self.data_ptr(), r._b.data_ptr(), out.device_ptr,
+                b, r.hidden, r.num_classes, int(bool(want_emb)))
+        stream = spmm_cuda._current_stream(self.device_index)
+        spmm_cuda.launch(self.fn, b, self.threads, self.shared_bytes, args, ARG_KINDS, self.device_index, stream)
+        synchronize(stream)
+        self.launches += 1
+        return out.array[:floats].copy()
+
+
+def create(resident: Any) -> ResidentHead | None:
+    """The fused last layer of ``resident`` (a :class:`kernels.resident.ResidentPlain`), or None where it
+    cannot run (the reason logged)."""
+    why = None
+    dev = resident.device
+    shape = launch_shape(resident.hidden, resident.num_classes)
+    tensors = [*resident._w, resident._b] + ([resident.dinv] if resident.gcn else [])
+    if dev.type != "cuda":
+        why = "it needs a CUDA device"
+    elif not spmm_cuda.available():
+        why = f"the CUDA kernels are not available ({spmm_cuda.status()[1]})"
+    elif any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
+        why = "it computes float32 models"
+    elif shape is None:
+        why = f"{resident.hidden} hidden features do not fit a block's shared memory"
+    if why is None:
+        try:
+            return ResidentHead(resident, dev.index if dev.index is not None else torch.cuda.current_device(), shape)
+        except Exception as exc:  # compilation or mapped memory: the torch operators serve
+            why = f"{type(exc).__name__}: {exc}"
+    log.info("resident path: the fused last layer is not used (%s); torch operators serve its batches", why)
+    return None

@@ -1,0 +1,192 @@
+"""kernels.resident_head: a resident plain model's last layer in one kernel launch.
+
+* its launch shape and packed size (CPU);
+* where it cannot run (a CPU, or required but unavailable) it says so and the torch operators serve;
+* ``resident_head.cu`` compiles with nvcc for sm_90 without spilling (skipped without nvcc);
+* on a GPU: the kernel's packed answers equal its specification, ``ResidentPlain.forward`` + ``pack`` (the
+  torch operators), on random graphs with a hub longer than a block's warps, every width (sampled, above
+  PAD_MAX, exact), GCN and GraphSAGE, hidden and class counts that are not multiples of 32, with and
+  without embeddings, batches of 1 to a few hundred targets; after an update's rebase it reads the new
+  tables.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import resident_head
+from kernels.resident import PAD_MAX, DeviceGraph, ResidentPlain
+from models.gcn import GCN
+
+from .test_resident import ARCHS, _graph, _update
+
+
+def test_launch_shape_fits_the_shared_memory():
+    threads, shared = resident_head.launch_shape(64, 10)
+    assert threads == 32 * resident_head.MAX_WARPS and shared == 4 * (64 + 10 + 64 * resident_head.MAX_WARPS)
+    threads, shared = resident_head.launch_shape(4096, 47)  # fewer warps for a wide hidden layer
+    assert 32 <= threads < 32 * resident_head.MAX_WARPS and shared <= resident_head.SHARED_LIMIT
+    assert resident_head.launch_shape(12_000, 10) is None  # not even one warp's partial row
+    assert resident_head.launch_shape(0, 10) is None
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("width", [3, 0])
+@pytest.mark.parametrize("want_emb", [False, True])
+def test_packed_size_is_the_torch_packing(arch, width, want_emb):
+    """packed_floats gives the length of ResidentPlain.pack's buffer (the layout the kernel writes)."""
+    g = _graph(2, False)
+    model = ARCHS[arch](12, 9, 5, dropout=0.0).eval()
+    with torch.no_grad():
+        p = model.project(torch.randn(g.num_nodes, 12))
+    r = ResidentPlain(model, g, lambda: p, strategy="fastrand", budget_bytes=1 << 24)
+    assert r.head is None  # a CPU: the torch operators
+    t = np.array([0, 5, 17])
+    with torch.inference_mode():
+        assert r.has_table(width)
+        flat = r.pack(r.forward(torch.from_numpy(t), t, width, want_emb), len(t), width, want_emb)
+    assert flat.numel() == resident_head.packed_floats(len(t), 5, 9, bool(width), want_emb)
+
+
+def test_without_a_gpu_it_is_not_used_and_required_it_fails(caplog):
+    g = _graph(3, False)
+    model = GCN(8, 6, 3, dropout=0.0).eval()
+    with torch.no_grad():
+        p = model.project(torch.randn(g.num_nodes, 8))
+    with caplog.at_level(logging.INFO, logger="kernels.resident_head"):
+        r = ResidentPlain(model, g, lambda: p, strategy="fastrand", budget_bytes=1 << 24, fused_head=None)
+    assert r.head is None
+    r.device = torch.device("cuda", 0)  # what create() reads: a CUDA device it cannot use here
+    if not torch.cuda.is_available():
+        with caplog.at_level(logging.INFO, logger="kernels.resident_head"):
+            assert resident_head.create(r) is None
+        assert "the fused last layer is not used" in caplog.text
+    with pytest.raises(RuntimeError, match="fused last layer cannot run here"):
+        ResidentPlain(model, g, lambda: p, strategy="fastrand", budget_bytes=1 << 24, fused_head=True)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_kernel_compiles_with_nvcc(tmp_path):
+    cubin = tmp_path / "resident_head.cubin"
+    cmd = ["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(cubin),
+           str(resident_head.KERNEL_SOURCE)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "error" not in res.stderr.lower()
+    assert b"resident_head" in cubin.read_bytes()
+    spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
+    assert spills and all(int(b) == 0 for b in spills), res.stderr
+
+
+# ----------------------------------------------------------------------------- on a GPU
+def _cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+
+
+def _resident(arch: str, seed: int, weighted: bool, strategy: str, hidden: int, classes: int):
+    """A model and graph resident on the GPU with the fused last layer."""
+    torch.manual_seed(seed)
+    g = _graph(seed, weighted)
+    model = ARCHS[arch](24, hidden, classes, dropout=0.0).to("cuda").eval()
+    x = torch.randn(g.num_nodes, 24, generator=torch.Generator().manual_seed(seed)).to("cuda")
+    with torch.no_grad():
+        p = model.project(x)
+    r = ResidentPlain(model, g, lambda: p, strategy=strategy, budget_bytes=1 << 28, fused_head=True)
+    assert r.head is not None
+    return g, p, r
+
+
+def _spec(r: ResidentPlain, t: np.ndarray, width: int, want_emb: bool):
+    """The same batch on the same state through the torch operators (forward, pack, one copy back): the
+    kernel's specification. The same object, so that both read the very same tables (two builds of a
+    table may differ in the last bit: the exact width's first layer adds with atomics)."""
+    head, r.head = r.head, None
+    try:
+        return r.answer(t, width, want_emb)
+    finally:
+        r.head = head
+
+
+def _assert_same(got, want, width):
+    probs, labels, kept, emb = got
+    w_probs, w_labels, w_kept, w_emb = want
+    np.testing.assert_allclose(probs, w_probs, rtol=1e-5, atol=1e-6)
+    top2 = np.sort(w_probs, axis=1)[:, -2:] if w_probs.shape[1] > 1 else None
+    clear = np.ones(len(labels), bool) if top2 is None else (top2[:, 1] - top2[:, 0]) > 1e-5
+    assert np.array_equal(labels[clear], w_labels[clear])  # ties within rounding may resolve either way
+    if width:
+        assert np.array_equal(kept, w_kept)
+    else:
+        assert kept is None and w_kept is None
+    if w_emb is None:
+        assert emb is None
+    else:
+        assert np.array_equal(emb, w_emb)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize(("hidden", "classes"), [(16, 5), (37, 7), (256, 47)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_fused_head_equals_the_torch_operators(arch, hidden, classes, weighted):
+    _cuda()
+    g, _, fused = _resident(arch, 30 + hidden, weighted, "fastrand", hidden, classes)
+    rng = np.random.default_rng(hidden)
+    batches = [np.array([0]), np.array([g.num_nodes - 1]), np.array([3]),  # the hub, an isolated node, a self-loop
+               np.unique(np.concatenate([[0, 3, g.num_nodes - 1], rng.choice(g.num_nodes, 300, replace=False)]))]
+    for width in (1, 8, 64, PAD_MAX + 5, 0):
+        assert fused.has_table(width)
+        for t in batches:
+            for want_emb in (False, True):
+                _assert_same(fused.answer(t, width, want_emb), _spec(fused, t, width, want_emb), width)
+    assert fused.head.launches == 5 * len(batches) * 2  # the spec's batches did not launch it
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", ["fastrand", "bucket"])
+def test_fused_head_reads_the_tables_an_update_installed(strategy):
+    """After a rebase (an update's new graph, the stale rows recomputed), the kernel answers from the new
+    state: equal to the torch operators on the same updated model."""
+    _cuda()
+    g, p, fused = _resident("gcn", 7, True, strategy, 16, 5)
+    t = np.arange(0, g.num_nodes, 9)
+    assert fused.has_table(6) and fused.has_table(0)
+    before = fused.answer(t, 6, True)
+    g2, p2, stale = _update(g, p.cpu(), gcn=True)
+    p2 = p2.to("cuda")
+    fused.projections = lambda: p2
+    fused.rebase(g2, DeviceGraph.upload(g2, fused.device), stale)
+    t2 = np.append(t, g2.num_nodes - 1)  # the new node too
+    for width in (6, 0):
+        assert fused.has_table(width)
+        _assert_same(fused.answer(t2, width, True), _spec(fused, t2, width, True), width)
+    after = fused.answer(t, 6, True)
+    changed = np.isin(t, stale)
+    assert changed.any() and not np.allclose(after[3][changed], before[3][changed])  # it reads the new rows
+
+
+@pytest.mark.gpu
+def test_fused_head_batches_from_worker_threads():
+    """Batches from threads other than the one that built the model (a server's workers) take the driver
+    launch on their own parameter blocks, one at a time under the model's lock."""
+    import concurrent.futures as cf
+
+    _cuda()
+    g, _, fused = _resident("sage", 9, False, "fastrand", 32, 6)
+    assert fused.has_table(4)
+    rng = np.random.default_rng(0)
+    batches = [np.unique(rng.choice(g.num_nodes, int(rng.integers(1, 80)), replace=False)) for _ in range(64)]
+    want = [_spec(fused, t, 4, False) for t in batches]
+    with cf.ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda t: fused.answer(t, 4, False), batches))
+    for a, b in zip(got, want, strict=True):
+        _assert_same(a, b, 4)
+
