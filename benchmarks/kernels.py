@@ -22,7 +22,8 @@ noise hits every variant alike), and reports, per variant, the median over round
   split and the 128-bit loads), ``no split`` (exact only: long rows walked by one group, in index
   order, with 128-bit loads), ``old exact`` (exact only: neither, the exact path from before),
   ``index order`` (exact only: split, but the whole rows in index order instead of longest first),
-  and ``split=N`` for each ``--split-edges`` value (exact only). With ``--half bfloat16,float16``:
+  ``split=N`` for each ``--split-edges`` value (exact only), and ``cpt=N`` for each ``--cols-per-thread``
+  value (every width: N columns per lane instead of the launch's choice). With ``--half bfloat16,float16``:
   per 16-bit type and width, ``<type> native`` (x held in 16 bits, read by the kernel as it is,
   float32 arithmetic) and ``<type> via fp32`` (the path before native 16-bit: x cast to float32,
   the float32 kernel, the output cast back), both against the float32 ``torch.sparse.mm`` baseline
@@ -311,7 +312,7 @@ def _interrupt(signum, frame):
 
 def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[int], rounds: int,
              strategy: str, aggregator: str, seed: int, split_edges: list[int] | None = None,
-             half: list[torch.dtype] | None = None) -> Case:
+             half: list[torch.dtype] | None = None, cols_per_thread: list[int] | None = None) -> Case:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(g.num_nodes, f, generator=gen).to(device)
     a = baseline_csr(g, device)
@@ -336,6 +337,11 @@ def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[
         variants[("old exact", 0)] = lambda: cuda_call(g, x, 0, strategy, aggregator, split_edges=0, vector=False)
         for se in split_edges or []:
             variants[(f"split={se}", 0)] = lambda se=se: cuda_call(g, x, 0, strategy, aggregator, split_edges=se)
+        for cpt in cols_per_thread or []:
+            if cpt >= spmm_cuda.vector_width(4) or f % spmm_cuda.vector_width(4):  # 128-bit loads need V columns
+                for w in [0, *widths]:
+                    variants[(f"cpt={cpt}", w)] = lambda w=w, cpt=cpt: cuda_call(g, x, w, strategy, aggregator,
+                                                                                 cols_per_thread=cpt)
         for dt in half or []:
             xs = x.to(dt)
             short = str(dt).removeprefix("torch.")
@@ -489,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split-edges", default="",
                    help="CUDA: comma list of extra split thresholds to time in exact mode, beside the default "
                         f"({spmm_cuda.SPLIT_EDGES}) and no split")
+    p.add_argument("--cols-per-thread", default="",
+                   help="CUDA: comma list of columns per lane (1, 2, 4, 8) to time beside the launch's own "
+                        "choice, at every width (fewer columns per lane: more passes over a row)")
     p.add_argument("--rounds", type=int, help="timed rounds per variant, median reported (default: 9)")
     p.add_argument("--big-rounds", type=int, help="rounds on graphs above 20M edges (default: 3)")
     p.add_argument("--device", choices=("cpu", "cuda", "both"), default="both",
@@ -519,6 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     feats = [int(s) for s in args.features.split(",")]
     widths = [int(s) for s in args.widths.split(",")]
     split_edges = [int(s) for s in args.split_edges.split(",") if s.strip()]
+    cpts = [int(s) for s in args.cols_per_thread.split(",") if s.strip()]
+    if any(c not in (1, 2, 4, 8) for c in cpts):
+        raise SystemExit(f"--cols-per-thread: each must be 1, 2, 4 or 8, got {cpts}")
     # every exact-mode variant's work schedule stays memoized across the interleaved rounds (default,
     # index order, each --split-edges): past spmm_cuda's 4, each round would rebuild them inside the timing
     spmm_cuda.SCHEDULES_KEPT = max(spmm_cuda.SCHEDULES_KEPT, 4 + len(split_edges))
@@ -559,7 +571,8 @@ def main(argv: list[str] | None = None) -> int:
             for f in feats:
                 for dev in devices:
                     c = run_case(name, g, f, dev, widths, rounds, args.strategy, args.aggregator, args.seed,
-                                 split_edges if dev.type == "cuda" else None, half if dev.type == "cuda" else None)
+                                 split_edges if dev.type == "cuda" else None, half if dev.type == "cuda" else None,
+                                 cpts if dev.type == "cuda" else None)
                     cases.append(c)
                     print(f"<!-- {name} F={f} {dev.type}: sparse.mm {c.baseline_s * 1e3:.2f} ms, "
                           f"{time.perf_counter() - t_start:.0f} s so far -->", flush=True)

@@ -634,7 +634,13 @@ class ResidentPlain(_OnDevice):
             self.batches += 1
             self.targets += len(targets)
             if self.head is not None:  # one launch, the answers in mapped host memory
-                return self.unpack_host(self.head.answer(targets, width, want_emb), len(targets), width, want_emb)
+                try:
+                    flat = self.head.answer(targets, width, want_emb)
+                    return self.unpack_host(flat, len(targets), width, want_emb)
+                except Exception:  # the newest code: the torch operators (its specification) serve from now on
+                    log.exception("resident path: the fused last layer failed a batch; the torch operators "
+                                  "answer this model's batches from now on")
+                    self.head = None
             rows = self.upload_ids(targets)
             out = self.forward(rows, targets, width, want_emb)
             return self.download(out, len(targets), width, want_emb)

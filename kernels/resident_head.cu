@@ -101,17 +101,21 @@ extern "C" __global__ void resident_head(
         float s = 0.f;
         for (int c = lane; c < C; c += 32) s += expf(z[c] - m);
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        // arg-max as torch's: the first of equal maxima, and a NaN above every number (the first NaN)
         float best = -1.f;
         int arg = C;
         for (int c = lane; c < C; c += 32) {
             const float p = expf(z[c] - m) / s;
             out[(long long)i * C + c] = p;
-            if (p > best) { best = p; arg = c; }  // lanes walk their classes upwards: the first of equals
+            // lanes walk their classes upwards: a later equal never replaces
+            if ((p != p && best == best) || p > best) { best = p; arg = c; }
         }
         for (int o = 16; o > 0; o >>= 1) {
             const float ob = __shfl_xor_sync(0xffffffffu, best, o);
             const int oa = __shfl_xor_sync(0xffffffffu, arg, o);
-            if (ob > best || (ob == best && oa < arg)) { best = ob; arg = oa; }
+            const bool o_nan = ob != ob, b_nan = best != best;
+            const bool take = o_nan != b_nan ? o_nan : (o_nan ? oa < arg : (ob > best || (ob == best && oa < arg)));
+            if (take) { best = ob; arg = oa; }
         }
         if (lane == 0) {
             out[(long long)B * C + i] = (float)arg;

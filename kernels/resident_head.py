@@ -17,11 +17,14 @@ per-thread parameter block) on torch's current stream, ordered after whatever to
 tables.
 
 :func:`create` returns ``None`` (and says why once, in the log) where this cannot run: no CUDA device,
-CuPy missing or failing, tensors not float32, or a hidden width too wide for the block's shared memory.
+CuPy missing or failing (or ``GNNSERVE_DISABLE_CUDA_SPMM=1``, which turns off every CuPy kernel), tensors
+not float32, or a hidden width too wide for the block's shared memory. A batch whose launch fails is
+answered by the torch operators, which serve that model from then on (:meth:`ResidentPlain.answer`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
@@ -79,7 +82,8 @@ def _function(device_index: int) -> tuple[Any, int]:
 
 
 def synchronize(stream: int) -> None:
-    """Wait for ``stream`` (a raw handle): the batch's answers are then in the mapped output."""
+    """Wait for ``stream`` (a raw handle, of the thread's current device): the batch's answers are then in
+    the mapped output."""
     spmm_cuda._cupy().cuda.runtime.streamSynchronize(stream)
 
 
@@ -133,8 +137,8 @@ class ResidentHead:
 
         if self._ids is None or len(self._ids) < b:
             self._ids = MappedBuffer(max(bucket_of(b), 64), np.int64, self.device_index)
-        if self._out is None or len(self._out) < floats:
-            self._out = MappedBuffer(max(floats, 1 << 14), np.float32, self.device_index)
+        if self._out is None or len(self._out) < floats:  # grown by powers of two: few reallocations
+            self._out = MappedBuffer(max(bucket_of(floats), 1 << 14), np.float32, self.device_index)
         return self._ids, self._out
 
     def answer(self, targets: np.ndarray, width: int, want_emb: bool) -> np.ndarray:
@@ -153,9 +157,14 @@ class ResidentHead:
                 c.k.data_ptr(), r.dinv.data_ptr() if gcn else 0, kept2.data_ptr() if kept2 is not None else 0,
                 w_agg.data_ptr(), 0 if w_self is None else w_self.data_ptr(), r._b.data_ptr(), out.device_ptr,
                 b, r.hidden, r.num_classes, int(bool(want_emb)))
-        stream = spmm_cuda._current_stream(self.device_index)
-        spmm_cuda.launch(self.fn, b, self.threads, self.shared_bytes, args, ARG_KINDS, self.device_index, stream)
-        synchronize(stream)
+        cp = spmm_cuda._cupy()
+        # the launch and the wait on the model's device: torch's default stream (handle 0) is the current
+        # device's, and a worker thread's current device is 0 unless set
+        with contextlib.nullcontext() if cp.cuda.runtime.getDevice() == self.device_index else cp.cuda.Device(
+                self.device_index):
+            stream = spmm_cuda._current_stream(self.device_index)
+            spmm_cuda.launch(self.fn, b, self.threads, self.shared_bytes, args, ARG_KINDS, self.device_index, stream)
+            synchronize(stream)
         self.launches += 1
         return out.array[:floats].copy()
 

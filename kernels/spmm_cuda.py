@@ -210,6 +210,7 @@ def launch_config(
     vector: bool = False,
     num_items: int | None = None,
     acc_bytes: int | None = None,
+    cols_per_thread: int | None = None,
 ) -> LaunchConfig:
     """Pick the launch shape for ``num_rows`` rows of ``num_features`` columns.
 
@@ -220,7 +221,8 @@ def launch_config(
     block halve from 8 until the stages fit :data:`SHARED_BUDGET`. The grid covers ``num_items``
     work items (default ``num_rows``: no schedule), one per group. ``value_bytes`` is the element
     size of ``x`` (the 128-bit layout), ``acc_bytes`` that of the stage's coefficients (default
-    ``value_bytes``; 4 for float16 / bfloat16).
+    ``value_bytes``; 4 for float16 / bfloat16). ``cols_per_thread`` sets ``CPT`` instead (1, 2, 4 or 8; at
+    least ``V`` with ``vector``): fewer columns per lane take more passes over a row (a benchmark's knob).
     """
     acc_bytes = int(value_bytes) if acc_bytes is None else int(acc_bytes)
     f = max(1, int(num_features))
@@ -230,6 +232,12 @@ def launch_config(
         if f % v:
             raise ValueError(f"128-bit loads need F to be a multiple of {v}, got {f}")
         cpt = max(cpt, v)
+    if cols_per_thread is not None:
+        c = int(cols_per_thread)
+        if c not in (1, 2, 4, 8) or (vector and c < vector_width(value_bytes)):
+            raise ValueError(f"cols_per_thread must be 1, 2, 4 or 8 (at least {vector_width(value_bytes)} with "
+                             f"128-bit loads), got {cols_per_thread}")
+        cpt = c
     g = min(32, max(4, _next_pow2(math.ceil(f / cpt))))
     if tile is None:
         tile = min(int(width), MAX_TILE) if width > 0 else EXACT_TILE
@@ -574,6 +582,7 @@ def sampled_spmm_cuda(
     split_edges: int | None = None,
     row_order: str | None = None,
     vector: bool | None = None,
+    cols_per_thread: int | None = None,
 ) -> torch.Tensor:
     """ES-SpMM on the GPU: ``out = A_S x`` with the formulas of :mod:`kernels.spmm`.
 
@@ -587,10 +596,10 @@ def sampled_spmm_cuda(
         aggregator: ``"sum"``, ``"mean"`` or ``"gcn"``.
         gcn_dinv: ``gcn`` only: ``D^{-1/2}`` ``[N]`` (default: from the graph's own degrees, ``D_i =
             1 + sum_j w_ij``).
-        split_edges, row_order, vector: the launch knobs (default: :func:`split_threshold`,
-            :data:`ROW_ORDER`, :data:`VECTOR`), for benchmarks and tests; ``split_edges=0`` never
-            splits; ``vector=True`` still falls back to scalar loads where ``F`` or the alignment
-            forbid 128-bit ones.
+        split_edges, row_order, vector, cols_per_thread: the launch knobs (default: :func:`split_threshold`,
+            :data:`ROW_ORDER`, :data:`VECTOR`, :func:`launch_config`'s choice), for benchmarks and tests;
+            ``split_edges=0`` never splits; ``vector=True`` still falls back to scalar loads where ``F``
+            or the alignment forbid 128-bit ones.
 
     Returns:
         ``[N, F]`` tensor of ``x``'s dtype on ``x``'s device, written on torch's current stream.
@@ -624,7 +633,7 @@ def sampled_spmm_cuda(
         if dinv.shape != (n,):
             raise ValueError(f"gcn_dinv must have shape [{n}], got {tuple(dinv.shape)}")
     out, plan = _plan(graph, xc, width, strategy, aggregator, dinv, torch.device("cuda", dev_index),
-                      split_edges, row_order, vector)
+                      split_edges, row_order, vector, cols_per_thread)
     cfg = plan.cfg
     try:
         fn = _kernel(dev_index, dtype, plan.index_ctype, cfg.cols_per_thread, cfg.vector, plan.split)
@@ -636,7 +645,7 @@ def sampled_spmm_cuda(
                     "float32 instead", dtype, dev_index, type(exc).__name__, exc, dtype)
         _no_native.add((dev_index, dtype))
         return sampled_spmm_cuda(graph, x, width, strategy, aggregator, gcn_dinv, split_edges=split_edges,
-                                 row_order=row_order, vector=vector)
+                                 row_order=row_order, vector=vector, cols_per_thread=cols_per_thread)
     _launch(fn, cfg, plan.args, dev_index, _current_stream(dev_index))
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
@@ -731,7 +740,7 @@ class _Plan:
 
 def _plan(graph: CSRGraph, xc: torch.Tensor, width: int, strategy: str, aggregator: str, dinv: torch.Tensor | None,
           device: torch.device, split_edges: int | None, row_order: str,
-          vector: bool | None) -> tuple[torch.Tensor, _Plan]:
+          vector: bool | None, cols_per_thread: int | None = None) -> tuple[torch.Tensor, _Plan]:
     """Everything of a launch but the launch: the graph's device entry and schedule (on ``device``),
     the output tensor (zeroed when rows are split), the shape and the argument tuple. ``xc`` is
     contiguous ``[N, F]`` (N, F > 0) in one of the kernel's value types, on ``device``; ``dinv``
@@ -754,11 +763,11 @@ def _plan(graph: CSRGraph, xc: torch.Tensor, width: int, strategy: str, aggregat
     x_ptr, out_ptr = xc.data_ptr(), out.data_ptr()
     vec = (VECTOR if vector is None else bool(vector)) and f % (16 // vb) == 0 and (x_ptr | out_ptr) & 15 == 0
     num_items = sched["num_items"] if sched is not None else n
-    ckey = (n, f, width, max_deg, vb, ab, dg["index_bytes"], vec, num_items)
+    ckey = (n, f, width, max_deg, vb, ab, dg["index_bytes"], vec, num_items, cols_per_thread)
     cfg = _configs.get(ckey)
     if cfg is None:
         cfg = launch_config(n, f, width, max_deg, vb, dg["index_bytes"], vector=vec, num_items=num_items,
-                            acc_bytes=ab)
+                            acc_bytes=ab, cols_per_thread=cols_per_thread)
         if len(_configs) >= _CONFIGS_KEPT:
             _configs.clear()
         _configs[ckey] = cfg

@@ -186,8 +186,8 @@ def _serve(argv: Sequence[str]) -> int:
                          "the compiled paths are faster)")
     ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                     help="on a resident --device cuda model: replay a captured CUDA graph per batch size bucket, "
-                         "sampling width and PPR budget (plain models: sampled widths up to 256). Default: on "
-                         "wherever a model is resident on a GPU")
+                         "sampling width and PPR budget (shaDow models; plain models only with --no-fused-head, "
+                         "at sampled widths up to 256). Default: on wherever such a model is resident on a GPU")
     ap.add_argument("--fused-head", action=argparse.BooleanOptionalAction, default=None,
                     help="on a plain model resident on --device cuda: its last layer (aggregation, classifier, "
                          "softmax, arg-max) in one kernel launch, answers read from mapped host memory "

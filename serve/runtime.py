@@ -193,8 +193,8 @@ class RuntimeOptions:
     #: the compiled paths are faster: docs/BENCHMARKS.md, "Resident paths")
     resident: bool | None = None
     #: with ``resident`` on a CUDA device: replay one captured CUDA graph per (batch bucket, width, PPR budget)
-    #: (plain models: at sampled widths up to ``kernels.resident.PAD_MAX``); None = whenever the model is
-    #: resident on a CUDA device
+    #: (plain models: at sampled widths up to ``kernels.resident.PAD_MAX``, and only without the fused last
+    #: layer, ``fused_head``); None = whenever such a model is resident on a CUDA device
     cuda_graphs: bool | None = None
     #: a plain model resident on a CUDA device: its last layer (aggregation, classifier, softmax, arg-max) in
     #: one kernel launch whose answers land in mapped host memory (:mod:`kernels.resident_head`), instead of
@@ -357,7 +357,7 @@ class ModelRuntime:
         if wants_resident or options.serving_path in ("plain-resident", "shadow-resident"):
             # asked for: a failure is the model's; by default on a GPU: said, and the torch path serves
             self._resident_init(fallback=options.resident is None and options.serving_path is None
-                                and not options.fused_head)
+                                and not (options.fused_head and self.extractor != "ppr"))
         resident_now = self._resident is not None or self._resident_shadow is not None
         #: a GPU runtime's resident paths take batches of at least this many targets (serve.paths); the
         #: largest batch a compiled path takes
@@ -371,7 +371,11 @@ class ModelRuntime:
                      ", last layer in one kernel" if fused_head else
                      ", CUDA graphs" if self._captured is not None else "",
                      "every batch on the GPU" if least <= 0 else f"batches under {least} targets on the compiled CPU paths")
-        if options.cuda_graphs and self._captured is None and not fused_head:
+        if options.cuda_graphs and fused_head:
+            log.warning("model %s v%s: --cuda-graphs not used: its last layer is one kernel launch, which a CUDA "
+                        "graph would not shorten (--no-fused-head replays CUDA graphs of the torch operators)",
+                        name, version)
+        elif options.cuda_graphs and self._captured is None:
             log.warning("model %s v%s: --cuda-graphs ignored (it needs a model resident on --device cuda, where "
                         "models are resident unless --no-resident)", name, version)
         # the plan path of a 2-layer plain model: the last layer alone from per-node first-layer rows
@@ -422,7 +426,8 @@ class ModelRuntime:
     def _resident_build(self) -> None:
         why = None
         shadow = self.extractor == "ppr"
-        if not shadow and (self.num_layers != 2 or getattr(self.model, "plan_aggregator", -1) < 0):
+        plain2 = not shadow and self.num_layers == 2 and getattr(self.model, "plan_aggregator", -1) >= 0
+        if not shadow and not plain2:
             why = "it serves plain 2-layer GCN / GraphSAGE models and shaDow models"
         elif shadow and getattr(self.ppr_index, "induced", None) is None:
             why = "the PPR index has no induced table (--induced-table-bytes)"
@@ -433,6 +438,11 @@ class ModelRuntime:
         elif not shadow and self.options.activation_budget_bytes <= 0:
             why = "--activation-cache-bytes is 0 (it keeps first-layer tables within that budget)"
         if why is not None:
+            if plain2 and self.options.fused_head:  # asked for a kernel this configuration rules out
+                raise ValueError(f"model {self.name} v{self.version}: fused_head (--fused-head) needs the model "
+                                 f"resident, and {why}")
+            if not shadow and self.options.fused_head:
+                log.warning("model %s v%s: --fused-head does not apply (%s)", self.name, self.version, why)
             log.info("model %s v%s: no resident path: %s", self.name, self.version, why)
             return
         from kernels.resident import CapturedForward, ResidentPlain, ResidentShadow

@@ -174,6 +174,39 @@ def test_fused_head_reads_the_tables_an_update_installed(strategy):
 
 
 @pytest.mark.gpu
+def test_fused_head_nan_rows_answer_like_torch():
+    """A NaN in a first-layer row (features are checked finite, not bounded): every probability NaN, and the
+    label torch's argmax gives (its first NaN, class 0), never an out-of-range class."""
+    _cuda()
+    _, _, r = _resident("gcn", 5, False, "fastrand", 16, 5)
+    assert r.has_table(4)
+    t = np.array([0, 9, 33])
+    with torch.inference_mode():
+        r._tables[4][9] = float("nan")
+    got, want = r.answer(t, 4, False), _spec(r, t, 4, False)
+    assert np.isnan(got[0][1]).all() and np.array_equal(np.isnan(got[0]), np.isnan(want[0]))
+    assert np.array_equal(got[1], want[1]) and got[1][1] == 0
+
+
+@pytest.mark.gpu
+def test_fused_head_on_a_second_gpu():
+    """A model on cuda:1 from a thread whose current device is 0: the launch and the wait are on cuda:1."""
+    _cuda()
+    if torch.cuda.device_count() < 2:
+        pytest.skip("one CUDA device")
+    g = _graph(8, False)
+    model = GCN(24, 16, 5, dropout=0.0).to("cuda:1").eval()
+    with torch.no_grad():
+        p = model.project(torch.randn(g.num_nodes, 24).to("cuda:1"))
+    r = ResidentPlain(model, g, lambda: p, strategy="fastrand", budget_bytes=1 << 26, fused_head=True)
+    assert r.has_table(8)
+    t = np.arange(0, g.num_nodes, 7)
+    torch.cuda.set_device(0)
+    for _ in range(5):
+        _assert_same(r.answer(t, 8, True), _spec(r, t, 8, True), 8)
+
+
+@pytest.mark.gpu
 def test_fused_head_batches_from_worker_threads():
     """Batches from threads other than the one that built the model (a server's workers) take the driver
     launch on their own parameter blocks, one at a time under the model's lock."""
@@ -190,3 +223,47 @@ def test_fused_head_batches_from_worker_threads():
     for a, b in zip(got, want, strict=True):
         _assert_same(a, b, 4)
 
+
+
+class _FailingHead:
+    """A head whose launch fails (what a launch error raises): ResidentPlain must answer anyway."""
+
+    launches = 0
+
+    def answer(self, *_a):
+        raise RuntimeError("cuLaunchKernel failed (injected)")
+
+
+def test_a_failing_head_leaves_the_batch_to_the_torch_operators(caplog):
+    g = _graph(4, True)
+    model = GCN(8, 6, 3, dropout=0.0).eval()
+    with torch.no_grad():
+        p = model.project(torch.randn(g.num_nodes, 8))
+    r = ResidentPlain(model, g, lambda: p, strategy="fastrand", budget_bytes=1 << 24)
+    assert r.has_table(5)
+    t = np.array([0, 9, 33])
+    want = r.answer(t, 5, True)
+    r.head = _FailingHead()
+    with caplog.at_level(logging.ERROR, logger="kernels.resident"):
+        got = r.answer(t, 5, True)
+    assert r.head is None and "the fused last layer failed a batch" in caplog.text
+    for a, b in zip(got, want, strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_fused_head_required_where_the_configuration_rules_it_out(tiny_repo, caplog):
+    """fused_head=True (--fused-head) on a plain model that cannot be resident (here: no first-layer table
+    budget) fails that model loudly instead of serving it silently on other paths; a shaDow model beside it
+    is not concerned."""
+    from serve.registry import ModelNotFound
+    from serve.runtime import RuntimeOptions
+
+    from .serving import ServerThread
+
+    opts = {"device": "cpu", "resident": True, "fused_head": True, "activation_budget_bytes": 0}
+    with caplog.at_level(logging.ERROR), ServerThread(tiny_repo, {"runtime_kw": opts}) as srv:
+        assert srv.server.registry.get("shadow") is not None
+        with pytest.raises(ModelNotFound):  # it did not load
+            srv.server.registry.get("gcn")
+    assert "fused_head (--fused-head) needs the model resident, and --activation-cache-bytes is 0" in caplog.text
+    assert RuntimeOptions().fused_head is None

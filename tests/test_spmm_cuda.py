@@ -150,6 +150,27 @@ def test_launch_config_shape(f, width, max_degree, sizes, vector):
     assert c.shared_bytes <= SHARED_BUDGET or c.block_threads == 32
 
 
+def test_launch_config_takes_a_columns_per_lane_override():
+    # F = 256 float32 with 128-bit loads: 8 columns per lane, one pass by default; 4 columns: two passes
+    assert launch_config(1000, 256, 0, 50, 4, 4, vector=True).cols_per_thread == 8
+    c = launch_config(1000, 256, 0, 50, 4, 4, vector=True, cols_per_thread=4)
+    assert (c.cols_per_thread, c.group_size) == (4, 32) and c.group_size * c.cols_per_thread * 2 == 256
+    assert launch_config(1000, 40, 8, 50, 4, 4, cols_per_thread=1).group_size == 32
+    for bad, vec in ((3, False), (16, False), (2, True)):  # 2 columns cannot hold a float4
+        with pytest.raises(ValueError, match="cols_per_thread"):
+            launch_config(1000, 256, 0, 50, 4, 4, vector=vec, cols_per_thread=bad)
+
+
+@pytest.mark.parametrize(("width", "cpt"), [(0, 4), (16, 4), (0, 1)])
+def test_host_emulation_with_fewer_columns_per_lane(harness, tmp_path, width, cpt):
+    # the benchmark's --cols-per-thread: a row takes several column passes (F = 256 at 4 columns per lane: 2,
+    # at 1: 8), every pass restaging the row's edges; exact mode with a hub splits rows too
+    g = hub_graph(14, weighted=True)
+    x = features(g.num_nodes, 256, 14)
+    got = emulate(harness, tmp_path, g, x, width, "fastrand", "gcn", cols_per_thread=cpt, vector=cpt >= 4)
+    np.testing.assert_allclose(got, reference(g, x, width, "fastrand", "gcn"), rtol=1e-4, atol=1e-4)
+
+
 def test_launch_config_caps_blocks_and_counts_bytes():
     c = launch_config(10**9, 64, 32, 10**6, 4, 4, max_blocks=1000)
     assert c.blocks == 1000  # rows beyond the grid are reached grid-stride
@@ -352,7 +373,7 @@ def _raw(t: torch.Tensor) -> np.ndarray:
 def emulate(exe: Path, workdir: Path, g: CSRGraph, x, width: int, strategy: str, aggregator: str,
             *, block_threads: int | None = None, max_blocks: int | None = None, tile: int | None = None,
             split_edges: int | None = None, row_order: str = "degree", vector: bool | None = None,
-            stats: dict | None = None):
+            stats: dict | None = None, cols_per_thread: int | None = None):
     """Run es_spmm.cu's thread code on the CPU with the launch sampled_spmm_cuda would make (its
     width rule, work schedule, 128-bit choice and shape; optionally fewer threads per block, fewer
     blocks, a smaller stage, another split threshold or forced scalar loads), return ``out``.
@@ -372,7 +393,7 @@ def emulate(exe: Path, workdir: Path, g: CSRGraph, x, width: int, strategy: str,
     num_items = n if sched is None else len(sched[0])
     vec = use_vector(f, vb) if vector is None else vector  # the harness allocates x and out 16-byte aligned
     c = launch_config(n, f, width_eff, int(g.degrees.max()), vb, ib, tile=tile, max_blocks=max_blocks or 2**31 - 1,
-                      vector=vec, num_items=num_items, acc_bytes=ab)
+                      vector=vec, num_items=num_items, acc_bytes=ab, cols_per_thread=cols_per_thread)
     bt = block_threads or c.block_threads
     gpb = bt // 32 * (32 // c.group_size)
     blocks = min(-(-num_items // gpb), max_blocks or 2**31 - 1)
