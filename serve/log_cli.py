@@ -10,8 +10,11 @@ version in a ``#`` comment line);
 ``V`` and serves again. The updates dropped were acknowledged to their clients: they are lost unless
 sent again (``show --json`` first keeps them). Truncating needs every server of the log stopped, the one
 writing it and those following it (their locks say so otherwise), and ``--yes``; without it the command
-says what it would drop. A log damaged before its last record is refused by both commands: restore it
-from a copy.
+says what it would drop. A log damaged before its last record (a valid record after bad bytes: the disk,
+or a hand edit; a crash mid-write only tears the last record, which a server cuts off itself) keeps its
+graph out of service: ``show`` lists the records in front of the damage and where it is (exit status 1),
+and ``truncate --after V`` with ``V`` at most the last of those cuts the damage off with everything after
+it (the records behind it cannot be replayed without the one it destroyed); or restore the log from a copy.
 
 Only file logs: a log in Redis (``--redis-url`` servers) is a stream, read and trimmed with Redis's own
 tools.
@@ -83,8 +86,9 @@ def _show(args: argparse.Namespace) -> int:
     if not logs:
         print("no update logs", file=sys.stderr)
         return 0
+    damaged = False
     for path in logs:
-        with FileUpdateLog(path, follow=True) as lg:
+        with FileUpdateLog(path, follow=True, salvage=True) as lg:
             head, base = lg.head(), lg.base
             snapshot = path.with_suffix(".snapshot").exists()
             if not args.json:
@@ -108,7 +112,20 @@ def _show(args: argparse.Namespace) -> int:
                     else:
                         text = "; ".join(_summary(u) for u in rec.updates)
                         print(f"  {version}: {len(payload):,} bytes, {len(rec.updates)} update(s): {text}")
-    return 0
+            if lg.damage is not None:
+                damaged = True
+                print(f"graph {path.stem[:12]}: {_damage_text(lg.damage, head)}", file=sys.stderr)
+    return 1 if damaged else 0
+
+
+def _damage_text(d: Any, head: int) -> str:
+    later = (f"versions {d.later_versions[0]}..{d.later_versions[-1]}" if len(d.later_versions) > 1
+             else f"version {d.later_versions[0]}" if d.later_versions else "records")
+    return (f"DAMAGED at byte offset {d.offset:,} ({d.problem}), after version {head}; {later} follow it from byte "
+            f"offset {d.next_valid:,} and cannot be replayed without what it destroyed. The graph stays out of "
+            f"service until 'gnnserve log truncate --after {head} --yes' cuts the damage and everything after it off "
+            f"({d.size - d.offset:,} bytes; those updates are lost unless sent again), or the log is restored from a "
+            "copy")
 
 
 def _truncate(args: argparse.Namespace) -> int:
@@ -116,7 +133,7 @@ def _truncate(args: argparse.Namespace) -> int:
     if path is None:
         raise SystemExit("gnnserve log truncate: --graph is required (the fingerprint prefix 'show' lists)")
     try:
-        lg = FileUpdateLog(path)
+        lg = FileUpdateLog(path, salvage=True)
     except UpdateLogInUse:
         print(f"gnnserve log truncate: a server is running on {path} (it holds the log's lock): stop every server "
               "of this repository first", file=sys.stderr)
@@ -132,10 +149,19 @@ def _truncate(args: argparse.Namespace) -> int:
             print(f"gnnserve log truncate: versions 1..{base} of graph {path.stem[:12]} are compacted into its "
                   f"snapshot ({path.with_suffix('.snapshot')}); the log holds {base + 1}..{head} only", file=sys.stderr)
             return 2
-        if after >= head:
+        damage = lg.damage
+        if after >= head and damage is None:
             print(f"graph {path.stem[:12]}: the log ends at version {head}; nothing after {after} to drop")
             return 0
-        what = f"{head - after} record(s), versions {after + 1}..{head}, of graph {path.stem[:12]}"
+        if after > head:
+            print(f"gnnserve log truncate: graph {path.stem[:12]}: {_damage_text(damage, head)}. --after can be at "
+                  f"most {head}", file=sys.stderr)
+            return 2
+        what = (f"{head - after} record(s), versions {after + 1}..{head}, of graph {path.stem[:12]}" if after < head
+                else f"nothing in front of the damage of graph {path.stem[:12]}")
+        if damage is not None:
+            what += (f", and the damage at byte offset {damage.offset:,} with the {damage.size - damage.offset:,} "
+                     f"bytes after it ({len(damage.later_versions)} valid record(s) among them)")
         if not args.yes:
             print(f"would drop {what}; the graph would then replay to version {after}. These updates were "
                   "acknowledged to their clients: keep them first with 'gnnserve log show --json'. Add --yes to drop "

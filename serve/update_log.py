@@ -92,6 +92,7 @@ import time
 import zlib
 from array import array
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -232,14 +233,23 @@ class FileUpdateLog:
             writer's snapshot: :class:`RecordsCompacted`); a log cut back behind what was read raises
             :class:`UpdateLogError`.
 
-    Raises (constructor): :class:`UpdateLogError` when the file is damaged before its last record or is
-    not a log; :class:`UpdateLogInUse` (a writer) when another process writes it.
+        salvage: an operator's look at a log damaged before its last record (``gnnserve log``): the records
+            in front of the damage are the log, :attr:`damage` says where it starts, and nothing is written
+            but :meth:`truncate_after` at or before the damage (which cuts it off); ``append`` and
+            ``truncate_before`` raise while it is there. Servers never open a log this way.
+
+    Raises (constructor): :class:`UpdateLogError` when the file is damaged before its last record (unless
+    ``salvage``) or is not a log; :class:`UpdateLogInUse` (a writer) when another process writes it.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False, follow: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False, follow: bool = False,
+                 salvage: bool = False) -> None:
         self.path = Path(path)
         self.fsync = bool(fsync)
         self.follow = bool(follow)
+        self.salvage = bool(salvage)
+        #: with ``salvage``: the damage in front of a later valid record, where the usable log ends
+        self.damage: LogDamage | None = None
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._closed = False
@@ -342,9 +352,15 @@ class FileUpdateLog:
                     continue
                 later = _next_valid_record(mm, off + 1, size)
                 if later is not None:
+                    if self.salvage:
+                        self.damage = LogDamage(off, problem, later, _versions_from(mm, later, size), size)
+                        self._end = off
+                        return
                     raise UpdateLogError(f"update log {self.path} is damaged at byte offset {off} ({problem}); a "
                                          f"valid record follows at byte offset {later}, so this is not a torn "
-                                         "write: restore the log from a copy or rebuild the graph from a snapshot")
+                                         "write: 'gnnserve log show' lists the records in front of the damage and "
+                                         "'gnnserve log truncate' cuts the rest off; or restore the log from a copy "
+                                         "or rebuild the graph from a snapshot")
                 break
         if off < size and not self.follow:
             log.warning("update log %s: cut off %d bytes of a torn last record at byte offset %d (a crash in "
@@ -417,9 +433,12 @@ class FileUpdateLog:
         if self._closed:
             raise UpdateLogError(f"update log {self.path} is closed")
 
-    def _check_writable(self) -> None:
+    def _check_writable(self, repair: bool = False) -> None:
         if self.follow:
             raise UpdateLogError(f"update log {self.path} is open to follow another process's writes, not to write")
+        if self.damage is not None and not repair:
+            raise UpdateLogError(f"update log {self.path} is damaged at byte offset {self.damage.offset}: only "
+                                 "truncate_after (at or before the damage) writes it")
 
     @property
     def _head(self) -> int:
@@ -469,22 +488,28 @@ class FileUpdateLog:
         the log meanwhile; records compacted into the snapshot (``version < base``) cannot be dropped."""
         with self._lock:
             self._check_open()
-            self._check_writable()
+            self._check_writable(repair=True)
             head, base = self._head, self._base
             version = int(version)
             if version < base:
                 raise UpdateLogError(f"update log {self.path}: versions up to {base} are compacted into the "
                                      f"snapshot; the log holds {base + 1}..{head}")
-            if version >= head:
+            if version >= head and self.damage is None:
                 return 0
+            version = min(version, head)
             if not self._no_followers():
                 raise UpdateLogInUse(f"update log {self.path} is followed by a running server (a --read-only one, "
                                      "a --processes child, or a second server on the repository): stop it first")
-            cut = self._offsets[version - base]  # where record version + 1 starts
+            # where record version + 1 starts (the damage, when it is the next thing)
+            cut = self._offsets[version - base] if version < head else self._end
             os.ftruncate(self._fd, cut)
             self._sync()
             del self._offsets[version - base:]
             self._end = cut
+            if self.damage is not None:
+                log.warning("update log %s: the damage at byte offset %d and every byte after it dropped",
+                            self.path, self.damage.offset)
+                self.damage = None
             log.info("update log %s: records %d..%d dropped (truncated after version %d)", self.path,
                      version + 1, head, version)
             return head - version
@@ -656,6 +681,27 @@ def _record_problem(mm: Any, off: int, size: int) -> str | None:
     if zlib.crc32(mm[off + _REC_HDR.size : end], zlib.crc32(_U64.pack(version))) != crc:
         return "CRC mismatch"
     return None
+
+
+@dataclass(frozen=True)
+class LogDamage:
+    """Where a file log is damaged in front of a later valid record (:attr:`FileUpdateLog.damage`)."""
+
+    offset: int  # byte offset of the damage: the usable log ends here
+    problem: str  # what is wrong there (:func:`_record_problem`)
+    next_valid: int  # byte offset of the first valid record after it
+    later_versions: tuple[int, ...]  # versions of the valid records from there on, as far as they run back to back
+    size: int  # the file's size: ``size - offset`` bytes would be cut off
+
+
+def _versions_from(mm: Any, off: int, size: int) -> tuple[int, ...]:
+    """Versions of the valid records back to back from ``off`` (a damaged log's later records)."""
+    out = []
+    while off < size and _record_problem(mm, off, size) is None:
+        _, version, length, _ = _REC_HDR.unpack_from(mm, off)
+        out.append(int(version))
+        off += _REC_HDR.size + length
+    return tuple(out)
 
 
 def _next_valid_record(mm: Any, start: int, size: int) -> int | None:

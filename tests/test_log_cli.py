@@ -114,3 +114,44 @@ def test_truncate_is_refused_while_a_server_follows_the_log(tmp_path: Path, caps
     (live / "zzz.log").write_bytes(b"garbage\n")  # shorter than a header, and not the start of one
     assert log_main(["show", "--log-dir", str(live), "--graph", "zzz"]) == 1
     assert "is not an update log" in capsys.readouterr().err
+
+
+def test_a_log_damaged_in_the_middle_is_listed_up_to_the_damage_and_cut_there(tmp_path: Path, capsys) -> None:
+    """Bad bytes in front of a valid record (the disk, a hand edit): a server refuses the log (the graph stays
+    out of service); ``show`` lists the records in front of the damage, says where it is and what follows
+    (exit 1); ``truncate`` cuts it off with everything after it, at most at the last intact version, and the
+    log opens and takes appends again."""
+    live = tmp_path / "_live"
+    path = live / "0123456789ab.log"
+    with FileUpdateLog(path) as lg:
+        for i in range(6):
+            rec = pb.UpdateLogRecord(updates=[pb.UpdateGraphRequest(model="gcn", request_id=f"update-{i:04d}" * 3)])
+            lg.append(rec.SerializeToString())
+        offsets = list(lg._offsets)
+    data = bytearray(path.read_bytes())
+    data[offsets[3] + 30] ^= 0xFF  # record 4's payload: its CRC fails, records 5 and 6 stay valid
+    path.write_bytes(bytes(data))
+    with pytest.raises(UpdateLogError, match=f"damaged at byte offset {offsets[3]} .*'gnnserve log show'"):
+        FileUpdateLog(path)
+    with FileUpdateLog(path, salvage=True) as lg:  # nothing but truncate_after writes it
+        assert lg.head() == 3 and lg.damage is not None and lg.damage.later_versions == (5, 6)
+        with pytest.raises(UpdateLogError, match="only truncate_after"):
+            lg.append(b"more")
+    assert path.read_bytes() == bytes(data)  # opened to salvage: unchanged
+
+    assert log_main(["show", "--log-dir", str(live), "--graph", "0123"]) == 1
+    out, err = capsys.readouterr()
+    assert [line.split(":")[0].strip() for line in out.splitlines()[1:]] == ["1", "2", "3"]
+    assert f"DAMAGED at byte offset {offsets[3]:,} (CRC mismatch), after version 3; versions 5..6 follow" in err
+    assert "'gnnserve log truncate --after 3 --yes'" in err
+    assert log_main(["truncate", "--log-dir", str(live), "--graph", "0123", "--after", "4", "--yes"]) == 2
+    assert "--after can be at most 3" in capsys.readouterr().err
+    assert log_main(["truncate", "--log-dir", str(live), "--graph", "0123", "--after", "3"]) == 0  # a dry run
+    assert "would drop nothing in front of the damage" in capsys.readouterr().out
+    assert path.read_bytes() == bytes(data)
+    assert log_main(["truncate", "--log-dir", str(live), "--graph", "0123", "--after", "2", "--yes"]) == 0
+    assert "dropped 1 record(s), versions 3..3" in capsys.readouterr().out
+    assert path.stat().st_size == offsets[2]
+    with FileUpdateLog(path) as lg:  # whole again: a server opens it and goes on
+        assert lg.head() == 2 and lg.damage is None and lg.append(rec.SerializeToString()) == 3
+    assert log_main(["show", "--log-dir", str(live), "--graph", "0123"]) == 0
