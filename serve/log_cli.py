@@ -88,8 +88,18 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     damaged = False
     for path in logs:
-        with FileUpdateLog(path, follow=True, salvage=True) as lg:
+        try:
+            lg = FileUpdateLog(path, follow=True, salvage=True)
+        except UpdateLogError as exc:  # not a log, or its header is damaged: say so and list the others
+            damaged = True
+            print(f"graph {path.stem[:12]}: {exc}; restore the log from a copy or rebuild the graph from a snapshot",
+                  file=sys.stderr)
+            continue
+        with lg:
             head, base = lg.head(), lg.base
+            if lg.damage is not None:
+                damaged = True
+                print(f"graph {path.stem[:12]}: {_damage_text(lg.damage, head)}", file=sys.stderr)
             snapshot = path.with_suffix(".snapshot").exists()
             if not args.json:
                 held = f"versions {base + 1}..{head}" if head > base else "no records"
@@ -112,16 +122,13 @@ def _show(args: argparse.Namespace) -> int:
                     else:
                         text = "; ".join(_summary(u) for u in rec.updates)
                         print(f"  {version}: {len(payload):,} bytes, {len(rec.updates)} update(s): {text}")
-            if lg.damage is not None:
-                damaged = True
-                print(f"graph {path.stem[:12]}: {_damage_text(lg.damage, head)}", file=sys.stderr)
     return 1 if damaged else 0
 
 
 def _damage_text(d: Any, head: int) -> str:
-    later = (f"versions {d.later_versions[0]}..{d.later_versions[-1]}" if len(d.later_versions) > 1
-             else f"version {d.later_versions[0]}" if d.later_versions else "records")
-    return (f"DAMAGED at byte offset {d.offset:,} ({d.problem}), after version {head}; {later} follow it from byte "
+    later = (f"versions {d.later_versions[0]}..{d.later_versions[-1]} follow" if len(d.later_versions) > 1
+             else f"version {d.later_versions[0]} follows" if d.later_versions else "records follow")
+    return (f"DAMAGED at byte offset {d.offset:,} ({d.problem}), after version {head}; {later} it from byte "
             f"offset {d.next_valid:,} and cannot be replayed without what it destroyed. The graph stays out of "
             f"service until 'gnnserve log truncate --after {head} --yes' cuts the damage and everything after it off "
             f"({d.size - d.offset:,} bytes; those updates are lost unless sent again), or the log is restored from a "
@@ -133,7 +140,8 @@ def _truncate(args: argparse.Namespace) -> int:
     if path is None:
         raise SystemExit("gnnserve log truncate: --graph is required (the fingerprint prefix 'show' lists)")
     try:
-        lg = FileUpdateLog(path, salvage=True)
+        # a dry run reads (as a follower: it writes nothing, not even a torn tail's cut); --yes opens to write
+        lg = FileUpdateLog(path, salvage=True, follow=not args.yes)
     except UpdateLogInUse:
         print(f"gnnserve log truncate: a server is running on {path} (it holds the log's lock): stop every server "
               "of this repository first", file=sys.stderr)

@@ -260,7 +260,11 @@ class FileUpdateLog:
         self._readers_fd = -1
         if self.follow:
             self._hold_reader_lock()
-            self._reopen()
+            try:
+                self._reopen()
+            except BaseException:  # a damaged log: its shared lock would block the repair (truncate_after)
+                self._release()
+                raise
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -344,13 +348,20 @@ class FileUpdateLog:
                 if problem is None:
                     _, version, length, _ = _REC_HDR.unpack_from(mm, off)
                     if version != expect:
+                        if self.salvage:  # a record missing or repeated: the usable log ends in front of it
+                            self.damage = LogDamage(off, f"version {version} where {expect} belongs", off,
+                                                    _versions_from(mm, off, size), size)
+                            self._end = off
+                            return
                         raise UpdateLogError(f"update log {self.path}: the record at byte offset {off} has version "
-                                             f"{version}, expected {expect} (versions must be dense)")
+                                             f"{version}, expected {expect} (versions must be dense): 'gnnserve log "
+                                             "show' lists the records in front of it and 'gnnserve log truncate' cuts "
+                                             "the rest off; or restore the log from a copy")
                     self._offsets.append(off)
                     off += _REC_HDR.size + length
                     expect += 1
                     continue
-                later = _next_valid_record(mm, off + 1, size)
+                later = _next_valid_record(mm, off + 1, size, expect)
                 if later is not None:
                     if self.salvage:
                         self.damage = LogDamage(off, problem, later, _versions_from(mm, later, size), size)
@@ -499,7 +510,8 @@ class FileUpdateLog:
             version = min(version, head)
             if not self._no_followers():
                 raise UpdateLogInUse(f"update log {self.path} is followed by a running server (a --read-only one, "
-                                     "a --processes child, or a second server on the repository): stop it first")
+                                     "a --processes child, or a second server on the repository) or read by a "
+                                     "'gnnserve log show': stop it first")
             # where record version + 1 starts (the damage, when it is the next thing)
             cut = self._offsets[version - base] if version < head else self._end
             os.ftruncate(self._fd, cut)
@@ -704,15 +716,22 @@ def _versions_from(mm: Any, off: int, size: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _next_valid_record(mm: Any, start: int, size: int) -> int | None:
-    """Offset of the first valid record at or after ``start`` (a torn tail is never followed by one)."""
+def _next_valid_record(mm: Any, start: int, size: int, expect: int) -> int | None:
+    """Offset of the first valid record at or after ``start`` whose version could follow a damaged record of
+    version ``expect`` (a torn tail is never followed by one). A candidate's version is checked before its
+    CRC: bytes that merely contain the magic (an update's own payload) rarely pass, and the CRCs computed
+    stay few."""
     pos = start
     while True:
         pos = mm.find(_REC_MAGIC, pos, size)
         if pos < 0:
             return None
-        if _record_problem(mm, pos, size) is None:
-            return pos
+        if size - pos >= _REC_HDR.size:
+            _, version, _, _ = _REC_HDR.unpack_from(mm, pos)
+            # each record takes at least a header: the bytes left bound how far on its version can be
+            plausible = expect <= version <= expect + (size - start) // _REC_HDR.size
+            if plausible and _record_problem(mm, pos, size) is None:
+                return pos
         pos += 1
 
 

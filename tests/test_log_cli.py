@@ -155,3 +155,53 @@ def test_a_log_damaged_in_the_middle_is_listed_up_to_the_damage_and_cut_there(tm
     with FileUpdateLog(path) as lg:  # whole again: a server opens it and goes on
         assert lg.head() == 2 and lg.damage is None and lg.append(rec.SerializeToString()) == 3
     assert log_main(["show", "--log-dir", str(live), "--graph", "0123"]) == 0
+
+
+def _records(n: int) -> list[bytes]:
+    return [pb.UpdateLogRecord(updates=[pb.UpdateGraphRequest(model="gcn", request_id=f"r{i:03d}" * 4)])
+            .SerializeToString() for i in range(n)]
+
+
+def test_damaged_logs_among_others_missing_records_and_dry_runs(tmp_path: Path, capsys) -> None:
+    """What a QA pass found: ``show`` without --graph reports a damaged log too (exit 1) and goes on past a
+    log whose header is damaged; a record missing in the middle (versions not dense) is salvaged like bad
+    bytes; a dry run writes nothing (not even a torn tail's cut); a follower that failed to open a damaged
+    log leaves no lock behind to block the repair."""
+    live = tmp_path / "_live"
+    paths = {name: live / f"{name}.log" for name in ("aaaa00000000", "bbbb00000000", "cccc00000000", "dddd00000000")}
+    offsets = {}
+    for name, path in paths.items():
+        with FileUpdateLog(path) as lg:
+            for payload in _records(6):
+                lg.append(payload)
+            offsets[name] = list(lg._offsets)
+    data = bytearray(paths["bbbb00000000"].read_bytes())
+    data[offsets["bbbb00000000"][3] + 30] ^= 0xFF
+    paths["bbbb00000000"].write_bytes(bytes(data))
+    data = bytearray(paths["cccc00000000"].read_bytes())
+    data[12] ^= 0xFF  # the header's base
+    paths["cccc00000000"].write_bytes(bytes(data))
+    o = offsets["dddd00000000"]
+    data = paths["dddd00000000"].read_bytes()
+    paths["dddd00000000"].write_bytes(data[: o[3]] + data[o[4]:])  # record 4 gone: 5 follows 3
+
+    assert log_main(["show", "--log-dir", str(live)]) == 1
+    out, err = capsys.readouterr()
+    assert "graph aaaa00000000: versions 1..6" in out and "graph dddd00000000: versions 1..3" in out
+    assert "graph bbbb00000000: DAMAGED at byte offset" in err and "its header (byte offset 0) fails its CRC" in err
+    assert "graph dddd00000000: DAMAGED" in err and "(version 5 where 4 belongs)" in err
+    with pytest.raises(UpdateLogError, match="expected 4 .*'gnnserve log show'"):
+        FileUpdateLog(paths["dddd00000000"])
+    for _ in range(3):  # a follower (a --read-only server) failing on it: nothing left held
+        with pytest.raises(UpdateLogError):
+            FileUpdateLog(paths["dddd00000000"], follow=True)
+    assert log_main(["truncate", "--log-dir", str(live), "--graph", "dddd", "--after", "3", "--yes"]) == 0
+    with FileUpdateLog(paths["dddd00000000"]) as lg:
+        assert lg.head() == 3 and lg.append(_records(1)[0]) == 4
+
+    torn = paths["aaaa00000000"]
+    whole = torn.read_bytes()
+    torn.write_bytes(whole[:-7])  # a crash in the middle of the last write
+    assert log_main(["truncate", "--log-dir", str(live), "--graph", "aaaa", "--after", "2"]) == 0
+    assert "would drop 3 record(s), versions 3..5" in capsys.readouterr().out
+    assert torn.read_bytes() == whole[:-7]  # the dry run did not cut the torn tail
