@@ -190,7 +190,7 @@ def test_damaged_logs_among_others_missing_records_and_dry_runs(tmp_path: Path, 
     assert "graph aaaa00000000: versions 1..6" in out and "graph dddd00000000: versions 1..3" in out
     assert "graph bbbb00000000: DAMAGED at byte offset" in err and "its header (byte offset 0) fails its CRC" in err
     assert "graph dddd00000000: DAMAGED" in err and "(version 5 where 4 belongs)" in err
-    with pytest.raises(UpdateLogError, match="expected 4 .*'gnnserve log show'"):
+    with pytest.raises(UpdateLogError, match=r"expected 4 .*'gnnserve log show'"):
         FileUpdateLog(paths["dddd00000000"])
     for _ in range(3):  # a follower (a --read-only server) failing on it: nothing left held
         with pytest.raises(UpdateLogError):
