@@ -16,13 +16,14 @@ graph out of service: ``show`` lists the records in front of the damage and wher
 and ``truncate --after V`` with ``V`` at most the last of those cuts the damage off with everything after
 it (the records behind it cannot be replayed without the one it destroyed); or restore the log from a copy.
 
-Only file logs: a log in Redis (``--redis-url`` servers) is a stream, read and trimmed with Redis's own
-tools.
+A log in Redis (servers with ``--redis-url``) is listed by ``show --redis-url URL`` the same way; it is not
+cut back here (several servers may write it at once): repair it from a Redis backup.
 
     gnnserve log show --repo REPO                       # every graph's log: versions, records, size
     gnnserve log show --repo REPO --graph cd91052d48c0  # its records, one line each
     gnnserve log show --repo REPO --graph cd91 --json > kept.jsonl
     gnnserve log truncate --repo REPO --graph cd91 --after 56 --yes
+    gnnserve log show --redis-url redis://host:6379/0 --graph cd91
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,30 +83,26 @@ def _as_update_line(update: Any) -> dict[str, Any]:
 def _show(args: argparse.Namespace) -> int:
     from clients._gen import gnnserve_pb2 as pb
 
-    logs = _logs(args)
-    if not logs:
-        print("no update logs", file=sys.stderr)
-        return 0
     damaged = False
-    for path in logs:
-        try:
-            lg = FileUpdateLog(path, follow=True, salvage=True)
-        except UpdateLogError as exc:  # not a log, or its header is damaged: say so and list the others
+    any_log = False
+    for name, where, lg in _opened(args):
+        any_log = True
+        if isinstance(lg, Exception):  # not a log, or its header is damaged: say so and list the others
             damaged = True
-            print(f"graph {path.stem[:12]}: {exc}; restore the log from a copy or rebuild the graph from a snapshot",
+            print(f"graph {name}: {lg}; restore the log from a copy or rebuild the graph from a snapshot",
                   file=sys.stderr)
             continue
         with lg:
             head, base = lg.head(), lg.base
-            if lg.damage is not None:
+            if getattr(lg, "damage", None) is not None:
                 damaged = True
-                print(f"graph {path.stem[:12]}: {_damage_text(lg.damage, head)}", file=sys.stderr)
-            snapshot = path.with_suffix(".snapshot").exists()
+                print(f"graph {name}: {_damage_text(lg.damage, head)}", file=sys.stderr)
+            snapshot = isinstance(lg, FileUpdateLog) and lg.path.with_suffix(".snapshot").exists()
             if not args.json:
                 held = f"versions {base + 1}..{head}" if head > base else "no records"
-                print(f"graph {path.stem[:12]}: {held} in the log ({head - base} records, "
-                      f"{lg.size_bytes():,} bytes){f'; 1..{base} in its snapshot' if snapshot and base else ''}  "
-                      f"{path}")
+                compacted = f"; 1..{base} compacted{' into its snapshot' if snapshot else ''}" if base else ""
+                print(f"graph {name}: {held} in the log ({head - base} records, {lg.size_bytes():,} bytes){compacted}  "
+                      f"{where}")
             if not (args.graph or args.json):
                 continue
             after = base
@@ -116,13 +113,58 @@ def _show(args: argparse.Namespace) -> int:
                     if args.json:  # a '#' line is a comment to 'gnnserve update'
                         more = (f" ({len(rec.updates)} updates committed together; sent again, each takes a "
                                 "version of its own)") if len(rec.updates) > 1 else ""
-                        print(f"# graph {path.stem[:12]} version {version}{more}")
+                        print(f"# graph {name} version {version}{more}")
                         for u in rec.updates:
                             print(json.dumps(_as_update_line(u)))
                     else:
                         text = "; ".join(_summary(u) for u in rec.updates)
                         print(f"  {version}: {len(payload):,} bytes, {len(rec.updates)} update(s): {text}")
+    if not any_log:
+        print("no update logs", file=sys.stderr)
     return 1 if damaged else 0
+
+
+def _opened(args: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
+    """``(graph, where, log)`` for each log ``show`` looks at: file logs opened to follow and salvage, or
+    with ``--redis-url`` the Redis logs of every graph there; ``log`` is the error where one cannot be
+    opened (the listing goes on)."""
+    if args.redis_url:
+        yield from _redis_logs(args)
+        return
+    for path in _logs(args):
+        try:
+            yield path.stem[:12], str(path), FileUpdateLog(path, follow=True, salvage=True)
+        except UpdateLogError as exc:
+            yield path.stem[:12], str(path), exc
+
+
+def _redis_logs(args: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
+    """The Redis update logs (one per graph fingerprint, found by their head keys) of ``--redis-url``."""
+    from .redisdata.connection import connect, parse_redis_url
+    from .update_log import LIVE_PREFIX, RedisUpdateLog, UpdateLogUnavailable
+
+    target = parse_redis_url(args.redis_url)
+    try:
+        client = connect(target, socket_timeout=2.0, connect_timeout=1.0, retries=1)
+        suffix = ":{log}:head"
+        fps = sorted({(k.decode() if isinstance(k, bytes) else k)[len(LIVE_PREFIX) + 1: -len(suffix)]
+                      for k in client.scan_iter(match=f"{LIVE_PREFIX}:*:{{log}}:head", count=1000)})
+    except Exception as exc:  # a connection refused or timed out: redis-py's errors, without the URL
+        raise UpdateLogUnavailable(f"Redis at {target.masked} cannot be read ({type(exc).__name__}: "
+                                   f"{target.scrub(str(exc))}); is the --redis-url right and Redis up?") from None
+    if args.graph:
+        fps = [f for f in fps if f.startswith(args.graph)]
+        if not fps:
+            raise SystemExit(f"gnnserve log: no update log of a graph {args.graph!r} in Redis at {target.masked}")
+        if len(fps) > 1:
+            raise SystemExit(f"gnnserve log: --graph {args.graph!r} matches several logs ({', '.join(fps)}): give "
+                             "more of it")
+    try:
+        for fp in fps:
+            yield fp[:12], f"redis {target.masked} key {LIVE_PREFIX}:{fp}:{{log}}", RedisUpdateLog(
+                args.redis_url, fp, client=client)
+    finally:
+        client.close()
 
 
 def _damage_text(d: Any, head: int) -> str:
@@ -136,6 +178,11 @@ def _damage_text(d: Any, head: int) -> str:
 
 
 def _truncate(args: argparse.Namespace) -> int:
+    if args.redis_url:
+        print("gnnserve log truncate: a Redis log is not cut back here: several servers may write it at once, and "
+              "nothing here can tell that every one of them stopped. 'gnnserve log show --redis-url' lists it; "
+              "repair it from a Redis backup (appendonly files or RDB snapshots)", file=sys.stderr)
+        return 2
     (path,) = _logs(args) if args.graph else (None,)
     if path is None:
         raise SystemExit("gnnserve log truncate: --graph is required (the fingerprint prefix 'show' lists)")
@@ -194,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--repo", default=None, help="the model repository the servers serve (logs in REPO/_live)")
         p.add_argument("--log-dir", default=None, help="the servers' --update-log-dir (default REPO/_live)")
         p.add_argument("--graph", default=None, help="a graph's dataset fingerprint, or its first characters")
+        p.add_argument("--redis-url", default=None,
+                       help="the servers' --redis-url: their graphs' update logs are in that Redis (show only)")
         if name == "show":
             p.add_argument("--json", action="store_true",
                            help="the updates as JSON lines, each record's version in a '#' comment line before "

@@ -1026,5 +1026,11 @@ class RedisUpdateLog:
             with contextlib.suppress(Exception):
                 self._client.close()
 
+    def __enter__(self) -> RedisUpdateLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __repr__(self) -> str:
         return f"RedisUpdateLog({self._target.masked!r}, {self.fingerprint!r})"

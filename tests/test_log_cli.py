@@ -6,6 +6,7 @@ real file log."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from serve.log_cli import main as log_main
 from serve.update_log import FileUpdateLog, UpdateLogError
 
 from .serving import ServerThread
+
+pytest_plugins = ("tests.redis_server",)
 
 
 @pytest.fixture()
@@ -205,3 +208,35 @@ def test_damaged_logs_among_others_missing_records_and_dry_runs(tmp_path: Path, 
     assert log_main(["truncate", "--log-dir", str(live), "--graph", "aaaa", "--after", "2"]) == 0
     assert "would drop 3 record(s), versions 3..5" in capsys.readouterr().out
     assert torn.read_bytes() == whole[:-7]  # the dry run did not cut the torn tail
+
+
+def test_show_lists_redis_logs_and_truncate_refuses_them(redis_server, capsys) -> None:
+    """``show --redis-url``: each graph's Redis log (found by its keys), its records with --graph, the updates
+    as JSON lines with --json; ``truncate --redis-url`` is refused with what to do; an unreachable Redis is
+    one line, without the URL's password."""
+    import uuid
+
+    from serve.update_log import RedisUpdateLog
+
+    fps = ["a" + uuid.uuid4().hex[:15], "b" + uuid.uuid4().hex[:15]]
+    for n, fp in enumerate(fps):
+        with RedisUpdateLog(redis_server.url, fp) as lg:
+            for payload in _records(2 + n):
+                lg.append(payload)
+    assert log_main(["show", "--redis-url", redis_server.url]) == 0
+    out = capsys.readouterr().out
+    assert f"graph {fps[0][:12]}: versions 1..2 in the log (2 records" in out
+    assert f"graph {fps[1][:12]}: versions 1..3 in the log (3 records" in out
+    assert log_main(["show", "--redis-url", redis_server.url, "--graph", fps[1][:10]]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0].strip() for line in lines[1:]] == ["1", "2", "3"]
+    assert log_main(["show", "--redis-url", redis_server.url, "--graph", fps[1], "--json"]) == 0
+    kept = [json.loads(line) for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    assert [u["request_id"] for u in kept] == [f"r{i:03d}" * 4 for i in range(3)]
+    assert log_main(["truncate", "--redis-url", redis_server.url, "--graph", fps[1], "--after", "1", "--yes"]) == 2
+    assert "a Redis log is not cut back here" in capsys.readouterr().err
+    with RedisUpdateLog(redis_server.url, fps[1]) as lg:
+        assert lg.head() == 3  # untouched
+    assert log_main(["show", "--redis-url", "redis://:s3cret@127.0.0.1:1/0"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot be read" in err and "s3cret" not in err
