@@ -758,13 +758,18 @@ class LiveGraph:
             return
         g = self.data.graph
         now = time.perf_counter()
+        # the metrics first: a caller that reads them once answered finds its update counted (and a metrics
+        # failure never keeps a caller waiting)
+        try:
+            self._observe(inv, [1e3 * (now - t.t0) for t, _ in accepted])
+        except Exception:
+            log.exception("graph %s: the update metrics of version %d were not recorded", self.label, version)
         first = n0
         for t, parsed in accepted:
             ids = np.arange(first, first + parsed.num_new, dtype=np.int64)
             first += parsed.num_new
             t.finish(UpdateResult(version, ids, self.features.num_nodes, int(g.num_edges), inv,
                                   1e3 * (now - t.t0), len(accepted)))
-        self._observe(inv, [1e3 * (now - t.t0) for t, _ in accepted])
 
     def _apply(self, parsed: ParsedUpdate, effect: Any, version: int) -> dict[str, int]:
         """Make ``parsed`` (and ``effect``, its new graph) visible as ``version``. What the models derive
