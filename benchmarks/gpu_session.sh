@@ -26,6 +26,7 @@
 #   bash benchmarks/gpu_session.sh reddit         # the same on the Reddit-shaped graph (F = 64)
 #   bash benchmarks/gpu_session.sh serving        # device_split.py: CPU, GPU, hybrid, resident, CUDA graphs
 #   bash benchmarks/gpu_session.sh onenode        # one_node.py: a small batch's stages on CPU and GPU, profiled
+#   bash benchmarks/gpu_session.sh coldstart      # cold_start.py: server start, empty and warm kernel cache
 #   bash benchmarks/gpu_session.sh paper          # the ES-SpMM paper's experiment, CUDA events
 #   bash benchmarks/gpu_session.sh ceiling        # ceiling.py on its cores: CPU servers, GPU servers beside PyG twins
 #   bash benchmarks/gpu_session.sh throughput     # serve.py --quick --device cuda: floor, knobs, PyG twin
@@ -33,7 +34,7 @@
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|more|fused|tests|kernels|reddit|serving|onenode|paper|ceiling|throughput"}
+step=${1:?"usage: $0 prepare|core|scale|more|fused|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
@@ -95,6 +96,11 @@ step_onenode() {  # where a small batch's time goes on the CPU and GPU paths, st
     timeout "$1" python3 benchmarks/one_node.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
         --models gcn,shadow-gcn --batches 1,8,64 --rounds "${ROUNDS:-5}" --profile | tee "$OUT/onenode.md" | tail -40
 }
+step_coldstart() {  # a --device cuda start on an empty and a warm CuPy kernel cache, bundled against per-instance
+    rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
+    timeout "$1" python3 benchmarks/cold_start.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
+        | tee "$OUT/coldstart.md" | tail -12
+}
 step_paper() {
     timeout "$1" python3 benchmarks/paper.py --device cuda --data-dir "$data" \
         --graphs "${GRAPHS:-cora,citeseer,pubmed-like,amazon_computers,arxiv-like,reddit-like}" --rounds 5 \
@@ -130,7 +136,7 @@ part() {
 }
 
 case "$step" in
-tests|kernels|reddit|serving|onenode|paper|ceiling|throughput)
+tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput)
     "step_$step" 570
     ;;
 core)

@@ -10,11 +10,10 @@ Mechanics:
 * CuPy is imported lazily (never at import time of :mod:`kernels`), and :func:`available` decides
   once per process whether the path can be used: CuPy imports, torch sees a CUDA device, and a tiny
   launch gives the expected numbers. On a CPU-only machine it returns ``False`` after one debug log.
-* ``es_spmm.cu`` is compiled through ``cupy.RawModule`` (NVRTC) once per (device, dtype, split),
-  with the template instances named by ``name_expressions``: value type float/double/half/bfloat16
-  x index type int/long long x columns per thread 1/2/4/8 x scalar or 128-bit loads
-  (:func:`kernel_instances`); the instances that split long rows (``SPLIT = true``) are a second
-  module, compiled on the first launch that needs one.
+* ``es_spmm.cu`` is compiled through ``cupy.RawModule`` (NVRTC), one module per template instance on
+  its first launch (:data:`COMPILE_PER_INSTANCE`; the instance named by ``name_expressions``): value
+  type float/double/half/bfloat16 x index type int/long long x columns per thread 1/2/4/8 x scalar or
+  128-bit loads (:func:`kernel_instances`) x whether long rows are split (``SPLIT``).
 * float16 and bfloat16 are native: ``x`` is read in its own 16 bits (half the bytes of a float32
   copy, 8 elements per 128-bit load), every product and sum is float32, and each output element is
   rounded once to nearest even -- the torch path's definition for these types (computed in float32,
@@ -77,6 +76,7 @@ import math
 import os
 import sys
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from functools import cache
@@ -144,6 +144,13 @@ ROW_ORDER = "degree"
 ROW_ORDERS = ("degree", "index")
 #: 128-bit loads of x when F and the alignment allow
 VECTOR = True
+#: build one NVRTC module per kernel instance (value type, index type, CPT, 128-bit loads, split), on its
+#: first launch, instead of all 16 instances of a (value type, split) at once: a fresh machine's first
+#: start compiles the few instances it launches (CuPy keeps them in its disk cache after that).
+#: ``GNNSERVE_CUDA_COMPILE=module`` restores the bundles (for comparing the two)
+COMPILE_PER_INSTANCE = os.environ.get("GNNSERVE_CUDA_COMPILE", "instance").strip() != "module"
+#: seconds each module took to load (NVRTC compile, or CuPy's disk cache), in this process
+compile_seconds: list[float] = []
 SCHEDULES_KEPT = 4  # schedules memoized per graph and device (the oldest is dropped first)
 
 
@@ -332,7 +339,8 @@ def kernel_source() -> str:
 
 # ----------------------------------------------------------------------------- CuPy state
 _lock = threading.RLock()
-_modules: dict[tuple[int, torch.dtype, bool], Any] = {}  # (device index, value dtype, split) -> cupy.RawModule
+#: (device index, value dtype, split[, index type, CPT, vector]) -> cupy.RawModule
+_modules: dict[tuple, Any] = {}
 _kernels: dict[tuple[int, torch.dtype, str, int, bool, bool], Any] = {}
 _streams: dict[tuple[int, int], Any] = {}  # (device index, torch stream handle) -> CuPy stream
 _configs: dict[tuple, LaunchConfig] = {}  # launch_config's answers, by its arguments (host time per call)
@@ -364,18 +372,29 @@ def _kernel(device_index: int, dtype: torch.dtype, index_ctype: str, cpt: int, v
         if fn is not None:
             return fn
         cp = _cupy()
-        mod = _modules.get((device_index, dtype, split))
         vt = VALUE_CTYPES[dtype]
-        names = [kernel_name(vt, ic, c, vec, split) for ic, c, vec in kernel_instances(vt)]
+        if COMPILE_PER_INSTANCE:  # one instance a module: a start compiles what it launches, nothing more
+            mkey: tuple = (device_index, dtype, split, index_ctype, cpt, vector)
+            names = [kernel_name(vt, index_ctype, cpt, vector, split)]
+        else:
+            mkey = (device_index, dtype, split)
+            names = [kernel_name(vt, ic, c, vec, split) for ic, c, vec in kernel_instances(vt)]
+        mod = _modules.get(mkey)
         with cp.cuda.Device(device_index):
             if mod is None:
+                t0 = time.perf_counter()
                 mod = cp.RawModule(code=kernel_source(), options=("-std=c++17",), name_expressions=names)
-                _modules[(device_index, dtype, split)] = mod
-                log.debug("compiling %s for cuda:%d %s (split=%s)", KERNEL_SOURCE.name, device_index, dtype, split)
+                _modules[mkey] = mod
+                log.debug("loading %s for cuda:%d: %s", KERNEL_SOURCE.name, device_index,
+                          names[0] if len(names) == 1 else f"{len(names)} instances of {vt} (split={split})")
+            else:
+                t0 = None
             raw = mod.get_function(kernel_name(vt, index_ctype, cpt, vector, split))
             # RawModule.get_function gives a RawKernel; its Function on the current device (compiling the
             # module if needed) holds the CUfunction handle cuLaunchKernel takes
             fn = (raw, int(raw.kernel.ptr))
+            if t0 is not None:
+                compile_seconds.append(time.perf_counter() - t0)
         _kernels[key] = fn
         return fn
 
@@ -839,7 +858,8 @@ def _probe() -> tuple[bool, str]:
             return False, "CuPy sees no CUDA device"
         # rows: 0 -> {1, 2} weights {1, 3}; 1 -> {0}; 2 -> {} ; width 1 keeps edge 0 of row 0, scale 2.
         # F = 4: 128-bit loads. The exact pass with split_edges=1 cuts row 0 into two chunks that add
-        # into out: it compiles and checks the split module too, so that no launch later fails to build.
+        # into out: it compiles and checks a split instance too (the other instances are the same source
+        # with other template arguments, compiled on their first launch; tests compile them all with nvcc).
         g = CSRGraph(
             indptr=np.array([0, 2, 3, 3], dtype=np.int64),
             indices=np.array([1, 2, 0], dtype=np.int32),

@@ -19,9 +19,11 @@ import ast
 import functools
 import itertools
 import logging
+import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -861,6 +863,12 @@ def _to_gpu(x: np.ndarray, device) -> torch.Tensor:
     return torch.from_numpy(x).to(device)
 
 
+def _built(device_index: int, dtype: torch.dtype, split: bool) -> bool:
+    """Whether a module of (device, value type, split) was built: a key begins so in either compile mode
+    (one instance a module, or the bundles of ``GNNSERVE_CUDA_COMPILE=module``)."""
+    return any(k[:3] == (device_index, dtype, split) for k in spmm_cuda._modules)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("aggregator", ["sum", "mean", "gcn"])
 @pytest.mark.parametrize("strategy", ["fastrand", "bucket"])
@@ -875,6 +883,30 @@ def test_cuda_matches_spec(cuda, width, strategy, aggregator):
             got.cpu().numpy(), reference(g, x, width, strategy, aggregator), rtol=1e-4, atol=1e-4,
             err_msg=f"F={f} indices={index_dtype} weighted={weighted}",
         )
+
+
+@pytest.mark.gpu
+def test_a_fresh_process_compiles_only_what_it_launches(cuda, tmp_path):
+    """COMPILE_PER_INSTANCE: the probe builds the two instances it launches (sampled, and an exact launch
+    that splits rows), one more launch one more; GNNSERVE_CUDA_COMPILE=module builds the bundles of 16."""
+    code = ("import torch, numpy as np\n"
+            "from kernels import spmm_cuda\n"
+            "from kernels.graph import CSRGraph\n"
+            "assert spmm_cuda.available()\n"
+            "n0 = len(spmm_cuda._modules)\n"
+            "g = CSRGraph.from_edge_index(np.array([[0, 1, 2], [1, 2, 0]]), num_nodes=3, symmetrize=True)\n"
+            "spmm_cuda.sampled_spmm_cuda(g, torch.ones(3, 256, device='cuda'), 1)\n"
+            "print(n0, len(spmm_cuda._modules), len(spmm_cuda.compile_seconds))\n")
+    counts = {}
+    for mode in ("instance", "module"):
+        env = dict(os.environ, GNNSERVE_CUDA_COMPILE=mode, CUPY_CACHE_DIR=str(tmp_path / mode),
+                   PYTHONPATH=os.pathsep.join(p for p in (str(Path(__file__).resolve().parent.parent),
+                                                          os.environ.get("PYTHONPATH", "")) if p))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        counts[mode] = tuple(int(v) for v in out.stdout.split())
+    assert counts["instance"] == (2, 3, 3)  # F = 256: another CPT, another instance
+    assert counts["module"] == (2, 2, 2)  # the float32 bundle and its split bundle hold it already
 
 
 @pytest.mark.gpu
@@ -944,7 +976,7 @@ def test_cuda_state_is_memoized(cuda):
     entry = g.cache()[f"cuda_spmm:{x.device}"]
     sampled_spmm(g, x, 32, "bucket", "mean")
     assert g.cache()[f"cuda_spmm:{x.device}"] is entry  # graph arrays moved to the device once
-    assert (x.device.index, torch.float32, False) in spmm_cuda._modules
+    assert _built(x.device.index, torch.float32, False)
     empty = CSRGraph(indptr=np.zeros(4, dtype=np.int64), indices=np.zeros(0, dtype=np.int32))
     assert torch.equal(sampled_spmm(empty, torch.ones(3, 2, device=cuda), 4), torch.zeros(3, 2, device=cuda))
 
@@ -962,7 +994,7 @@ def test_cuda_split_hub_rows_match_spec(cuda, width, strategy, aggregator, f, dt
     entry = g.cache()[spmm_cuda.entry_key(cuda)]
     w = width if width < int(g.degrees.max()) else 0
     assert entry["schedules"][(w, None, spmm_cuda.ROW_ORDER)]["split_edges"] == split_threshold(g.indptr, w) == 128
-    assert (cuda.index or 0, torch.float32 if dtype == np.float32 else torch.float64, True) in spmm_cuda._modules
+    assert _built(cuda.index or 0, torch.float32 if dtype == np.float32 else torch.float64, True)
 
 
 @pytest.mark.gpu
@@ -1013,7 +1045,7 @@ def test_cuda_16bit_input_on_split_rows(cuda, dtype):
     x = _to_gpu(features(g.num_nodes, 64, 9), cuda).to(dtype)
     got = sampled_spmm(g, x, 0, "fastrand", "gcn")
     assert_rounded_once(got.cpu(), reference(g, x.double().cpu().numpy(), 0, "fastrand", "gcn"), dtype)
-    assert (cuda.index or 0, dtype, True) in spmm_cuda._modules  # the native 16-bit split module
+    assert _built(cuda.index or 0, dtype, True)  # a native 16-bit split instance
 
 
 @pytest.mark.gpu
@@ -1091,7 +1123,7 @@ def test_cuda_16bit_native_matches_spec(cuda, dtype, vector, f, width):
         got = spmm_cuda.sampled_spmm_cuda(g, x, width, "fastrand", aggregator, vector=vector)
         assert got.dtype == dtype
         assert_rounded_once(got.cpu(), reference(g, x.double().cpu().numpy(), width, "fastrand", aggregator), dtype)
-    assert (cuda.index or 0, dtype, False) in spmm_cuda._modules or width == 0
+    assert _built(cuda.index or 0, dtype, False) or width == 0
 
 
 @pytest.mark.gpu
