@@ -8,8 +8,9 @@ once, as before 2026-11-26; ``instance``, one module per instance on its first l
 each:
 
 * ``probe``: ``kernels.spmm_cuda.available()`` (CuPy's import, the CUDA context, the probe's launches);
-* ``first calls``: one ``sampled_spmm`` at each of F = 64 and 256, sampled and exact (the instances a
-  server's warm-up launches), and the fused last layer's module (``kernels.resident_head``);
+* ``first calls``: one ``sampled_spmm`` at each of F = 64 and 256, sampled and exact (a few instances
+  beside the probe's; a server may launch others, each compiled on its first launch), and the fused last
+  layer's module (``kernels.resident_head``);
 * ``server``: ``gnnserve serve --device cuda --read-only`` on a trained repository, from the process's
   start to its ready file (the resident state and its warm-up included),
 

@@ -113,7 +113,8 @@ step_ceiling() {  # CPU servers, then GPU servers (one CUDA context each) with t
     [ "$cpu_limit" -gt 0 ] && timeout "$half" python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
         --model gcn --processes "${CPU_PROCS:-1,4,8,16}" \
         --batch 64 --clients 16 --client-procs 4 --seconds 4 --rounds "${ROUNDS:-3}" | tee "$OUT/ceiling.md" | tail -30
-    # GPU servers (resident with CUDA graphs, the default) beside PyG twin processes on the same GPU (pygN);
+    # GPU servers (resident on their defaults: the fused last layer for GCN) beside PyG twin processes on the
+    # same GPU (pygN);
     # the rest of the limit (a timeout still reports the rounds every variant finished)
     half=$(($1 - cpu_limit))
     timeout "$half" python3 benchmarks/ceiling.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \

@@ -23,7 +23,7 @@ noise hits every variant alike), and reports, per variant, the median over round
   order, with 128-bit loads), ``old exact`` (exact only: neither, the exact path from before),
   ``index order`` (exact only: split, but the whole rows in index order instead of longest first),
   ``split=N`` for each ``--split-edges`` value (exact only), and ``cpt=N`` for each ``--cols-per-thread``
-  value (every width: N columns per lane instead of the launch's choice). With ``--half bfloat16,float16``:
+  value (every width: N columns per lane instead of the launch's choice; scalar loads below 4). With ``--half bfloat16,float16``:
   per 16-bit type and width, ``<type> native`` (x held in 16 bits, read by the kernel as it is,
   float32 arithmetic) and ``<type> via fp32`` (the path before native 16-bit: x cast to float32,
   the float32 kernel, the output cast back), both against the float32 ``torch.sparse.mm`` baseline
@@ -338,10 +338,10 @@ def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[
         for se in split_edges or []:
             variants[(f"split={se}", 0)] = lambda se=se: cuda_call(g, x, 0, strategy, aggregator, split_edges=se)
         for cpt in cols_per_thread or []:
-            if cpt >= spmm_cuda.vector_width(4) or f % spmm_cuda.vector_width(4):  # 128-bit loads need V columns
-                for w in [0, *widths]:
-                    variants[(f"cpt={cpt}", w)] = lambda w=w, cpt=cpt: cuda_call(g, x, w, strategy, aggregator,
-                                                                                 cols_per_thread=cpt)
+            vec = None if cpt >= spmm_cuda.vector_width(4) else False  # fewer than V columns: scalar loads
+            for w in [0, *widths]:
+                variants[(f"cpt={cpt}", w)] = lambda w=w, cpt=cpt, vec=vec: cuda_call(
+                    g, x, w, strategy, aggregator, cols_per_thread=cpt, vector=vec)
         for dt in half or []:
             xs = x.to(dt)
             short = str(dt).removeprefix("torch.")

@@ -658,7 +658,7 @@ def sampled_spmm_cuda(
         fn = _kernel(dev_index, dtype, plan.index_ctype, cfg.cols_per_thread, cfg.vector, plan.split)
     except Exception as exc:
         if ACC_DTYPES[dtype] == dtype:
-            raise  # float32 / float64: the probe built these; a failure here is a real error
+            raise  # float32 / float64: the same source as the probe's instances; a failure here is a real error
         # a 16-bit module that does not build on this device/toolkit: float32 from now on, said once
         log.warning("ES-SpMM: the native %s kernel does not build on cuda:%d (%s: %s); computing %s inputs in "
                     "float32 instead", dtype, dev_index, type(exc).__name__, exc, dtype)

@@ -758,10 +758,10 @@ class LiveGraph:
             return
         g = self.data.graph
         now = time.perf_counter()
-        # the metrics first: a caller that reads them once answered finds its update counted (and a metrics
-        # failure never keeps a caller waiting)
+        # the counters first, so that a caller reading them once answered finds its update counted (a failure
+        # there is logged, not raised at the callers); the log's size after the replies (a Redis round trip)
         try:
-            self._observe(inv, [1e3 * (now - t.t0) for t, _ in accepted])
+            self._observe(inv, [1e3 * (now - t.t0) for t, _ in accepted], log_size=False)
         except Exception:
             log.exception("graph %s: the update metrics of version %d were not recorded", self.label, version)
         first = n0
@@ -770,6 +770,7 @@ class LiveGraph:
             first += parsed.num_new
             t.finish(UpdateResult(version, ids, self.features.num_nodes, int(g.num_edges), inv,
                                   1e3 * (now - t.t0), len(accepted)))
+        self._observe_log_size()
 
     def _apply(self, parsed: ParsedUpdate, effect: Any, version: int) -> dict[str, int]:
         """Make ``parsed`` (and ``effect``, its new graph) visible as ``version``. What the models derive
@@ -828,8 +829,9 @@ class LiveGraph:
                 inv[k] = inv.get(k, 0) + v
         self.version = version
 
-    def _observe(self, inv: dict[str, int], ms: list[float]) -> None:
-        """Metrics of one applied group: its updates, each one's time from arrival to visible."""
+    def _observe(self, inv: dict[str, int], ms: list[float], log_size: bool = True) -> None:
+        """Metrics of one applied group: its updates, each one's time from arrival to visible; and, with
+        ``log_size``, the log's size (a Redis round trip for a Redis log: :meth:`_observe_log_size`)."""
         m = self.metrics
         if m is None or not hasattr(m, "graph_updates"):
             return
@@ -840,7 +842,12 @@ class LiveGraph:
             h.observe(x / 1e3)
         for cache, rows in inv.items():
             m.rows_invalidated.labels(self.label, cache).inc(rows)
-        if self.log is not None:
+        if log_size:
+            self._observe_log_size()
+
+    def _observe_log_size(self) -> None:
+        m = self.metrics
+        if self.log is not None and m is not None and hasattr(m, "update_log_bytes"):
             with contextlib.suppress(Exception):
                 m.update_log_bytes.labels(self.label).set(self.log.size_bytes())
 

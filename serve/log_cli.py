@@ -81,8 +81,6 @@ def _as_update_line(update: Any) -> dict[str, Any]:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from clients._gen import gnnserve_pb2 as pb
-
     damaged = False
     any_log = False
     for name, where, lg in _opened(args):
@@ -92,36 +90,49 @@ def _show(args: argparse.Namespace) -> int:
             print(f"graph {name}: {lg}; restore the log from a copy or rebuild the graph from a snapshot",
                   file=sys.stderr)
             continue
-        with lg:
-            head, base = lg.head(), lg.base
-            if getattr(lg, "damage", None) is not None:
-                damaged = True
-                print(f"graph {name}: {_damage_text(lg.damage, head)}", file=sys.stderr)
-            snapshot = isinstance(lg, FileUpdateLog) and lg.path.with_suffix(".snapshot").exists()
-            if not args.json:
-                held = f"versions {base + 1}..{head}" if head > base else "no records"
-                compacted = f"; 1..{base} compacted{' into its snapshot' if snapshot else ''}" if base else ""
-                print(f"graph {name}: {held} in the log ({head - base} records, {lg.size_bytes():,} bytes){compacted}  "
-                      f"{where}")
-            if not (args.graph or args.json):
-                continue
-            after = base
-            while after < head:
-                for version, payload in lg.read(after, limit=1024):
-                    after = version
-                    rec = pb.UpdateLogRecord.FromString(payload)
-                    if args.json:  # a '#' line is a comment to 'gnnserve update'
-                        more = (f" ({len(rec.updates)} updates committed together; sent again, each takes a "
-                                "version of its own)") if len(rec.updates) > 1 else ""
-                        print(f"# graph {name} version {version}{more}")
-                        for u in rec.updates:
-                            print(json.dumps(_as_update_line(u)))
-                    else:
-                        text = "; ".join(_summary(u) for u in rec.updates)
-                        print(f"  {version}: {len(payload):,} bytes, {len(rec.updates)} update(s): {text}")
+        try:
+            with lg:
+                damaged = _show_one(name, where, lg, args) or damaged
+        except UpdateLogError as exc:  # this log (Redis refusing it, a record changed on disk): the others go on
+            damaged = True
+            print(f"graph {name}: {exc}", file=sys.stderr)
     if not any_log:
         print("no update logs", file=sys.stderr)
     return 1 if damaged else 0
+
+
+def _show_one(name: str, where: str, lg: Any, args: argparse.Namespace) -> bool:
+    """One log's lines (its records with --graph or --json); whether it is damaged."""
+    from clients._gen import gnnserve_pb2 as pb
+
+    damaged = False
+    head, base = lg.head(), lg.base
+    if getattr(lg, "damage", None) is not None:
+        damaged = True
+        print(f"graph {name}: {_damage_text(lg.damage, head)}", file=sys.stderr)
+    snapshot = isinstance(lg, FileUpdateLog) and lg.path.with_suffix(".snapshot").exists()
+    if not args.json:
+        held = f"versions {base + 1}..{head}" if head > base else "no records"
+        compacted = f"; 1..{base} compacted{' into its snapshot' if snapshot else ''}" if base else ""
+        print(f"graph {name}: {held} in the log ({head - base} records, {lg.size_bytes():,} bytes){compacted}  "
+              f"{where}")
+    if not (args.graph or args.json):
+        return damaged
+    after = base
+    while after < head:
+        for version, payload in lg.read(after, limit=1024):
+            after = version
+            rec = pb.UpdateLogRecord.FromString(payload)
+            if args.json:  # a '#' line is a comment to 'gnnserve update'
+                more = (f" ({len(rec.updates)} updates committed together; sent again, each takes a "
+                        "version of its own)") if len(rec.updates) > 1 else ""
+                print(f"# graph {name} version {version}{more}")
+                for u in rec.updates:
+                    print(json.dumps(_as_update_line(u)))
+            else:
+                text = "; ".join(_summary(u) for u in rec.updates)
+                print(f"  {version}: {len(payload):,} bytes, {len(rec.updates)} update(s): {text}")
+    return damaged
 
 
 def _opened(args: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
@@ -143,7 +154,10 @@ def _redis_logs(args: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
     from .redisdata.connection import connect, parse_redis_url
     from .update_log import LIVE_PREFIX, RedisUpdateLog, UpdateLogUnavailable
 
-    target = parse_redis_url(args.redis_url)
+    try:
+        target = parse_redis_url(args.redis_url)
+    except ValueError as exc:
+        raise SystemExit(f"gnnserve log: --redis-url: {exc}") from None
     try:
         client = connect(target, socket_timeout=2.0, connect_timeout=1.0, retries=1)
         suffix = ":{log}:head"
@@ -161,8 +175,11 @@ def _redis_logs(args: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
                              "more of it")
     try:
         for fp in fps:
-            yield fp[:12], f"redis {target.masked} key {LIVE_PREFIX}:{fp}:{{log}}", RedisUpdateLog(
-                args.redis_url, fp, client=client)
+            where = f"redis {target.masked} key {LIVE_PREFIX}:{fp}:{{log}}"
+            try:
+                yield fp[:12], where, RedisUpdateLog(args.redis_url, fp, client=client)
+            except UpdateLogError as exc:  # this graph's log; the others are still listed
+                yield fp[:12], where, exc
     finally:
         client.close()
 

@@ -168,6 +168,8 @@ class ResidentPath(ServingPath):
         captured = rt._captured
         if rt._resident.head is not None:  # one kernel launch: no torch operator, no thread setting
             probs, labels, kept, emb = rt._resident.answer(targets, width, want_emb)
+            if rt._resident.head is None:  # its launch failed: the torch operators answered, and serve from now on
+                rt.fused_head_lost()
         else:
             with _torch_threads_for(len(targets) * max(width, 1), rt._torch_threads):
                 if captured is not None and captured.wants(len(targets), width, 0, want_emb):

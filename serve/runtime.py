@@ -381,7 +381,10 @@ class ModelRuntime:
         # the plan path of a 2-layer plain model: the last layer alone from per-node first-layer rows
         # (edges_on_two_layer_paths counts a 2-layer path from the last layer's plan, hence 2 layers only).
         # A resident model keeps its first-layer tables on its device: no second copy in an ActivationCache,
-        # except on a GPU, where batches under gpu_min_targets still take the compiled CPU paths
+        # except on a GPU, where batches under gpu_min_targets still take the compiled CPU paths. With the
+        # fused last layer (threshold 0) it serves only what the resident path declines (a width whose table
+        # is being built, or that the budget leaves out) and the batches after a head failure (known cost:
+        # its warm-up and its share of every update)
         keeps_acts = ((self._resident is None or on_gpu) and self._act_params is not None and self.extractor == "lhop"
                       and self.num_layers == 2 and options.activation_budget_bytes > 0)
         self._activations = (ActivationCache(self.graph, self._act_params, self._dinv, self._cpu_projections,
@@ -407,6 +410,17 @@ class ModelRuntime:
         )
         self.stats = ModelStats()  # Triton's ModelStatistics (serve.stats): recorded in submit and process
         self.ready = False
+
+    def fused_head_lost(self) -> None:
+        """The fused last layer failed a batch and is off (``ResidentPlain.answer``): the GPU threshold goes
+        to the one measured for the torch operators, so small batches return to the compiled CPU paths."""
+        if self.options.gpu_min_targets is not None:
+            return  # one threshold for every path, as asked
+        on_gpu = self.device.type == "cuda"
+        self.gpu_min_targets, self.fused_max_targets = gpu_thresholds(
+            self.options, False, self._resident is not None, self._captured is not None, on_gpu, False)
+        log.warning("model %s v%s: the fused last layer is off after a failure; batches under %s targets take "
+                    "the compiled CPU paths now", self.name, self.version, self.gpu_min_targets)
 
     def _resident_init(self, fallback: bool = False) -> None:
         """Build the resident path's state (kernels.resident) or say why this model cannot take it.

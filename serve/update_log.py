@@ -361,7 +361,7 @@ class FileUpdateLog:
                     off += _REC_HDR.size + length
                     expect += 1
                     continue
-                later = _next_valid_record(mm, off + 1, size, expect)
+                later = _next_valid_record(mm, off + 1, size)
                 if later is not None:
                     if self.salvage:
                         self.damage = LogDamage(off, problem, later, _versions_from(mm, later, size), size)
@@ -716,22 +716,21 @@ def _versions_from(mm: Any, off: int, size: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _next_valid_record(mm: Any, start: int, size: int, expect: int) -> int | None:
-    """Offset of the first valid record at or after ``start`` whose version could follow a damaged record of
-    version ``expect`` (a torn tail is never followed by one). A candidate's version is checked before its
-    CRC: bytes that merely contain the magic (an update's own payload) rarely pass, and the CRCs computed
-    stay few."""
+def _next_valid_record(mm: Any, start: int, size: int) -> int | None:
+    """Offset of the first valid record at or after ``start`` (a torn tail is never followed by one).
+
+    Any valid record counts, whatever its version: bytes removed from the middle of a file (a bad copy, a
+    hand edit) leave later records whose versions no count of the bytes left can bound, and taking them
+    for a torn tail would cut acknowledged records. The price: a torn record whose own payload holds a
+    whole valid record (an update carrying such bytes, and a crash in the middle of writing it) is refused
+    as damage too, and ``gnnserve log truncate`` repairs it."""
     pos = start
     while True:
         pos = mm.find(_REC_MAGIC, pos, size)
         if pos < 0:
             return None
-        if size - pos >= _REC_HDR.size:
-            _, version, _, _ = _REC_HDR.unpack_from(mm, pos)
-            # each record takes at least a header: the bytes left bound how far on its version can be
-            plausible = expect <= version <= expect + (size - start) // _REC_HDR.size
-            if plausible and _record_problem(mm, pos, size) is None:
-                return pos
+        if _record_problem(mm, pos, size) is None:
+            return pos
         pos += 1
 
 

@@ -240,3 +240,24 @@ def test_show_lists_redis_logs_and_truncate_refuses_them(redis_server, capsys) -
     assert log_main(["show", "--redis-url", "redis://:s3cret@127.0.0.1:1/0"]) == 1
     err = capsys.readouterr().err
     assert "cannot be read" in err and "s3cret" not in err
+
+
+def test_bytes_removed_from_the_middle_refuse_the_log_and_keep_the_later_records(tmp_path: Path, capsys) -> None:
+    """A stretch cut out of the middle (a bad copy, a hand edit): the records after it have versions far
+    above the last intact one. The log is refused as damaged (never cut as a torn tail: those records were
+    acknowledged), and ``show`` names what follows."""
+    path = tmp_path / "_live" / "feedbeef0000.log"
+    with FileUpdateLog(path) as lg:
+        for payload in _records(300):
+            lg.append(payload)
+        offsets = list(lg._offsets)
+    data = path.read_bytes()
+    path.write_bytes(data[: offsets[9] + 25] + data[offsets[289] + 25:])  # from inside record 10 into record 290
+    size = path.stat().st_size
+    with pytest.raises(UpdateLogError, match="damaged at byte offset"):
+        FileUpdateLog(path)
+    assert path.stat().st_size == size  # nothing cut
+    with FileUpdateLog(path, salvage=True, follow=True) as lg:
+        assert lg.head() == 9 and lg.damage is not None and lg.damage.later_versions == tuple(range(291, 301))
+    assert log_main(["show", "--log-dir", str(path.parent)]) == 1
+    assert "after version 9; versions 291..300 follow it" in capsys.readouterr().err

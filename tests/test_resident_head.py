@@ -267,3 +267,28 @@ def test_fused_head_required_where_the_configuration_rules_it_out(tiny_repo, cap
             srv.server.registry.get("gcn")
     assert "fused_head (--fused-head) needs the model resident, and --activation-cache-bytes is 0" in caplog.text
     assert RuntimeOptions().fused_head is None
+
+
+def test_a_failed_head_puts_small_batches_back_on_the_cpu_paths(tiny_repo, caplog, monkeypatch):
+    """The fused head fails a batch (the resident path is not switched off: the torch operators answer it
+    and the next ones); the runtime then takes the torch operators' measured threshold instead of the
+    fused head's 0, so that small batches go back to the compiled CPU paths."""
+    from serve.runtime import GPU_MIN_TARGETS_AUTO
+
+    from .serving import ServerThread
+    from .test_resident import _process
+
+    with ServerThread(tiny_repo, {"runtime_kw": {"device": "cpu", "resident": True, "serving_path":
+                                                 "plain-resident"}}) as srv:
+        rt = srv.server.registry.get("gcn")
+        want = _process(rt, np.arange(0, 200, 7), 4)
+        rt._resident.head = _FailingHead()
+        with caplog.at_level(logging.WARNING):
+            got = _process(rt, np.arange(0, 200, 7), 4)
+        assert got.path == "plain-resident" and rt._resident.head is None
+        np.testing.assert_allclose(got.probabilities, want.probabilities, rtol=1e-6)
+        assert "the fused last layer is off after a failure" in caplog.text
+        assert rt.gpu_min_targets == float("inf")  # a CPU runtime has no GPU threshold
+        monkeypatch.setattr(rt, "device", torch.device("cuda", 0))  # what a GPU runtime derives (no launch here)
+        rt.fused_head_lost()
+        assert rt.gpu_min_targets == GPU_MIN_TARGETS_AUTO["plain-resident"] == 512
