@@ -381,12 +381,13 @@ class ModelRuntime:
         # the plan path of a 2-layer plain model: the last layer alone from per-node first-layer rows
         # (edges_on_two_layer_paths counts a 2-layer path from the last layer's plan, hence 2 layers only).
         # A resident model keeps its first-layer tables on its device: no second copy in an ActivationCache,
-        # except on a GPU, where batches under gpu_min_targets still take the compiled CPU paths. With the
-        # fused last layer (threshold 0) it serves only what the resident path declines (a width whose table
-        # is being built, or that the budget leaves out) and the batches after a head failure (known cost:
-        # its warm-up and its share of every update)
-        keeps_acts = ((self._resident is None or on_gpu) and self._act_params is not None and self.extractor == "lhop"
-                      and self.num_layers == 2 and options.activation_budget_bytes > 0)
+        # except on a GPU without the fused last layer, where batches under gpu_min_targets still take the
+        # compiled CPU paths. With the fused last layer (threshold 0) a CPU copy would serve only what the
+        # resident path declines (a width whose table is being built, or that the budget leaves out) for a
+        # full-graph CPU pass at warm-up and its share of every update: those batches take the compiled
+        # whole-plan path instead
+        keeps_acts = ((self._resident is None or (on_gpu and not fused_head)) and self._act_params is not None
+                      and self.extractor == "lhop" and self.num_layers == 2 and options.activation_budget_bytes > 0)
         self._activations = (ActivationCache(self.graph, self._act_params, self._dinv, self._cpu_projections,
                                              strategy=self.strategy, budget_bytes=options.activation_budget_bytes,
                                              reserved_width=resolve_knobs(self.limits, None, None, None)[0])

@@ -603,6 +603,7 @@ def test_cuda_server_with_resident_paths_answers_like_the_cpu_server(tiny_repo):
     with ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda"}}) as fused:  # the fused last layer: every batch
         rt = fused.server.registry.get("gcn")
         assert rt._resident.head is not None and rt._captured is None and rt.gpu_min_targets == 0
+        assert rt._activations is None  # no CPU copy of the first-layer tables beside the fused head
         assert _process(rt, nodes[:1], 4).path == "plain-resident"
     with ServerThread(tiny_repo, {"runtime_kw": {"device": "cpu"}}) as cpu_srv, \
             ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda", "resident": True, "cuda_graphs": True,
