@@ -17,6 +17,7 @@
 #   bash benchmarks/gpu_session.sh scale          # ceiling (1, 16 CPU / 1, 4 GPU servers, 1, 4 PyG), throughput, reddit
 #   bash benchmarks/gpu_session.sh more           # the paper's experiment; throughput on the torch path
 #   bash benchmarks/gpu_session.sh fused          # tests, onenode, serving against CUDA graphs, GPU ceiling
+#   bash benchmarks/gpu_session.sh next           # tests, the fused head on GraphSAGE and at the exact width, coldstart
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
 #
@@ -34,7 +35,7 @@
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|more|fused|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
+step=${1:?"usage: $0 prepare|core|scale|more|fused|next|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
@@ -49,8 +50,8 @@ if [ "$step" = prepare ]; then
     for d in $DATASETS; do cp -f "../shared/data/$d.npz" .gpu/data/; done
     cache=${GNNSERVE_GPU_CACHE:-/tmp/gnnserve-gpu-cache}
     PY=${PYTHON:-.venv/bin/python}
-    "$PY" benchmarks/serve.py --datasets amazon_computers --models gcn,shadow-gcn --cache-dir "$cache" --train-only
-    for m in gcn shadow-gcn; do rm -rf ".gpu/repo/$m"; cp -r "$cache/amazon_computers/repo/$m" .gpu/repo/; done
+    "$PY" benchmarks/serve.py --datasets amazon_computers --models gcn,shadow-gcn,sage --cache-dir "$cache" --train-only
+    for m in gcn shadow-gcn sage; do rm -rf ".gpu/repo/$m"; cp -r "$cache/amazon_computers/repo/$m" .gpu/repo/; done
     du -sh .gpu
     exit 0
 fi
@@ -87,9 +88,9 @@ step_reddit() {
 step_serving() {
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
     timeout "$1" python3 benchmarks/device_split.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
-        --models gcn,shadow-gcn --batches "${BATCHES:-1,8,64,256,1024}" --rounds "${ROUNDS:-5}" \
-        --variants "${VARIANTS:-cpu,cuda,cuda-resident,cuda-graphs,cuda-fused,cuda-default}" \
-        | tee "$OUT/serving.md" | tail -60
+        --models "${MODELS:-gcn,shadow-gcn}" --batches "${BATCHES:-1,8,64,256,1024}" --rounds "${ROUNDS:-5}" \
+        --variants "${VARIANTS:-cpu,cuda,cuda-resident,cuda-graphs,cuda-fused,cuda-default}" ${WIDTH:+--width "$WIDTH"} \
+        | tee "$OUT/serving${WIDTH:+-w$WIDTH}.md" | tail -60
 }
 step_onenode() {  # where a small batch's time goes on the CPU and GPU paths, stage by stage, and a profile
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
@@ -168,6 +169,15 @@ fused)
     ROUNDS=3 BATCHES=1,8,64 part onenode 100
     ROUNDS=3 BATCHES=1,8,64,1024 VARIANTS=cpu,cuda-graphs,cuda-fused,cuda-default part serving 110
     ROUNDS=2 CPU_LIMIT=0 GPU_PROCS=pyg1,pyg4,1,4 part ceiling 150
+    ;;
+next)
+    # for the next GPU session (planned 2026-11-26): the tests changed after that session's last call, the
+    # fused head's threshold 0 where it was not measured (GraphSAGE; the exact width, where one block walks a
+    # hub's every edge), and a first start with both caches empty
+    part tests 200
+    ROUNDS=3 BATCHES=1,8,64,1024 MODELS=gcn,sage VARIANTS=cpu,cuda-graphs,cuda-fused part serving 90
+    ROUNDS=3 BATCHES=1,8,64,1024 MODELS=gcn,sage VARIANTS=cpu,cuda-graphs,cuda-fused WIDTH=0 part serving 90
+    part coldstart 150
     ;;
 *)
     echo "unknown step $step" >&2
