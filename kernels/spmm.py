@@ -512,5 +512,17 @@ def sampled_spmm(
             width = _check_args(graph, x, width, strategy, aggregator)
             dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
             dinv = _gcn_dinv(graph, x.device, dtype, norm_degrees) if aggregator == "gcn" else None
-            return spmm_cuda.sampled_spmm_cuda(graph, x, width, strategy, aggregator, gcn_dinv=dinv)
+            try:
+                return spmm_cuda.sampled_spmm_cuda(graph, x, width, strategy, aggregator, gcn_dinv=dinv)
+            except spmm_cuda.KernelBuildError as exc:  # that instance: this pass on the torch path, said once
+                _say_once(str(exc), "; the torch path computes these passes")
     return sampled_spmm_torch(graph, x, width, strategy, aggregator, norm_degrees=norm_degrees)
+
+
+_said: set[str] = set()
+
+
+def _say_once(message: str, consequence: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        log.error("%s%s", message, consequence)

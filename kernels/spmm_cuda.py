@@ -92,6 +92,7 @@ from .spmm import device_key
 __all__ = [
     "COLS_PER_THREAD",
     "KERNEL_SOURCE",
+    "KernelBuildError",
     "LaunchConfig",
     "available",
     "kept_counts",
@@ -155,6 +156,11 @@ SCHEDULES_KEPT = 4  # schedules memoized per graph and device (the oldest is dro
 
 
 # ----------------------------------------------------------------------------- launch shape
+class KernelBuildError(RuntimeError):
+    """A float32 / float64 kernel instance did not build (compiled on its first launch: NVRTC, or CuPy's
+    kernel cache). :func:`kernels.spmm.sampled_spmm` then computes the pass on the torch path."""
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """Everything a launch of ``es_spmm_kernel`` needs besides its arguments.
@@ -350,6 +356,8 @@ _why = ""  # the probe's reason, with _available
 #: 16-bit value types whose module failed to build on a device (device index, dtype): those launches
 #: compute in float32 instead (the path before native 16-bit), after one warning
 _no_native: set[tuple[int, torch.dtype]] = set()
+#: kernel instances whose build failed (``_kernel``'s key -> the error), not tried again in this process
+_failed: dict[tuple, str] = {}
 
 
 def _cupy() -> Any:
@@ -371,32 +379,44 @@ def _kernel(device_index: int, dtype: torch.dtype, index_ctype: str, cpt: int, v
         fn = _kernels.get(key)
         if fn is not None:
             return fn
-        cp = _cupy()
-        vt = VALUE_CTYPES[dtype]
-        if COMPILE_PER_INSTANCE:  # one instance a module: a start compiles what it launches, nothing more
-            mkey: tuple = (device_index, dtype, split, index_ctype, cpt, vector)
-            names = [kernel_name(vt, index_ctype, cpt, vector, split)]
-        else:
-            mkey = (device_index, dtype, split)
-            names = [kernel_name(vt, ic, c, vec, split) for ic, c, vec in kernel_instances(vt)]
-        mod = _modules.get(mkey)
-        with cp.cuda.Device(device_index):
-            if mod is None:
-                t0 = time.perf_counter()
-                mod = cp.RawModule(code=kernel_source(), options=("-std=c++17",), name_expressions=names)
-                _modules[mkey] = mod
-                log.debug("loading %s for cuda:%d: %s", KERNEL_SOURCE.name, device_index,
-                          names[0] if len(names) == 1 else f"{len(names)} instances of {vt} (split={split})")
-            else:
-                t0 = None
-            raw = mod.get_function(kernel_name(vt, index_ctype, cpt, vector, split))
-            # RawModule.get_function gives a RawKernel; its Function on the current device (compiling the
-            # module if needed) holds the CUfunction handle cuLaunchKernel takes
-            fn = (raw, int(raw.kernel.ptr))
-            if t0 is not None:
-                compile_seconds.append(time.perf_counter() - t0)
+        if key in _failed:  # built once and failed: not again on every launch
+            raise RuntimeError(_failed[key])
+        try:
+            fn = _build(key)
+        except Exception as exc:
+            _failed[key] = f"{type(exc).__name__}: {exc}"
+            raise
         _kernels[key] = fn
         return fn
+
+
+def _build(key: tuple) -> tuple[Any, int]:
+    """:func:`_kernel`'s build of one instance (under ``_lock``)."""
+    device_index, dtype, index_ctype, cpt, vector, split = key
+    cp = _cupy()
+    vt = VALUE_CTYPES[dtype]
+    if COMPILE_PER_INSTANCE:  # one instance a module: a start compiles what it launches, nothing more
+        mkey: tuple = (device_index, dtype, split, index_ctype, cpt, vector)
+        names = [kernel_name(vt, index_ctype, cpt, vector, split)]
+    else:
+        mkey = (device_index, dtype, split)
+        names = [kernel_name(vt, ic, c, vec, split) for ic, c, vec in kernel_instances(vt)]
+    mod = _modules.get(mkey)
+    with cp.cuda.Device(device_index):
+        t0 = None
+        if mod is None:
+            t0 = time.perf_counter()
+            mod = cp.RawModule(code=kernel_source(), options=("-std=c++17",), name_expressions=names)
+            log.debug("loading %s for cuda:%d: %s", KERNEL_SOURCE.name, device_index,
+                      names[0] if len(names) == 1 else f"{len(names)} instances of {vt} (split={split})")
+        raw = mod.get_function(kernel_name(vt, index_ctype, cpt, vector, split))
+        # RawModule.get_function gives a RawKernel; its Function on the current device (compiling the
+        # module if needed: a build error surfaces here) holds the CUfunction handle cuLaunchKernel takes
+        fn = (raw, int(raw.kernel.ptr))
+        _modules[mkey] = mod  # kept once it built
+        if t0 is not None:
+            compile_seconds.append(time.perf_counter() - t0)
+    return fn
 
 
 def _upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -657,8 +677,10 @@ def sampled_spmm_cuda(
     try:
         fn = _kernel(dev_index, dtype, plan.index_ctype, cfg.cols_per_thread, cfg.vector, plan.split)
     except Exception as exc:
-        if ACC_DTYPES[dtype] == dtype:
-            raise  # float32 / float64: the same source as the probe's instances; a failure here is a real error
+        if ACC_DTYPES[dtype] == dtype:  # float32 / float64: the same source as the probe's instances
+            raise KernelBuildError(f"ES-SpMM: the kernel instance for {dtype}, {plan.index_ctype} indices, "
+                                   f"{cfg.cols_per_thread} columns per lane{', split rows' if plan.split else ''} "
+                                   f"does not build on cuda:{dev_index} ({type(exc).__name__}: {exc})") from exc
         # a 16-bit module that does not build on this device/toolkit: float32 from now on, said once
         log.warning("ES-SpMM: the native %s kernel does not build on cuda:%d (%s: %s); computing %s inputs in "
                     "float32 instead", dtype, dev_index, type(exc).__name__, exc, dtype)

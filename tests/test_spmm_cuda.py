@@ -910,6 +910,40 @@ def test_a_fresh_process_compiles_only_what_it_launches(cuda, tmp_path):
 
 
 @pytest.mark.gpu
+def test_an_instance_that_does_not_build_leaves_its_passes_to_the_torch_path(cuda, tmp_path):
+    """Instances build on their first launch: one that fails then (NVRTC, CuPy's cache) raises
+    KernelBuildError from sampled_spmm_cuda, is not built again, and kernels.sampled_spmm computes its
+    passes on the torch path with one logged error."""
+    code = ("import logging, torch, numpy as np\n"
+            "from kernels import spmm_cuda\n"
+            "from kernels.spmm import sampled_spmm, sampled_spmm_torch\n"
+            "from kernels.graph import CSRGraph\n"
+            "logging.basicConfig(level=logging.ERROR)\n"
+            "assert spmm_cuda.available()\n"
+            "spmm_cuda.kernel_source = lambda: 'this is not C++'\n"
+            "rng = np.random.default_rng(0)\n"
+            "g = CSRGraph.from_edge_index(rng.integers(0, 500, (2, 4000)), num_nodes=500, symmetrize=True)\n"
+            "x = torch.randn(500, 256, device='cuda')\n"
+            "try:\n"
+            "    spmm_cuda.sampled_spmm_cuda(g, x, 8)\n"
+            "    raise SystemExit('built')\n"
+            "except spmm_cuda.KernelBuildError:\n"
+            "    pass\n"
+            "n = len(spmm_cuda.compile_seconds)\n"
+            "for _ in range(3):\n"
+            "    got = sampled_spmm(g, x, 8, 'fastrand', 'gcn')\n"
+            "    torch.testing.assert_close(got, sampled_spmm_torch(g, x, 8, 'fastrand', 'gcn'))\n"
+            "assert len(spmm_cuda.compile_seconds) == n and len(spmm_cuda._failed) == 1\n"
+            "print('ok')\n")
+    env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join(p for p in (str(Path(__file__).resolve().parent.parent),
+                                                      os.environ.get("PYTHONPATH", "")) if p))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+    assert out.stderr.count("does not build") == 1 and "the torch path computes these passes" in out.stderr
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("width", [0, 8, 1000])
 def test_cuda_float64_and_float16(cuda, width):
     g = random_graph(21, weighted=True)
