@@ -703,9 +703,9 @@ _CUDA_ERROR_INVALID_CONTEXT = 201
 _tls = threading.local()
 
 
-def cupy_args(args: tuple) -> tuple:
-    """``args`` as the NumPy scalars CuPy's kernel call needs to know each C type."""
-    return tuple(_ARG_NP[k](v) for k, v in zip(ARG_KINDS, args, strict=True))
+def cupy_args(args: tuple, kinds: tuple[str, ...] = ARG_KINDS) -> tuple:
+    """``args`` as the NumPy scalars CuPy's kernel call needs to know each C type (``kinds``)."""
+    return tuple(_ARG_NP[k](v) for k, v in zip(kinds, args, strict=True))
 
 
 def param_block(n: int = len(ARG_KINDS)) -> tuple[np.ndarray, int]:
@@ -763,8 +763,7 @@ def launch(fn: tuple[Any, int], blocks: int, threads: int, shared_bytes: int, ar
         driver.launchKernel(handle, blocks, 1, 1, threads, 1, 1, shared_bytes, stream, addr, 0)
         return
     with cp.cuda.Device(device_index), _stream(device_index, stream):
-        raw((blocks,), (threads,), tuple(_ARG_NP[k](v) for k, v in zip(kinds, args, strict=True)),
-            shared_mem=shared_bytes)
+        raw((blocks,), (threads,), cupy_args(args, kinds), shared_mem=shared_bytes)
 
 
 @dataclass(frozen=True)

@@ -45,15 +45,22 @@ def _logs(args: argparse.Namespace) -> list[Path]:
     if not d.is_dir():
         raise SystemExit(f"gnnserve log: no update logs: {d} is not a directory (a server writes them there once it "
                          "takes an update; --log-dir for a server run with --update-log-dir)")
-    found = sorted(d.glob("*.log"))
-    if args.graph:
-        found = [p for p in found if p.stem.startswith(args.graph)]
-        if not found:
-            raise SystemExit(f"gnnserve log: no update log of a graph {args.graph!r} in {d}")
-        if len(found) > 1:
-            names = ", ".join(p.stem[:16] for p in found)
-            raise SystemExit(f"gnnserve log: --graph {args.graph!r} matches several logs ({names}): give more of it")
-    return found
+    found = {p.stem: p for p in sorted(d.glob("*.log"))}
+    return [found[name] for name in _picked(list(found), args.graph, str(d))]
+
+
+def _picked(names: list[str], graph: str | None, where: str) -> list[str]:
+    """The graph fingerprints among ``names`` that ``--graph`` (a prefix) picks: every one without it,
+    exactly one with it (none, or several, is the user's to say more)."""
+    if not graph:
+        return names
+    names = [n for n in names if n.startswith(graph)]
+    if not names:
+        raise SystemExit(f"gnnserve log: no update log of a graph {graph!r} in {where}")
+    if len(names) > 1:
+        shown = ", ".join(n[:16] for n in names)
+        raise SystemExit(f"gnnserve log: --graph {graph!r} matches several logs ({shown}): give more of it")
+    return names
 
 
 def _summary(update: Any) -> str:
@@ -166,15 +173,8 @@ def _redis_logs(args: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
     except Exception as exc:  # a connection refused or timed out: redis-py's errors, without the URL
         raise UpdateLogUnavailable(f"Redis at {target.masked} cannot be read ({type(exc).__name__}: "
                                    f"{target.scrub(str(exc))}); is the --redis-url right and Redis up?") from None
-    if args.graph:
-        fps = [f for f in fps if f.startswith(args.graph)]
-        if not fps:
-            raise SystemExit(f"gnnserve log: no update log of a graph {args.graph!r} in Redis at {target.masked}")
-        if len(fps) > 1:
-            raise SystemExit(f"gnnserve log: --graph {args.graph!r} matches several logs ({', '.join(fps)}): give "
-                             "more of it")
     try:
-        for fp in fps:
+        for fp in _picked(fps, args.graph, f"Redis at {target.masked}"):
             where = f"redis {target.masked} key {LIVE_PREFIX}:{fp}:{{log}}"
             try:
                 yield fp[:12], where, RedisUpdateLog(args.redis_url, fp, client=client)

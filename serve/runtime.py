@@ -362,8 +362,7 @@ class ModelRuntime:
         #: a GPU runtime's resident paths take batches of at least this many targets (serve.paths); the
         #: largest batch a compiled path takes
         fused_head = self._resident is not None and self._resident.head is not None
-        self.gpu_min_targets, self.fused_max_targets = gpu_thresholds(
-            options, self.extractor == "ppr", resident_now, self._captured is not None, on_gpu, fused_head)
+        self._set_thresholds()
         if on_gpu:
             least = self.gpu_min_targets if resident_now else self.fused_max_targets + 1
             log.info("model %s v%s on %s: %s%s; %s", name, version,
@@ -412,14 +411,22 @@ class ModelRuntime:
         self.stats = ModelStats()  # Triton's ModelStatistics (serve.stats): recorded in submit and process
         self.ready = False
 
+    def _set_thresholds(self) -> None:
+        """:attr:`gpu_min_targets` and :attr:`fused_max_targets` from the paths this runtime has now
+        (:func:`gpu_thresholds`)."""
+        resident = self._resident is not None or self._resident_shadow is not None
+        fused = self._resident is not None and self._resident.head is not None
+        self.gpu_min_targets, self.fused_max_targets = gpu_thresholds(
+            self.options, self.extractor == "ppr", resident, self._captured is not None, self.device.type == "cuda",
+            fused)
+
     def fused_head_lost(self) -> None:
         """The fused last layer failed a batch and is off (``ResidentPlain.answer``): the GPU threshold goes
-        to the one measured for the torch operators, so small batches return to the compiled CPU paths."""
+        to the one measured for the torch operators, so small batches return to the compiled CPU paths
+        (an explicit ``gpu_min_targets`` stays the one threshold for every path)."""
         if self.options.gpu_min_targets is not None:
-            return  # one threshold for every path, as asked
-        on_gpu = self.device.type == "cuda"
-        self.gpu_min_targets, self.fused_max_targets = gpu_thresholds(
-            self.options, False, self._resident is not None, self._captured is not None, on_gpu, False)
+            return
+        self._set_thresholds()
         log.warning("model %s v%s: the fused last layer is off after a failure; batches under %s targets take "
                     "the compiled CPU paths now", self.name, self.version, self.gpu_min_targets)
 

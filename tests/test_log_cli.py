@@ -261,3 +261,16 @@ def test_bytes_removed_from_the_middle_refuse_the_log_and_keep_the_later_records
         assert lg.head() == 9 and lg.damage is not None and lg.damage.later_versions == tuple(range(291, 301))
     assert log_main(["show", "--log-dir", str(path.parent)]) == 1
     assert "after version 9; versions 291..300 follow it" in capsys.readouterr().err
+
+
+def test_graph_prefix_picks_one_log(tmp_path: Path) -> None:
+    """--graph is a prefix of one graph's fingerprint: none or several matching is a one-line error."""
+    live = tmp_path / "_live"
+    for name in ("abc100000000", "abc200000000"):
+        with FileUpdateLog(live / f"{name}.log") as lg:
+            lg.append(_records(1)[0])
+    with pytest.raises(SystemExit, match="matches several logs \\(abc100000000, abc200000000\\)"):
+        log_main(["show", "--log-dir", str(live), "--graph", "abc"])
+    with pytest.raises(SystemExit, match="no update log of a graph 'zzz'"):
+        log_main(["show", "--log-dir", str(live), "--graph", "zzz"])
+    assert log_main(["show", "--log-dir", str(live), "--graph", "abc2"]) == 0
