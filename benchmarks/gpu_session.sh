@@ -18,12 +18,14 @@
 #   bash benchmarks/gpu_session.sh more           # the paper's experiment; throughput on the torch path
 #   bash benchmarks/gpu_session.sh fused          # tests, onenode, serving against CUDA graphs, GPU ceiling
 #   bash benchmarks/gpu_session.sh next           # tests, the fused head on GraphSAGE and at the exact width, coldstart
+#   bash benchmarks/gpu_session.sh tune-next      # tests, exact mode under the tuning macros, host time, next's rest
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
 #
 #   bash benchmarks/gpu_session.sh tests          # pytest -m gpu: kernel, resident paths, GPU serving
 #   bash benchmarks/gpu_session.sh kernels        # ES-SpMM against cuSPARSE on the real graphs and
 #                                                 # arxiv-like: widths, split thresholds, 16-bit, host time
+#   bash benchmarks/gpu_session.sh tune           # exact mode under es_spmm.cu's tuning macros; host time by stage
 #   bash benchmarks/gpu_session.sh reddit         # the same on the Reddit-shaped graph (F = 64)
 #   bash benchmarks/gpu_session.sh serving        # device_split.py: CPU, GPU, hybrid, resident, CUDA graphs
 #   bash benchmarks/gpu_session.sh onenode        # one_node.py: a small batch's stages on CPU and GPU, profiled
@@ -35,7 +37,7 @@
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|more|fused|next|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
+step=${1:?"usage: $0 prepare|core|scale|more|fused|next|tune-next|tune|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
@@ -80,6 +82,13 @@ step_kernels() {
     timeout "$1" python3 benchmarks/kernels.py --device cuda --data-dir "$data" \
         --graphs amazon_computers,arxiv-like,coauthor_physics --features 64,256 --widths 8,16,32,64,128 \
         --split-edges 128,512 --half bfloat16,float16 --host-prep --rounds "${ROUNDS:-7}" | tee "$OUT/kernels.md" | tail -60
+}
+step_tune() {  # exact mode (F = 256 above all) under the kernel's tuning macros; host time per call, stage by stage
+    timeout "$1" python3 benchmarks/kernels.py --device cuda --data-dir "$data" \
+        --graphs arxiv-like,amazon_computers,coauthor_physics --features 256,64 --widths 16,64 \
+        --defines ES_SPMM_VEC_UNROLL=4 --defines ES_SPMM_SPLIT_MIN_BLOCKS=4 \
+        --defines ES_SPMM_VEC_UNROLL=8,ES_SPMM_SPLIT_MIN_BLOCKS=2 --host-prep --rounds "${ROUNDS:-7}" \
+        | tee "$OUT/tune.md" | tail -80
 }
 step_reddit() {
     timeout "$1" python3 benchmarks/kernels.py --device cuda --data-dir "$data" --graphs reddit-like --features 64 \
@@ -138,7 +147,7 @@ part() {
 }
 
 case "$step" in
-tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput)
+tests|kernels|tune|reddit|serving|onenode|coldstart|paper|ceiling|throughput)
     "step_$step" 570
     ;;
 core)
@@ -178,6 +187,16 @@ next)
     ROUNDS=3 BATCHES=1,8,64,1024 MODELS=gcn,sage VARIANTS=cpu,cuda-graphs,cuda-fused part serving 90
     ROUNDS=3 BATCHES=1,8,64,1024 MODELS=gcn,sage VARIANTS=cpu,cuda-graphs,cuda-fused WIDTH=0 part serving 90
     part coldstart 150
+    ;;
+tune-next)
+    # the first call of the 2026-11-26 morning session: the tests (changed since the last GPU call: the
+    # memoized launch, the direct call reading x in place), exact mode under the tuning macros and the host
+    # time stage by stage, then `next`'s serving and cold-start parts
+    part tests 190
+    part tune 100
+    ROUNDS=3 BATCHES=1,8,64,1024 MODELS=gcn,sage VARIANTS=cpu,cuda-graphs,cuda-fused part serving 75
+    ROUNDS=3 BATCHES=1,8,64,1024 MODELS=gcn,sage VARIANTS=cpu,cuda-graphs,cuda-fused WIDTH=0 part serving 75
+    part coldstart 130
     ;;
 *)
     echo "unknown step $step" >&2

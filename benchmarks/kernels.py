@@ -51,6 +51,7 @@ import argparse
 import datetime
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -243,8 +244,19 @@ def launch_overhead(device: torch.device, calls: int = 2000, rounds: int = 5) ->
     x = torch.randn(n, 64, device=device)
     mat = baseline_csr(g, device)
     xb = x.to(torch.bfloat16)
+    # the direct call's stages, each alone: the output's allocation, the preparation (device entry and
+    # memoized launch, output, arguments), and the driver launch of a prepared plan
+    idx = x.device.index
+    _, plan = spmm_cuda._plan(g, x, 8, "fastrand", "sum", None, x.device, None, "degree", None)
+    fn = spmm_cuda._kernel(idx, torch.float32, plan.index_ctype, plan.cfg.cols_per_thread, plan.cfg.vector,
+                           plan.split)
     variants: dict[str, Callable[[], object]] = {
         "torch.sparse.mm": lambda: torch.sparse.mm(mat, x),
+        "stage: torch.empty of the output": lambda: torch.empty((n, 64), device=device),
+        "stage: _plan (entry, output, arguments)": lambda: spmm_cuda._plan(g, x, 8, "fastrand", "sum", None, x.device,
+                                                                          None, "degree", None),
+        "stage: driver launch of a prepared plan": lambda: spmm_cuda._launch(fn, plan.cfg, plan.args, idx,
+                                                                            spmm_cuda._current_stream(idx)),
         "ES-SpMM S=8 sum": lambda: sampled_spmm(g, x, 8),
         "ES-SpMM S=8 sum, CuPy launch": lambda: _cupy_launch(lambda: sampled_spmm(g, x, 8)),
         "ES-SpMM exact sum": lambda: sampled_spmm(g, x, 0),
@@ -306,13 +318,24 @@ def _via_fp32(g: CSRGraph, x: torch.Tensor, width: int, strategy: str, aggregato
     return spmm_cuda.sampled_spmm_cuda(g, x.float(), width, strategy, aggregator).to(x.dtype)
 
 
+def _with_defines(defines: tuple[str, ...], fn: Callable[[], object]) -> object:
+    """``fn()`` with the kernel built under the preprocessor definitions ``defines`` (its tuning macros)."""
+    before = spmm_cuda.COMPILE_DEFINES
+    spmm_cuda.COMPILE_DEFINES = defines
+    try:
+        return fn()
+    finally:
+        spmm_cuda.COMPILE_DEFINES = before
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
 def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[int], rounds: int,
              strategy: str, aggregator: str, seed: int, split_edges: list[int] | None = None,
-             half: list[torch.dtype] | None = None, cols_per_thread: list[int] | None = None) -> Case:
+             half: list[torch.dtype] | None = None, cols_per_thread: list[int] | None = None,
+             defines: list[tuple[str, ...]] | None = None) -> Case:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(g.num_nodes, f, generator=gen).to(device)
     a = baseline_csr(g, device)
@@ -342,6 +365,10 @@ def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[
             for w in [0, *widths]:
                 variants[(f"cpt={cpt}", w)] = lambda w=w, cpt=cpt, vec=vec: cuda_call(
                     g, x, w, strategy, aggregator, cols_per_thread=cpt, vector=vec)
+        for defs in defines or []:
+            for w in [0, *widths]:
+                variants[("defines " + ",".join(defs), w)] = lambda w=w, defs=defs: _with_defines(
+                    defs, lambda: cuda_call(g, x, w, strategy, aggregator))
         for dt in half or []:
             xs = x.to(dt)
             short = str(dt).removeprefix("torch.")
@@ -498,6 +525,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cols-per-thread", default="",
                    help="CUDA: comma list of columns per lane (1, 2, 4, 8) to time beside the launch's own "
                         "choice, at every width (fewer columns per lane: more passes over a row)")
+    p.add_argument("--defines", action="append", default=[],
+                   help="CUDA: a comma list of NAME=VALUE for the kernel's tuning macros (es_spmm.cu: "
+                        "ES_SPMM_VEC_UNROLL, ES_SPMM_SPLIT_MIN_BLOCKS), timed at every width as one more "
+                        "variant; repeat the option for several")
     p.add_argument("--rounds", type=int, help="timed rounds per variant, median reported (default: 9)")
     p.add_argument("--big-rounds", type=int, help="rounds on graphs above 20M edges (default: 3)")
     p.add_argument("--device", choices=("cpu", "cuda", "both"), default="both",
@@ -528,6 +559,10 @@ def main(argv: list[str] | None = None) -> int:
     feats = [int(s) for s in args.features.split(",")]
     widths = [int(s) for s in args.widths.split(",")]
     split_edges = [int(s) for s in args.split_edges.split(",") if s.strip()]
+    defines = [tuple(d.strip() for d in spec.split(",") if d.strip()) for spec in args.defines]
+    bad_defs = [d for spec in defines for d in spec if not re.fullmatch(r"ES_SPMM_[A-Z0-9_]+=[0-9]+", d)]
+    if bad_defs or any(not spec for spec in defines):
+        raise SystemExit(f"--defines: each must be a comma list of ES_SPMM_NAME=<integer>, got {args.defines}")
     cpts = [int(s) for s in args.cols_per_thread.split(",") if s.strip()]
     if any(c not in (1, 2, 4, 8) for c in cpts):
         raise SystemExit(f"--cols-per-thread: each must be 1, 2, 4 or 8, got {cpts}")
@@ -572,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
                 for dev in devices:
                     c = run_case(name, g, f, dev, widths, rounds, args.strategy, args.aggregator, args.seed,
                                  split_edges if dev.type == "cuda" else None, half if dev.type == "cuda" else None,
-                                 cpts if dev.type == "cuda" else None)
+                                 cpts if dev.type == "cuda" else None, defines if dev.type == "cuda" else None)
                     cases.append(c)
                     print(f"<!-- {name} F={f} {dev.type}: sparse.mm {c.baseline_s * 1e3:.2f} ms, "
                           f"{time.perf_counter() - t_start:.0f} s so far -->", flush=True)

@@ -70,6 +70,16 @@
 #define ES_SPMM_HOST_ATOMIC_ADD(p, v) (*(p) += (v))
 #endif
 
+// Tuning knobs, compile-time (kernels/spmm_cuda.py COMPILE_DEFINES sets them for benchmarks; the defaults
+// are what the launcher ships): the edges a lane's 128-bit gather loop unrolls when a lane owns two or
+// more vectors (F >= 256 float32), and the blocks per SM that split (and double) instances are held to.
+#ifndef ES_SPMM_VEC_UNROLL
+#define ES_SPMM_VEC_UNROLL 2
+#endif
+#ifndef ES_SPMM_SPLIT_MIN_BLOCKS
+#define ES_SPMM_SPLIT_MIN_BLOCKS 3
+#endif
+
 namespace es_spmm {
 
 enum Strategy : int { kFastrand = 0, kBucket = 1 };
@@ -383,7 +393,7 @@ __host__ __device__ inline void accumulate_tile(const T* __restrict__ x, long lo
         const int valid = rest <= 0 ? 0 : static_cast<int>(rest >= static_cast<long long>(NV) * G * V
                                                               ? NV : (rest + static_cast<long long>(G) * V - 1) / (static_cast<long long>(G) * V));
         if (valid == NV) {
-            constexpr int kUnroll = NV >= 2 ? 2 : 4;
+            constexpr int kUnroll = NV >= 2 ? ES_SPMM_VEC_UNROLL : 4;
             (void)kUnroll;  // read only by the pragma, which plain C++ ignores
 #pragma unroll kUnroll
             for (int s = 0; s < n; ++s) {
@@ -582,9 +592,9 @@ struct WarpSync {
 // A) must be zero on entry wherever a row is split.
 // Register budget: float instances without SPLIT are held to 64 registers (4 blocks of 256 threads
 // per SM, as before the split existed; ptxas fits them without spills); SPLIT instances and double
-// ones may take up to 85 (3 blocks per SM) instead of spilling.
+// ones may take up to 85 (ES_SPMM_SPLIT_MIN_BLOCKS = 3 blocks per SM) instead of spilling.
 template <typename T, typename I, int CPT, bool VEC, bool SPLIT>
-__global__ void __launch_bounds__(256, (SPLIT || sizeof(T) == 8) ? 3 : 4)
+__global__ void __launch_bounds__(256, (SPLIT || sizeof(T) == 8) ? ES_SPMM_SPLIT_MIN_BLOCKS : 4)
     es_spmm_kernel(const long long* __restrict__ indptr, const I* __restrict__ indices,
                    const float* __restrict__ weights, const T* __restrict__ x,
                    const typename Acc<T>::type* __restrict__ dinv, typename Out<T, SPLIT>::type* __restrict__ out,

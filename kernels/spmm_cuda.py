@@ -150,6 +150,10 @@ VECTOR = True
 #: start compiles the few instances it launches (CuPy keeps them in its disk cache after that).
 #: ``GNNSERVE_CUDA_COMPILE=module`` restores the bundles (for comparing the two)
 COMPILE_PER_INSTANCE = os.environ.get("GNNSERVE_CUDA_COMPILE", "instance").strip() != "module"
+#: extra preprocessor definitions ("NAME=VALUE") for the kernel's tuning macros (es_spmm.cu: ES_SPMM_VEC_UNROLL,
+#: ES_SPMM_SPLIT_MIN_BLOCKS); part of every module's and instance's key. Empty = the shipped defaults; a
+#: benchmark sets it around a variant (benchmarks/kernels.py --defines)
+COMPILE_DEFINES: tuple[str, ...] = ()
 #: seconds each module took to load (NVRTC compile, or CuPy's disk cache), in this process
 compile_seconds: list[float] = []
 SCHEDULES_KEPT = 4  # schedules memoized per graph and device (the oldest is dropped first)
@@ -347,10 +351,8 @@ def kernel_source() -> str:
 _lock = threading.RLock()
 #: (device index, value dtype, split[, index type, CPT, vector]) -> cupy.RawModule
 _modules: dict[tuple, Any] = {}
-_kernels: dict[tuple[int, torch.dtype, str, int, bool, bool], Any] = {}
+_kernels: dict[tuple, Any] = {}  # _kernel's key -> (raw kernel, CUfunction handle)
 _streams: dict[tuple[int, int], Any] = {}  # (device index, torch stream handle) -> CuPy stream
-_configs: dict[tuple, LaunchConfig] = {}  # launch_config's answers, by its arguments (host time per call)
-_CONFIGS_KEPT = 4096
 _available: bool | None = None
 _why = ""  # the probe's reason, with _available
 #: 16-bit value types whose module failed to build on a device (device index, dtype): those launches
@@ -360,18 +362,25 @@ _no_native: set[tuple[int, torch.dtype]] = set()
 _failed: dict[tuple, str] = {}
 
 
-def _cupy() -> Any:
-    import cupy  # optional dependency: imported on first GPU use only
+_cupy_module: Any = None
 
-    return cupy
+
+def _cupy() -> Any:
+    """CuPy, imported on first GPU use only (an optional dependency); kept after that (a launch asks for it)."""
+    global _cupy_module
+    if _cupy_module is None:
+        import cupy
+
+        _cupy_module = cupy
+    return _cupy_module
 
 
 def _kernel(device_index: int, dtype: torch.dtype, index_ctype: str, cpt: int, vector: bool = False,
             split: bool = False) -> Any:
     """The compiled kernel for one (device, dtype, index type, CPT, vector, split): ``(raw kernel, CUfunction
     handle)``, the :class:`cupy.RawKernel` (for CuPy's call) and its function on ``device_index`` (for the
-    driver launch); modules built once per (device, dtype, split)."""
-    key = (device_index, dtype, index_ctype, cpt, vector, split)
+    driver launch); modules built once per (device, dtype, split) and :data:`COMPILE_DEFINES`."""
+    key = (device_index, dtype, index_ctype, cpt, vector, split, COMPILE_DEFINES)
     fn = _kernels.get(key)
     if fn is not None:
         return fn
@@ -392,21 +401,22 @@ def _kernel(device_index: int, dtype: torch.dtype, index_ctype: str, cpt: int, v
 
 def _build(key: tuple) -> tuple[Any, int]:
     """:func:`_kernel`'s build of one instance (under ``_lock``)."""
-    device_index, dtype, index_ctype, cpt, vector, split = key
+    device_index, dtype, index_ctype, cpt, vector, split, defines = key
     cp = _cupy()
     vt = VALUE_CTYPES[dtype]
     if COMPILE_PER_INSTANCE:  # one instance a module: a start compiles what it launches, nothing more
-        mkey: tuple = (device_index, dtype, split, index_ctype, cpt, vector)
+        mkey: tuple = (device_index, dtype, split, index_ctype, cpt, vector, defines)
         names = [kernel_name(vt, index_ctype, cpt, vector, split)]
     else:
-        mkey = (device_index, dtype, split)
+        mkey = (device_index, dtype, split, defines)
         names = [kernel_name(vt, ic, c, vec, split) for ic, c, vec in kernel_instances(vt)]
     mod = _modules.get(mkey)
     with cp.cuda.Device(device_index):
         t0 = None
         if mod is None:
             t0 = time.perf_counter()
-            mod = cp.RawModule(code=kernel_source(), options=("-std=c++17",), name_expressions=names)
+            options = ("-std=c++17", *(f"-D{d}" for d in defines))
+            mod = cp.RawModule(code=kernel_source(), options=options, name_expressions=names)
             log.debug("loading %s for cuda:%d: %s", KERNEL_SOURCE.name, device_index,
                       names[0] if len(names) == 1 else f"{len(names)} instances of {vt} (split={split})")
         raw = mod.get_function(kernel_name(vt, index_ctype, cpt, vector, split))
@@ -496,6 +506,7 @@ def _entry(graph: CSRGraph, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
         "max_degree": int(np.diff(graph.indptr).max()) if graph.num_nodes else 0,
         "source": _source(graph),  # keeps the host arrays alive, so `is` cannot match a recycled id
         "schedules": {},  # (width, split_edges or None = default, order) -> device schedule or None
+        "prepared": {},  # _prepare's launches over these arrays
     }
 
 
@@ -651,28 +662,30 @@ def sampled_spmm_cuda(
     if x.requires_grad and torch.is_grad_enabled():
         raise ValueError("sampled_spmm_cuda records no gradient: call kernels.sampled_spmm for autograd")
     out_dtype = x.dtype
-    dtype = x.dtype if x.dtype in VALUE_CTYPES else torch.float32
+    dtype = out_dtype if out_dtype in VALUE_CTYPES else torch.float32
     device = x.device
     dev_index = device.index if device.index is not None else torch.cuda.current_device()
-    if (dev_index, dtype) in _no_native:
+    if _no_native and (dev_index, dtype) in _no_native:
         dtype = torch.float32
     acc = ACC_DTYPES[dtype]
     split_edges = None if split_edges is None else int(split_edges)
     row_order = ROW_ORDER if row_order is None else row_order
     if row_order not in ROW_ORDERS:
         raise ValueError(f"row_order must be one of {ROW_ORDERS}, got {row_order!r}")
-    xc = x.detach().to(dtype).contiguous()
+    # a contiguous x of the kernel's type is read as it is (no copy, no autograd view: nothing records)
+    xc = x if x.dtype is dtype and x.is_contiguous() else x.detach().to(dtype).contiguous()
     n, f = xc.shape
     if n == 0 or f == 0:
-        return torch.empty((n, f), dtype=out_dtype, device=x.device)
+        return torch.empty((n, f), dtype=out_dtype, device=device)
     dinv = None
     if aggregator == "gcn":
         dinv = gcn_dinv if gcn_dinv is not None else _gcn_dinv(graph, device, acc)
-        dinv = dinv.detach().to(device=device, dtype=acc).contiguous()
+        if dinv.dtype is not acc or dinv.device != device or not dinv.is_contiguous():
+            dinv = dinv.detach().to(device=device, dtype=acc).contiguous()
         if dinv.shape != (n,):
             raise ValueError(f"gcn_dinv must have shape [{n}], got {tuple(dinv.shape)}")
-    out, plan = _plan(graph, xc, width, strategy, aggregator, dinv, torch.device("cuda", dev_index),
-                      split_edges, row_order, vector, cols_per_thread)
+    out, plan = _plan(graph, xc, width, strategy, aggregator, dinv, device, split_edges, row_order, vector,
+                      cols_per_thread)
     cfg = plan.cfg
     try:
         fn = _kernel(dev_index, dtype, plan.index_ctype, cfg.cols_per_thread, cfg.vector, plan.split)
@@ -778,6 +791,78 @@ class _Plan:
     split: bool
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """What a launch takes from its graph and its knobs, not from its tensors (:func:`_prepare`): the
+    shape, the instance, the output's type, and the arguments around the three tensor pointers (``x``,
+    ``dinv``, ``out``: positions 3 to 5 of :data:`ARG_KINDS`)."""
+
+    cfg: LaunchConfig
+    index_ctype: str
+    split: bool  # rows are split: out is zeroed, of the accumulation type
+    out_dtype: torch.dtype
+    head: tuple  # indptr, indices, weights pointers
+    tail: tuple  # schedule pointers, num_items, split_edges, n, f, width, strategy, aggregator, has_weights, G, tile
+    sched: dict[str, Any] | None  # holds the schedule's device arrays while a memoized plan points into them
+
+
+PREPARED_KEPT = 256  # prepared launches memoized per device entry (all dropped when it is full)
+
+
+def _prepare(graph: CSRGraph, dg: dict[str, Any], n: int, f: int, dtype: torch.dtype, width: int, strategy: str,
+             aggregator: str, split_edges: int | None, row_order: str, vec: bool,
+             cols_per_thread: int | None) -> _Prepared:
+    """The launch of a pass over the device entry ``dg`` of ``graph``, all but its tensors; memoized in the
+    entry (dropped with it when the graph's arrays are replaced, so every pointer in it stays valid for as
+    long as it can be found). ``vec``: 128-bit loads asked for and ``x`` 16-byte aligned."""
+    key = (n, f, dtype, width, strategy, aggregator, split_edges, row_order, vec, cols_per_thread)
+    memo = dg["prepared"]
+    prep = memo.get(key)
+    if prep is not None:
+        return prep
+    max_deg = dg["max_degree"]
+    if width >= max_deg:
+        width = 0  # no row is sampled: exact
+    sched = _device_schedule(graph, dg, width, split_edges, row_order)
+    vb, ab = VALUE_BYTES[dtype], VALUE_BYTES[ACC_DTYPES[dtype]]
+    vec = vec and f % (16 // vb) == 0
+    num_items = sched["num_items"] if sched is not None else n
+    cfg = launch_config(n, f, width, max_deg, vb, dg["index_bytes"], vector=vec, num_items=num_items,
+                        acc_bytes=ab, cols_per_thread=cols_per_thread)
+    # Device pointers go in as 64-bit integers (a pointer parameter is 8 bytes): no DLPack round trip per
+    # call. A null pointer stands for the weights of an unweighted graph, for dinv unless ``gcn`` and for
+    # the schedule when no row is split: the kernel reads none of them then. Plain ints, in the order and
+    # of the kinds of ARG_KINDS.
+    prep = _Prepared(
+        cfg=cfg,
+        index_ctype=dg["index_ctype"],
+        split=sched is not None,
+        # split rows add into out (of the accumulation type): it starts at zero; otherwise every entry is stored
+        out_dtype=ACC_DTYPES[dtype] if sched is not None else dtype,
+        head=(dg["ptr_indptr"], dg["ptr_indices"], dg["ptr_weights"]),
+        tail=(
+            sched["ptr_row"] if sched is not None else 0,
+            sched["ptr_chunk"] if sched is not None else 0,
+            num_items,
+            sched["split_edges"] if sched is not None else 0,
+            n,
+            f,
+            width,
+            STRATEGY_CODES[strategy],
+            AGGREGATOR_CODES[aggregator],
+            int(graph.weights is not None),
+            cfg.group_size,
+            cfg.tile,
+        ),
+        sched=sched,
+    )
+    with _lock:
+        if len(memo) >= PREPARED_KEPT:
+            memo.clear()
+        memo[key] = prep
+    return prep
+
+
 def _plan(graph: CSRGraph, xc: torch.Tensor, width: int, strategy: str, aggregator: str, dinv: torch.Tensor | None,
           device: torch.device, split_edges: int | None, row_order: str,
           vector: bool | None, cols_per_thread: int | None = None) -> tuple[torch.Tensor, _Plan]:
@@ -788,54 +873,21 @@ def _plan(graph: CSRGraph, xc: torch.Tensor, width: int, strategy: str, aggregat
     when rows are split (the caller narrows it). Separate from :func:`sampled_spmm_cuda` so that the
     tests can run it on the CPU and hand the arguments to the host emulation of the kernel."""
     n, f = xc.shape
-    dtype = xc.dtype
     dg = _device_graph(graph, device)
-    max_deg = dg["max_degree"]
-    if width >= max_deg:
-        width = 0  # no row is sampled: exact
-    sched = _device_schedule(graph, dg, width, split_edges, row_order)
-    # split rows add into out (of the accumulation type): it starts at zero; otherwise every entry is stored
-    if sched is not None:
-        out = torch.zeros((n, f), dtype=ACC_DTYPES[dtype], device=xc.device)
+    x_ptr = xc.data_ptr()
+    vec = (VECTOR if vector is None else bool(vector)) and x_ptr & 15 == 0
+    prep = _prepare(graph, dg, n, f, xc.dtype, width, strategy, aggregator, split_edges, row_order, vec,
+                    cols_per_thread)
+    if prep.split:
+        out = torch.zeros((n, f), dtype=prep.out_dtype, device=xc.device)
     else:
-        out = torch.empty((n, f), dtype=dtype, device=xc.device)
-    vb, ab = VALUE_BYTES[dtype], VALUE_BYTES[ACC_DTYPES[dtype]]
-    x_ptr, out_ptr = xc.data_ptr(), out.data_ptr()
-    vec = (VECTOR if vector is None else bool(vector)) and f % (16 // vb) == 0 and (x_ptr | out_ptr) & 15 == 0
-    num_items = sched["num_items"] if sched is not None else n
-    ckey = (n, f, width, max_deg, vb, ab, dg["index_bytes"], vec, num_items, cols_per_thread)
-    cfg = _configs.get(ckey)
-    if cfg is None:
-        cfg = launch_config(n, f, width, max_deg, vb, dg["index_bytes"], vector=vec, num_items=num_items,
-                            acc_bytes=ab, cols_per_thread=cols_per_thread)
-        if len(_configs) >= _CONFIGS_KEPT:
-            _configs.clear()
-        _configs[ckey] = cfg
-    # Device pointers go in as 64-bit integers (a pointer parameter is 8 bytes): no DLPack round trip per
-    # call. A null pointer stands for the weights of an unweighted graph, for dinv unless ``gcn`` and for
-    # the schedule when no row is split: the kernel reads none of them then. Plain ints, in the order and
-    # of the kinds of ARG_KINDS.
-    args = (
-        dg["ptr_indptr"],
-        dg["ptr_indices"],
-        dg["ptr_weights"],
-        x_ptr,
-        dinv.data_ptr() if dinv is not None else 0,
-        out_ptr,
-        sched["ptr_row"] if sched is not None else 0,
-        sched["ptr_chunk"] if sched is not None else 0,
-        num_items,
-        sched["split_edges"] if sched is not None else 0,
-        n,
-        f,
-        width,
-        STRATEGY_CODES[strategy],
-        AGGREGATOR_CODES[aggregator],
-        int(graph.weights is not None),
-        cfg.group_size,
-        cfg.tile,
-    )
-    return out, _Plan(cfg, args, dg["index_ctype"], sched is not None)
+        out = torch.empty((n, f), dtype=prep.out_dtype, device=xc.device)
+    out_ptr = out.data_ptr()
+    if prep.cfg.vector and out_ptr & 15:  # torch's allocators align far more; kept for any that would not
+        prep = _prepare(graph, dg, n, f, xc.dtype, width, strategy, aggregator, split_edges, row_order, False,
+                        cols_per_thread)
+    args = (*prep.head, x_ptr, dinv.data_ptr() if dinv is not None else 0, out_ptr, *prep.tail)
+    return out, _Plan(prep.cfg, args, prep.index_ctype, prep.split)
 
 
 def available() -> bool:

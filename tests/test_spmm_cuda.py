@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import gc
 import itertools
 import logging
 import os
@@ -248,7 +249,7 @@ def test_device_entry_and_schedules_follow_the_graph_arrays():
     # replacing an array (what CSRGraph users and graph_edit do) rebuilds the entry and its schedules
     g.indices = g.indices.astype(np.int64)
     e2 = spmm_cuda._device_graph(g, cpu)
-    assert e2 is not e1 and e2["index_ctype"] == "long long" and e2["schedules"] == {}
+    assert e2 is not e1 and e2["index_ctype"] == "long long" and e2["schedules"] == {} and e2["prepared"] == {}
     g.weights = g.weights.copy()
     assert spmm_cuda._device_graph(g, cpu) is not e2
     # a graph with every row short gets no schedule at all (request-sized subgraphs)
@@ -550,7 +551,8 @@ def _from_ptr(ptr, dtype, count: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("case", ["hub-exact-gcn", "hub-s1000-f64-i64", "small-s8-mean-257", "misaligned-sum",
-                                  "split-off", "hub-exact-f16-gcn", "small-s8-bf16-mean-64", "small-s8-f16-sum-31"])
+                                  "split-off", "hub-exact-f16-gcn", "small-s8-bf16-mean-64", "small-s8-f16-sum-31",
+                                  "hub-exact-memoized-schedule-evicted"])
 def test_launcher_plan_runs_in_the_host_emulation(harness, tmp_path, case):
     # spmm_cuda._plan -- what sampled_spmm_cuda launches: device entry, schedule, zeroed output, shape
     # and the argument tuple -- on CPU tensors; the arguments, read back from their pointers in the
@@ -564,6 +566,7 @@ def test_launcher_plan_runs_in_the_host_emulation(harness, tmp_path, case):
         "hub-exact-f16-gcn": (0, "fastrand", "gcn", 64, torch.float16, None),
         "small-s8-bf16-mean-64": (8, "fastrand", "mean", 64, torch.bfloat16, None),
         "small-s8-f16-sum-31": (8, "bucket", "sum", 31, torch.float16, None),
+        "hub-exact-memoized-schedule-evicted": (0, "fastrand", "sum", 64, torch.float32, 64),
     }[case]
     if case.startswith("small"):
         g = random_graph(41, weighted=True)
@@ -578,7 +581,21 @@ def test_launcher_plan_runs_in_the_host_emulation(harness, tmp_path, case):
     assert x.is_contiguous()
     acc = spmm_cuda.ACC_DTYPES[dtype]
     dinv = spmm_mod._gcn_dinv(g, torch.device("cpu"), acc) if aggregator == "gcn" else None
+    if case == "hub-exact-memoized-schedule-evicted":
+        # the launch is prepared once and memoized; its schedule then leaves the entry's schedule memo (other
+        # thresholds push it out) and the memory is reused: the memoized launch must still point at live arrays
+        entry = spmm_cuda._device_graph(g, torch.device("cpu"))
+        first = spmm_cuda._plan(g, x, width, strategy, aggregator, dinv, torch.device("cpu"), split, "degree", None)[1]
+        for other in range(65, 65 + spmm_cuda.SCHEDULES_KEPT):
+            spmm_cuda._device_schedule(g, entry, 0, other, "degree")
+        assert (0, split, "degree") not in entry["schedules"]
+        gc.collect()
+        junk = [torch.full((first.args[8],), -7, dtype=torch.int64) for _ in range(64)]  # reuse freed memory
+        assert len(entry["prepared"]) == 1
     out, plan = spmm_cuda._plan(g, x, width, strategy, aggregator, dinv, torch.device("cpu"), split, "degree", None)
+    if case == "hub-exact-memoized-schedule-evicted":
+        assert plan.args == first.args[:5] + (out.data_ptr(),) + first.args[6:] and len(entry["prepared"]) == 1
+        del junk
     a = plan.args
     n = g.num_nodes
     num_items, split_edges = int(a[8]), int(a[9])
@@ -971,6 +988,25 @@ def test_cuda_non_contiguous_input_side_stream_and_norm_degrees(cuda):
         got = sampled_spmm(g, x, 16, "fastrand", "gcn", norm_degrees=nd)
     s.synchronize()
     np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_cuda_direct_calls_read_their_inputs_as_they_are(cuda):
+    # the launcher reads a contiguous x of the kernel's type in place (no copy) and prepares a launch once per
+    # graph and shape: new tensors of that shape each call, a dinv given on the CPU in float64, an x that
+    # requires grad (under no_grad) all give the specification's numbers through the one memoized launch
+    g = random_graph(23, weighted=True)
+    entry = spmm_cuda._device_graph(g, cuda)
+    nd = 1.0 + g.degrees.astype(np.float64)
+    dinv64 = torch.from_numpy(nd ** -0.5)
+    for seed in range(3):
+        x = _to_gpu(features(g.num_nodes, 64, seed), cuda).requires_grad_(seed == 2)
+        with torch.no_grad():
+            got = spmm_cuda.sampled_spmm_cuda(g, x, 8, "fastrand", "gcn", gcn_dinv=dinv64)
+        want = sampled_spmm_torch(g, x.detach().double().cpu(), 8, "fastrand", "gcn", norm_degrees=nd).numpy()
+        np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-4, atol=1e-4)
+        assert not got.requires_grad
+    assert len(entry["prepared"]) == 1
 
 
 @pytest.mark.gpu
