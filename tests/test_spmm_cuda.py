@@ -594,7 +594,7 @@ def test_launcher_plan_runs_in_the_host_emulation(harness, tmp_path, case):
         assert len(entry["prepared"]) == 1
     out, plan = spmm_cuda._plan(g, x, width, strategy, aggregator, dinv, torch.device("cpu"), split, "degree", None)
     if case == "hub-exact-memoized-schedule-evicted":
-        assert plan.args == first.args[:5] + (out.data_ptr(),) + first.args[6:] and len(entry["prepared"]) == 1
+        assert plan.args == (*first.args[:5], out.data_ptr(), *first.args[6:]) and len(entry["prepared"]) == 1
         del junk
     a = plan.args
     n = g.num_nodes
