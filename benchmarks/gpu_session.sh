@@ -19,6 +19,7 @@
 #   bash benchmarks/gpu_session.sh fused          # tests, onenode, serving against CUDA graphs, GPU ceiling
 #   bash benchmarks/gpu_session.sh next           # tests, the fused head on GraphSAGE and at the exact width, coldstart
 #   bash benchmarks/gpu_session.sh tune-next      # tests, exact mode under the tuning macros, host time, next's rest
+#   bash benchmarks/gpu_session.sh verify         # tests, tune, the kernel table, the paper's experiment (short rows)
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
 #
@@ -37,7 +38,7 @@
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|more|fused|next|tune-next|tune|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
+step=${1:?"usage: $0 prepare|core|scale|more|fused|next|tune-next|verify|tune|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
@@ -83,11 +84,12 @@ step_kernels() {
         --graphs amazon_computers,arxiv-like,coauthor_physics --features 64,256 --widths 8,16,32,64,128 \
         --split-edges 128,512 --half bfloat16,float16 --host-prep --rounds "${ROUNDS:-7}" | tee "$OUT/kernels.md" | tail -60
 }
-step_tune() {  # exact mode (F = 256 above all) under the kernel's tuning macros; host time per call, stage by stage
+step_tune() {  # exact mode (F = 256 above all) under the kernel's tuning macros (3 blocks: the split instance before
+    # 2026-11-26's short-rows rule, 4: every split launch so); host time per call, stage by stage
     timeout "$1" python3 benchmarks/kernels.py --device cuda --data-dir "$data" \
         --graphs arxiv-like,amazon_computers,coauthor_physics --features 256,64 --widths 16,64 \
-        --defines ES_SPMM_VEC_UNROLL=4 --defines ES_SPMM_SPLIT_MIN_BLOCKS=4 \
-        --defines ES_SPMM_VEC_UNROLL=8,ES_SPMM_SPLIT_MIN_BLOCKS=2 --host-prep --rounds "${ROUNDS:-7}" \
+        --defines ES_SPMM_SPLIT_MIN_BLOCKS=3 --defines ES_SPMM_SPLIT_MIN_BLOCKS=4 \
+        --defines ES_SPMM_VEC_UNROLL=4,ES_SPMM_SPLIT_MIN_BLOCKS=4 --host-prep --rounds "${ROUNDS:-7}" \
         | tee "$OUT/tune.md" | tail -80
 }
 step_reddit() {
@@ -197,6 +199,14 @@ tune-next)
     ROUNDS=3 BATCHES=1,8,64,1024 MODELS=gcn,sage VARIANTS=cpu,cuda-graphs,cuda-fused part serving 75
     ROUNDS=3 BATCHES=1,8,64,1024 MODELS=gcn,sage VARIANTS=cpu,cuda-graphs,cuda-fused WIDTH=0 part serving 75
     part coldstart 130
+    ;;
+verify)
+    # the second call of that session: the short-rows rule (SHORT_ROWS_DEFINES) and the host-time stages,
+    # the kernel table on the new defaults, the paper's experiment on the graphs of short rows
+    part tests 190
+    part tune 80
+    ROUNDS=5 part kernels 100
+    GRAPHS=cora,citeseer,pubmed-like,arxiv-like part paper 100
     ;;
 *)
     echo "unknown step $step" >&2

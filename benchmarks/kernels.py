@@ -248,14 +248,14 @@ def launch_overhead(device: torch.device, calls: int = 2000, rounds: int = 5) ->
     # memoized launch, output, arguments), and the driver launch of a prepared plan
     idx = x.device.index
     _, plan = spmm_cuda._plan(g, x, 8, "fastrand", "sum", None, x.device, None, "degree", None)
-    fn = spmm_cuda._kernel(idx, torch.float32, plan.index_ctype, plan.cfg.cols_per_thread, plan.cfg.vector,
-                           plan.split)
+    kern = spmm_cuda._kernel(idx, torch.float32, plan.index_ctype, plan.cfg.cols_per_thread, plan.cfg.vector,
+                             plan.split, plan.defines)
     variants: dict[str, Callable[[], object]] = {
         "torch.sparse.mm": lambda: torch.sparse.mm(mat, x),
         "stage: torch.empty of the output": lambda: torch.empty((n, 64), device=device),
         "stage: _plan (entry, output, arguments)": lambda: spmm_cuda._plan(g, x, 8, "fastrand", "sum", None, x.device,
                                                                           None, "degree", None),
-        "stage: driver launch of a prepared plan": lambda: spmm_cuda._launch(fn, plan.cfg, plan.args, idx,
+        "stage: driver launch of a prepared plan": lambda: spmm_cuda._launch(kern, plan.cfg, plan.args, idx,
                                                                             spmm_cuda._current_stream(idx)),
         "ES-SpMM S=8 sum": lambda: sampled_spmm(g, x, 8),
         "ES-SpMM S=8 sum, CuPy launch": lambda: _cupy_launch(lambda: sampled_spmm(g, x, 8)),

@@ -150,9 +150,20 @@ VECTOR = True
 #: start compiles the few instances it launches (CuPy keeps them in its disk cache after that).
 #: ``GNNSERVE_CUDA_COMPILE=module`` restores the bundles (for comparing the two)
 COMPILE_PER_INSTANCE = os.environ.get("GNNSERVE_CUDA_COMPILE", "instance").strip() != "module"
+#: Split launches over short rows hold the split instance to 4 blocks of 256 threads per SM (64 registers,
+#: es_spmm.cu's ES_SPMM_SPLIT_MIN_BLOCKS) instead of 3 (up to 85): with a few edges per work item, more
+#: resident warps hide the gathers' latency better than more registers per thread. "Short": at most
+#: SHORT_ROWS_MEAN kept edges per work item on average. Measured on an H200 (docs/BENCHMARKS.md, 2026-11-26
+#: morning), exact mode: arxiv-like (6.8 edges a row) 0.96x -> 1.11x of cuSPARSE at F = 256 and 1.09x ->
+#: 1.26x at F = 64, Coauthor Physics (14.4) 1.13x -> 1.25x and 1.62x -> 1.72x; Amazon Computers (35.8)
+#: lost at F = 64 (1.71x -> 1.46x), hence the bound between them: three graphs, a rough bound. float32 only
+#: (the others were not measured: 3 blocks).
+SHORT_ROWS_MEAN = 20.0
+SHORT_ROWS_DEFINES = ("ES_SPMM_SPLIT_MIN_BLOCKS=4",)
 #: extra preprocessor definitions ("NAME=VALUE") for the kernel's tuning macros (es_spmm.cu: ES_SPMM_VEC_UNROLL,
 #: ES_SPMM_SPLIT_MIN_BLOCKS); part of every module's and instance's key. Empty = the shipped defaults; a
-#: benchmark sets it around a variant (benchmarks/kernels.py --defines)
+#: benchmark sets it around a variant (benchmarks/kernels.py --defines), and then it replaces the launcher's
+#: own choice (SHORT_ROWS_DEFINES)
 COMPILE_DEFINES: tuple[str, ...] = ()
 #: seconds each module took to load (NVRTC compile, or CuPy's disk cache), in this process
 compile_seconds: list[float] = []
@@ -376,11 +387,12 @@ def _cupy() -> Any:
 
 
 def _kernel(device_index: int, dtype: torch.dtype, index_ctype: str, cpt: int, vector: bool = False,
-            split: bool = False) -> Any:
-    """The compiled kernel for one (device, dtype, index type, CPT, vector, split): ``(raw kernel, CUfunction
-    handle)``, the :class:`cupy.RawKernel` (for CuPy's call) and its function on ``device_index`` (for the
-    driver launch); modules built once per (device, dtype, split) and :data:`COMPILE_DEFINES`."""
-    key = (device_index, dtype, index_ctype, cpt, vector, split, COMPILE_DEFINES)
+            split: bool = False, defines: tuple[str, ...] = ()) -> Any:
+    """The compiled kernel for one (device, dtype, index type, CPT, vector, split, preprocessor definitions):
+    ``(raw kernel, CUfunction handle)``, the :class:`cupy.RawKernel` (for CuPy's call) and its function on
+    ``device_index`` (for the driver launch). ``defines`` are the launch's own (:data:`SHORT_ROWS_DEFINES`);
+    a non-empty :data:`COMPILE_DEFINES` replaces them."""
+    key = (device_index, dtype, index_ctype, cpt, vector, split, COMPILE_DEFINES or defines)
     fn = _kernels.get(key)
     if fn is not None:
         return fn
@@ -587,7 +599,8 @@ def _device_schedule(graph: CSRGraph, entry: dict[str, Any], width: int, split_e
             device = entry["tensors"]["indptr"].device
             row, chunk = _upload(ws[0], device), _upload(ws[1], device)
             sched = {"tensors": (row, chunk), "ptr_row": row.data_ptr(), "ptr_chunk": chunk.data_ptr(),
-                     "num_items": len(ws[0]), "split_edges": threshold}
+                     "num_items": len(ws[0]), "split_edges": threshold,
+                     "mean_kept": float(kept_counts(graph.indptr, width).sum()) / len(ws[0])}
         scheds[key] = sched
         while len(scheds) > SCHEDULES_KEPT:
             scheds.pop(next(iter(scheds)))  # oldest first
@@ -688,7 +701,7 @@ def sampled_spmm_cuda(
                       cols_per_thread)
     cfg = plan.cfg
     try:
-        fn = _kernel(dev_index, dtype, plan.index_ctype, cfg.cols_per_thread, cfg.vector, plan.split)
+        fn = _kernel(dev_index, dtype, plan.index_ctype, cfg.cols_per_thread, cfg.vector, plan.split, plan.defines)
     except Exception as exc:
         if ACC_DTYPES[dtype] == dtype:  # float32 / float64: the same source as the probe's instances
             raise KernelBuildError(f"ES-SpMM: the kernel instance for {dtype}, {plan.index_ctype} indices, "
@@ -789,6 +802,7 @@ class _Plan:
     args: tuple
     index_ctype: str
     split: bool
+    defines: tuple[str, ...] = ()  # the instance's preprocessor definitions (SHORT_ROWS_DEFINES or none)
 
 
 @dataclass(frozen=True)
@@ -804,6 +818,7 @@ class _Prepared:
     head: tuple  # indptr, indices, weights pointers
     tail: tuple  # schedule pointers, num_items, split_edges, n, f, width, strategy, aggregator, has_weights, G, tile
     sched: dict[str, Any] | None  # holds the schedule's device arrays while a memoized plan points into them
+    defines: tuple[str, ...]  # the instance's preprocessor definitions
 
 
 PREPARED_KEPT = 256  # prepared launches memoized per device entry (all dropped when it is full)
@@ -855,6 +870,8 @@ def _prepare(graph: CSRGraph, dg: dict[str, Any], n: int, f: int, dtype: torch.d
             cfg.tile,
         ),
         sched=sched,
+        defines=SHORT_ROWS_DEFINES if (sched is not None and dtype == torch.float32
+                                       and sched["mean_kept"] <= SHORT_ROWS_MEAN) else (),
     )
     with _lock:
         if len(memo) >= PREPARED_KEPT:
@@ -887,7 +904,7 @@ def _plan(graph: CSRGraph, xc: torch.Tensor, width: int, strategy: str, aggregat
         prep = _prepare(graph, dg, n, f, xc.dtype, width, strategy, aggregator, split_edges, row_order, False,
                         cols_per_thread)
     args = (*prep.head, x_ptr, dinv.data_ptr() if dinv is not None else 0, out_ptr, *prep.tail)
-    return out, _Plan(prep.cfg, args, prep.index_ctype, prep.split)
+    return out, _Plan(prep.cfg, args, prep.index_ctype, prep.split, prep.defines)
 
 
 def available() -> bool:

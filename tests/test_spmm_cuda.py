@@ -260,6 +260,35 @@ def test_device_entry_and_schedules_follow_the_graph_arrays():
     assert len(spmm_cuda._device_graph(g, cpu)["schedules"]) == spmm_cuda.SCHEDULES_KEPT
 
 
+def short_rows_graph(seed: int, *, low: int = 0, high: int = 10, n: int = 4000) -> CSRGraph:
+    """Rows of ``low..high`` edges and two hubs (2,000 and 700 edges), which split launches cut into chunks."""
+    rng = np.random.default_rng(seed)
+    degs = rng.integers(low, high + 1, size=n)
+    degs[[7, n - 2]] = (2000, 700)
+    cols = [np.sort(rng.choice(n, size=int(d), replace=False)) for d in degs]
+    return CSRGraph(indptr=np.concatenate([[0], np.cumsum(degs)]).astype(np.int64),
+                    indices=np.concatenate(cols).astype(np.int32), num_nodes=n)
+
+
+def test_split_launches_over_short_rows_take_the_four_block_instance():
+    # the launcher's occupancy rule: a split launch whose work items keep at most SHORT_ROWS_MEAN edges on
+    # average asks for the split instance held to 4 blocks per SM; longer rows, sampled passes that split
+    # nothing, float64 and 16-bit inputs keep the default instance
+    cpu = torch.device("cpu")
+
+    def plan(g, dtype, width=0):
+        x = torch.from_numpy(features(g.num_nodes, 64, 1)).to(dtype)
+        return spmm_cuda._plan(g, x, width, "fastrand", "sum", None, cpu, None, "degree", None)[1]
+
+    short, long_ = short_rows_graph(1), short_rows_graph(2, low=25, high=60)
+    p = plan(short, torch.float32)
+    assert p.split and p.defines == spmm_cuda.SHORT_ROWS_DEFINES
+    assert spmm_cuda._device_graph(short, cpu)["schedules"][(0, None, "degree")]["mean_kept"] <= spmm_cuda.SHORT_ROWS_MEAN
+    assert plan(long_, torch.float32).split and plan(long_, torch.float32).defines == ()
+    assert plan(short, torch.float64).defines == () and plan(short, torch.bfloat16).defines == ()
+    assert not plan(short, torch.float32, 16).split and plan(short, torch.float32, 16).defines == ()
+
+
 def test_kernels_package_never_imports_cupy_at_import_time():
     # CuPy is optional: every `import cupy` in kernels/ must sit inside a function
     for path in (REPO / "kernels").glob("*.py"):
@@ -591,10 +620,10 @@ def test_launcher_plan_runs_in_the_host_emulation(harness, tmp_path, case):
         assert (0, split, "degree") not in entry["schedules"]
         gc.collect()
         junk = [torch.full((first.args[8],), -7, dtype=torch.int64) for _ in range(64)]  # reuse freed memory
-        assert len(entry["prepared"]) == 1
+        prepared = dict(entry["prepared"])
     out, plan = spmm_cuda._plan(g, x, width, strategy, aggregator, dinv, torch.device("cpu"), split, "degree", None)
     if case == "hub-exact-memoized-schedule-evicted":
-        assert plan.args == (*first.args[:5], out.data_ptr(), *first.args[6:]) and len(entry["prepared"]) == 1
+        assert plan.args == (*first.args[:5], out.data_ptr(), *first.args[6:]) and entry["prepared"] == prepared
         del junk
     a = plan.args
     n = g.num_nodes
@@ -995,7 +1024,7 @@ def test_cuda_direct_calls_read_their_inputs_as_they_are(cuda):
     # the launcher reads a contiguous x of the kernel's type in place (no copy) and prepares a launch once per
     # graph and shape: new tensors of that shape each call, a dinv given on the CPU in float64, an x that
     # requires grad (under no_grad) all give the specification's numbers through the one memoized launch
-    g = random_graph(23, weighted=True)
+    g = random_graph(231, weighted=True)  # its own graph: one prepared launch below
     entry = spmm_cuda._device_graph(g, cuda)
     nd = 1.0 + g.degrees.astype(np.float64)
     dinv64 = torch.from_numpy(nd ** -0.5)
@@ -1007,6 +1036,17 @@ def test_cuda_direct_calls_read_their_inputs_as_they_are(cuda):
         np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-4, atol=1e-4)
         assert not got.requires_grad
     assert len(entry["prepared"]) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("f", [64, 256, 33])
+def test_cuda_short_rows_split_instance_matches_spec(cuda, f):
+    # the four-block split instance (SHORT_ROWS_DEFINES) that exact passes over short rows launch
+    g = short_rows_graph(3)
+    x = _to_gpu(features(g.num_nodes, f, 3), cuda)
+    got = sampled_spmm(g, x, 0).cpu().numpy()
+    np.testing.assert_allclose(got, reference(g, x.double().cpu().numpy(), 0, "fastrand", "sum"), rtol=1e-4, atol=1e-4)
+    assert any(k[0] == x.device.index and k[2] and k[-1] == spmm_cuda.SHORT_ROWS_DEFINES for k in spmm_cuda._modules)
 
 
 @pytest.mark.gpu
