@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -506,17 +506,29 @@ def sampled_spmm(
 
         return sampled_spmm_cpu(graph, x, width, strategy, aggregator, dinv)
     if x.is_cuda and no_grad:
-        from . import spmm_cuda
-
+        spmm_cuda = _spmm_cuda()
         if spmm_cuda.available():
             width = _check_args(graph, x, width, strategy, aggregator)
             dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
             dinv = _gcn_dinv(graph, x.device, dtype, norm_degrees) if aggregator == "gcn" else None
-            try:
-                return spmm_cuda.sampled_spmm_cuda(graph, x, width, strategy, aggregator, gcn_dinv=dinv)
+            try:  # checked here: the launcher without its own checks
+                return spmm_cuda._sampled_spmm_cuda(graph, x, width, strategy, aggregator, dinv)
             except spmm_cuda.KernelBuildError as exc:  # that instance: this pass on the torch path, said once
                 _say_once(str(exc), "; the torch path computes these passes")
     return sampled_spmm_torch(graph, x, width, strategy, aggregator, norm_degrees=norm_degrees)
+
+
+_cuda_module: Any = None
+
+
+def _spmm_cuda() -> Any:
+    """:mod:`kernels.spmm_cuda`, imported on a GPU pass's first call (it imports this module), then kept."""
+    global _cuda_module
+    if _cuda_module is None:
+        from . import spmm_cuda
+
+        _cuda_module = spmm_cuda
+    return _cuda_module
 
 
 _said: set[str] = set()

@@ -81,13 +81,13 @@ import warnings
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from .graph import CSRGraph
-from .spmm import device_key
+from .spmm import _check_args, _gcn_dinv, device_key  # kernels.spmm imports this module lazily
 
 __all__ = [
     "COLS_PER_THREAD",
@@ -475,11 +475,20 @@ def hold_stream(seconds: float) -> None:
     torch.cuda._sleep(max(1, int(seconds * HOLD_CYCLES_PER_S)))
 
 
+_entry_keys: dict[torch.device, str] = {}  # entry_key of the devices that name their index (and the CPU)
+
+
 def entry_key(device: torch.device) -> str:
     """The graph cache key of a device entry: ``"cuda_spmm:<device>"`` with the index filled in
     (:func:`kernels.spmm.device_key`): a server's ``torch.device("cuda")`` stages the entry that a launch,
-    which derives ``cuda:0`` from its tensor, looks up."""
-    return f"cuda_spmm:{device_key(device)}"
+    which derives ``cuda:0`` from its tensor, looks up. Memoized where the device says its index (every
+    launch: a tensor's device does); ``cuda`` alone follows the current device."""
+    key = _entry_keys.get(device)
+    if key is None:
+        key = f"cuda_spmm:{device_key(device)}"
+        if device.type != "cuda" or device.index is not None:
+            _entry_keys[device] = key
+    return key
 
 
 def _device_graph(graph: CSRGraph, device: torch.device) -> dict[str, Any]:
@@ -667,13 +676,20 @@ def sampled_spmm_cuda(
     Returns:
         ``[N, F]`` tensor of ``x``'s dtype on ``x``'s device, written on torch's current stream.
     """
-    from .spmm import _check_args, _gcn_dinv  # spmm imports this module lazily
-
     width = _check_args(graph, x, width, strategy, aggregator)
     if not x.is_cuda:
         raise ValueError(f"sampled_spmm_cuda needs a CUDA tensor, got one on {x.device}")
     if x.requires_grad and torch.is_grad_enabled():
         raise ValueError("sampled_spmm_cuda records no gradient: call kernels.sampled_spmm for autograd")
+    return _sampled_spmm_cuda(graph, x, width, strategy, aggregator, gcn_dinv, split_edges, row_order, vector,
+                              cols_per_thread)
+
+
+def _sampled_spmm_cuda(graph: CSRGraph, x: torch.Tensor, width: int, strategy: str, aggregator: str,
+                       gcn_dinv: torch.Tensor | None, split_edges: int | None = None, row_order: str | None = None,
+                       vector: bool | None = None, cols_per_thread: int | None = None) -> torch.Tensor:
+    """:func:`sampled_spmm_cuda` once its arguments are checked (``width`` an int; ``x`` on a GPU, recording
+    no gradient): what :func:`kernels.spmm.sampled_spmm`, which makes the same checks, calls."""
     out_dtype = x.dtype
     dtype = out_dtype if out_dtype in VALUE_CTYPES else torch.float32
     device = x.device
@@ -711,8 +727,8 @@ def sampled_spmm_cuda(
         log.warning("ES-SpMM: the native %s kernel does not build on cuda:%d (%s: %s); computing %s inputs in "
                     "float32 instead", dtype, dev_index, type(exc).__name__, exc, dtype)
         _no_native.add((dev_index, dtype))
-        return sampled_spmm_cuda(graph, x, width, strategy, aggregator, gcn_dinv, split_edges=split_edges,
-                                 row_order=row_order, vector=vector, cols_per_thread=cols_per_thread)
+        return _sampled_spmm_cuda(graph, x, width, strategy, aggregator, gcn_dinv, split_edges, row_order, vector,
+                                  cols_per_thread)
     _launch(fn, cfg, plan.args, dev_index, _current_stream(dev_index))
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
@@ -792,11 +808,10 @@ def launch(fn: tuple[Any, int], blocks: int, threads: int, shared_bytes: int, ar
         raw((blocks,), (threads,), cupy_args(args, kinds), shared_mem=shared_bytes)
 
 
-@dataclass(frozen=True)
-class _Plan:
+class _Plan(NamedTuple):
     """One launch of ``es_spmm_kernel``: its shape, its arguments in the kernel's order, and the
     template instance (value type from ``x``, ``index_ctype``, ``cfg.cols_per_thread``,
-    ``cfg.vector``, ``split``)."""
+    ``cfg.vector``, ``split``). A tuple: built on every call (a frozen dataclass costs 0.3 us more)."""
 
     cfg: LaunchConfig
     args: tuple

@@ -80,13 +80,13 @@ def test_cuda_predictions_equal_offline_cpu_model(cuda_stub, tiny_repo, tiny_dat
 
 def test_cuda_shadow_forward_runs_the_es_spmm_kernel(served_cuda, cuda_stub, monkeypatch):
     widths = []
-    real = spmm_cuda.sampled_spmm_cuda
+    real = spmm_cuda._sampled_spmm_cuda  # what kernels.sampled_spmm calls, after its checks
 
     def spy(graph, x, width, *args, **kwargs):
         widths.append(width)
         return real(graph, x, width, *args, **kwargs)
 
-    monkeypatch.setattr(spmm_cuda, "sampled_spmm_cuda", spy)
+    monkeypatch.setattr(spmm_cuda, "_sampled_spmm_cuda", spy)
     r, _ = _predict(cuda_stub, "shadow", [3, 14, 15], sampling_width=2, ppr_budget=16)
     layers = served_cuda.server.registry.get("shadow").num_layers
     assert widths == [2] * layers, "each shaDow layer aggregates through the CUDA kernel at the asked width"

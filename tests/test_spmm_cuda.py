@@ -1052,13 +1052,13 @@ def test_cuda_short_rows_split_instance_matches_spec(cuda, f):
 @pytest.mark.gpu
 def test_dispatch_picks_cuda_without_grad_and_torch_with_grad(cuda, monkeypatch):
     calls = []
-    real = spmm_cuda.sampled_spmm_cuda
+    real = spmm_cuda._sampled_spmm_cuda  # what kernels.sampled_spmm calls, after its checks
 
     def spy(*args, **kwargs):
         calls.append(args[2])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(spmm_cuda, "sampled_spmm_cuda", spy)
+    monkeypatch.setattr(spmm_cuda, "_sampled_spmm_cuda", spy)
     g = random_graph(23, weighted=True)
     x = _to_gpu(features(g.num_nodes, 16, 23), cuda)
     out = sampled_spmm(g, x, 8)
