@@ -20,6 +20,7 @@
 #   bash benchmarks/gpu_session.sh next           # tests, the fused head on GraphSAGE and at the exact width, coldstart
 #   bash benchmarks/gpu_session.sh tune-next      # tests, exact mode under the tuning macros, host time, next's rest
 #   bash benchmarks/gpu_session.sh verify         # tests, tune, the kernel table, the paper's experiment (short rows)
+#   bash benchmarks/gpu_session.sh ab             # kernel tests; the paper's small graphs, short-rows rule vs 3 blocks
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
 #
@@ -38,7 +39,7 @@
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|more|fused|next|tune-next|verify|tune|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
+step=${1:?"usage: $0 prepare|core|scale|more|fused|next|tune-next|verify|ab|tune|kerneltests|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
@@ -84,6 +85,10 @@ step_kernels() {
         --graphs amazon_computers,arxiv-like,coauthor_physics --features 64,256 --widths 8,16,32,64,128 \
         --split-edges 128,512 --half bfloat16,float16 --host-prep --rounds "${ROUNDS:-7}" | tee "$OUT/kernels.md" | tail -60
 }
+step_kerneltests() {  # the GPU tests of the ES-SpMM kernel and its launcher alone
+    timeout "$1" python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 300 tests/test_spmm_cuda.py 2>&1 \
+        | tee "$OUT/kerneltests.log" | tail -20
+}
 step_tune() {  # exact mode (F = 256 above all) under the kernel's tuning macros (3 blocks: the split instance before
     # 2026-11-26's short-rows rule, 4: every split launch so); host time per call, stage by stage
     timeout "$1" python3 benchmarks/kernels.py --device cuda --data-dir "$data" \
@@ -116,7 +121,7 @@ step_coldstart() {  # a --device cuda start on an empty and a warm CuPy kernel c
 step_paper() {
     timeout "$1" python3 benchmarks/paper.py --device cuda --data-dir "$data" \
         --graphs "${GRAPHS:-cora,citeseer,pubmed-like,amazon_computers,arxiv-like,reddit-like}" --rounds 5 \
-        | tee "$OUT/paper.md" | tail -60
+        | tee "$OUT/${OUT_NAME:-paper}.md" | tail -60
 }
 step_ceiling() {  # CPU servers, then GPU servers (one CUDA context each) with the resident path
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
@@ -149,7 +154,7 @@ part() {
 }
 
 case "$step" in
-tests|kernels|tune|reddit|serving|onenode|coldstart|paper|ceiling|throughput)
+tests|kerneltests|kernels|tune|reddit|serving|onenode|coldstart|paper|ceiling|throughput)
     "step_$step" 570
     ;;
 core)
@@ -207,6 +212,15 @@ verify)
     part tune 80
     ROUNDS=5 part kernels 100
     GRAPHS=cora,citeseer,pubmed-like,arxiv-like part paper 100
+    ;;
+ab)
+    # the third call: the kernel tests after a test fix, and the short-rows rule against the split instance's 3
+    # blocks on the paper's small graphs (Cora and pubmed-like looked slower in exact mode after the rule), in
+    # the order rule, 3 blocks, rule
+    part kerneltests 120
+    GRAPHS=cora,citeseer,pubmed-like OUT_NAME=paper-rule part paper 60
+    GNNSERVE_CUDA_DEFINES=ES_SPMM_SPLIT_MIN_BLOCKS=3 GRAPHS=cora,citeseer,pubmed-like OUT_NAME=paper-3blocks part paper 60
+    GRAPHS=cora,citeseer,pubmed-like OUT_NAME=paper-rule2 part paper 60
     ;;
 *)
     echo "unknown step $step" >&2

@@ -163,8 +163,10 @@ SHORT_ROWS_DEFINES = ("ES_SPMM_SPLIT_MIN_BLOCKS=4",)
 #: extra preprocessor definitions ("NAME=VALUE") for the kernel's tuning macros (es_spmm.cu: ES_SPMM_VEC_UNROLL,
 #: ES_SPMM_SPLIT_MIN_BLOCKS); part of every module's and instance's key. Empty = the shipped defaults; a
 #: benchmark sets it around a variant (benchmarks/kernels.py --defines), and then it replaces the launcher's
-#: own choice (SHORT_ROWS_DEFINES)
-COMPILE_DEFINES: tuple[str, ...] = ()
+#: own choice (SHORT_ROWS_DEFINES). ``GNNSERVE_CUDA_DEFINES="NAME=VALUE,..."`` sets it for a whole process (an A/B
+#: of any benchmark: the serving path, the paper's experiment)
+COMPILE_DEFINES: tuple[str, ...] = tuple(d.strip() for d in os.environ.get("GNNSERVE_CUDA_DEFINES", "").split(",")
+                                         if d.strip())
 #: seconds each module took to load (NVRTC compile, or CuPy's disk cache), in this process
 compile_seconds: list[float] = []
 SCHEDULES_KEPT = 4  # schedules memoized per graph and device (the oldest is dropped first)
