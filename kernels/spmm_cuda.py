@@ -150,15 +150,22 @@ VECTOR = True
 #: start compiles the few instances it launches (CuPy keeps them in its disk cache after that).
 #: ``GNNSERVE_CUDA_COMPILE=module`` restores the bundles (for comparing the two)
 COMPILE_PER_INSTANCE = os.environ.get("GNNSERVE_CUDA_COMPILE", "instance").strip() != "module"
-#: Split launches over short rows hold the split instance to 4 blocks of 256 threads per SM (64 registers,
-#: es_spmm.cu's ES_SPMM_SPLIT_MIN_BLOCKS) instead of 3 (up to 85): with a few edges per work item, more
-#: resident warps hide the gathers' latency better than more registers per thread. "Short": at most
-#: SHORT_ROWS_MEAN kept edges per work item on average. Measured on an H200 (docs/BENCHMARKS.md, 2026-11-26
-#: morning), exact mode: arxiv-like (6.8 edges a row) 0.96x -> 1.11x of cuSPARSE at F = 256 and 1.09x ->
-#: 1.26x at F = 64, Coauthor Physics (14.4) 1.13x -> 1.25x and 1.62x -> 1.72x; Amazon Computers (35.8)
-#: lost at F = 64 (1.71x -> 1.46x), hence the bound between them: three graphs, a rough bound. float32 only
-#: (the others were not measured: 3 blocks).
+#: Split launches over many short rows hold the split instance to 4 blocks of 256 threads per SM (64
+#: registers, es_spmm.cu's ES_SPMM_SPLIT_MIN_BLOCKS) instead of 3 (up to 85): with a few edges per work item,
+#: more resident warps hide the gathers' latency better than more registers per thread. "Short": at most
+#: SHORT_ROWS_MEAN kept edges per work item on average; "many": a grid of at least SHORT_ROWS_WAVES full
+#: waves of 4 blocks on every SM. Measured on an H200 (docs/BENCHMARKS.md, 2026-11-26 morning), exact mode,
+#: kernels.py: arxiv-like (6.8 edges a row) 0.96x -> 1.11x of cuSPARSE at F = 256 and 1.09x -> 1.26x at
+#: F = 64, Coauthor Physics (14.4) 1.13x -> 1.25x and 1.62x -> 1.72x; but Amazon Computers (35.8) lost at
+#: F = 64 (1.71x -> 1.46x), and so did the small grids of the paper's experiment (Cora, 170 blocks:
+#: 1.11x -> 0.98x; pubmed-like, 1,236 blocks: 1.10x -> 0.99x; arxiv-like 10,628 and Coauthor Physics 2,160
+#: gained), hence both bounds, which fall between the graphs measured: rough bounds. float32 only (the other
+#: types were not measured: 3 blocks).
 SHORT_ROWS_MEAN = 20.0
+SHORT_ROWS_WAVES = 4
+#: streaming multiprocessors assumed for a launch planned on the CPU (the tests' stand-in for a device): an
+#: H100 SXM's and an H200's 132
+HOST_SM_COUNT = 132
 SHORT_ROWS_DEFINES = ("ES_SPMM_SPLIT_MIN_BLOCKS=4",)
 #: extra preprocessor definitions ("NAME=VALUE") for the kernel's tuning macros (es_spmm.cu: ES_SPMM_VEC_UNROLL,
 #: ES_SPMM_SPLIT_MIN_BLOCKS); part of every module's and instance's key. Empty = the shipped defaults; a
@@ -888,13 +895,27 @@ def _prepare(graph: CSRGraph, dg: dict[str, Any], n: int, f: int, dtype: torch.d
         ),
         sched=sched,
         defines=SHORT_ROWS_DEFINES if (sched is not None and dtype == torch.float32
-                                       and sched["mean_kept"] <= SHORT_ROWS_MEAN) else (),
+                                       and sched["mean_kept"] <= SHORT_ROWS_MEAN
+                                       and cfg.blocks >= SHORT_ROWS_WAVES * 4 * _sm_count(dg)) else (),
     )
     with _lock:
         if len(memo) >= PREPARED_KEPT:
             memo.clear()
         memo[key] = prep
     return prep
+
+
+_sm_counts: dict[torch.device, int] = {}
+
+
+def _sm_count(entry: dict[str, Any]) -> int:
+    """Streaming multiprocessors of the device a device entry lives on (:data:`HOST_SM_COUNT` on the CPU)."""
+    device = entry["tensors"]["indptr"].device
+    n = _sm_counts.get(device)
+    if n is None:
+        n = _sm_counts[device] = (torch.cuda.get_device_properties(device).multi_processor_count
+                                  if device.type == "cuda" else HOST_SM_COUNT)
+    return n
 
 
 def _plan(graph: CSRGraph, xc: torch.Tensor, width: int, strategy: str, aggregator: str, dinv: torch.Tensor | None,

@@ -260,31 +260,40 @@ def test_device_entry_and_schedules_follow_the_graph_arrays():
     assert len(spmm_cuda._device_graph(g, cpu)["schedules"]) == spmm_cuda.SCHEDULES_KEPT
 
 
-def short_rows_graph(seed: int, *, low: int = 0, high: int = 10, n: int = 4000) -> CSRGraph:
-    """Rows of ``low..high`` edges and two hubs (2,000 and 700 edges), which split launches cut into chunks."""
+def short_rows_graph(seed: int, *, low: int = 0, high: int = 10, n: int = 40_000) -> CSRGraph:
+    """Rows of ``low..high`` edges and two hubs (2,000 and 700 edges), which split launches cut into chunks;
+    at F = 64 a launch over its rows is 2,500 blocks (16 rows a block), more than 4 waves of 4 blocks on 132
+    SMs."""
     rng = np.random.default_rng(seed)
     degs = rng.integers(low, high + 1, size=n)
     degs[[7, n - 2]] = (2000, 700)
-    cols = [np.sort(rng.choice(n, size=int(d), replace=False)) for d in degs]
-    return CSRGraph(indptr=np.concatenate([[0], np.cumsum(degs)]).astype(np.int64),
-                    indices=np.concatenate(cols).astype(np.int32), num_nodes=n)
+    src = np.repeat(np.arange(n), degs)
+    pos = np.arange(len(src)) - np.repeat(np.cumsum(degs) - degs, degs)  # position inside the row
+    dst = (src * 7919 + pos * 13 + int(rng.integers(n))) % n  # distinct inside a row (13 * 2000 < n)
+    dst = dst[np.lexsort((dst, src))]
+    return CSRGraph(indptr=np.concatenate([[0], np.cumsum(degs)]).astype(np.int64), indices=dst.astype(np.int32),
+                    num_nodes=n)
 
 
 def test_split_launches_over_short_rows_take_the_four_block_instance():
     # the launcher's occupancy rule: a split launch whose work items keep at most SHORT_ROWS_MEAN edges on
-    # average asks for the split instance held to 4 blocks per SM; longer rows, sampled passes that split
-    # nothing, float64 and 16-bit inputs keep the default instance
+    # average, over a grid of at least SHORT_ROWS_WAVES waves, asks for the split instance held to 4 blocks
+    # per SM; longer rows, small grids, sampled passes that split nothing, float64 and 16-bit inputs keep
+    # the default instance
     cpu = torch.device("cpu")
 
-    def plan(g, dtype, width=0):
-        x = torch.from_numpy(features(g.num_nodes, 64, 1)).to(dtype)
+    def plan(g, dtype, width=0, f=64):
+        x = torch.from_numpy(features(g.num_nodes, f, 1)).to(dtype)
         return spmm_cuda._plan(g, x, width, "fastrand", "sum", None, cpu, None, "degree", None)[1]
 
     short, long_ = short_rows_graph(1), short_rows_graph(2, low=25, high=60)
     p = plan(short, torch.float32)
     assert p.split and p.defines == spmm_cuda.SHORT_ROWS_DEFINES
+    assert p.cfg.blocks >= spmm_cuda.SHORT_ROWS_WAVES * 4 * spmm_cuda.HOST_SM_COUNT
     assert spmm_cuda._device_graph(short, cpu)["schedules"][(0, None, "degree")]["mean_kept"] <= spmm_cuda.SHORT_ROWS_MEAN
     assert plan(long_, torch.float32).split and plan(long_, torch.float32).defines == ()
+    small = short_rows_graph(4, n=4000)  # 250 blocks: under four waves
+    assert plan(small, torch.float32).split and plan(small, torch.float32).defines == ()
     assert plan(short, torch.float64).defines == () and plan(short, torch.bfloat16).defines == ()
     assert not plan(short, torch.float32, 16).split and plan(short, torch.float32, 16).defines == ()
 
