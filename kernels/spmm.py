@@ -41,6 +41,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from ._lazy import imported
 from .graph import CSRGraph
 
 # torch warns once per process that sparse CSR is "beta"; it is the documented path here
@@ -518,17 +519,9 @@ def sampled_spmm(
     return sampled_spmm_torch(graph, x, width, strategy, aggregator, norm_degrees=norm_degrees)
 
 
-_cuda_module: Any = None
-
-
 def _spmm_cuda() -> Any:
-    """:mod:`kernels.spmm_cuda`, imported on a GPU pass's first call (it imports this module), then kept."""
-    global _cuda_module
-    if _cuda_module is None:
-        from . import spmm_cuda
-
-        _cuda_module = spmm_cuda
-    return _cuda_module
+    """:mod:`kernels.spmm_cuda`, imported on a GPU pass's first call (it imports this module)."""
+    return imported(f"{__package__}.spmm_cuda")
 
 
 _said: set[str] = set()

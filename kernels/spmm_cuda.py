@@ -86,6 +86,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from ._lazy import imported
 from .graph import CSRGraph
 from .spmm import _check_args, _gcn_dinv, device_key  # kernels.spmm imports this module lazily
 
@@ -382,17 +383,9 @@ _no_native: set[tuple[int, torch.dtype]] = set()
 _failed: dict[tuple, str] = {}
 
 
-_cupy_module: Any = None
-
-
 def _cupy() -> Any:
-    """CuPy, imported on first GPU use only (an optional dependency); kept after that (a launch asks for it)."""
-    global _cupy_module
-    if _cupy_module is None:
-        import cupy
-
-        _cupy_module = cupy
-    return _cupy_module
+    """CuPy, imported on first GPU use only (an optional dependency)."""
+    return imported("cupy")
 
 
 def _kernel(device_index: int, dtype: torch.dtype, index_ctype: str, cpt: int, vector: bool = False,
