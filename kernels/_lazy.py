@@ -9,6 +9,10 @@ from types import ModuleType
 
 def imported(name: str) -> ModuleType:
     """The module ``name``: from ``sys.modules`` once imported (a dictionary lookup, cheap enough for a
-    kernel launch's path), imported on the first call. An import error reaches the caller."""
+    kernel launch's path), imported on the first call. A module that another thread is still importing is
+    in ``sys.modules`` before its body has run: then ``importlib`` waits for that import to finish. An
+    import error reaches the caller."""
     mod = sys.modules.get(name)
-    return mod if mod is not None else importlib.import_module(name)
+    if mod is None or getattr(getattr(mod, "__spec__", None), "_initializing", False):
+        return importlib.import_module(name)
+    return mod

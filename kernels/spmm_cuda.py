@@ -74,6 +74,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -173,8 +174,12 @@ SHORT_ROWS_DEFINES = ("ES_SPMM_SPLIT_MIN_BLOCKS=4",)
 #: benchmark sets it around a variant (benchmarks/kernels.py --defines), and then it replaces the launcher's
 #: own choice (SHORT_ROWS_DEFINES). ``GNNSERVE_CUDA_DEFINES="NAME=VALUE,..."`` sets it for a whole process (an A/B
 #: of any benchmark: the serving path, the paper's experiment)
-COMPILE_DEFINES: tuple[str, ...] = tuple(d.strip() for d in os.environ.get("GNNSERVE_CUDA_DEFINES", "").split(",")
-                                         if d.strip())
+DEFINES_ENV = "GNNSERVE_CUDA_DEFINES"
+DEFINE_PATTERN = r"ES_SPMM_[A-Z0-9_]+=[0-9]+"
+COMPILE_DEFINES: tuple[str, ...] = tuple(d.strip() for d in os.environ.get(DEFINES_ENV, "").split(",") if d.strip())
+#: entries of GNNSERVE_CUDA_DEFINES that are not NAME=<integer> for a tuning macro: the probe refuses the
+#: kernel with them (a typo would otherwise fail every build, or define something else)
+_bad_defines = [d for d in COMPILE_DEFINES if not re.fullmatch(DEFINE_PATTERN, d)]
 #: seconds each module took to load (NVRTC compile, or CuPy's disk cache), in this process
 compile_seconds: list[float] = []
 SCHEDULES_KEPT = 4  # schedules memoized per graph and device (the oldest is dropped first)
@@ -614,7 +619,11 @@ def _device_schedule(graph: CSRGraph, entry: dict[str, Any], width: int, split_e
                      "mean_kept": float(kept_counts(graph.indptr, width).sum()) / len(ws[0])}
         scheds[key] = sched
         while len(scheds) > SCHEDULES_KEPT:
-            scheds.pop(next(iter(scheds)))  # oldest first
+            old = scheds.pop(next(iter(scheds)))  # oldest first
+            if old is not None:  # and the memoized launches that hold it: its memory goes with them
+                prepared = entry["prepared"]
+                for k in [k for k, p in prepared.items() if p.sched is old]:
+                    del prepared[k]
         return sched
 
 
@@ -820,6 +829,9 @@ class _Plan(NamedTuple):
     index_ctype: str
     split: bool
     defines: tuple[str, ...] = ()  # the instance's preprocessor definitions (SHORT_ROWS_DEFINES or none)
+    #: holds the device memory ``args`` points into (the graph's arrays, the schedule) until the launch is
+    #: queued, whatever the memo or the graph does meanwhile (a first launch compiles for seconds)
+    keep: Any = None
 
 
 @dataclass(frozen=True)
@@ -835,6 +847,7 @@ class _Prepared:
     head: tuple  # indptr, indices, weights pointers
     tail: tuple  # schedule pointers, num_items, split_edges, n, f, width, strategy, aggregator, has_weights, G, tile
     sched: dict[str, Any] | None  # holds the schedule's device arrays while a memoized plan points into them
+    tensors: dict[str, torch.Tensor]  # the graph's device arrays that head points into
     defines: tuple[str, ...]  # the instance's preprocessor definitions
 
 
@@ -845,8 +858,11 @@ def _prepare(graph: CSRGraph, dg: dict[str, Any], n: int, f: int, dtype: torch.d
              aggregator: str, split_edges: int | None, row_order: str, vec: bool,
              cols_per_thread: int | None) -> _Prepared:
     """The launch of a pass over the device entry ``dg`` of ``graph``, all but its tensors; memoized in the
-    entry (dropped with it when the graph's arrays are replaced, so every pointer in it stays valid for as
-    long as it can be found). ``vec``: 128-bit loads asked for and ``x`` 16-byte aligned."""
+    entry (dropped with it when the graph's arrays are replaced, and with its schedule when that leaves the
+    schedule memo; a launch in flight holds what it points into: ``_Plan.keep``). ``vec``: 128-bit loads
+    asked for and ``x`` 16-byte aligned. The module's settings (SPLIT_*, SHORT_ROWS_*, HOST_SM_COUNT, the
+    tile and shared-memory sizes) are read here, not on a memo hit: a benchmark that changes one drops the
+    entries first (``graph.cache().pop(entry_key(device))``)."""
     key = (n, f, dtype, width, strategy, aggregator, split_edges, row_order, vec, cols_per_thread)
     memo = dg["prepared"]
     prep = memo.get(key)
@@ -887,6 +903,7 @@ def _prepare(graph: CSRGraph, dg: dict[str, Any], n: int, f: int, dtype: torch.d
             cfg.tile,
         ),
         sched=sched,
+        tensors=dg["tensors"],
         defines=SHORT_ROWS_DEFINES if (sched is not None and dtype == torch.float32
                                        and sched["mean_kept"] <= SHORT_ROWS_MEAN
                                        and cfg.blocks >= SHORT_ROWS_WAVES * 4 * _sm_count(dg)) else (),
@@ -935,7 +952,7 @@ def _plan(graph: CSRGraph, xc: torch.Tensor, width: int, strategy: str, aggregat
         prep = _prepare(graph, dg, n, f, xc.dtype, width, strategy, aggregator, split_edges, row_order, False,
                         cols_per_thread)
     args = (*prep.head, x_ptr, dinv.data_ptr() if dinv is not None else 0, out_ptr, *prep.tail)
-    return out, _Plan(prep.cfg, args, prep.index_ctype, prep.split, prep.defines)
+    return out, _Plan(prep.cfg, args, prep.index_ctype, prep.split, prep.defines, prep)
 
 
 def available() -> bool:
@@ -967,6 +984,9 @@ def status() -> tuple[bool, str]:
 def _probe() -> tuple[bool, str]:
     if os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"):
         return False, f"disabled by {DISABLE_ENV}"
+    if _bad_defines:
+        return False, (f"{DEFINES_ENV} has entries that are not ES_SPMM_<NAME>=<integer>: {_bad_defines}; fix or "
+                       "unset it")
     try:
         _cupy()
     except Exception as exc:  # ImportError, or a CuPy that cannot find its CUDA libraries

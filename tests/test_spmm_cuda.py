@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -296,6 +297,46 @@ def test_split_launches_over_short_rows_take_the_four_block_instance():
     assert plan(small, torch.float32).split and plan(small, torch.float32).defines == ()
     assert plan(short, torch.float64).defines == () and plan(short, torch.bfloat16).defines == ()
     assert not plan(short, torch.float32, 16).split and plan(short, torch.float32, 16).defines == ()
+
+
+def test_memoized_launches_hold_no_more_schedules_than_the_schedule_memo():
+    # every memoized launch holds its schedule's device arrays; when a schedule leaves the entry's memo the
+    # launches holding it leave too, so widths chosen per request cannot pile up schedules on the device
+    g = short_rows_graph(5, n=4000)
+    cpu = torch.device("cpu")
+    entry = spmm_cuda._device_graph(g, cpu)
+    for f in (32, 64):
+        x = torch.from_numpy(features(g.num_nodes, f, 5))
+        for width in range(129, 149):  # each above the split threshold (128): a schedule per width
+            assert spmm_cuda._plan(g, x, width, "fastrand", "sum", None, cpu, None, "degree", None)[1].split
+    held = {id(p.sched) for p in entry["prepared"].values() if p.sched is not None}
+    assert len(entry["schedules"]) == spmm_cuda.SCHEDULES_KEPT and len(held) <= spmm_cuda.SCHEDULES_KEPT
+    assert all(p.sched is entry["schedules"].get((p.tail[6], None, "degree")) for p in entry["prepared"].values())
+
+
+def test_a_malformed_defines_variable_turns_the_kernel_off_with_its_reason(monkeypatch):
+    monkeypatch.setattr(spmm_cuda, "_available", None)
+    monkeypatch.setattr(spmm_cuda, "_bad_defines", ["ES_SPMM_SPLIT_MIN_BLOCKS=four"])
+    ok, why = spmm_cuda.status()
+    assert not ok and spmm_cuda.DEFINES_ENV in why and "ES_SPMM_SPLIT_MIN_BLOCKS=four" in why
+
+
+def test_lazy_import_waits_for_a_module_another_thread_is_importing(tmp_path, monkeypatch):
+    # kernels._lazy.imported is on every GPU call's path; a module another thread is still importing sits in
+    # sys.modules half built, and must not be handed out before its body has run
+    from kernels._lazy import imported
+
+    (tmp_path / "gnnserve_slow_module.py").write_text("import time\ntime.sleep(0.5)\nVALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "gnnserve_slow_module", raising=False)
+    t = threading.Thread(target=lambda: imported("gnnserve_slow_module"))
+    t.start()
+    while "gnnserve_slow_module" not in sys.modules:
+        time.sleep(0.001)
+    assert imported("gnnserve_slow_module").VALUE == 42
+    t.join()
+    assert imported("gnnserve_slow_module") is sys.modules["gnnserve_slow_module"]
+    monkeypatch.delitem(sys.modules, "gnnserve_slow_module")
 
 
 def test_kernels_package_never_imports_cupy_at_import_time():
@@ -619,21 +660,24 @@ def test_launcher_plan_runs_in_the_host_emulation(harness, tmp_path, case):
     assert x.is_contiguous()
     acc = spmm_cuda.ACC_DTYPES[dtype]
     dinv = spmm_mod._gcn_dinv(g, torch.device("cpu"), acc) if aggregator == "gcn" else None
+    held: list[torch.Tensor] = []  # alive until the end: memory a freed schedule would have had
     if case == "hub-exact-memoized-schedule-evicted":
-        # the launch is prepared once and memoized; its schedule then leaves the entry's schedule memo (other
-        # thresholds push it out) and the memory is reused: the memoized launch must still point at live arrays
+        # a launch is planned (memoized), then its schedule leaves the entry's schedule memo (other thresholds
+        # push it out) and takes the memoized launch with it, and the freed memory is reused before the
+        # launch runs: the plan in flight must still hold every array it points into (_Plan.keep)
         entry = spmm_cuda._device_graph(g, torch.device("cpu"))
-        first = spmm_cuda._plan(g, x, width, strategy, aggregator, dinv, torch.device("cpu"), split, "degree", None)[1]
+        out, plan = spmm_cuda._plan(g, x, width, strategy, aggregator, dinv, torch.device("cpu"), split, "degree",
+                                    None)
+        assert plan.split and any(p is plan.keep for p in entry["prepared"].values())
         for other in range(65, 65 + spmm_cuda.SCHEDULES_KEPT):
             spmm_cuda._device_schedule(g, entry, 0, other, "degree")
         assert (0, split, "degree") not in entry["schedules"]
+        assert all(p.sched is not plan.keep.sched for p in entry["prepared"].values())  # dropped with it
         gc.collect()
-        junk = [torch.full((first.args[8],), -7, dtype=torch.int64) for _ in range(64)]  # reuse freed memory
-        prepared = dict(entry["prepared"])
-    out, plan = spmm_cuda._plan(g, x, width, strategy, aggregator, dinv, torch.device("cpu"), split, "degree", None)
-    if case == "hub-exact-memoized-schedule-evicted":
-        assert plan.args == (*first.args[:5], out.data_ptr(), *first.args[6:]) and entry["prepared"] == prepared
-        del junk
+        held.extend(torch.full((int(plan.args[8]),), -7, dtype=torch.int64) for _ in range(64))  # reuse freed memory
+    else:
+        out, plan = spmm_cuda._plan(g, x, width, strategy, aggregator, dinv, torch.device("cpu"), split, "degree",
+                                    None)
     a = plan.args
     n = g.num_nodes
     num_items, split_edges = int(a[8]), int(a[9])
@@ -1037,10 +1081,19 @@ def test_cuda_direct_calls_read_their_inputs_as_they_are(cuda):
     entry = spmm_cuda._device_graph(g, cuda)
     nd = 1.0 + g.degrees.astype(np.float64)
     dinv64 = torch.from_numpy(nd ** -0.5)
+    seen = []
+    real_plan = spmm_cuda._plan
+
+    def plan_spy(graph, xc, *args):
+        seen.append(xc.data_ptr() == x.data_ptr())
+        return real_plan(graph, xc, *args)
+
     for seed in range(3):
         x = _to_gpu(features(g.num_nodes, 64, seed), cuda).requires_grad_(seed == 2)
-        with torch.no_grad():
+        with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+            mp.setattr(spmm_cuda, "_plan", plan_spy)
             got = spmm_cuda.sampled_spmm_cuda(g, x, 8, "fastrand", "gcn", gcn_dinv=dinv64)
+        assert seen[-1], "a contiguous float32 x is read in place"
         want = sampled_spmm_torch(g, x.detach().double().cpu(), 8, "fastrand", "gcn", norm_degrees=nd).numpy()
         np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-4, atol=1e-4)
         assert not got.requires_grad
@@ -1055,7 +1108,10 @@ def test_cuda_short_rows_split_instance_matches_spec(cuda, f):
     x = _to_gpu(features(g.num_nodes, f, 3), cuda)
     got = sampled_spmm(g, x, 0).cpu().numpy()
     np.testing.assert_allclose(got, reference(g, x.double().cpu().numpy(), 0, "fastrand", "sum"), rtol=1e-4, atol=1e-4)
-    assert any(k[0] == x.device.index and k[2] and k[-1] == spmm_cuda.SHORT_ROWS_DEFINES for k in spmm_cuda._modules)
+    _, p = spmm_cuda._plan(g, x, 0, "fastrand", "sum", None, x.device, None, "degree", None)
+    assert p.defines == spmm_cuda.SHORT_ROWS_DEFINES  # 2,500+ blocks: above four waves on any GPU up to 156 SMs
+    key = (x.device.index, torch.float32, p.index_ctype, p.cfg.cols_per_thread, p.cfg.vector, True, p.defines)
+    assert key in spmm_cuda._kernels  # this launch's own instance was built, with the definitions
 
 
 @pytest.mark.gpu
