@@ -18,7 +18,7 @@
 #   bash benchmarks/gpu_session.sh more           # the paper's experiment; throughput on the torch path
 #   bash benchmarks/gpu_session.sh fused          # tests, onenode, serving against CUDA graphs, GPU ceiling
 #   bash benchmarks/gpu_session.sh next           # tests, the fused head on GraphSAGE and at the exact width, coldstart
-#   bash benchmarks/gpu_session.sh tune-next      # tests, exact mode under the tuning macros, host time, next's rest
+#   bash benchmarks/gpu_session.sh tuning      # tests, exact mode under the tuning macros, host time, next's rest
 #   bash benchmarks/gpu_session.sh verify         # tests, tune, the kernel table, the paper's experiment (short rows)
 #   bash benchmarks/gpu_session.sh ab             # kernel tests; the paper's small graphs, short-rows rule vs 3 blocks
 #
@@ -28,6 +28,7 @@
 #   bash benchmarks/gpu_session.sh kernels        # ES-SpMM against cuSPARSE on the real graphs and
 #                                                 # arxiv-like: widths, split thresholds, 16-bit, host time
 #   bash benchmarks/gpu_session.sh tune           # exact mode under es_spmm.cu's tuning macros; host time by stage
+#   bash benchmarks/gpu_session.sh kerneltests    # pytest -m gpu on tests/test_spmm_cuda.py alone
 #   bash benchmarks/gpu_session.sh reddit         # the same on the Reddit-shaped graph (F = 64)
 #   bash benchmarks/gpu_session.sh serving        # device_split.py: CPU, GPU, hybrid, resident, CUDA graphs
 #   bash benchmarks/gpu_session.sh onenode        # one_node.py: a small batch's stages on CPU and GPU, profiled
@@ -39,7 +40,7 @@
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|more|fused|next|tune-next|verify|ab|tune|kerneltests|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
+step=${1:?"usage: $0 prepare|core|scale|more|fused|next|tuning|verify|ab|tune|kerneltests|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
@@ -195,7 +196,7 @@ next)
     ROUNDS=3 BATCHES=1,8,64,1024 MODELS=gcn,sage VARIANTS=cpu,cuda-graphs,cuda-fused WIDTH=0 part serving 90
     part coldstart 150
     ;;
-tune-next)
+tuning)
     # the first call of the 2026-11-26 morning session: the tests (changed since the last GPU call: the
     # memoized launch, the direct call reading x in place), exact mode under the tuning macros and the host
     # time stage by stage, then `next`'s serving and cold-start parts
@@ -203,7 +204,7 @@ tune-next)
     part tune 100
     ROUNDS=3 BATCHES=1,8,64,1024 MODELS=gcn,sage VARIANTS=cpu,cuda-graphs,cuda-fused part serving 75
     ROUNDS=3 BATCHES=1,8,64,1024 MODELS=gcn,sage VARIANTS=cpu,cuda-graphs,cuda-fused WIDTH=0 part serving 75
-    part coldstart 130
+    part coldstart 120
     ;;
 verify)
     # the second call of that session: the short-rows rule (SHORT_ROWS_DEFINES) and the host-time stages,
