@@ -224,6 +224,15 @@ def host_prep(calls: int = 20000, rounds: int = 5) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+def _python_launch(fn: Callable[[], object]) -> object:
+    """``fn()`` with the kernel launched from Python (the driver launch) instead of the C++ launcher."""
+    spmm_cuda.CPP_LAUNCH = False
+    try:
+        return fn()
+    finally:
+        spmm_cuda.CPP_LAUNCH = True
+
+
 def _cupy_launch(fn: Callable[[], object]) -> object:
     """``fn()`` with the kernel launched through CuPy's kernel call instead of the driver launch."""
     spmm_cuda.FAST_LAUNCH = False
@@ -237,12 +246,15 @@ def launch_overhead(device: torch.device, calls: int = 2000, rounds: int = 5) ->
     """Host microseconds per call on a request-sized graph (64 rows, ~1,200 edges, F = 64: one shaDow
     target's subgraph), where launching, not the GPU, sets the pace: ``calls`` back-to-back calls timed
     on the host clock (one synchronisation at the end), median over ``rounds``."""
+    from kernels import cpp_launch
     from kernels.spmm import sampled_spmm
 
     g = request_graph()
     n = g.num_nodes
     x = torch.randn(n, 64, device=device)
     mat = baseline_csr(g, device)
+    cpp_launch.wait(300)  # the C++ launcher, built (or found built) before the timing
+    print(f"<!-- C++ launcher: {cpp_launch.status()[1]} -->", flush=True)
     xb = x.to(torch.bfloat16)
     # the direct call's stages, each alone: the output's allocation, the preparation (device entry and
     # memoized launch, output, arguments), and the driver launch of a prepared plan
@@ -250,7 +262,9 @@ def launch_overhead(device: torch.device, calls: int = 2000, rounds: int = 5) ->
     out0, plan = spmm_cuda._plan(g, x, 8, "fastrand", "sum", None, x.device, None, "degree", None)
     kern = spmm_cuda._kernel(idx, torch.float32, plan.index_ctype, plan.cfg.cols_per_thread, plan.cfg.vector,
                              plan.split, plan.defines)
-    variants: dict[str, Callable[[], object]] = {
+    prep = spmm_cuda._prepared(g, x, 8, "fastrand", "sum", x.device, None, "degree", None)
+    cpp = spmm_cuda._cpp_launcher(prep, kern, idx)
+    variants: dict[str, Callable[[], object] | None] = {
         "torch.sparse.mm": lambda: torch.sparse.mm(mat, x),
         "stage: torch.empty of the output": lambda: torch.empty((n, 64), device=device),
         "stage: _plan (entry, output, arguments)": lambda: spmm_cuda._plan(g, x, 8, "fastrand", "sum", None, x.device,
@@ -258,20 +272,27 @@ def launch_overhead(device: torch.device, calls: int = 2000, rounds: int = 5) ->
         # out0 is captured: the prepared launch writes into it on every call
         "stage: driver launch of a prepared plan": lambda out0=out0: spmm_cuda._launch(
             kern, plan.cfg, plan.args, idx, spmm_cuda._current_stream(idx)),
+        "stage: C++ Launch of a prepared plan (output and launch)": (
+            (lambda: cpp(x, 0, spmm_cuda._current_stream(idx))) if cpp is not None else None),
         "ES-SpMM S=8 sum": lambda: sampled_spmm(g, x, 8),
-        "ES-SpMM S=8 sum, CuPy launch": lambda: _cupy_launch(lambda: sampled_spmm(g, x, 8)),
+        "ES-SpMM S=8 sum, Python launch": lambda: _python_launch(lambda: sampled_spmm(g, x, 8)),
+        "ES-SpMM S=8 sum, CuPy launch": lambda: _python_launch(lambda: _cupy_launch(lambda: sampled_spmm(g, x, 8))),
         "ES-SpMM exact sum": lambda: sampled_spmm(g, x, 0),
         "ES-SpMM S=8 gcn": lambda: sampled_spmm(g, x, 8, "fastrand", "gcn"),
-        "ES-SpMM S=8 gcn, CuPy launch": lambda: _cupy_launch(lambda: sampled_spmm(g, x, 8, "fastrand", "gcn")),
+        "ES-SpMM S=8 gcn, CuPy launch": lambda: _python_launch(
+            lambda: _cupy_launch(lambda: sampled_spmm(g, x, 8, "fastrand", "gcn"))),
         "ES-SpMM S=8 sum bfloat16": lambda: sampled_spmm(g, xb, 8),
         "ES-SpMM S=8 sum, direct call": lambda: spmm_cuda.sampled_spmm_cuda(g, x, 8, "fastrand", "sum"),
+        "ES-SpMM S=8 sum, direct call, Python launch": lambda: _python_launch(
+            lambda: spmm_cuda.sampled_spmm_cuda(g, x, 8, "fastrand", "sum")),
     }
-    out: dict[str, list[float]] = {k: [] for k in variants}
-    for fn in variants.values():  # compile / memoize outside the timing
+    timed = {k: fn for k, fn in variants.items() if fn is not None}  # the C++ stage only where it is built
+    out: dict[str, list[float]] = {k: [] for k in timed}
+    for fn in timed.values():  # compile / memoize outside the timing
         fn()
     _sync(device)
     for _ in range(rounds):
-        for name, fn in variants.items():
+        for name, fn in timed.items():
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()

@@ -35,10 +35,16 @@ Mechanics:
   3.9 us to box them as the NumPy scalars CuPy's kernel call wants, before its own packing and its
   device and stream context managers). A thread without a CUDA context gets the device's primary
   context bound on its first launch; a thread whose current device is another one, or
-  ``FAST_LAUNCH = False``, or a driver launch that fails the probe, takes CuPy's call. Before this, a
-  request-sized call cost about 55 us of host time on the H100 machine against 32 us for
-  ``torch.sparse.mm`` (``benchmarks/kernels.py``, docs/BENCHMARKS.md); the driver launch is not yet
-  timed on a GPU.
+  ``FAST_LAUNCH = False``, or a driver launch that fails the probe, takes CuPy's call.
+* Everything of a launch that does not depend on its tensors is prepared once per graph arrays and shape
+  (:func:`_prepare`, memoized in the device entry). Once the C++ launcher is built
+  (:mod:`kernels.cpp_launch`, ``kernels/launcher.cpp``; in the background on the first GPU launch) and has
+  given the probe's answers on the device, one C++ call per launch allocates the output, fills the
+  parameters and calls ``cuLaunchKernel`` (``CPP_LAUNCH``); the Python path above is its specification
+  and serves until then, where it cannot be built, and in a thread whose CUDA context is not the kernel's.
+  Host time per request-sized call (``benchmarks/kernels.py``, docs/BENCHMARKS.md, H200): 55 us through
+  CuPy's call (H100, 2026-11-24), 25.2 us through the driver launch, 14.6 us after the preparation was
+  memoized; the C++ launcher is not yet timed on a GPU.
 
 Launch shape (:func:`launch_config`): a group of ``G`` lanes (power of two, 4..32, inside one warp)
 per row, each lane owning ``CPT`` feature columns per pass (``G * CPT`` columns a pass, any ``F``
@@ -79,7 +85,7 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -87,6 +93,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from . import cpp_launch
 from ._lazy import imported
 from .graph import CSRGraph
 from .spmm import _check_args, _gcn_dinv, device_key  # kernels.spmm imports this module lazily
@@ -724,15 +731,14 @@ def _sampled_spmm_cuda(graph: CSRGraph, x: torch.Tensor, width: int, strategy: s
             dinv = dinv.detach().to(device=device, dtype=acc).contiguous()
         if dinv.shape != (n,):
             raise ValueError(f"gcn_dinv must have shape [{n}], got {tuple(dinv.shape)}")
-    out, plan = _plan(graph, xc, width, strategy, aggregator, dinv, device, split_edges, row_order, vector,
-                      cols_per_thread)
-    cfg = plan.cfg
+    prep = _prepared(graph, xc, width, strategy, aggregator, device, split_edges, row_order, vector, cols_per_thread)
+    cfg = prep.cfg
     try:
-        fn = _kernel(dev_index, dtype, plan.index_ctype, cfg.cols_per_thread, cfg.vector, plan.split, plan.defines)
+        fn = _kernel(dev_index, dtype, prep.index_ctype, cfg.cols_per_thread, cfg.vector, prep.split, prep.defines)
     except Exception as exc:
         if ACC_DTYPES[dtype] == dtype:  # float32 / float64: the same source as the probe's instances
-            raise KernelBuildError(f"ES-SpMM: the kernel instance for {dtype}, {plan.index_ctype} indices, "
-                                   f"{cfg.cols_per_thread} columns per lane{', split rows' if plan.split else ''} "
+            raise KernelBuildError(f"ES-SpMM: the kernel instance for {dtype}, {prep.index_ctype} indices, "
+                                   f"{cfg.cols_per_thread} columns per lane{', split rows' if prep.split else ''} "
                                    f"does not build on cuda:{dev_index} ({type(exc).__name__}: {exc})") from exc
         # a 16-bit module that does not build on this device/toolkit: float32 from now on, said once
         log.warning("ES-SpMM: the native %s kernel does not build on cuda:%d (%s: %s); computing %s inputs in "
@@ -740,8 +746,78 @@ def _sampled_spmm_cuda(graph: CSRGraph, x: torch.Tensor, width: int, strategy: s
         _no_native.add((dev_index, dtype))
         return _sampled_spmm_cuda(graph, x, width, strategy, aggregator, gcn_dinv, split_edges, row_order, vector,
                                   cols_per_thread)
-    _launch(fn, cfg, plan.args, dev_index, _current_stream(dev_index))
+    stream = _current_stream(dev_index)
+    if CPP_LAUNCH and _fast_ok:
+        launcher = _cpp_launcher(prep, fn, dev_index)
+        if launcher is not None:
+            out = launcher(xc, dinv.data_ptr() if dinv is not None else 0, stream)
+            if out is not None:  # None: this thread's CUDA context is not the kernel's (the Python path binds it)
+                return out if out.dtype == out_dtype else out.to(out_dtype)
+    out, plan = _plan_of(prep, xc, dinv)
+    _launch(fn, cfg, plan.args, dev_index, stream)
     return out if out.dtype == out_dtype else out.to(out_dtype)
+
+
+def _cpp_launcher(prep: _Prepared, fn: tuple[Any, int], device_index: int) -> Any:
+    """The C++ ``Launch`` (kernels/launcher.cpp) of the prepared launch ``prep`` with the kernel instance ``fn``,
+    made once and kept in ``prep``; ``None`` while the launcher is not built (:mod:`kernels.cpp_launch`)."""
+    launchers = prep.launchers
+    handle = fn[1]
+    lc = launchers.get(handle)
+    if lc is not None:
+        return lc
+    mod = cpp_launch.module()
+    if mod is None or not _cpp_checked_on(device_index):
+        return None
+    cfg = prep.cfg
+    lc = mod.Launch(handle, _context(device_index), cfg.blocks, cfg.block_threads, cfg.shared_bytes,
+                    [*prep.head, 0, 0, 0, *prep.tail], prep.split, cfg.vector)
+    launchers[handle] = lc
+    return lc
+
+
+#: device index -> whether the C++ launcher gave the probe's answers there (checked once per device, when it is
+#: first ready; False: that device's launches stay on the Python path)
+_cpp_ok: dict[int, bool] = {}
+
+
+def _cpp_checked_on(device_index: int) -> bool:
+    """Whether launches on ``device_index`` may go through the C++ launcher: the probe's two launches, run
+    through it once (in this thread, under the lock; other threads wait), must give the known answers."""
+    ok = _cpp_ok.get(device_index)
+    if ok is not None:
+        return ok
+    if getattr(_tls, "cpp_checking", False):
+        return True  # the check's own launches
+    if torch.cuda.is_current_stream_capturing() or torch.cuda.get_sync_debug_mode() != 0:
+        return False  # the check reads its answers back (a synchronisation): not in a capture, not now
+    with _lock:
+        if device_index not in _cpp_ok:
+            _tls.cpp_checking = True
+            try:
+                bad = _probe_answers(device_index)
+            except Exception as exc:  # a launch the driver refused, a build error: the Python path serves
+                bad = f"{type(exc).__name__}: {exc}"
+            finally:
+                _tls.cpp_checking = False
+            if bad is not None:
+                log.warning("ES-SpMM: the C++ launcher failed its check on cuda:%d (%s); launching from Python",
+                            device_index, bad)
+            _cpp_ok[device_index] = bad is None
+    return _cpp_ok[device_index]
+
+
+_contexts: dict[int, int] = {}
+
+
+def _context(device_index: int) -> int:
+    """The CUDA context CuPy loads the kernels of ``device_index`` in (its primary context), as an int."""
+    ctx = _contexts.get(device_index)
+    if ctx is None:
+        cp = _cupy()
+        with cp.cuda.Device(device_index):
+            ctx = _contexts[device_index] = int(cp.cuda.driver.ctxGetCurrent())
+    return ctx
 
 
 # ----------------------------------------------------------------------------- launching
@@ -751,6 +827,9 @@ _ARG_NP = {"ptr": np.uint64, "i64": np.int64, "i32": np.int32}
 #: launch through the driver (cuLaunchKernel with a per-thread parameter block) instead of CuPy's
 #: RawKernel call; the probe turns it off where it does not give the right numbers
 FAST_LAUNCH = True
+#: launch through the C++ launcher (kernels/launcher.cpp, built by kernels.cpp_launch) once it is built,
+#: where the driver launch passed the probe; False: the Python path always
+CPP_LAUNCH = True
 _fast_ok = True  # the probe's verdict on the driver launch
 _CUDA_ERROR_INVALID_CONTEXT = 201
 _tls = threading.local()
@@ -849,6 +928,8 @@ class _Prepared:
     sched: dict[str, Any] | None  # holds the schedule's device arrays while a memoized plan points into them
     tensors: dict[str, torch.Tensor]  # the graph's device arrays that head points into
     defines: tuple[str, ...]  # the instance's preprocessor definitions
+    #: the C++ launches of this launch, by kernel instance handle (_cpp_launcher)
+    launchers: dict[int, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 PREPARED_KEPT = 256  # prepared launches memoized per device entry (all dropped when it is full)
@@ -928,31 +1009,39 @@ def _sm_count(entry: dict[str, Any]) -> int:
     return n
 
 
+def _prepared(graph: CSRGraph, xc: torch.Tensor, width: int, strategy: str, aggregator: str, device: torch.device,
+              split_edges: int | None, row_order: str, vector: bool | None,
+              cols_per_thread: int | None = None) -> _Prepared:
+    """:func:`_prepare` for a pass over ``xc`` (contiguous ``[N, F]``, N, F > 0, in one of the kernel's value
+    types, on ``device``): the graph's device entry there, and 128-bit loads where asked for and aligned."""
+    n, f = xc.shape
+    dg = _device_graph(graph, device)
+    vec = (VECTOR if vector is None else bool(vector)) and xc.data_ptr() & 15 == 0
+    return _prepare(graph, dg, n, f, xc.dtype, width, strategy, aggregator, split_edges, row_order, vec,
+                    cols_per_thread)
+
+
+def _plan_of(prep: _Prepared, xc: torch.Tensor, dinv: torch.Tensor | None) -> tuple[torch.Tensor, _Plan]:
+    """The output (``xc``'s type, or the accumulation type zeroed when rows are split: the caller narrows it)
+    and the arguments of the prepared launch ``prep`` over ``xc``; ``dinv`` (``gcn``) in the accumulation
+    type. This is the specification of the C++ launcher's ``Launch`` (kernels/launcher.cpp)."""
+    out = torch.zeros_like(xc, dtype=prep.out_dtype) if prep.split else torch.empty_like(xc)
+    out_ptr = out.data_ptr()
+    if prep.cfg.vector and out_ptr & 15:  # a fresh tensor from torch's allocators is aligned far more
+        raise RuntimeError(f"ES-SpMM: torch allocated an output at {out_ptr:#x}, not 16-byte aligned")
+    args = (*prep.head, xc.data_ptr(), dinv.data_ptr() if dinv is not None else 0, out_ptr, *prep.tail)
+    return out, _Plan(prep.cfg, args, prep.index_ctype, prep.split, prep.defines, prep)
+
+
 def _plan(graph: CSRGraph, xc: torch.Tensor, width: int, strategy: str, aggregator: str, dinv: torch.Tensor | None,
           device: torch.device, split_edges: int | None, row_order: str,
           vector: bool | None, cols_per_thread: int | None = None) -> tuple[torch.Tensor, _Plan]:
     """Everything of a launch but the launch: the graph's device entry and schedule (on ``device``),
-    the output tensor (zeroed when rows are split), the shape and the argument tuple. ``xc`` is
-    contiguous ``[N, F]`` (N, F > 0) in one of the kernel's value types, on ``device``; ``dinv``
-    (``gcn``) is in its accumulation type. The output is in ``xc``'s type, or in the accumulation type
-    when rows are split (the caller narrows it). Separate from :func:`sampled_spmm_cuda` so that the
-    tests can run it on the CPU and hand the arguments to the host emulation of the kernel."""
-    n, f = xc.shape
-    dg = _device_graph(graph, device)
-    x_ptr = xc.data_ptr()
-    vec = (VECTOR if vector is None else bool(vector)) and x_ptr & 15 == 0
-    prep = _prepare(graph, dg, n, f, xc.dtype, width, strategy, aggregator, split_edges, row_order, vec,
-                    cols_per_thread)
-    if prep.split:
-        out = torch.zeros((n, f), dtype=prep.out_dtype, device=xc.device)
-    else:
-        out = torch.empty((n, f), dtype=prep.out_dtype, device=xc.device)
-    out_ptr = out.data_ptr()
-    if prep.cfg.vector and out_ptr & 15:  # torch's allocators align far more; kept for any that would not
-        prep = _prepare(graph, dg, n, f, xc.dtype, width, strategy, aggregator, split_edges, row_order, False,
-                        cols_per_thread)
-    args = (*prep.head, x_ptr, dinv.data_ptr() if dinv is not None else 0, out_ptr, *prep.tail)
-    return out, _Plan(prep.cfg, args, prep.index_ctype, prep.split, prep.defines, prep)
+    the output tensor (zeroed when rows are split), the shape and the argument tuple (:func:`_prepared`,
+    :func:`_plan_of`). Separate from :func:`sampled_spmm_cuda` so that the tests can run it on the CPU and
+    hand the arguments to the host emulation of the kernel."""
+    prep = _prepared(graph, xc, width, strategy, aggregator, device, split_edges, row_order, vector, cols_per_thread)
+    return _plan_of(prep, xc, dinv)
 
 
 def available() -> bool:
@@ -981,6 +1070,28 @@ def status() -> tuple[bool, str]:
     return ok, _why
 
 
+def _probe_answers(device_index: int) -> str | None:
+    """Two launches on ``cuda:<device_index>`` whose answers are known: ``None`` when both give them, else what
+    went wrong. Rows: 0 -> {1, 2} weights {1, 3}; 1 -> {0}; 2 -> {}; width 1 keeps edge 0 of row 0, scale 2.
+    F = 4: 128-bit loads. The exact pass with split_edges=1 cuts row 0 into two chunks that add into out: it
+    compiles and checks a split instance too (the other instances are the same source with other template
+    arguments, compiled on their first launch; tests compile them all with nvcc)."""
+    g = CSRGraph(
+        indptr=np.array([0, 2, 3, 3], dtype=np.int64),
+        indices=np.array([1, 2, 0], dtype=np.int32),
+        weights=np.array([1.0, 3.0, 2.0], dtype=np.float32),
+    )
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 10.0, 11.0, 12.0]],
+                     device=torch.device("cuda", device_index))
+    for got, want in (
+        (sampled_spmm_cuda(g, x, 1, "bucket", "sum"), [[10, 12, 14, 16], [2, 4, 6, 8], [0, 0, 0, 0]]),
+        (sampled_spmm_cuda(g, x, 0, "fastrand", "sum", split_edges=1), [[32, 36, 40, 44], [2, 4, 6, 8], [0, 0, 0, 0]]),
+    ):
+        if not torch.equal(got.cpu(), torch.tensor(want, dtype=torch.float32)):
+            return f"probe launch gave {got.cpu().tolist()}, expected {want}"
+    return None
+
+
 def _probe() -> tuple[bool, str]:
     if os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"):
         return False, f"disabled by {DISABLE_ENV}"
@@ -997,26 +1108,8 @@ def _probe() -> tuple[bool, str]:
         cp = _cupy()
         if cp.cuda.runtime.getDeviceCount() < 1:
             return False, "CuPy sees no CUDA device"
-        # rows: 0 -> {1, 2} weights {1, 3}; 1 -> {0}; 2 -> {} ; width 1 keeps edge 0 of row 0, scale 2.
-        # F = 4: 128-bit loads. The exact pass with split_edges=1 cuts row 0 into two chunks that add
-        # into out: it compiles and checks a split instance too (the other instances are the same source
-        # with other template arguments, compiled on their first launch; tests compile them all with nvcc).
-        g = CSRGraph(
-            indptr=np.array([0, 2, 3, 3], dtype=np.int64),
-            indices=np.array([1, 2, 0], dtype=np.int32),
-            weights=np.array([1.0, 3.0, 2.0], dtype=np.float32),
-        )
-        x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 10.0, 11.0, 12.0]], device="cuda")
-
         def wrong() -> str | None:
-            for got, want in (
-                (sampled_spmm_cuda(g, x, 1, "bucket", "sum"), [[10, 12, 14, 16], [2, 4, 6, 8], [0, 0, 0, 0]]),
-                (sampled_spmm_cuda(g, x, 0, "fastrand", "sum", split_edges=1),
-                 [[32, 36, 40, 44], [2, 4, 6, 8], [0, 0, 0, 0]]),
-            ):
-                if not torch.equal(got.cpu(), torch.tensor(want, dtype=torch.float32)):
-                    return f"probe launch gave {got.cpu().tolist()}, expected {want}"
-            return None
+            return _probe_answers(torch.cuda.current_device())
 
         global _fast_ok
         try:

@@ -339,6 +339,88 @@ def test_lazy_import_waits_for_a_module_another_thread_is_importing(tmp_path, mo
     monkeypatch.delitem(sys.modules, "gnnserve_slow_module")
 
 
+# ----------------------------------------------------------------------------- the C++ launcher
+@pytest.fixture(scope="module")
+def launcher_module():
+    """kernels/launcher.cpp, compiled (once per machine: torch's extension cache) and imported."""
+    from kernels import cpp_launch
+
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler")
+    return cpp_launch.build()
+
+
+@pytest.mark.parametrize("case", ["sampled-f32", "exact-split-f32-gcn", "exact-split-f64", "sampled-bf16-mean"])
+def test_cpp_launch_fills_what_the_python_plan_fills(launcher_module, case):
+    # the C++ Launch's arguments and output (its specification: spmm_cuda._plan_of) for the same prepared
+    # launch: every parameter slot equal but the output pointer, which is its own fresh output's; the output
+    # of x's type, or zeroed in the accumulation type when rows are split
+    width, aggregator, dtype = {"sampled-f32": (8, "sum", torch.float32),
+                                "exact-split-f32-gcn": (0, "gcn", torch.float32),
+                                "exact-split-f64": (0, "sum", torch.float64),
+                                "sampled-bf16-mean": (8, "mean", torch.bfloat16)}[case]
+    g = hub_graph(43, weighted=True)
+    cpu = torch.device("cpu")
+    x = torch.from_numpy(features(g.num_nodes, 64, 43)).to(dtype)
+    acc = spmm_cuda.ACC_DTYPES[dtype]
+    dinv = spmm_mod._gcn_dinv(g, cpu, acc) if aggregator == "gcn" else None
+    prep = spmm_cuda._prepared(g, x, width, "fastrand", aggregator, cpu, None, "degree", None)
+    assert prep.split == (width == 0)
+    want_out, want = spmm_cuda._plan_of(prep, x, dinv)
+    cfg = prep.cfg
+    lc = launcher_module.Launch(1234, 5678, cfg.blocks, cfg.block_threads, cfg.shared_bytes,
+                                [*prep.head, 0, 0, 0, *prep.tail], prep.split, cfg.vector)
+    out, args = lc.arguments(x, dinv.data_ptr() if dinv is not None else 0)
+    assert out.dtype == want_out.dtype and out.shape == want_out.shape and out.device == x.device
+    assert out.data_ptr() != want_out.data_ptr() and out.data_ptr() % 16 == 0
+    if prep.split:
+        assert torch.count_nonzero(out) == 0
+    assert args[5] == out.data_ptr() and args[:5] + args[6:] == [*want.args[:5], *want.args[6:]]
+    if launcher_module.has_driver():
+        pytest.skip("a CUDA driver is loaded here: the no-driver answer is not this machine's")
+    assert lc(x, 0, 0) is None  # no CUDA driver here: not launched, the caller takes the Python path
+
+
+def test_cpp_launch_refuses_what_it_was_not_prepared_for(launcher_module):
+    g = random_graph(44, weighted=False)
+    x = torch.from_numpy(features(g.num_nodes, 16, 44))
+    prep = spmm_cuda._prepared(g, x, 8, "fastrand", "sum", torch.device("cpu"), None, "degree", None)
+    cfg = prep.cfg
+    args = [*prep.head, 0, 0, 0, *prep.tail]
+    lc = launcher_module.Launch(1, 2, cfg.blocks, cfg.block_threads, cfg.shared_bytes, args, False, cfg.vector)
+    with pytest.raises(RuntimeError, match="prepared for"):
+        lc.arguments(x[:-1].contiguous(), 0)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        lc.arguments(x.t(), 0)
+    with pytest.raises(ValueError, match="18 kernel arguments"):
+        launcher_module.Launch(1, 2, cfg.blocks, cfg.block_threads, cfg.shared_bytes, args[:-1], False, False)
+    assert launcher_module.PARAMS == len(spmm_cuda.ARG_KINDS)
+
+
+def test_cpp_launch_build_policy(monkeypatch, caplog):
+    # GNNSERVE_CPP_LAUNCH: off never builds; a build that fails is said once and leaves the Python path
+    from kernels import cpp_launch
+
+    for name, value in (("_module", None), ("_error", None), ("_thread", None)):
+        monkeypatch.setattr(cpp_launch, name, value)
+    monkeypatch.setenv(cpp_launch.MODE_ENV, "off")
+    assert cpp_launch.mode() == "off" and cpp_launch.module() is None and cpp_launch._thread is None
+    monkeypatch.setenv(cpp_launch.MODE_ENV, "bogus")
+    with pytest.raises(ValueError, match=cpp_launch.MODE_ENV):
+        cpp_launch.mode()
+
+    def no_compiler():
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(cpp_launch, "build", no_compiler)
+    monkeypatch.setenv(cpp_launch.MODE_ENV, "sync")
+    with caplog.at_level(logging.WARNING, logger="kernels.cpp_launch"):
+        assert cpp_launch.module() is None and cpp_launch.module() is None
+    assert sum("did not build" in r.getMessage() for r in caplog.records) == 1
+    ok, why = cpp_launch.status()
+    assert not ok and "Ninja is required" in why
+
+
 def test_kernels_package_never_imports_cupy_at_import_time():
     # CuPy is optional: every `import cupy` in kernels/ must sit inside a function
     for path in (REPO / "kernels").glob("*.py"):
@@ -1112,6 +1194,35 @@ def test_cuda_short_rows_split_instance_matches_spec(cuda, f):
     assert p.defines == spmm_cuda.SHORT_ROWS_DEFINES  # 2,500+ blocks: above four waves on any GPU up to 156 SMs
     key = (x.device.index, torch.float32, p.index_ctype, p.cfg.cols_per_thread, p.cfg.vector, True, p.defines)
     assert key in spmm_cuda._kernels  # this launch's own instance was built, with the definitions
+
+
+@pytest.mark.gpu
+def test_cuda_cpp_launcher_matches_the_python_launch(cuda, launcher_module, monkeypatch):
+    # once built, kernels/launcher.cpp launches every pass whose thread holds the kernel's context: the same
+    # numbers as the Python launch (its specification), split rows included (equal up to the order of the
+    # chunks' atomic adds), 16-bit inputs, gcn with dinv; and it passed its check on this device
+    from kernels import cpp_launch
+
+    monkeypatch.setattr(cpp_launch, "_module", launcher_module)
+    idx = cuda.index if cuda.index is not None else torch.cuda.current_device()
+    cases = [(random_graph(45, weighted=True), 8, "gcn", torch.float32, 64),
+             (hub_graph(45, weighted=False), 0, "sum", torch.float32, 256),
+             (hub_graph(46, weighted=True), 0, "mean", torch.float64, 30),
+             (random_graph(46, weighted=False), 16, "sum", torch.bfloat16, 64)]
+    for g, width, aggregator, dtype, f in cases:
+        x = _to_gpu(features(g.num_nodes, f, 45), cuda).to(dtype)
+        monkeypatch.setattr(spmm_cuda, "CPP_LAUNCH", True)
+        got = spmm_cuda.sampled_spmm_cuda(g, x, width, "fastrand", aggregator)
+        prep = spmm_cuda._prepared(g, x, width, "fastrand", aggregator, x.device, None, "degree", None)
+        assert prep.launchers, "the C++ launcher launched this pass"
+        monkeypatch.setattr(spmm_cuda, "CPP_LAUNCH", False)
+        want = spmm_cuda.sampled_spmm_cuda(g, x, width, "fastrand", aggregator)
+        assert got.dtype == want.dtype == dtype
+        if prep.split:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(got, want)
+    assert spmm_cuda._cpp_ok.get(idx) is True
 
 
 @pytest.mark.gpu
