@@ -226,20 +226,22 @@ def host_prep(calls: int = 20000, rounds: int = 5) -> dict[str, float]:
 
 def _python_launch(fn: Callable[[], object]) -> object:
     """``fn()`` with the kernel launched from Python (the driver launch) instead of the C++ launcher."""
+    before = spmm_cuda.CPP_LAUNCH
     spmm_cuda.CPP_LAUNCH = False
     try:
         return fn()
     finally:
-        spmm_cuda.CPP_LAUNCH = True
+        spmm_cuda.CPP_LAUNCH = before
 
 
 def _cupy_launch(fn: Callable[[], object]) -> object:
     """``fn()`` with the kernel launched through CuPy's kernel call instead of the driver launch."""
+    before = spmm_cuda.FAST_LAUNCH
     spmm_cuda.FAST_LAUNCH = False
     try:
         return fn()
     finally:
-        spmm_cuda.FAST_LAUNCH = True
+        spmm_cuda.FAST_LAUNCH = before
 
 
 def launch_overhead(device: torch.device, calls: int = 2000, rounds: int = 5) -> dict[str, float]:
@@ -264,6 +266,10 @@ def launch_overhead(device: torch.device, calls: int = 2000, rounds: int = 5) ->
                              plan.split, plan.defines)
     prep = spmm_cuda._prepared(g, x, 8, "fastrand", "sum", x.device, None, "degree", None)
     cpp = spmm_cuda._cpp_launcher(prep, kern, idx)
+    if cpp is not None and cpp(x, 0, spmm_cuda._current_stream(idx)) is None:
+        cpp = None  # it declines in this thread: timing it would time the refusal
+    print(f"<!-- C++ launcher checked on cuda:{idx}: {spmm_cuda._cpp_ok.get(idx)}; its stage timed: "
+          f"{cpp is not None} -->", flush=True)
     variants: dict[str, Callable[[], object] | None] = {
         "torch.sparse.mm": lambda: torch.sparse.mm(mat, x),
         "stage: torch.empty of the output": lambda: torch.empty((n, 64), device=device),

@@ -38,9 +38,10 @@ Mechanics:
   ``FAST_LAUNCH = False``, or a driver launch that fails the probe, takes CuPy's call.
 * Everything of a launch that does not depend on its tensors is prepared once per graph arrays and shape
   (:func:`_prepare`, memoized in the device entry). Once the C++ launcher is built
-  (:mod:`kernels.cpp_launch`, ``kernels/launcher.cpp``; in the background on the first GPU launch) and has
-  given the probe's answers on the device, one C++ call per launch allocates the output, fills the
-  parameters and calls ``cuLaunchKernel`` (``CPP_LAUNCH``); the Python path above is its specification
+  (:mod:`kernels.cpp_launch`, ``kernels/launcher.cpp``; in the background, from the first GPU launch after
+  the probe) and has given the probe's answers on the device by itself, one C++ call per launch allocates
+  the output, fills the parameters and calls ``cuLaunchKernel`` (``CPP_LAUNCH``, with ``FAST_LAUNCH``:
+  the C++ launch is a driver launch too); the Python path above is its specification
   and serves until then, where it cannot be built, and in a thread whose CUDA context is not the kernel's.
   Host time per request-sized call (``benchmarks/kernels.py``, docs/BENCHMARKS.md, H200): 55 us through
   CuPy's call (H100, 2026-11-24), 25.2 us through the driver launch, 14.6 us after the preparation was
@@ -747,7 +748,7 @@ def _sampled_spmm_cuda(graph: CSRGraph, x: torch.Tensor, width: int, strategy: s
         return _sampled_spmm_cuda(graph, x, width, strategy, aggregator, gcn_dinv, split_edges, row_order, vector,
                                   cols_per_thread)
     stream = _current_stream(dev_index)
-    if CPP_LAUNCH and _fast_ok:
+    if CPP_LAUNCH and FAST_LAUNCH and _fast_ok and _available:  # after the probe, which judges the Python launch
         launcher = _cpp_launcher(prep, fn, dev_index)
         if launcher is not None:
             out = launcher(xc, dinv.data_ptr() if dinv is not None else 0, stream)
@@ -760,20 +761,40 @@ def _sampled_spmm_cuda(graph: CSRGraph, x: torch.Tensor, width: int, strategy: s
 
 def _cpp_launcher(prep: _Prepared, fn: tuple[Any, int], device_index: int) -> Any:
     """The C++ ``Launch`` (kernels/launcher.cpp) of the prepared launch ``prep`` with the kernel instance ``fn``,
-    made once and kept in ``prep``; ``None`` while the launcher is not built (:mod:`kernels.cpp_launch`)."""
-    launchers = prep.launchers
-    handle = fn[1]
-    lc = launchers.get(handle)
+    kept in ``prep``; ``None`` while the launcher is not built (:mod:`kernels.cpp_launch`) or has not passed
+    its check on the device (:func:`_cpp_checked_on`)."""
+    lc = prep.launchers.get(fn[1])
     if lc is not None:
         return lc
+    if cpp_launch.module() is None or not _cpp_checked_on(device_index):
+        return None
+    return _cpp_launch_object(prep, fn, device_index)
+
+
+def _cpp_launch_object(prep: _Prepared, fn: tuple[Any, int], device_index: int) -> Any:
+    """Make (once) and keep in ``prep`` its C++ ``Launch`` with the kernel instance ``fn``; ``None`` where the
+    launcher is not built or the device's context cannot be found."""
     mod = cpp_launch.module()
-    if mod is None or not _cpp_checked_on(device_index):
+    ctx = _context(device_index)
+    if mod is None or ctx == 0:
         return None
     cfg = prep.cfg
-    lc = mod.Launch(handle, _context(device_index), cfg.blocks, cfg.block_threads, cfg.shared_bytes,
-                    [*prep.head, 0, 0, 0, *prep.tail], prep.split, cfg.vector)
-    launchers[handle] = lc
+    lc = mod.Launch(fn[1], ctx, cfg.blocks, cfg.block_threads, cfg.shared_bytes, [*prep.head, 0, 0, 0, *prep.tail],
+                    prep.split, cfg.vector)
+    prep.launchers[fn[1]] = lc
     return lc
+
+
+def _cpp_probe_launch(g: CSRGraph, x: torch.Tensor, width: int, strategy: str, aggregator: str,
+                      split_edges: int | None) -> torch.Tensor | None:
+    """One of the probe's launches through the C++ launcher alone (no Python launch behind it): its output,
+    or ``None`` when it declines (:func:`_cpp_checked_on`)."""
+    dev_index = x.device.index
+    prep = _prepared(g, x, width, strategy, aggregator, x.device, split_edges, ROW_ORDER, None)
+    cfg = prep.cfg
+    fn = _kernel(dev_index, x.dtype, prep.index_ctype, cfg.cols_per_thread, cfg.vector, prep.split, prep.defines)
+    lc = _cpp_launch_object(prep, fn, dev_index)
+    return None if lc is None else lc(x, 0, _current_stream(dev_index))
 
 
 #: device index -> whether the C++ launcher gave the probe's answers there (checked once per device, when it is
@@ -782,24 +803,22 @@ _cpp_ok: dict[int, bool] = {}
 
 
 def _cpp_checked_on(device_index: int) -> bool:
-    """Whether launches on ``device_index`` may go through the C++ launcher: the probe's two launches, run
-    through it once (in this thread, under the lock; other threads wait), must give the known answers."""
+    """Whether launches on ``device_index`` may go through the C++ launcher: the probe's two launches, made
+    by it alone once (on that device, under the lock; other threads wait), must give the known answers. Not
+    inside a CUDA graph capture or under a sync debug mode (the check reads its answers back): those calls
+    take the Python path and the check waits for a later one."""
     ok = _cpp_ok.get(device_index)
     if ok is not None:
         return ok
-    if getattr(_tls, "cpp_checking", False):
-        return True  # the check's own launches
     if torch.cuda.is_current_stream_capturing() or torch.cuda.get_sync_debug_mode() != 0:
-        return False  # the check reads its answers back (a synchronisation): not in a capture, not now
+        return False
     with _lock:
         if device_index not in _cpp_ok:
-            _tls.cpp_checking = True
             try:
-                bad = _probe_answers(device_index)
-            except Exception as exc:  # a launch the driver refused, a build error: the Python path serves
+                with torch.cuda.device(device_index):
+                    bad = _probe_answers(device_index, _cpp_probe_launch)
+            except Exception as exc:  # a launch the driver refused: the Python path serves
                 bad = f"{type(exc).__name__}: {exc}"
-            finally:
-                _tls.cpp_checking = False
             if bad is not None:
                 log.warning("ES-SpMM: the C++ launcher failed its check on cuda:%d (%s); launching from Python",
                             device_index, bad)
@@ -811,12 +830,19 @@ _contexts: dict[int, int] = {}
 
 
 def _context(device_index: int) -> int:
-    """The CUDA context CuPy loads the kernels of ``device_index`` in (its primary context), as an int."""
+    """The CUDA context CuPy loads the kernels of ``device_index`` in (its primary context), as an int; 0 when
+    none can be bound (not memoized)."""
     ctx = _contexts.get(device_index)
     if ctx is None:
         cp = _cupy()
         with cp.cuda.Device(device_index):
-            ctx = _contexts[device_index] = int(cp.cuda.driver.ctxGetCurrent())
+            ctx = int(cp.cuda.driver.ctxGetCurrent())
+            if ctx == 0:  # no context bound to this thread yet: a runtime call binds the primary one
+                cp.cuda.runtime.free(0)
+                ctx = int(cp.cuda.driver.ctxGetCurrent())
+        if ctx == 0:
+            return 0
+        _contexts[device_index] = ctx
     return ctx
 
 
@@ -1070,12 +1096,17 @@ def status() -> tuple[bool, str]:
     return ok, _why
 
 
-def _probe_answers(device_index: int) -> str | None:
+def _probe_answers(device_index: int, run: Any = None) -> str | None:
     """Two launches on ``cuda:<device_index>`` whose answers are known: ``None`` when both give them, else what
-    went wrong. Rows: 0 -> {1, 2} weights {1, 3}; 1 -> {0}; 2 -> {}; width 1 keeps edge 0 of row 0, scale 2.
-    F = 4: 128-bit loads. The exact pass with split_edges=1 cuts row 0 into two chunks that add into out: it
-    compiles and checks a split instance too (the other instances are the same source with other template
-    arguments, compiled on their first launch; tests compile them all with nvcc)."""
+    went wrong. ``run(graph, x, width, strategy, aggregator, split_edges)`` makes a launch (default: the
+    public call); ``None`` from it means it declined, which fails the check. Rows: 0 -> {1, 2} weights
+    {1, 3}; 1 -> {0}; 2 -> {}; width 1 keeps edge 0 of row 0, scale 2. F = 4: 128-bit loads. The exact pass
+    with split_edges=1 cuts row 0 into two chunks that add into out: it compiles and checks a split instance
+    too (the other instances are the same source with other template arguments, compiled on their first
+    launch; tests compile them all with nvcc)."""
+    if run is None:
+        def run(g, x, width, strategy, aggregator, split_edges):
+            return sampled_spmm_cuda(g, x, width, strategy, aggregator, split_edges=split_edges)
     g = CSRGraph(
         indptr=np.array([0, 2, 3, 3], dtype=np.int64),
         indices=np.array([1, 2, 0], dtype=np.int32),
@@ -1083,10 +1114,13 @@ def _probe_answers(device_index: int) -> str | None:
     )
     x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 10.0, 11.0, 12.0]],
                      device=torch.device("cuda", device_index))
-    for got, want in (
-        (sampled_spmm_cuda(g, x, 1, "bucket", "sum"), [[10, 12, 14, 16], [2, 4, 6, 8], [0, 0, 0, 0]]),
-        (sampled_spmm_cuda(g, x, 0, "fastrand", "sum", split_edges=1), [[32, 36, 40, 44], [2, 4, 6, 8], [0, 0, 0, 0]]),
+    for (width, strategy, split_edges), want in (
+        ((1, "bucket", None), [[10, 12, 14, 16], [2, 4, 6, 8], [0, 0, 0, 0]]),
+        ((0, "fastrand", 1), [[32, 36, 40, 44], [2, 4, 6, 8], [0, 0, 0, 0]]),
     ):
+        got = run(g, x, width, strategy, "sum", split_edges)
+        if got is None:
+            return "the launch was declined"
         if not torch.equal(got.cpu(), torch.tensor(want, dtype=torch.float32)):
             return f"probe launch gave {got.cpu().tolist()}, expected {want}"
     return None

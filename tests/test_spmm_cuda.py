@@ -347,10 +347,11 @@ def launcher_module():
 
     if shutil.which("c++") is None and shutil.which("g++") is None:
         pytest.skip("no C++ compiler")
-    return cpp_launch.build()
+    return cpp_launch.build_in_child(timeout=600)  # how a process builds it: in a child of its own session
 
 
-@pytest.mark.parametrize("case", ["sampled-f32", "exact-split-f32-gcn", "exact-split-f64", "sampled-bf16-mean"])
+@pytest.mark.parametrize("case", ["sampled-f32", "exact-split-f32-gcn", "exact-split-f64", "sampled-bf16-mean",
+                                  "exact-split-f16", "exact-split-bf16-gcn"])
 def test_cpp_launch_fills_what_the_python_plan_fills(launcher_module, case):
     # the C++ Launch's arguments and output (its specification: spmm_cuda._plan_of) for the same prepared
     # launch: every parameter slot equal but the output pointer, which is its own fresh output's; the output
@@ -358,7 +359,9 @@ def test_cpp_launch_fills_what_the_python_plan_fills(launcher_module, case):
     width, aggregator, dtype = {"sampled-f32": (8, "sum", torch.float32),
                                 "exact-split-f32-gcn": (0, "gcn", torch.float32),
                                 "exact-split-f64": (0, "sum", torch.float64),
-                                "sampled-bf16-mean": (8, "mean", torch.bfloat16)}[case]
+                                "sampled-bf16-mean": (8, "mean", torch.bfloat16),
+                                "exact-split-f16": (0, "sum", torch.float16),
+                                "exact-split-bf16-gcn": (0, "gcn", torch.bfloat16)}[case]
     g = hub_graph(43, weighted=True)
     cpu = torch.device("cpu")
     x = torch.from_numpy(features(g.num_nodes, 64, 43)).to(dtype)
@@ -394,7 +397,24 @@ def test_cpp_launch_refuses_what_it_was_not_prepared_for(launcher_module):
         lc.arguments(x.t(), 0)
     with pytest.raises(ValueError, match="18 kernel arguments"):
         launcher_module.Launch(1, 2, cfg.blocks, cfg.block_threads, cfg.shared_bytes, args[:-1], False, False)
+    with pytest.raises(ValueError, match="its context"):
+        launcher_module.Launch(1, 0, cfg.blocks, cfg.block_threads, cfg.shared_bytes, args, False, False)
     assert launcher_module.PARAMS == len(spmm_cuda.ARG_KINDS)
+
+
+def test_cpp_launch_build_removes_a_lock_a_killed_build_left(launcher_module):
+    # torch's build lock is removed only by the build that took it: one killed mid-build (its process gone)
+    # leaves it, and every later build would wait for it forever; an old one is taken for such a leftover
+    from torch.utils import cpp_extension
+
+    from kernels import cpp_launch
+
+    lock = Path(cpp_extension._get_build_directory(cpp_launch.NAME, verbose=False)) / "lock"
+    lock.write_text("")
+    old = time.time() - cpp_launch.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    mod = cpp_launch.build_in_child(timeout=300)
+    assert mod.PARAMS == launcher_module.PARAMS and not lock.exists()
 
 
 def test_cpp_launch_build_policy(monkeypatch, caplog):
@@ -405,14 +425,19 @@ def test_cpp_launch_build_policy(monkeypatch, caplog):
         monkeypatch.setattr(cpp_launch, name, value)
     monkeypatch.setenv(cpp_launch.MODE_ENV, "off")
     assert cpp_launch.mode() == "off" and cpp_launch.module() is None and cpp_launch._thread is None
+    for value, want in (("1", "auto"), ("on", "auto"), ("Sync", "sync"), ("no", "off")):
+        monkeypatch.setenv(cpp_launch.MODE_ENV, value)
+        assert cpp_launch.mode() == want, value
     monkeypatch.setenv(cpp_launch.MODE_ENV, "bogus")
-    with pytest.raises(ValueError, match=cpp_launch.MODE_ENV):
-        cpp_launch.mode()
+    with caplog.at_level(logging.WARNING, logger="kernels.cpp_launch"):
+        assert cpp_launch.mode() == "auto" and cpp_launch.mode() == "auto"  # an unknown value: auto, said once
+    assert sum("bogus" in r.getMessage() for r in caplog.records) == 1
+    caplog.clear()
 
-    def no_compiler():
+    def no_compiler(timeout=None):
         raise RuntimeError("Ninja is required to load C++ extensions")
 
-    monkeypatch.setattr(cpp_launch, "build", no_compiler)
+    monkeypatch.setattr(cpp_launch, "build_in_child", no_compiler)
     monkeypatch.setenv(cpp_launch.MODE_ENV, "sync")
     with caplog.at_level(logging.WARNING, logger="kernels.cpp_launch"):
         assert cpp_launch.module() is None and cpp_launch.module() is None
@@ -1205,6 +1230,13 @@ def test_cuda_cpp_launcher_matches_the_python_launch(cuda, launcher_module, monk
 
     monkeypatch.setattr(cpp_launch, "_module", launcher_module)
     idx = cuda.index if cuda.index is not None else torch.cuda.current_device()
+    python_launch = spmm_cuda._launch
+
+    def only_without_cpp(*args):  # the Python launch may run only when the C++ launcher is switched off
+        assert not spmm_cuda.CPP_LAUNCH, "a pass fell back to the Python launch"
+        return python_launch(*args)
+
+    monkeypatch.setattr(spmm_cuda, "_launch", only_without_cpp)
     cases = [(random_graph(45, weighted=True), 8, "gcn", torch.float32, 64),
              (hub_graph(45, weighted=False), 0, "sum", torch.float32, 256),
              (hub_graph(46, weighted=True), 0, "mean", torch.float64, 30),
