@@ -17,8 +17,7 @@
 #   bash benchmarks/gpu_session.sh scale          # ceiling (1, 16 CPU / 1, 4 GPU servers, 1, 4 PyG), throughput, reddit
 #   bash benchmarks/gpu_session.sh more           # the paper's experiment; throughput on the torch path
 #   bash benchmarks/gpu_session.sh fused          # tests, onenode, serving against CUDA graphs, GPU ceiling
-#   bash benchmarks/gpu_session.sh next           # tests, the fused head on GraphSAGE and at the exact width, coldstart
-#   bash benchmarks/gpu_session.sh tuning      # tests, exact mode under the tuning macros, host time, next's rest
+#   bash benchmarks/gpu_session.sh tuning         # tests, exact mode under the tuning macros, host time, fused head, coldstart
 #   bash benchmarks/gpu_session.sh verify         # tests, tune, the kernel table, the paper's experiment (short rows)
 #   bash benchmarks/gpu_session.sh ab             # kernel tests; the paper's small graphs, short-rows rule vs 3 blocks
 #
@@ -40,7 +39,7 @@
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|more|fused|next|tuning|verify|ab|tune|kerneltests|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
+step=${1:?"usage: $0 prepare|core|scale|more|fused|tuning|verify|ab|tune|kerneltests|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
@@ -190,19 +189,11 @@ fused)
     ROUNDS=3 BATCHES=1,8,64,1024 VARIANTS=cpu,cuda-graphs,cuda-fused,cuda-default part serving 110
     ROUNDS=2 CPU_LIMIT=0 GPU_PROCS=pyg1,pyg4,1,4 part ceiling 150
     ;;
-next)
-    # for the next GPU session (planned 2026-11-26): the tests changed after that session's last call, the
-    # fused head's threshold 0 where it was not measured (GraphSAGE; the exact width, where one block walks a
-    # hub's every edge), and a first start with both caches empty
-    part tests 200
-    ROUNDS=3 BATCHES=1,8,64,1024 MODELS=gcn,sage VARIANTS=cpu,cuda-graphs,cuda-fused part serving 90
-    ROUNDS=3 BATCHES=1,8,64,1024 MODELS=gcn,sage VARIANTS=cpu,cuda-graphs,cuda-fused WIDTH=0 part serving 90
-    part coldstart 150
-    ;;
 tuning)
     # the first call of the 2026-11-26 morning session: the tests (changed since the last GPU call: the
     # memoized launch, the direct call reading x in place), exact mode under the tuning macros and the host
-    # time stage by stage, then `next`'s serving and cold-start parts
+    # time stage by stage, the fused head's threshold 0 where it was not measured (GraphSAGE; the exact
+    # width, where one block walks a hub's every edge), and a first start with both caches empty
     part tests 190
     part tune 100
     ROUNDS=3 BATCHES=1,8,64,1024 MODELS=gcn,sage VARIANTS=cpu,cuda-graphs,cuda-fused part serving 75

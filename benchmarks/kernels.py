@@ -224,24 +224,24 @@ def host_prep(calls: int = 20000, rounds: int = 5) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
-def _python_launch(fn: Callable[[], object]) -> object:
-    """``fn()`` with the kernel launched from Python (the driver launch) instead of the C++ launcher."""
-    before = spmm_cuda.CPP_LAUNCH
-    spmm_cuda.CPP_LAUNCH = False
+def _with(setting: str, value: object, fn: Callable[[], object]) -> object:
+    """``fn()`` with ``kernels.spmm_cuda.<setting>`` set to ``value``, restored after."""
+    before = getattr(spmm_cuda, setting)
+    setattr(spmm_cuda, setting, value)
     try:
         return fn()
     finally:
-        spmm_cuda.CPP_LAUNCH = before
+        setattr(spmm_cuda, setting, before)
+
+
+def _python_launch(fn: Callable[[], object]) -> object:
+    """``fn()`` with the kernel launched from Python (the driver launch) instead of the C++ launcher."""
+    return _with("CPP_LAUNCH", False, fn)
 
 
 def _cupy_launch(fn: Callable[[], object]) -> object:
     """``fn()`` with the kernel launched through CuPy's kernel call instead of the driver launch."""
-    before = spmm_cuda.FAST_LAUNCH
-    spmm_cuda.FAST_LAUNCH = False
-    try:
-        return fn()
-    finally:
-        spmm_cuda.FAST_LAUNCH = before
+    return _with("FAST_LAUNCH", False, fn)
 
 
 def launch_overhead(device: torch.device, calls: int = 2000, rounds: int = 5) -> dict[str, float]:
@@ -348,12 +348,7 @@ def _via_fp32(g: CSRGraph, x: torch.Tensor, width: int, strategy: str, aggregato
 
 def _with_defines(defines: tuple[str, ...], fn: Callable[[], object]) -> object:
     """``fn()`` with the kernel built under the preprocessor definitions ``defines`` (its tuning macros)."""
-    before = spmm_cuda.COMPILE_DEFINES
-    spmm_cuda.COMPILE_DEFINES = defines
-    try:
-        return fn()
-    finally:
-        spmm_cuda.COMPILE_DEFINES = before
+    return _with("COMPILE_DEFINES", defines, fn)
 
 
 def _interrupt(signum, frame):
