@@ -262,9 +262,8 @@ def launch_overhead(device: torch.device, calls: int = 2000, rounds: int = 5) ->
     # memoized launch, output, arguments), and the driver launch of a prepared plan
     idx = x.device.index
     out0, plan = spmm_cuda._plan(g, x, 8, "fastrand", "sum", None, x.device, None, "degree", None)
-    kern = spmm_cuda._kernel(idx, torch.float32, plan.index_ctype, plan.cfg.cols_per_thread, plan.cfg.vector,
-                             plan.split, plan.defines)
-    prep = spmm_cuda._prepared(g, x, 8, "fastrand", "sum", x.device, None, "degree", None)
+    prep = plan.keep  # the prepared launch behind the plan
+    kern = spmm_cuda._instance(prep, idx, torch.float32)
     cpp = spmm_cuda._cpp_launcher(prep, kern, idx)
     if cpp is not None and cpp(x, 0, spmm_cuda._current_stream(idx)) is None:
         cpp = None  # it declines in this thread: timing it would time the refusal

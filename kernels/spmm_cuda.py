@@ -426,6 +426,12 @@ def _kernel(device_index: int, dtype: torch.dtype, index_ctype: str, cpt: int, v
         return fn
 
 
+def _instance(prep: _Prepared, device_index: int, dtype: torch.dtype) -> tuple[Any, int]:
+    """:func:`_kernel`'s instance for the prepared launch ``prep`` of ``dtype`` values on ``device_index``."""
+    cfg = prep.cfg
+    return _kernel(device_index, dtype, prep.index_ctype, cfg.cols_per_thread, cfg.vector, prep.split, prep.defines)
+
+
 def _build(key: tuple) -> tuple[Any, int]:
     """:func:`_kernel`'s build of one instance (under ``_lock``)."""
     device_index, dtype, index_ctype, cpt, vector, split, defines = key
@@ -735,7 +741,7 @@ def _sampled_spmm_cuda(graph: CSRGraph, x: torch.Tensor, width: int, strategy: s
     prep = _prepared(graph, xc, width, strategy, aggregator, device, split_edges, row_order, vector, cols_per_thread)
     cfg = prep.cfg
     try:
-        fn = _kernel(dev_index, dtype, prep.index_ctype, cfg.cols_per_thread, cfg.vector, prep.split, prep.defines)
+        fn = _instance(prep, dev_index, dtype)
     except Exception as exc:
         if ACC_DTYPES[dtype] == dtype:  # float32 / float64: the same source as the probe's instances
             raise KernelBuildError(f"ES-SpMM: the kernel instance for {dtype}, {prep.index_ctype} indices, "
@@ -791,9 +797,7 @@ def _cpp_probe_launch(g: CSRGraph, x: torch.Tensor, width: int, strategy: str, a
     or ``None`` when it declines (:func:`_cpp_checked_on`)."""
     dev_index = x.device.index
     prep = _prepared(g, x, width, strategy, aggregator, x.device, split_edges, ROW_ORDER, None)
-    cfg = prep.cfg
-    fn = _kernel(dev_index, x.dtype, prep.index_ctype, cfg.cols_per_thread, cfg.vector, prep.split, prep.defines)
-    lc = _cpp_launch_object(prep, fn, dev_index)
+    lc = _cpp_launch_object(prep, _instance(prep, dev_index, x.dtype), dev_index)
     return None if lc is None else lc(x, 0, _current_stream(dev_index))
 
 

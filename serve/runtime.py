@@ -361,7 +361,7 @@ class ModelRuntime:
         resident_now = self._resident is not None or self._resident_shadow is not None
         #: a GPU runtime's resident paths take batches of at least this many targets (serve.paths); the
         #: largest batch a compiled path takes
-        fused_head = self._resident is not None and self._resident.head is not None
+        fused_head = self._fused_head
         self._set_thresholds()
         if on_gpu:
             least = self.gpu_min_targets if resident_now else self.fused_max_targets + 1
@@ -415,10 +415,15 @@ class ModelRuntime:
         """:attr:`gpu_min_targets` and :attr:`fused_max_targets` from the paths this runtime has now
         (:func:`gpu_thresholds`)."""
         resident = self._resident is not None or self._resident_shadow is not None
-        fused = self._resident is not None and self._resident.head is not None
         self.gpu_min_targets, self.fused_max_targets = gpu_thresholds(
             self.options, self.extractor == "ppr", resident, self._captured is not None, self.device.type == "cuda",
-            fused)
+            self._fused_head)
+
+    @property
+    def _fused_head(self) -> bool:
+        """Whether the resident plain path answers with its last layer in one kernel (kernels.resident_head)
+        now: it turns off for good after a failed launch (:meth:`fused_head_lost`)."""
+        return self._resident is not None and self._resident.head is not None
 
     def fused_head_lost(self) -> None:
         """The fused last layer failed a batch and is off (``ResidentPlain.answer``): the GPU threshold goes
