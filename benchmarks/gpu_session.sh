@@ -20,6 +20,7 @@
 #   bash benchmarks/gpu_session.sh tuning         # tests, exact mode under the tuning macros, host time, fused head, coldstart
 #   bash benchmarks/gpu_session.sh verify         # tests, tune, the kernel table, the paper's experiment (short rows)
 #   bash benchmarks/gpu_session.sh ab             # kernel tests; the paper's small graphs, short-rows rule vs 3 blocks
+#   bash benchmarks/gpu_session.sh shadow         # tests, tune (the C++ launcher), shaDow's one-launch kernel per batch
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
 #
@@ -39,7 +40,7 @@
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|more|fused|tuning|verify|ab|tune|kerneltests|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
+step=${1:?"usage: $0 prepare|core|scale|more|fused|tuning|verify|ab|shadow|tune|kerneltests|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
@@ -216,6 +217,16 @@ ab)
     GRAPHS=cora,citeseer,pubmed-like OUT_NAME=paper-rule part paper 60
     GNNSERVE_CUDA_DEFINES=ES_SPMM_SPLIT_MIN_BLOCKS=3 GRAPHS=cora,citeseer,pubmed-like OUT_NAME=paper-3blocks part paper 60
     GRAPHS=cora,citeseer,pubmed-like OUT_NAME=paper-rule2 part paper 60
+    ;;
+shadow)
+    # planned first call of the next session (2026-11-26, written without a GPU): the GPU tests (the C++
+    # launcher, shaDow's one-launch kernel kernels/shadow_block.cu and everything else not yet run on a GPU),
+    # the host time per kernel call with the C++ launcher, and shaDow-GCN per batch: the kernel (cuda-fused,
+    # --fused-head) against the CUDA graphs it would replace and the CPU, at the default and the exact width
+    part tests 200
+    part tune 80
+    ROUNDS=3 BATCHES=1,2,4,8,16,64,256,1024 MODELS=shadow-gcn VARIANTS=cpu,cuda-graphs,cuda-fused part serving 120
+    ROUNDS=3 BATCHES=1,8,64,1024 MODELS=shadow-gcn VARIANTS=cpu,cuda-graphs,cuda-fused WIDTH=0 part serving 80
     ;;
 *)
     echo "unknown step $step" >&2

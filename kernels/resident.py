@@ -699,7 +699,8 @@ class ResidentShadow(_OnDevice):
     table (``ensure_induced``) is uploaded again on the next batch. Features follow :meth:`rebase`.
     """
 
-    def __init__(self, model: Any, index: Any, projections: Any, *, strategy: str) -> None:
+    def __init__(self, model: Any, index: Any, projections: Any, *, strategy: str,
+                 fused: bool | None = None) -> None:
         if getattr(model, "extractor", None) != "ppr" or model.backbone not in ("gcn", "sage"):
             raise ValueError("ResidentShadow serves shaDow-GNN models")
         self.model = model
@@ -717,6 +718,17 @@ class ResidentShadow(_OnDevice):
         self.table: Any = None
         self._p = projections()
         self._upload()
+        #: the whole batch in one kernel launch (kernels.shadow_block) on a GPU; None: the torch operators.
+        #: ``fused`` None: as kernels.shadow_block.DEFAULT_ON says; True: required
+        self.block: Any = None
+        if self.device.type == "cuda" or fused:
+            from . import shadow_block
+
+            if fused or (fused is None and shadow_block.DEFAULT_ON):
+                self.block = shadow_block.create(self)
+        if fused and self.block is None:
+            raise RuntimeError("the one-launch shaDow kernel cannot run here (the log says why); leave "
+                               "fused_head unset")
 
     def _upload(self) -> None:
         table = self.index.induced
@@ -753,7 +765,8 @@ class ResidentShadow(_OnDevice):
                 "batches": self.batches, "uploads": self.uploads, "k": self.k}
 
     def nbytes(self) -> int:
-        return _nbytes(self.lptr, self.lnodes, self.eptr, self.src, self.dst, self.weights)
+        return (_nbytes(self.lptr, self.lnodes, self.eptr, self.src, self.dst, self.weights)
+                + (self.block.nbytes() if self.block is not None else 0))
 
     def takes(self, targets: np.ndarray, budget: int) -> bool:
         """Whether this answers a batch of ``targets`` at ``budget``: the budget within the table's ``k``,
@@ -854,6 +867,14 @@ class ResidentShadow(_OnDevice):
         with self.lock, torch.inference_mode():
             self.batches += 1
             self.targets += len(targets)
+            if self.block is not None and self.block.fits(width, budget):  # one launch, answers in mapped memory
+                try:
+                    return self.unpack_host(self.block.answer(targets, width, budget, want_emb), len(targets),
+                                            want_emb)
+                except Exception:  # the newest code: the torch operators (its specification) serve from now on
+                    log.exception("resident shaDow path: the one-launch kernel failed a batch; the torch "
+                                  "operators answer this model's batches from now on")
+                    self.block = None
             rows = self.upload_ids(targets)
             return self.download(self.forward(rows, width, budget, want_emb), len(targets), want_emb)
 

@@ -36,7 +36,7 @@ import torch
 
 from . import spmm_cuda
 
-__all__ = ["KERNEL_SOURCE", "MappedBuffer", "ResidentHead", "create", "launch_shape", "packed_floats", "synchronize"]
+__all__ = ["KERNEL_SOURCE", "MappedBuffer", "MappedIO", "ResidentHead", "create", "launch_shape", "packed_floats", "synchronize"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ SHARED_LIMIT = 48 * 1024
 MAX_WARPS = 8
 
 _lock = threading.Lock()
-_functions: dict[int, tuple[Any, int]] = {}  # device index -> (raw kernel, CUfunction handle)
+#: (device index, kernel name) -> (raw kernel, CUfunction handle)
+_functions: dict[tuple[int, str], tuple[Any, int]] = {}
 
 
 def launch_shape(hidden: int, classes: int, limit: int = SHARED_LIMIT) -> tuple[int, int] | None:
@@ -67,17 +68,19 @@ def packed_floats(b: int, classes: int, hidden: int, kept: bool, want_emb: bool)
     return b * classes + b + (2 * b if kept else 0) + (b * hidden if want_emb else 0)
 
 
-def _function(device_index: int) -> tuple[Any, int]:
-    fn = _functions.get(device_index)
+def _function(device_index: int, source: Path = KERNEL_SOURCE, name: str = "resident_head") -> tuple[Any, int]:
+    """The kernel ``name`` of the CUDA file ``source``, compiled once per device (NVRTC through CuPy)."""
+    key = (device_index, name)
+    fn = _functions.get(key)
     if fn is None:
         with _lock:
-            fn = _functions.get(device_index)
+            fn = _functions.get(key)
             if fn is None:
                 cp = spmm_cuda._cupy()
                 with cp.cuda.Device(device_index):
-                    mod = cp.RawModule(code=KERNEL_SOURCE.read_text(), options=("-std=c++17",))
-                    raw = mod.get_function("resident_head")
-                    fn = _functions[device_index] = (raw, int(raw.kernel.ptr))
+                    mod = cp.RawModule(code=source.read_text(), options=("-std=c++17",))
+                    raw = mod.get_function(name)
+                    fn = _functions[key] = (raw, int(raw.kernel.ptr))
     return fn
 
 
@@ -119,6 +122,39 @@ class MappedBuffer:
                 pass
 
 
+class MappedIO:
+    """A fused kernel's mapped ids and answers (:class:`MappedBuffer`), grown by powers of two as batches
+    need, and its launch-and-wait. Not thread-safe: the caller holds its model's lock."""
+
+    def __init__(self, device_index: int) -> None:
+        self.device_index = device_index
+        self._ids: MappedBuffer | None = None
+        self._out: MappedBuffer | None = None
+
+    def buffers(self, b: int, floats: int) -> tuple[MappedBuffer, MappedBuffer]:
+        """The ids buffer (at least ``b`` entries) and the answers buffer (at least ``floats``)."""
+        from .resident import bucket_of
+
+        if self._ids is None or len(self._ids) < b:
+            self._ids = MappedBuffer(max(bucket_of(b), 64), np.int64, self.device_index)
+        if self._out is None or len(self._out) < floats:  # grown by powers of two: few reallocations
+            self._out = MappedBuffer(max(bucket_of(floats), 1 << 14), np.float32, self.device_index)
+        return self._ids, self._out
+
+    def run(self, fn: tuple[Any, int], blocks: int, threads: int, shared_bytes: int, args: tuple,
+            kinds: tuple[str, ...]) -> None:
+        """Launch ``fn`` on torch's current stream of the buffers' device and wait for it: its answers are
+        then in the mapped output."""
+        cp = spmm_cuda._cupy()
+        # the launch and the wait on the model's device: torch's default stream (handle 0) is the current
+        # device's, and a worker thread's current device is 0 unless set
+        with contextlib.nullcontext() if cp.cuda.runtime.getDevice() == self.device_index else cp.cuda.Device(
+                self.device_index):
+            stream = spmm_cuda._current_stream(self.device_index)
+            spmm_cuda.launch(fn, blocks, threads, shared_bytes, args, kinds, self.device_index, stream)
+            synchronize(stream)
+
+
 class ResidentHead:
     """One resident plain model's fused last layer (module docstring). Not thread-safe: the caller holds
     the model's lock (its mapped buffers are shared)."""
@@ -128,18 +164,8 @@ class ResidentHead:
         self.device_index = device_index
         self.threads, self.shared_bytes = shape
         self.fn = _function(device_index)
-        self._ids: MappedBuffer | None = None
-        self._out: MappedBuffer | None = None
+        self.io = MappedIO(device_index)
         self.launches = 0
-
-    def _buffers(self, b: int, floats: int) -> tuple[MappedBuffer, MappedBuffer]:
-        from .resident import bucket_of
-
-        if self._ids is None or len(self._ids) < b:
-            self._ids = MappedBuffer(max(bucket_of(b), 64), np.int64, self.device_index)
-        if self._out is None or len(self._out) < floats:  # grown by powers of two: few reallocations
-            self._out = MappedBuffer(max(bucket_of(floats), 1 << 14), np.float32, self.device_index)
-        return self._ids, self._out
 
     def answer(self, targets: np.ndarray, width: int, want_emb: bool) -> np.ndarray:
         """The packed answers of ``targets`` at ``width`` (its table held): a copy of the mapped output."""
@@ -149,7 +175,7 @@ class ResidentHead:
         c = r._csr[width]
         kept2 = c.kept2 if width else None
         floats = packed_floats(b, r.num_classes, r.hidden, kept2 is not None, want_emb)
-        ids, out = self._buffers(b, floats)
+        ids, out = self.io.buffers(b, floats)
         ids.array[:b] = targets
         gcn = r.gcn
         w_agg, w_self = (r._w[0], None) if gcn else (r._w[1], r._w[0])
@@ -157,14 +183,7 @@ class ResidentHead:
                 c.k.data_ptr(), r.dinv.data_ptr() if gcn else 0, kept2.data_ptr() if kept2 is not None else 0,
                 w_agg.data_ptr(), 0 if w_self is None else w_self.data_ptr(), r._b.data_ptr(), out.device_ptr,
                 b, r.hidden, r.num_classes, int(bool(want_emb)))
-        cp = spmm_cuda._cupy()
-        # the launch and the wait on the model's device: torch's default stream (handle 0) is the current
-        # device's, and a worker thread's current device is 0 unless set
-        with contextlib.nullcontext() if cp.cuda.runtime.getDevice() == self.device_index else cp.cuda.Device(
-                self.device_index):
-            stream = spmm_cuda._current_stream(self.device_index)
-            spmm_cuda.launch(self.fn, b, self.threads, self.shared_bytes, args, ARG_KINDS, self.device_index, stream)
-            synchronize(stream)
+        self.io.run(self.fn, b, self.threads, self.shared_bytes, args, ARG_KINDS)
         self.launches += 1
         return out.array[:floats].copy()
 

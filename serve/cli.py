@@ -189,10 +189,13 @@ def _serve(argv: Sequence[str]) -> int:
                          "sampling width and PPR budget (shaDow models; plain models only with --no-fused-head, "
                          "at sampled widths up to 256). Default: on wherever such a model is resident on a GPU")
     ap.add_argument("--fused-head", action=argparse.BooleanOptionalAction, default=None,
-                    help="on a plain model resident on --device cuda: its last layer (aggregation, classifier, "
-                         "softmax, arg-max) in one kernel launch, answers read from mapped host memory "
-                         "(kernels.resident_head); --no-fused-head runs it as torch operators (with --cuda-graphs). "
-                         "Default: wherever that kernel compiles")
+                    help="on a model resident on --device cuda, answers in one kernel launch read from mapped host "
+                         "memory: a plain model's last layer (aggregation, classifier, softmax, arg-max; "
+                         "kernels.resident_head), a shaDow model's whole batch, one block per target with its "
+                         "subgraph in shared memory (kernels.shadow_block); --no-fused-head runs them as torch "
+                         "operators (with --cuda-graphs). Default: plain models wherever their kernel compiles; "
+                         "shaDow models only when asked (their kernel is not yet timed on a GPU). Asked for and "
+                         "unable to run, the model fails to load")
     ap.add_argument("--max-nodes-per-request", type=int, default=4096,
                     help="ids plus new nodes per request; checked on the request's bytes before it is parsed")
     ap.add_argument("--max-new-node-edges", type=int, default=100_000,
@@ -289,7 +292,7 @@ def _serve(argv: Sequence[str]) -> int:
               "turns off: drop one of them", file=sys.stderr)
         return 2
     if args.fused_head and (args.device != "cuda" or args.resident is False):
-        print("gnnserve serve: --fused-head is a kernel for plain models resident on the GPU: it needs --device "
+        print("gnnserve serve: --fused-head is a kernel for models resident on the GPU: it needs --device "
               "cuda without --no-resident", file=sys.stderr)
         return 2
     if args.gpu_min_targets is not None and args.device != "cuda":

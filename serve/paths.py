@@ -203,11 +203,17 @@ class ShadowResidentPath(ServingPath):
         rt = self.rt
         t_sub = time.perf_counter()
         captured = rt._captured
-        with _torch_threads_for(len(targets) * budget, rt._torch_threads):
-            if captured is not None and captured.wants(len(targets), width, budget, want_emb):
-                probs, labels, kept, total, emb = captured.answer(targets, width, want_emb, budget)
-            else:
-                probs, labels, kept, total, emb = rt._resident_shadow.answer(targets, width, budget, want_emb)
+        res = rt._resident_shadow
+        if res.block is not None:  # one kernel launch: no torch operator, no thread setting
+            probs, labels, kept, total, emb = res.answer(targets, width, budget, want_emb)
+            if res.block is None:  # its launch failed: the torch operators answered, and serve from now on
+                rt.fused_head_lost()
+        else:
+            with _torch_threads_for(len(targets) * budget, rt._torch_threads):
+                if captured is not None and captured.wants(len(targets), width, budget, want_emb):
+                    probs, labels, kept, total, emb = captured.answer(targets, width, want_emb, budget)
+                else:
+                    probs, labels, kept, total, emb = res.answer(targets, width, budget, want_emb)
         return PathOutput(probs, labels, emb, kept, total, t_sub, t_sub, time.perf_counter())
 
 

@@ -85,16 +85,19 @@ SMALL_BATCH_ROWS = 4096
 #: ``plain-fused``: a plain model resident with its last layer in one kernel (kernels.resident_head; CUDA
 #: graphs are not captured for it): on the H200 on 2026-11-26 (docs/BENCHMARKS.md, "GPU: an H200 machine,
 #: 2026-11-26") one target cost 0.058 ms there and on the compiled CPU path alike (1.00x), 8 targets 0.79x,
-#: 64 0.47x, 1,024 0.08x, so it takes every batch
-GPU_MIN_TARGETS_AUTO: dict[str, int | None] = {"plain-fused": 0, "plain-graphs": 64, "shadow-graphs": 8,
+#: 64 0.47x, 1,024 0.08x, so it takes every batch. ``shadow-fused``: a shaDow model's whole batch in one
+#: kernel (kernels.shadow_block, only with --fused-head until measured): not timed on a GPU yet, so the
+#: crossover of the CUDA graphs it replaces
+GPU_MIN_TARGETS_AUTO: dict[str, int | None] = {"plain-fused": 0, "shadow-fused": 8, "plain-graphs": 64,
+                                               "shadow-graphs": 8,
                                                "plain-resident": 512, "shadow-resident": 32, "plain-torch": None,
                                                "shadow-torch": 32}
 
 
 def gpu_min_targets_auto(shadow: bool, resident: bool, graphs: bool, fused: bool = False) -> int | None:
     """:data:`GPU_MIN_TARGETS_AUTO`'s entry for a GPU model (``shadow``: a shaDow model; ``resident`` /
-    ``graphs`` / ``fused``: whether it took a resident path, captures CUDA graphs, runs its last layer in
-    one kernel; ``resident`` False: the torch path's). None: no batch is better on the GPU."""
+    ``graphs`` / ``fused``: whether it took a resident path, captures CUDA graphs, answers in one kernel
+    launch; ``resident`` False: the torch path's). None: no batch is better on the GPU."""
     family = "shadow" if shadow else "plain"
     kind = "torch" if not resident else ("fused" if fused else "graphs" if graphs else "resident")
     return GPU_MIN_TARGETS_AUTO[f"{family}-{kind}"]
@@ -196,9 +199,12 @@ class RuntimeOptions:
     #: (plain models: at sampled widths up to ``kernels.resident.PAD_MAX``, and only without the fused last
     #: layer, ``fused_head``); None = whenever such a model is resident on a CUDA device
     cuda_graphs: bool | None = None
-    #: a plain model resident on a CUDA device: its last layer (aggregation, classifier, softmax, arg-max) in
-    #: one kernel launch whose answers land in mapped host memory (:mod:`kernels.resident_head`), instead of
-    #: a dozen torch operators (and CUDA graphs of them); None = wherever that kernel runs, True = required
+    #: a model resident on a CUDA device answers with one kernel launch whose answers land in mapped host
+    #: memory, instead of torch operators (and CUDA graphs of them): a plain model's last layer (aggregation,
+    #: classifier, softmax, arg-max; :mod:`kernels.resident_head`), a shaDow model's whole batch
+    #: (:mod:`kernels.shadow_block`). None = plain models wherever their kernel runs, shaDow models as
+    #: ``kernels.shadow_block.DEFAULT_ON`` says (off until measured on a GPU); True = required (a model that
+    #: cannot take it fails to load)
     fused_head: bool | None = None
 
     #: refuse UpdateGraph (the graph stays as loaded plus its logged updates)
@@ -357,7 +363,7 @@ class ModelRuntime:
         if wants_resident or options.serving_path in ("plain-resident", "shadow-resident"):
             # asked for: a failure is the model's; by default on a GPU: said, and the torch path serves
             self._resident_init(fallback=options.resident is None and options.serving_path is None
-                                and not (options.fused_head and self.extractor != "ppr"))
+                                and not options.fused_head)
         resident_now = self._resident is not None or self._resident_shadow is not None
         #: a GPU runtime's resident paths take batches of at least this many targets (serve.paths); the
         #: largest batch a compiled path takes
@@ -367,11 +373,12 @@ class ModelRuntime:
             least = self.gpu_min_targets if resident_now else self.fused_max_targets + 1
             log.info("model %s v%s on %s: %s%s; %s", name, version,
                      self.device, "resident" if resident_now else "not resident (torch path)",
-                     ", last layer in one kernel" if fused_head else
+                     (", whole batch in one kernel" if self._resident_shadow is not None else
+                      ", last layer in one kernel") if fused_head else
                      ", CUDA graphs" if self._captured is not None else "",
                      "every batch on the GPU" if least <= 0 else f"batches under {least} targets on the compiled CPU paths")
         if options.cuda_graphs and fused_head:
-            log.warning("model %s v%s: --cuda-graphs not used: its last layer is one kernel launch, which a CUDA "
+            log.warning("model %s v%s: --cuda-graphs not used: it answers with one kernel launch, which a CUDA "
                         "graph would not shorten (--no-fused-head replays CUDA graphs of the torch operators)",
                         name, version)
         elif options.cuda_graphs and self._captured is None:
@@ -421,18 +428,20 @@ class ModelRuntime:
 
     @property
     def _fused_head(self) -> bool:
-        """Whether the resident plain path answers with its last layer in one kernel (kernels.resident_head)
-        now: it turns off for good after a failed launch (:meth:`fused_head_lost`)."""
-        return self._resident is not None and self._resident.head is not None
+        """Whether the resident path answers with one kernel launch now (a plain model's last layer,
+        kernels.resident_head; a shaDow model's whole batch, kernels.shadow_block): it turns off for good
+        after a failed launch (:meth:`fused_head_lost`)."""
+        return ((self._resident is not None and self._resident.head is not None)
+                or (self._resident_shadow is not None and self._resident_shadow.block is not None))
 
     def fused_head_lost(self) -> None:
-        """The fused last layer failed a batch and is off (``ResidentPlain.answer``): the GPU threshold goes
-        to the one measured for the torch operators, so small batches return to the compiled CPU paths
-        (an explicit ``gpu_min_targets`` stays the one threshold for every path)."""
+        """The fused kernel failed a batch and is off (``ResidentPlain.answer``, ``ResidentShadow.answer``):
+        the GPU threshold goes to the one measured for the torch operators, so small batches return to the
+        compiled CPU paths (an explicit ``gpu_min_targets`` stays the one threshold for every path)."""
         if self.options.gpu_min_targets is not None:
             return
         self._set_thresholds()
-        log.warning("model %s v%s: the fused last layer is off after a failure; batches under %s targets take "
+        log.warning("model %s v%s: the fused kernel is off after a failure; batches under %s targets take "
                     "the compiled CPU paths now", self.name, self.version, self.gpu_min_targets)
 
     def _resident_init(self, fallback: bool = False) -> None:
@@ -465,10 +474,10 @@ class ModelRuntime:
         elif not shadow and self.options.activation_budget_bytes <= 0:
             why = "--activation-cache-bytes is 0 (it keeps first-layer tables within that budget)"
         if why is not None:
-            if plain2 and self.options.fused_head:  # asked for a kernel this configuration rules out
+            if (plain2 or shadow) and self.options.fused_head:  # asked for a kernel this configuration rules out
                 raise ValueError(f"model {self.name} v{self.version}: fused_head (--fused-head) needs the model "
                                  f"resident, and {why}")
-            if not shadow and self.options.fused_head:
+            if self.options.fused_head:
                 log.warning("model %s v%s: --fused-head does not apply (%s)", self.name, self.version, why)
             log.info("model %s v%s: no resident path: %s", self.name, self.version, why)
             return
@@ -478,9 +487,13 @@ class ModelRuntime:
         resident: Any
         if shadow:
             resident = self._resident_shadow = ResidentShadow(self.model, self.ppr_index,
-                                                              self.projections.complete_table, strategy=self.strategy)
-            log.info("model %s v%s: resident on %s (lists and induced table, k = %d) in %.1f s", self.name,
-                     self.version, self.device, resident.k, time.perf_counter() - t0)
+                                                              self.projections.complete_table, strategy=self.strategy,
+                                                              fused=self.options.fused_head)
+            log.info("model %s v%s: resident on %s (lists and induced table, k = %d%s) in %.1f s", self.name,
+                     self.version, self.device, resident.k,
+                     ", whole batch in one kernel" if resident.block is not None else "", time.perf_counter() - t0)
+            if resident.block is not None:
+                return  # one launch a batch already: nothing for a CUDA graph to save
         else:
             resident = self._resident = ResidentPlain(
                 self.model, self.graph, self.projections.complete_table, strategy=self.strategy,

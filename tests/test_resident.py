@@ -294,7 +294,8 @@ def test_refuses_what_it_cannot_serve():
 
 
 # ----------------------------------------------------------------------------- shaDow
-def _shadow_setup(backbone: str, pool: str, layers: int, weighted: bool, seed: int = 21, device: str = "cpu"):
+def _shadow_setup(backbone: str, pool: str, layers: int, weighted: bool, seed: int = 21, device: str = "cpu", *,
+                  hidden: int = 8, classes: int = 3, strategy: str = "fastrand", topk: int = 24, **resident_kw):
     from kernels.datasets import synthetic_sbm
     from kernels.ppr import PPRConfig
     from kernels.ppr_index import PPRIndex
@@ -305,14 +306,14 @@ def _shadow_setup(backbone: str, pool: str, layers: int, weighted: bool, seed: i
     if weighted:
         g = CSRGraph(g.indptr, g.indices, np.random.default_rng(seed).uniform(0.2, 2, g.num_edges).astype(np.float32),
                      g.num_nodes)
-    index = PPRIndex.build(g, PPRConfig(topk=24, eps=1e-4), progress=False)
+    index = PPRIndex.build(g, PPRConfig(topk=topk, eps=1e-4), progress=False)
     assert index.ensure_induced(g)
     torch.manual_seed(seed)
-    model = ShadowGNN(backbone, 12, 8, 3, layers=layers, dropout=0.0, pool=pool).to(device).eval()
+    model = ShadowGNN(backbone, 12, hidden, classes, layers=layers, dropout=0.0, pool=pool).to(device).eval()
     x = torch.randn(g.num_nodes, 12, generator=torch.Generator().manual_seed(seed)).to(device)
     with torch.no_grad():
         p = model.project(x)
-    return g, index, model, p, ResidentShadow(model, index, lambda: p, strategy="fastrand")
+    return g, index, model, p, ResidentShadow(model, index, lambda: p, strategy=strategy, **resident_kw)
 
 
 def test_the_shadow_readout_reads_nothing_back():
@@ -751,7 +752,7 @@ def test_gpu_defaults_resident_with_graphs_and_the_measured_crossover(tiny_repo,
     assert main(["serve", "--repo", str(tiny_repo), "--serving-path", "plain-resident", "--no-resident"]) == 2
     assert "drop one of them" in capsys.readouterr().err
     assert main(["serve", "--repo", str(tiny_repo), "--fused-head"]) == 2  # a CPU server
-    assert "--fused-head is a kernel for plain models resident on the GPU" in capsys.readouterr().err
+    assert "--fused-head is a kernel for models resident on the GPU" in capsys.readouterr().err
     assert main(["serve", "--repo", str(tiny_repo), "--device", "cuda", "--no-resident", "--fused-head"]) == 2
     assert "needs --device cuda without --no-resident" in capsys.readouterr().err
 

@@ -253,8 +253,8 @@ def test_a_failing_head_leaves_the_batch_to_the_torch_operators(caplog):
 
 def test_fused_head_required_where_the_configuration_rules_it_out(tiny_repo, caplog):
     """fused_head=True (--fused-head) on a plain model that cannot be resident (here: no first-layer table
-    budget) fails that model loudly instead of serving it silently on other paths; a shaDow model beside it
-    is not concerned."""
+    budget) fails that model loudly instead of serving it silently on other paths; so does a shaDow model
+    beside it, whose one-launch kernel (kernels.shadow_block) needs a GPU."""
     from serve.registry import ModelNotFound
     from serve.runtime import RuntimeOptions
 
@@ -262,10 +262,11 @@ def test_fused_head_required_where_the_configuration_rules_it_out(tiny_repo, cap
 
     opts = {"device": "cpu", "resident": True, "fused_head": True, "activation_budget_bytes": 0}
     with caplog.at_level(logging.ERROR), ServerThread(tiny_repo, {"runtime_kw": opts}) as srv:
-        assert srv.server.registry.get("shadow") is not None
-        with pytest.raises(ModelNotFound):  # it did not load
-            srv.server.registry.get("gcn")
+        for name in ("gcn", "shadow"):
+            with pytest.raises(ModelNotFound):  # it did not load
+                srv.server.registry.get(name)
     assert "fused_head (--fused-head) needs the model resident, and --activation-cache-bytes is 0" in caplog.text
+    assert "the one-launch shaDow kernel cannot run here" in caplog.text
     assert RuntimeOptions().fused_head is None
 
 
@@ -287,7 +288,7 @@ def test_a_failed_head_puts_small_batches_back_on_the_cpu_paths(tiny_repo, caplo
             got = _process(rt, np.arange(0, 200, 7), 4)
         assert got.path == "plain-resident" and rt._resident.head is None
         np.testing.assert_allclose(got.probabilities, want.probabilities, rtol=1e-6)
-        assert "the fused last layer is off after a failure" in caplog.text
+        assert "the fused kernel is off after a failure" in caplog.text
         assert rt.gpu_min_targets == float("inf")  # a CPU runtime has no GPU threshold
         monkeypatch.setattr(rt, "device", torch.device("cuda", 0))  # what a GPU runtime derives (no launch here)
         rt.fused_head_lost()

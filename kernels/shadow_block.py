@@ -1,0 +1,226 @@
+r"""A resident shaDow-GNN batch in one kernel launch: one block per target, its subgraph in shared memory.
+
+:class:`kernels.resident.ResidentShadow` answers a batch with about sixty torch operators on the device
+(gathers of the lists and pairs, scatters into dense ``[B, K', K']`` blocks, one batched product per
+layer, the readout, softmax, arg-max, packing): on the H200 one target waited 241 us for them (CUDA graphs
+included) against 103 us for the whole compiled CPU path, so batches under 8 targets stay on the CPU
+(issue #22, "shaDow: one block per target with its subgraph in shared memory"). ``shadow_block.cu`` does
+all of :meth:`ResidentShadow.forward` and :meth:`ResidentShadow.pack` in one launch: a block finds its
+target's rows and kept pairs in the induced table, keeps the subgraph, its coefficients and two ``[K', H]``
+activation buffers in shared memory through every layer, and writes the packed answers. Its
+specification is that torch code; tests run the kernel's own thread code on the CPU against it
+(``tests/shadow_block_host_harness.cpp``) and, on a GPU, the launch against it.
+
+The ids and answers go through mapped host memory (:class:`kernels.resident_head.MappedIO`): a batch is
+one launch and one stream synchronisation.
+
+:func:`create` returns ``None`` (saying why once, in the log) where this cannot run: no CUDA device, the
+CUDA kernels off or failing, a model that is not float32, more than two pools -- or where its first
+launch on a few targets does not give the torch operators' answers (the check runs once, when the model
+becomes resident). A batch whose shared memory would exceed the device's limit (a large budget at the
+exact width on a wide model) takes the torch operators; a batch whose launch fails is answered by them,
+which serve the model from then on (:meth:`ResidentShadow.answer`).
+
+Until a GPU session has timed it against the CUDA graphs of the torch operators, it is used only when
+asked for (``--fused-head``; :data:`DEFAULT_ON`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import resident_head, spmm_cuda
+
+__all__ = ["DEFAULT_ON", "KERNEL_SOURCE", "ShadowBlock", "block_bytes", "capacity", "create", "model_tensors",
+           "packed_floats", "scalars", "shared_bytes"]
+
+log = logging.getLogger(__name__)
+
+KERNEL_SOURCE = Path(__file__).with_name("shadow_block.cu")
+KERNEL_NAME = "shadow_block_kernel"
+#: the kernel's parameters, in order: 13 pointers, 13 ints
+ARG_KINDS = ("ptr",) * 13 + ("i32",) * 13
+#: threads per block (the kernel's __launch_bounds__)
+THREADS = 256
+#: rows GraphSAGE transforms per pass where all of a block's rows do not fit :data:`SHARED_LIMIT`
+SCRATCH_ROWS = 8
+POOL_CODES = {"mean": 1, "max": 2}
+#: dynamic shared memory a launch may take without opting in (more where the device allows it)
+SHARED_LIMIT = 48 * 1024
+#: whether a resident shaDow model on a GPU uses the kernel unless told (``--fused-head`` /
+#: ``--no-fused-head``): not before a GPU session has measured it against the CUDA graphs it replaces
+DEFAULT_ON = False
+#: targets of the check at creation, and its tolerance on probabilities
+CHECK_TARGETS = 8
+CHECK_RTOL, CHECK_ATOL = 1e-4, 1e-6
+
+
+def shared_bytes(k: int, hidden: int, classes: int, emb: int, cap: int, scratch: int) -> int:
+    """Dynamic shared memory of a block (the layout in ``shadow_block.cu``): per-row arrays, the kept
+    pairs, two ``[k, hidden]`` buffers, GraphSAGE's ``scratch`` rows, the readout and the logits."""
+    return 4 * (5 * k + 1 + 2 * cap + 2 * k * hidden + scratch * hidden + emb + classes)
+
+
+def capacity(e_max: int, k: int, width: int) -> int:
+    """Kept pairs a block may hold: at most ``min(deg, S)`` per row and a target's stored pairs in all."""
+    per_row = width if width > 0 else k
+    return max(1, min(int(e_max), k * per_row))
+
+
+def scratch_rows(gcn: bool, k: int, hidden: int, classes: int, emb: int, cap: int) -> int:
+    """GraphSAGE's transform rows per pass: all ``k`` where the block then fits :data:`SHARED_LIMIT`, else
+    :data:`SCRATCH_ROWS`; GCN needs none (its transform reads one buffer and writes the other)."""
+    if gcn:
+        return 0
+    if shared_bytes(k, hidden, classes, emb, cap, k) <= SHARED_LIMIT:
+        return k
+    return min(k, SCRATCH_ROWS)
+
+
+def packed_floats(b: int, classes: int, emb: int, want_emb: bool) -> int:
+    """Float32 entries of the packed answers of ``b`` targets (:meth:`ResidentShadow.pack`'s layout)."""
+    return b * classes + 5 * b + (b * emb if want_emb else 0)
+
+
+def embedding_dim(res: Any) -> int:
+    return int(res.hidden) * (1 + len(res.pools))
+
+
+def model_tensors(model: Any, device: torch.device) -> dict[str, torch.Tensor]:
+    """The weights the kernel reads, float32 on ``device``: ``wt`` the layers after the first, transposed
+    (``[L - 1, H, H]`` GCN, ``[L - 1, H, 2H]`` GraphSAGE: root columns, then neighbour ones), ``bias``
+    ``[L, H]`` (zeros where a layer has none), ``wc`` the classifier transposed ``[E, C]``, ``bc`` ``[C]``."""
+
+    def f32(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(device=device, dtype=torch.float32).contiguous()
+
+    with torch.no_grad():
+        mats = [f32(conv.transform_matrix().t()) for conv in model.convs[1:]]
+        wt = torch.stack(mats) if mats else torch.zeros(1, device=device)
+        zeros = torch.zeros(int(model.hidden), device=device)
+        bias = torch.stack([f32(conv.bias) if conv.bias is not None else zeros for conv in model.convs])
+        cls = model.classifier
+        bc = f32(cls.bias) if cls.bias is not None else torch.zeros(cls.out_features, device=device)
+        return {"wt": wt.contiguous(), "bias": bias.contiguous(), "wc": f32(cls.weight.t()), "bc": bc}
+
+
+def scalars(res: Any, b: int, width: int, budget: int, want_emb: bool) -> tuple[int, ...]:
+    """The kernel's int parameters for a batch of ``b`` targets of ``res`` (a
+    :class:`kernels.resident.ResidentShadow`): ``B, K, width, fastrand, gcn, layers, H, C, pool0, pool1,
+    cap, want_emb, scratch``."""
+    pools = [POOL_CODES[p] for p in res.pools] + [0, 0]
+    k, width = int(budget), int(width)
+    cap = capacity(res.e_max, k, width)
+    scratch = scratch_rows(res.gcn, k, res.hidden, res.num_classes, embedding_dim(res), cap)
+    return (int(b), k, width, int(res.strategy != "bucket"), int(res.gcn), int(res.layers), int(res.hidden),
+            int(res.num_classes), pools[0], pools[1], cap, int(bool(want_emb)), scratch)
+
+
+def block_bytes(res: Any, width: int, budget: int) -> int:
+    """Shared memory of a block of ``res`` at ``width`` and ``budget`` (:func:`shared_bytes`)."""
+    sc = scalars(res, 1, width, budget, False)
+    return shared_bytes(int(budget), int(res.hidden), int(res.num_classes), embedding_dim(res), sc[10], sc[12])
+
+
+def check_labels(flat: np.ndarray, b: int, classes: int) -> None:
+    """Raise when a block refused its target (label -1: its kept pairs exceeded the capacity, which the
+    host computes as a bound, so this means a bug, not a batch to answer)."""
+    if (flat[b * classes: b * classes + b] < 0).any():
+        raise RuntimeError("shadow_block: a block's kept pairs exceeded the launch's capacity")
+
+
+class ShadowBlock:
+    """One resident shaDow model's kernel (module docstring). Not thread-safe: the caller holds the
+    model's lock (its mapped buffers are shared)."""
+
+    def __init__(self, res: Any, device_index: int) -> None:
+        self.r = res
+        self.device_index = device_index
+        self.fn = resident_head._function(device_index, KERNEL_SOURCE, KERNEL_NAME)
+        props = torch.cuda.get_device_properties(device_index)
+        self.limit = max(SHARED_LIMIT, int(getattr(props, "shared_memory_per_block_optin", SHARED_LIMIT)))
+        if self.limit > SHARED_LIMIT:  # opt in once: a launch may then take up to the device's limit
+            self.fn[0].max_dynamic_shared_size_bytes = self.limit
+        self.t = model_tensors(res.model, res.device)
+        self.io = resident_head.MappedIO(device_index)
+        self.launches = 0
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.t.values())
+
+    def fits(self, width: int, budget: int) -> bool:
+        """Whether a block of this batch fits the device's shared memory (else the torch operators serve)."""
+        return block_bytes(self.r, width, budget) <= self.limit
+
+    def answer(self, targets: np.ndarray, width: int, budget: int, want_emb: bool) -> np.ndarray:
+        """The packed answers of ``targets`` (which the model :meth:`takes`): a copy of the mapped output."""
+        r = self.r
+        b = len(targets)
+        floats = packed_floats(b, r.num_classes, embedding_dim(r), want_emb)
+        ids, out = self.io.buffers(b, floats)
+        ids.array[:b] = targets
+        t = self.t
+        args = (ids.device_ptr, r.lptr.data_ptr(), r.lnodes.data_ptr(), r.eptr.data_ptr(), r.src.data_ptr(),
+                r.dst.data_ptr(), r.weights.data_ptr() if r.weights is not None else 0, r._p.data_ptr(),
+                t["wt"].data_ptr(), t["bias"].data_ptr(), t["wc"].data_ptr(), t["bc"].data_ptr(), out.device_ptr,
+                *scalars(r, b, width, budget, want_emb))
+        self.io.run(self.fn, b, THREADS, block_bytes(r, width, budget), args, ARG_KINDS)
+        self.launches += 1
+        flat = out.array[:floats].copy()
+        check_labels(flat, b, r.num_classes)
+        return flat
+
+
+def _why_not(res: Any) -> str | None:
+    if res.device.type != "cuda":
+        return "it needs a CUDA device"
+    if not spmm_cuda.available():
+        return f"the CUDA kernels are not available ({spmm_cuda.status()[1]})"
+    if any(t.dtype != torch.float32 for t in [res._p, *res.model.parameters()]) or not res._p.is_contiguous():
+        return "it computes float32 models"
+    if len(res.pools) > 2 or any(p not in POOL_CODES for p in res.pools):
+        return f"pools {res.pools} (it reads at most a mean and a max)"
+    return None
+
+
+def _agrees(block: ShadowBlock, res: Any) -> str | None:
+    """Run the kernel on a few targets at the exact width and one sampled width and compare with the torch
+    operators: None when they agree, else what differed."""
+    n = min(CHECK_TARGETS, res.num_nodes)
+    targets = np.arange(n, dtype=np.int64)
+    if n == 0 or not res.takes(targets, res.k):
+        return None  # nothing to compare on yet: the batches themselves are compared by the tests
+    for width in (0, 2):
+        got = res.unpack_host(block.answer(targets, width, res.k, True), n, True)
+        with torch.inference_mode():
+            want = res.download(res.forward(res.upload_ids(targets), width, res.k, True), n, True)
+        if not np.allclose(got[0], want[0], rtol=CHECK_RTOL, atol=CHECK_ATOL, equal_nan=True):
+            worst = float(np.nanmax(np.abs(got[0] - want[0])))
+            return f"its probabilities differ from the torch operators' by up to {worst:.3g} (width {width})"
+        if not (np.array_equal(got[2], want[2]) and np.array_equal(got[3], want[3])):
+            return f"its edge counts differ from the torch operators' (width {width})"
+    return None
+
+
+def create(res: Any) -> ShadowBlock | None:
+    """The one-launch kernel of ``res`` (a :class:`kernels.resident.ResidentShadow`), checked against the
+    torch operators on a few targets, or None where it cannot run (the reason logged)."""
+    why = _why_not(res)
+    block = None
+    if why is None:
+        dev = res.device
+        try:
+            block = ShadowBlock(res, dev.index if dev.index is not None else torch.cuda.current_device())
+            why = _agrees(block, res)
+        except Exception as exc:  # compilation, mapped memory, a failing launch: the torch operators serve
+            why = f"{type(exc).__name__}: {exc}"
+    if why is None:
+        return block
+    log.warning("resident shaDow path: the one-launch kernel is not used (%s); torch operators serve its batches",
+                why)
+    return None
