@@ -42,6 +42,8 @@
 #include <string>
 #include <vector>
 
+#include "host_coroutine.h"
+
 // hooks of the kernel source's host build (see ES_SPMM_HOST_* in es_spmm.cu)
 int g_error = 0;
 const unsigned char* g_out_begin = nullptr;  // out, [N, F]
@@ -122,11 +124,7 @@ void lane_entry() {
 int run_block(std::vector<Lane>& lanes, int groups) {
     for (auto& l : lanes) {
         l.waiting = l.done = false;
-        getcontext(&l.ctx);
-        l.ctx.uc_stack.ss_sp = l.stack.data();
-        l.ctx.uc_stack.ss_size = l.stack.size();
-        l.ctx.uc_link = &g_sched;
-        makecontext(&l.ctx, lane_entry, 0);
+        start_coroutine(l.ctx, l.stack, &g_sched, lane_entry);
     }
     std::vector<int> waiting(groups), done(groups), size(groups);
     for (const auto& l : lanes) ++size[l.group];

@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "host_coroutine.h"
+
 #include SHADOW_BLOCK_SOURCE
 
 namespace {
@@ -82,11 +84,7 @@ void thread_entry() {
 int run_block(std::vector<Thread>& threads) {
     for (auto& t : threads) {
         t.waiting = t.done = false;
-        getcontext(&t.ctx);
-        t.ctx.uc_stack.ss_sp = t.stack.data();
-        t.ctx.uc_stack.ss_size = t.stack.size();
-        t.ctx.uc_link = &g_sched;
-        makecontext(&t.ctx, thread_entry, 0);
+        start_coroutine(t.ctx, t.stack, &g_sched, thread_entry);
     }
     for (;;) {
         for (auto& t : threads) {

@@ -31,6 +31,7 @@ import torch
 
 from kernels import shadow_block
 
+from .harness_support import build_host_harness
 from .test_resident import _process, _shadow_setup
 
 HARNESS = Path(__file__).with_name("shadow_block_host_harness.cpp")
@@ -95,28 +96,8 @@ def test_kernel_compiles_with_nvcc(tmp_path):
 # ----------------------------------------------------------------------------- host emulation
 @pytest.fixture(scope="session")
 def harness(tmp_path_factory) -> Path:
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler for the host emulation")
-    exe = tmp_path_factory.mktemp("shadow_harness") / "shadow_block_host"
-    cmd = [
-        cxx,
-        "-std=c++17",
-        "-O1",
-        "-Wall",
-        "-Wextra",
-        "-Wno-unknown-pragmas",
-        "-Werror",
-        "-x",
-        "c++",
-        f'-DSHADOW_BLOCK_SOURCE="{shadow_block.KERNEL_SOURCE}"',
-        str(HARNESS),
-        "-o",
-        str(exe),
-    ]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr
-    return exe
+    return build_host_harness(tmp_path_factory, HARNESS, {"SHADOW_BLOCK_SOURCE": shadow_block.KERNEL_SOURCE},
+                              "shadow_block_host")
 
 
 HARNESS_ERRORS = {

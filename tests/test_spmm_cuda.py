@@ -55,6 +55,8 @@ from kernels.spmm_cuda import (
     work_schedule,
 )
 
+from .harness_support import build_host_harness
+
 REPO = Path(__file__).resolve().parent.parent
 KERNEL = REPO / "kernels" / "es_spmm.cu"
 HARNESS = Path(__file__).resolve().parent / "es_spmm_host_harness.cpp"
@@ -538,15 +540,7 @@ def test_kernel_compiles_with_nvcc(tmp_path):
 # ----------------------------------------------------------------------------- host emulation
 @pytest.fixture(scope="session")
 def harness(tmp_path_factory) -> Path:
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler for the host emulation")
-    exe = tmp_path_factory.mktemp("harness") / "es_spmm_host"
-    cmd = [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Wno-unknown-pragmas", "-Werror", "-x", "c++",
-           f'-DES_SPMM_SOURCE="{KERNEL}"', str(HARNESS), "-o", str(exe)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr
-    return exe
+    return build_host_harness(tmp_path_factory, HARNESS, {"ES_SPMM_SOURCE": KERNEL}, "es_spmm_host")
 
 
 VALUE_NAMES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16"}

@@ -1,0 +1,24 @@
+"""Building the host emulations of the CUDA kernels (tests/*_host_harness.cpp): each compiles its kernel's
+own thread code as plain C++ and runs every GPU thread as a coroutine (tests/host_coroutine.h)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+
+def build_host_harness(tmp_path_factory, source: Path, defines: dict[str, Path], name: str) -> Path:
+    """Compile ``source`` with ``-DKEY="path"`` for each of ``defines`` (the kernel file it includes) into
+    an executable; skip the test where no C++ compiler exists."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler for the host emulation")
+    exe = tmp_path_factory.mktemp(name) / name
+    cmd = [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Wno-unknown-pragmas", "-Werror", "-x", "c++",
+           *(f'-D{key}="{path}"' for key, path in defines.items()), str(source), "-o", str(exe)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    return exe
