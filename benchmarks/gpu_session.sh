@@ -20,7 +20,7 @@
 #   bash benchmarks/gpu_session.sh tuning         # tests, exact mode under the tuning macros, host time, fused head, coldstart
 #   bash benchmarks/gpu_session.sh verify         # tests, tune, the kernel table, the paper's experiment (short rows)
 #   bash benchmarks/gpu_session.sh ab             # kernel tests; the paper's small graphs, short-rows rule vs 3 blocks
-#   bash benchmarks/gpu_session.sh shadow         # tests, tune (the C++ launcher), shaDow's one-launch kernel per batch
+#   bash benchmarks/gpu_session.sh shadow         # tests, sanitize, tune (the C++ launcher), shaDow's one-launch kernel per batch
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
 #
@@ -29,6 +29,7 @@
 #                                                 # arxiv-like: widths, split thresholds, 16-bit, host time
 #   bash benchmarks/gpu_session.sh tune           # exact mode under es_spmm.cu's tuning macros; host time by stage
 #   bash benchmarks/gpu_session.sh kerneltests    # pytest -m gpu on tests/test_spmm_cuda.py alone
+#   bash benchmarks/gpu_session.sh sanitize       # the one-launch kernels under compute-sanitizer (memcheck, racecheck, synccheck)
 #   bash benchmarks/gpu_session.sh reddit         # the same on the Reddit-shaped graph (F = 64)
 #   bash benchmarks/gpu_session.sh serving        # device_split.py: CPU, GPU, hybrid, resident, CUDA graphs
 #   bash benchmarks/gpu_session.sh onenode        # one_node.py: a small batch's stages on CPU and GPU, profiled
@@ -40,7 +41,7 @@
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|more|fused|tuning|verify|ab|shadow|tune|kerneltests|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
+step=${1:?"usage: $0 prepare|core|scale|more|fused|tuning|verify|ab|shadow|tune|kerneltests|sanitize|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
@@ -91,6 +92,21 @@ step_kernels() {
 step_kerneltests() {  # the GPU tests of the ES-SpMM kernel and its launcher alone
     timeout "$1" python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 300 tests/test_spmm_cuda.py 2>&1 \
         | tee "$OUT/kerneltests.log" | tail -20
+}
+step_sanitize() {  # the one-launch kernels (shadow_block, resident_head) under compute-sanitizer: shared-memory
+    # races within a phase, out-of-bounds reads and divergent barriers, which the CPU host emulations cannot see
+    local san tool rc=0
+    san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | tail -1 || true)
+    if [ -z "$san" ]; then echo "compute-sanitizer not found" | tee "$OUT/sanitize.log"; return 0; fi
+    : > "$OUT/sanitize.log"
+    for tool in memcheck racecheck synccheck; do
+        echo "== $tool" | tee -a "$OUT/sanitize.log"
+        timeout "$(($1 / 3))" "$san" --tool "$tool" --error-exitcode 9 --print-limit 20 python3 tests/sanitize_kernels.py \
+            >> "$OUT/sanitize.log" 2>&1 || rc=$?
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|: ok$" "$OUT/sanitize.log" | tail -3 || true
+        echo "$tool exit ${rc}" | tee -a "$OUT/sanitize.log"
+        rc=0
+    done
 }
 step_tune() {  # exact mode (F = 256 above all) under the kernel's tuning macros (3 blocks: the split instance before
     # 2026-11-26's short-rows rule, 4: every split launch so); host time per call, stage by stage
@@ -158,7 +174,7 @@ part() {
 }
 
 case "$step" in
-tests|kerneltests|kernels|tune|reddit|serving|onenode|coldstart|paper|ceiling|throughput)
+tests|kerneltests|sanitize|kernels|tune|reddit|serving|onenode|coldstart|paper|ceiling|throughput)
     "step_$step" 570
     ;;
 core)
@@ -221,12 +237,13 @@ ab)
 shadow)
     # planned first call of the next session (2026-11-26, written without a GPU): the GPU tests (the C++
     # launcher, shaDow's one-launch kernel kernels/shadow_block.cu and everything else not yet run on a GPU),
-    # the host time per kernel call with the C++ launcher, and shaDow-GCN per batch: the kernel (cuda-fused,
+    # the one-launch kernels under compute-sanitizer, the host time per kernel call with the C++ launcher, and shaDow-GCN per batch: the kernel (cuda-fused,
     # --fused-head) against the CUDA graphs it would replace and the CPU, at the default and the exact width
-    part tests 200
-    part tune 80
-    ROUNDS=3 BATCHES=1,2,4,8,16,64,256,1024 MODELS=shadow-gcn VARIANTS=cpu,cuda-graphs,cuda-fused part serving 120
-    ROUNDS=3 BATCHES=1,8,64,1024 MODELS=shadow-gcn VARIANTS=cpu,cuda-graphs,cuda-fused WIDTH=0 part serving 80
+    part tests 190
+    part sanitize 90
+    part tune 70
+    ROUNDS=3 BATCHES=1,2,4,8,16,64,256,1024 MODELS=shadow-gcn VARIANTS=cpu,cuda-graphs,cuda-fused part serving 110
+    ROUNDS=3 BATCHES=1,8,64,1024 MODELS=shadow-gcn VARIANTS=cpu,cuda-graphs,cuda-fused WIDTH=0 part serving 70
     ;;
 *)
     echo "unknown step $step" >&2

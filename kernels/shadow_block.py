@@ -196,6 +196,8 @@ def _agrees(block: ShadowBlock, res: Any) -> str | None:
     if n == 0 or not res.takes(targets, res.k):
         return None  # nothing to compare on yet: the batches themselves are compared by the tests
     for width in (0, 2):
+        if not block.fits(width, res.k):  # such batches take the torch operators anyway
+            continue
         got = res.unpack_host(block.answer(targets, width, res.k, True), n, True)
         with torch.inference_mode():
             want = res.download(res.forward(res.upload_ids(targets), width, res.k, True), n, True)
