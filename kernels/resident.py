@@ -73,6 +73,22 @@ REFRESH_ROWS = 8192
 BUILD_ROWS = 16384
 
 
+def device_lost(device: torch.device) -> bool:
+    """Whether ``device``'s CUDA context is unusable after an error: a kernel fault (an illegal address, a
+    trap) is sticky, so every later operation there fails, the torch operators too. Then a failed fused
+    kernel must not hand its batch to them: the error goes up, the runtime switches the resident path off and
+    the batch takes a path off the device (serve.runtime's ``_run_path``)."""
+    if device.type != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize(device)
+    except Exception:
+        log.critical("the CUDA context of %s is lost after a kernel fault: its batches fail until the server "
+                     "restarts", device)
+        return True
+    return False
+
+
 def bucket_of(n: int) -> int:
     """The batch bucket of ``n`` targets: the next power of two (CUDA graphs are captured per bucket)."""
     return 1 << max(0, int(n) - 1).bit_length()
@@ -638,6 +654,8 @@ class ResidentPlain(_OnDevice):
                     flat = self.head.answer(targets, width, want_emb)
                     return self.unpack_host(flat, len(targets), width, want_emb)
                 except Exception:  # the newest code: the torch operators (its specification) serve from now on
+                    if device_lost(self.device):
+                        raise
                     log.exception("resident path: the fused last layer failed a batch; the torch operators "
                                   "answer this model's batches from now on")
                     self.head = None
@@ -841,7 +859,8 @@ class ResidentShadow(_OnDevice):
         adj = torch.zeros(b, kk * kk, device=dev).scatter_add_(1, flat, coef.view(b, -1)).view(b, kk, kk)
         if self.gcn:
             adj = adj + torch.diag_embed(g * g)
-        h = self._p.index_select(0, nodes).view(b, kk, -1)
+        # rows past a subgraph's end are 0, not node 0's row masked later: a NaN there would survive the mask
+        h = torch.where(nmask.unsqueeze(2), self._p.index_select(0, nodes).view(b, kk, -1), 0.0)
         for i, conv in enumerate(self.model.convs):
             tr = h if i == 0 else h @ conv.transform_matrix().t()
             if self.gcn:
@@ -872,6 +891,8 @@ class ResidentShadow(_OnDevice):
                     return self.unpack_host(self.block.answer(targets, width, budget, want_emb), len(targets),
                                             want_emb)
                 except Exception:  # the newest code: the torch operators (its specification) serve from now on
+                    if device_lost(self.device):
+                        raise
                     log.exception("resident shaDow path: the one-launch kernel failed a batch; the torch "
                                   "operators answer this model's batches from now on")
                     self.block = None

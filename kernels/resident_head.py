@@ -68,8 +68,11 @@ def packed_floats(b: int, classes: int, hidden: int, kept: bool, want_emb: bool)
     return b * classes + b + (2 * b if kept else 0) + (b * hidden if want_emb else 0)
 
 
-def _function(device_index: int, source: Path = KERNEL_SOURCE, name: str = "resident_head") -> tuple[Any, int]:
-    """The kernel ``name`` of the CUDA file ``source``, compiled once per device (NVRTC through CuPy)."""
+def _function(device_index: int, source: Path = KERNEL_SOURCE, name: str = "resident_head",
+              max_shared: int = 0) -> tuple[Any, int]:
+    """The kernel ``name`` of the CUDA file ``source``, compiled once per device (NVRTC through CuPy);
+    ``max_shared`` > 0: its launches may take that much dynamic shared memory (the opt-in beyond 48 KiB,
+    set on this device's copy of the function: CuPy resolves a kernel per current device)."""
     key = (device_index, name)
     fn = _functions.get(key)
     if fn is None:
@@ -80,6 +83,8 @@ def _function(device_index: int, source: Path = KERNEL_SOURCE, name: str = "resi
                 with cp.cuda.Device(device_index):
                     mod = cp.RawModule(code=source.read_text(), options=("-std=c++17",))
                     raw = mod.get_function(name)
+                    if max_shared > 0:
+                        raw.max_dynamic_shared_size_bytes = max_shared
                     fn = _functions[key] = (raw, int(raw.kernel.ptr))
     return fn
 

@@ -102,6 +102,16 @@ __host__ __device__ inline unsigned long long double_bits(double v) {
 #endif
 }
 
+__host__ __device__ inline float bits_float(unsigned u) {
+#if SHADOW_BLOCK_CUDA
+    return __uint_as_float(u);
+#else
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
 __host__ __device__ inline float neg_inf() {
 #if SHADOW_BLOCK_CUDA
     return __int_as_float(0xff800000);
@@ -170,9 +180,9 @@ __host__ __device__ void run_thread(const Args& a, int block, int thread, int th
     int* kcol = reinterpret_cast<int*>(g + K);
     float* kcoef = reinterpret_cast<float*>(kcol + a.cap);
     float* h = kcoef + a.cap;
-    float* x = h + static_cast<long long>(K) * H;
-    float* s = x + static_cast<long long>(K) * H;
-    float* r = s + static_cast<long long>(R) * H;
+    float* x = h + K * H;
+    float* s = x + K * H;
+    float* r = s + R * H;
     float* z = r + E;
 
     const long long t = a.ids[block];
@@ -183,8 +193,9 @@ __host__ __device__ void run_thread(const Args& a, int block, int thread, int th
     const long long ne = a.eptr[t + 1] - e0;
     const int sw = a.width > 0 ? a.width : K;  // kept slots per row: S, or every pair at the exact width
     const int PD = a.gcn ? H : 2 * H;
-    const long long KH = static_cast<long long>(K) * H;
-    const long long cH = static_cast<long long>(cnt) * H;
+    // shared-memory indices fit an int (the block's shared memory bounds K * H); 32-bit division is cheap
+    const int KH = K * H;
+    const int cH = cnt * H;
 
     // 1. each row's run of stored pairs, its pairs inside the prefix, GCN's degree; the inputs
     for (int i = thread; i < K; i += threads) {
@@ -203,8 +214,8 @@ __host__ __device__ void run_thread(const Args& a, int block, int thread, int th
         ks[i] = d < sw ? static_cast<int>(d) : sw;
         g[i] = gi;
     }
-    for (long long e = thread; e < KH; e += threads) {
-        const long long i = e / H, f = e - i * H;
+    for (int e = thread; e < KH; e += threads) {
+        const int i = e / H, f = e - i * H;
         float v0 = 0.f, v1 = 0.f;
         if (i < cnt) {
             const float* row = a.p + a.lnodes[lo + i] * PD;
@@ -252,32 +263,32 @@ __host__ __device__ void run_thread(const Args& a, int block, int thread, int th
         const bool into_h = !a.gcn && l == 0;
         const float* from = into_h ? x : h;
         float* to = into_h ? h : x;
-        for (long long e = thread; e < cH; e += threads) {
-            const long long i = e / H, f = e - i * H;
+        for (int e = thread; e < cH; e += threads) {
+            const int i = e / H, f = e - i * H;
             float acc = a.gcn ? g[i] * g[i] * h[e] : (into_h ? h[e] : 0.f);
             float sum = 0.f;
-            for (int q = koff[i]; q < koff[i + 1]; ++q) sum += kcoef[q] * from[static_cast<long long>(kcol[q]) * H + f];
+            for (int q = koff[i]; q < koff[i + 1]; ++q) sum += kcoef[q] * from[kcol[q] * H + f];
             to[e] = acc + sum;
         }
         sync();
         if (l == 0) {  // P holds the first layer's transform already
-            for (long long e = thread; e < cH; e += threads) h[e] = relu((a.gcn ? x[e] : h[e]) + b[e % H]);
+            for (int e = thread; e < cH; e += threads) h[e] = relu((a.gcn ? x[e] : h[e]) + b[e % H]);
             sync();
             continue;
         }
         const float* w = a.wt + static_cast<long long>(l - 1) * H * PD;
         if (a.gcn) {  // h = relu(x W^T + b): reads x, writes h
-            const long long tiles = (cnt + kRowTile - 1) / kRowTile;
-            for (long long e = thread; e < tiles * H; e += threads) {
-                const long long tile = e / H, o = e - tile * H;
+            const int tiles = (cnt + kRowTile - 1) / kRowTile;
+            for (int e = thread; e < tiles * H; e += threads) {
+                const int tile = e / H, o = e - tile * H;
                 const float* rows[kRowTile];
                 for (int q = 0; q < kRowTile; ++q) {  // rows past cnt read row cnt - 1 and are not stored
-                    const long long i = tile * kRowTile + q;
+                    const int i = tile * kRowTile + q;
                     rows[q] = x + (i < cnt ? i : cnt - 1) * H;
                 }
                 float acc[kRowTile] = {};
                 for (int f = 0; f < H; ++f) {
-                    const float wv = w[static_cast<long long>(f) * H + o];
+                    const float wv = w[f * H + o];
 #pragma unroll
                     for (int q = 0; q < kRowTile; ++q) acc[q] += rows[q][f] * wv;
                 }
@@ -288,17 +299,17 @@ __host__ __device__ void run_thread(const Args& a, int block, int thread, int th
         } else {  // h = relu(h W_r^T + x W_n^T + b), R rows at a time through s
             for (int r0 = 0; r0 < cnt; r0 += R) {
                 const int rows_now = cnt - r0 < R ? cnt - r0 : R;
-                const long long tiles = (rows_now + kRowTile - 1) / kRowTile;
-                for (long long e = thread; e < tiles * H; e += threads) {
-                    const long long tile = e / H, o = e - tile * H;
-                    long long at[kRowTile];
+                const int tiles = (rows_now + kRowTile - 1) / kRowTile;
+                for (int e = thread; e < tiles * H; e += threads) {
+                    const int tile = e / H, o = e - tile * H;
+                    int at[kRowTile];
                     for (int q = 0; q < kRowTile; ++q) {
-                        const long long ii = tile * kRowTile + q;
+                        const int ii = tile * kRowTile + q;
                         at[q] = (r0 + (ii < rows_now ? ii : rows_now - 1)) * H;
                     }
                     float acc[kRowTile] = {};
                     for (int f = 0; f < H; ++f) {
-                        const float* wf = w + static_cast<long long>(f) * PD;
+                        const float* wf = w + f * PD;
                         const float wr = wf[o], wn = wf[H + o];
 #pragma unroll
                         for (int q = 0; q < kRowTile; ++q) acc[q] += h[at[q] + f] * wr + x[at[q] + f] * wn;
@@ -307,8 +318,7 @@ __host__ __device__ void run_thread(const Args& a, int block, int thread, int th
                         if (tile * kRowTile + q < rows_now) s[(tile * kRowTile + q) * H + o] = acc[q] + b[o];
                 }
                 sync();
-                for (long long e = thread; e < static_cast<long long>(rows_now) * H; e += threads)
-                    h[static_cast<long long>(r0) * H + e] = relu(s[e]);
+                for (int e = thread; e < rows_now * H; e += threads) h[r0 * H + e] = relu(s[e]);
                 sync();
             }
         }
@@ -326,11 +336,11 @@ __host__ __device__ void run_thread(const Args& a, int block, int thread, int th
             float v;
             if (kind == kMean) {
                 v = 0.f;
-                for (int i = 0; i < cnt; ++i) v += h[static_cast<long long>(i) * H + f];
+                for (int i = 0; i < cnt; ++i) v += h[i * H + f];
                 v = v / static_cast<float>(cnt > 1 ? cnt : 1);
             } else {
                 v = cnt < K ? 0.f : neg_inf();
-                for (int i = 0; i < cnt; ++i) v = max_nan(v, h[static_cast<long long>(i) * H + f]);
+                for (int i = 0; i < cnt; ++i) v = max_nan(v, h[i * H + f]);
             }
             r[at * H + f] = v;
             ++at;
@@ -368,12 +378,12 @@ __host__ __device__ void run_thread(const Args& a, int block, int thread, int th
         a.out[base + block] = static_cast<float>(arg);
         const unsigned long long kb = double_bits(static_cast<double>(static_cast<long long>(koff[K]) * a.layers));
         const unsigned long long tb = double_bits(static_cast<double>(total * a.layers));
-        unsigned int* kw = reinterpret_cast<unsigned int*>(a.out + base + a.B + 2LL * block);
-        unsigned int* tw = reinterpret_cast<unsigned int*>(a.out + base + 3LL * a.B + 2LL * block);
-        kw[0] = static_cast<unsigned int>(kb & 0xffffffffu);  // little-endian, as float64.view(float32)
-        kw[1] = static_cast<unsigned int>(kb >> 32);
-        tw[0] = static_cast<unsigned int>(tb & 0xffffffffu);
-        tw[1] = static_cast<unsigned int>(tb >> 32);
+        float* kw = a.out + base + a.B + 2LL * block;
+        float* tw = a.out + base + 3LL * a.B + 2LL * block;
+        kw[0] = bits_float(static_cast<unsigned>(kb & 0xffffffffu));  // little-endian, as float64.view(float32)
+        kw[1] = bits_float(static_cast<unsigned>(kb >> 32));
+        tw[0] = bits_float(static_cast<unsigned>(tb & 0xffffffffu));
+        tw[1] = bits_float(static_cast<unsigned>(tb >> 32));
     }
 }
 
@@ -386,9 +396,10 @@ struct BlockSync {
 }  // namespace shadow_block
 
 #if SHADOW_BLOCK_CUDA
+// Held to 64 registers (4 blocks of 256 threads per SM; without the bound ptxas chose 48 and spilled).
 // Launch: one block per target (B blocks), blockDim.x threads (any count; 256 by the launcher), dynamic
 // shared memory shadow_block::shared_bytes(K, H, C, E, cap, scratch); scratch >= 1 for GraphSAGE.
-extern "C" __global__ void __launch_bounds__(256) shadow_block_kernel(
+extern "C" __global__ void __launch_bounds__(256, 4) shadow_block_kernel(
     const long long* __restrict__ ids, const long long* __restrict__ lptr, const long long* __restrict__ lnodes,
     const long long* __restrict__ eptr, const int* __restrict__ src, const int* __restrict__ dst,
     const float* __restrict__ ew, const float* __restrict__ p, const float* __restrict__ wt,

@@ -377,7 +377,7 @@ class ModelRuntime:
                       ", last layer in one kernel") if fused_head else
                      ", CUDA graphs" if self._captured is not None else "",
                      "every batch on the GPU" if least <= 0 else f"batches under {least} targets on the compiled CPU paths")
-        if options.cuda_graphs and fused_head:
+        if options.cuda_graphs and fused_head and self._resident is not None:
             log.warning("model %s v%s: --cuda-graphs not used: it answers with one kernel launch, which a CUDA "
                         "graph would not shorten (--no-fused-head replays CUDA graphs of the torch operators)",
                         name, version)
@@ -492,8 +492,8 @@ class ModelRuntime:
             log.info("model %s v%s: resident on %s (lists and induced table, k = %d%s) in %.1f s", self.name,
                      self.version, self.device, resident.k,
                      ", whole batch in one kernel" if resident.block is not None else "", time.perf_counter() - t0)
-            if resident.block is not None:
-                return  # one launch a batch already: nothing for a CUDA graph to save
+            # with the kernel, CUDA graphs still serve what it leaves to the torch operators (a block beyond the
+            # device's shared memory; every batch after a failed launch): captured only once such keys recur
         else:
             resident = self._resident = ResidentPlain(
                 self.model, self.graph, self.projections.complete_table, strategy=self.strategy,

@@ -10,15 +10,16 @@ from pathlib import Path
 import pytest
 
 
-def build_host_harness(tmp_path_factory, source: Path, defines: dict[str, Path], name: str) -> Path:
-    """Compile ``source`` with ``-DKEY="path"`` for each of ``defines`` (the kernel file it includes) into
-    an executable; skip the test where no C++ compiler exists."""
+def build_host_harness(tmp_path_factory, source: Path, defines: dict[str, Path], name: str,
+                       flags: tuple[str, ...] = ()) -> Path:
+    """Compile ``source`` with ``-DKEY="path"`` for each of ``defines`` (the kernel file it includes) and
+    ``flags`` into an executable; skip the test where no C++ compiler exists."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler for the host emulation")
     exe = tmp_path_factory.mktemp(name) / name
     cmd = [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Wno-unknown-pragmas", "-Werror", "-x", "c++",
-           *(f'-D{key}="{path}"' for key, path in defines.items()), str(source), "-o", str(exe)]
+           *flags, *(f'-D{key}="{path}"' for key, path in defines.items()), str(source), "-o", str(exe)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     return exe

@@ -13,6 +13,11 @@
 //     would hang or be undefined on a GPU (exit 5);
 //   * every answer the host unpacks is written (out starts as a poison pattern; exit 8).
 //
+// Threads run in index order between barriers unless HARNESS_ORDER says `reverse` or `shuffle` (another
+// seeded permutation every round): a phase whose answers depend on that order has a race. Built with
+// -DHARNESS_EXACT (and AddressSanitizer), the shared memory and the input arrays are allocated to their
+// exact sizes, so that a read past their end is caught too (the guard bytes only catch writes).
+//
 // usage: harness DIR B K WIDTH FASTRAND GCN LAYERS H C POOL0 POOL1 CAP WANT_EMB SCRATCH HAS_WEIGHTS THREADS
 //                SHARED_BYTES OUT_FLOATS   (the kernel's 13 int parameters in its order, then the launch's)
 // reads DIR/{ids,lptr,lnodes,eptr}.bin (int64), DIR/{src,dst}.bin (int32), DIR/ew.bin (float32, with
@@ -21,10 +26,12 @@
 
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -41,8 +48,12 @@ bool read_array(const std::string& path, std::vector<V>& out) {
     std::fseek(f, 0, SEEK_END);
     const long bytes = std::ftell(f);
     std::fseek(f, 0, SEEK_SET);
-    out.resize(static_cast<size_t>(bytes) / sizeof(V) + 1);  // + 1: a valid pointer for an empty array
     const size_t n = static_cast<size_t>(bytes) / sizeof(V);
+#ifdef HARNESS_EXACT
+    out.resize(n > 0 ? n : 1);  // a valid pointer for an empty array
+#else
+    out.resize(n + 1);
+#endif
     const bool ok = n == 0 || std::fread(out.data(), sizeof(V), n, f) == n;
     std::fclose(f);
     return ok;
@@ -80,14 +91,26 @@ void thread_entry() {
     g_current->done = true;
 }
 
-// Run one block: every thread until done; release the barrier when all threads wait at it.
+std::string g_order = "forward";
+std::mt19937 g_rng(12345);
+
+// Run one block: every thread until done, in g_order each round; release the barrier when all threads
+// wait at it.
 int run_block(std::vector<Thread>& threads) {
+    std::vector<size_t> order(threads.size());
     for (auto& t : threads) {
         t.waiting = t.done = false;
         start_coroutine(t.ctx, t.stack, &g_sched, thread_entry);
     }
     for (;;) {
-        for (auto& t : threads) {
+        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+        if (g_order == "reverse") {
+            std::reverse(order.begin(), order.end());
+        } else if (g_order == "shuffle") {
+            std::shuffle(order.begin(), order.end(), g_rng);
+        }
+        for (const size_t i : order) {
+            Thread& t = threads[i];
             if (t.done || t.waiting) continue;
             g_current = &t;
             swapcontext(&g_sched, &t.ctx);
@@ -144,19 +167,25 @@ int main(int argc, char** argv) {
     const shadow_block::Args a{ids.data(), lptr.data(), lnodes.data(), eptr.data(), src.data(), dst.data(),
                                weighted ? ew.data() : nullptr, p.data(), wt.data(), bias.data(), wc.data(), bc.data(),
                                out.data(), B, K, v[2], v[3], v[4], v[5], H, C, pool0, pool1, cap, v[11], scratch};
-    std::vector<unsigned char> smem(static_cast<size_t>(shared) + kGuard);
+    if (const char* order = std::getenv("HARNESS_ORDER")) g_order = order;
+#ifdef HARNESS_EXACT
+    constexpr int guard = 0;
+#else
+    constexpr int guard = kGuard;
+#endif
+    std::vector<unsigned char> smem(static_cast<size_t>(shared) + guard);
     std::vector<Thread> pool(static_cast<size_t>(threads));
     for (int i = 0; i < threads; ++i) pool[static_cast<size_t>(i)].index = i;
     g_args = &a;
     g_threads = threads;
     for (int blk = 0; blk < B; ++blk) {
         std::memset(smem.data(), 0x5C, smem.size());  // shared memory is not zeroed on a GPU either
-        std::memset(smem.data() + shared, kGuardByte, kGuard);
+        std::memset(smem.data() + shared, kGuardByte, guard);
         g_block = blk;
         g_smem = smem.data();
         const int rc = run_block(pool);
         if (rc != 0) return rc;
-        for (int i = 0; i < kGuard; ++i)
+        for (int i = 0; i < guard; ++i)
             if (smem[static_cast<size_t>(shared + i)] != kGuardByte) return 3;
     }
     for (const auto& o : out) {

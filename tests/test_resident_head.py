@@ -251,6 +251,31 @@ def test_a_failing_head_leaves_the_batch_to_the_torch_operators(caplog):
         assert np.array_equal(a, b)
 
 
+def test_a_head_failure_that_lost_the_device_goes_up(monkeypatch):
+    """A kernel fault that left the CUDA context unusable (kernels.resident.device_lost): the torch
+    operators on that device cannot answer either, so the error reaches the runtime, which switches the
+    resident path off (serve.runtime's _run_path; the shaDow case runs that end to end in
+    tests/test_shadow_block.py)."""
+    from kernels import resident as resident_mod
+
+    g = _graph(4, True)
+    model = GCN(8, 6, 3, dropout=0.0).eval()
+    with torch.no_grad():
+        p = model.project(torch.randn(g.num_nodes, 8))
+    r = ResidentPlain(model, g, lambda: p, strategy="fastrand", budget_bytes=1 << 24)
+    assert r.has_table(5)
+    r.head = _FailingHead()
+    monkeypatch.setattr(resident_mod, "device_lost", lambda device: True)
+    with pytest.raises(RuntimeError, match="injected"):
+        r.answer(np.array([0, 9, 33]), 5, True)
+
+
+def test_device_lost_is_false_off_a_gpu():
+    from kernels.resident import device_lost
+
+    assert device_lost(torch.device("cpu")) is False
+
+
 def test_fused_head_required_where_the_configuration_rules_it_out(tiny_repo, caplog):
     """fused_head=True (--fused-head) on a plain model that cannot be resident (here: no first-layer table
     budget) fails that model loudly instead of serving it silently on other paths; so does a shaDow model
