@@ -13,8 +13,8 @@ distinct targets at each model's default setting, the variants interleaved round
   model's lists and induced table, on the device, sampling there: ``kernels.resident``; on the GPU with
   ``--no-cuda-graphs --no-fused-head --gpu-min-targets 0``, every batch there); ``cuda-graphs``: the same
   with CUDA graphs (one captured CUDA graph per batch bucket, width and budget);
-* ``cuda-fused``: resident with ``--fused-head --gpu-min-targets 0``: a plain model's last layer in one
-  kernel (``kernels.resident_head``), a shaDow model's whole batch in one (``kernels.shadow_block``);
+* ``cuda-fused``: resident with ``--fused-head --fused-shadow --gpu-min-targets 0``: a plain model's last
+  layer in one kernel (``kernels.resident_head``), a shaDow model's whole batch in one (``kernels.shadow_block``);
 * ``cuda-default``: ``--device cuda`` on its defaults (resident, the fused last layer for plain models, CUDA
   graphs for shaDow until its kernel is measured, batches under the measured crossover ``serve.runtime.GPU_MIN_TARGETS_AUTO`` on the
   compiled CPU paths).
@@ -50,7 +50,8 @@ VARIANTS = {"cpu": {"device": "cpu"}, "cuda": {"device": "cuda", "resident": Fal
                               "gpu_min_targets": 0},
             "cuda-graphs": {"device": "cuda", "resident": True, "cuda_graphs": True, "fused_head": False,
                             "gpu_min_targets": 0},
-            "cuda-fused": {"device": "cuda", "resident": True, "fused_head": True, "gpu_min_targets": 0},
+            "cuda-fused": {"device": "cuda", "resident": True, "fused_head": True, "fused_shadow": True,
+                           "gpu_min_targets": 0},
             "cuda-default": {"device": "cuda"}}
 DEFAULT_VARIANTS = "cpu,cuda,cuda-hybrid,cuda-resident,cuda-graphs,cuda-fused,cuda-default"
 

@@ -73,18 +73,24 @@ REFRESH_ROWS = 8192
 BUILD_ROWS = 16384
 
 
-def device_lost(device: torch.device) -> bool:
-    """Whether ``device``'s CUDA context is unusable after an error: a kernel fault (an illegal address, a
-    trap) is sticky, so every later operation there fails, the torch operators too. Then a failed fused
-    kernel must not hand its batch to them: the error goes up, the runtime switches the resident path off and
-    the batch takes a path off the device (serve.runtime's ``_run_path``)."""
-    if device.type != "cuda":
-        return False
-    try:
-        torch.cuda.synchronize(device)
-    except Exception:
-        log.critical("the CUDA context of %s is lost after a kernel fault: its batches fail until the server "
-                     "restarts", device)
+#: CUDA errors after which a context is unusable (sticky): illegal address, launch timeout, device-side
+#: assert, hardware stack error, illegal instruction, misaligned address, invalid address space, invalid
+#: program counter, launch failure (the driver's and the runtime's codes agree); and how torch words them
+STICKY_CUDA_ERRORS = frozenset({700, 702, 710, 714, 715, 716, 717, 718, 719})
+_STICKY_TEXT = ("illegal memory access", "illegal address", "illegal instruction", "misaligned address",
+                "unspecified launch failure", "device-side assert", "invalid program counter",
+                "hardware stack error", "launch timed out", "invalid address space")
+
+
+def device_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is a CUDA error that leaves its context unusable (a kernel fault is sticky: every later
+    operation on that device fails, the torch operators too), from its status (CuPy's errors carry one) or
+    its text (torch's). Then a failed fused kernel must not hand its batch to the torch operators there: the
+    error goes up, and the runtime switches the resident path off and keeps what it can off the device
+    (serve.runtime's ``_run_path``). Decided from the error alone: synchronising the device to ask would
+    disturb another model's CUDA graph capture."""
+    status = getattr(exc, "status", None)
+    if (isinstance(status, int) and status in STICKY_CUDA_ERRORS) or any(t in str(exc).lower() for t in _STICKY_TEXT):
         return True
     return False
 
@@ -653,12 +659,12 @@ class ResidentPlain(_OnDevice):
                 try:
                     flat = self.head.answer(targets, width, want_emb)
                     return self.unpack_host(flat, len(targets), width, want_emb)
-                except Exception:  # the newest code: the torch operators (its specification) serve from now on
-                    if device_lost(self.device):
+                except Exception as exc:  # the newest code: the torch operators (its specification) serve now
+                    self.head = None
+                    if device_lost(exc):  # they cannot run there either
                         raise
                     log.exception("resident path: the fused last layer failed a batch; the torch operators "
                                   "answer this model's batches from now on")
-                    self.head = None
             rows = self.upload_ids(targets)
             out = self.forward(rows, targets, width, want_emb)
             return self.download(out, len(targets), width, want_emb)
@@ -737,16 +743,14 @@ class ResidentShadow(_OnDevice):
         self._p = projections()
         self._upload()
         #: the whole batch in one kernel launch (kernels.shadow_block) on a GPU; None: the torch operators.
-        #: ``fused`` None: as kernels.shadow_block.DEFAULT_ON says; True: required
+        #: ``fused`` (RuntimeOptions.fused_shadow) None: as kernels.shadow_block.DEFAULT_ON says; True:
+        #: required (a RuntimeError says why it cannot run)
         self.block: Any = None
         if self.device.type == "cuda" or fused:
             from . import shadow_block
 
             if fused or (fused is None and shadow_block.DEFAULT_ON):
-                self.block = shadow_block.create(self)
-        if fused and self.block is None:
-            raise RuntimeError("the one-launch shaDow kernel cannot run here (the log says why); leave "
-                               "fused_head unset")
+                self.block = shadow_block.create(self, required=bool(fused))
 
     def _upload(self) -> None:
         table = self.index.induced
@@ -783,8 +787,9 @@ class ResidentShadow(_OnDevice):
                 "batches": self.batches, "uploads": self.uploads, "k": self.k}
 
     def nbytes(self) -> int:
+        block = self.block  # read once: a failed launch sets it to None under the lock, stats read without
         return (_nbytes(self.lptr, self.lnodes, self.eptr, self.src, self.dst, self.weights)
-                + (self.block.nbytes() if self.block is not None else 0))
+                + (block.nbytes() if block is not None else 0))
 
     def takes(self, targets: np.ndarray, budget: int) -> bool:
         """Whether this answers a batch of ``targets`` at ``budget``: the budget within the table's ``k``,
@@ -860,7 +865,7 @@ class ResidentShadow(_OnDevice):
         if self.gcn:
             adj = adj + torch.diag_embed(g * g)
         # rows past a subgraph's end are 0, not node 0's row masked later: a NaN there would survive the mask
-        h = torch.where(nmask.unsqueeze(2), self._p.index_select(0, nodes).view(b, kk, -1), 0.0)
+        h = self._p.index_select(0, nodes).view(b, kk, -1).masked_fill_(~nmask.unsqueeze(2), 0.0)
         for i, conv in enumerate(self.model.convs):
             tr = h if i == 0 else h @ conv.transform_matrix().t()
             if self.gcn:
@@ -890,12 +895,12 @@ class ResidentShadow(_OnDevice):
                 try:
                     return self.unpack_host(self.block.answer(targets, width, budget, want_emb), len(targets),
                                             want_emb)
-                except Exception:  # the newest code: the torch operators (its specification) serve from now on
-                    if device_lost(self.device):
+                except Exception as exc:  # the newest code: the torch operators (its specification) serve now
+                    self.block = None
+                    if device_lost(exc):  # they cannot run there either
                         raise
                     log.exception("resident shaDow path: the one-launch kernel failed a batch; the torch "
                                   "operators answer this model's batches from now on")
-                    self.block = None
             rows = self.upload_ids(targets)
             return self.download(self.forward(rows, width, budget, want_emb), len(targets), want_emb)
 

@@ -49,8 +49,8 @@ SHARED_LIMIT = 48 * 1024
 MAX_WARPS = 8
 
 _lock = threading.Lock()
-#: (device index, kernel name) -> (raw kernel, CUfunction handle)
-_functions: dict[tuple[int, str], tuple[Any, int]] = {}
+#: (device index, source, kernel name, shared-memory opt-in) -> (raw kernel, CUfunction handle)
+_functions: dict[tuple[int, str, str, int], tuple[Any, int]] = {}
 
 
 def launch_shape(hidden: int, classes: int, limit: int = SHARED_LIMIT) -> tuple[int, int] | None:
@@ -73,7 +73,7 @@ def _function(device_index: int, source: Path = KERNEL_SOURCE, name: str = "resi
     """The kernel ``name`` of the CUDA file ``source``, compiled once per device (NVRTC through CuPy);
     ``max_shared`` > 0: its launches may take that much dynamic shared memory (the opt-in beyond 48 KiB,
     set on this device's copy of the function: CuPy resolves a kernel per current device)."""
-    key = (device_index, name)
+    key = (device_index, str(source), name, max_shared)
     fn = _functions.get(key)
     if fn is None:
         with _lock:

@@ -22,7 +22,7 @@ exact width on a wide model) takes the torch operators; a batch whose launch fai
 which serve the model from then on (:meth:`ResidentShadow.answer`).
 
 Until a GPU session has timed it against the CUDA graphs of the torch operators, it is used only when
-asked for (``--fused-head``; :data:`DEFAULT_ON`).
+asked for (``--fused-shadow``, ``RuntimeOptions.fused_shadow``; :data:`DEFAULT_ON`).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ SCRATCH_ROWS = 8
 POOL_CODES = {"mean": 1, "max": 2}
 #: dynamic shared memory a launch may take without opting in (more where the device allows it)
 SHARED_LIMIT = 48 * 1024
-#: whether a resident shaDow model on a GPU uses the kernel unless told (``--fused-head`` /
-#: ``--no-fused-head``): not before a GPU session has measured it against the CUDA graphs it replaces
+#: whether a resident shaDow model on a GPU uses the kernel unless told (``--fused-shadow`` /
+#: ``--no-fused-shadow``): not before a GPU session has measured it against the CUDA graphs it replaces
 DEFAULT_ON = False
 #: targets of the check at creation, and its tolerance on probabilities
 CHECK_TARGETS = 8
@@ -227,9 +227,10 @@ def _agrees(block: ShadowBlock, res: Any) -> str | None:
     return None
 
 
-def create(res: Any) -> ShadowBlock | None:
+def create(res: Any, required: bool = False) -> ShadowBlock | None:
     """The one-launch kernel of ``res`` (a :class:`kernels.resident.ResidentShadow`), checked against the
-    torch operators on a few targets, or None where it cannot run (the reason logged)."""
+    torch operators on a few targets, or None where it cannot run (the reason logged; ``required``: a
+    RuntimeError that says it)."""
     why = _why_not(res)
     block = None
     if why is None:
@@ -241,6 +242,8 @@ def create(res: Any) -> ShadowBlock | None:
             why = f"{type(exc).__name__}: {exc}"
     if why is None:
         return block
+    if required:
+        raise RuntimeError(f"the one-launch shaDow kernel (--fused-shadow) cannot run here: {why}")
     log.warning("resident shaDow path: the one-launch kernel is not used (%s); torch operators serve its batches",
                 why)
     return None

@@ -189,13 +189,16 @@ def _serve(argv: Sequence[str]) -> int:
                          "sampling width and PPR budget (shaDow models; plain models only with --no-fused-head, "
                          "at sampled widths up to 256). Default: on wherever such a model is resident on a GPU")
     ap.add_argument("--fused-head", action=argparse.BooleanOptionalAction, default=None,
-                    help="on a model resident on --device cuda, answers in one kernel launch read from mapped host "
-                         "memory: a plain model's last layer (aggregation, classifier, softmax, arg-max; "
-                         "kernels.resident_head), a shaDow model's whole batch, one block per target with its "
-                         "subgraph in shared memory (kernels.shadow_block); --no-fused-head runs them as torch "
-                         "operators (with --cuda-graphs). Default: plain models wherever their kernel compiles; "
-                         "shaDow models only when asked (their kernel is not yet timed on a GPU). Asked for and "
-                         "unable to run, the model fails to load")
+                    help="on a plain model resident on --device cuda: its last layer (aggregation, classifier, "
+                         "softmax, arg-max) in one kernel launch, answers read from mapped host memory "
+                         "(kernels.resident_head); --no-fused-head runs it as torch operators (with --cuda-graphs). "
+                         "Default: wherever that kernel compiles")
+    ap.add_argument("--fused-shadow", action=argparse.BooleanOptionalAction, default=None,
+                    help="on a shaDow model resident on --device cuda: its whole batch in one kernel launch, one "
+                         "block per target with its subgraph in shared memory, answers read from mapped host "
+                         "memory (kernels.shadow_block); the torch operators (and --cuda-graphs of them) keep what "
+                         "it leaves. Default: off until timed on a GPU (it is checked against the torch operators "
+                         "when the model loads). Asked for and unable to run, the model fails to load")
     ap.add_argument("--max-nodes-per-request", type=int, default=4096,
                     help="ids plus new nodes per request; checked on the request's bytes before it is parsed")
     ap.add_argument("--max-new-node-edges", type=int, default=100_000,
@@ -291,10 +294,11 @@ def _serve(argv: Sequence[str]) -> int:
         print(f"gnnserve serve: --serving-path {args.serving_path} needs the resident state that --no-resident "
               "turns off: drop one of them", file=sys.stderr)
         return 2
-    if args.fused_head and (args.device != "cuda" or args.resident is False):
-        print("gnnserve serve: --fused-head is a kernel for models resident on the GPU: it needs --device "
-              "cuda without --no-resident", file=sys.stderr)
-        return 2
+    for flag, on in (("--fused-head", args.fused_head), ("--fused-shadow", args.fused_shadow)):
+        if on and (args.device != "cuda" or args.resident is False):
+            print(f"gnnserve serve: {flag} is a kernel for models resident on the GPU: it needs --device "
+                  "cuda without --no-resident", file=sys.stderr)
+            return 2
     if args.gpu_min_targets is not None and args.device != "cuda":
         logging.getLogger("serve").warning("--gpu-min-targets has no effect without --device cuda")
     if (problem := _port_problem(args)) is not None:
@@ -342,6 +346,7 @@ def _serve(argv: Sequence[str]) -> int:
             resident=args.resident,
             cuda_graphs=args.cuda_graphs,
             fused_head=args.fused_head,
+            fused_shadow=args.fused_shadow,
             max_nodes_per_request=args.max_nodes_per_request,
             max_new_node_edges=args.max_new_node_edges,
             max_request_work=args.max_request_work,

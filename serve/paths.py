@@ -204,7 +204,8 @@ class ShadowResidentPath(ServingPath):
         t_sub = time.perf_counter()
         captured = rt._captured
         res = rt._resident_shadow
-        if res.block is not None and res.block.fits(width, budget):  # one launch: no torch operator to set up
+        block = res.block  # read once: another thread's failed launch sets it to None
+        if block is not None and block.fits(width, budget):  # one launch: no torch operator to set up
             probs, labels, kept, total, emb = res.answer(targets, width, budget, want_emb)
             if res.block is None:  # its launch failed: the torch operators answered, and serve from now on
                 rt.fused_head_lost()

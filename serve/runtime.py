@@ -86,7 +86,7 @@ SMALL_BATCH_ROWS = 4096
 #: graphs are not captured for it): on the H200 on 2026-11-26 (docs/BENCHMARKS.md, "GPU: an H200 machine,
 #: 2026-11-26") one target cost 0.058 ms there and on the compiled CPU path alike (1.00x), 8 targets 0.79x,
 #: 64 0.47x, 1,024 0.08x, so it takes every batch. ``shadow-fused``: a shaDow model's whole batch in one
-#: kernel (kernels.shadow_block, only with --fused-head until measured): not timed on a GPU yet, so the
+#: kernel (kernels.shadow_block, only with --fused-shadow until measured): not timed on a GPU yet, so the
 #: crossover of the CUDA graphs it replaces
 GPU_MIN_TARGETS_AUTO: dict[str, int | None] = {"plain-fused": 0, "shadow-fused": 8, "plain-graphs": 64,
                                                "shadow-graphs": 8,
@@ -199,13 +199,16 @@ class RuntimeOptions:
     #: (plain models: at sampled widths up to ``kernels.resident.PAD_MAX``, and only without the fused last
     #: layer, ``fused_head``); None = whenever such a model is resident on a CUDA device
     cuda_graphs: bool | None = None
-    #: a model resident on a CUDA device answers with one kernel launch whose answers land in mapped host
-    #: memory, instead of torch operators (and CUDA graphs of them): a plain model's last layer (aggregation,
-    #: classifier, softmax, arg-max; :mod:`kernels.resident_head`), a shaDow model's whole batch
-    #: (:mod:`kernels.shadow_block`). None = plain models wherever their kernel runs, shaDow models as
-    #: ``kernels.shadow_block.DEFAULT_ON`` says (off until measured on a GPU); True = required (a model that
-    #: cannot take it fails to load)
+    #: a plain model resident on a CUDA device: its last layer (aggregation, classifier, softmax, arg-max) in
+    #: one kernel launch whose answers land in mapped host memory (:mod:`kernels.resident_head`), instead of
+    #: a dozen torch operators (and CUDA graphs of them); None = wherever that kernel runs, True = required
+    #: (a plain 2-layer model that cannot take it fails to load)
     fused_head: bool | None = None
+    #: a shaDow model resident on a CUDA device: its whole batch in one kernel launch, one block per target
+    #: with its subgraph in shared memory (:mod:`kernels.shadow_block`), instead of the torch operators (CUDA
+    #: graphs of them keep what it leaves); None = as ``kernels.shadow_block.DEFAULT_ON`` says (off until
+    #: timed on a GPU), True = required (a shaDow model that cannot take it fails to load, saying why)
+    fused_shadow: bool | None = None
 
     #: refuse UpdateGraph (the graph stays as loaded plus its logged updates)
     read_only: bool = False
@@ -358,12 +361,14 @@ class ModelRuntime:
         self._resident: Any = None
         self._resident_shadow: Any = None
         self._captured: Any = None
+        #: a kernel fault left the model's CUDA context unusable (:meth:`_device_lost`)
+        self.lost_device = False
         # resident and CUDA graphs unless told otherwise on a GPU, never unless told on a CPU
         wants_resident = options.resident if options.resident is not None else on_gpu
         if wants_resident or options.serving_path in ("plain-resident", "shadow-resident"):
             # asked for: a failure is the model's; by default on a GPU: said, and the torch path serves
-            self._resident_init(fallback=options.resident is None and options.serving_path is None
-                                and not options.fused_head)
+            asked = options.fused_shadow if self.extractor == "ppr" else options.fused_head
+            self._resident_init(fallback=options.resident is None and options.serving_path is None and not asked)
         resident_now = self._resident is not None or self._resident_shadow is not None
         #: a GPU runtime's resident paths take batches of at least this many targets (serve.paths); the
         #: largest batch a compiled path takes
@@ -425,6 +430,8 @@ class ModelRuntime:
         self.gpu_min_targets, self.fused_max_targets = gpu_thresholds(
             self.options, self.extractor == "ppr", resident, self._captured is not None, self.device.type == "cuda",
             self._fused_head)
+        if self.lost_device:  # nothing runs on the device any more: the compiled CPU paths take all they can
+            self.gpu_min_targets = self.fused_max_targets = math.inf
 
     @property
     def _fused_head(self) -> bool:
@@ -474,10 +481,13 @@ class ModelRuntime:
         elif not shadow and self.options.activation_budget_bytes <= 0:
             why = "--activation-cache-bytes is 0 (it keeps first-layer tables within that budget)"
         if why is not None:
-            if (plain2 or shadow) and self.options.fused_head:  # asked for a kernel this configuration rules out
+            if plain2 and self.options.fused_head:  # asked for a kernel this configuration rules out
                 raise ValueError(f"model {self.name} v{self.version}: fused_head (--fused-head) needs the model "
                                  f"resident, and {why}")
-            if self.options.fused_head:
+            if shadow and self.options.fused_shadow:
+                raise ValueError(f"model {self.name} v{self.version}: fused_shadow (--fused-shadow) needs the model "
+                                 f"resident, and {why}")
+            if not shadow and self.options.fused_head:
                 log.warning("model %s v%s: --fused-head does not apply (%s)", self.name, self.version, why)
             log.info("model %s v%s: no resident path: %s", self.name, self.version, why)
             return
@@ -488,7 +498,7 @@ class ModelRuntime:
         if shadow:
             resident = self._resident_shadow = ResidentShadow(self.model, self.ppr_index,
                                                               self.projections.complete_table, strategy=self.strategy,
-                                                              fused=self.options.fused_head)
+                                                              fused=self.options.fused_shadow)
             log.info("model %s v%s: resident on %s (lists and induced table, k = %d%s) in %.1f s", self.name,
                      self.version, self.device, resident.k,
                      ", whole batch in one kernel" if resident.block is not None else "", time.perf_counter() - t0)
@@ -658,15 +668,28 @@ class ModelRuntime:
             return path, path.run(targets, new_specs, width, budget, want_emb)
         except (InvalidArgument, Overloaded, Unavailable):
             raise  # the request's or the server's state, not a fault of the path
-        except Exception:
+        except Exception as exc:
             if not chosen or path.name not in SWITCHABLE_PATHS:
                 raise
             log.exception("model %s v%s: serving path %s failed; switched off for this model version, its "
                           "batches take the next path", self.name, self.version, path.name)
             self.paths = [p for p in self.paths if p is not path]
             self.switched_off.append(path.name)
+            from kernels.resident import device_lost
+
+            if self.device.type == "cuda" and device_lost(exc):
+                self._device_lost()
             path = self._path_for(targets, bool(new_specs), width, budget)
             return path, path.run(targets, new_specs, width, budget, want_emb)
+
+    def _device_lost(self) -> None:
+        """A kernel fault left this model's CUDA context unusable (kernels.resident.device_lost): every batch
+        the compiled CPU paths can take goes there from now on; the rest fail, loudly, until a restart."""
+        self.lost_device = True
+        self._set_thresholds()
+        log.critical("model %s v%s: the CUDA context of %s is lost after a kernel fault; batches the compiled "
+                     "CPU paths take are answered there, the others fail until the server restarts", self.name,
+                     self.version, self.device)
 
     def _path_for(self, targets: np.ndarray, new_nodes: bool, width: int, budget: int) -> ServingPath:
         """The first of this runtime's paths that takes such a batch (serve.paths)."""

@@ -755,6 +755,8 @@ def test_gpu_defaults_resident_with_graphs_and_the_measured_crossover(tiny_repo,
     assert "--fused-head is a kernel for models resident on the GPU" in capsys.readouterr().err
     assert main(["serve", "--repo", str(tiny_repo), "--device", "cuda", "--no-resident", "--fused-head"]) == 2
     assert "needs --device cuda without --no-resident" in capsys.readouterr().err
+    assert main(["serve", "--repo", str(tiny_repo), "--fused-shadow"]) == 2  # a CPU server
+    assert "--fused-shadow is a kernel for models resident on the GPU" in capsys.readouterr().err
 
 
 def test_gpu_thresholds_send_declined_batches_to_the_faster_path():

@@ -18,7 +18,7 @@
   failure that lost the device's context goes up, and the batch takes the next path;
 * where it cannot run it says so, and required it fails;
 * on a GPU: the launch against the torch operators, wide models in opted-in shared memory, the runtime's
-  choice with ``fused_head``.
+  choice with ``fused_shadow``.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def test_without_a_gpu_it_is_not_used_and_required_it_fails(caplog):
     with caplog.at_level(logging.WARNING, logger="kernels.shadow_block"):
         assert shadow_block.create(res) is None
     assert "the one-launch kernel is not used (it needs a CUDA device)" in caplog.text
-    with pytest.raises(RuntimeError, match="one-launch shaDow kernel cannot run here"):
+    with pytest.raises(RuntimeError, match=r"one-launch shaDow kernel \(--fused-shadow\) cannot run here: it needs "
+                                           "a CUDA device"):
         _shadow_setup("sage", "mean", 2, False, fused=True)
 
 
@@ -387,10 +388,16 @@ def test_the_server_answers_through_the_block(harness, tmp_path, tiny_repo, capl
         # a kernel fault that left the device's context unusable: the torch operators there cannot answer
         # either, so the error goes up, the resident path is switched off and the batch takes the next path
         res.block = _FailingBlock(harness, tmp_path, res)
-        monkeypatch.setattr(resident_mod, "device_lost", lambda device: True)
+        monkeypatch.setattr(resident_mod, "device_lost", lambda exc: True)
         lost = _process(rt, nodes, 4)
-        assert lost.path != "shadow-resident" and "shadow-resident" in rt.switched_off
+        assert lost.path != "shadow-resident" and "shadow-resident" in rt.switched_off and res.block is None
         np.testing.assert_allclose(lost.probabilities, want[1].probabilities, rtol=1e-4, atol=1e-6)
+        # on a GPU runtime the runtime then keeps every batch it can off the device
+        monkeypatch.setattr(rt, "device", torch.device("cuda", 0))
+        rt._device_lost()
+        assert rt.lost_device and rt.gpu_min_targets == rt.fused_max_targets == float("inf")
+        rt.fused_head_lost()  # a later threshold update keeps it so
+        assert rt.gpu_min_targets == rt.fused_max_targets == float("inf")
 
 
 # ----------------------------------------------------------------------------- on a GPU
@@ -443,8 +450,8 @@ def test_answer_takes_the_block_and_the_torch_operators_beyond_its_shared_memory
 
 
 @pytest.mark.gpu
-def test_fused_head_serves_shadow_models_on_the_gpu(tiny_repo):
-    """A shaDow model on --device cuda with fused_head: the whole batch in one kernel (CUDA graphs kept for
+def test_fused_shadow_serves_shadow_models_on_the_gpu(tiny_repo):
+    """A shaDow model on --device cuda with fused_shadow: the whole batch in one kernel (CUDA graphs kept for
     what it leaves to the torch operators), its answers those of the same server without it."""
     _cuda()
     from .serving import ServerThread
@@ -452,7 +459,7 @@ def test_fused_head_serves_shadow_models_on_the_gpu(tiny_repo):
     answers = {}
     for fused in (True, False):
         with ServerThread(
-            tiny_repo, {"runtime_kw": {"device": "cuda", "fused_head": fused, "gpu_min_targets": 0}}
+            tiny_repo, {"runtime_kw": {"device": "cuda", "fused_shadow": fused, "gpu_min_targets": 0}}
         ) as srv:
             rt = srv.server.registry.get("shadow")
             assert (rt._resident_shadow.block is not None) is fused and rt._fused_head is fused
