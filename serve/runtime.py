@@ -660,7 +660,9 @@ class ModelRuntime:
         """Run the batch on ``path`` (or the first path that takes it). An opt-in path that raises
         (:data:`SWITCHABLE_PATHS`: the resident paths, the newest code) is switched off for this model
         version, loudly, and the batch runs on the next path: a fault there costs no request and no
-        restart. Any other path's error is the batch's."""
+        restart. Any other path's error is the batch's. A CUDA error that left the device unusable
+        (kernels.resident.device_lost), met on any path, sends every later batch the compiled CPU paths can
+        take there (:meth:`_device_lost`)."""
         chosen = path is None
         if path is None:
             path = self._path_for(targets, bool(new_specs), width, budget)
@@ -669,16 +671,16 @@ class ModelRuntime:
         except (InvalidArgument, Overloaded, Unavailable):
             raise  # the request's or the server's state, not a fault of the path
         except Exception as exc:
+            from kernels.resident import device_lost
+
+            if self.device.type == "cuda" and not self.lost_device and device_lost(exc):
+                self._device_lost()  # whichever path met it: later batches stay off the device where they can
             if not chosen or path.name not in SWITCHABLE_PATHS:
                 raise
             log.exception("model %s v%s: serving path %s failed; switched off for this model version, its "
                           "batches take the next path", self.name, self.version, path.name)
             self.paths = [p for p in self.paths if p is not path]
             self.switched_off.append(path.name)
-            from kernels.resident import device_lost
-
-            if self.device.type == "cuda" and device_lost(exc):
-                self._device_lost()
             path = self._path_for(targets, bool(new_specs), width, budget)
             return path, path.run(targets, new_specs, width, budget, want_emb)
 

@@ -357,6 +357,8 @@ def test_the_server_answers_through_the_block(harness, tmp_path, tiny_repo, capl
     from kernels import resident as resident_mod
     from serve.runtime import GPU_MIN_TARGETS_AUTO
 
+    real_device_lost = resident_mod.device_lost
+
     from .serving import ServerThread
 
     with ServerThread(tiny_repo, {"runtime_kw": {"device": "cpu", "resident": True,
@@ -392,9 +394,18 @@ def test_the_server_answers_through_the_block(harness, tmp_path, tiny_repo, capl
         lost = _process(rt, nodes, 4)
         assert lost.path != "shadow-resident" and "shadow-resident" in rt.switched_off and res.block is None
         np.testing.assert_allclose(lost.probabilities, want[1].probabilities, rtol=1e-4, atol=1e-6)
-        # on a GPU runtime the runtime then keeps every batch it can off the device
+        # on a GPU runtime, a sticky CUDA error met on any path keeps every later batch it can off the device
+        monkeypatch.setattr(resident_mod, "device_lost", real_device_lost)
         monkeypatch.setattr(rt, "device", torch.device("cuda", 0))
-        rt._device_lost()
+
+        class _Faulting:
+            name = "subgraph-torch"
+
+            def run(self, *_a):
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            rt._run_path(_Faulting(), nodes, [], 4, 24, False)
         assert rt.lost_device and rt.gpu_min_targets == rt.fused_max_targets == float("inf")
         rt.fused_head_lost()  # a later threshold update keeps it so
         assert rt.gpu_min_targets == rt.fused_max_targets == float("inf")
