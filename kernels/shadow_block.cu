@@ -17,8 +17,9 @@
 // fastest, so loads of a projection row and of a weight row are coalesced and a row of the block is a
 // broadcast. The subgraph never leaves shared memory:
 //
-//   rs, deg, ks [K]  int    first stored pair of each row (relative to the target's run), pairs inside
-//                           the prefix (a prefix of the row's run: columns ascend), kept pairs min(deg, S)
+//   rs [K + 1]       int    first stored pair of each row (relative to the target's run; rs[K] ends the last)
+//   deg, ks [K]      int    pairs inside the prefix (a prefix of the row's run: columns ascend), kept pairs
+//                           min(deg, S)
 //   koff [K + 1]     int    each row's first kept pair in kcol / kcoef (an exclusive scan of ks)
 //   g [K]            float  GCN's subgraph D^(-1/2) (0 outside the prefix)
 //   kcol, kcoef [cap]       the kept pairs: column and coefficient (cap >= sum ks, checked)
@@ -73,7 +74,7 @@ struct Args {
 
 // Shared memory of a block, in bytes (kernels/shadow_block.py shared_bytes computes the same).
 __host__ __device__ inline long long shared_bytes(int K, int H, int C, int E, int cap, int R) {
-    return 4LL * (5LL * K + 1 + 2LL * cap + 2LL * K * H + static_cast<long long>(R) * H + E + C);
+    return 4LL * (5LL * K + 2 + 2LL * cap + 2LL * K * H + static_cast<long long>(R) * H + E + C);
 }
 
 __host__ __device__ inline float rsqrt_(float v) {
@@ -132,16 +133,6 @@ __host__ __device__ inline float nan_() {
 __host__ __device__ inline float relu(float v) { return (v > 0.f || v != v) ? v : 0.f; }
 __host__ __device__ inline float max_nan(float m, float v) { return (v != v || v > m) ? v : m; }
 
-// The first of a[0 .. n) not below `key` (a ascending), as an offset.
-__host__ __device__ inline long long lower_bound(const int* a, long long n, int key) {
-    long long lo = 0, hi = n;
-    while (lo < hi) {
-        const long long mid = (lo + hi) >> 1;
-        if (a[mid] < key) lo = mid + 1; else hi = mid;
-    }
-    return lo;
-}
-
 // kernels.spmm.sample_positions for a sampled fastrand row with d pairs (0 <= t < S < d)
 __host__ __device__ inline int fastrand_position(int t, int d) {
     const long long m = (d % kPrime == 0) ? d / kPrime : d;  // d / gcd(577, d); 577 is prime
@@ -173,7 +164,7 @@ __host__ __device__ void run_thread(const Args& a, int block, int thread, int th
     const int pools = (a.pool0 != kNoPool) + (a.pool1 != kNoPool);
     const int E = H * (1 + pools);
     int* rs = reinterpret_cast<int*>(smem);
-    int* deg = rs + K;
+    int* deg = rs + K + 1;
     int* ks = deg + K;
     int* koff = ks + K;
     float* g = reinterpret_cast<float*>(koff + K + 1);
@@ -197,23 +188,11 @@ __host__ __device__ void run_thread(const Args& a, int block, int thread, int th
     const int KH = K * H;
     const int cH = cnt * H;
 
-    // 1. each row's run of stored pairs, its pairs inside the prefix, GCN's degree; the inputs
-    for (int i = thread; i < K; i += threads) {
-        long long start = 0, d = 0;
-        float gi = 0.f;
-        if (i < cnt) {
-            start = lower_bound(a.src + e0, ne, i);
-            const long long end = start + lower_bound(a.src + e0 + start, ne - start, i + 1);
-            d = lower_bound(a.dst + e0 + start, end - start, cnt);  // columns ascend: the inside is a prefix
-            float ws = 0.f;
-            for (long long q = 0; q < d; ++q) ws += a.ew != nullptr ? a.ew[e0 + start + q] : 1.f;
-            gi = rsqrt_(ws + 1.f);
-        }
-        rs[i] = static_cast<int>(start);
-        deg[i] = static_cast<int>(d);
-        ks[i] = d < sw ? static_cast<int>(d) : sw;
-        g[i] = gi;
-    }
+    // 1. the inputs; where each row's run of stored pairs starts (rs, K + 1 entries: rs[K] ends row K - 1)
+    // and where its pairs inside the prefix end (in deg until the next step), from one coalesced pass over
+    // the target's pairs: they are sorted by row, and columns ascend within a row, so a row's pairs inside
+    // the prefix are a prefix of its run. (Binary searches per row were a chain of dependent global loads.)
+    for (int i = thread; i < K; i += threads) deg[i] = -1;
     for (int e = thread; e < KH; e += threads) {
         const int i = e / H, f = e - i * H;
         float v0 = 0.f, v1 = 0.f;
@@ -224,6 +203,33 @@ __host__ __device__ void run_thread(const Args& a, int block, int thread, int th
         }
         h[e] = v0;
         x[e] = v1;
+    }
+    sync();
+    for (long long q = thread; q <= ne; q += threads) {
+        const int row = q < ne ? a.src[e0 + q] : 0x7fffffff;  // q = ne: past the last pair
+        const int prev = q > 0 ? a.src[e0 + q - 1] : -1;
+        if (prev < K && row != prev) {  // pair q starts rows prev + 1 .. min(row, K) (empty ones start here too)
+            const int top = row < K ? row : K;
+            for (int i = prev + 1; i <= top; ++i) rs[i] = static_cast<int>(q);
+        }
+        if (q < ne && row < cnt && a.dst[e0 + q] < cnt &&
+            (q + 1 == ne || a.src[e0 + q + 1] != row || a.dst[e0 + q + 1] >= cnt))
+            deg[row] = static_cast<int>(q + 1);  // the last pair of its row inside the prefix
+    }
+    sync();
+    for (int i = thread; i < K; i += threads) {  // pairs inside, GCN's subgraph degree, kept pairs
+        int d = 0;
+        float gi = 0.f;
+        if (i < cnt) {
+            const int start = rs[i];
+            d = deg[i] >= 0 ? deg[i] - start : 0;
+            float ws = 0.f;
+            for (int q = 0; q < d; ++q) ws += a.ew != nullptr ? a.ew[e0 + start + q] : 1.f;
+            gi = rsqrt_(ws + 1.f);
+        }
+        deg[i] = d;  // this thread read deg[i] above: no other thread touches it in this phase
+        ks[i] = d < sw ? d : sw;
+        g[i] = gi;
     }
     sync();
     if (thread == 0) {
@@ -240,18 +246,22 @@ __host__ __device__ void run_thread(const Args& a, int block, int thread, int th
         return;
     }
 
-    // 2. the kept pairs and their coefficients
-    for (int i = thread; i < cnt; i += threads) {
-        const int d = deg[i], k = ks[i];
+    // 2. the kept pairs and their coefficients, a thread per kept pair (its row found in koff)
+    const int kept = koff[K];
+    for (int slot = thread; slot < kept; slot += threads) {
+        int i = 0, hi = K;  // the last row i with koff[i] <= slot (empty rows share their offset)
+        while (hi - i > 1) {
+            const int mid = (i + hi) >> 1;
+            if (koff[mid] <= slot) i = mid; else hi = mid;
+        }
+        const int q = slot - koff[i], d = deg[i], k = ks[i];
         const float kf = static_cast<float>(k > 1 ? k : 1);
         const bool sampled = a.width > 0 && a.fastrand && d > a.width;
-        for (int q = 0; q < k; ++q) {
-            const long long e = e0 + rs[i] + (sampled ? fastrand_position(q, d) : q);
-            const int col = a.dst[e];
-            const float w = a.ew != nullptr ? a.ew[e] : 1.f;
-            kcol[koff[i] + q] = col;
-            kcoef[koff[i] + q] = a.gcn ? w * ((static_cast<float>(d) / kf) * g[i]) * g[col] : w / kf;
-        }
+        const long long e = e0 + rs[i] + (sampled ? fastrand_position(q, d) : q);
+        const int col = a.dst[e];
+        const float w = a.ew != nullptr ? a.ew[e] : 1.f;
+        kcol[slot] = col;
+        kcoef[slot] = a.gcn ? w * ((static_cast<float>(d) / kf) * g[i]) * g[col] : w / kf;
     }
     sync();
 

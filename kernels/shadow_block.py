@@ -63,7 +63,7 @@ CHECK_RTOL, CHECK_ATOL = 1e-4, 1e-6
 def shared_bytes(k: int, hidden: int, classes: int, emb: int, cap: int, scratch: int) -> int:
     """Dynamic shared memory of a block (the layout in ``shadow_block.cu``): per-row arrays, the kept
     pairs, two ``[k, hidden]`` buffers, GraphSAGE's ``scratch`` rows, the readout and the logits."""
-    return 4 * (5 * k + 1 + 2 * cap + 2 * k * hidden + scratch * hidden + emb + classes)
+    return 4 * (5 * k + 2 + 2 * cap + 2 * k * hidden + scratch * hidden + emb + classes)
 
 
 def capacity(e_max: int, k: int, width: int) -> int:

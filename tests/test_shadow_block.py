@@ -44,9 +44,9 @@ HARNESS = Path(__file__).with_name("shadow_block_host_harness.cpp")
 
 # ----------------------------------------------------------------------------- sizes
 def test_sizes():
-    # 5 per-row arrays (+1), 2 per kept pair, two [k, H] buffers, the scratch rows, readout, logits
-    assert shadow_block.shared_bytes(64, 64, 10, 192, 1300, 8) == 4 * (321 + 2600 + 8192 + 512 + 192 + 10)
-    assert shadow_block.shared_bytes(3, 5, 2, 5, 1, 0) == 4 * (16 + 2 + 30 + 5 + 2)
+    # 5 per-row arrays (two of K + 1), 2 per kept pair, two [k, H] buffers, the scratch rows, readout, logits
+    assert shadow_block.shared_bytes(64, 64, 10, 192, 1300, 8) == 4 * (322 + 2600 + 8192 + 512 + 192 + 10)
+    assert shadow_block.shared_bytes(3, 5, 2, 5, 1, 0) == 4 * (17 + 2 + 30 + 5 + 2)
     assert shadow_block.capacity(1300, 64, 8) == 512  # S per row bounds it
     assert shadow_block.capacity(1300, 64, 0) == 1300  # the target's stored pairs bound it
     assert shadow_block.capacity(0, 64, 0) == 1
