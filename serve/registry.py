@@ -259,6 +259,12 @@ class ModelRegistry:
     def ready(self) -> bool:
         return any(rt.ready for vs in self._models.values() for rt in vs.values())
 
+    def lost_devices(self) -> set[str]:
+        """The models whose CUDA context a kernel fault left unusable (ModelRuntime.lost_device), as
+        "model NAME vN on DEVICE": health reports NOT_SERVING while any is served."""
+        return {f"model {rt.name} v{rt.version} lost {rt.device}" for vs in list(self._models.values())
+                for rt in list(vs.values()) if getattr(rt, "lost_device", False)}
+
     def failures(self) -> dict[str, str]:
         return {str(p): reason for p, (_, reason) in self._failed.items()}
 
@@ -483,6 +489,7 @@ class ModelRegistry:
 
                 install_hot_from_index(data.features.base, index)
             rt = ModelRuntime(name, version, ckpt, data, index, self.options, self.executor_for(name), self.metrics)
+            rt.on_device_lost = self.on_change  # health goes NOT_SERVING (the server's update is thread-safe)
             live.attach(rt)
         replayed = live.catch_up()  # the graph's logged updates (the first model on it: all of them)
         if replayed:

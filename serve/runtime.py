@@ -361,8 +361,10 @@ class ModelRuntime:
         self._resident: Any = None
         self._resident_shadow: Any = None
         self._captured: Any = None
-        #: a kernel fault left the model's CUDA context unusable (:meth:`_device_lost`)
+        #: a kernel fault left the model's CUDA context unusable (:meth:`_device_lost`); then called (the
+        #: registry sets it: the server's health goes NOT_SERVING)
         self.lost_device = False
+        self.on_device_lost: Any = None
         # resident and CUDA graphs unless told otherwise on a GPU, never unless told on a CPU
         wants_resident = options.resident if options.resident is not None else on_gpu
         if wants_resident or options.serving_path in ("plain-resident", "shadow-resident"):
@@ -686,12 +688,15 @@ class ModelRuntime:
 
     def _device_lost(self) -> None:
         """A kernel fault left this model's CUDA context unusable (kernels.resident.device_lost): every batch
-        the compiled CPU paths can take goes there from now on; the rest fail, loudly, until a restart."""
+        the compiled CPU paths can take goes there from now on; the rest fail, loudly, until a restart, and
+        the server's health says NOT_SERVING (so that an orchestrator restarts it)."""
         self.lost_device = True
         self._set_thresholds()
         log.critical("model %s v%s: the CUDA context of %s is lost after a kernel fault; batches the compiled "
                      "CPU paths take are answered there, the others fail until the server restarts", self.name,
                      self.version, self.device)
+        if self.on_device_lost is not None:
+            self.on_device_lost()
 
     def _path_for(self, targets: np.ndarray, new_nodes: bool, width: int, budget: int) -> ServingPath:
         """The first of this runtime's paths that takes such a batch (serve.paths)."""

@@ -134,11 +134,14 @@ class GnnServer:
         self._watch_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._served = asyncio.Event()  # set once health first reports SERVING (a model loaded and warmed)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop (health updates from threads)
+        self._said_lost: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> int:
         """Bind, load and warm every model, then report SERVING. Returns the bound port."""
         cfg = self.config
+        self._loop = asyncio.get_running_loop()
         for svc in ("", GNN_SERVICE, TRITON_SERVICE):
             await self.health.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{cfg.host}:{cfg.port}"
@@ -170,11 +173,25 @@ class GnnServer:
         return self.port
 
     def _update_health(self) -> None:
-        with contextlib.suppress(RuntimeError):
+        """Schedule a health update: from the event loop, or from a worker thread (a model that lost its
+        device, ModelRuntime._device_lost)."""
+        try:
             asyncio.get_running_loop().create_task(self._update_health_async())
+            return
+        except RuntimeError:  # not on the loop
+            pass
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # closed meanwhile: the server is stopping anyway
+                loop.call_soon_threadsafe(lambda: loop.create_task(self._update_health_async()))
 
     async def _update_health_async(self) -> None:
-        serving = self.registry.ready and self.gate.open
+        lost = self.registry.lost_devices()
+        for what in lost - self._said_lost:
+            log.critical("health NOT_SERVING: %s; restart the server (batches the compiled CPU paths take are "
+                         "still answered)", what)
+        self._said_lost |= lost
+        serving = self.registry.ready and self.gate.open and not lost
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for svc in ("", GNN_SERVICE, TRITON_SERVICE):
             await self.health.set(svc, status)

@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -407,6 +408,18 @@ def test_the_server_answers_through_the_block(harness, tmp_path, tiny_repo, capl
         with pytest.raises(RuntimeError, match="illegal memory access"):
             rt._run_path(_Faulting(), nodes, [], 4, 24, False)
         assert rt.lost_device and rt.gpu_min_targets == rt.fused_max_targets == float("inf")
+        # and the server's health says NOT_SERVING (an orchestrator restarts it), from this worker thread
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        with grpc.insecure_channel(srv.address) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            t_end = time.monotonic() + 30
+            while stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status == \
+                    health_pb2.HealthCheckResponse.SERVING:
+                assert time.monotonic() < t_end, "still SERVING after the device was lost"
+                time.sleep(0.01)
+        assert f"model shadow v{rt.version} lost cuda:0" in srv.server.registry.lost_devices()
         rt.fused_head_lost()  # a later threshold update keeps it so
         assert rt.gpu_min_targets == rt.fused_max_targets == float("inf")
 
