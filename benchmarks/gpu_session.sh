@@ -136,7 +136,8 @@ step_serving() {
 step_onenode() {  # where a small batch's time goes on the CPU and GPU paths, stage by stage, and a profile
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
     timeout "$1" python3 benchmarks/one_node.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
-        --models gcn,shadow-gcn --batches 1,8,64 --rounds "${ROUNDS:-5}" --profile | tee "$OUT/onenode.md" | tail -40
+        --models "${MODELS:-gcn,shadow-gcn}" --batches "${BATCHES:-1,8,64}" --rounds "${ROUNDS:-5}" --profile \
+        ${VARIANTS:+--variants "$VARIANTS"} | tee "$OUT/onenode.md" | tail -40
 }
 step_coldstart() {  # a --device cuda start on an empty and a warm CuPy kernel cache, bundled against per-instance
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
