@@ -95,6 +95,16 @@ def device_lost(exc: BaseException) -> bool:
     return False
 
 
+def _fused_failed(exc: Exception, what: str) -> None:
+    """A fused kernel (``what``) failed a batch and its owner dropped it: said, and the torch operators answer
+    from now on; unless the error lost the device (:func:`device_lost`), where they cannot run either: then
+    it goes up to the runtime."""
+    if device_lost(exc):
+        raise exc
+    log.error("%s failed a batch; the torch operators answer this model's batches from now on", what,
+              exc_info=exc)
+
+
 def bucket_of(n: int) -> int:
     """The batch bucket of ``n`` targets: the next power of two (CUDA graphs are captured per bucket)."""
     return 1 << max(0, int(n) - 1).bit_length()
@@ -661,10 +671,7 @@ class ResidentPlain(_OnDevice):
                     return self.unpack_host(flat, len(targets), width, want_emb)
                 except Exception as exc:  # the newest code: the torch operators (its specification) serve now
                     self.head = None
-                    if device_lost(exc):  # they cannot run there either
-                        raise
-                    log.exception("resident path: the fused last layer failed a batch; the torch operators "
-                                  "answer this model's batches from now on")
+                    _fused_failed(exc, "resident path: the fused last layer")
             rows = self.upload_ids(targets)
             out = self.forward(rows, targets, width, want_emb)
             return self.download(out, len(targets), width, want_emb)
@@ -897,10 +904,7 @@ class ResidentShadow(_OnDevice):
                                             want_emb)
                 except Exception as exc:  # the newest code: the torch operators (its specification) serve now
                     self.block = None
-                    if device_lost(exc):  # they cannot run there either
-                        raise
-                    log.exception("resident shaDow path: the one-launch kernel failed a batch; the torch "
-                                  "operators answer this model's batches from now on")
+                    _fused_failed(exc, "resident shaDow path: the one-launch kernel")
             rows = self.upload_ids(targets)
             return self.download(self.forward(rows, width, budget, want_emb), len(targets), want_emb)
 

@@ -3,6 +3,7 @@ own thread code as plain C++ and runs every GPU thread as a coroutine (tests/hos
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -23,3 +24,17 @@ def build_host_harness(tmp_path_factory, source: Path, defines: dict[str, Path],
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     return exe
+
+
+def compile_cubin(tmp_path: Path, source: Path, kernel: str) -> str:
+    """Compile the CUDA file ``source`` with nvcc for sm_90 (ptxas verbose) and check what a build on this
+    machine can: no error, the kernel ``kernel`` in the cubin, no register spills. Returns ptxas's report."""
+    cubin = tmp_path / f"{source.stem}.cubin"
+    cmd = ["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(source)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "error" not in res.stderr.lower(), res.stderr
+    assert kernel.encode() in cubin.read_bytes()
+    spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
+    assert spills and all(int(b) == 0 for b in spills), res.stderr
+    return res.stderr

@@ -13,9 +13,7 @@
 from __future__ import annotations
 
 import logging
-import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -25,6 +23,7 @@ from kernels import resident_head
 from kernels.resident import PAD_MAX, DeviceGraph, ResidentPlain
 from models.gcn import GCN
 
+from .harness_support import compile_cubin
 from .test_resident import ARCHS, _graph, _update
 
 
@@ -74,15 +73,7 @@ def test_without_a_gpu_it_is_not_used_and_required_it_fails(caplog):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_kernel_compiles_with_nvcc(tmp_path):
-    cubin = tmp_path / "resident_head.cubin"
-    cmd = ["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(cubin),
-           str(resident_head.KERNEL_SOURCE)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert "error" not in res.stderr.lower()
-    assert b"resident_head" in cubin.read_bytes()
-    spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
-    assert spills and all(int(b) == 0 for b in spills), res.stderr
+    compile_cubin(tmp_path, resident_head.KERNEL_SOURCE, "resident_head")
 
 
 # ----------------------------------------------------------------------------- on a GPU
@@ -234,13 +225,19 @@ class _FailingHead:
         raise RuntimeError("cuLaunchKernel failed (injected)")
 
 
-def test_a_failing_head_leaves_the_batch_to_the_torch_operators(caplog):
+def _plain_on_cpu() -> ResidentPlain:
+    """A small resident GCN on the CPU with its width-5 table (for a head that is injected)."""
     g = _graph(4, True)
     model = GCN(8, 6, 3, dropout=0.0).eval()
     with torch.no_grad():
         p = model.project(torch.randn(g.num_nodes, 8))
     r = ResidentPlain(model, g, lambda: p, strategy="fastrand", budget_bytes=1 << 24)
     assert r.has_table(5)
+    return r
+
+
+def test_a_failing_head_leaves_the_batch_to_the_torch_operators(caplog):
+    r = _plain_on_cpu()
     t = np.array([0, 9, 33])
     want = r.answer(t, 5, True)
     r.head = _FailingHead()
@@ -258,12 +255,7 @@ def test_a_head_failure_that_lost_the_device_goes_up(monkeypatch):
     tests/test_shadow_block.py)."""
     from kernels import resident as resident_mod
 
-    g = _graph(4, True)
-    model = GCN(8, 6, 3, dropout=0.0).eval()
-    with torch.no_grad():
-        p = model.project(torch.randn(g.num_nodes, 8))
-    r = ResidentPlain(model, g, lambda: p, strategy="fastrand", budget_bytes=1 << 24)
-    assert r.has_table(5)
+    r = _plain_on_cpu()
     r.head = _FailingHead()
     monkeypatch.setattr(resident_mod, "device_lost", lambda exc: True)
     with pytest.raises(RuntimeError, match="injected"):

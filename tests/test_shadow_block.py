@@ -37,7 +37,7 @@ import torch
 
 from kernels import shadow_block
 
-from .harness_support import build_host_harness
+from .harness_support import build_host_harness, compile_cubin
 from .test_resident import _process, _shadow_setup
 
 HARNESS = Path(__file__).with_name("shadow_block_host_harness.cpp")
@@ -80,17 +80,10 @@ def test_without_a_gpu_it_is_not_used_and_required_it_fails(caplog):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_kernel_compiles_with_nvcc(tmp_path):
-    cubin = tmp_path / "shadow_block.cubin"
-    cmd = ["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(cubin),
-           str(shadow_block.KERNEL_SOURCE)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert "error" not in res.stderr.lower() and "warning" not in res.stderr.lower(), res.stderr
-    assert shadow_block.KERNEL_NAME.encode() in cubin.read_bytes()
-    spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
-    assert spills and all(int(b) == 0 for b in spills), res.stderr
-    regs = re.findall(r"Used (\d+) registers", res.stderr)
-    assert regs and int(regs[0]) <= 64, res.stderr  # __launch_bounds__(256, 4): 4 blocks per SM
+    report = compile_cubin(tmp_path, shadow_block.KERNEL_SOURCE, shadow_block.KERNEL_NAME)
+    assert "warning" not in report.lower(), report
+    regs = re.findall(r"Used (\d+) registers", report)
+    assert regs and int(regs[0]) <= 64, report  # __launch_bounds__(256, 4): 4 blocks per SM
 
 
 # ----------------------------------------------------------------------------- host emulation
