@@ -14,12 +14,13 @@ specification is that torch code; tests run the kernel's own thread code on the 
 The ids and answers go through mapped host memory (:class:`kernels.resident_head.MappedIO`): a batch is
 one launch and one stream synchronisation.
 
-:func:`create` returns ``None`` (saying why once, in the log) where this cannot run: no CUDA device, the
-CUDA kernels off or failing, a model that is not float32, more than two pools -- or where its first
-launch on a few targets does not give the torch operators' answers (the check runs once, when the model
-becomes resident). A batch whose shared memory would exceed the device's limit (a large budget at the
-exact width on a wide model) takes the torch operators; a batch whose launch fails is answered by them,
-which serve the model from then on (:meth:`ResidentShadow.answer`).
+:func:`create` returns ``None`` (saying why once, in the log; asked for, a RuntimeError that says it) where
+this cannot run: no CUDA device, the CUDA kernels off or failing, a model that is not float32, more than two
+pools -- or where its first launch on a few targets does not give the torch operators' answers (the check
+runs once, when the model becomes resident). A batch whose shared memory would exceed the device's limit (a
+large budget at the exact width on a wide model) takes the torch operators; a batch whose launch fails is
+answered by them, which serve the model from then on (:meth:`ResidentShadow.answer`), unless the failure
+left the CUDA context unusable (:func:`kernels.resident.device_lost`): then the error goes up to the runtime.
 
 Until a GPU session has timed it against the CUDA graphs of the torch operators, it is used only when
 asked for (``--fused-shadow``, ``RuntimeOptions.fused_shadow``; :data:`DEFAULT_ON`).
