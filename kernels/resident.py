@@ -90,9 +90,10 @@ def device_lost(exc: BaseException) -> bool:
     (serve.runtime's ``_run_path``). Decided from the error alone: synchronising the device to ask would
     disturb another model's CUDA graph capture."""
     status = getattr(exc, "status", None)
-    if (isinstance(status, int) and status in STICKY_CUDA_ERRORS) or any(t in str(exc).lower() for t in _STICKY_TEXT):
+    if isinstance(status, int) and status in STICKY_CUDA_ERRORS:
         return True
-    return False
+    text = str(exc).lower()
+    return any(t in text for t in _STICKY_TEXT)
 
 
 def _fused_failed(exc: Exception, what: str) -> None:
