@@ -261,7 +261,7 @@ class ModelRegistry:
 
     def lost_devices(self) -> set[str]:
         """The models whose CUDA context a kernel fault left unusable (ModelRuntime.lost_device), as
-        "model NAME vN on DEVICE": health reports NOT_SERVING while any is served."""
+        "model NAME vN lost DEVICE": health reports NOT_SERVING while any is served."""
         return {f"model {rt.name} v{rt.version} lost {rt.device}" for vs in list(self._models.values())
                 for rt in list(vs.values()) if getattr(rt, "lost_device", False)}
 
