@@ -18,7 +18,200 @@
 //
 // ids and out may be host memory mapped into the device's address space (the host then reads the
 // answers without a copy); the kernel only needs them readable / writable from the device.
+//
+// The thread body is __host__ __device__ and takes __syncthreads and the warp's __shfl_xor_sync as
+// functors, so tests run this exact code on the CPU with one coroutine per thread
+// (tests/resident_head_host_harness.cpp). No #include in the device build: NVRTC compiles it as it is.
 
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define RESIDENT_HEAD_CUDA 1
+#else
+#define RESIDENT_HEAD_CUDA 0
+#define __host__
+#define __device__
+#include <cmath>
+#include <cstring>
+#endif
+
+namespace rhead {
+
+struct Args {
+    const long long* ids;    // [B] the targets' rows
+    const float* h;          // [N, H] relu(layer 1) of every node at this width
+    const long long* crow;   // [N + 1] row t's kept edges are crow[t] .. crow[t] + k[t] - 1
+    const long long* col;    // [K + 1]
+    const float* coef;       // [K + 1]
+    const long long* k;      // [N]
+    const float* dinv;       // [N] GCN's D^{-1/2}, or nullptr (GraphSAGE)
+    const long long* kept2;  // [N] 2-layer kept edge counts, or nullptr (not packed)
+    const float* w_agg;      // [H, C] applied to the aggregate
+    const float* w_self;     // [H, C] applied to h_t (GraphSAGE), or nullptr
+    const float* bias;       // [C]
+    float* out;              // the packed answers
+    int B, H, C, want_emb;
+};
+
+__host__ __device__ inline float neg_inf() {
+#if RESIDENT_HEAD_CUDA
+    return __int_as_float(0xff800000);
+#else
+    return -INFINITY;
+#endif
+}
+
+__host__ __device__ inline float exp_(float v) {
+#if RESIDENT_HEAD_CUDA
+    return expf(v);
+#else
+    return std::exp(v);
+#endif
+}
+
+__host__ __device__ inline float max_(float a, float b) {
+#if RESIDENT_HEAD_CUDA
+    return fmaxf(a, b);
+#else
+    return std::fmax(a, b);
+#endif
+}
+
+__host__ __device__ inline unsigned long long double_bits(double v) {
+#if RESIDENT_HEAD_CUDA
+    return static_cast<unsigned long long>(__double_as_longlong(v));
+#else
+    unsigned long long u;
+    std::memcpy(&u, &v, sizeof u);
+    return u;
+#endif
+}
+
+__host__ __device__ inline float word_float(unsigned u) {
+#if RESIDENT_HEAD_CUDA
+    return __uint_as_float(u);
+#else
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
+// Everything thread `thread` of block `i` does. sync(): the block's barrier; shfl(v, o): the value of v in
+// the lane `lane ^ o` of the calling warp (warp 0 alone calls it, all its 32 lanes together). The loops
+// strided by the block's threads are not unrolled: the code the kernel had when it read blockDim.x itself,
+// as measured on the H200 (2026-11-26).
+template <typename Sync, typename Shfl>
+__host__ __device__ void run_thread(const Args& a, int i, int thread, int threads, float* sm, const Sync& sync,
+                                    const Shfl& shfl) {
+    const int B = a.B, H = a.H, C = a.C;
+    const int warps = threads >> 5;
+    const int warp = thread >> 5;
+    const int lane = thread & 31;
+    float* part = sm;                    // [warps][H]
+    float* agg = part + warps * H;       // [H]
+    float* z = agg + H;                  // [C]
+    const long long t = a.ids[i];
+    const long long start = a.crow[t];
+    const long long kt = a.k[t];
+
+#pragma unroll 1
+    for (int f = thread; f < warps * H; f += threads) part[f] = 0.f;
+    sync();
+    float* mine = part + warp * H;
+    long long q = warp;
+    // two edges per step: their loads are in flight together
+    for (; q + warps < kt; q += 2 * warps) {
+        const long long e0 = start + q, e1 = e0 + warps;
+        const float c0 = a.coef[e0], c1 = a.coef[e1];
+        const float* h0 = a.h + a.col[e0] * (long long)H;
+        const float* h1 = a.h + a.col[e1] * (long long)H;
+        for (int f = lane; f < H; f += 32) {
+            const float x0 = h0[f], x1 = h1[f];
+            mine[f] += c0 * x0;
+            mine[f] += c1 * x1;
+        }
+    }
+    if (q < kt) {
+        const long long e = start + q;
+        const float c0 = a.coef[e];
+        const float* h0 = a.h + a.col[e] * (long long)H;
+        for (int f = lane; f < H; f += 32) mine[f] += c0 * h0[f];
+    }
+    sync();
+
+    const float* ht = a.h + t * (long long)H;
+    const float g2 = a.dinv != nullptr ? a.dinv[t] * a.dinv[t] : 0.f;
+    const long long emb_at = (long long)B * C + B + (a.kept2 != nullptr ? 2LL * B : 0LL) + (long long)i * H;
+#pragma unroll 1
+    for (int f = thread; f < H; f += threads) {
+        float s = 0.f;
+        for (int w = 0; w < warps; ++w) s += part[w * H + f];
+        const float x = ht[f];
+        agg[f] = a.dinv != nullptr ? g2 * x + s : s;
+        if (a.want_emb) a.out[emb_at + f] = x;
+    }
+    sync();
+
+#pragma unroll 1
+    for (int c = thread; c < C; c += threads) {
+        float s = 0.f;
+        for (int f = 0; f < H; ++f) s += agg[f] * a.w_agg[(long long)f * C + c];
+        if (a.w_self != nullptr) {
+            float r = 0.f;
+            for (int f = 0; f < H; ++f) r += ht[f] * a.w_self[(long long)f * C + c];
+            s = r + s;
+        }
+        z[c] = s + a.bias[c];
+    }
+    sync();
+
+    if (warp == 0) {
+        float m = neg_inf();
+        for (int c = lane; c < C; c += 32) m = max_(m, z[c]);
+        for (int o = 16; o > 0; o >>= 1) m = max_(m, shfl(m, o));
+        float s = 0.f;
+        for (int c = lane; c < C; c += 32) s += exp_(z[c] - m);
+        for (int o = 16; o > 0; o >>= 1) s += shfl(s, o);
+        // arg-max as torch's: the first of equal maxima, and a NaN above every number (the first NaN)
+        float best = -1.f;
+        int arg = C;
+        for (int c = lane; c < C; c += 32) {
+            const float p = exp_(z[c] - m) / s;
+            a.out[(long long)i * C + c] = p;
+            // lanes walk their classes upwards: a later equal never replaces
+            if ((p != p && best == best) || p > best) { best = p; arg = c; }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = shfl(best, o);
+            const int oa = shfl(arg, o);
+            const bool o_nan = ob != ob, b_nan = best != best;
+            const bool take = o_nan != b_nan ? o_nan : (o_nan ? oa < arg : (ob > best || (ob == best && oa < arg)));
+            if (take) { best = ob; arg = oa; }
+        }
+        if (lane == 0) {
+            a.out[(long long)B * C + i] = (float)arg;
+            if (a.kept2 != nullptr) {
+                const unsigned long long bits = double_bits((double)a.kept2[t]);
+                float* words = a.out + (long long)B * C + B + 2LL * i;
+                words[0] = word_float((unsigned)(bits & 0xffffffffu));  // little-endian, as float64.view(float32)
+                words[1] = word_float((unsigned)(bits >> 32));
+            }
+        }
+    }
+}
+
+#if RESIDENT_HEAD_CUDA
+struct BlockSync {
+    __device__ void operator()() const { __syncthreads(); }
+};
+struct WarpShfl {
+    __device__ float operator()(float v, int o) const { return __shfl_xor_sync(0xffffffffu, v, o); }
+    __device__ int operator()(int v, int o) const { return __shfl_xor_sync(0xffffffffu, v, o); }
+};
+#endif
+
+}  // namespace rhead
+
+#if RESIDENT_HEAD_CUDA
 extern "C" __global__ void resident_head(
     const long long* __restrict__ ids,    // [B] the targets' rows
     const float* __restrict__ h,          // [N, H] relu(layer 1) of every node at this width
@@ -35,96 +228,7 @@ extern "C" __global__ void resident_head(
     int B, int H, int C, int want_emb)
 {
     extern __shared__ float sm[];
-    const int warps = blockDim.x >> 5;
-    const int warp = threadIdx.x >> 5;
-    const int lane = threadIdx.x & 31;
-    float* part = sm;                    // [warps][H]
-    float* agg = part + warps * H;       // [H]
-    float* z = agg + H;                  // [C]
-    const int i = blockIdx.x;
-    const long long t = ids[i];
-    const long long start = crow[t];
-    const long long kt = k[t];
-
-    for (int f = threadIdx.x; f < warps * H; f += blockDim.x) part[f] = 0.f;
-    __syncthreads();
-    float* mine = part + warp * H;
-    long long q = warp;
-    // two edges per step: their loads are in flight together
-    for (; q + warps < kt; q += 2 * warps) {
-        const long long e0 = start + q, e1 = e0 + warps;
-        const float c0 = coef[e0], c1 = coef[e1];
-        const float* h0 = h + col[e0] * (long long)H;
-        const float* h1 = h + col[e1] * (long long)H;
-        for (int f = lane; f < H; f += 32) {
-            const float a = h0[f], b = h1[f];
-            mine[f] += c0 * a;
-            mine[f] += c1 * b;
-        }
-    }
-    if (q < kt) {
-        const long long e = start + q;
-        const float c0 = coef[e];
-        const float* h0 = h + col[e] * (long long)H;
-        for (int f = lane; f < H; f += 32) mine[f] += c0 * h0[f];
-    }
-    __syncthreads();
-
-    const float* ht = h + t * (long long)H;
-    const float g2 = dinv != nullptr ? dinv[t] * dinv[t] : 0.f;
-    const long long emb_at = (long long)B * C + B + (kept2 != nullptr ? 2LL * B : 0LL) + (long long)i * H;
-    for (int f = threadIdx.x; f < H; f += blockDim.x) {
-        float s = 0.f;
-        for (int w = 0; w < warps; ++w) s += part[w * H + f];
-        const float x = ht[f];
-        agg[f] = dinv != nullptr ? g2 * x + s : s;
-        if (want_emb) out[emb_at + f] = x;
-    }
-    __syncthreads();
-
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float s = 0.f;
-        for (int f = 0; f < H; ++f) s += agg[f] * w_agg[(long long)f * C + c];
-        if (w_self != nullptr) {
-            float r = 0.f;
-            for (int f = 0; f < H; ++f) r += ht[f] * w_self[(long long)f * C + c];
-            s = r + s;
-        }
-        z[c] = s + bias[c];
-    }
-    __syncthreads();
-
-    if (warp == 0) {
-        float m = __int_as_float(0xff800000);  // -inf
-        for (int c = lane; c < C; c += 32) m = fmaxf(m, z[c]);
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        float s = 0.f;
-        for (int c = lane; c < C; c += 32) s += expf(z[c] - m);
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        // arg-max as torch's: the first of equal maxima, and a NaN above every number (the first NaN)
-        float best = -1.f;
-        int arg = C;
-        for (int c = lane; c < C; c += 32) {
-            const float p = expf(z[c] - m) / s;
-            out[(long long)i * C + c] = p;
-            // lanes walk their classes upwards: a later equal never replaces
-            if ((p != p && best == best) || p > best) { best = p; arg = c; }
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oa = __shfl_xor_sync(0xffffffffu, arg, o);
-            const bool o_nan = ob != ob, b_nan = best != best;
-            const bool take = o_nan != b_nan ? o_nan : (o_nan ? oa < arg : (ob > best || (ob == best && oa < arg)));
-            if (take) { best = ob; arg = oa; }
-        }
-        if (lane == 0) {
-            out[(long long)B * C + i] = (float)arg;
-            if (kept2 != nullptr) {
-                const unsigned long long bits = (unsigned long long)__double_as_longlong((double)kept2[t]);
-                unsigned int* words = reinterpret_cast<unsigned int*>(out + (long long)B * C + B + 2LL * i);
-                words[0] = (unsigned int)(bits & 0xffffffffu);  // little-endian, as float64.view(float32)
-                words[1] = (unsigned int)(bits >> 32);
-            }
-        }
-    }
+    const rhead::Args a{ids, h, crow, col, coef, k, dinv, kept2, w_agg, w_self, bias, out, B, H, C, want_emb};
+    rhead::run_thread(a, blockIdx.x, threadIdx.x, blockDim.x, sm, rhead::BlockSync{}, rhead::WarpShfl{});
 }
+#endif

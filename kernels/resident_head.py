@@ -176,21 +176,31 @@ class ResidentHead:
         """The packed answers of ``targets`` at ``width`` (its table held): a copy of the mapped output."""
         r = self.r
         b = len(targets)
-        h = r._tables[width]
-        c = r._csr[width]
-        kept2 = c.kept2 if width else None
-        floats = packed_floats(b, r.num_classes, r.hidden, kept2 is not None, want_emb)
+        ts = kernel_tensors(r, width)
+        floats = packed_floats(b, r.num_classes, r.hidden, ts["kept2"] is not None, want_emb)
         ids, out = self.io.buffers(b, floats)
         ids.array[:b] = targets
-        gcn = r.gcn
-        w_agg, w_self = (r._w[0], None) if gcn else (r._w[1], r._w[0])
-        args = (ids.device_ptr, h.data_ptr(), c.crow.data_ptr(), c.col.data_ptr(), c.coef.data_ptr(),
-                c.k.data_ptr(), r.dinv.data_ptr() if gcn else 0, kept2.data_ptr() if kept2 is not None else 0,
-                w_agg.data_ptr(), 0 if w_self is None else w_self.data_ptr(), r._b.data_ptr(), out.device_ptr,
+        args = (ids.device_ptr, *(0 if ts[n] is None else ts[n].data_ptr() for n in TENSOR_ARGS), out.device_ptr,
                 b, r.hidden, r.num_classes, int(bool(want_emb)))
         self.io.run(self.fn, b, self.threads, self.shared_bytes, args, ARG_KINDS)
         self.launches += 1
         return out.array[:floats].copy()
+
+
+#: the kernel's tensor parameters between ``ids`` and ``out``, in order (:func:`kernel_tensors`)
+TENSOR_ARGS = ("h", "crow", "col", "coef", "k", "dinv", "kept2", "w_agg", "w_self", "bias")
+
+
+def kernel_tensors(r: Any, width: int) -> dict[str, torch.Tensor | None]:
+    """What the kernel reads of ``r`` (a :class:`kernels.resident.ResidentPlain`) at ``width``: the width's
+    first-layer table and kept edges, GCN's ``dinv`` (None for GraphSAGE), the 2-layer kept counts (None at
+    the exact width), the classifier's weights applied to the aggregate and to the target's own row (None
+    for GCN), the bias. The launch passes their pointers; the host emulation in the tests their arrays."""
+    c = r._csr[width]
+    w_agg, w_self = (r._w[0], None) if r.gcn else (r._w[1], r._w[0])
+    return {"h": r._tables[width], "crow": c.crow, "col": c.col, "coef": c.coef, "k": c.k,
+            "dinv": r.dinv if r.gcn else None, "kept2": c.kept2 if width else None, "w_agg": w_agg,
+            "w_self": w_self, "bias": r._b}
 
 
 def create(resident: Any) -> ResidentHead | None:

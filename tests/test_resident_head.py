@@ -3,6 +3,12 @@
 * its launch shape and packed size (CPU);
 * where it cannot run (a CPU, or required but unavailable) it says so and the torch operators serve;
 * ``resident_head.cu`` compiles with nvcc for sm_90 without spilling (skipped without nvcc);
+* its thread code, run on the CPU by ``tests/resident_head_host_harness.cpp`` (one coroutine per GPU
+  thread, ``__syncthreads`` a block barrier, ``__shfl_xor_sync`` a warp exchange), gives the answers of
+  ``ResidentPlain.forward`` + ``pack`` on the CPU: GCN and GraphSAGE, weighted and not, sampled widths,
+  one above PAD_MAX and the exact width, a hub longer than the block's warps, hidden and class counts that
+  are not multiples of 32 (more classes than a warp's lanes), fewer warps, with and without embeddings,
+  a target twice, a NaN row;
 * on a GPU: the kernel's packed answers equal its specification, ``ResidentPlain.forward`` + ``pack`` (the
   torch operators), on random graphs with a hub longer than a block's warps, every width (sampled, above
   PAD_MAX, exact), GCN and GraphSAGE, hidden and class counts that are not multiples of 32, with and
@@ -14,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +31,7 @@ from kernels import resident_head
 from kernels.resident import PAD_MAX, DeviceGraph, ResidentPlain
 from models.gcn import GCN
 
-from .harness_support import compile_cubin
+from .harness_support import build_host_harness, compile_cubin
 from .test_resident import ARCHS, _graph, _update
 
 
@@ -69,6 +77,100 @@ def test_without_a_gpu_it_is_not_used_and_required_it_fails(caplog):
         assert "the fused last layer is not used" in caplog.text
     with pytest.raises(RuntimeError, match="fused last layer cannot run here"):
         ResidentPlain(model, g, lambda: p, strategy="fastrand", budget_bytes=1 << 24, fused_head=True)
+
+
+# ----------------------------------------------------------------------------- host emulation
+HARNESS = Path(__file__).with_name("resident_head_host_harness.cpp")
+HARNESS_ERRORS = {3: "shared memory written past the launcher's size",
+                  5: "threads diverge at a barrier or an exchange", 8: "an answer was not written"}
+
+
+@pytest.fixture(scope="session")
+def harness(tmp_path_factory) -> Path:
+    return build_host_harness(tmp_path_factory, HARNESS, {"RESIDENT_HEAD_SOURCE": resident_head.KERNEL_SOURCE},
+                              "resident_head_host")
+
+
+def emulate(exe: Path, workdir: Path, r: ResidentPlain, targets: np.ndarray, width: int, want_emb: bool, *,
+            threads: int | None = None) -> np.ndarray:
+    """Run resident_head.cu's thread code on the CPU with what ResidentHead.answer launches with
+    (kernels.resident_head.kernel_tensors, launch_shape; optionally fewer threads) and return the packed
+    answers."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    ts = resident_head.kernel_tensors(r, width)
+    for name, t in {"ids": torch.from_numpy(np.asarray(targets, np.int64)), **ts}.items():
+        if t is not None:
+            t.detach().cpu().contiguous().numpy().tofile(workdir / f"{name}.bin")
+    shape_threads, _ = resident_head.launch_shape(r.hidden, r.num_classes)
+    threads = threads or shape_threads
+    shared = 4 * (r.hidden + r.num_classes + r.hidden * (threads // 32))
+    b = len(targets)
+    floats = resident_head.packed_floats(b, r.num_classes, r.hidden, ts["kept2"] is not None, want_emb)
+    args = [exe, workdir, b, r.hidden, r.num_classes, int(want_emb), int(ts["dinv"] is not None),
+            int(ts["kept2"] is not None), int(ts["w_self"] is not None), threads, shared, floats]
+    run = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"harness exit {run.returncode}: {HARNESS_ERRORS.get(run.returncode, run.stderr)}"
+    return np.fromfile(workdir / "out.bin", dtype=np.float32)
+
+
+def _on_cpu(arch: str, seed: int, weighted: bool, strategy: str, hidden: int, classes: int) -> ResidentPlain:
+    torch.manual_seed(seed)
+    g = _graph(seed, weighted)
+    model = ARCHS[arch](24, hidden, classes, dropout=0.0).eval()
+    with torch.no_grad():
+        p = model.project(torch.randn(g.num_nodes, 24, generator=torch.Generator().manual_seed(seed)))
+    return ResidentPlain(model, g, lambda: p, strategy=strategy, budget_bytes=1 << 28)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize(("hidden", "classes", "threads"), [(16, 5, None), (37, 7, 64), (70, 47, None)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_host_emulation_equals_the_torch_operators(harness, tmp_path, arch, hidden, classes, threads, weighted):
+    r = _on_cpu(arch, 30 + hidden, weighted, "fastrand", hidden, classes)
+    n = r.num_nodes
+    rng = np.random.default_rng(hidden)
+    # the hub, an isolated node, a self-loop, a target twice, random ones
+    t = np.concatenate([[0, n - 1, 3, 0], rng.choice(n, 60, replace=False)])
+    for width in (1, 8, PAD_MAX + 5, 0):
+        assert r.has_table(width)
+        for want_emb in (False, True):
+            got = r.unpack_host(emulate(harness, tmp_path, r, t, width, want_emb, threads=threads), len(t), width,
+                                want_emb)
+            _assert_same(got, r.answer(t, width, want_emb), width)
+
+
+def test_host_emulation_nan_rows_answer_like_torch(harness, tmp_path):
+    """A NaN in the first-layer table: the targets that read it answer NaN, labelled as torch labels a NaN
+    row (its first NaN: 0); the others as before."""
+    r = _on_cpu("gcn", 4, False, "fastrand", 9, 6)
+    assert r.has_table(4)
+    with torch.inference_mode():  # the table was built under it
+        r._tables[4][5] = float("nan")
+    t = np.arange(0, 200, 5)
+    want = r.answer(t, 4, False)
+    assert np.isnan(want[0]).any() and not np.isnan(want[0]).all()
+    got = r.unpack_host(emulate(harness, tmp_path, r, t, 4, False), len(t), 4, False)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert np.array_equal(got[1], want[1]) and np.array_equal(got[2], want[2])
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_host_emulation_breaks_ties_as_torch(harness, tmp_path, arch):
+    """Equal largest probabilities held by different lanes of warp 0 (class 32 by lane 0, class 5 by lane 5,
+    each its lane's best): the label is the first of them, 5, as torch's arg-max gives it."""
+    r = _on_cpu(arch, 6, False, "fastrand", 12, 40)
+    assert r.has_table(3)
+    with torch.no_grad():
+        for w in r._w:
+            w.zero_()
+        r._b.zero_()
+        r._b[5] = r._b[32] = 1.0
+    t = np.arange(0, 300, 7)
+    want = r.answer(t, 3, False)
+    assert (want[1] == 5).all()
+    got = r.unpack_host(emulate(harness, tmp_path, r, t, 3, False), len(t), 3, False)
+    assert (got[1] == 5).all()
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
