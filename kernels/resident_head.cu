@@ -21,16 +21,11 @@
 //
 // The thread body is __host__ __device__ and takes __syncthreads and the warp's __shfl_xor_sync as
 // functors, so tests run this exact code on the CPU with one coroutine per thread
-// (tests/resident_head_host_harness.cpp). No #include in the device build: NVRTC compiles it as it is.
+// (tests/resident_head_host_harness.cpp). NVRTC (CuPy) compiles it after the text
+// of device_helpers.cuh, which nvcc and the host builds reach through the #include below.
 
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#define RESIDENT_HEAD_CUDA 1
-#else
-#define RESIDENT_HEAD_CUDA 0
-#define __host__
-#define __device__
-#include <cmath>
-#include <cstring>
+#ifndef KDEV_HELPERS  // NVRTC gets device_helpers.cuh's text in front of this file's (kernels/resident_head.py)
+#include "device_helpers.cuh"
 #endif
 
 namespace rhead {
@@ -51,49 +46,9 @@ struct Args {
     int B, H, C, want_emb;
 };
 
-__host__ __device__ inline float neg_inf() {
-#if RESIDENT_HEAD_CUDA
-    return __int_as_float(0xff800000);
-#else
-    return -INFINITY;
-#endif
-}
-
-__host__ __device__ inline float exp_(float v) {
-#if RESIDENT_HEAD_CUDA
-    return expf(v);
-#else
-    return std::exp(v);
-#endif
-}
-
-__host__ __device__ inline float max_(float a, float b) {
-#if RESIDENT_HEAD_CUDA
-    return fmaxf(a, b);
-#else
-    return std::fmax(a, b);
-#endif
-}
-
-__host__ __device__ inline unsigned long long double_bits(double v) {
-#if RESIDENT_HEAD_CUDA
-    return static_cast<unsigned long long>(__double_as_longlong(v));
-#else
-    unsigned long long u;
-    std::memcpy(&u, &v, sizeof u);
-    return u;
-#endif
-}
-
-__host__ __device__ inline float word_float(unsigned u) {
-#if RESIDENT_HEAD_CUDA
-    return __uint_as_float(u);
-#else
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-#endif
-}
+using kdev::exp_;
+using kdev::max_;
+using kdev::neg_inf;
 
 // Everything thread `thread` of block `i` does. sync(): the block's barrier; shfl(v, o): the value of v in
 // the lane `lane ^ o` of the calling warp (warp 0 alone calls it, all its 32 lanes together). The loops
@@ -190,16 +145,13 @@ __host__ __device__ void run_thread(const Args& a, int i, int thread, int thread
         if (lane == 0) {
             a.out[(long long)B * C + i] = (float)arg;
             if (a.kept2 != nullptr) {
-                const unsigned long long bits = double_bits((double)a.kept2[t]);
-                float* words = a.out + (long long)B * C + B + 2LL * i;
-                words[0] = word_float((unsigned)(bits & 0xffffffffu));  // little-endian, as float64.view(float32)
-                words[1] = word_float((unsigned)(bits >> 32));
+                kdev::store_f64_words(a.out + (long long)B * C + B + 2LL * i, (double)a.kept2[t]);
             }
         }
     }
 }
 
-#if RESIDENT_HEAD_CUDA
+#if KDEV_CUDA
 struct BlockSync {
     __device__ void operator()() const { __syncthreads(); }
 };
@@ -211,7 +163,7 @@ struct WarpShfl {
 
 }  // namespace rhead
 
-#if RESIDENT_HEAD_CUDA
+#if KDEV_CUDA
 extern "C" __global__ void resident_head(
     const long long* __restrict__ ids,    // [B] the targets' rows
     const float* __restrict__ h,          // [N, H] relu(layer 1) of every node at this width

@@ -41,6 +41,9 @@ __all__ = ["KERNEL_SOURCE", "MappedBuffer", "MappedIO", "ResidentHead", "create"
 log = logging.getLogger(__name__)
 
 KERNEL_SOURCE = Path(__file__).with_name("resident_head.cu")
+#: what the one-launch kernels share (the CUDA / host switch, intrinsics with host twins): NVRTC gets its text
+#: in front of a kernel's, so that CuPy's cache is keyed on it too
+HELPERS_SOURCE = Path(__file__).with_name("device_helpers.cuh")
 #: the kernel's parameters, in order: 12 pointers, 4 ints
 ARG_KINDS = ("ptr",) * 12 + ("i32",) * 4
 #: shared memory a block may take (the default limit without opting in to more is 48 KiB)
@@ -70,7 +73,8 @@ def packed_floats(b: int, classes: int, hidden: int, kept: bool, want_emb: bool)
 
 def _function(device_index: int, source: Path = KERNEL_SOURCE, name: str = "resident_head",
               max_shared: int = 0) -> tuple[Any, int]:
-    """The kernel ``name`` of the CUDA file ``source``, compiled once per device (NVRTC through CuPy);
+    """The kernel ``name`` of the CUDA file ``source`` (after :data:`HELPERS_SOURCE`), compiled once per device
+    (NVRTC through CuPy);
     ``max_shared`` > 0: its launches may take that much dynamic shared memory (the opt-in beyond 48 KiB,
     set on this device's copy of the function: CuPy resolves a kernel per current device)."""
     key = (device_index, str(source), name, max_shared)
@@ -81,7 +85,8 @@ def _function(device_index: int, source: Path = KERNEL_SOURCE, name: str = "resi
             if fn is None:
                 cp = spmm_cuda._cupy()
                 with cp.cuda.Device(device_index):
-                    mod = cp.RawModule(code=source.read_text(), options=("-std=c++17",))
+                    code = HELPERS_SOURCE.read_text() + source.read_text()
+                    mod = cp.RawModule(code=code, options=("-std=c++17",))
                     raw = mod.get_function(name)
                     if max_shared > 0:
                         raw.max_dynamic_shared_size_bytes = max_shared

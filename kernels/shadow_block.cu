@@ -36,17 +36,12 @@
 // independent sums (one target's block is latency-bound, not bandwidth-bound).
 //
 // The thread body is __host__ __device__ and takes __syncthreads as a functor, so tests run this exact
-// code on the CPU with one coroutine per thread (tests/shadow_block_host_harness.cpp). No #include in
-// the device build: NVRTC (CuPy RawModule) compiles it as it is.
+// code on the CPU with one coroutine per thread (tests/shadow_block_host_harness.cpp). NVRTC (CuPy)
+// compiles it after the text of device_helpers.cuh, which nvcc and the host builds reach through the
+// #include below.
 
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#define SHADOW_BLOCK_CUDA 1
-#else
-#define SHADOW_BLOCK_CUDA 0
-#define __host__
-#define __device__
-#include <cmath>
-#include <cstring>
+#ifndef KDEV_HELPERS  // NVRTC gets device_helpers.cuh's text in front of this file's (kernels/resident_head.py)
+#include "device_helpers.cuh"
 #endif
 
 namespace shadow_block {
@@ -77,57 +72,10 @@ __host__ __device__ inline long long shared_bytes(int K, int H, int C, int E, in
     return 4LL * (5LL * K + 2 + 2LL * cap + 2LL * K * H + static_cast<long long>(R) * H + E + C);
 }
 
-__host__ __device__ inline float rsqrt_(float v) {
-#if SHADOW_BLOCK_CUDA
-    return rsqrtf(v);
-#else
-    return 1.0f / std::sqrt(v);
-#endif
-}
-
-__host__ __device__ inline float exp_(float v) {
-#if SHADOW_BLOCK_CUDA
-    return expf(v);
-#else
-    return std::exp(v);
-#endif
-}
-
-__host__ __device__ inline unsigned long long double_bits(double v) {
-#if SHADOW_BLOCK_CUDA
-    return static_cast<unsigned long long>(__double_as_longlong(v));
-#else
-    unsigned long long u;
-    std::memcpy(&u, &v, sizeof u);
-    return u;
-#endif
-}
-
-__host__ __device__ inline float bits_float(unsigned u) {
-#if SHADOW_BLOCK_CUDA
-    return __uint_as_float(u);
-#else
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-#endif
-}
-
-__host__ __device__ inline float neg_inf() {
-#if SHADOW_BLOCK_CUDA
-    return __int_as_float(0xff800000);
-#else
-    return -INFINITY;
-#endif
-}
-
-__host__ __device__ inline float nan_() {
-#if SHADOW_BLOCK_CUDA
-    return __int_as_float(0x7fc00000);
-#else
-    return NAN;
-#endif
-}
+using kdev::exp_;
+using kdev::nan_;
+using kdev::neg_inf;
+using kdev::rsqrt_;
 
 // torch.relu and torch.amax keep a NaN
 __host__ __device__ inline float relu(float v) { return (v > 0.f || v != v) ? v : 0.f; }
@@ -141,7 +89,7 @@ __host__ __device__ inline int fastrand_position(int t, int d) {
 
 // A block whose kept pairs exceed the launch's capacity: NaN answers, label -1 (the host refuses the
 // batch), counts 0 -- written by one thread. Out of line: the common path keeps its registers.
-#if SHADOW_BLOCK_CUDA
+#if KDEV_CUDA
 __noinline__
 #endif
 __host__ __device__ void refuse(float* out, int B, int C, int E, int block, int want_emb) {
@@ -386,18 +334,13 @@ __host__ __device__ void run_thread(const Args& a, int block, int thread, int th
         for (int i = 0; i < cnt; ++i) total += deg[i];
         const long long base = static_cast<long long>(a.B) * C;
         a.out[base + block] = static_cast<float>(arg);
-        const unsigned long long kb = double_bits(static_cast<double>(static_cast<long long>(koff[K]) * a.layers));
-        const unsigned long long tb = double_bits(static_cast<double>(total * a.layers));
-        float* kw = a.out + base + a.B + 2LL * block;
-        float* tw = a.out + base + 3LL * a.B + 2LL * block;
-        kw[0] = bits_float(static_cast<unsigned>(kb & 0xffffffffu));  // little-endian, as float64.view(float32)
-        kw[1] = bits_float(static_cast<unsigned>(kb >> 32));
-        tw[0] = bits_float(static_cast<unsigned>(tb & 0xffffffffu));
-        tw[1] = bits_float(static_cast<unsigned>(tb >> 32));
+        const long long kept_edges = static_cast<long long>(koff[K]) * a.layers;
+        kdev::store_f64_words(a.out + base + a.B + 2LL * block, static_cast<double>(kept_edges));
+        kdev::store_f64_words(a.out + base + 3LL * a.B + 2LL * block, static_cast<double>(total * a.layers));
     }
 }
 
-#if SHADOW_BLOCK_CUDA
+#if KDEV_CUDA
 struct BlockSync {
     __device__ void operator()() const { __syncthreads(); }
 };
@@ -405,7 +348,7 @@ struct BlockSync {
 
 }  // namespace shadow_block
 
-#if SHADOW_BLOCK_CUDA
+#if KDEV_CUDA
 // Held to 64 registers (4 blocks of 256 threads per SM; without the bound ptxas chose 48 and spilled).
 // Launch: one block per target (B blocks), blockDim.x threads (any count; 256 by the launcher), dynamic
 // shared memory shadow_block::shared_bytes(K, H, C, E, cap, scratch); scratch >= 1 for GraphSAGE.

@@ -42,7 +42,7 @@
 #include <string>
 #include <vector>
 
-#include "host_coroutine.h"
+#include "host_harness.h"
 
 // hooks of the kernel source's host build (see ES_SPMM_HOST_* in es_spmm.cu)
 int g_error = 0;
@@ -86,13 +86,9 @@ std::vector<V> read_array(const std::string& path) {
     return out;
 }
 
-constexpr size_t kStack = 64 * 1024;
-constexpr int kGuard = 256;
-constexpr unsigned char kGuardByte = 0xA5;
-
 struct Lane {
     ucontext_t ctx;
-    std::vector<char> stack = std::vector<char>(kStack);
+    std::vector<char> stack = std::vector<char>(kHarnessStack);
     int thread = 0;
     int group = 0;
     bool waiting = false;

@@ -1,5 +1,5 @@
 """Building the host emulations of the CUDA kernels (tests/*_host_harness.cpp): each compiles its kernel's
-own thread code as plain C++ and runs every GPU thread as a coroutine (tests/host_coroutine.h)."""
+own thread code as plain C++ and runs every GPU thread as a coroutine (tests/host_harness.h)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 //
 // Compiled as plain C++17. It includes the kernel source, where the CUDA qualifiers are defined away,
 // and runs rhead::run_thread -- the code every GPU thread runs -- for every thread of every block of a
-// launch, each thread a coroutine (tests/host_coroutine.h) run round-robin. Two kinds of waits:
+// launch, each thread a coroutine (tests/host_harness.h) run round-robin. Two kinds of waits:
 //   * sync(): the block's barrier, released when every thread of the block waits at it;
 //   * shfl(v, o): the warp's exchange, released when all 32 lanes of the warp wait at one; each lane then
 //     gets the value lane ^ o offered (taken at the release, so a lane that runs on cannot overwrite a
@@ -24,36 +24,17 @@
 #include <string>
 #include <vector>
 
-#include "host_coroutine.h"
+#include "host_harness.h"
 
 #include RESIDENT_HEAD_SOURCE
 
 namespace {
 
-template <typename V>
-bool read_array(const std::string& path, std::vector<V>& out) {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (f == nullptr) return false;
-    std::fseek(f, 0, SEEK_END);
-    const long bytes = std::ftell(f);
-    std::fseek(f, 0, SEEK_SET);
-    const size_t n = static_cast<size_t>(bytes) / sizeof(V);
-    out.resize(n + 1);
-    const bool ok = n == 0 || std::fread(out.data(), sizeof(V), n, f) == n;
-    std::fclose(f);
-    return ok;
-}
-
-constexpr size_t kStack = 64 * 1024;
-constexpr int kGuard = 256;
-constexpr unsigned char kGuardByte = 0xA5;
-constexpr uint32_t kPoison = 0x7fbadbadu;
-
 enum Wait { kRunning = 0, kBlock = 1, kWarp = 2 };
 
 struct Thread {
     ucontext_t ctx;
-    std::vector<char> stack = std::vector<char>(kStack);
+    std::vector<char> stack = std::vector<char>(kHarnessStack);
     int index = 0;
     Wait wait = kRunning;
     bool done = false;
@@ -175,7 +156,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     std::vector<float> out(static_cast<size_t>(out_floats));
-    for (auto& o : out) std::memcpy(&o, &kPoison, 4);
+    poison(out);
     const rhead::Args a{ids.data(), h.data(), crow.data(), col.data(), coef.data(), k.data(),
                         has_dinv ? dinv.data() : nullptr, has_kept2 ? kept2.data() : nullptr, w_agg.data(),
                         has_wself ? w_self.data() : nullptr, bias.data(), out.data(), B, H, C, want_emb};
@@ -196,13 +177,6 @@ int main(int argc, char** argv) {
         for (int i = 0; i < kGuard; ++i)
             if (guard[i] != kGuardByte) return 3;
     }
-    for (const auto& o : out) {
-        uint32_t bits;
-        std::memcpy(&bits, &o, 4);
-        if (bits == kPoison) return 8;
-    }
-    FILE* f = std::fopen((dir + "/out.bin").c_str(), "wb");
-    if (f == nullptr || std::fwrite(out.data(), 4, out.size(), f) != out.size()) return 2;
-    std::fclose(f);
-    return 0;
+    if (!all_written(out)) return 8;
+    return write_array(dir + "/out.bin", out) ? 0 : 2;
 }

@@ -35,38 +35,15 @@
 #include <string>
 #include <vector>
 
-#include "host_coroutine.h"
+#include "host_harness.h"
 
 #include SHADOW_BLOCK_SOURCE
 
 namespace {
 
-template <typename V>
-bool read_array(const std::string& path, std::vector<V>& out) {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (f == nullptr) return false;
-    std::fseek(f, 0, SEEK_END);
-    const long bytes = std::ftell(f);
-    std::fseek(f, 0, SEEK_SET);
-    const size_t n = static_cast<size_t>(bytes) / sizeof(V);
-#ifdef HARNESS_EXACT
-    out.resize(n > 0 ? n : 1);  // a valid pointer for an empty array
-#else
-    out.resize(n + 1);
-#endif
-    const bool ok = n == 0 || std::fread(out.data(), sizeof(V), n, f) == n;
-    std::fclose(f);
-    return ok;
-}
-
-constexpr size_t kStack = 64 * 1024;
-constexpr int kGuard = 256;
-constexpr unsigned char kGuardByte = 0xA5;
-constexpr uint32_t kPoison = 0x7fbadbadu;  // a NaN no arithmetic produces
-
 struct Thread {
     ucontext_t ctx;
-    std::vector<char> stack = std::vector<char>(kStack);
+    std::vector<char> stack = std::vector<char>(kHarnessStack);
     int index = 0;
     bool waiting = false;
     bool done = false;
@@ -163,7 +140,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     std::vector<float> out(static_cast<size_t>(out_floats));
-    for (auto& o : out) std::memcpy(&o, &kPoison, 4);
+    poison(out);
     const shadow_block::Args a{ids.data(), lptr.data(), lnodes.data(), eptr.data(), src.data(), dst.data(),
                                weighted ? ew.data() : nullptr, p.data(), wt.data(), bias.data(), wc.data(), bc.data(),
                                out.data(), B, K, v[2], v[3], v[4], v[5], H, C, pool0, pool1, cap, v[11], scratch};
@@ -188,13 +165,6 @@ int main(int argc, char** argv) {
         for (int i = 0; i < guard; ++i)
             if (smem[static_cast<size_t>(shared + i)] != kGuardByte) return 3;
     }
-    for (const auto& o : out) {
-        uint32_t bits;
-        std::memcpy(&bits, &o, 4);
-        if (bits == kPoison) return 8;
-    }
-    FILE* f = std::fopen((dir + "/out.bin").c_str(), "wb");
-    if (f == nullptr || std::fwrite(out.data(), 4, out.size(), f) != out.size()) return 2;
-    std::fclose(f);
-    return 0;
+    if (!all_written(out)) return 8;
+    return write_array(dir + "/out.bin", out) ? 0 : 2;
 }
