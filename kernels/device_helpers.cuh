@@ -9,12 +9,23 @@
 #ifndef KDEV_HELPERS
 #define KDEV_HELPERS 1
 
+// KDEV_CUDA: a CUDA compiler builds this (NVRTC, or nvcc's device and host passes): kernels define their
+// __global__ entry only then. KDEV_DEVICE: this pass generates device code (NVRTC, nvcc's device pass): the
+// helpers below take the intrinsic there and the host twin otherwise (nvcc's host pass and the plain C++
+// of the host emulations), so `nvcc -c` builds the file too.
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define KDEV_CUDA 1
 #else
 #define KDEV_CUDA 0
 #define __host__
 #define __device__
+#endif
+#if defined(__CUDA_ARCH__)
+#define KDEV_DEVICE 1
+#else
+#define KDEV_DEVICE 0
+#endif
+#ifndef __CUDACC_RTC__
 #include <cmath>
 #include <cstring>
 #endif
@@ -22,7 +33,7 @@
 namespace kdev {
 
 __host__ __device__ inline float exp_(float v) {
-#if KDEV_CUDA
+#if KDEV_DEVICE
     return expf(v);
 #else
     return std::exp(v);
@@ -30,7 +41,7 @@ __host__ __device__ inline float exp_(float v) {
 }
 
 __host__ __device__ inline float rsqrt_(float v) {
-#if KDEV_CUDA
+#if KDEV_DEVICE
     return rsqrtf(v);
 #else
     return 1.0f / std::sqrt(v);
@@ -38,7 +49,7 @@ __host__ __device__ inline float rsqrt_(float v) {
 }
 
 __host__ __device__ inline float max_(float a, float b) {
-#if KDEV_CUDA
+#if KDEV_DEVICE
     return fmaxf(a, b);
 #else
     return std::fmax(a, b);
@@ -46,7 +57,7 @@ __host__ __device__ inline float max_(float a, float b) {
 }
 
 __host__ __device__ inline float neg_inf() {
-#if KDEV_CUDA
+#if KDEV_DEVICE
     return __int_as_float(0xff800000);
 #else
     return -INFINITY;
@@ -54,7 +65,7 @@ __host__ __device__ inline float neg_inf() {
 }
 
 __host__ __device__ inline float nan_() {
-#if KDEV_CUDA
+#if KDEV_DEVICE
     return __int_as_float(0x7fc00000);
 #else
     return NAN;
@@ -62,7 +73,7 @@ __host__ __device__ inline float nan_() {
 }
 
 __host__ __device__ inline unsigned long long double_bits(double v) {
-#if KDEV_CUDA
+#if KDEV_DEVICE
     return static_cast<unsigned long long>(__double_as_longlong(v));
 #else
     unsigned long long u;
@@ -73,7 +84,7 @@ __host__ __device__ inline unsigned long long double_bits(double v) {
 
 // A float whose bits are u (a word of a float64 count, written into the float32 answers).
 __host__ __device__ inline float bits_float(unsigned u) {
-#if KDEV_CUDA
+#if KDEV_DEVICE
     return __uint_as_float(u);
 #else
     float f;

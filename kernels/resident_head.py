@@ -71,6 +71,12 @@ def packed_floats(b: int, classes: int, hidden: int, kept: bool, want_emb: bool)
     return b * classes + b + (2 * b if kept else 0) + (b * hidden if want_emb else 0)
 
 
+def nvrtc_code(source: Path) -> str:
+    """What NVRTC compiles for the kernel file ``source``: :data:`HELPERS_SOURCE`'s text, then the file's
+    (its line numbers restored for NVRTC's messages)."""
+    return f'{HELPERS_SOURCE.read_text()}#line 1 "{source.name}"\n{source.read_text()}'
+
+
 def _function(device_index: int, source: Path = KERNEL_SOURCE, name: str = "resident_head",
               max_shared: int = 0) -> tuple[Any, int]:
     """The kernel ``name`` of the CUDA file ``source`` (after :data:`HELPERS_SOURCE`), compiled once per device
@@ -85,8 +91,7 @@ def _function(device_index: int, source: Path = KERNEL_SOURCE, name: str = "resi
             if fn is None:
                 cp = spmm_cuda._cupy()
                 with cp.cuda.Device(device_index):
-                    code = HELPERS_SOURCE.read_text() + source.read_text()
-                    mod = cp.RawModule(code=code, options=("-std=c++17",))
+                    mod = cp.RawModule(code=nvrtc_code(source), options=("-std=c++17",))
                     raw = mod.get_function(name)
                     if max_shared > 0:
                         raw.max_dynamic_shared_size_bytes = max_shared

@@ -44,8 +44,11 @@ log = logging.getLogger(__name__)
 
 KERNEL_SOURCE = Path(__file__).with_name("shadow_block.cu")
 KERNEL_NAME = "shadow_block_kernel"
-#: the kernel's parameters, in order: 13 pointers, 13 ints
-ARG_KINDS = ("ptr",) * 13 + ("i32",) * 13
+#: the kernel's parameters, in order: 13 pointers (:data:`PTR_ARGS`), 13 ints (:data:`INT_ARGS`, :func:`scalars`)
+PTR_ARGS = ("ids", "lptr", "lnodes", "eptr", "src", "dst", "ew", "p", "wt", "bias", "wc", "bc", "out")
+INT_ARGS = ("B", "K", "width", "fastrand", "gcn", "layers", "H", "C", "pool0", "pool1", "cap", "want_emb",
+            "scratch")
+ARG_KINDS = ("ptr",) * len(PTR_ARGS) + ("i32",) * len(INT_ARGS)
 #: threads per block (the kernel's __launch_bounds__)
 THREADS = 256
 #: rows GraphSAGE transforms per pass where all of a block's rows do not fit :data:`SHARED_LIMIT`
@@ -112,8 +115,7 @@ def model_tensors(model: Any, device: torch.device) -> dict[str, torch.Tensor]:
 
 def scalars(res: Any, b: int, width: int, budget: int, want_emb: bool) -> tuple[int, ...]:
     """The kernel's int parameters for a batch of ``b`` targets of ``res`` (a
-    :class:`kernels.resident.ResidentShadow`): ``B, K, width, fastrand, gcn, layers, H, C, pool0, pool1,
-    cap, want_emb, scratch``."""
+    :class:`kernels.resident.ResidentShadow`), in the order of :data:`INT_ARGS`."""
     pools = [POOL_CODES[p] for p in res.pools] + [0, 0]
     k, width = int(budget), int(width)
     cap = capacity(res.e_max, k, width)
@@ -165,11 +167,10 @@ class ShadowBlock:
         floats = packed_floats(b, r.num_classes, embedding_dim(r), want_emb)
         ids, out = self.io.buffers(b, floats)
         ids.array[:b] = targets
-        t = self.t
-        args = (ids.device_ptr, r.lptr.data_ptr(), r.lnodes.data_ptr(), r.eptr.data_ptr(), r.src.data_ptr(),
-                r.dst.data_ptr(), r.weights.data_ptr() if r.weights is not None else 0, r._p.data_ptr(),
-                t["wt"].data_ptr(), t["bias"].data_ptr(), t["wc"].data_ptr(), t["bc"].data_ptr(), out.device_ptr,
-                *scalars(r, b, width, budget, want_emb))
+        ptrs = {"ids": ids.device_ptr, "out": out.device_ptr, "ew": 0 if r.weights is None else r.weights.data_ptr(),
+                "p": r._p.data_ptr(), **{n: getattr(r, n).data_ptr() for n in ("lptr", "lnodes", "eptr", "src", "dst")},
+                **{n: t.data_ptr() for n, t in self.t.items()}}
+        args = (*(ptrs[n] for n in PTR_ARGS), *scalars(r, b, width, budget, want_emb))
         self.io.run(self.fn, b, THREADS, block_bytes(r, width, budget), args, ARG_KINDS)
         self.launches += 1
         flat = out.array[:floats].copy()

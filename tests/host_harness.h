@@ -6,9 +6,12 @@
 
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -25,6 +28,31 @@ constexpr size_t kHarnessStack = 64 * 1024;  // one GPU thread's stack
 constexpr int kGuard = 256;                   // guard bytes after the launch's shared memory
 constexpr unsigned char kGuardByte = 0xA5;
 constexpr uint32_t kPoison = 0x7fbadbadu;  // a NaN no arithmetic produces: an answer never written
+
+// The order a block's threads run in between two waits: HARNESS_ORDER `forward` (index order, the default),
+// `reverse`, or `shuffle` (a seeded permutation, another each round). A phase whose answers depend on it
+// reads what another thread of the same phase writes: a race on a GPU.
+class RunOrder {
+   public:
+    RunOrder() {
+        if (const char* mode = std::getenv("HARNESS_ORDER")) mode_ = mode;
+    }
+    const std::vector<size_t>& next(size_t n) {
+        order_.resize(n);
+        for (size_t i = 0; i < n; ++i) order_[i] = i;
+        if (mode_ == "reverse") {
+            std::reverse(order_.begin(), order_.end());
+        } else if (mode_ == "shuffle") {
+            std::shuffle(order_.begin(), order_.end(), rng_);
+        }
+        return order_;
+    }
+
+   private:
+    std::string mode_ = "forward";
+    std::mt19937 rng_{12345};
+    std::vector<size_t> order_;
+};
 
 // A raw little-endian array file into `out`. With HARNESS_EXACT (AddressSanitizer builds) exactly its
 // elements (one for an empty file, a valid pointer); otherwise one more, never read.

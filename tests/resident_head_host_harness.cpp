@@ -7,6 +7,8 @@
 //   * shfl(v, o): the warp's exchange, released when all 32 lanes of the warp wait at one; each lane then
 //     gets the value lane ^ o offered (taken at the release, so a lane that runs on cannot overwrite a
 //     value another lane has not read yet).
+// Threads run in index order between waits unless HARNESS_ORDER says `reverse` or `shuffle`; built with
+// -DHARNESS_EXACT (and AddressSanitizer) the shared memory and the arrays have their exact sizes.
 // Checks: shared memory written past the launcher's size (guard bytes; exit 3); threads that leave while
 // others wait, or wait at different kinds of barrier, or lanes of one exchange with different offsets
 // (exit 5); an answer the host unpacks left unwritten (out starts as a poison pattern; exit 8).
@@ -82,6 +84,8 @@ void thread_entry() {
     g_current->done = true;
 }
 
+RunOrder g_order;
+
 int run_block(std::vector<Thread>& threads) {
     for (auto& t : threads) {
         t.wait = kRunning;
@@ -90,7 +94,8 @@ int run_block(std::vector<Thread>& threads) {
     }
     const int n = static_cast<int>(threads.size());
     for (;;) {
-        for (auto& t : threads) {
+        for (const size_t i : g_order.next(threads.size())) {
+            Thread& t = threads[i];
             if (t.done || t.wait != kRunning) continue;
             g_current = &t;
             swapcontext(&g_sched, &t.ctx);
@@ -160,7 +165,12 @@ int main(int argc, char** argv) {
     const rhead::Args a{ids.data(), h.data(), crow.data(), col.data(), coef.data(), k.data(),
                         has_dinv ? dinv.data() : nullptr, has_kept2 ? kept2.data() : nullptr, w_agg.data(),
                         has_wself ? w_self.data() : nullptr, bias.data(), out.data(), B, H, C, want_emb};
-    std::vector<float> smem(static_cast<size_t>(shared) / 4 + kGuard / 4);
+#ifdef HARNESS_EXACT  // AddressSanitizer sees a write or read past the shared memory itself
+    constexpr int guard_bytes = 0;
+#else
+    constexpr int guard_bytes = kGuard;
+#endif
+    std::vector<float> smem(static_cast<size_t>(shared) / 4 + guard_bytes / 4);
     unsigned char* guard = reinterpret_cast<unsigned char*>(smem.data()) + shared;
     std::vector<Thread> pool(static_cast<size_t>(threads));
     for (int i = 0; i < threads; ++i) pool[static_cast<size_t>(i)].index = i;
@@ -169,12 +179,12 @@ int main(int argc, char** argv) {
     g_threads = &pool;
     for (int blk = 0; blk < B; ++blk) {
         std::memset(smem.data(), 0x5C, shared);  // shared memory is not zeroed on a GPU either
-        std::memset(guard, kGuardByte, kGuard);
+        std::memset(guard, kGuardByte, guard_bytes);
         g_block = blk;
         g_smem = smem.data();
         const int rc = run_block(pool);
         if (rc != 0) return rc;
-        for (int i = 0; i < kGuard; ++i)
+        for (int i = 0; i < guard_bytes; ++i)
             if (guard[i] != kGuardByte) return 3;
     }
     if (!all_written(out)) return 8;

@@ -26,12 +26,10 @@
 
 #include <ucontext.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -68,25 +66,18 @@ void thread_entry() {
     g_current->done = true;
 }
 
-std::string g_order = "forward";
-std::mt19937 g_rng(12345);
+RunOrder g_order;
 
 // Run one block: every thread until done, in g_order each round; release the barrier when all threads
 // wait at it.
 int run_block(std::vector<Thread>& threads) {
-    std::vector<size_t> order(threads.size());
+
     for (auto& t : threads) {
         t.waiting = t.done = false;
         start_coroutine(t.ctx, t.stack, &g_sched, thread_entry);
     }
     for (;;) {
-        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-        if (g_order == "reverse") {
-            std::reverse(order.begin(), order.end());
-        } else if (g_order == "shuffle") {
-            std::shuffle(order.begin(), order.end(), g_rng);
-        }
-        for (const size_t i : order) {
+        for (const size_t i : g_order.next(threads.size())) {
             Thread& t = threads[i];
             if (t.done || t.waiting) continue;
             g_current = &t;
@@ -144,7 +135,6 @@ int main(int argc, char** argv) {
     const shadow_block::Args a{ids.data(), lptr.data(), lnodes.data(), eptr.data(), src.data(), dst.data(),
                                weighted ? ew.data() : nullptr, p.data(), wt.data(), bias.data(), wc.data(), bc.data(),
                                out.data(), B, K, v[2], v[3], v[4], v[5], H, C, pool0, pool1, cap, v[11], scratch};
-    if (const char* order = std::getenv("HARNESS_ORDER")) g_order = order;
 #ifdef HARNESS_EXACT
     constexpr int guard = 0;
 #else

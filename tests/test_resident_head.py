@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,11 +28,19 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import resident_head
+from kernels import resident_head, shadow_block
 from kernels.resident import PAD_MAX, DeviceGraph, ResidentPlain
 from models.gcn import GCN
 
-from .harness_support import build_host_harness, compile_cubin
+from .harness_support import (
+    ASAN_FLAGS,
+    build_host_harness,
+    compile_cubin,
+    compile_nvrtc,
+    kernel_params,
+    nvrtc_library,
+    struct_members,
+)
 from .test_resident import ARCHS, _graph, _update
 
 
@@ -91,11 +100,18 @@ def harness(tmp_path_factory) -> Path:
                               "resident_head_host")
 
 
+@pytest.fixture(scope="session")
+def harness_asan(tmp_path_factory) -> Path:
+    """The harness under AddressSanitizer and UBSan, shared memory and arrays of their exact sizes."""
+    return build_host_harness(tmp_path_factory, HARNESS, {"RESIDENT_HEAD_SOURCE": resident_head.KERNEL_SOURCE},
+                              "resident_head_asan", ASAN_FLAGS)
+
+
 def emulate(exe: Path, workdir: Path, r: ResidentPlain, targets: np.ndarray, width: int, want_emb: bool, *,
-            threads: int | None = None) -> np.ndarray:
+            threads: int | None = None, order: str = "forward") -> np.ndarray:
     """Run resident_head.cu's thread code on the CPU with what ResidentHead.answer launches with
-    (kernels.resident_head.kernel_tensors, launch_shape; optionally fewer threads) and return the packed
-    answers."""
+    (kernels.resident_head.kernel_tensors, launch_shape; optionally fewer threads, or the threads run in
+    another ``order`` between waits) and return the packed answers."""
     workdir.mkdir(parents=True, exist_ok=True)
     ts = resident_head.kernel_tensors(r, width)
     for name, t in {"ids": torch.from_numpy(np.asarray(targets, np.int64)), **ts}.items():
@@ -108,7 +124,8 @@ def emulate(exe: Path, workdir: Path, r: ResidentPlain, targets: np.ndarray, wid
     floats = resident_head.packed_floats(b, r.num_classes, r.hidden, ts["kept2"] is not None, want_emb)
     args = [exe, workdir, b, r.hidden, r.num_classes, int(want_emb), int(ts["dinv"] is not None),
             int(ts["kept2"] is not None), int(ts["w_self"] is not None), threads, shared, floats]
-    run = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
+    env = dict(os.environ, HARNESS_ORDER=order, ASAN_OPTIONS="detect_leaks=0")
+    run = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, f"harness exit {run.returncode}: {HARNESS_ERRORS.get(run.returncode, run.stderr)}"
     return np.fromfile(workdir / "out.bin", dtype=np.float32)
 
@@ -171,6 +188,62 @@ def test_host_emulation_breaks_ties_as_torch(harness, tmp_path, arch):
     got = r.unpack_host(emulate(harness, tmp_path, r, t, 3, False), len(t), 3, False)
     assert (got[1] == 5).all()
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("order", ["reverse", "shuffle"])
+def test_host_emulation_does_not_depend_on_the_threads_order(harness, tmp_path, order):
+    """The block's threads run in reverse or shuffled order between waits: the same answer bits as in index
+    order (a phase reading what another thread of the same phase writes would differ)."""
+    for arch in ARCHS:
+        r = _on_cpu(arch, 8, True, "fastrand", 37, 40)
+        t = np.array([0, 3, 77, 1399, 500])
+        for width in (4, 0):
+            assert r.has_table(width)
+            base = emulate(harness, tmp_path, r, t, width, True, threads=128)
+            other = emulate(harness, tmp_path, r, t, width, True, threads=128, order=order)
+            assert np.array_equal(base.view(np.uint32), other.view(np.uint32)), (arch, width)
+
+
+def test_host_emulation_under_address_sanitizer(harness_asan, tmp_path):
+    """AddressSanitizer and UBSan over the thread code with every buffer exactly as large as the launch's
+    (the answers too): nothing read or written past an end, and the specification's answers."""
+    for arch in ARCHS:
+        r = _on_cpu(arch, 9, True, "fastrand", 21, 35)
+        t = np.array([0, 1399, 3, 3, 640])
+        for width in (2, 0):
+            assert r.has_table(width)
+            for want_emb in (False, True):
+                got = r.unpack_host(emulate(harness_asan, tmp_path, r, t, width, want_emb, threads=64), len(t), width,
+                                    want_emb)
+                _assert_same(got, r.answer(t, width, want_emb), width)
+
+
+def test_the_launch_arguments_are_the_kernels_parameters():
+    """The launchers' argument order and kinds against each kernel's parameter list as written, and the
+    host emulations' Args struct (built in its member order) against it too: a swap of two pointers of one
+    type would pass every CPU test and answer wrongly on a GPU."""
+    params = kernel_params(resident_head.KERNEL_SOURCE, "resident_head")
+    assert [n for _, n in params] == ["ids", *resident_head.TENSOR_ARGS, "out", "B", "H", "C", "want_emb"]
+    assert tuple(k for k, _ in params) == resident_head.ARG_KINDS
+    assert struct_members(resident_head.KERNEL_SOURCE, "Args") == [n for _, n in params]
+    params = kernel_params(shadow_block.KERNEL_SOURCE, shadow_block.KERNEL_NAME)
+    assert [n for _, n in params] == [*shadow_block.PTR_ARGS, *shadow_block.INT_ARGS]
+    assert tuple(k for k, _ in params) == shadow_block.ARG_KINDS
+    assert struct_members(shadow_block.KERNEL_SOURCE, "Args") == [n for _, n in params]
+
+
+@pytest.mark.parametrize(("source", "kernel"), [(resident_head.KERNEL_SOURCE, "resident_head"),
+                                                (shadow_block.KERNEL_SOURCE, shadow_block.KERNEL_NAME)])
+def test_the_kernels_compile_with_nvrtc_as_loaded(source, kernel):
+    """What CuPy's RawModule compiles (kernels.resident_head.nvrtc_code: the shared header's text, then the
+    kernel's) with the options CuPy adds, through a libnvrtc (no GPU needed; skipped where there is none,
+    ``GNNSERVE_NVRTC`` names one)."""
+    lib = nvrtc_library()
+    if lib is None:
+        pytest.skip("no libnvrtc here (GNNSERVE_NVRTC names one)")
+    ptx = compile_nvrtc(lib, resident_head.nvrtc_code(source), source.name,
+                        ["-std=c++17", "-ftz=true", "--device-as-default-execution-space", "-arch=compute_90"])
+    assert f".entry {kernel}(" in ptx
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")

@@ -37,7 +37,7 @@ import torch
 
 from kernels import shadow_block
 
-from .harness_support import build_host_harness, compile_cubin
+from .harness_support import ASAN_FLAGS, build_host_harness, compile_cubin
 from .test_resident import _process, _shadow_setup
 
 HARNESS = Path(__file__).with_name("shadow_block_host_harness.cpp")
@@ -98,8 +98,7 @@ def harness_asan(tmp_path_factory) -> Path:
     """The harness under AddressSanitizer and UBSan, its shared memory and inputs allocated to their exact
     sizes (HARNESS_EXACT): reads past an end are caught too."""
     return build_host_harness(tmp_path_factory, HARNESS, {"SHADOW_BLOCK_SOURCE": shadow_block.KERNEL_SOURCE},
-                              "shadow_block_asan", ("-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-                                                    "-fno-omit-frame-pointer", "-DHARNESS_EXACT"))
+                              "shadow_block_asan", ASAN_FLAGS)
 
 
 HARNESS_ERRORS = {3: "shared memory: the kernel's size is not the launcher's, or written past",
