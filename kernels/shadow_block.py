@@ -124,6 +124,16 @@ def scalars(res: Any, b: int, width: int, budget: int, want_emb: bool) -> tuple[
             int(res.num_classes), pools[0], pools[1], cap, int(bool(want_emb)), scratch)
 
 
+def pointer_args(res: Any, weights: dict[str, torch.Tensor], ids: int, out: int) -> tuple[int, ...]:
+    """The kernel's pointer parameters in the order of :data:`PTR_ARGS`: the batch's ``ids`` and ``out``, the
+    resident lists and induced table of ``res``, its projection table, the kernel's ``weights``
+    (:func:`model_tensors`); 0 for an unweighted graph's pair weights."""
+    ptrs = {"ids": ids, "out": out, "ew": 0 if res.weights is None else res.weights.data_ptr(),
+            "p": res._p.data_ptr(), **{n: getattr(res, n).data_ptr() for n in ("lptr", "lnodes", "eptr", "src", "dst")},
+            **{n: t.data_ptr() for n, t in weights.items()}}
+    return tuple(ptrs[n] for n in PTR_ARGS)
+
+
 def block_bytes(res: Any, width: int, budget: int) -> int:
     """Shared memory of a block of ``res`` at ``width`` and ``budget`` (:func:`shared_bytes`)."""
     sc = scalars(res, 1, width, budget, False)
@@ -167,10 +177,7 @@ class ShadowBlock:
         floats = packed_floats(b, r.num_classes, embedding_dim(r), want_emb)
         ids, out = self.io.buffers(b, floats)
         ids.array[:b] = targets
-        ptrs = {"ids": ids.device_ptr, "out": out.device_ptr, "ew": 0 if r.weights is None else r.weights.data_ptr(),
-                "p": r._p.data_ptr(), **{n: getattr(r, n).data_ptr() for n in ("lptr", "lnodes", "eptr", "src", "dst")},
-                **{n: t.data_ptr() for n, t in self.t.items()}}
-        args = (*(ptrs[n] for n in PTR_ARGS), *scalars(r, b, width, budget, want_emb))
+        args = (*pointer_args(r, self.t, ids.device_ptr, out.device_ptr), *scalars(r, b, width, budget, want_emb))
         self.io.run(self.fn, b, THREADS, block_bytes(r, width, budget), args, ARG_KINDS)
         self.launches += 1
         flat = out.array[:floats].copy()

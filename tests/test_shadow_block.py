@@ -59,6 +59,21 @@ def test_sizes():
     assert shadow_block.packed_floats(4, 3, 16, True) == 4 * 3 + 5 * 4 + 4 * 16
 
 
+def test_pointer_arguments_follow_the_kernels_order():
+    """kernels.shadow_block.pointer_args (what ShadowBlock.answer launches with) in PTR_ARGS's order: each
+    the tensor of its name (the order itself is held to the kernel's parameter list in test_resident_head)."""
+    for weighted in (False, True):
+        _, _, _, _, res = _shadow_setup("sage", "mean", 2, weighted)
+        t = shadow_block.model_tensors(res.model, torch.device("cpu"))
+        got = dict(zip(shadow_block.PTR_ARGS, shadow_block.pointer_args(res, t, 11, 22), strict=True))
+        assert got["ids"] == 11 and got["out"] == 22 and got["p"] == res._p.data_ptr()
+        assert got["ew"] == (res.weights.data_ptr() if weighted else 0)
+        for name in ("lptr", "lnodes", "eptr", "src", "dst"):
+            assert got[name] == getattr(res, name).data_ptr()
+        for name in ("wt", "bias", "wc", "bc"):
+            assert got[name] == t[name].data_ptr()
+
+
 def test_packed_size_is_the_torch_packing():
     _, _, _, _, res = _shadow_setup("gcn", "mean+max", 2, False)
     t = np.array([0, 5, 17])
