@@ -116,6 +116,8 @@ void lane_entry() {
     // returning switches to uc_link (the scheduler)
 }
 
+RunOrder g_order;  // HARNESS_ORDER: forward (default), reverse, shuffle (tests/host_harness.h)
+
 // Run one block: every thread until done; release a group whenever all of its lanes wait.
 int run_block(std::vector<Lane>& lanes, int groups) {
     for (auto& l : lanes) {
@@ -126,7 +128,8 @@ int run_block(std::vector<Lane>& lanes, int groups) {
     for (const auto& l : lanes) ++size[l.group];
     for (;;) {
         bool ran = false;
-        for (auto& l : lanes) {
+        for (const size_t i : g_order.next(lanes.size())) {
+            Lane& l = lanes[i];
             if (l.done || l.waiting) continue;
             g_current = &l;
             swapcontext(&g_sched, &l.ctx);

@@ -556,7 +556,7 @@ def _raw(t: torch.Tensor) -> np.ndarray:
 def emulate(exe: Path, workdir: Path, g: CSRGraph, x, width: int, strategy: str, aggregator: str,
             *, block_threads: int | None = None, max_blocks: int | None = None, tile: int | None = None,
             split_edges: int | None = None, row_order: str = "degree", vector: bool | None = None,
-            stats: dict | None = None, cols_per_thread: int | None = None):
+            stats: dict | None = None, cols_per_thread: int | None = None, order: str = "forward"):
     """Run es_spmm.cu's thread code on the CPU with the launch sampled_spmm_cuda would make (its
     width rule, work schedule, 128-bit choice and shape; optionally fewer threads per block, fewer
     blocks, a smaller stage, another split threshold or forced scalar loads), return ``out``.
@@ -595,7 +595,8 @@ def emulate(exe: Path, workdir: Path, g: CSRGraph, x, width: int, strategy: str,
     args = [str(exe), str(workdir), VALUE_NAMES[xt.dtype], it, c.cols_per_thread, int(c.vector), c.group_size, c.tile,
             bt, blocks, smem, n, f, width_eff, STRATEGY_CODES[strategy], AGGREGATOR_CODES[aggregator],
             int(g.is_weighted), split_edges if sched is not None else 0, num_items]
-    res = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
+    res = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, HARNESS_ORDER=order))
     why = {3: "shared-memory stages overflow", 4: "bad sync mask", 5: "lanes of a group diverge at a sync",
            6: "misaligned 128-bit access", 7: "atomic add outside a split row"}
     assert res.returncode == 0, f"harness exit {res.returncode}: {why.get(res.returncode, res.stderr)}"
@@ -626,6 +627,30 @@ def test_host_emulation_matches_spec(harness, tmp_path, width, strategy, aggrega
     x = features(g.num_nodes, f, width)
     got = emulate(harness, tmp_path, g, x, width, strategy, aggregator)
     np.testing.assert_allclose(got, reference(g, x, width, strategy, aggregator), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("order", ["reverse", "shuffle"])
+def test_host_emulation_does_not_depend_on_the_lanes_order(harness, tmp_path, order):
+    """The lanes of a block run in reverse or shuffled order between syncs: rows that are not split give the
+    same bits as in index order (a group reading what another lane of the same phase writes, its shared
+    stage say, would differ); split rows add their chunks with atomics, in an order the GPU does not fix
+    either, so they agree to rounding."""
+    g = random_graph(14, weighted=True)
+    x = features(g.num_nodes, 40, 14)
+    split_seen = False
+    for graph, feats, width, tile in ((g, x, 16, 5), (g, x, 0, 7), (g, x, 64, None),
+                                      (hub_graph(3, weighted=True), features(6000, 32, 3), 0, None)):
+        st: dict = {}
+        base = emulate(harness, tmp_path, graph, feats, width, "fastrand", "gcn", block_threads=64, max_blocks=3,
+                       tile=tile, stats=st)
+        other = emulate(harness, tmp_path, graph, feats, width, "fastrand", "gcn", block_threads=64, max_blocks=3,
+                        tile=tile, order=order)
+        if st["atomics"]:  # split rows: their chunks' sums land in another order
+            split_seen = True
+            np.testing.assert_allclose(other, base, rtol=1e-5, atol=1e-5)
+        else:
+            assert np.array_equal(base.view(np.uint32), other.view(np.uint32)), (width, tile)
+    assert split_seen
 
 
 def test_host_emulation_grid_stride(harness, tmp_path):
