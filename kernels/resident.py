@@ -753,12 +753,11 @@ class ResidentShadow(_OnDevice):
         #: the whole batch in one kernel launch (kernels.shadow_block) on a GPU; None: the torch operators.
         #: ``fused`` (RuntimeOptions.fused_shadow) None: as kernels.shadow_block.DEFAULT_ON says; True:
         #: required (a RuntimeError says why it cannot run)
-        self.block: Any = None
-        if self.device.type == "cuda" or fused:
-            from . import shadow_block
+        from . import shadow_block
 
-            if fused or (fused is None and shadow_block.DEFAULT_ON):
-                self.block = shadow_block.create(self, required=bool(fused))
+        self.block: Any = None
+        if fused or (fused is None and self.device.type == "cuda" and shadow_block.DEFAULT_ON):
+            self.block = shadow_block.create(self, required=bool(fused))
 
     def _upload(self) -> None:
         table = self.index.induced

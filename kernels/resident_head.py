@@ -36,7 +36,8 @@ import torch
 
 from . import spmm_cuda
 
-__all__ = ["KERNEL_SOURCE", "MappedBuffer", "MappedIO", "ResidentHead", "create", "launch_shape", "packed_floats", "synchronize"]
+__all__ = ["KERNEL_SOURCE", "MappedBuffer", "MappedIO", "ResidentHead", "create", "kernel_tensors", "launch_shape",
+           "nvrtc_code", "packed_floats", "synchronize"]
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +80,10 @@ def nvrtc_code(source: Path) -> str:
 
 def _function(device_index: int, source: Path = KERNEL_SOURCE, name: str = "resident_head",
               max_shared: int = 0) -> tuple[Any, int]:
-    """The kernel ``name`` of the CUDA file ``source`` (after :data:`HELPERS_SOURCE`), compiled once per device
-    (NVRTC through CuPy);
-    ``max_shared`` > 0: its launches may take that much dynamic shared memory (the opt-in beyond 48 KiB,
-    set on this device's copy of the function: CuPy resolves a kernel per current device)."""
+    """The kernel ``name`` of the CUDA file ``source`` (after :data:`HELPERS_SOURCE`: :func:`nvrtc_code`),
+    compiled once per device (NVRTC through CuPy). ``max_shared`` > 0: its launches may take that much dynamic
+    shared memory (the opt-in beyond 48 KiB, set on this device's copy of the function: CuPy resolves a
+    kernel per current device)."""
     key = (device_index, str(source), name, max_shared)
     fn = _functions.get(key)
     if fn is None:

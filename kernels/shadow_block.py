@@ -37,8 +37,8 @@ import torch
 
 from . import resident_head, spmm_cuda
 
-__all__ = ["DEFAULT_ON", "KERNEL_SOURCE", "ShadowBlock", "block_bytes", "capacity", "create", "model_tensors",
-           "packed_floats", "scalars", "shared_bytes"]
+__all__ = ["DEFAULT_ON", "KERNEL_SOURCE", "ShadowBlock", "block_bytes", "capacity", "create", "launch_shape",
+           "model_tensors", "packed_floats", "pointer_args", "scalars", "shared_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ SHARED_LIMIT = 48 * 1024
 #: whether a resident shaDow model on a GPU uses the kernel unless told (``--fused-shadow`` /
 #: ``--no-fused-shadow``): not before a GPU session has measured it against the CUDA graphs it replaces
 DEFAULT_ON = False
+#: (width, budget) launch shapes a kernel memoizes (all dropped when full)
+SHAPES_KEPT = 256
 #: targets of the check at creation, and its tolerance on probabilities
 CHECK_TARGETS = 8
 CHECK_RTOL, CHECK_ATOL = 1e-4, 1e-6
@@ -113,15 +115,23 @@ def model_tensors(model: Any, device: torch.device) -> dict[str, torch.Tensor]:
         return {"wt": wt.contiguous(), "bias": bias.contiguous(), "wc": f32(cls.weight.t()), "bc": bc}
 
 
-def scalars(res: Any, b: int, width: int, budget: int, want_emb: bool) -> tuple[int, ...]:
-    """The kernel's int parameters for a batch of ``b`` targets of ``res`` (a
-    :class:`kernels.resident.ResidentShadow`), in the order of :data:`INT_ARGS`."""
+def launch_shape(res: Any, width: int, budget: int) -> tuple[int, int, int]:
+    """``(cap, scratch, shared bytes)`` of a block of ``res`` (a :class:`kernels.resident.ResidentShadow`) at
+    ``width`` and ``budget``: its kept-pair capacity, GraphSAGE's scratch rows, its shared memory."""
+    k, emb = int(budget), embedding_dim(res)
+    cap = capacity(res.e_max, k, int(width))
+    scratch = scratch_rows(res.gcn, k, res.hidden, res.num_classes, emb, cap)
+    return cap, scratch, shared_bytes(k, int(res.hidden), int(res.num_classes), emb, cap, scratch)
+
+
+def scalars(res: Any, b: int, width: int, budget: int, want_emb: bool,
+            shape: tuple[int, int, int] | None = None) -> tuple[int, ...]:
+    """The kernel's int parameters for a batch of ``b`` targets of ``res``, in the order of :data:`INT_ARGS`
+    (``shape``: its :func:`launch_shape`, computed when not given)."""
+    cap, scratch, _ = launch_shape(res, width, budget) if shape is None else shape
     pools = [POOL_CODES[p] for p in res.pools] + [0, 0]
-    k, width = int(budget), int(width)
-    cap = capacity(res.e_max, k, width)
-    scratch = scratch_rows(res.gcn, k, res.hidden, res.num_classes, embedding_dim(res), cap)
-    return (int(b), k, width, int(res.strategy != "bucket"), int(res.gcn), int(res.layers), int(res.hidden),
-            int(res.num_classes), pools[0], pools[1], cap, int(bool(want_emb)), scratch)
+    return (int(b), int(budget), int(width), int(res.strategy != "bucket"), int(res.gcn), int(res.layers),
+            int(res.hidden), int(res.num_classes), pools[0], pools[1], cap, int(bool(want_emb)), scratch)
 
 
 def pointer_args(res: Any, weights: dict[str, torch.Tensor], ids: int, out: int) -> tuple[int, ...]:
@@ -135,9 +145,8 @@ def pointer_args(res: Any, weights: dict[str, torch.Tensor], ids: int, out: int)
 
 
 def block_bytes(res: Any, width: int, budget: int) -> int:
-    """Shared memory of a block of ``res`` at ``width`` and ``budget`` (:func:`shared_bytes`)."""
-    sc = scalars(res, 1, width, budget, False)
-    return shared_bytes(int(budget), int(res.hidden), int(res.num_classes), embedding_dim(res), sc[10], sc[12])
+    """Shared memory of a block of ``res`` at ``width`` and ``budget`` (:func:`launch_shape`)."""
+    return launch_shape(res, width, budget)[2]
 
 
 def check_labels(flat: np.ndarray, b: int, classes: int) -> None:
@@ -162,13 +171,25 @@ class ShadowBlock:
         self.t = model_tensors(res.model, res.device)
         self.io = resident_head.MappedIO(device_index)
         self.launches = 0
+        self._shapes: dict[tuple[int, int, int], tuple[int, int, int]] = {}
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.t.values())
 
+    def shape(self, width: int, budget: int) -> tuple[int, int, int]:
+        """:func:`launch_shape` at ``width`` and ``budget``, memoized (the path asks before the batch, the
+        launch again): it changes only with the induced table's longest run."""
+        key = (int(width), int(budget), int(self.r.e_max))
+        shape = self._shapes.get(key)
+        if shape is None:
+            if len(self._shapes) >= SHAPES_KEPT:  # widths and budgets come from requests
+                self._shapes.clear()
+            shape = self._shapes[key] = launch_shape(self.r, width, budget)
+        return shape
+
     def fits(self, width: int, budget: int) -> bool:
         """Whether a block of this batch fits the device's shared memory (else the torch operators serve)."""
-        return block_bytes(self.r, width, budget) <= self.limit
+        return self.shape(width, budget)[2] <= self.limit
 
     def answer(self, targets: np.ndarray, width: int, budget: int, want_emb: bool) -> np.ndarray:
         """The packed answers of ``targets`` (which the model :meth:`takes`): a copy of the mapped output."""
@@ -177,8 +198,10 @@ class ShadowBlock:
         floats = packed_floats(b, r.num_classes, embedding_dim(r), want_emb)
         ids, out = self.io.buffers(b, floats)
         ids.array[:b] = targets
-        args = (*pointer_args(r, self.t, ids.device_ptr, out.device_ptr), *scalars(r, b, width, budget, want_emb))
-        self.io.run(self.fn, b, THREADS, block_bytes(r, width, budget), args, ARG_KINDS)
+        shape = self.shape(width, budget)
+        args = (*pointer_args(r, self.t, ids.device_ptr, out.device_ptr),
+                *scalars(r, b, width, budget, want_emb, shape))
+        self.io.run(self.fn, b, THREADS, shape[2], args, ARG_KINDS)
         self.launches += 1
         flat = out.array[:floats].copy()
         check_labels(flat, b, r.num_classes)

@@ -263,7 +263,7 @@ class ModelRegistry:
         """The models whose CUDA context a kernel fault left unusable (ModelRuntime.lost_device), as
         "model NAME vN lost DEVICE": health reports NOT_SERVING while any is served."""
         return {f"model {rt.name} v{rt.version} lost {rt.device}" for vs in list(self._models.values())
-                for rt in list(vs.values()) if getattr(rt, "lost_device", False)}
+                for rt in list(vs.values()) if rt.lost_device}
 
     def failures(self) -> dict[str, str]:
         return {str(p): reason for p, (_, reason) in self._failed.items()}

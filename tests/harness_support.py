@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 #: a harness under AddressSanitizer and UBSan, its shared memory and arrays of their exact sizes
@@ -49,6 +50,16 @@ def compile_cubin(tmp_path: Path, source: Path, kernel: str) -> str:
     spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
     assert spills and all(int(b) == 0 for b in spills), res.stderr
     return res.stderr
+
+
+def run_harness(args: list, workdir: Path, errors: dict[int, str], order: str = "forward") -> np.ndarray:
+    """Run a one-launch kernel's harness (``args``: the executable, ``workdir`` and its parameters) with its
+    threads in ``order`` (``HARNESS_ORDER``) and return the float32 answers it wrote to ``workdir/out.bin``;
+    a failing exit status fails the test with its meaning from ``errors``."""
+    env = dict(os.environ, HARNESS_ORDER=order, ASAN_OPTIONS="detect_leaks=0")
+    run = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, f"harness exit {run.returncode}: {errors.get(run.returncode, run.stderr)}"
+    return np.fromfile(workdir / "out.bin", dtype=np.float32)
 
 
 def _strip_comments(text: str) -> str:

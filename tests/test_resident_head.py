@@ -19,9 +19,7 @@
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +37,7 @@ from .harness_support import (
     compile_nvrtc,
     kernel_params,
     nvrtc_library,
+    run_harness,
     struct_members,
 )
 from .test_resident import ARCHS, _graph, _update
@@ -124,10 +123,7 @@ def emulate(exe: Path, workdir: Path, r: ResidentPlain, targets: np.ndarray, wid
     floats = resident_head.packed_floats(b, r.num_classes, r.hidden, ts["kept2"] is not None, want_emb)
     args = [exe, workdir, b, r.hidden, r.num_classes, int(want_emb), int(ts["dinv"] is not None),
             int(ts["kept2"] is not None), int(ts["w_self"] is not None), threads, shared, floats]
-    env = dict(os.environ, HARNESS_ORDER=order, ASAN_OPTIONS="detect_leaks=0")
-    run = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600, env=env)
-    assert run.returncode == 0, f"harness exit {run.returncode}: {HARNESS_ERRORS.get(run.returncode, run.stderr)}"
-    return np.fromfile(workdir / "out.bin", dtype=np.float32)
+    return run_harness(args, workdir, HARNESS_ERRORS, order)
 
 
 def _on_cpu(arch: str, seed: int, weighted: bool, strategy: str, hidden: int, classes: int) -> ResidentPlain:

@@ -24,10 +24,8 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -37,7 +35,7 @@ import torch
 
 from kernels import shadow_block
 
-from .harness_support import ASAN_FLAGS, build_host_harness, compile_cubin
+from .harness_support import ASAN_FLAGS, build_host_harness, compile_cubin, run_harness
 from .test_resident import _process, _shadow_setup
 
 HARNESS = Path(__file__).with_name("shadow_block_host_harness.cpp")
@@ -72,6 +70,24 @@ def test_pointer_arguments_follow_the_kernels_order():
             assert got[name] == getattr(res, name).data_ptr()
         for name in ("wt", "bias", "wc", "bc"):
             assert got[name] == t[name].data_ptr()
+
+
+def test_launch_shapes_are_memoized_per_table():
+    """ShadowBlock.shape (what a batch's fit check and its launch both read) is launch_shape, kept per
+    (width, budget) and recomputed when a rebuilt induced table has another longest run; scalars and
+    block_bytes give the same with or without it."""
+    import types
+
+    _, _, _, _, res = _shadow_setup("sage", "mean+max", 2, True)
+    block = types.SimpleNamespace(r=res, _shapes={})
+    shape = shadow_block.ShadowBlock.shape(block, 2, 24)
+    assert shape == shadow_block.launch_shape(res, 2, 24) and len(block._shapes) == 1
+    assert shadow_block.ShadowBlock.shape(block, 2, 24) is shape
+    assert shadow_block.scalars(res, 3, 2, 24, True, shape) == shadow_block.scalars(res, 3, 2, 24, True)
+    assert shadow_block.block_bytes(res, 2, 24) == shape[2]
+    res.e_max += 100  # as a rebuilt table with a longer run would
+    assert shadow_block.ShadowBlock.shape(block, 2, 24) == shadow_block.launch_shape(res, 2, 24)
+    assert len(block._shapes) == 2
 
 
 def test_packed_size_is_the_torch_packing():
@@ -141,10 +157,7 @@ def emulate(exe: Path, workdir: Path, res, targets: np.ndarray, width: int, budg
     shared = shadow_block.shared_bytes(budget, res.hidden, res.num_classes, emb, sc[10], sc[12])
     floats = shadow_block.packed_floats(b, res.num_classes, emb, want_emb)
     args = [exe, workdir, *sc, int(res.weights is not None), threads, shared, floats]
-    env = dict(os.environ, HARNESS_ORDER=order, ASAN_OPTIONS="detect_leaks=0")
-    run = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600, env=env)
-    assert run.returncode == 0, f"harness exit {run.returncode}: {HARNESS_ERRORS.get(run.returncode, run.stderr)}"
-    return np.fromfile(workdir / "out.bin", dtype=np.float32)
+    return run_harness(args, workdir, HARNESS_ERRORS, order)
 
 
 def _spec(res, targets: np.ndarray, width: int, budget: int, want_emb: bool):
