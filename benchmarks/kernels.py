@@ -234,6 +234,17 @@ def _with(setting: str, value: object, fn: Callable[[], object]) -> object:
         setattr(spmm_cuda, setting, before)
 
 
+def _one_thread(fn: Callable[[], object]) -> object:
+    """``fn()`` with the compiled CPU kernel serial at every size (what every process whose numba cache held
+    the serial kernel's code under the parallel one ran, before 2026-11-26: ``spmm_cpu._compiled``)."""
+    before = spmm_cpu.PARALLEL_ROWS
+    spmm_cpu.PARALLEL_ROWS = 2**62
+    try:
+        return fn()
+    finally:
+        spmm_cpu.PARALLEL_ROWS = before
+
+
 def _python_launch(fn: Callable[[], object]) -> object:
     """``fn()`` with the kernel launched from Python (the driver launch) instead of the C++ launcher."""
     return _with("CPP_LAUNCH", False, fn)
@@ -410,6 +421,10 @@ def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[
         for w in [0, *widths]:  # the public function as callers run it: nothing memoized
             variants[("public", w)] = lambda w=w: sampled_spmm(g, x, w, strategy, aggregator)
         variants[("exact via MKL", 0)] = lambda: _exact_via_mkl(g, x, strategy, aggregator)
+        if g.num_nodes >= spmm_cpu.PARALLEL_ROWS and spmm_cpu.kernel_threads() > 1:
+            for w in widths:  # the public call with the compiled kernel on one thread
+                variants[("kernel on 1 thread", w)] = lambda w=w: _one_thread(
+                    lambda: sampled_spmm(g, x, w, strategy, aggregator))
         for w in widths:  # MKL on a sampled matrix built before the timing
             mat = sampled_csr(g, w, strategy, aggregator, dtype=x.dtype)
             variants[("memoized CSR", w)] = lambda mat=mat: torch.sparse.mm(mat, x)
@@ -487,9 +502,7 @@ def markdown(cases: list[Case], graphs: dict[str, CSRGraph], widths: list[int], 
     lines.append("| graph | F | device | variant | sparse.mm ms | " + " | ".join(cols) + " |")
     lines.append("|---" * (5 + len(cols)) + "|")
     for c in cases:
-        modes = ["public", "exact via MKL", "memoized CSR"]
-        if c.device == "cuda":
-            modes = list(dict.fromkeys(k[0] for k in c.ratios))
+        modes = list(dict.fromkeys(k[0] for k in c.ratios))
         for mode in modes:
             cells = []
             for w in [0, *widths]:

@@ -36,6 +36,9 @@ thread count: a row is always one thread's work.
 
 from __future__ import annotations
 
+import types
+from typing import Any
+
 import numba
 import numpy as np
 import torch
@@ -179,8 +182,24 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pr
                 row[c] += self_w * xi[c]
 
 
-_serial = numba.njit(cache=True, nogil=True)(_kernel)
-_parallel = numba.njit(cache=True, nogil=True, parallel=True)(_kernel)
+def _compiled(name: str, **flags: bool) -> Any:
+    """:func:`_kernel` compiled with ``flags`` as a function of its own name.
+
+    numba names a function's on-disk cache after its module, qualified name and first line, and keys
+    the entries inside by signature and CPU, not by the compile flags. Two dispatchers of one Python
+    function (``njit(cache=True)(f)`` and ``njit(cache=True, parallel=True)(f)``) therefore share one
+    cache file, and whichever compiled first is what the other loads from then on: until this
+    function existed, a process usually found the serial machine code under the parallel kernel
+    (large graphs ran on one thread) or the parallel one under the serial kernel (request-sized
+    graphs paid a parallel region). A copy of the function under another name has its own file
+    (``tests/test_spmm_fast.py`` checks both in fresh processes)."""
+    fn = types.FunctionType(_kernel.__code__, _kernel.__globals__, name, _kernel.__defaults__, _kernel.__closure__)
+    fn.__qualname__ = name
+    return numba.njit(cache=True, nogil=True, **flags)(fn)
+
+
+_serial = _compiled("_kernel_serial")
+_parallel = _compiled("_kernel_parallel", parallel=True)
 
 
 def kernel_threads() -> int:

@@ -9,11 +9,21 @@ at and above the width, nnz a multiple of 577).
 
 from __future__ import annotations
 
+import importlib
+import os
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
 import numba
 import numpy as np
 import pytest
 import torch
+from numba.core.caching import FunctionCache
+from numba.core.registry import CPUDispatcher
 
+import kernels
 from kernels import sampled_spmm, sampled_spmm_torch, spmm_cpu
 from kernels import spmm as spmm_mod
 from kernels.graph import CSRGraph
@@ -127,6 +137,51 @@ def test_parallel_equals_serial_exactly(parallel_always, monkeypatch):
         ser = [sampled_spmm(g, x, w, s, a) for w in (0, 7, 16) for s in STRATEGIES for a in AGGREGATORS]
     for p, s in zip(par, ser, strict=True):
         assert torch.equal(p, s)
+
+
+def test_every_cached_kernel_has_its_own_cache_file():
+    """numba names a cache file after the function, not after its compile flags: two cached dispatchers of
+    one function read each other's machine code (the parallel kernel ran serially that way)."""
+    files: dict[str, str] = {}
+    for info in pkgutil.iter_modules(kernels.__path__):
+        mod = importlib.import_module(f"kernels.{info.name}")
+        for name, obj in vars(mod).items():
+            if isinstance(obj, CPUDispatcher) and isinstance(obj._cache, FunctionCache):
+                path = obj._cache._cache_file._index_path
+                owner = files.setdefault(path, f"{obj.py_func.__module__}.{obj.py_func.__qualname__}/{id(obj)}")
+                assert owner == f"{obj.py_func.__module__}.{obj.py_func.__qualname__}/{id(obj)}", (
+                    f"kernels.{info.name}.{name} shares its numba cache file with {owner}")
+    assert len(files) > 20  # the scan found the package's kernels
+
+
+_THREADS_LAUNCHED = """
+import sys
+import numpy as np
+from numba.np.ufunc import parallel
+from kernels import spmm_cpu
+indptr = np.array([0, 2, 3], dtype=np.int64)
+indices = np.array([1, 0, 0], dtype=np.int32)
+x = np.ones((2, 3), np.float32)
+args = (indptr, indices, spmm_cpu._NO_W, x, 0, True, 0, np.zeros(0, np.float32), np.empty_like(x))
+spmm_cpu._serial(*args)
+print(parallel._is_initialized)
+spmm_cpu._parallel(*args)
+print(parallel._is_initialized)
+"""
+
+
+def test_serial_and_parallel_kernels_stay_what_they_are_through_the_cache(tmp_path):
+    """In a fresh process with an empty numba cache, and again in one that loads both from it, the serial
+    kernel runs no parallel region (numba's thread pool stays down) and the parallel one does (it brings
+    the pool up). Before each had its own cache file, whichever compiled first served both."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PYTHONPATH": str(root)}
+    for run in ("compiles", "loads from the cache"):
+        proc = subprocess.run([sys.executable, "-c", _THREADS_LAUNCHED], capture_output=True, text=True, env=env,
+                              cwd=root, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == ["False", "True"], (run, proc.stdout)
+    assert len(list((tmp_path / "numba").rglob("spmm_cpu.*.nbi"))) == 2
 
 
 def test_large_graph_parallel_path_and_chunking():
