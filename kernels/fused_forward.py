@@ -37,7 +37,7 @@ import numba
 import numpy as np
 
 from .plan import ExecutionPlan
-from .spmm_cpu import fastrand_period, fastrand_position
+from .spmm_cpu import walk_start, walk_step
 
 __all__ = ["AGG_GCN", "AGG_SAGE", "POOL_CODES", "StackParams", "plan_forward_cpu", "plan_inner_cpu", "plan_outer_cpu",
            "shadow_forward_cpu"]
@@ -127,12 +127,15 @@ def _aggregate(src, rows, n_out, o, ptr, cols, ew, rs, width, fastrand, agg, dl,
         a = ptr[i]
         d = ptr[i + 1] - a
         k = d if width <= 0 or d <= width else width
-        sampled = fastrand and width > 0 and d > width
-        m = fastrand_period(d) if sampled else d
+        kind, step, m = walk_start(fastrand, width, d, k)
+        b = 0
+        off = 0
+        tm = 0
         xi = src[rows[i]]
         if agg == AGG_GCN:
-            for t in range(k):
-                e = a + (fastrand_position(t, d, m) if sampled else t)
+            for _ in range(k):
+                p, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
+                e = a + p
                 j = cols[e]
                 coef = (ew[e] if has_w else np.float32(1.0)) * dl[j]
                 xj = src[rows[j]]
@@ -144,8 +147,9 @@ def _aggregate(src, rows, n_out, o, ptr, cols, ew, rs, width, fastrand, agg, dl,
             for c in range(o):
                 acc[c] = acc[c] * scale + self_w * xi[c] + bias[b0 + c]
         else:
-            for t in range(k):
-                e = a + (fastrand_position(t, d, m) if sampled else t)
+            for _ in range(k):
+                p, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
+                e = a + p
                 j = cols[e]
                 coef = ew[e] if has_w else np.float32(1.0)
                 xj = src[rows[j]]
@@ -181,10 +185,13 @@ def _aggregate_first(src, rows, n_out, ptr, cols, ew, rs, width, fastrand, agg, 
         a = ptr[i]
         d = ptr[i + 1] - a
         k = d if width <= 0 or d <= width else width
-        sampled = fastrand and width > 0 and d > width
-        mp = fastrand_period(d) if sampled else d
-        for t in range(k):
-            e = a + (fastrand_position(t, d, mp) if sampled else t)
+        kind, step, mp = walk_start(fastrand, width, d, k)
+        b = 0
+        off = 0
+        tm = 0
+        for _ in range(k):
+            p, b, off, tm = walk_step(kind, b, off, tm, step, d, mp)
+            e = a + p
             j = cols[e]
             coef = ew[e] if has_w else np.float32(1.0)
             if agg == AGG_GCN:

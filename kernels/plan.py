@@ -41,7 +41,7 @@ import numba
 import numpy as np
 
 from .graph import CSRGraph
-from .spmm_cpu import fastrand_period, fastrand_position
+from .spmm_cpu import walk_start, walk_step
 from .subgraph import _give_scratch, _grow, _take_scratch
 
 __all__ = [
@@ -213,9 +213,13 @@ def _kept_edges(starts, deg, kept, width, fastrand, out):  # pragma: no cover - 
         k = kept[r]
         s0 = starts[r]
         if fastrand and width > 0 and d > width:
-            m = fastrand_period(d)
-            for t in range(k):
-                out[j] = s0 + fastrand_position(t, d, m)
+            kind, step, m = walk_start(fastrand, width, d, k)
+            b = 0
+            off = 0
+            tm = 0
+            for _ in range(k):
+                p, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
+                out[j] = s0 + p
                 j += 1
         else:
             for t in range(k):

@@ -17,7 +17,10 @@ How it is fast (each measured against the previous version on Amazon Computers, 
 * **no integer division per edge.** The fastrand positions ``((t * 577) mod d + t // m) mod d``
   are walked incrementally: ``(t * 577) mod d`` grows by ``577 mod d`` and wraps with one
   subtraction, ``t // m`` is a counter that steps every ``m`` edges. Same positions, same order
-  (:func:`fastrand_position` stays the closed form the other compiled paths share).
+  (:func:`fastrand_position` stays the closed form the other compiled paths share). Each row
+  walks the simplest way its kind allows (:func:`walk_step`): a row at or below the width reads its
+  edges in order, a sampled row whose degree is not a multiple of 577 (nearly all) needs no
+  counter; 1.11x-1.33x on one thread against the general walk on every row (2026-11-26).
 * **arithmetic in the dtype of** ``x``: edge coefficients and row scales are cast to it, so a
   float32 product never widens to float64 in the inner loop, which LLVM vectorises over features.
 * **four kept edges per step**: four gathered rows are combined before the output row is
@@ -47,7 +50,7 @@ from numba import prange
 from .graph import CSRGraph
 from .spmm import FASTRAND_PRIME
 
-__all__ = ["fastrand_period", "fastrand_position", "kernel_threads", "sampled_spmm_cpu"]
+__all__ = ["fastrand_period", "fastrand_position", "kernel_threads", "sampled_spmm_cpu", "walk_start", "walk_step"]
 
 _AGG_CODE = {"sum": 0, "mean": 1, "gcn": 2}
 _NO_W = np.zeros(0, dtype=np.float32)
@@ -88,6 +91,32 @@ def _next_position(b, off, tm, step, d, m):  # pragma: no cover - compiled
     return pos, b, off, tm
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def walk_start(fastrand, width, d, k):  # pragma: no cover - compiled
+    """``(kind, step, m)`` of a row of ``d`` edges that keeps ``k`` at ``width``, for :func:`walk_step`:
+    kind 0 = its first ``k`` edges in order (exact rows, ``bucket``), 1 = a sampled row whose period
+    ``m`` is at least ``k`` (``t // m`` is 0 for every kept edge: nearly every row), 2 = the general
+    walk (a degree that is a multiple of 577, keeping more than ``m`` edges)."""
+    if fastrand and width > 0 and d > width:
+        m = fastrand_period(d)
+        return (1 if m >= k else 2), FASTRAND_PRIME % d, m
+    return 0, 1, d + 1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def walk_step(kind, b, off, tm, step, d, m):  # pragma: no cover - compiled
+    """:func:`_next_position` for a row of a known kind (:func:`walk_start`; start from ``b = off = tm
+    = 0``): kind 0 counts, kind 1 adds ``577 mod d`` and wraps with one subtraction, kind 2 walks both
+    terms. The kind is fixed per row, so the branch on it is predicted; the positions are those of
+    :func:`fastrand_position`, in order, without an integer division."""
+    if kind == 0:
+        return b, b + 1, off, tm
+    if kind == 1:
+        nb = b + step
+        return b, (nb - d if nb >= d else nb), off, tm
+    return _next_position(b, off, tm, step, d, m)
+
+
 def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pragma: no cover - compiled
     n, f = out.shape
     has_w = weights.shape[0] > 0
@@ -100,18 +129,13 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pr
         if k == 0:
             for c in range(f):
                 row[c] = 0.0
-        if fastrand and width > 0 and d > width:
-            step = FASTRAND_PRIME % d
-            m = fastrand_period(d)
-        else:  # the first k edges
-            step = 1
-            m = d + 1
+        kind, step, m = walk_start(fastrand, width, d, k)
         b = 0
         off = 0
         tm = 0
         t = 0
         if k > 0:  # the first kept edge initialises the row (no separate zeroing pass)
-            p0, b, off, tm = _next_position(b, off, tm, step, d, m)
+            p0, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
             e0 = s0 + p0
             j0 = indices[e0]
             c0 = x.dtype.type(weights[e0]) if has_w else one
@@ -122,10 +146,10 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pr
                 row[c] = c0 * x0[c]
             t = 1
         while t + 4 <= k:
-            p0, b, off, tm = _next_position(b, off, tm, step, d, m)
-            p1, b, off, tm = _next_position(b, off, tm, step, d, m)
-            p2, b, off, tm = _next_position(b, off, tm, step, d, m)
-            p3, b, off, tm = _next_position(b, off, tm, step, d, m)
+            p0, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
+            p1, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
+            p2, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
+            p3, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
             e0 = s0 + p0
             e1 = s0 + p1
             e2 = s0 + p2
@@ -157,7 +181,7 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pr
                 row[c] += (c0 * x0[c] + c1 * x1[c]) + (c2 * x2[c] + c3 * x3[c])
             t += 4
         while t < k:
-            p0, b, off, tm = _next_position(b, off, tm, step, d, m)
+            p0, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
             e0 = s0 + p0
             j0 = indices[e0]
             c0 = x.dtype.type(weights[e0]) if has_w else one

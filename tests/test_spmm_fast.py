@@ -126,6 +126,36 @@ def test_fast_kernel_reads_the_fastrand_positions():
         assert float(got[0, 0]) == pytest.approx(float(pos.double().mean()), rel=1e-12), (d, width)
 
 
+@numba.njit(cache=False)
+def _walked(fastrand, width, d, k):
+    kind, step, m = spmm_cpu.walk_start(fastrand, width, d, k)
+    out = np.empty(k, np.int64)
+    b = 0
+    off = 0
+    tm = 0
+    for t in range(k):
+        p, b, off, tm = spmm_cpu.walk_step(kind, b, off, tm, step, d, m)
+        out[t] = p
+    return kind, out
+
+
+def test_the_walk_gives_the_formula_positions_for_every_kind_of_row():
+    """walk_start / walk_step (the CPU kernel, the execution plans and the compiled forwards walk rows with
+    them) against the closed form of sample_positions, on rows of every kind: at or below the width, sampled
+    with a period of at least k, and degrees that are multiples of 577 keeping more than their period."""
+    kinds = set()
+    for d in (1, 2, 7, 8, 9, 576, 577, 578, 1154, 1155, 1731, 2308, 5000):
+        for width in (0, 1, 3, 8, 16, 577, 600, 1200):
+            k = d if width <= 0 or d <= width else width
+            for fastrand in (True, False):
+                kind, got = _walked(fastrand, width, d, k)
+                kinds.add(kind)
+                strategy = "fastrand" if fastrand else "bucket"
+                want = spmm_mod.sample_positions(torch.full((k,), d), torch.arange(k), width, strategy)
+                assert got.tolist() == want.tolist(), (d, width, fastrand, kind)
+    assert kinds == {0, 1, 2}
+
+
 def test_parallel_equals_serial_exactly(parallel_always, monkeypatch):
     monkeypatch.setattr(spmm_mod, "EXACT_BACKEND", "kernel")  # exact passes too: the kernel both times
     g = make_graph(5, weighted=True)
