@@ -12,7 +12,9 @@ noise hits every variant alike), and reports, per variant, the median over round
   ``kernels.spmm.EXACT_BACKEND = "auto"`` sends it);
 * CPU, ``exact via MKL``: the same public call with ``EXACT_BACKEND = "torch"``:
   ``torch.sparse.mm`` over ``exact_csr_view``, the graph's own arrays (the alternative the
-  ``auto`` rule weighs, exact only);
+  ``auto`` rule weighs, exact only); ``exact via the kernel``: with ``EXACT_BACKEND = "kernel"``;
+* CPU, ``kernel on 1 thread``: the public call with the compiled kernel serial at every size (on
+  machines where it has more than one thread);
 * CPU, ``memoized CSR``: ``torch.sparse.mm`` on the sampled matrix of ``sampled_csr``, built
   before the timing (what the torch path does on repeated passes, e.g. training);
 * CUDA, ``kernel``: the ES-SpMM kernel samples inside the kernel on every call (no memo), and its
@@ -342,13 +344,18 @@ def modelled_bytes(g: CSRGraph, width: int, f: int, value_bytes: int = 4, baseli
     return (g.num_nodes + 1) * 8 + kept * per_edge + kept * f * value_bytes + g.num_nodes * f * value_bytes
 
 
-def _exact_via_mkl(g: CSRGraph, x: torch.Tensor, strategy: str, aggregator: str) -> torch.Tensor:
+def _exact_via(backend: str, g: CSRGraph, x: torch.Tensor, strategy: str, aggregator: str) -> torch.Tensor:
+    """An exact ``sampled_spmm`` with ``kernels.spmm.EXACT_BACKEND`` pinned to ``backend``."""
     before = spmm_mod.EXACT_BACKEND
-    spmm_mod.EXACT_BACKEND = "torch"
+    spmm_mod.EXACT_BACKEND = backend
     try:
         return sampled_spmm(g, x, 0, strategy, aggregator)
     finally:
         spmm_mod.EXACT_BACKEND = before
+
+
+def _exact_via_mkl(g: CSRGraph, x: torch.Tensor, strategy: str, aggregator: str) -> torch.Tensor:
+    return _exact_via("torch", g, x, strategy, aggregator)
 
 
 def _via_fp32(g: CSRGraph, x: torch.Tensor, width: int, strategy: str, aggregator: str) -> torch.Tensor:
@@ -421,6 +428,7 @@ def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[
         for w in [0, *widths]:  # the public function as callers run it: nothing memoized
             variants[("public", w)] = lambda w=w: sampled_spmm(g, x, w, strategy, aggregator)
         variants[("exact via MKL", 0)] = lambda: _exact_via_mkl(g, x, strategy, aggregator)
+        variants[("exact via the kernel", 0)] = lambda: _exact_via("kernel", g, x, strategy, aggregator)
         if g.num_nodes >= spmm_cpu.PARALLEL_ROWS and spmm_cpu.kernel_threads() > 1:
             for w in widths:  # the public call with the compiled kernel on one thread
                 variants[("kernel on 1 thread", w)] = lambda w=w: _one_thread(

@@ -16,7 +16,8 @@ accuracy and the sampling rate (its Table IV). This script does the same with gn
   CUDA events around each call on a GPU (device time) and the wall clock on a CPU; the baseline is
   ``torch.sparse.mm`` (cuSPARSE on a GPU, MKL on a CPU) on the pre-normalised adjacency (GCN:
   :math:`D^{-1/2}(A + I)D^{-1/2}`; SAGE: the row-mean matrix on the neighbour half), the layer's dense
-  transform outside the timed part in both. Median of ``--rounds`` inferences;
+  transform outside the timed part in both. Median of ``--rounds`` inferences, the baseline and every
+  setting interleaved round by round in a rotating order;
 * **accuracy**: test accuracy of the full-graph forward at each S (``model(graph, x, S)``) and of the
   baseline's exact forward; **kept**: ``sum_i min(d_i, S) / E``.
 
@@ -155,7 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", type=Path, default=REPO.parent / "shared" / "data")
     args = ap.parse_args(argv)
 
+    from kernels.malloc import tune_malloc
     from kernels.spmm import kept_edges
+
+    # keep freed memory for reuse (kernels/malloc.py): without it every full-graph output was a fresh mmap, and
+    # its page faults made arxiv-like's passes bimodal (23-31 ms against 85-131 ms for one F = 128 pass, 2026-11-26)
+    tune_malloc()
     from models.fit import TrainConfig, fit
 
     device = torch.device(args.device)
@@ -188,25 +194,30 @@ def main(argv: list[str] | None = None) -> int:
             model = res.model.eval()
             base = baseline_matrix(graph, arch, device)
 
-            def run(width, baseline=None, model=model, x=x, graph=graph, y=y, test=test):
-                times, logits = [], None
-                for _ in range(args.rounds + 1):  # the first is a warm-up (memoized device arrays, samples)
+            # the baseline, exact and every width: one inference each per round, in a rotating order, so that
+            # a stall of the machine hits every setting alike (round 0 is a warm-up: memoized arrays, samples)
+            settings: list[tuple[str, int | None, torch.Tensor | None]] = [
+                ("baseline", None, base), ("exact", None, None), *[(str(w), w, None) for w in widths]]
+            times: dict[str, list[float]] = {name: [] for name, _, _ in settings}
+            accs: dict[str, float] = {}
+            for r in range(args.rounds + 1):
+                shift = r % len(settings)
+                for name, width, baseline in settings[shift:] + settings[:shift]:
                     timer = Timer(device)
                     with torch.inference_mode():
                         logits = inference(model, graph, x, width, args.strategy, timer, baseline)
-                    times.append(timer.ms())
-                acc = float((logits.argmax(1) == y)[test].float().mean())
-                return statistics.median(times[1:]), acc
-
-            base_ms, base_acc = run(None, base)
-            exact_ms, exact_acc = run(None)
-            print(f"| {gname} | {arch} | exact | 100.0% | {exact_acc:.2%} (baseline {base_acc:.2%}) | {exact_ms:.3f} | "
-                  f"{base_ms:.3f} | {base_ms / exact_ms:.2f}x |", flush=True)
+                    if r:
+                        times[name].append(timer.ms())
+                    else:
+                        accs[name] = float((logits.argmax(1) == y)[test].float().mean())
+            ms = {name: statistics.median(v) for name, v in times.items()}
+            base_ms = ms["baseline"]
+            print(f"| {gname} | {arch} | exact | 100.0% | {accs['exact']:.2%} (baseline {accs['baseline']:.2%}) | "
+                  f"{ms['exact']:.3f} | {base_ms:.3f} | {base_ms / ms['exact']:.2f}x |", flush=True)
             for w in widths:
-                ms, acc = run(w)
                 kept = kept_edges(graph, w) / max(1, graph.num_edges)
-                print(f"| {gname} | {arch} | {w} | {kept:.1%} | {acc:.2%} | {ms:.3f} | {base_ms:.3f} | "
-                      f"{base_ms / ms:.2f}x |", flush=True)
+                print(f"| {gname} | {arch} | {w} | {kept:.1%} | {accs[str(w)]:.2%} | {ms[str(w)]:.3f} | {base_ms:.3f} | "
+                      f"{base_ms / ms[str(w)]:.2f}x |", flush=True)
     return 0
 
 

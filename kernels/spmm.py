@@ -252,16 +252,22 @@ def _csr_key(graph: CSRGraph, width: int, strategy: str, aggregator: str, device
 EXACT_BACKEND = "auto"
 
 
-def _exact_through_torch(graph: CSRGraph) -> bool:
+#: an exact pass over at least this many features runs the compiled kernel on every graph (``auto``)
+EXACT_KERNEL_MIN_FEATURES = 64
+
+
+def _exact_through_torch(graph: CSRGraph, features: int) -> bool:
     """Whether an exact CPU pass goes to ``torch.sparse.mm`` rather than the compiled kernel.
 
-    ``"auto"``: MKL for a graph of at least :data:`kernels.spmm_cpu.PARALLEL_ROWS` rows, the kernel
-    below (a request-sized graph, where building the CSR view and entering MKL cost more than the
-    product). Measured on the 2-vCPU VM (docs/BENCHMARKS.md, 2026-11-25), the kernel's exact pass
-    ranged from 0.6x to 1.2x of ``torch.sparse.mm`` on a quiet machine, depending on the graph and F
-    (and from 1.6x to 2.4x faster on a loaded one), while MKL over :func:`exact_csr_view` stayed
-    within 0.87x to 1.01x of the baseline in every run: the kernel has nothing to skip in an exact
-    pass, so MKL's product is the safe choice there.
+    ``"auto"``: MKL for a graph of at least :data:`kernels.spmm_cpu.PARALLEL_ROWS` rows and fewer than
+    :data:`EXACT_KERNEL_MIN_FEATURES` features; the kernel on smaller graphs (a request-sized graph,
+    where building the CSR view and entering MKL cost more than the product) and at wider features.
+    Measured on the 2-vCPU VM (docs/BENCHMARKS.md, 2026-11-26 09:04 UTC, `benchmarks/kernels.py`, Amazon
+    Computers, arxiv-like, Coauthor Physics), the parallel kernel's exact pass against MKL over
+    :func:`exact_csr_view`: 1.13x-1.28x faster at F = 64, 1.51x-2.23x at 128, 2.11x-2.35x at 256, but
+    0.34x-0.64x at F = 10 and 0.65x-1.05x at 32, where the kernel's per-edge overhead dominates. (The
+    rule of 2026-11-25, MKL on every large graph, was measured while the "parallel" kernel ran the
+    serial code: ``spmm_cpu._compiled``.)
     """
     if EXACT_BACKEND == "torch":
         return True
@@ -269,7 +275,7 @@ def _exact_through_torch(graph: CSRGraph) -> bool:
         return False
     from . import spmm_cpu
 
-    return graph.num_nodes >= spmm_cpu.PARALLEL_ROWS
+    return graph.num_nodes >= spmm_cpu.PARALLEL_ROWS and features < EXACT_KERNEL_MIN_FEATURES
 
 
 def exact_csr_view(graph: CSRGraph, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -486,11 +492,11 @@ def sampled_spmm(
     The CUDA kernel runs when ``x`` is on a GPU, CuPy is usable and ``x`` needs no gradient
     (float16 and bfloat16 natively, with float32 arithmetic). On the CPU, a pass that needs no
     gradient runs the fused compiled kernel of :mod:`kernels.spmm_cpu`, parallel over rows on large
-    graphs (float16 and bfloat16 in float32, rounded back), except an exact pass that
-    :func:`_exact_through_torch` sends to ``torch.sparse.mm`` over :func:`exact_csr_view` (nothing
-    sampled, nothing memoized). Any other case takes the torch path, which is the specification
-    both kernels are tested against (and memoizes its sparse matrices on the graph, for
-    training's repeated passes).
+    graphs (float16 and bfloat16 in float32, rounded back), except an exact pass over few features on a
+    large graph, which :func:`_exact_through_torch` sends to ``torch.sparse.mm`` over
+    :func:`exact_csr_view` (nothing sampled, nothing memoized). Any other case takes the torch path,
+    which is the specification both kernels are tested against (and memoizes its sparse matrices on the
+    graph, for training's repeated passes).
     """
     no_grad = not (torch.is_grad_enabled() and x.requires_grad)
     if no_grad and x.device.type == "cpu" and x.dtype in HALF_DTYPES:
@@ -501,7 +507,7 @@ def sampled_spmm(
         width = _check_args(graph, x, width, strategy, aggregator)
         dinv = _gcn_dinv(graph, x.device, x.dtype, norm_degrees) if aggregator == "gcn" else None
         exact = width <= 0 or graph.num_edges == 0 or _max_degree(graph) <= width
-        if exact and graph.num_nodes and _exact_through_torch(graph):
+        if exact and graph.num_nodes and _exact_through_torch(graph, x.shape[1]):
             return _exact_spmm_mkl(graph, x, aggregator, dinv)
         from .spmm_cpu import sampled_spmm_cpu
 

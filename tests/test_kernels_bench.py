@@ -17,7 +17,7 @@ def test_cpu_table_has_every_variant():
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| arxiv-like \| 10 \| cpu \| ([^|]+?) \| [\d.]+ \| (.+) \|$",
                                                          proc.stdout, re.M)}
-    assert {"public", "exact via MKL", "memoized CSR"} <= set(rows), proc.stdout
+    assert {"public", "exact via MKL", "exact via the kernel", "memoized CSR"} <= set(rows), proc.stdout
     threads = int(re.search(r"compiled kernel on (\d+)", proc.stdout).group(1))
     # the parallel kernel against itself on one thread: only where it has more than one
     assert ("kernel on 1 thread" in rows) == (threads > 1), proc.stdout

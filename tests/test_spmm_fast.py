@@ -262,8 +262,9 @@ def test_thread_count_follows_torch_and_numba(monkeypatch):
 
 
 def test_exact_dispatch_rule(monkeypatch):
-    """``auto``: an exact pass on a graph of PARALLEL_ROWS rows or more goes to MKL over the view;
-    sampled passes and exact passes on smaller graphs run the kernel."""
+    """``auto``: an exact pass over fewer than EXACT_KERNEL_MIN_FEATURES features on a graph of PARALLEL_ROWS
+    rows or more goes to MKL over the view; sampled passes, wider exact passes and exact passes on smaller
+    graphs run the kernel."""
     g = make_graph(8, n=5000, weighted=True)
     assert g.num_nodes >= spmm_cpu.PARALLEL_ROWS
     x = torch.randn(g.num_nodes, 12)
@@ -281,6 +282,11 @@ def test_exact_dispatch_rule(monkeypatch):
         sampled_spmm(g, x, int(g.degrees.max()), aggregator="mean")  # a width no row exceeds is exact
         assert calls == [1, 1]
     assert_matches_spec(got, g, x, 0, "fastrand", "gcn", "gcn through MKL")
+    wide = torch.randn(g.num_nodes, spmm_mod.EXACT_KERNEL_MIN_FEATURES)
+    with torch.no_grad():
+        got = sampled_spmm(g, wide, 0, aggregator="gcn")  # as wide as the rule's bound: the kernel
+    assert calls == [1, 1]
+    assert_matches_spec(got, g, wide, 0, "fastrand", "gcn", "wide gcn through the kernel")
     monkeypatch.setattr(spmm_mod, "EXACT_BACKEND", "kernel")
     with torch.no_grad():
         sampled_spmm(g, x, 0)
