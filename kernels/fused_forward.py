@@ -127,14 +127,11 @@ def _aggregate(src, rows, n_out, o, ptr, cols, ew, rs, width, fastrand, agg, dl,
         a = ptr[i]
         d = ptr[i + 1] - a
         k = d if width <= 0 or d <= width else width
-        kind, step, m = walk_start(fastrand, width, d, k)
-        b = 0
-        off = 0
-        tm = 0
         xi = src[rows[i]]
+        w = walk_start(fastrand, width, d, k)
         if agg == AGG_GCN:
             for _ in range(k):
-                p, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
+                p, w = walk_step(w)
                 e = a + p
                 j = cols[e]
                 coef = (ew[e] if has_w else np.float32(1.0)) * dl[j]
@@ -148,7 +145,7 @@ def _aggregate(src, rows, n_out, o, ptr, cols, ew, rs, width, fastrand, agg, dl,
                 acc[c] = acc[c] * scale + self_w * xi[c] + bias[b0 + c]
         else:
             for _ in range(k):
-                p, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
+                p, w = walk_step(w)
                 e = a + p
                 j = cols[e]
                 coef = ew[e] if has_w else np.float32(1.0)
@@ -185,12 +182,9 @@ def _aggregate_first(src, rows, n_out, ptr, cols, ew, rs, width, fastrand, agg, 
         a = ptr[i]
         d = ptr[i + 1] - a
         k = d if width <= 0 or d <= width else width
-        kind, step, mp = walk_start(fastrand, width, d, k)
-        b = 0
-        off = 0
-        tm = 0
+        w = walk_start(fastrand, width, d, k)
         for _ in range(k):
-            p, b, off, tm = walk_step(kind, b, off, tm, step, d, mp)
+            p, w = walk_step(w)
             e = a + p
             j = cols[e]
             coef = ew[e] if has_w else np.float32(1.0)

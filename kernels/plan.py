@@ -213,12 +213,9 @@ def _kept_edges(starts, deg, kept, width, fastrand, out):  # pragma: no cover - 
         k = kept[r]
         s0 = starts[r]
         if fastrand and width > 0 and d > width:
-            kind, step, m = walk_start(fastrand, width, d, k)
-            b = 0
-            off = 0
-            tm = 0
+            w = walk_start(fastrand, width, d, k)
             for _ in range(k):
-                p, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
+                p, w = walk_step(w)
                 out[j] = s0 + p
                 j += 1
         else:

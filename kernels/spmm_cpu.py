@@ -93,28 +93,31 @@ def _next_position(b, off, tm, step, d, m):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def walk_start(fastrand, width, d, k):  # pragma: no cover - compiled
-    """``(kind, step, m)`` of a row of ``d`` edges that keeps ``k`` at ``width``, for :func:`walk_step`:
-    kind 0 = its first ``k`` edges in order (exact rows, ``bucket``), 1 = a sampled row whose period
-    ``m`` is at least ``k`` (``t // m`` is 0 for every kept edge: nearly every row), 2 = the general
-    walk (a degree that is a multiple of 577, keeping more than ``m`` edges)."""
+    """The walk over the kept positions of a row of ``d`` edges that keeps ``k`` at ``width``: the state
+    :func:`walk_step` takes, ``(kind, step, d, m, b, off, tm)``. Kind 0 = its first ``k`` edges in order
+    (exact rows, ``bucket``), 1 = a sampled row whose period ``m`` is at least ``k`` (``t // m`` is 0 for
+    every kept edge: nearly every row), 2 = the general walk (a degree that is a multiple of 577, keeping
+    more than ``m`` edges)."""
     if fastrand and width > 0 and d > width:
         m = fastrand_period(d)
-        return (1 if m >= k else 2), FASTRAND_PRIME % d, m
-    return 0, 1, d + 1
+        return (1 if m >= k else 2), FASTRAND_PRIME % d, d, m, 0, 0, 0
+    return 0, 1, d, d + 1, 0, 0, 0
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def walk_step(kind, b, off, tm, step, d, m):  # pragma: no cover - compiled
-    """:func:`_next_position` for a row of a known kind (:func:`walk_start`; start from ``b = off = tm
-    = 0``): kind 0 counts, kind 1 adds ``577 mod d`` and wraps with one subtraction, kind 2 walks both
+def walk_step(w):  # pragma: no cover - compiled
+    """``(position, next state)`` of a walk (:func:`walk_start`): :func:`_next_position` for a row of a
+    known kind; kind 0 counts, kind 1 adds ``577 mod d`` and wraps with one subtraction, kind 2 walks both
     terms. The kind is fixed per row, so the branch on it is predicted; the positions are those of
     :func:`fastrand_position`, in order, without an integer division."""
+    kind, step, d, m, b, off, tm = w
     if kind == 0:
-        return b, b + 1, off, tm
+        return b, (kind, step, d, m, b + 1, off, tm)
     if kind == 1:
         nb = b + step
-        return b, (nb - d if nb >= d else nb), off, tm
-    return _next_position(b, off, tm, step, d, m)
+        return b, (kind, step, d, m, nb - d if nb >= d else nb, off, tm)
+    p, b, off, tm = _next_position(b, off, tm, step, d, m)
+    return p, (kind, step, d, m, b, off, tm)
 
 
 def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pragma: no cover - compiled
@@ -129,13 +132,10 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pr
         if k == 0:
             for c in range(f):
                 row[c] = 0.0
-        kind, step, m = walk_start(fastrand, width, d, k)
-        b = 0
-        off = 0
-        tm = 0
+        w = walk_start(fastrand, width, d, k)
         t = 0
         if k > 0:  # the first kept edge initialises the row (no separate zeroing pass)
-            p0, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
+            p0, w = walk_step(w)
             e0 = s0 + p0
             j0 = indices[e0]
             c0 = x.dtype.type(weights[e0]) if has_w else one
@@ -146,10 +146,10 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pr
                 row[c] = c0 * x0[c]
             t = 1
         while t + 4 <= k:
-            p0, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
-            p1, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
-            p2, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
-            p3, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
+            p0, w = walk_step(w)
+            p1, w = walk_step(w)
+            p2, w = walk_step(w)
+            p3, w = walk_step(w)
             e0 = s0 + p0
             e1 = s0 + p1
             e2 = s0 + p2
@@ -181,7 +181,7 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pr
                 row[c] += (c0 * x0[c] + c1 * x1[c]) + (c2 * x2[c] + c3 * x3[c])
             t += 4
         while t < k:
-            p0, b, off, tm = walk_step(kind, b, off, tm, step, d, m)
+            p0, w = walk_step(w)
             e0 = s0 + p0
             j0 = indices[e0]
             c0 = x.dtype.type(weights[e0]) if has_w else one

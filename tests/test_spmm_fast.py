@@ -128,13 +128,11 @@ def test_fast_kernel_reads_the_fastrand_positions():
 
 @numba.njit(cache=False)
 def _walked(fastrand, width, d, k):
-    kind, step, m = spmm_cpu.walk_start(fastrand, width, d, k)
+    w = spmm_cpu.walk_start(fastrand, width, d, k)
+    kind = w[0]
     out = np.empty(k, np.int64)
-    b = 0
-    off = 0
-    tm = 0
     for t in range(k):
-        p, b, off, tm = spmm_cpu.walk_step(kind, b, off, tm, step, d, m)
+        p, w = spmm_cpu.walk_step(w)
         out[t] = p
     return kind, out
 
