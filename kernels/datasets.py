@@ -38,6 +38,7 @@ import numpy as np
 
 from .graph import _FORMAT as _GRAPH_FORMAT
 from .graph import CSRGraph, GraphFormatError, _hash_array, index_dtype_for
+from .threads import numba_threads
 
 __all__ = [
     "SYNTHETIC_SHAPES",
@@ -929,7 +930,7 @@ def _write_synthetic(d: Path, params: dict[str, Any], name: str | None, memory_b
     budget = max(1, int(memory_budget) // idt.itemsize)
     indptr = np.zeros(n + 1, dtype=np.int64)
     header = _npy_header((raw_total,), idt)
-    threads = max(1, numba.get_num_threads())
+    threads = max(1, numba_threads())
     written = 0
     blocks = 0
     with open(gd / "indices.npy", "wb") as out, _bar(n, "build CSR", progress, "row") as bar:

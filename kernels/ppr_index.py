@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numba
 import numpy as np
 
 from .datasets import remove_stale_tmp
 from .graph import CSRGraph, gather_ranges, index_dtype_for
 from .ppr_push import _ALGO_VERSION, PPRConfig, _compact, _give_dense, _run_batch, _take_dense
 from .subgraph import InducedTable, SubgraphBatch, induced_batch
+from .threads import numba_threads
 
 __all__ = ["PPRIndex", "PPRIndexError"]
 
@@ -306,7 +306,7 @@ class PPRIndex:
         cfg = cfg or PPRConfig()
         n = graph.num_nodes
         k = cfg.topk
-        threads = numba.get_num_threads()
+        threads = numba_threads()
         chunk = chunk_size or int(min(max(2048, n // 200), 65536))
         idt = index_dtype_for(n)
         ptr = np.zeros(n + 1, dtype=np.int64)

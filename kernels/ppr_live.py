@@ -145,6 +145,7 @@ import numpy as np
 from .graph import CSRGraph, gather_ranges, index_dtype_for
 from .ppr import _SCRATCH_KEY, _SCRATCH_LOCK, PPRConfig, PPRIndex, PPRIndexError, _weighted_degree, ppr_topk
 from .subgraph import InducedTable, SubgraphBatch, induced_batch
+from .threads import numba_threads
 
 __all__ = ["LivePPRIndex", "benchmark", "row_change_bounds"]
 
@@ -960,7 +961,7 @@ def benchmark(
     push_s = time.perf_counter() - t0
     return {
         "dataset": dataset, "nodes": g.num_nodes, "edges": g.num_edges, "topk": topk, "rule": rule,
-        "tol_factor": tol_factor, "threads": numba.get_num_threads(), "build_s": round(build_s, 2),
+        "tol_factor": tol_factor, "threads": numba_threads(), "build_s": round(build_s, 2),
         "first_apply_s": round(first_s, 2), "apply_ms_median": round(float(np.median(ms)), 2),
         "apply_ms_mean": round(float(np.mean(ms)), 2), "apply_ms_max": round(float(np.max(ms)), 2),
         "recomputed_median": float(np.median(rec)), "recomputed_max": int(np.max(rec)),

@@ -31,6 +31,7 @@ from numba import prange
 
 from .graph import CSRGraph, index_dtype_for
 from .subgraph import _grow
+from .threads import numba_threads
 
 __all__ = ["PPRConfig", "ppr_exact", "ppr_new_node", "ppr_topk"]
 
@@ -592,7 +593,7 @@ def ppr_topk(
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     t = _check_targets(graph, targets)
-    threads = numba.get_num_threads()
+    threads = numba_threads()
     sc = _take_dense(graph, threads, cfg.eps)
     try:
         counts, nodes, scores = _run_batch(graph, t, cfg, k, sc)

@@ -49,6 +49,7 @@ from numba import prange
 
 from .graph import CSRGraph
 from .spmm import FASTRAND_PRIME
+from .threads import numba_threads
 
 __all__ = ["fastrand_period", "fastrand_position", "kernel_threads", "sampled_spmm_cpu", "walk_start", "walk_step"]
 
@@ -231,7 +232,7 @@ def kernel_threads() -> int:
     ``OMP_NUM_THREADS``), capped by numba's (``NUMBA_NUM_THREADS``, or a lower
     ``numba.set_num_threads`` on the calling thread), at least 1. On a 2-core machine with the
     defaults: 2."""
-    return max(1, min(torch.get_num_threads(), numba.get_num_threads()))
+    return max(1, min(torch.get_num_threads(), numba_threads()))
 
 
 def sampled_spmm_cpu(

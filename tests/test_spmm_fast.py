@@ -259,6 +259,49 @@ def test_thread_count_follows_torch_and_numba(monkeypatch):
         torch.set_num_threads(torch_threads)
 
 
+_TORCH_THREADS_KEPT = """
+import threading
+import numpy as np
+import torch
+from kernels import spmm_cpu
+from kernels.ppr import ppr_topk
+from kernels.threads import numba_threads
+from tests.test_spmm_fast import make_graph
+seen = []
+
+def worker(run):
+    seen.append(torch.get_num_threads())
+    run()
+    seen.append(torch.get_num_threads())
+
+g = make_graph(3, n=5000)
+x = torch.ones(g.num_nodes, 8)
+runs = [lambda: spmm_cpu.sampled_spmm_cpu(g, x, 4, "fastrand", "sum"),  # the first: starts numba's pool
+        lambda: ppr_topk(g, np.arange(4))]
+for run in runs:
+    t = threading.Thread(target=worker, args=(run,))
+    t.start()
+    t.join()
+worker(lambda: numba_threads() > 1 or exit(3))  # numba's own count is every core; the main thread's stays
+print(*seen)
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="numba's default thread count is 1 here: nothing to reset")
+def test_numba_does_not_change_torch_thread_count(tmp_path):
+    """numba's pool, started by the first query or parallel kernel of a thread, set that thread's OpenMP
+    count (which torch reads) to numba's: with OMP_NUM_THREADS=1 alone, torch then ran on every core.
+    kernels.threads.numba_threads keeps torch's count, in the main thread and in a worker thread that runs
+    a parallel pass and a PPR batch."""
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_NUM_THREADS", "MKL_NUM_THREADS")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(root), NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    proc = subprocess.run([sys.executable, "-c", _TORCH_THREADS_KEPT], capture_output=True, text=True, env=env,
+                          cwd=root, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1"] * 6, proc.stdout
+
+
 def test_exact_dispatch_rule(monkeypatch):
     """``auto``: an exact pass over fewer than EXACT_KERNEL_MIN_FEATURES features on a graph of PARALLEL_ROWS
     rows or more goes to MKL over the view; sampled passes, wider exact passes and exact passes on smaller
