@@ -214,10 +214,10 @@ def _compiled(name: str, **flags: bool) -> Any:
     the entries inside by signature and CPU, not by the compile flags. Two dispatchers of one Python
     function (``njit(cache=True)(f)`` and ``njit(cache=True, parallel=True)(f)``) therefore share one
     cache file, and whichever compiled first is what the other loads from then on: until this
-    function existed, a process usually found the serial machine code under the parallel kernel
-    (large graphs ran on one thread) or the parallel one under the serial kernel (request-sized
-    graphs paid a parallel region). A copy of the function under another name has its own file
-    (``tests/test_spmm_fast.py`` checks both in fresh processes)."""
+    function existed, a machine ran either the serial machine code under the parallel kernel (large
+    graphs on one thread; the development VM did, 2026-11-26) or the parallel one under the serial
+    kernel (a parallel region for every request-sized graph). A copy of the function under another
+    name has its own file (``tests/test_spmm_fast.py`` checks both in fresh processes)."""
     fn = types.FunctionType(_kernel.__code__, _kernel.__globals__, name, _kernel.__defaults__, _kernel.__closure__)
     fn.__qualname__ = name
     return numba.njit(cache=True, nogil=True, **flags)(fn)
