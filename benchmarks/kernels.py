@@ -226,25 +226,20 @@ def host_prep(calls: int = 20000, rounds: int = 5) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
-def _with(setting: str, value: object, fn: Callable[[], object]) -> object:
-    """``fn()`` with ``kernels.spmm_cuda.<setting>`` set to ``value``, restored after."""
-    before = getattr(spmm_cuda, setting)
-    setattr(spmm_cuda, setting, value)
+def _with(setting: str, value: object, fn: Callable[[], object], module: object = spmm_cuda) -> object:
+    """``fn()`` with ``module.<setting>`` (by default ``kernels.spmm_cuda``'s) set to ``value``, restored after."""
+    before = getattr(module, setting)
+    setattr(module, setting, value)
     try:
         return fn()
     finally:
-        setattr(spmm_cuda, setting, before)
+        setattr(module, setting, before)
 
 
 def _one_thread(fn: Callable[[], object]) -> object:
     """``fn()`` with the compiled CPU kernel serial at every size (what every process whose numba cache held
     the serial kernel's code under the parallel one ran, before 2026-11-26: ``spmm_cpu._compiled``)."""
-    before = spmm_cpu.PARALLEL_ROWS
-    spmm_cpu.PARALLEL_ROWS = 2**62
-    try:
-        return fn()
-    finally:
-        spmm_cpu.PARALLEL_ROWS = before
+    return _with("PARALLEL_ROWS", 2**62, fn, spmm_cpu)
 
 
 def _python_launch(fn: Callable[[], object]) -> object:
@@ -346,12 +341,7 @@ def modelled_bytes(g: CSRGraph, width: int, f: int, value_bytes: int = 4, baseli
 
 def _exact_via(backend: str, g: CSRGraph, x: torch.Tensor, strategy: str, aggregator: str) -> torch.Tensor:
     """An exact ``sampled_spmm`` with ``kernels.spmm.EXACT_BACKEND`` pinned to ``backend``."""
-    before = spmm_mod.EXACT_BACKEND
-    spmm_mod.EXACT_BACKEND = backend
-    try:
-        return sampled_spmm(g, x, 0, strategy, aggregator)
-    finally:
-        spmm_mod.EXACT_BACKEND = before
+    return _with("EXACT_BACKEND", backend, lambda: sampled_spmm(g, x, 0, strategy, aggregator), spmm_mod)
 
 
 def _exact_via_mkl(g: CSRGraph, x: torch.Tensor, strategy: str, aggregator: str) -> torch.Tensor:

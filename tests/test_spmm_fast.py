@@ -182,6 +182,21 @@ def test_every_cached_kernel_has_its_own_cache_file():
     assert len(files) > 20  # the scan found the package's kernels
 
 
+def _fresh_process(script: str, tmp_path: Path, timeout: float, **env: str | None) -> list[str]:
+    """The words ``script`` prints in a new Python process run from the repository, on numba's cache under
+    ``tmp_path`` (empty on the first run), with ``env`` changed (``None``: the variable removed)."""
+    root = Path(__file__).resolve().parent.parent
+    full = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PYTHONPATH": str(root)}
+    for name, value in env.items():
+        full.pop(name, None)
+        if value is not None:
+            full[name] = value
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=full, cwd=root,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.split()
+
+
 _THREADS_LAUNCHED = """
 import sys
 import numpy as np
@@ -202,13 +217,8 @@ def test_serial_and_parallel_kernels_stay_what_they_are_through_the_cache(tmp_pa
     """In a fresh process with an empty numba cache, and again in one that loads both from it, the serial
     kernel runs no parallel region (numba's thread pool stays down) and the parallel one does (it brings
     the pool up). Before each had its own cache file, whichever compiled first served both."""
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PYTHONPATH": str(root)}
     for run in ("compiles", "loads from the cache"):
-        proc = subprocess.run([sys.executable, "-c", _THREADS_LAUNCHED], capture_output=True, text=True, env=env,
-                              cwd=root, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.split() == ["False", "True"], (run, proc.stdout)
+        assert _fresh_process(_THREADS_LAUNCHED, tmp_path, 300) == ["False", "True"], run
     assert len(list((tmp_path / "numba").rglob("spmm_cpu.*.nbi"))) == 2
 
 
@@ -293,13 +303,8 @@ def test_numba_does_not_change_torch_thread_count(tmp_path):
     count (which torch reads) to numba's: with OMP_NUM_THREADS=1 alone, torch then ran on every core.
     kernels.threads.numba_threads keeps torch's count, in the main thread and in a worker thread that runs
     a parallel pass and a PPR batch."""
-    root = Path(__file__).resolve().parent.parent
-    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_NUM_THREADS", "MKL_NUM_THREADS")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(root), NUMBA_CACHE_DIR=str(tmp_path / "numba"))
-    proc = subprocess.run([sys.executable, "-c", _TORCH_THREADS_KEPT], capture_output=True, text=True, env=env,
-                          cwd=root, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["1"] * 6, proc.stdout
+    assert _fresh_process(_TORCH_THREADS_KEPT, tmp_path, 600, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS=None,
+                          MKL_NUM_THREADS=None) == ["1"] * 6
 
 
 def test_exact_dispatch_rule(monkeypatch):
