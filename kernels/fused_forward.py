@@ -113,6 +113,59 @@ class StackParams:
         return cls(agg, dims, np.concatenate(mats), mat_off, np.concatenate(bias), bias_off, **extra)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _add_kept(acc, n, src, rows, c0, a, cols, ew, has_w, dl, gcn, w, k):  # pragma: no cover - compiled
+    """``acc[c] += sum_t coef_t src[rows[j_t], c0 + c]`` for ``c < n`` over the ``k`` kept edges of the
+    walk ``w`` (:func:`~kernels.spmm_cpu.walk_start`) of the row starting at edge ``a``; ``coef_t`` is the
+    edge's weight (1 without weights), times ``dl[j_t]`` for ``gcn``. Four edges per pass over ``acc``,
+    as :func:`kernels.spmm_cpu._kernel` sums them: the output row is read and written once per four
+    source rows instead of once per row (numba cannot tell that ``acc`` and ``src`` do not overlap,
+    so every pass loads and stores it). The source rows are sliced views: indexed ``src[., c0 + c]``
+    the loop was not vectorised (the bias loops of :func:`_aggregate` were not, with ``bias[b0 + c]``)."""
+    one = np.float32(1.0)
+    t = 0
+    while t + 4 <= k:
+        p0, w = walk_step(w)
+        p1, w = walk_step(w)
+        p2, w = walk_step(w)
+        p3, w = walk_step(w)
+        e0 = a + p0
+        e1 = a + p1
+        e2 = a + p2
+        e3 = a + p3
+        j0 = cols[e0]
+        j1 = cols[e1]
+        j2 = cols[e2]
+        j3 = cols[e3]
+        k0 = ew[e0] if has_w else one
+        k1 = ew[e1] if has_w else one
+        k2 = ew[e2] if has_w else one
+        k3 = ew[e3] if has_w else one
+        if gcn:
+            k0 *= dl[j0]
+            k1 *= dl[j1]
+            k2 *= dl[j2]
+            k3 *= dl[j3]
+        x0 = src[rows[j0], c0:c0 + n]
+        x1 = src[rows[j1], c0:c0 + n]
+        x2 = src[rows[j2], c0:c0 + n]
+        x3 = src[rows[j3], c0:c0 + n]
+        for c in range(n):
+            acc[c] += (k0 * x0[c] + k1 * x1[c]) + (k2 * x2[c] + k3 * x3[c])
+        t += 4
+    while t < k:
+        p0, w = walk_step(w)
+        e0 = a + p0
+        j0 = cols[e0]
+        k0 = ew[e0] if has_w else one
+        if gcn:
+            k0 *= dl[j0]
+        x0 = src[rows[j0], c0:c0 + n]
+        for c in range(n):
+            acc[c] += k0 * x0[c]
+        t += 1
+
+
 @numba.njit(cache=True, nogil=True)
 def _aggregate(src, rows, n_out, o, ptr, cols, ew, rs, width, fastrand, agg, dl, bias, b0,
                out):  # pragma: no cover - compiled
@@ -120,6 +173,7 @@ def _aggregate(src, rows, n_out, o, ptr, cols, ew, rs, width, fastrand, agg, dl,
     ``rs``: each row's ``d_i / k_i`` when the graph is already sampled (``width`` 0), else empty."""
     has_w = ew.shape[0] > 0
     given_scale = rs.shape[0] > 0
+    bv = bias[b0:b0 + o]  # a view: with ``bias[b0 + c]`` in the loops below they were not vectorised
     for i in range(n_out):
         acc = out[i]
         for c in range(o):
@@ -129,36 +183,21 @@ def _aggregate(src, rows, n_out, o, ptr, cols, ew, rs, width, fastrand, agg, dl,
         k = d if width <= 0 or d <= width else width
         xi = src[rows[i]]
         w = walk_start(fastrand, width, d, k)
+        _add_kept(acc, o, src, rows, 0 if agg == AGG_GCN else o, a, cols, ew, has_w, dl, agg == AGG_GCN, w, k)
         if agg == AGG_GCN:
-            for _ in range(k):
-                p, w = walk_step(w)
-                e = a + p
-                j = cols[e]
-                coef = (ew[e] if has_w else np.float32(1.0)) * dl[j]
-                xj = src[rows[j]]
-                for c in range(o):
-                    acc[c] += coef * xj[c]
             di = dl[i]
             scale = (rs[i] if given_scale else np.float32(d / max(k, 1))) * di
             self_w = di * di
             for c in range(o):
-                acc[c] = acc[c] * scale + self_w * xi[c] + bias[b0 + c]
+                acc[c] = acc[c] * scale + self_w * xi[c] + bv[c]
         else:
-            for _ in range(k):
-                p, w = walk_step(w)
-                e = a + p
-                j = cols[e]
-                coef = ew[e] if has_w else np.float32(1.0)
-                xj = src[rows[j]]
-                for c in range(o):
-                    acc[c] += coef * xj[o + c]
             if k > 0:
                 inv = np.float32(1.0) / np.float32(k)
                 for c in range(o):
-                    acc[c] = acc[c] * inv + xi[c] + bias[b0 + c]
+                    acc[c] = acc[c] * inv + xi[c] + bv[c]
             else:
                 for c in range(o):
-                    acc[c] = xi[c] + bias[b0 + c]
+                    acc[c] = xi[c] + bv[c]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -183,16 +222,7 @@ def _aggregate_first(src, rows, n_out, ptr, cols, ew, rs, width, fastrand, agg, 
         d = ptr[i + 1] - a
         k = d if width <= 0 or d <= width else width
         w = walk_start(fastrand, width, d, k)
-        for _ in range(k):
-            p, w = walk_step(w)
-            e = a + p
-            j = cols[e]
-            coef = ew[e] if has_w else np.float32(1.0)
-            if agg == AGG_GCN:
-                coef *= dl[j]
-            xj = src[rows[j]]
-            for c in range(fin):
-                acc[c] += coef * xj[c]
+        _add_kept(acc, fin, src, rows, 0, a, cols, ew, has_w, dl, agg == AGG_GCN, w, k)
         if agg == AGG_GCN:
             di = dl[i]
             scale = (rs[i] if given_scale else np.float32(d / max(k, 1))) * di
@@ -207,9 +237,11 @@ def _aggregate_first(src, rows, n_out, ptr, cols, ew, rs, width, fastrand, agg, 
         out = np.dot(z, m)
     else:  # [x W_r^T | x W_n^T]: the root half of the row itself, the neighbour half of the mean
         out = np.dot(xt, m[:, :o].copy()) + np.dot(z, m[:, o:].copy())
+    bv = bias[b0:b0 + o]
     for i in range(n_out):
+        row = out[i]
         for c in range(o):
-            out[i, c] += bias[b0 + c]
+            row[c] += bv[c]
     return out, xt
 
 
@@ -340,26 +372,29 @@ def _shadow(indptr, indices, ew, width, fastrand, node_ids, bptr, table, agg, di
     emb = np.zeros((nb, hd * (1 + pools.shape[0])), dtype=np.float32)
     for s in range(nb):
         lo, hi = bptr[s], bptr[s + 1]
+        target = emb[s, :hd]
         for c in range(hd):
-            emb[s, c] = h[lo, c]  # the target is its subgraph's first row
+            target[c] = h[lo, c]  # the target is its subgraph's first row
         for p in range(pools.shape[0]):
-            off = hd * (1 + p)
             if hi == lo:
                 continue
+            e = emb[s, hd * (1 + p):hd * (2 + p)]  # views, as in _add_kept
             if pools[p] == 0:
                 for u in range(lo, hi):
+                    hu = h[u]
                     for c in range(hd):
-                        emb[s, off + c] += h[u, c]
+                        e[c] += hu[c]
                 inv = np.float32(1.0) / np.float32(hi - lo)
                 for c in range(hd):
-                    emb[s, off + c] *= inv
+                    e[c] *= inv
             else:
                 for c in range(hd):
-                    emb[s, off + c] = h[lo, c]
+                    e[c] = h[lo, c]
                 for u in range(lo + 1, hi):
+                    hu = h[u]
                     for c in range(hd):
-                        if h[u, c] > emb[s, off + c]:
-                            emb[s, off + c] = h[u, c]
+                        if hu[c] > e[c]:
+                            e[c] = hu[c]
     logits = np.dot(emb, cls_w)
     for s in range(nb):
         for c in range(logits.shape[1]):
