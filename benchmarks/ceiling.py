@@ -4,7 +4,7 @@ request's server time goes outside the model.
 
 Servers: ``gnnserve serve --repo REPO --read-only --warm-projections --poll-s 0 --processes P`` for
 each variant of ``--processes`` (default ``1,2``; ``PtK``: P processes with K compute threads each,
-through ``OMP_NUM_THREADS`` / ``NUMBA_NUM_THREADS`` / ``MKL_NUM_THREADS``; ``--processes N`` alone
+through ``OMP_NUM_THREADS`` / ``NUMBA_NUM_THREADS`` / ``MKL_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS``; ``--processes N`` alone
 gives each of its N processes ``cores // N``), all started first and left idle while another is measured.
 Load: ``--client-procs`` client processes (grpc.aio and NumPy, no torch), each with ``--clients``
 async clients (one TCP connection each) sending ``--batch``-node Predict requests with ``return_probabilities`` for
@@ -22,7 +22,7 @@ one port, on ``--device``, under the same load: the like-for-like baseline of is
 List them first (``--processes pyg1,pyg4,1,4``) to get each gnnserve variant over each PyG one.
 
 ``--profile S``: first, one server process under the same load for S seconds with (a) CPU seconds per
-thread, by thread name (``py-spy dump`` names the Python threads; numba's pool threads, gRPC's
+thread, by thread name (``py-spy dump`` names the Python threads; the BLAS and numba pools, gRPC's
 C-core threads), and (b) ``py-spy record`` (non-blocking, 250 Hz, Python frames) of the event-loop
 thread, split into gRPC/asyncio (frames inside grpc's Cython code and the event loop: receive,
 protobuf parse, serialisation, send), validation, admission (pricing, queueing), the batcher's loop
@@ -187,7 +187,7 @@ def pyg_serve(spec: dict[str, Any]) -> None:
 
 class Server:
     """``variant``: ``"P"`` (P processes, their default compute threads) or ``"PtK"`` (K compute threads
-    per process: OMP_NUM_THREADS, NUMBA_NUM_THREADS and MKL_NUM_THREADS set to K); a trailing ``p``
+    per process: OMP_NUM_THREADS, NUMBA_NUM_THREADS, MKL_NUM_THREADS and OPENBLAS_NUM_THREADS set to K); a trailing ``p``
     sets ``OMP_WAIT_POLICY=PASSIVE``. ``"pygN"``: N PyG twin processes on one port (:func:`pyg_serve`),
     each with ``cores // N`` torch threads, on ``--device``."""
 
@@ -203,7 +203,8 @@ class Server:
         if passive:  # OpenMP threads sleep at once when idle instead of spinning for a while
             env["OMP_WAIT_POLICY"] = "PASSIVE"
         if threads:
-            env.update({v: threads for v in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM_THREADS")})
+            env.update({v: threads for v in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM_THREADS",
+                                             "OPENBLAS_NUM_THREADS")})
         ready = workdir / f"ready-{variant}"
         self.log_path = workdir / f"server-{variant}.log"
         cmd = [sys.executable, "-m", "serve.cli", "serve", "--repo", str(args.repo), "--port", "0", "--read-only",
@@ -351,7 +352,7 @@ def profile(args: argparse.Namespace, server: Server, workdir: Path, log: Any) -
         elif comm in ("event_engine", "grpc_global_tim", "lifeguard"):
             g = "gRPC C-core threads"
         else:
-            g = "other native threads (numba's pool: the model's parallel kernel)"
+            g = "other native threads (the BLAS and numba pools)"
         groups[g] += d
     nodes = phase["nodes_per_s"] * args.profile
     # py-spy samples of the event-loop thread
@@ -359,7 +360,8 @@ def profile(args: argparse.Namespace, server: Server, workdir: Path, log: Any) -
     for line in raw.read_text().splitlines() if raw.exists() else []:
         stack, n = line.rsplit(" ", 1)
         frames = stack.split(";")
-        if not re.sub(r"_\d+$", "", frames[0].split(": ", 1)[1]).startswith("MainThread"):
+        head = frames[0].split(": ", 1)  # "thread (TID): NAME"; a thread py-spy could not name has no ": NAME"
+        if len(head) < 2 or not re.sub(r"_\d+$", "", head[1]).startswith("MainThread"):
             continue
         s = ";".join(frames[1:])
         for cat, keys in _CATEGORIES:
