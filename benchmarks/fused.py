@@ -13,20 +13,64 @@ last column is whole plan / cached.
 
     python benchmarks/serve.py --datasets amazon_computers --models gcn,shadow-gcn --cache-dir DIR --train-only
     python benchmarks/fused.py --repo DIR/amazon_computers/repo --models gcn,shadow-gcn
+
+``--base REV``: also the compiled path with ``kernels/fused_forward.py`` as it was at git revision ``REV``
+(loaded beside this tree's as ``kernels._fused_at_base``; ``serve.paths`` calls it for that variant), in
+the same rounds: the A/B of a change to the compiled forwards, without gRPC. The base's functions get
+this tree's ``StackParams``, so ``REV`` must take the same parameters.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
+import importlib.util
 import platform
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+
+_SWAPPED = ("plan_forward_cpu", "plan_outer_cpu", "shadow_forward_cpu")
+
+
+def load_base(rev: str, workdir: Path) -> Any:
+    """``kernels/fused_forward.py`` at git revision ``rev``, imported as ``kernels._fused_at_base`` (its
+    relative imports resolve to this tree's ``kernels``)."""
+    src = subprocess.run(["git", "show", f"{rev}:kernels/fused_forward.py"], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    path = workdir / "fused_at_base.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("kernels._fused_at_base", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def calling(module: Any) -> Iterator[None]:
+    """``serve.paths`` calls ``module``'s compiled forwards inside the block."""
+    import serve.paths as paths
+
+    saved = {name: getattr(paths, name) for name in _SWAPPED}
+    try:
+        for name in _SWAPPED:
+            setattr(paths, name, getattr(module, name))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(paths, name, fn)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,8,16,32,64,128", help="targets per batch")
     ap.add_argument("--sets", type=int, default=40, help="batches per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--base", default=None, help="git revision: also time its kernels/fused_forward.py (docstring)")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -49,14 +94,18 @@ def main(argv: list[str] | None = None) -> int:
     srv = GnnServer(ServerConfig(repo=args.repo, port=0, poll_s=0, runtime=RuntimeOptions(warm_projections=True)))
     loop.run_until_complete(srv.start())
 
+    workdir = tempfile.TemporaryDirectory()
+    base = load_base(args.base, Path(workdir.name)) if args.base else None
     sizes = [int(b) for b in args.batches.split(",") if b]
     rng = np.random.default_rng(0)
     print("## Compiled forward against the torch path (`benchmarks/fused.py`)\n")
     print(f"`python benchmarks/fused.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
     print(f"{datetime.date.today()}, {platform.machine()}, {len(__import__('os').sched_getaffinity(0))} CPUs; "
           f"ms per `ModelRuntime.process` call, best of {args.rounds} alternating rounds of {args.sets} batches\n")
-    print("| model | S | K | targets | compiled ms | torch ms | torch / compiled | whole plan ms | whole plan / cached |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    at_base = f" | compiled at {args.base} ms | base / compiled" if base is not None else ""
+    print(f"| model | S | K | targets | compiled ms | torch ms | torch / compiled | whole plan ms | whole plan / cached"
+          f"{at_base} |")
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if base is not None else ""))
     try:
         for model in args.models.split(","):
             rt = srv.registry.get(model, "")
@@ -68,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                         ("torch", by_name["plain-torch" if plain else "subgraph-torch"])]
             if acts is not None:
                 variants.append(("plan", by_name["plain-compiled"]))
+            if base is not None:
+                variants.append(("base", variants[0][1]))
             for width, budget in sorted(settings, reverse=True):
                 if acts is not None:
                     rt._activations.warm(width)
@@ -78,20 +129,24 @@ def main(argv: list[str] | None = None) -> int:
                     best = {name: float("inf") for name, _ in variants}
                     for _ in range(args.rounds):
                         for name, path in variants:
-                            t0 = time.perf_counter()
-                            for s in sets:
-                                call = PredictCall("bench", s, [], width, budget, "default", 0.0, True, False)
-                                item = WorkItem(call, b, None, None, time.monotonic(), _WarmupFuture())
-                                out = rt.process([item], path=path)[0]
-                                if isinstance(out, BaseException):
-                                    raise out
-                            best[name] = min(best[name], 1e3 * (time.perf_counter() - t0) / len(sets))
+                            with calling(base) if name == "base" else contextlib.nullcontext():
+                                t0 = time.perf_counter()
+                                for s in sets:
+                                    call = PredictCall("bench", s, [], width, budget, "default", 0.0, True, False)
+                                    item = WorkItem(call, b, None, None, time.monotonic(), _WarmupFuture())
+                                    out = rt.process([item], path=path)[0]
+                                    if isinstance(out, BaseException):
+                                        raise out
+                                best[name] = min(best[name], 1e3 * (time.perf_counter() - t0) / len(sets))
                     plan = (f"{best['plan']:.3f} | {best['plan'] / best['compiled']:.2f}" if acts is not None
                             else "- | -")
+                    vs_base = (f" | {best['base']:.3f} | {best['base'] / best['compiled']:.2f}" if base is not None
+                               else "")
                     print(f"| {model} | {width or 'exact'} | {budget or '-'} | {b} | {best['compiled']:.3f} | "
-                          f"{best['torch']:.3f} | {best['torch'] / best['compiled']:.2f} | {plan} |", flush=True)
+                          f"{best['torch']:.3f} | {best['torch'] / best['compiled']:.2f} | {plan}{vs_base} |", flush=True)
     finally:
         loop.run_until_complete(srv.stop())
+        workdir.cleanup()
         loop.close()
         asyncio.set_event_loop(None)
     return 0
