@@ -3,6 +3,8 @@ plain models, ShadowGNN.forward_batch_projected for shaDow models."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -163,6 +165,32 @@ def test_fused_benchmark_runs_on_a_repository(tiny_repo, capsys):
     assert all(float(c[6]) > 0 for c in cells)  # torch / compiled
     # a plain 2-layer model also without its activation cache (whole plan / cached); shaDow has none
     assert all(float(c[8]) > 0 if c[0] == "gcn" else c[7:] == ["-", "-"] for c in cells)
+
+
+def test_fused_benchmark_times_a_base_revision_beside_this_tree(tiny_repo, capsys):
+    """--base REV: the compiled path with kernels/fused_forward.py as committed at REV in the same rounds
+    (two more columns); serve.paths calls this tree's functions again afterwards."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import serve.paths as paths
+
+    root = Path(__file__).resolve().parent.parent
+    if shutil.which("git") is None or subprocess.run(["git", "rev-parse", "HEAD"], cwd=root,
+                                                      capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    before = (paths.plan_forward_cpu, paths.plan_outer_cpu, paths.shadow_forward_cpu)
+    mod = _benchmark("fused")
+    assert mod.main(["--repo", str(tiny_repo), "--models", "gcn,shadow", "--batches", "2", "--sets", "2",
+                     "--rounds", "1", "--base", "HEAD"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gcn") or line.startswith("| shadow")]
+    assert len(rows) == 4
+    for r in rows:
+        cells = [c.strip() for c in r.strip(" |").split("|")]
+        assert len(cells) == 11 and float(cells[9]) > 0 and float(cells[10]) > 0, r
+    assert (paths.plan_forward_cpu, paths.plan_outer_cpu, paths.shadow_forward_cpu) == before
+    assert sys.modules["kernels._fused_at_base"].shadow_forward_cpu is not before[2]
 
 
 def test_inline_benchmark_runs_on_a_repository(tiny_repo, capsys):
