@@ -4,8 +4,9 @@ request's server time goes outside the model.
 
 Servers: ``gnnserve serve --repo REPO --read-only --warm-projections --poll-s 0 --processes P`` for
 each variant of ``--processes`` (default ``1,2``; ``PtK``: P processes with K compute threads each,
-through ``OMP_NUM_THREADS`` / ``NUMBA_NUM_THREADS`` / ``MKL_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS``; ``--processes N`` alone
-gives each of its N processes ``cores // N``), all started first and left idle while another is measured.
+through ``OMP_NUM_THREADS`` / ``NUMBA_NUM_THREADS`` / ``MKL_NUM_THREADS``, the first of which OpenBLAS
+reads too; ``--processes N`` alone gives each of its N processes ``cores // N``), all started first and
+left idle while another is measured.
 Load: ``--client-procs`` client processes (grpc.aio and NumPy, no torch), each with ``--clients``
 async clients (one TCP connection each) sending ``--batch``-node Predict requests with ``return_probabilities`` for
 ``--seconds``; each reply is decoded to NumPy arrays as the SDK does (``clients._core.response_arrays``),
@@ -187,7 +188,7 @@ def pyg_serve(spec: dict[str, Any]) -> None:
 
 class Server:
     """``variant``: ``"P"`` (P processes, their default compute threads) or ``"PtK"`` (K compute threads
-    per process: OMP_NUM_THREADS, NUMBA_NUM_THREADS, MKL_NUM_THREADS and OPENBLAS_NUM_THREADS set to K); a trailing ``p``
+    per process: OMP_NUM_THREADS, NUMBA_NUM_THREADS and MKL_NUM_THREADS set to K); a trailing ``p``
     sets ``OMP_WAIT_POLICY=PASSIVE``. ``"pygN"``: N PyG twin processes on one port (:func:`pyg_serve`),
     each with ``cores // N`` torch threads, on ``--device``."""
 
@@ -203,8 +204,7 @@ class Server:
         if passive:  # OpenMP threads sleep at once when idle instead of spinning for a while
             env["OMP_WAIT_POLICY"] = "PASSIVE"
         if threads:
-            env.update({v: threads for v in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM_THREADS",
-                                             "OPENBLAS_NUM_THREADS")})
+            env.update({v: threads for v in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM_THREADS")})
         ready = workdir / f"ready-{variant}"
         self.log_path = workdir / f"server-{variant}.log"
         cmd = [sys.executable, "-m", "serve.cli", "serve", "--repo", str(args.repo), "--port", "0", "--read-only",

@@ -29,13 +29,11 @@ This module is the parent. It
 * when a child exits without being asked to (crashed, killed, failed to start), stops the others
   and exits non-zero (the child's own code, 1 if it had none).
 
-Each child's compute threads (torch, the compiled kernels' numba pool, MKL, OpenBLAS) default to its
-share of the cores, ``max(1, cores // N)`` through ``OMP_NUM_THREADS`` / ``NUMBA_NUM_THREADS`` /
-``MKL_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS`` (unless those are set): N processes each spreading a
-parallel kernel over every core oversubscribe them. On the 2-vCPU VM two processes with the default
-pools used 1.75x the CPU per node of one process (122 against 70 us; docs/BENCHMARKS.md, issue 22
-item 5); two shaDow-GCN processes whose OpenBLAS pools each had both cores served 0.55x of one process
-(1.6x with one BLAS thread each; :func:`kernels.threads.serving_blas_threads`).
+Each child's compute threads (torch, the compiled kernels' numba pool, MKL) default to its share of
+the cores, ``max(1, cores // N)`` through ``OMP_NUM_THREADS`` / ``NUMBA_NUM_THREADS`` /
+``MKL_NUM_THREADS`` (unless those are set): N processes each spreading a parallel kernel over every
+core oversubscribe them. On the 2-vCPU VM two processes with the default pools used 1.75x the CPU
+per node of one process (122 against 70 us; docs/BENCHMARKS.md, issue 22 item 5).
 
 Children die with the parent (``PR_SET_PDEATHSIG``), so a parent killed with SIGKILL leaves no
 process behind on Linux.
@@ -148,7 +146,7 @@ def _child_argv(args: Any, argv: Sequence[str], port: int, index: int, tmp: Path
     return out
 
 
-_THREAD_VARS = ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+_THREAD_VARS = ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def child_env(processes: int, environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -31,7 +31,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from clients._gen import gnnserve_pb2, gnnserve_pb2_grpc, inference_pb2, inference_pb2_grpc
-from kernels.threads import serving_blas_threads
 
 from .interceptors import BearerAuthInterceptor, DrainGate, ErrorMappingInterceptor
 from .metrics import CacheCollector, ServerMetrics
@@ -88,7 +87,6 @@ class GnnServer:
                                              insecure=config.insecure):
             log.warning("%s", warning)
         self.config = config
-        serving_blas_threads()  # the compiled forwards' products: the process's compute threads, not every core
         self.metrics = ServerMetrics()
         self.health = health.aio.HealthServicer()
         self.registry = ModelRegistry(

@@ -307,31 +307,6 @@ def test_numba_does_not_change_torch_thread_count(tmp_path):
                           MKL_NUM_THREADS=None) == ["1"] * 6
 
 
-_BLAS_THREADS = """
-import sys
-import scipy.linalg.cython_blas
-import torch
-from threadpoolctl import ThreadpoolController
-def counts():
-    return sorted({lib.num_threads for lib in ThreadpoolController().select(internal_api="openblas").lib_controllers})
-ThreadpoolController().select(internal_api="openblas").limit(limits=3)  # as a 3-core machine's default
-torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 gives it: one of --processes N
-print(*counts())
-from serve.server import GnnServer, ServerConfig
-GnnServer(ServerConfig(repo=sys.argv[1], port=0))
-print(*counts())
-"""
-
-
-def test_a_server_gives_openblas_its_compute_threads_unless_told(tmp_path):
-    """OpenBLAS (the compiled forwards' products) sizes its pool by the cores, not by the compute threads a
-    process was given: a server process gives it torch's count (kernels.threads.serving_blas_threads);
-    OPENBLAS_NUM_THREADS, when set, is the user's and is kept."""
-    script = _BLAS_THREADS.replace("sys.argv[1]", repr(str(tmp_path)))
-    assert _fresh_process(script, tmp_path, 300, OPENBLAS_NUM_THREADS=None) == ["3", "1"]
-    assert _fresh_process(script, tmp_path, 300, OPENBLAS_NUM_THREADS="3") == ["3", "3"]
-
-
 def test_exact_dispatch_rule(monkeypatch):
     """``auto``: an exact pass over fewer than EXACT_KERNEL_MIN_FEATURES features on a graph of PARALLEL_ROWS
     rows or more goes to MKL over the view; sampled passes, wider exact passes and exact passes on smaller
