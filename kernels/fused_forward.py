@@ -25,8 +25,10 @@ reads ``P`` through global ids (no gathered copy).
 
 Results equal the torch forwards up to rounding: the dense products go through NumPy's BLAS here
 and MKL in torch, and the row scale multiplies at another point of the sum (tests compare them on
-random graphs). Single-threaded: meant for the small batches that run on the event loop
-(:mod:`serve.batcher`), where the torch path's per-operation cost dominates.
+random graphs). The loops run on the calling thread: meant for the small batches that run on the event
+loop (:mod:`serve.batcher`), where the torch path's per-operation cost dominates. The dense products
+(numba's ``np.dot``) run in SciPy's OpenBLAS, whose pool follows ``OMP_NUM_THREADS`` (every core by
+default, each of ``--processes N`` its share) and spins between calls (docs/BENCHMARKS.md, 2026-11-26).
 """
 
 from __future__ import annotations
