@@ -15,7 +15,7 @@ last column is whole plan / cached.
     python benchmarks/fused.py --repo DIR/amazon_computers/repo --models gcn,shadow-gcn
 
 ``--base REV``: also the compiled path with ``kernels/fused_forward.py`` as it was at git revision ``REV``
-(loaded beside this tree's as ``kernels._fused_at_base``; ``serve.paths`` calls it for that variant), in
+(``at_revision.kernels_module_at``, beside this tree's; ``serve.paths`` calls it for that variant), in
 the same rounds: the A/B of a change to the compiled forwards, without gRPC. The base's functions get
 this tree's ``StackParams``, so ``REV`` must take the same parameters.
 """
@@ -26,9 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import importlib.util
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,26 +36,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO / "benchmarks"))  # at_revision, also when loaded as a module (after REPO: serve.py)
 
+from at_revision import kernels_module_at  # noqa: E402
 
 _SWAPPED = ("plan_forward_cpu", "plan_outer_cpu", "shadow_forward_cpu")
-
-
-def load_base(rev: str, workdir: Path) -> Any:
-    """``kernels/fused_forward.py`` at git revision ``rev``, imported as ``kernels._fused_at_base`` (its
-    relative imports resolve to this tree's ``kernels``)."""
-    got = subprocess.run(["git", "show", f"{rev}:kernels/fused_forward.py"], cwd=REPO, capture_output=True, text=True)
-    if got.returncode != 0:
-        raise SystemExit(f"fused.py --base {rev}: {got.stderr.strip()}")
-    src = got.stdout
-    path = workdir / "fused_at_base.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("kernels._fused_at_base", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @contextlib.contextmanager
@@ -92,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from serve.server import GnnServer, ServerConfig
 
     workdir = tempfile.TemporaryDirectory()
-    base = load_base(args.base, Path(workdir.name)) if args.base else None  # a bad revision fails before any start
+    base = kernels_module_at(args.base, "fused_forward", Path(workdir.name)) if args.base else None  # before any start
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)  # grpc.aio binds the server to the current loop
     srv = GnnServer(ServerConfig(repo=args.repo, port=0, poll_s=0, runtime=RuntimeOptions(warm_projections=True)))

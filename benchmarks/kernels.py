@@ -17,6 +17,10 @@ noise hits every variant alike), and reports, per variant, the median over round
   machines where it has more than one thread);
 * CPU, ``memoized CSR``: ``torch.sparse.mm`` on the sampled matrix of ``sampled_csr``, built
   before the timing (what the torch path does on repeated passes, e.g. training);
+* CPU, with ``--base REV``: ``kernel`` (``kernels.spmm_cpu.sampled_spmm_cpu``, the compiled kernel as the
+  public call runs it, exact passes included) and ``kernel at REV`` (the same function of
+  ``kernels/spmm_cpu.py`` as it was at git revision ``REV``, ``at_revision.kernels_module_at``): the
+  A/B of a change to the kernel in the same rounds;
 * CUDA, ``kernel``: the ES-SpMM kernel samples inside the kernel on every call (no memo), and its
   effective memory bandwidth is given as modelled bytes / time against the card's peak. Beside it,
   the launch knobs of ``kernels.spmm_cuda``, each against the same baseline in the same rounds:
@@ -58,6 +62,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -69,8 +74,10 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO / "benchmarks"))  # at_revision (after REPO: serve.py)
 
 import torch  # noqa: E402
+from at_revision import kernels_module_at  # noqa: E402
 
 from kernels import spmm as spmm_mod  # noqa: E402
 from kernels import spmm_cpu, spmm_cuda  # noqa: E402
@@ -365,7 +372,7 @@ def _interrupt(signum, frame):
 def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[int], rounds: int,
              strategy: str, aggregator: str, seed: int, split_edges: list[int] | None = None,
              half: list[torch.dtype] | None = None, cols_per_thread: list[int] | None = None,
-             defines: list[tuple[str, ...]] | None = None) -> Case:
+             defines: list[tuple[str, ...]] | None = None, base_kernel: object = None) -> Case:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(g.num_nodes, f, generator=gen).to(device)
     a = baseline_csr(g, device)
@@ -426,6 +433,11 @@ def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[
         for w in widths:  # MKL on a sampled matrix built before the timing
             mat = sampled_csr(g, w, strategy, aggregator, dtype=x.dtype)
             variants[("memoized CSR", w)] = lambda mat=mat: torch.sparse.mm(mat, x)
+        if base_kernel is not None:  # --base: the compiled kernel of this tree and of the revision
+            dinv = spmm_mod._gcn_dinv(g, x.device, x.dtype, None) if aggregator == "gcn" else None
+            for w in [0, *widths]:
+                for label, mod in (("kernel", spmm_cpu), ("kernel at base", base_kernel)):
+                    variants[(label, w)] = lambda w=w, mod=mod: mod.sampled_spmm_cpu(g, x, w, strategy, aggregator, dinv)
     # CUDA: enough back-to-back calls per measurement to amortise launch jitter
     inner = 1
     if device.type == "cuda":
@@ -571,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads, which the compiled kernel follows too (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--base", default=None,
+                   help="git revision: also time its kernels/spmm_cpu.py beside this tree's (CPU; docstring)")
     p.add_argument("--half", default="",
                    help="CUDA: comma list of 16-bit types (bfloat16, float16) to time natively and via float32")
     p.add_argument("--host-prep", action="store_true",
@@ -608,6 +622,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--half: unknown types {bad_half}; choose from {sorted(half_names)}")
     half = [half_names[s.strip()] for s in args.half.split(",") if s.strip()]
     devices = [torch.device("cpu")] if args.device in ("cpu", "both") else []
+    base_dir = tempfile.TemporaryDirectory()  # --base: the revision's kernels/spmm_cpu.py, compiled afresh
+    base_kernel = kernels_module_at(args.base, "spmm_cpu", Path(base_dir.name)) if args.base else None
     if args.device in ("cuda", "both"):
         if torch.cuda.is_available() and spmm_cuda.available():
             devices.append(torch.device("cuda"))
@@ -640,7 +656,8 @@ def main(argv: list[str] | None = None) -> int:
                 for dev in devices:
                     c = run_case(name, g, f, dev, widths, rounds, args.strategy, args.aggregator, args.seed,
                                  split_edges if dev.type == "cuda" else None, half if dev.type == "cuda" else None,
-                                 cpts if dev.type == "cuda" else None, defines if dev.type == "cuda" else None)
+                                 cpts if dev.type == "cuda" else None, defines if dev.type == "cuda" else None,
+                                 base_kernel=base_kernel)
                     cases.append(c)
                     print(f"<!-- {name} F={f} {dev.type}: sparse.mm {c.baseline_s * 1e3:.2f} ms, "
                           f"{time.perf_counter() - t_start:.0f} s so far -->", flush=True)

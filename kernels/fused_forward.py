@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
+from .lanes import LANE_BYTES, add4_lanes
 from .plan import ExecutionPlan
-from .spmm_cpu import LANE_BYTES, LANES_MAX_ROW_BYTES, add4_lanes, walk_start, walk_step
+from .spmm_cpu import walk_start, walk_step
 
 __all__ = ["AGG_GCN", "AGG_SAGE", "POOL_CODES", "StackParams", "plan_forward_cpu", "plan_inner_cpu", "plan_outer_cpu",
            "shadow_forward_cpu"]
@@ -124,8 +125,9 @@ def _add_kept(acc, n, src, rows, c0, a, cols, ew, has_w, dl, gcn, w, k):  # prag
     source rows instead of once per row (numba cannot tell that ``acc`` and ``src`` do not overlap,
     so every pass loads and stores it). The source rows are sliced views: indexed ``src[., c0 + c]``
     the loop was not vectorised (the bias loops of :func:`_aggregate` were not, with ``bias[b0 + c]``).
-    Rows up to :data:`~kernels.spmm_cpu.LANES_MAX_ROW_BYTES` sum in :func:`~kernels.spmm_cpu.add4_lanes`
-    vectors (the same bits; 1.11x-1.32x on shaDow-GCN's batch at 16 and 64 features, 2026-11-26).
+    The four rows sum in :func:`~kernels.lanes.add4_lanes` vectors (the same bits; 2026-11-26 on shaDow-GCN's
+    batch: 1.21x-1.34x at 16 and 64 features; a loop from a variable start, which a row-width rule took for
+    wide rows, ran 0.24x-0.34x at 128 and 256, so every width takes the vectors).
 
     The kernel keeps its own copy of this loop, and this one its shape, on measurements (2026-11-26, serial
     kernel in 25 interleaved rounds, where the same code twice gave 0.99x-1.03x): the kernel through a
@@ -134,7 +136,6 @@ def _add_kept(acc, n, src, rows, c0, a, cols, ew, has_w, dl, gcn, w, k):  # prag
     made the aggregation 0.35x-0.98x of this form."""
     one = np.float32(1.0)
     lw = LANE_BYTES // 4
-    lanes = n * 4 <= LANES_MAX_ROW_BYTES
     t = 0
     while t + 4 <= k:
         p0, w = walk_step(w)
@@ -163,11 +164,10 @@ def _add_kept(acc, n, src, rows, c0, a, cols, ew, has_w, dl, gcn, w, k):  # prag
         x2 = src[rows[j2], c0:c0 + n]
         x3 = src[rows[j3], c0:c0 + n]
         c = 0
-        if lanes:
-            while c + lw <= n:
-                add4_lanes(acc, x0, x1, x2, x3, c, k0, k1, k2, k3)
-                c += lw
-        for cc in range(c, n):
+        while c + lw <= n:
+            add4_lanes(acc, x0, x1, x2, x3, c, k0, k1, k2, k3)
+            c += lw
+        for cc in range(c, n):  # the last n mod lw columns
             acc[cc] += (k0 * x0[cc] + k1 * x1[cc]) + (k2 * x2[cc] + k3 * x3[cc])
         t += 4
     while t < k:

@@ -45,17 +45,13 @@ from typing import Any
 import numba
 import numpy as np
 import torch
-from llvmlite import ir
 from numba import prange
-from numba import types as nbtypes
-from numba.extending import intrinsic
 
 from .graph import CSRGraph
 from .spmm import FASTRAND_PRIME
 from .threads import numba_threads
 
-__all__ = ["LANES_MAX_ROW_BYTES", "LANE_BYTES", "add4_lanes", "fastrand_period", "fastrand_position", "kernel_threads",
-           "sampled_spmm_cpu", "walk_start", "walk_step"]
+__all__ = ["fastrand_period", "fastrand_position", "kernel_threads", "sampled_spmm_cpu", "walk_start", "walk_step"]
 
 _AGG_CODE = {"sum": 0, "mean": 1, "gcn": 2}
 _NO_W = np.zeros(0, dtype=np.float32)
@@ -125,65 +121,10 @@ def walk_step(w):  # pragma: no cover - compiled
     return p, (kind, step, d, m, b, off, tm)
 
 
-#: the width of the hand-written vector sum (:func:`add4_lanes`): 32 bytes, eight float32 or four float64 (an
-#: AVX2 register; LLVM splits it on narrower targets)
-LANE_BYTES = 32
-#: rows of at most this many bytes sum their groups of four source rows with :func:`add4_lanes` (here and in
-#: :mod:`kernels.fused_forward`); wider rows through the loop numba writes (float64 at 256 features:
-#: 0.84x-0.90x with the lanes)
-LANES_MAX_ROW_BYTES = 1024
-
-
-@intrinsic
-def add4_lanes(typingctx, acc, x0, x1, x2, x3, off, k0, k1, k2, k3):
-    """``acc[off:off + L] += (k0 x0[..] + k1 x1[..]) + (k2 x2[..] + k3 x3[..])`` over ``L`` =
-    :data:`LANE_BYTES` of elements, as one vector operation each, in that order (the scalar loop's order:
-    the same bits, no fused multiply-add). ``acc`` and the ``x`` are contiguous 1-D arrays of one float
-    type, ``off + L`` within each (the caller's loop bound; not checked here).
-
-    Why: numba cannot tell that ``acc`` and the ``x`` rows do not overlap, and LLVM's loop vectoriser
-    then versions the loop with overlap checks and a vector body that needs 64 elements (16 lanes
-    unrolled 4 times) before it runs: a row of 10 or 32 features ran scalar code. These vectors need
-    neither (2026-11-26, 2-vCPU VM: the serial kernel 1.16x-1.32x faster at 8 to 32 float32 features,
-    1.06x-1.19x at 64 to 256, bit-identical)."""
-    arrays = (acc, x0, x1, x2, x3)
-    if not all(isinstance(a, nbtypes.Array) and a.ndim == 1 and a.layout == "C" for a in arrays):
-        return None
-    dt = acc.dtype
-    if dt not in (nbtypes.float32, nbtypes.float64) or any(a.dtype != dt for a in arrays):
-        return None
-    sig = nbtypes.void(acc, x0, x1, x2, x3, nbtypes.intp, dt, dt, dt, dt)
-    lanes = LANE_BYTES // (4 if dt == nbtypes.float32 else 8)
-
-    def codegen(context, builder, signature, args):
-        vt = ir.VectorType(context.get_value_type(dt), lanes)
-        at = dt.bitwidth // 8
-
-        def at_off(value, ty):
-            data = context.make_array(ty)(context, builder, value).data
-            return builder.bitcast(builder.gep(data, [args[5]]), vt.as_pointer())
-
-        def splat(scalar):
-            one = builder.insert_element(ir.Constant(vt, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
-            return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
-                                          ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
-
-        xs = [builder.load(at_off(args[i], signature.args[i]), align=at) for i in range(1, 5)]
-        terms = [builder.fmul(splat(args[6 + i]), xs[i]) for i in range(4)]
-        total = builder.fadd(builder.fadd(terms[0], terms[1]), builder.fadd(terms[2], terms[3]))
-        target = at_off(args[0], signature.args[0])
-        builder.store(builder.fadd(builder.load(target, align=at), total), target, align=at)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pragma: no cover - compiled
     n, f = out.shape
     has_w = weights.shape[0] > 0
     one = x.dtype.type(1.0)
-    lw = LANE_BYTES // x.itemsize
-    lanes = f * x.itemsize <= LANES_MAX_ROW_BYTES
     for i in prange(n):
         s0 = indptr[i]
         d = indptr[i + 1] - s0
@@ -237,13 +178,8 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pr
             x1 = x[j1]
             x2 = x[j2]
             x3 = x[j3]
-            c = 0
-            if lanes:
-                while c + lw <= f:
-                    add4_lanes(row, x0, x1, x2, x3, c, c0, c1, c2, c3)
-                    c += lw
-            for cc in range(c, f):
-                row[cc] += (c0 * x0[cc] + c1 * x1[cc]) + (c2 * x2[cc] + c3 * x3[cc])
+            for c in range(f):
+                row[c] += (c0 * x0[c] + c1 * x1[c]) + (c2 * x2[c] + c3 * x3[c])
             t += 4
         while t < k:
             p0, w = walk_step(w)

@@ -190,7 +190,7 @@ def test_fused_benchmark_times_a_base_revision_beside_this_tree(tiny_repo, capsy
         cells = [c.strip() for c in r.strip(" |").split("|")]
         assert len(cells) == 11 and float(cells[9]) > 0 and float(cells[10]) > 0, r
     assert (paths.plan_forward_cpu, paths.plan_outer_cpu, paths.shadow_forward_cpu) == before
-    assert sys.modules["kernels._fused_at_base"].shadow_forward_cpu is not before[2]
+    assert sys.modules["kernels._fused_forward_at_base"].shadow_forward_cpu is not before[2]
 
 
 def test_inline_benchmark_runs_on_a_repository(tiny_repo, capsys):

@@ -1,0 +1,64 @@
+"""A sum of four weighted rows in explicit vectors, for numba code that LLVM does not vectorise well.
+
+numba cannot tell that an output row and the source rows it sums do not overlap. LLVM's loop vectoriser
+then versions the loop with overlap checks, and its vector body needs 64 elements (16 lanes unrolled 4
+times) before it runs, so a row of 10 or 32 features ran scalar code. :func:`add4_lanes` is written as
+LLVM IR with a vector type: one load, multiply and add per lane group, in the scalar loop's order (the
+same bits). :mod:`kernels.fused_forward` sums its kept edges with it.
+
+The ES-SpMM CPU kernel (:mod:`kernels.spmm_cpu`) does not use it. Measured there on 2026-11-26 (2-vCPU
+VM), the serial kernel ran 1.20x-1.39x faster at 8 to 32 float32 features. The parallel kernel on two
+threads, though, ran anywhere from 0.36x to 2.12x depending on F and on the shape of the loop around the
+call, even for rows that never took the lanes. A kernel both copies share could not take one without the
+other.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types as nbtypes
+from numba.extending import intrinsic
+
+__all__ = ["LANE_BYTES", "add4_lanes"]
+
+#: the width of the hand-written vector sum (:func:`add4_lanes`): 32 bytes, eight float32 or four float64 (an
+#: AVX2 register; LLVM splits it on narrower targets)
+LANE_BYTES = 32
+
+
+@intrinsic
+def add4_lanes(typingctx, acc, x0, x1, x2, x3, off, k0, k1, k2, k3):
+    """``acc[off:off + L] += (k0 x0[..] + k1 x1[..]) + (k2 x2[..] + k3 x3[..])`` over ``L`` =
+    :data:`LANE_BYTES` of elements, as one vector operation each, in that order (the scalar loop's order:
+    the same bits, no fused multiply-add). ``acc`` and the ``x`` are contiguous 1-D arrays of one float
+    type, ``off + L`` within each (the caller's loop bound; not checked here)."""
+    arrays = (acc, x0, x1, x2, x3)
+    if not all(isinstance(a, nbtypes.Array) and a.ndim == 1 and a.layout == "C" for a in arrays):
+        return None
+    dt = acc.dtype
+    if dt not in (nbtypes.float32, nbtypes.float64) or any(a.dtype != dt for a in arrays):
+        return None
+    sig = nbtypes.void(acc, x0, x1, x2, x3, nbtypes.intp, dt, dt, dt, dt)
+    lanes = LANE_BYTES // (4 if dt == nbtypes.float32 else 8)
+
+    def codegen(context, builder, signature, args):
+        vt = ir.VectorType(context.get_value_type(dt), lanes)
+        at = dt.bitwidth // 8
+
+        def at_off(value, ty):
+            data = context.make_array(ty)(context, builder, value).data
+            return builder.bitcast(builder.gep(data, [args[5]]), vt.as_pointer())
+
+        def splat(scalar):
+            one = builder.insert_element(ir.Constant(vt, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
+            return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
+                                          ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+
+        xs = [builder.load(at_off(args[i], signature.args[i]), align=at) for i in range(1, 5)]
+        terms = [builder.fmul(splat(args[6 + i]), xs[i]) for i in range(4)]
+        total = builder.fadd(builder.fadd(terms[0], terms[1]), builder.fadd(terms[2], terms[3]))
+        target = at_off(args[0], signature.args[0])
+        builder.store(builder.fadd(builder.load(target, align=at), total), target, align=at)
+        return context.get_dummy_value()
+
+    return sig, codegen
