@@ -126,8 +126,9 @@ def _add_kept(acc, n, src, rows, c0, a, cols, ew, has_w, dl, gcn, w, k):  # prag
     so every pass loads and stores it). The source rows are sliced views: indexed ``src[., c0 + c]``
     the loop was not vectorised (the bias loops of :func:`_aggregate` were not, with ``bias[b0 + c]``).
     The four rows sum in :func:`~kernels.lanes.add4_lanes` vectors (the same bits; 2026-11-26 on shaDow-GCN's
-    batch: 1.21x-1.34x at 16 and 64 features; a loop from a variable start, which a row-width rule took for
-    wide rows, ran 0.24x-0.34x at 128 and 256, so every width takes the vectors).
+    batch: 1.14x-1.31x at 16 features, 1.04x-1.11x at 64 and 128, 1.00x at 256; a loop from a variable
+    start, which a row-width rule took for wide rows, ran 0.24x-0.34x at 128 and 256, so every width
+    takes the vectors).
 
     The kernel keeps its own copy of this loop, and this one its shape, on measurements (2026-11-26, serial
     kernel in 25 interleaved rounds, where the same code twice gave 0.99x-1.03x): the kernel through a

@@ -31,7 +31,8 @@ def add4_lanes(typingctx, acc, x0, x1, x2, x3, off, k0, k1, k2, k3):
     """``acc[off:off + L] += (k0 x0[..] + k1 x1[..]) + (k2 x2[..] + k3 x3[..])`` over ``L`` =
     :data:`LANE_BYTES` of elements, as one vector operation each, in that order (the scalar loop's order:
     the same bits, no fused multiply-add). ``acc`` and the ``x`` are contiguous 1-D arrays of one float
-    type, ``off + L`` within each (the caller's loop bound; not checked here)."""
+    type (anything else does not type), ``off + L`` within each (the caller's loop bound; not checked
+    here), and ``acc`` overlaps none of the ``x`` (the loads all come before the store)."""
     arrays = (acc, x0, x1, x2, x3)
     if not all(isinstance(a, nbtypes.Array) and a.ndim == 1 and a.layout == "C" for a in arrays):
         return None
