@@ -18,7 +18,7 @@ noise hits every variant alike), and reports, per variant, the median over round
 * CPU, ``memoized CSR``: ``torch.sparse.mm`` on the sampled matrix of ``sampled_csr``, built
   before the timing (what the torch path does on repeated passes, e.g. training);
 * CPU, with ``--base REV``: ``kernel`` (``kernels.spmm_cpu.sampled_spmm_cpu``, the compiled kernel as the
-  public call runs it, exact passes included) and ``kernel at REV`` (the same function of
+  public call runs it, exact passes included) and ``kernel at base`` (the same function of
   ``kernels/spmm_cpu.py`` as it was at git revision ``REV``, ``at_revision.kernels_module_at``): the
   A/B of a change to the kernel in the same rounds;
 * CUDA, ``kernel``: the ES-SpMM kernel samples inside the kernel on every call (no memo), and its

@@ -136,7 +136,7 @@ def _add_kept(acc, n, src, rows, c0, a, cols, ew, has_w, dl, gcn, w, k):  # prag
     coefficient rule; here, two calls (GCN, and GraphSAGE on a ``src[:, o:]`` view instead of ``c0``)
     made the aggregation 0.35x-0.98x of this form."""
     one = np.float32(1.0)
-    lw = LANE_BYTES // 4
+    lw = LANE_BYTES // src.itemsize
     t = 0
     while t + 4 <= k:
         p0, w = walk_step(w)
@@ -424,6 +424,8 @@ def _shadow(indptr, indices, ew, width, fastrand, node_ids, bptr, table, agg, di
 def _check_table(table: np.ndarray, width: int) -> None:
     if table.dtype != np.float32 or table.ndim != 2 or table.shape[1] != width:
         raise ValueError(f"table must be float32 [N, {width}], got {table.dtype} {table.shape}")
+    if not table.flags.c_contiguous:  # the rows are summed in vectors (kernels.lanes)
+        raise ValueError("table must be C-contiguous (np.ascontiguousarray)")
 
 
 def plan_forward_cpu(plan: ExecutionPlan, params: StackParams, table: np.ndarray,

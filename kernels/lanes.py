@@ -9,8 +9,8 @@ same bits). :mod:`kernels.fused_forward` sums its kept edges with it.
 The ES-SpMM CPU kernel (:mod:`kernels.spmm_cpu`) does not use it. Measured there on 2026-11-26 (2-vCPU
 VM), the serial kernel ran 1.20x-1.39x faster at 8 to 32 float32 features. The parallel kernel on two
 threads, though, ran anywhere from 0.36x to 2.12x depending on F and on the shape of the loop around the
-call, even for rows that never took the lanes. A kernel both copies share could not take one without the
-other.
+call, even for rows that never took the lanes. The serial copy alone (a per-copy constant) ran 0.88x-1.19x
+(docs/BENCHMARKS.md, "explicit vectors in the kernel").
 """
 
 from __future__ import annotations
@@ -32,13 +32,20 @@ def add4_lanes(typingctx, acc, x0, x1, x2, x3, off, k0, k1, k2, k3):
     :data:`LANE_BYTES` of elements, as one vector operation each, in that order (the scalar loop's order:
     the same bits, no fused multiply-add). ``acc`` and the ``x`` are contiguous 1-D arrays of one float
     type (anything else does not type), ``off + L`` within each (the caller's loop bound; not checked
-    here), and ``acc`` overlaps none of the ``x`` (the loads all come before the store)."""
+    here), and ``acc`` overlaps none of the ``x`` (the loads all come before the store). The weights are
+    of that type too and ``off`` an integer; anything else does not type (a read-only ``acc`` neither).
+
+    The same bits hold in callers compiled without ``fastmath``: numba's fast-math pass flags the inlined
+    operations too, and LLVM then fuses them. numba's cache checks a function's own source file only, so
+    an edit here does not recompile a cached caller: clear ``__pycache__`` (or ``NUMBA_CACHE_DIR``)."""
     arrays = (acc, x0, x1, x2, x3)
-    if not all(isinstance(a, nbtypes.Array) and a.ndim == 1 and a.layout == "C" for a in arrays):
+    if not all(isinstance(a, nbtypes.Array) and a.ndim == 1 and a.layout == "C" and a.aligned for a in arrays):
         return None
     dt = acc.dtype
-    if dt not in (nbtypes.float32, nbtypes.float64) or any(a.dtype != dt for a in arrays):
+    if dt not in (nbtypes.float32, nbtypes.float64) or any(a.dtype != dt for a in arrays) or not acc.mutable:
         return None
+    if not isinstance(off, nbtypes.Integer) or any(k != dt for k in (k0, k1, k2, k3)):
+        return None  # no silent conversion: a float64 weight rounded to float32 would change the sum
     sig = nbtypes.void(acc, x0, x1, x2, x3, nbtypes.intp, dt, dt, dt, dt)
     lanes = LANE_BYTES // (4 if dt == nbtypes.float32 else 8)
 

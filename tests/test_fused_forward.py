@@ -142,6 +142,17 @@ def test_compiled_shadow_forward_checks_its_arguments(ds):  # noqa: F811
         StackParams.pack(0, [np.zeros((8, 10), np.float32)], [None], [8], ["mean"], (w, None))
 
 
+def test_a_table_that_is_not_contiguous_is_refused_with_a_message():
+    """The compiled forwards sum table rows in vectors (kernels.lanes): a strided or Fortran-order table gets
+    a ValueError naming the fix, not a numba typing error."""
+    from kernels.fused_forward import _check_table
+
+    _check_table(np.zeros((5, 4), np.float32), 4)
+    for table in (np.zeros((5, 8), np.float32)[:, :4], np.asfortranarray(np.zeros((5, 4), np.float32))):
+        with pytest.raises(ValueError, match="C-contiguous"):
+            _check_table(table, 4)
+
+
 def _benchmark(name: str):
     """``benchmarks/<name>.py`` loaded as a module (the folder is not a package)."""
     import importlib.util

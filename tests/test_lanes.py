@@ -45,3 +45,25 @@ def test_lanes_refuse_rows_that_are_not_contiguous():
     x = np.ones((4, 16), np.float32)
     with pytest.raises(numba.core.errors.TypingError):
         _lanes_row_sum(np.zeros(8, np.float32), x[:, ::2], np.ones(4, np.float32), 8)
+
+
+@numba.njit
+def _lanes_once(acc, x, k, off):  # pragma: no cover - compiled
+    add4_lanes(acc, x, x, x, x, off, k, k, k, k)
+
+
+def test_lanes_convert_nothing_silently():
+    """Weights of another type than the rows (a float64 weight rounded to float32 would change the sum), a
+    float offset and a read-only output do not type."""
+    x = np.ones(8, np.float32)
+    with pytest.raises(numba.core.errors.TypingError):
+        _lanes_once(np.zeros(8, np.float32), x, np.float64(0.5), 0)
+    with pytest.raises(numba.core.errors.TypingError):
+        _lanes_once(np.zeros(8, np.float32), x, np.float32(0.5), 0.0)
+    frozen = np.zeros(8, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(numba.core.errors.TypingError):
+        _lanes_once(frozen, x, np.float32(0.5), 0)
+    acc = np.zeros(8, np.float32)
+    _lanes_once(acc, x, np.float32(0.5), 0)
+    assert np.array_equal(acc, np.full(8, 2.0, np.float32))
