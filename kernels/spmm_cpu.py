@@ -255,7 +255,7 @@ def sampled_spmm_cpu(
     if threads == 1:
         _serial(*args)
     else:
-        before = numba.get_num_threads()
+        before = numba_threads()
         chunk = max(1, -(-n // (threads * CHUNKS_PER_THREAD)))
         numba.set_num_threads(threads)
         try:
