@@ -5,8 +5,9 @@ request's server time goes outside the model.
 Servers: ``gnnserve serve --repo REPO --read-only --warm-projections --poll-s 0 --processes P`` for
 each variant of ``--processes`` (default ``1,2``; ``PtK``: P processes with K compute threads each,
 through ``OMP_NUM_THREADS`` / ``NUMBA_NUM_THREADS`` / ``MKL_NUM_THREADS``, the first of which OpenBLAS
-reads too; ``--processes N`` alone gives each of its N processes ``cores // N``), all started first and
-left idle while another is measured.
+reads too; ``--processes N`` alone gives each of its N processes ``cores // N``; a trailing ``p``:
+``OMP_WAIT_POLICY=PASSIVE``; a trailing ``a``: the standard asyncio event loop instead of the default,
+uvloop), all started first and left idle while another is measured.
 Load: ``--client-procs`` client processes (grpc.aio and NumPy, no torch), each with ``--clients``
 async clients (one TCP connection each) sending ``--batch``-node Predict requests with ``return_probabilities`` for
 ``--seconds``; each reply is decoded to NumPy arrays as the SDK does (``clients._core.response_arrays``),
@@ -186,10 +187,21 @@ def pyg_serve(spec: dict[str, Any]) -> None:
     server.stop()
 
 
+def parse_variant(variant: str) -> tuple[int, str, bool, bool]:
+    """``"P[tK][p][a]"`` -> (processes P, compute threads K or ``""``, passive OpenMP waiting, the standard
+    asyncio loop): see :class:`Server`."""
+    plain_loop = variant.endswith("a")
+    spec = variant.removesuffix("a")
+    passive = spec.endswith("p")
+    processes, _, threads = spec.removesuffix("p").partition("t")
+    return int(processes), threads, passive, plain_loop
+
+
 class Server:
     """``variant``: ``"P"`` (P processes, their default compute threads) or ``"PtK"`` (K compute threads
     per process: OMP_NUM_THREADS, NUMBA_NUM_THREADS and MKL_NUM_THREADS set to K); a trailing ``p``
-    sets ``OMP_WAIT_POLICY=PASSIVE``. ``"pygN"``: N PyG twin processes on one port (:func:`pyg_serve`),
+    sets ``OMP_WAIT_POLICY=PASSIVE``, a trailing ``a`` runs the servers on the standard asyncio loop
+    (``--event-loop asyncio``; without it, the default: uvloop where installed), e.g. ``1t1pa``. ``"pygN"``: N PyG twin processes on one port (:func:`pyg_serve`),
     each with ``cores // N`` torch threads, on ``--device``."""
 
     def __init__(self, args: argparse.Namespace, variant: str, workdir: Path) -> None:
@@ -197,9 +209,8 @@ class Server:
         if variant.startswith("pyg"):
             self._start_pyg(args, variant, workdir)
             return
-        passive = variant.endswith("p")
-        processes, _, threads = variant.rstrip("p").partition("t")
-        self.processes = int(processes)
+        processes, threads, passive, plain_loop = parse_variant(variant)
+        self.processes = processes
         env = dict(os.environ)
         if passive:  # OpenMP threads sleep at once when idle instead of spinning for a while
             env["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -209,7 +220,7 @@ class Server:
         self.log_path = workdir / f"server-{variant}.log"
         cmd = [sys.executable, "-m", "serve.cli", "serve", "--repo", str(args.repo), "--port", "0", "--read-only",
                "--warm-projections", "--poll-s", "0", "--processes", str(self.processes), "--ready-file", str(ready),
-               "--device", args.device, *({True: ["--resident"], False: ["--no-resident"]}.get(args.resident, [])),
+               "--device", args.device, *(["--event-loop", "asyncio"] if plain_loop else []), *({True: ["--resident"], False: ["--no-resident"]}.get(args.resident, [])),
                *[a for d in args.data for a in ("--data", str(d))]]
         self._log = open(self.log_path, "wb")
         from serve.processes import _die_with_parent  # the server goes if this script is killed
@@ -222,6 +233,8 @@ class Server:
                 raise RuntimeError(f"server ({variant}) did not start:\n{self.log_path.read_text()[-3000:]}")
             time.sleep(0.2)
         self.address = f"127.0.0.1:{int(ready.read_text())}"
+        # the loop each process reports at start ("listening on ... (plaintext, uvloop event loop)")
+        self.event_loops = sorted(set(re.findall(r"(\w+) event loop\)", self.log_path.read_text(errors="replace"))))
         self.pids = [self.proc.pid] + (_children(self.proc.pid) if self.processes > 1 else [])
 
     def _start_pyg(self, args: argparse.Namespace, variant: str, workdir: Path) -> None:
@@ -448,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the servers' --resident / --no-resident (default: theirs, on with --device cuda)")
     ap.add_argument("--processes", default="1,2",
                     help="comma-separated server variants: P (P processes) or PtK (and K compute threads each), "
+                         "a trailing 'a' for the asyncio event loop instead of uvloop (1a, 2t1a), "
                          "pygN (N processes of the PyG twin of benchmarks/serve.py, the same trained weights "
                          "as PyG layers on each request's exact 2-hop subgraph, on --device)")
     ap.add_argument("--batch", type=int, default=64, help="nodes per request")
@@ -491,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in counts:
             log(f"starting server {p}")
             servers[p] = Server(args, p, workdir)
-        if args.profile > 0 and counts[0].rstrip("p").partition("t")[0] == "1":
+        if args.profile > 0 and not counts[0].startswith("pyg") and parse_variant(counts[0])[0] == 1:
             log(f"profile: server {counts[0]}, repeated probabilities, {args.profile:.0f} s")
             prof = profile(args, servers[counts[0]], workdir, log)
         variants = [(p, enc) for p in counts for enc in ("repeated", "packed")]
@@ -521,13 +535,15 @@ def main(argv: list[str] | None = None) -> int:
             s.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     load1 = os.getloadavg()
-    report(args, results, prof, started, load0, load1, counts)
+    loops = {p: getattr(s, "event_loops", []) for p, s in servers.items()}
+    report(args, results, prof, started, load0, load1, counts, loops)
     if codec_rows:
         report_codec(codec_rows)
     if args.json:
         out = {"codec": codec_rows, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                "results": {f"{p}:{e}": v for (p, e), v in results.items()}, "profile": prof,
-               "load": [load0, load1], "started": started.isoformat()}
+               "load": [load0, load1], "started": started.isoformat(),
+               "event_loops": loops}
         args.json.write_text(json.dumps(out, indent=1))
     return 0
 
@@ -537,12 +553,15 @@ def _median(rows: list[dict[str, Any]], key: str) -> float:
 
 
 def report(args: argparse.Namespace, results: dict[tuple[str, str], list[dict[str, Any]]], prof: Any,
-           started: datetime.datetime, load0: tuple[float, ...], load1: tuple[float, ...], counts: list[str]) -> None:
+           started: datetime.datetime, load0: tuple[float, ...], load1: tuple[float, ...], counts: list[str],
+           loops: dict[str, list[str]] | None = None) -> None:
     print(f"Started {started:%Y-%m-%d %H:%M} UTC on {platform.node() or 'this machine'}, {os.cpu_count()} CPUs; "
           f"load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end. Model `{args.model}` of {args.repo}, "
           f"{args.batch}-node requests with probabilities, {args.client_procs} client process(es) x {args.clients} "
           f"async clients, {args.seconds:.0f} s phases, {len(next(iter(results.values()), []))} rounds (median); servers on "
-          f"`--device {args.device}`{({True: ' --resident', False: ' --no-resident'}).get(args.resident, '')}.\n")
+          f"`--device {args.device}`{({True: ' --resident', False: ' --no-resident'}).get(args.resident, '')}"
+          + ("; event loops: " + ", ".join(f"{p} {'/'.join(v)}" for p, v in loops.items() if v) if loops else "")
+          + ".\n")
     if prof is not None:
         ph, nodes = prof["phase"], prof["nodes"]
         print(f"Profile phase: {ph['nodes_per_s']:,.0f} nodes/s, p50 {ph['p50_ms']:.2f} ms, "

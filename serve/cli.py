@@ -8,7 +8,6 @@ Server-side subcommands live here (``serve``, ``features``, ``bench``, ``demo``)
 from __future__ import annotations
 
 import argparse
-import asyncio
 import errno
 import json
 import logging
@@ -18,6 +17,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from .loops import EVENT_LOOPS, resolve_event_loop
+from .loops import run as run_on_loop
 
 __all__ = ["main"]
 
@@ -250,6 +252,9 @@ def _serve(argv: Sequence[str]) -> int:
                          "models and caches: N times the memory). A parent supervises them: it forwards SIGTERM, "
                          "merges their metrics on --metrics-port, writes --ready-file once all serve, and exits "
                          "non-zero if one dies. Needs --read-only, or graph and features in Redis (serve/processes.py)")
+    ap.add_argument("--event-loop", choices=EVENT_LOOPS, default="auto",
+                    help="the asyncio loop the server runs on: uvloop (measured 1.05x node predictions/s on "
+                         "64-node requests), asyncio, or auto = uvloop where it is installed (default)")
     ap.add_argument("--process-slot", default=None, help=argparse.SUPPRESS)  # "i/N": a child of --processes
     ap.add_argument("--process-status", default=None, help=argparse.SUPPRESS)  # the child's JSON status file
     ap.add_argument("--log-level", default="INFO")
@@ -382,7 +387,13 @@ def _serve(argv: Sequence[str]) -> int:
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
         insecure=args.insecure,
+        event_loop=args.event_loop,
     )
+    try:
+        resolve_event_loop(args.event_loop)
+    except ValueError as exc:
+        print(f"gnnserve serve: {exc}", file=sys.stderr)
+        return 2
     if args.device == "cuda":
         import torch
 
@@ -402,7 +413,7 @@ def _serve(argv: Sequence[str]) -> int:
     from .registry import RepositoryError
 
     try:
-        asyncio.run(serve_forever(cfg, ready_file=args.ready_file, status_file=args.process_status))
+        run_on_loop(serve_forever(cfg, ready_file=args.ready_file, status_file=args.process_status), cfg.event_loop)
     except (SecurityConfigError, RepositoryError) as exc:
         print(f"gnnserve serve: {exc}", file=sys.stderr)
         return 2

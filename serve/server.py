@@ -33,6 +33,7 @@ from grpc_reflection.v1alpha import reflection
 from clients._gen import gnnserve_pb2, gnnserve_pb2_grpc, inference_pb2, inference_pb2_grpc
 
 from .interceptors import BearerAuthInterceptor, DrainGate, ErrorMappingInterceptor
+from .loops import loop_name, new_event_loop
 from .metrics import CacheCollector, ServerMetrics
 from .registry import ModelRegistry
 from .runtime import RuntimeOptions
@@ -75,6 +76,8 @@ class ServerConfig:
     #: bind with SO_REUSEPORT: one of several processes on one port (``gnnserve serve --processes N``,
     #: serve.processes); off by default, so a second server on a taken port fails to bind
     reuse_port: bool = False
+    #: the asyncio loop the server runs on (serve.loops): "auto" = uvloop where installed, "uvloop", "asyncio"
+    event_loop: str = "auto"
 
 
 class GnnServer:
@@ -161,7 +164,8 @@ class GnnServer:
         if cfg.metrics_port is not None:
             self.metrics_port = self.metrics.serve_http(cfg.metrics_port, addr=cfg.host)
         await self.server.start()
-        log.info("listening on %s:%d (%s)", cfg.host, self.port, "TLS" if cfg.tls_cert else "plaintext")
+        log.info("listening on %s:%d (%s, %s event loop)", cfg.host, self.port, "TLS" if cfg.tls_cert else "plaintext",
+                 loop_name(asyncio.get_running_loop()))
         await self.registry.refresh()
         if not self.registry.ready:
             failures = self.registry.failures()
@@ -316,7 +320,7 @@ class BackgroundServer:
         return f"{self.config.host}:{self.port}"
 
     def start(self, timeout: float = 600) -> BackgroundServer:
-        loop = asyncio.new_event_loop()
+        loop = new_event_loop(self.config.event_loop)
         self._loop = loop
         started = threading.Event()
         errors: list[BaseException] = []

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,9 @@ def ServerThread(repo: Path, options: dict[str, Any] | None = None) -> Any:
     return BackgroundServer(cfg)
 
 
+_LOG_DIR = Path(tempfile.gettempdir()) / "gnnserve-server-logs"
+
+
 class ServerProcess:
     """``gnnserve serve`` in a subprocess; ``start()`` returns once models are served."""
 
@@ -117,7 +121,10 @@ class ServerProcess:
         self.tree = tree or REPO_ROOT
         self.env = dict(os.environ, **(env or {}))
         self.env["PYTHONPATH"] = str(self.tree) + os.pathsep + self.env.get("PYTHONPATH", "")
-        self.log_path = log_path or repo / f"server-{os.getpid()}-{time.monotonic_ns()}.log"
+        # default: a log (and its ready file) under the temp dir, not inside ``repo`` (benchmarks/ab.py and
+        # hostile.py run this over a user's model repository, which must not collect them)
+        self.log_path = log_path or _LOG_DIR / f"server-{os.getpid()}-{time.monotonic_ns()}.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 

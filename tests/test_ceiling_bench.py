@@ -17,12 +17,14 @@ def test_ceiling_small(tiny_repo: Path, tmp_path: Path) -> None:
     out = tmp_path / "ceiling.json"
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "ceiling.py"), "--repo", str(tiny_repo),
-                           "--model", "gcn", "--processes", "1,2t1", "--batch", "16", "--clients", "2",
+                           "--model", "gcn", "--processes", "1,2t1a", "--batch", "16", "--clients", "2",
                            "--seconds", "1", "--rounds", "2", "--codec", "--json", str(out)],
                           capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = json.loads(out.read_text())
-    assert set(data["results"]) == {"1:repeated", "1:packed", "2t1:repeated", "2t1:packed"}
+    assert set(data["results"]) == {"1:repeated", "1:packed", "2t1a:repeated", "2t1a:packed"}
+    # the default loop (uvloop, a dependency) and 'a' = --event-loop asyncio, as each server logged it
+    assert data["event_loops"] == {"1": ["uvloop"], "2t1a": ["asyncio"]}, data["event_loops"]
     for key, rounds in data["results"].items():
         assert len(rounds) == 2, key
         for r in rounds:
@@ -32,7 +34,7 @@ def test_ceiling_small(tiny_repo: Path, tmp_path: Path) -> None:
             # every reply came from a server process: one label for the single process, '<pid> i/2' for two
             by = r["served_by"]
             assert sum(by.values()) == r["requests"], (key, r)
-            if key.startswith("2t1"):
+            if key.startswith("2t1a"):
                 assert all(k.split()[-1] in ("1/2", "2/2") for k in by), by
     codec = data["codec"]
     assert [row["nodes"] for row in codec] == [64, 1024]
@@ -44,9 +46,9 @@ def test_ceiling_small(tiny_repo: Path, tmp_path: Path) -> None:
         raw = 4 * row["nodes"] * (1 + row["classes"])
         assert raw <= row["packed"]["bytes"] <= raw + 64, row
     md = proc.stdout
-    for variant in ("| 1 | repeated |", "| 1 | packed |", "| 2t1 | repeated |", "| 2t1 | packed |"):
+    for variant in ("| 1 | repeated |", "| 1 | packed |", "| 2t1a | repeated |", "| 2t1a | packed |"):
         assert variant in md, md
-    assert "- packed / repeated, server 1:" in md and "- server 2t1 / 1, packed:" in md, md
+    assert "- packed / repeated, server 1:" in md and "- server 2t1a / 1, packed:" in md, md
 
 
 def test_ceiling_pyg_twin_under_the_same_load(tiny_repo: Path, tmp_path: Path) -> None:
