@@ -46,7 +46,8 @@ DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
 # ninja: torch.utils.cpp_extension builds the C++ launcher (kernels/launcher.cpp) with it
-WHEELS="redis==8.1.0 grpcio==1.85.3 protobuf==6.33.6 grpcio-health-checking==1.78.0 grpcio-reflection==1.78.0 pytest-asyncio==1.5.0 ninja==1.13.2"
+# uvloop: the servers' default event loop (serve/loops.py; without it they run on asyncio's own)
+WHEELS="redis==8.1.0 grpcio==1.85.3 protobuf==6.33.6 grpcio-health-checking==1.78.0 grpcio-reflection==1.78.0 pytest-asyncio==1.5.0 ninja==1.13.2 uvloop==0.23.0"
 
 if [ "$step" = prepare ]; then
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude

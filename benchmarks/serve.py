@@ -266,10 +266,14 @@ def run_client(spec: dict[str, Any]) -> dict[str, Any]:
 
 # ============================================================================ servers (this process)
 class LoopThread:
-    """An asyncio event loop in a daemon thread; ``call(coro)`` runs a coroutine there."""
+    """An asyncio event loop in a daemon thread; ``call(coro)`` runs a coroutine there. The loop is the kind
+    a gnnserve server runs on by default (uvloop where installed, :mod:`serve.loops`), so the no-op floor
+    and the PyG twins answer on the same loop as the server they are compared with."""
 
     def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
+        from serve.loops import new_event_loop
+
+        self.loop = new_event_loop("auto")
         self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self.thread.start()
 
