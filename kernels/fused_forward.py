@@ -130,7 +130,9 @@ def _add_kept(acc, n, src, rows, c0, a, cols, ew, has_w, dl, gcn, w, k):  # prag
     start, which a row-width rule took for wide rows, ran 0.24x-0.34x at 128 and 256, so every width
     takes the vectors).
 
-    The kernel keeps its own copy of this loop, and this one its shape, on measurements (2026-11-26, serial
+    The kernel keeps its own copy of this loop (its group sum :func:`~kernels.lanes.add4_rows`, which leaves
+    rows of 128 features or more to LLVM's loop: measured there against the kernel's own plain loop, not
+    here), and this one its shape, on measurements (2026-11-26, serial
     kernel in 25 interleaved rounds, where the same code twice gave 0.99x-1.03x): the kernel through a
     function like this one ran 0.96x-0.97x at up to 64 features, 0.47x-0.99x with two calls fixing the
     coefficient rule; here, two calls (GCN, and GraphSAGE on a ``src[:, o:]`` view instead of ``c0``)

@@ -6,20 +6,21 @@ times) before it runs, so a row of 10 or 32 features ran scalar code. :func:`add
 LLVM IR with a vector type: one load, multiply and add per lane group, in the scalar loop's order (the
 same bits). :mod:`kernels.fused_forward` sums its kept edges with it.
 
-The ES-SpMM CPU kernel (:mod:`kernels.spmm_cpu`) does not use it. Measured there on 2026-11-26 (2-vCPU
-VM), the serial kernel ran 1.20x-1.39x faster at 8 to 32 float32 features. The parallel kernel on two
-threads, though, ran anywhere from 0.36x to 2.12x depending on F and on the shape of the loop around the
-call, even for rows that never took the lanes. The serial copy alone (a per-copy constant) ran 0.88x-1.19x
-(docs/BENCHMARKS.md, "explicit vectors in the kernel").
+The ES-SpMM CPU kernel (:mod:`kernels.spmm_cpu`) sums its groups of four rows with :func:`add4_rows`: the
+vectors for float32 rows under :data:`ROWS_WIDE` features, LLVM's own loop otherwise. A first try
+(2026-11-26 morning) put the vectors into a kernel whose parallel copy was numba's ``prange`` over its
+rows; that copy ran 0.36x-2.12x depending on F and on the loop around the call. The kernel's parallel
+copy is now a driver that hands out ranges of rows to the serial code, so both run one machine code
+(docs/BENCHMARKS.md, "the kernel's rows in vectors").
 """
 
 from __future__ import annotations
 
 from llvmlite import ir
 from numba import types as nbtypes
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-__all__ = ["LANE_BYTES", "add4_lanes"]
+__all__ = ["LANE_BYTES", "ROWS_WIDE", "add4_lanes", "add4_rows"]
 
 #: the width of the hand-written vector sum (:func:`add4_lanes`): 32 bytes, eight float32 or four float64 (an
 #: AVX2 register; LLVM splits it on narrower targets)
@@ -70,3 +71,54 @@ def add4_lanes(typingctx, acc, x0, x1, x2, x3, off, k0, k1, k2, k3):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+#: from this many features :func:`add4_rows` leaves float32 rows to LLVM's loop (as it does rows shorter than one
+#: vector), which on an AVX-512 machine
+#: runs 64-byte vectors unrolled four times: at 128 and 256 features the 32-byte vectors measured 0.84x-1.00x
+#: of it, below 128 they gained (the 8 to 64 features of a hidden layer or a class count: LLVM's vector
+#: body needs 64 elements, so a row of 10 or 32 ran scalar)
+ROWS_WIDE = 128
+
+
+def add4_rows(acc, x0, x1, x2, x3, k0, k1, k2, k3, n):  # pragma: no cover - the specification
+    """``acc[c] += (k0 x0[c] + k1 x1[c]) + (k2 x2[c] + k3 x3[c])`` for ``c < n``, in that order (the same
+    bits however it is computed). In numba code: float32 rows of one vector to :data:`ROWS_WIDE` features in
+    :func:`add4_lanes` vectors (four per step while 32 columns remain, then one, then scalar columns), any
+    other row in a plain loop. The arguments as :func:`add4_lanes` takes them (contiguous 1-D rows of one
+    float type, weights of that type), ``n`` at most their length."""
+    for c in range(n):
+        acc[c] += (k0 * x0[c] + k1 * x1[c]) + (k2 * x2[c] + k3 * x3[c])
+
+
+@overload(add4_rows, inline="always")
+def _add4_rows_numba(acc, x0, x1, x2, x3, k0, k1, k2, k3, n):
+    if isinstance(acc, nbtypes.Array) and acc.dtype == nbtypes.float32:
+        lw = LANE_BYTES // 4
+        wide = ROWS_WIDE
+
+        def vectors(acc, x0, x1, x2, x3, k0, k1, k2, k3, n):  # pragma: no cover - compiled
+            if n >= wide or n < lw:
+                for c in range(n):
+                    acc[c] += (k0 * x0[c] + k1 * x1[c]) + (k2 * x2[c] + k3 * x3[c])
+                return
+            c = 0
+            while c + 4 * lw <= n:
+                add4_lanes(acc, x0, x1, x2, x3, c, k0, k1, k2, k3)
+                add4_lanes(acc, x0, x1, x2, x3, c + lw, k0, k1, k2, k3)
+                add4_lanes(acc, x0, x1, x2, x3, c + 2 * lw, k0, k1, k2, k3)
+                add4_lanes(acc, x0, x1, x2, x3, c + 3 * lw, k0, k1, k2, k3)
+                c += 4 * lw
+            while c + lw <= n:
+                add4_lanes(acc, x0, x1, x2, x3, c, k0, k1, k2, k3)
+                c += lw
+            for cc in range(c, n):
+                acc[cc] += (k0 * x0[cc] + k1 * x1[cc]) + (k2 * x2[cc] + k3 * x3[cc])
+
+        return vectors
+
+    def loop(acc, x0, x1, x2, x3, k0, k1, k2, k3, n):  # pragma: no cover - compiled
+        for c in range(n):
+            acc[c] += (k0 * x0[c] + k1 * x1[c]) + (k2 * x2[c] + k3 * x3[c])
+
+    return loop

@@ -26,10 +26,12 @@ How it is fast (each measured against the previous version on Amazon Computers, 
 * **four kept edges per step**: four gathered rows are combined before the output row is
   touched, which halves the loads and stores of the accumulator and keeps four independent
   gathers in flight; the first kept edge writes the row (no zeroing pass) and a row whose scale
-  is 1 (a ``sum`` row that keeps all its edges) is not rescaled.
+  is 1 (a ``sum`` row that keeps all its edges) is not rescaled. A float32 group of fewer than
+  128 features is summed in explicit 32-byte vectors (:func:`kernels.lanes.add4_rows`, the same bits):
+  LLVM's own vector loop needs 64 elements, so rows of 10 to 64 features ran scalar code.
 * **parallel over rows** in chunks handed out dynamically (a degree-skewed graph, or a core
   another process is using, does not leave a thread idle), on ``min(torch's, numba's)`` thread
-  count (:func:`kernel_threads`).
+  count (:func:`kernel_threads`); each chunk runs the serial kernel's code (:func:`_kernel_parallel`).
 
 Accumulation is in the dtype of ``x`` (float32 or float64), in edge order within a row except that
 after the first kept edge each group of four is summed pairwise before it is added, so results equal the torch
@@ -39,15 +41,13 @@ thread count: a row is always one thread's work.
 
 from __future__ import annotations
 
-import types
-from typing import Any
-
 import numba
 import numpy as np
 import torch
 from numba import prange
 
 from .graph import CSRGraph
+from .lanes import add4_rows
 from .spmm import FASTRAND_PRIME
 from .threads import numba_threads
 
@@ -121,11 +121,16 @@ def walk_step(w):  # pragma: no cover - compiled
     return p, (kind, step, d, m, b, off, tm)
 
 
-def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pragma: no cover - compiled
+@numba.njit(cache=True, nogil=True)
+def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out, r0):  # pragma: no cover - compiled
+    """The rows of ``out``, rows ``r0 ..`` of the graph whose ``indptr`` is given from row ``r0`` on: the serial
+    kernel (``r0 = 0``, whole arrays), and each range the parallel one hands out (views of ``indptr`` and
+    ``out``). The loop over local rows starts at 0, so LLVM knows the index is not negative and drops the
+    wrap-around of every ``indptr[i]`` and ``out[i]``; a loop from a variable start ran Cora 0.94x."""
     n, f = out.shape
     has_w = weights.shape[0] > 0
     one = x.dtype.type(1.0)
-    for i in prange(n):
+    for i in range(n):
         s0 = indptr[i]
         d = indptr[i + 1] - s0
         k = d if width <= 0 or d <= width else width
@@ -174,12 +179,7 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pr
                 c1 *= dinv[j1]
                 c2 *= dinv[j2]
                 c3 *= dinv[j3]
-            x0 = x[j0]
-            x1 = x[j1]
-            x2 = x[j2]
-            x3 = x[j3]
-            for c in range(f):
-                row[c] += (c0 * x0[c] + c1 * x1[c]) + (c2 * x2[c] + c3 * x3[c])
+            add4_rows(row, x[j0], x[j1], x[j2], x[j3], c0, c1, c2, c3, f)
             t += 4
         while t < k:
             p0, w = walk_step(w)
@@ -195,36 +195,35 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out):  # pr
         if k > 0:
             scale = 1.0 / k if agg == 1 else d / k
             if agg == 2:
-                scale *= dinv[i]
+                scale *= dinv[r0 + i]
             sc = x.dtype.type(scale)
             if sc != one:  # an unsampled sum row keeps its sum as it is
                 for c in range(f):
                     row[c] *= sc
         if agg == 2:
-            self_w = dinv[i] * dinv[i]
-            xi = x[i]
+            self_w = dinv[r0 + i] * dinv[r0 + i]
+            xi = x[r0 + i]
             for c in range(f):
                 row[c] += self_w * xi[c]
 
 
-def _compiled(name: str, **flags: bool) -> Any:
-    """:func:`_kernel` compiled with ``flags`` as a function of its own name.
-
-    numba names a function's on-disk cache after its module, qualified name and first line, and keys
-    the entries inside by signature and CPU, not by the compile flags. Two dispatchers of one Python
-    function (``njit(cache=True)(f)`` and ``njit(cache=True, parallel=True)(f)``) therefore share one
-    cache file, and whichever compiled first is what the other loads from then on: until this
-    function existed, a machine ran either the serial machine code under the parallel kernel (large
-    graphs on one thread; the development VM did, 2026-11-26) or the parallel one under the serial
-    kernel (a parallel region for every request-sized graph). A copy of the function under another
-    name has its own file (``tests/test_spmm_fast.py`` checks both in fresh processes)."""
-    fn = types.FunctionType(_kernel.__code__, _kernel.__globals__, name, _kernel.__defaults__, _kernel.__closure__)
-    fn.__qualname__ = name
-    return numba.njit(cache=True, nogil=True, **flags)(fn)
+_serial = _kernel
 
 
-_serial = _compiled("_kernel_serial")
-_parallel = _compiled("_kernel_parallel", parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _kernel_parallel(indptr, indices, weights, x, width, fastrand, agg, dinv, out, chunk):  # pragma: no cover
+    """:func:`_kernel` over ranges of ``chunk`` rows, handed out to numba's threads as they come free (call it
+    under ``numba.parallel_chunksize(1)``). Each range runs the serial kernel's own machine code: the row
+    loop inside a ``prange`` body, as it was until 2026-11-26, compiled to other code than the serial copy,
+    and its speed moved with changes to the loop that the serial copy did not feel."""
+    n = out.shape[0]
+    for c in prange((n + chunk - 1) // chunk):
+        r0 = c * chunk
+        r1 = min(n, r0 + chunk)
+        _kernel(indptr[r0:r1 + 1], indices, weights, x, width, fastrand, agg, dinv, out[r0:r1], r0)
+
+
+_parallel = _kernel_parallel
 
 
 def kernel_threads() -> int:
@@ -253,14 +252,14 @@ def sampled_spmm_cpu(
     n = graph.num_nodes
     threads = kernel_threads() if n >= PARALLEL_ROWS else 1
     if threads == 1:
-        _serial(*args)
+        _serial(*args, 0)
     else:
         before = numba_threads()
         chunk = max(1, -(-n // (threads * CHUNKS_PER_THREAD)))
         numba.set_num_threads(threads)
         try:
-            with numba.parallel_chunksize(chunk):
-                _parallel(*args)
+            with numba.parallel_chunksize(1):  # one range of ``chunk`` rows at a time: dynamic scheduling
+                _parallel(*args, chunk)
         finally:
             numba.set_num_threads(before)
     return torch.from_numpy(out)

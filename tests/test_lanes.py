@@ -6,7 +6,7 @@ import numba
 import numpy as np
 import pytest
 
-from kernels.lanes import LANE_BYTES, add4_lanes
+from kernels.lanes import LANE_BYTES, ROWS_WIDE, add4_lanes, add4_rows
 
 
 @numba.njit
@@ -67,3 +67,30 @@ def test_lanes_convert_nothing_silently():
     acc = np.zeros(8, np.float32)
     _lanes_once(acc, x, np.float32(0.5), 0)
     assert np.array_equal(acc, np.full(8, 2.0, np.float32))
+
+
+@numba.njit
+def _rows_sum(acc, xs, ks, n):  # pragma: no cover - compiled
+    add4_rows(acc, xs[0], xs[1], xs[2], xs[3], ks[0], ks[1], ks[2], ks[3], n)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("f", [1, 7, 8, 10, 31, 32, 33, 40, 64, 100, ROWS_WIDE - 1, ROWS_WIDE, 300])
+def test_add4_rows_gives_the_scalar_sums_bits(dtype, f):
+    """kernels.lanes.add4_rows, the ES-SpMM kernel's group sum: four vectors per step, one, then scalar columns
+    (float32 under ROWS_WIDE features), LLVM's loop otherwise; the bits of NumPy's sum in every case, and
+    only the first ``n`` columns written."""
+    rng = np.random.default_rng(1000 + f)
+    xs = (rng.standard_normal((4, f + 3)) * 1e3).astype(dtype)
+    ks = rng.standard_normal(4).astype(dtype)
+    acc = rng.standard_normal(f + 3).astype(dtype)
+    if f > 2:
+        xs[1, 1], xs[2, f - 1] = np.nan, -np.inf
+    want = acc.copy()
+    want[:f] += (ks[0] * xs[0, :f] + ks[1] * xs[1, :f]) + (ks[2] * xs[2, :f] + ks[3] * xs[3, :f])
+    got = acc.copy()
+    _rows_sum(got, xs, ks, f)
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+    spec = acc.copy()
+    add4_rows(spec, xs[0], xs[1], xs[2], xs[3], *ks, f)  # the Python function is the specification
+    assert np.array_equal(spec.view(np.uint8), want.view(np.uint8))

@@ -207,9 +207,9 @@ indptr = np.array([0, 2, 3], dtype=np.int64)
 indices = np.array([1, 0, 0], dtype=np.int32)
 x = np.ones((2, 3), np.float32)
 args = (indptr, indices, spmm_cpu._NO_W, x, 0, True, 0, np.zeros(0, np.float32), np.empty_like(x))
-spmm_cpu._serial(*args)
+spmm_cpu._serial(*args, 0)
 print(parallel._is_initialized)
-spmm_cpu._parallel(*args)
+spmm_cpu._parallel(*args, 1)
 print(parallel._is_initialized)
 """
 
