@@ -190,11 +190,11 @@ def pyg_serve(spec: dict[str, Any]) -> None:
 def parse_variant(variant: str) -> tuple[int, str, bool, bool]:
     """``"P[tK][p][a]"`` -> (processes P, compute threads K or ``""``, passive OpenMP waiting, the standard
     asyncio loop): see :class:`Server`."""
-    plain_loop = variant.endswith("a")
-    spec = variant.removesuffix("a")
-    passive = spec.endswith("p")
-    processes, _, threads = spec.removesuffix("p").partition("t")
-    return int(processes), threads, passive, plain_loop
+    m = re.fullmatch(r"(\d+)(?:t(\d+))?(p?)(a?)", variant)
+    if m is None or int(m.group(1)) < 1:
+        raise SystemExit(f"--processes: {variant!r} is not a server variant (P, PtK, then optional p and a, in "
+                         "that order: 2, 1t1, 1t1pa; or pygN)")
+    return int(m.group(1)), m.group(2) or "", bool(m.group(3)), bool(m.group(4))
 
 
 class Server:
@@ -493,6 +493,9 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="gnnserve-ceiling-"))
     counts = args.processes.split(",")
+    for p in counts:  # a mistyped variant fails before any server starts
+        if not p.startswith("pyg"):
+            parse_variant(p)
     load0 = os.getloadavg()
     servers: dict[str, Server] = {}
     results: dict[tuple[str, str], list[dict[str, Any]]] = collections.defaultdict(list)

@@ -245,7 +245,7 @@ def _with(setting: str, value: object, fn: Callable[[], object], module: object 
 
 def _one_thread(fn: Callable[[], object]) -> object:
     """``fn()`` with the compiled CPU kernel serial at every size (what every process whose numba cache held
-    the serial kernel's code under the parallel one ran, before 2026-11-26: ``spmm_cpu._compiled``)."""
+    the serial kernel's code under the parallel one ran, before 2026-11-26: the two shared one cache file)."""
     return _with("PARALLEL_ROWS", 2**62, fn, spmm_cpu)
 
 

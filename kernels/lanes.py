@@ -7,11 +7,11 @@ LLVM IR with a vector type: one load, multiply and add per lane group, in the sc
 same bits). :mod:`kernels.fused_forward` sums its kept edges with it.
 
 The ES-SpMM CPU kernel (:mod:`kernels.spmm_cpu`) sums its groups of four rows with :func:`add4_rows`: the
-vectors for float32 rows under :data:`ROWS_WIDE` features, LLVM's own loop otherwise. A first try
-(2026-11-26 morning) put the vectors into a kernel whose parallel copy was numba's ``prange`` over its
-rows; that copy ran 0.36x-2.12x depending on F and on the loop around the call. The kernel's parallel
-copy is now a driver that hands out ranges of rows to the serial code, so both run one machine code
-(docs/BENCHMARKS.md, "the kernel's rows in vectors").
+vectors for float32 rows of 8 to 127 features, LLVM's own loop otherwise. A first try (2026-11-26 morning)
+put the vectors into a kernel whose parallel copy was numba's ``prange`` over its rows; that copy ran
+0.36x-2.12x depending on F and on the loop around the call. The kernel's parallel copy is now a driver
+that calls the serial kernel, the same function, on ranges of rows (docs/BENCHMARKS.md, "the kernel's rows
+in vectors").
 """
 
 from __future__ import annotations
@@ -84,16 +84,25 @@ ROWS_WIDE = 128
 def add4_rows(acc, x0, x1, x2, x3, k0, k1, k2, k3, n):  # pragma: no cover - the specification
     """``acc[c] += (k0 x0[c] + k1 x1[c]) + (k2 x2[c] + k3 x3[c])`` for ``c < n``, in that order (the same
     bits however it is computed). In numba code: float32 rows of one vector to :data:`ROWS_WIDE` features in
-    :func:`add4_lanes` vectors (four per step while 32 columns remain, then one, then scalar columns), any
-    other row in a plain loop. The arguments as :func:`add4_lanes` takes them (contiguous 1-D rows of one
-    float type, weights of that type), ``n`` at most their length."""
+    :func:`add4_lanes` vectors (four per step while 32 columns remain, then one, then scalar columns) where
+    ``add4_lanes`` types for the arguments (contiguous, aligned float32 rows, a writable ``acc``, float32
+    weights), any other row in a plain loop; ``n`` at most the rows' length."""
     for c in range(n):
         acc[c] += (k0 * x0[c] + k1 * x1[c]) + (k2 * x2[c] + k3 * x3[c])
 
 
+def _takes_lanes(acc, xs, ks) -> bool:
+    """Whether :func:`add4_lanes` types for these numba types with float32 rows (what :func:`add4_rows`
+    vectorises); anything else takes the plain loop rather than failing to type."""
+    arrays = (acc, *xs)
+    return (all(isinstance(a, nbtypes.Array) and a.ndim == 1 and a.layout == "C" and a.aligned
+                and a.dtype == nbtypes.float32 for a in arrays)
+            and acc.mutable and all(k == nbtypes.float32 for k in ks))
+
+
 @overload(add4_rows, inline="always")
 def _add4_rows_numba(acc, x0, x1, x2, x3, k0, k1, k2, k3, n):
-    if isinstance(acc, nbtypes.Array) and acc.dtype == nbtypes.float32:
+    if _takes_lanes(acc, (x0, x1, x2, x3), (k0, k1, k2, k3)):
         lw = LANE_BYTES // 4
         wide = ROWS_WIDE
 

@@ -267,7 +267,7 @@ def _exact_through_torch(graph: CSRGraph, features: int) -> bool:
     :func:`exact_csr_view`: 1.13x-1.28x faster at F = 64, 1.51x-2.23x at 128, 2.11x-2.35x at 256, but
     0.34x-0.64x at F = 10 and 0.65x-1.05x at 32, where the kernel's per-edge overhead dominates. (The
     rule of 2026-11-25, MKL on every large graph, was measured while the "parallel" kernel ran the
-    serial code: ``spmm_cpu._compiled``.)
+    serial code: numba's cache had served one build to both.)
     """
     if EXACT_BACKEND == "torch":
         return True

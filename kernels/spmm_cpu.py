@@ -26,12 +26,16 @@ How it is fast (each measured against the previous version on Amazon Computers, 
 * **four kept edges per step**: four gathered rows are combined before the output row is
   touched, which halves the loads and stores of the accumulator and keeps four independent
   gathers in flight; the first kept edge writes the row (no zeroing pass) and a row whose scale
-  is 1 (a ``sum`` row that keeps all its edges) is not rescaled. A float32 group of fewer than
-  128 features is summed in explicit 32-byte vectors (:func:`kernels.lanes.add4_rows`, the same bits):
-  LLVM's own vector loop needs 64 elements, so rows of 10 to 64 features ran scalar code.
-* **parallel over rows** in chunks handed out dynamically (a degree-skewed graph, or a core
-  another process is using, does not leave a thread idle), on ``min(torch's, numba's)`` thread
-  count (:func:`kernel_threads`); each chunk runs the serial kernel's code (:func:`_kernel_parallel`).
+  is 1 (a ``sum`` row that keeps all its edges) is not rescaled. A float32 group of 8 to 127
+  features is summed in explicit 32-byte vectors (:func:`kernels.lanes.add4_rows`, the same bits):
+  LLVM's own vector loop needs 64 elements, so rows of 10 to 64 features ran scalar code. numba's
+  cache follows this file only: after an edit of ``kernels/lanes.py``, clear ``kernels/__pycache__``.
+* **parallel over rows** in ranges dealt out round-robin (:func:`_kernel_parallel`: thread ``t`` takes
+  ranges ``t``, ``t + T``, ...), so a degree-skewed stretch of the graph falls on every thread, on
+  ``min(torch's, numba's)`` thread count (:func:`kernel_threads`); each range is the serial kernel
+  called on views of its rows. numba's OpenMP layer splits a ``prange`` into one contiguous block
+  per thread whatever ``numba.parallel_chunksize`` says (checked: 32 chunks of chunk size 1 on two
+  threads, the first 16 on thread 0), so the deal is written out here.
 
 Accumulation is in the dtype of ``x`` (float32 or float64), in edge order within a row except that
 after the first kept edge each group of four is summed pairwise before it is added, so results equal the torch
@@ -57,7 +61,7 @@ _AGG_CODE = {"sum": 0, "mean": 1, "gcn": 2}
 _NO_W = np.zeros(0, dtype=np.float32)
 #: below this many output rows the kernel runs on one thread (a parallel region costs more than it saves)
 PARALLEL_ROWS = 4096
-#: the parallel kernel hands out rows in about this many chunks per thread (dynamic scheduling)
+#: the parallel kernel deals out rows in this many ranges per thread (round-robin)
 CHUNKS_PER_THREAD = 16
 
 
@@ -211,16 +215,18 @@ _serial = _kernel
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _kernel_parallel(indptr, indices, weights, x, width, fastrand, agg, dinv, out, chunk):  # pragma: no cover
-    """:func:`_kernel` over ranges of ``chunk`` rows, handed out to numba's threads as they come free (call it
-    under ``numba.parallel_chunksize(1)``). Each range runs the serial kernel's own machine code: the row
-    loop inside a ``prange`` body, as it was until 2026-11-26, compiled to other code than the serial copy,
-    and its speed moved with changes to the loop that the serial copy did not feel."""
+def _kernel_parallel(indptr, indices, weights, x, width, fastrand, agg, dinv, out, chunk, threads):  # pragma: no cover
+    """:func:`_kernel` over ranges of ``chunk`` rows, dealt out round-robin to ``threads`` threads (numba's
+    OpenMP layer gives each ``prange`` iteration, here one per thread, to its own thread). Each range is
+    the serial kernel, the same function, on views of its rows; until 2026-11-26 the row loop was the
+    ``prange`` body itself, and its speed moved with changes that the serial copy did not feel."""
     n = out.shape[0]
-    for c in prange((n + chunk - 1) // chunk):
-        r0 = c * chunk
-        r1 = min(n, r0 + chunk)
-        _kernel(indptr[r0:r1 + 1], indices, weights, x, width, fastrand, agg, dinv, out[r0:r1], r0)
+    ranges = (n + chunk - 1) // chunk
+    for t in prange(threads):
+        for c in range(t, ranges, threads):
+            r0 = c * chunk
+            r1 = min(n, r0 + chunk)
+            _kernel(indptr[r0:r1 + 1], indices, weights, x, width, fastrand, agg, dinv, out[r0:r1], r0)
 
 
 _parallel = _kernel_parallel
@@ -258,8 +264,7 @@ def sampled_spmm_cpu(
         chunk = max(1, -(-n // (threads * CHUNKS_PER_THREAD)))
         numba.set_num_threads(threads)
         try:
-            with numba.parallel_chunksize(1):  # one range of ``chunk`` rows at a time: dynamic scheduling
-                _parallel(*args, chunk)
+            _parallel(*args, chunk, threads)
         finally:
             numba.set_num_threads(before)
     return torch.from_numpy(out)

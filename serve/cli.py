@@ -253,8 +253,9 @@ def _serve(argv: Sequence[str]) -> int:
                          "merges their metrics on --metrics-port, writes --ready-file once all serve, and exits "
                          "non-zero if one dies. Needs --read-only, or graph and features in Redis (serve/processes.py)")
     ap.add_argument("--event-loop", choices=EVENT_LOOPS, default="auto",
-                    help="the asyncio loop the server runs on: uvloop (measured 1.05x node predictions/s on "
-                         "64-node requests), asyncio, or auto = uvloop where it is installed (default)")
+                    help="the asyncio loop the server runs on: uvloop (1.07x-1.10x the node predictions/s of asyncio's "
+                         "loop on 64-node requests, docs/BENCHMARKS.md), asyncio, or auto = uvloop where it "
+                         "is installed (default)")
     ap.add_argument("--process-slot", default=None, help=argparse.SUPPRESS)  # "i/N": a child of --processes
     ap.add_argument("--process-status", default=None, help=argparse.SUPPRESS)  # the child's JSON status file
     ap.add_argument("--log-level", default="INFO")
@@ -291,6 +292,11 @@ def _serve(argv: Sequence[str]) -> int:
         return 2
     if args.processes < 1:
         print("gnnserve serve: --processes must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        resolve_event_loop(args.event_loop)
+    except ValueError as exc:
+        print(f"gnnserve serve: {exc}", file=sys.stderr)
         return 2
     if args.gpu_min_targets is not None and args.gpu_min_targets < 0:
         print("gnnserve serve: --gpu-min-targets must be >= 0 (0: every batch on the GPU)", file=sys.stderr)
@@ -389,11 +395,6 @@ def _serve(argv: Sequence[str]) -> int:
         insecure=args.insecure,
         event_loop=args.event_loop,
     )
-    try:
-        resolve_event_loop(args.event_loop)
-    except ValueError as exc:
-        print(f"gnnserve serve: {exc}", file=sys.stderr)
-        return 2
     if args.device == "cuda":
         import torch
 

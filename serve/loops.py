@@ -3,8 +3,8 @@
 ``grpc.aio`` works on any asyncio loop. The server's event-loop thread spends most of its time in
 gRPC's Cython code and in asyncio's own scheduling (``benchmarks/ceiling.py --profile``); uvloop
 (libuv under asyncio's interface) makes the second part cheaper. Measured on the 2-vCPU VM,
-64-node GCN requests (docs/BENCHMARKS.md, 2026-11-26 13:23 UTC): 1.05x-1.06x node predictions/s, 7.3
-against 7.8 us of server CPU per node.
+64-node GCN requests, one server process (docs/BENCHMARKS.md, 2026-11-26 13:30 UTC): 1.07x-1.10x the node
+predictions/s of asyncio's loop, 7.4-7.9 against 8.2-8.4 us of server CPU per node.
 
 ``kind``: ``"auto"`` (uvloop if it imports, else asyncio: a platform without uvloop wheels still
 serves), ``"uvloop"`` (fail with a message when it is missing) or ``"asyncio"``.

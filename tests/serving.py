@@ -107,7 +107,7 @@ def ServerThread(repo: Path, options: dict[str, Any] | None = None) -> Any:
     return BackgroundServer(cfg)
 
 
-_LOG_DIR = Path(tempfile.gettempdir()) / "gnnserve-server-logs"
+_LOG_DIR = Path(tempfile.gettempdir()) / f"gnnserve-server-logs-{os.getuid()}"  # one per user: no shared dir
 
 
 class ServerProcess:

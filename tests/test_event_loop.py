@@ -83,7 +83,7 @@ def test_cli_refuses_uvloop_it_cannot_import(tmp_path, tiny_repo):
     bad = subprocess.run([sys.executable, "-m", "serve.cli", "serve", "--repo", str(tiny_repo), "--event-loop", "trio"],
                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert bad.returncode == 2 and "invalid choice: 'trio'" in bad.stderr
-    assert set(EVENT_LOOPS) == {"auto", "uvloop", "asyncio"}
+    assert all(k in bad.stderr for k in EVENT_LOOPS)  # the choices are listed
 
 
 def _answers(address: str, model: str) -> tuple[np.ndarray, np.ndarray]:
@@ -116,11 +116,9 @@ def test_cli_serves_and_drains_on_each_loop(tiny_repo, kind):
     """The CLI server on each loop: answers, logs its loop, and stops cleanly on SIGTERM (its signal
     handlers are the loop's)."""
     uv = pytest.importorskip("uvloop") if kind == "auto" else None
-    proc = ServerProcess(tiny_repo, "--poll-s", "0", "--event-loop", kind).start()
-    try:
+    with ServerProcess(tiny_repo, "--poll-s", "0", "--event-loop", kind) as proc:  # killed on the way out
         labels, probs = _answers(proc.address, "gcn")
         assert labels.shape == (20,) and np.allclose(probs.sum(axis=1), 1, atol=1e-5)
         assert f"{'uvloop' if uv else 'asyncio'} event loop" in proc.log()
-    finally:
         rc = proc.terminate()
-    assert rc == 0, proc.log()
+        assert rc == 0, proc.log()

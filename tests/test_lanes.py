@@ -6,7 +6,7 @@ import numba
 import numpy as np
 import pytest
 
-from kernels.lanes import LANE_BYTES, ROWS_WIDE, add4_lanes, add4_rows
+from kernels.lanes import LANE_BYTES, ROWS_WIDE, _add4_rows_numba, add4_lanes, add4_rows
 
 
 @numba.njit
@@ -94,3 +94,29 @@ def test_add4_rows_gives_the_scalar_sums_bits(dtype, f):
     spec = acc.copy()
     add4_rows(spec, xs[0], xs[1], xs[2], xs[3], *ks, f)  # the Python function is the specification
     assert np.array_equal(spec.view(np.uint8), want.view(np.uint8))
+
+
+def test_add4_rows_takes_the_vectors_only_where_they_type():
+    """The overload's choice by numba type: float32 contiguous rows, a writable output and float32 weights get
+    the vector code; float64, strided or read-only rows and float64 weights the plain loop (no typing error)."""
+    f32, f64 = numba.float32, numba.float64
+    row = numba.types.Array(f32, 1, "C")
+    rows = (row, row, row, row)
+
+    def chosen(acc, xs, k):
+        return _add4_rows_numba(acc, *xs, k, k, k, k, numba.int64).__name__
+
+    assert chosen(row, rows, f32) == "vectors"
+    assert chosen(numba.types.Array(f64, 1, "C"), (numba.types.Array(f64, 1, "C"),) * 4, f64) == "loop"
+    assert chosen(row, (row, numba.types.Array(f32, 1, "A"), row, row), f32) == "loop"
+    assert chosen(numba.types.Array(f32, 1, "C", readonly=True), rows, f32) == "loop"
+    assert chosen(row, rows, f64) == "loop"
+
+
+def test_add4_rows_sums_strided_rows_in_the_plain_loop():
+    xs = np.arange(4 * 40, dtype=np.float32).reshape(4, 40)[:, ::2]  # rows of 20, stride 2: no vectors
+    ks = np.array([0.5, -1.0, 2.0, 0.25], np.float32)
+    got = np.ones(20, np.float32)
+    _rows_sum(got, xs, ks, 20)
+    want = np.ones(20, np.float32) + ((ks[0] * xs[0] + ks[1] * xs[1]) + (ks[2] * xs[2] + ks[3] * xs[3]))
+    assert np.array_equal(got, want)

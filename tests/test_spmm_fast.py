@@ -168,6 +168,25 @@ def test_parallel_equals_serial_exactly(parallel_always, monkeypatch):
         assert torch.equal(p, s)
 
 
+@pytest.mark.parametrize(("chunk", "threads"), [(1, 2), (7, 2), (7, 3), (333, 2), (10_000, 2)])
+def test_parallel_driver_writes_every_row_as_the_serial_kernel(chunk, threads):
+    """spmm_cpu._kernel_parallel deals ranges of ``chunk`` rows round-robin to ``threads`` and runs the serial
+    kernel on views of them: every row written (the output starts as NaN), each as the serial kernel writes
+    it, whatever the range size (1 row, one that does not divide n, more than n) and thread count."""
+    g = make_graph(9, n=1501, weighted=True)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((g.num_nodes, 12)).astype(np.float32)  # one vector and a scalar tail
+    dinv = rng.uniform(0.1, 1.0, g.num_nodes).astype(np.float32)
+    for width, agg in ((0, 2), (16, 2), (7, 1), (16, 0)):
+        want = np.full_like(x, np.nan)
+        got = np.full_like(x, np.nan)
+        args = (g.indptr, g.indices, g.weights, x, width, True, agg, dinv)
+        spmm_cpu._serial(*args, want, 0)
+        spmm_cpu._parallel(*args, got, chunk, threads)
+        assert not np.isnan(want).any()
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (width, agg)
+
+
 def test_every_cached_kernel_has_its_own_cache_file():
     """numba names a cache file after the function, not after its compile flags: two cached dispatchers of
     one function read each other's machine code (the parallel kernel ran serially that way)."""
@@ -209,7 +228,7 @@ x = np.ones((2, 3), np.float32)
 args = (indptr, indices, spmm_cpu._NO_W, x, 0, True, 0, np.zeros(0, np.float32), np.empty_like(x))
 spmm_cpu._serial(*args, 0)
 print(parallel._is_initialized)
-spmm_cpu._parallel(*args, 1)
+spmm_cpu._parallel(*args, 1, 2)
 print(parallel._is_initialized)
 """
 
