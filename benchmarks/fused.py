@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     from serve.runtime import PredictCall, RuntimeOptions, _WarmupFuture
     from serve.server import GnnServer, ServerConfig
 
-    workdir = tempfile.TemporaryDirectory()
-    base = kernels_module_at(args.base, "fused_forward", Path(workdir.name)) if args.base else None  # before any start
+    workdir = tempfile.TemporaryDirectory() if args.base else None
+    base = kernels_module_at(args.base, "fused_forward", Path(workdir.name)) if workdir else None  # before any start
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)  # grpc.aio binds the server to the current loop
     srv = GnnServer(ServerConfig(repo=args.repo, port=0, poll_s=0, runtime=RuntimeOptions(warm_projections=True)))
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{best['torch']:.3f} | {best['torch'] / best['compiled']:.2f} | {plan}{vs_base} |", flush=True)
     finally:
         loop.run_until_complete(srv.stop())
-        workdir.cleanup()
+        if workdir is not None:
+            workdir.cleanup()
         loop.close()
         asyncio.set_event_loop(None)
     return 0

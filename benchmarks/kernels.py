@@ -622,8 +622,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--half: unknown types {bad_half}; choose from {sorted(half_names)}")
     half = [half_names[s.strip()] for s in args.half.split(",") if s.strip()]
     devices = [torch.device("cpu")] if args.device in ("cpu", "both") else []
-    base_dir = tempfile.TemporaryDirectory()  # --base: the revision's kernels/spmm_cpu.py, compiled afresh
-    base_kernel = kernels_module_at(args.base, "spmm_cpu", Path(base_dir.name)) if args.base else None
+    # --base: the revision's kernels/spmm_cpu.py, compiled afresh in a directory of its own (removed at exit)
+    base_dir = tempfile.TemporaryDirectory() if args.base else None
+    base_kernel = kernels_module_at(args.base, "spmm_cpu", Path(base_dir.name)) if base_dir else None
     if args.device in ("cuda", "both"):
         if torch.cuda.is_available() and spmm_cuda.available():
             devices.append(torch.device("cuda"))
