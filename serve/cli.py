@@ -169,9 +169,10 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--max-batch-targets", type=int, default=1024)
     ap.add_argument("--max-queue-targets", type=int, default=16384)
     ap.add_argument("--max-delay-ms", type=float, default=0.0, help="extra wait for a batch to fill (0 = none)")
-    ap.add_argument("--inline-max-targets", type=int, default=8,
-                    help="batches up to this many targets run on the event loop when the server is otherwise idle "
-                         "(no thread hand-off; in-memory features only; 0 = always in the worker thread)")
+    ap.add_argument("--inline-max-targets", type=int, default=None,
+                    help="batches up to this many targets (and --inline-max-work) run on the event loop when "
+                         "nothing else waits (no thread hand-off; in-memory features only; 0 = always in the "
+                         "worker thread; default 256 on the CPU, 8 with --device cuda)")
     ap.add_argument("--gpu-min-targets", type=int, default=None,
                     help="--device cuda: batches of fewer targets run the compiled CPU paths (a CPU copy of the "
                          "model), where the GPU's launch and copy costs outweigh its arithmetic (0 = all on GPU; "

@@ -143,6 +143,14 @@ def _torch_threads_for(rows: int, configured: int):
         torch.set_num_threads(configured)
 
 
+#: ``RuntimeOptions.inline_max_targets`` by device when not given. CPU: 256, so that a batched request of up
+#: to 256 nodes whose estimated work is within ``inline_max_work`` skips the two thread hand-offs; on the
+#: 2-vCPU VM (docs/BENCHMARKS.md, 2026-11-26 15:00 UTC) 64-node GCN requests served 1.08x-1.13x the node
+#: predictions/s of the former 8. CUDA: 8, as before (a device batch on the loop would hold it while the
+#: GPU computes; not measured yet).
+INLINE_MAX_TARGETS = {"cpu": 256, "cuda": 8}
+
+
 @dataclass
 class RuntimeOptions:
     device: str = "cpu"
@@ -167,8 +175,9 @@ class RuntimeOptions:
     #: bytes for all widths together; 0 = never
     activation_budget_bytes: int = 256 << 20
     #: batches of at most this many targets run on the event loop when nothing else waits (no thread
-    #: hand-off; serve.batcher), when features are in memory and the graph local; 0 = never
-    inline_max_targets: int = 8
+    #: hand-off; serve.batcher), when features are in memory and the graph local; 0 = never; None =
+    #: :data:`INLINE_MAX_TARGETS` for the model's device (the work bound below caps the time either way)
+    inline_max_targets: int | None = None
     #: ... and only when their estimated work (edges aggregated, :meth:`ModelRuntime.estimate_work`) is at
     #: most this: an exact-width request on a hub or new nodes with long neighbour lists go to the worker
     inline_max_work: int = 20_000
@@ -415,7 +424,8 @@ class ModelRuntime:
             max_delay_s=options.max_delay_ms / 1e3,
             executor=executor,
             # never on the loop when a batch may wait on Redis (features or graph rows)
-            inline_max_targets=(options.inline_max_targets
+            inline_max_targets=((INLINE_MAX_TARGETS.get(self.device.type, 8) if options.inline_max_targets is None
+                                 else options.inline_max_targets)
                                 if isinstance(getattr(data.features, "base", data.features), MemoryFeatureStore)
                                 and not self.remote_graph else 0),
             inline_max_work=options.inline_max_work,

@@ -20,6 +20,7 @@ from kernels.plan import exact_path_edges, execution_plan
 from kernels.subgraph import induced_batch
 from models.base import full_gcn_degrees
 from models.checkpoint import load_checkpoint
+from serve.validation import validate_predict
 
 from .serving import ServerThread
 
@@ -379,3 +380,23 @@ def test_small_batches_run_torch_on_one_thread_and_restore_the_count():
         assert torch.get_num_threads() == configured
     finally:
         torch.set_num_threads(before)
+
+
+def test_batched_requests_run_inline_on_the_cpu_by_default(served, stub, tiny_repo):
+    """RuntimeOptions.inline_max_targets unset: INLINE_MAX_TARGETS["cpu"] (256) on the CPU, so a 64-node request
+    with nothing else waiting runs on the event loop (no thread hand-off) when its estimated work is within
+    inline_max_work; a value given is kept (0: never inline)."""
+    from serve.runtime import INLINE_MAX_TARGETS
+
+    rt = served.server.registry.get("gcn")
+    assert rt.batcher.inline_max_targets == INLINE_MAX_TARGETS["cpu"] == 256
+    nodes = list(range(64))
+    call_work = rt.estimate_work(validate_predict(pb.PredictRequest(model="gcn", nodes=nodes, sampling_width=2),
+                                                  rt.limits))
+    assert call_work <= rt.batcher.inline_max_work
+    before = rt.batcher.batches_inline
+    res = stub.Predict(pb.PredictRequest(model="gcn", nodes=nodes, sampling_width=2))
+    assert len(res.labels) == 64
+    assert rt.batcher.batches_inline == before + 1
+    with ServerThread(tiny_repo, {"poll_s": 0, "runtime_kw": {"inline_max_targets": 0}}) as srv:
+        assert srv.server.registry.get("gcn").batcher.inline_max_targets == 0
