@@ -1,7 +1,8 @@
 """Inline batches (``--inline-max-targets``) on and off, side by side, over gRPC.
 
 For each model and client concurrency, alternating rounds start a fresh server (in this process,
-its own event-loop thread; projections warmed) with ``inline_max_targets`` 0 and then 8, and a
+its own event-loop thread; projections warmed) with each ``inline_max_targets`` of ``--inline`` (default 0,
+8 and the CPU default, 256), and a
 client process sends single-node ``Predict`` requests of random nodes from ``N`` concurrent asyncio
 tasks for ``--seconds``. Reported per round: node predictions per second, latency p50 / p99 and
 the mean batch size the server formed. Concurrency 1 is the sequential single-node case.
@@ -63,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default="1,4,16", help="concurrent client tasks")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--inline", type=int, default=8, help="inline_max_targets of the 'on' servers")
+    ap.add_argument("--inline", default="0,8,256",
+                    help="comma-separated inline_max_targets, one server each per round (0 = off; 256 is the CPU "
+                         "default, serve.runtime.INLINE_MAX_TARGETS)")
     args = ap.parse_args(argv)
 
     from serve.runtime import RuntimeOptions
@@ -73,12 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"`python benchmarks/inline.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
     print(f"{datetime.date.today()}, {platform.machine()}, {len(os.sched_getaffinity(0))} CPUs, load average "
           f"{os.getloadavg()[0]:.1f} at the start; single-node requests for {args.seconds:g} s per cell\n")
-    print("| model | clients | round | inline | nodes/s | p50 ms | p99 ms | mean batch |")
+    print("| model | clients | round | inline max targets | nodes/s | p50 ms | p99 ms | mean batch |")
     print("|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         for conc in [int(c) for c in args.concurrency.split(",") if c]:
             for rnd in range(args.rounds):
-                for inline in (0, args.inline):
+                values = [int(v) for v in args.inline.split(",") if v.strip()]
+                for inline in values[rnd % len(values):] + values[:rnd % len(values)]:  # rotated: drift falls on all
                     cfg = ServerConfig(repo=args.repo, port=0, poll_s=0,
                                        runtime=RuntimeOptions(warm_projections=True, inline_max_targets=inline))
                     with BackgroundServer(cfg) as srv:
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                     if out.returncode != 0:
                         raise RuntimeError(f"client failed: {out.stderr[-2000:]}")
                     r = json.loads(out.stdout.strip().splitlines()[-1])
-                    print(f"| {model} | {conc} | {rnd + 1} | {'on' if inline else 'off'} | {r['nodes_per_s']:,.0f} | "
+                    print(f"| {model} | {conc} | {rnd + 1} | {inline or 'off'} | {r['nodes_per_s']:,.0f} | "
                           f"{r['p50']:.2f} | {r['p99']:.2f} | {r['batch']:.2f} |", flush=True)
     return 0
 

@@ -424,7 +424,8 @@ class ModelRuntime:
             max_delay_s=options.max_delay_ms / 1e3,
             executor=executor,
             # never on the loop when a batch may wait on Redis (features or graph rows)
-            inline_max_targets=((INLINE_MAX_TARGETS.get(self.device.type, 8) if options.inline_max_targets is None
+            inline_max_targets=((INLINE_MAX_TARGETS.get(self.device.type, INLINE_MAX_TARGETS["cuda"])
+                                 if options.inline_max_targets is None
                                  else options.inline_max_targets)
                                 if isinstance(getattr(data.features, "base", data.features), MemoryFeatureStore)
                                 and not self.remote_graph else 0),

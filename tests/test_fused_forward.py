@@ -210,7 +210,7 @@ def test_inline_benchmark_runs_on_a_repository(tiny_repo, capsys):
     assert mod.main(["--repo", str(tiny_repo), "--models", "gcn", "--concurrency", "2", "--seconds", "0.3",
                      "--rounds", "1"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gcn")]
-    assert [r.split("|")[4].strip() for r in rows] == ["off", "on"]
+    assert [r.split("|")[4].strip() for r in rows] == ["off", "8", "256"]  # the default settings, round 1's order
     assert all(float(r.split("|")[5].replace(",", "")) > 0 for r in rows)
 
 
