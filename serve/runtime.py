@@ -151,6 +151,14 @@ def _torch_threads_for(rows: int, configured: int):
 INLINE_MAX_TARGETS = {"cpu": 256, "cuda": 8}
 
 
+def inline_targets_for(device: torch.device, configured: int | None) -> int:
+    """The batcher's ``inline_max_targets`` for a model on ``device``: ``configured`` when given (0 = never
+    inline), else :data:`INLINE_MAX_TARGETS` of the device's type (any device but the CPU as CUDA)."""
+    if configured is not None:
+        return configured
+    return INLINE_MAX_TARGETS["cpu"] if device.type == "cpu" else INLINE_MAX_TARGETS["cuda"]
+
+
 @dataclass
 class RuntimeOptions:
     device: str = "cpu"
@@ -424,9 +432,7 @@ class ModelRuntime:
             max_delay_s=options.max_delay_ms / 1e3,
             executor=executor,
             # never on the loop when a batch may wait on Redis (features or graph rows)
-            inline_max_targets=((INLINE_MAX_TARGETS.get(self.device.type, INLINE_MAX_TARGETS["cuda"])
-                                 if options.inline_max_targets is None
-                                 else options.inline_max_targets)
+            inline_max_targets=(inline_targets_for(self.device, options.inline_max_targets)
                                 if isinstance(getattr(data.features, "base", data.features), MemoryFeatureStore)
                                 and not self.remote_graph else 0),
             inline_max_work=options.inline_max_work,

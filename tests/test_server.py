@@ -382,10 +382,10 @@ def test_small_batches_run_torch_on_one_thread_and_restore_the_count():
         torch.set_num_threads(before)
 
 
-def test_batched_requests_run_inline_on_the_cpu_by_default(served, stub, tiny_repo):
+def test_batched_requests_run_inline_on_the_cpu_by_default(served, stub):
     """RuntimeOptions.inline_max_targets unset: INLINE_MAX_TARGETS["cpu"] (256) on the CPU, so a 64-node request
     with nothing else waiting runs on the event loop (no thread hand-off) when its estimated work is within
-    inline_max_work; a value given is kept (0: never inline)."""
+    inline_max_work."""
     from serve.runtime import INLINE_MAX_TARGETS
 
     rt = served.server.registry.get("gcn")
@@ -398,5 +398,16 @@ def test_batched_requests_run_inline_on_the_cpu_by_default(served, stub, tiny_re
     res = stub.Predict(pb.PredictRequest(model="gcn", nodes=nodes, sampling_width=2))
     assert len(res.labels) == 64
     assert rt.batcher.batches_inline == before + 1
-    with ServerThread(tiny_repo, {"poll_s": 0, "runtime_kw": {"inline_max_targets": 0}}) as srv:
-        assert srv.server.registry.get("gcn").batcher.inline_max_targets == 0
+
+
+def test_inline_targets_by_device():
+    """serve.runtime.inline_targets_for: 256 on the CPU, 8 on CUDA (any index) and any other device, a value
+    given kept whatever the device (0: never inline)."""
+    from serve.runtime import inline_targets_for
+
+    assert inline_targets_for(torch.device("cpu"), None) == 256
+    assert inline_targets_for(torch.device("cuda"), None) == 8
+    assert inline_targets_for(torch.device("cuda:1"), None) == 8
+    assert inline_targets_for(torch.device("meta"), None) == 8
+    assert inline_targets_for(torch.device("cpu"), 0) == 0
+    assert inline_targets_for(torch.device("cuda"), 64) == 64
