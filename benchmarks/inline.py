@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated inline_max_targets, one server each per round (0 = off; 256 is the CPU "
                          "default, serve.runtime.INLINE_MAX_TARGETS)")
     args = ap.parse_args(argv)
+    values = [int(v) for v in args.inline.split(",") if v.strip()]
 
     from serve.runtime import RuntimeOptions
     from serve.server import BackgroundServer, ServerConfig
@@ -81,7 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     for model in args.models.split(","):
         for conc in [int(c) for c in args.concurrency.split(",") if c]:
             for rnd in range(args.rounds):
-                values = [int(v) for v in args.inline.split(",") if v.strip()]
                 for inline in values[rnd % len(values):] + values[:rnd % len(values)]:  # rotated: drift falls on all
                     cfg = ServerConfig(repo=args.repo, port=0, poll_s=0,
                                        runtime=RuntimeOptions(warm_projections=True, inline_max_targets=inline))
