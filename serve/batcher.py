@@ -22,7 +22,10 @@ wake-up and the loop's wake-up for the result), most of what an idle server adds
 request beyond its compute; requests that arrive meanwhile wait in the socket and batch together
 next. Only for a ``process`` that never waits on I/O (in-memory features, a local graph): it blocks
 the loop while it runs, so the batch's estimated work must also be at most ``inline_max_work`` (a
-one-target request can still be expensive: an exact pass over a hub's neighbourhood).
+one-target request can still be expensive: an exact pass over a hub's neighbourhood). An inline batch
+runs ``process_inline``, which may refuse by raising :class:`WouldBlock` before it does anything (the
+live graph's read lock is wanted by an update): the batch then goes to the worker as any other, so a
+wait never holds the loop and with it every other model and the health checks.
 """
 
 from __future__ import annotations
@@ -39,9 +42,14 @@ from typing import Any
 
 from .errors import DeadlineExceeded, Overloaded, Unavailable
 
-__all__ = ["DynamicBatcher", "WorkItem"]
+__all__ = ["DynamicBatcher", "WorkItem", "WouldBlock"]
 
 log = logging.getLogger(__name__)
+
+
+class WouldBlock(Exception):
+    """Raised by a ``process_inline`` that cannot start its batch without waiting; the batcher runs the
+    batch in its worker instead. Never reaches a caller."""
 
 
 @dataclass(eq=False)
@@ -74,6 +82,9 @@ class DynamicBatcher:
         inline_max_work: and only when their items' estimated work adds up to at most this
             (``None``: no bound): an expensive batch of few targets (an exact-width request on a
             hub, new nodes with long neighbour lists) must not block the loop.
+        process_inline: what an inline batch calls on the loop (default ``process``); it raises
+            :class:`WouldBlock`, having done nothing, where it would have to wait, and the batch
+            runs in ``executor`` instead (counted in ``batches_deferred``).
         max_queue_work: bound of the queue in estimated work (``None``: none); like the target
             bound, beyond it ``submit`` raises ``Overloaded``.
         clock: monotonic clock in seconds (deadlines are on this clock).
@@ -91,6 +102,7 @@ class DynamicBatcher:
         inline_max_targets: int = 0,
         inline_max_work: int | None = None,
         max_queue_work: int | None = None,
+        process_inline: Callable[[list[WorkItem]], Sequence[Any]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         name: str = "batcher",
     ) -> None:
@@ -102,7 +114,9 @@ class DynamicBatcher:
         self.max_queue_work = math.inf if max_queue_work is None else max_queue_work
         self._queued_work = 0
         self.batches_inline = 0
+        self.batches_deferred = 0  # inline batches that refused (WouldBlock) and ran in the executor
         self._process = process
+        self._process_inline = process if process_inline is None else process_inline
         self.max_batch_targets = max_batch_targets
         self.max_queue_targets = max_queue_targets
         self.max_delay_s = max_delay_s
@@ -256,11 +270,17 @@ class DynamicBatcher:
                 it.started, it.batch_size = started, total
             self._running_batch = True
             try:
-                if (total <= self.inline_max_targets and not self._queue
-                        and sum(it.work for it in batch) <= self.inline_max_work):
-                    self.batches_inline += 1
-                    results = self._process(batch)
-                else:
+                inline = (total <= self.inline_max_targets and not self._queue
+                          and sum(it.work for it in batch) <= self.inline_max_work)
+                if inline:
+                    try:
+                        self.batches_inline += 1
+                        results = self._process_inline(batch)
+                    except WouldBlock:
+                        self.batches_inline -= 1
+                        self.batches_deferred += 1
+                        inline = False
+                if not inline:
                     results = await loop.run_in_executor(self._executor, self._process, batch)
             except Exception as exc:  # the whole batch failed: fail exactly its items
                 for it in batch:

@@ -97,6 +97,15 @@ class RWLock:
                 self._cond.wait()
             self._readers += 1
 
+    def try_acquire_read(self) -> bool:
+        """Take the read side only if that needs no wait (no writer holds or waits for the lock); the
+        event loop's inline batches use it, so that a queued update never holds the loop."""
+        with self._cond:
+            if self._writer or self._writers_waiting:
+                return False
+            self._readers += 1
+            return True
+
     def release_read(self) -> None:
         with self._cond:
             self._readers -= 1
@@ -574,9 +583,13 @@ class LiveGraph:
         with self._writer:
             yield
 
-    def begin_read(self) -> int:
-        """Take the read side for a batch and return the version it will see; pair with :meth:`end_read`."""
-        self.lock.acquire_read()
+    def begin_read(self, blocking: bool = True) -> int | None:
+        """Take the read side for a batch and return the version it will see; pair with :meth:`end_read`.
+        ``blocking=False``: None, with nothing taken, when that would wait for an update."""
+        if blocking:
+            self.lock.acquire_read()
+        elif not self.lock.try_acquire_read():
+            return None
         if self.broken is not None:
             self.lock.release_read()
             raise Unavailable(self.broken)

@@ -49,7 +49,7 @@ from kernels.plan import (
 from kernels.subgraph import ExtraEdges, SubgraphBatch, induced_batch, lhop_nodes
 from models.base import carry_gcn_degrees, gcn_dinv32
 
-from .batcher import DynamicBatcher, WorkItem
+from .batcher import DynamicBatcher, WorkItem, WouldBlock
 from .errors import InvalidArgument, Overloaded, Unavailable
 from .features.memory import MemoryFeatureStore
 from .metrics import ServerMetrics
@@ -436,6 +436,7 @@ class ModelRuntime:
                                 if isinstance(getattr(data.features, "base", data.features), MemoryFeatureStore)
                                 and not self.remote_graph else 0),
             inline_max_work=options.inline_max_work,
+            process_inline=self._process_inline,
             max_queue_work=options.max_queue_work,
             name=f"{name}/v{version}",
         )
@@ -870,10 +871,12 @@ class ModelRuntime:
             await asyncio.to_thread(self._resident.wait_for_builds, 30.0 if grace_s is None else grace_s)
 
     # ------------------------------------------------------------------ the pipeline
-    def process(self, items: list[WorkItem], path: ServingPath | None = None) -> list[PredictResult | BaseException]:
+    def process(self, items: list[WorkItem], path: ServingPath | None = None, *,
+                blocking: bool = True) -> list[PredictResult | BaseException]:
         """Answer one batch (the batcher's worker, or the loop for inline batches): distinct targets,
         one serving path (``path``, or the first of :attr:`paths` that accepts the batch), rows split
-        back per request."""
+        back per request. ``blocking=False`` (the loop's inline batches): raise
+        :class:`~serve.batcher.WouldBlock` instead of waiting for the live graph's read lock."""
         calls: list[PredictCall] = [it.payload for it in items]
         width = calls[0].sampling_width
         budget = calls[0].ppr_budget
@@ -897,7 +900,9 @@ class ModelRuntime:
             graph_version = 0
             path, o = self._run_path(path, targets, new_specs, width, budget, want_emb)
         else:  # one graph version for the whole batch (serve.live: an update waits for it)
-            graph_version = live.begin_read()
+            graph_version = live.begin_read(blocking)
+            if graph_version is None:  # an update holds or waits for the lock: the worker waits, not the loop
+                raise WouldBlock(f"{self.name}: the live graph is being updated")
             try:
                 # the path is chosen under the read lock too: a path's accepts() may allocate per-graph
                 # state (the activation cache's table of a new width), which an update must not interleave with
@@ -946,6 +951,10 @@ class ModelRuntime:
                 )
             )
         return out
+
+    def _process_inline(self, items: list[WorkItem]) -> list[PredictResult | BaseException]:
+        """:meth:`process` for a batch on the event loop: never waits for the live graph's lock."""
+        return self.process(items, blocking=False)
 
     # ------------------------------------------------------------------ pipeline stages
     def _subgraphs(self, targets: np.ndarray, new_specs: list, budget: int) -> SubgraphBatch:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from serve.batcher import DynamicBatcher
+from serve.batcher import DynamicBatcher, WouldBlock
 from serve.errors import DeadlineExceeded, Overloaded, Unavailable
 
 
@@ -221,3 +221,35 @@ async def test_small_batches_of_an_idle_batcher_run_on_the_loop():
     await b.stop()
     with pytest.raises(ValueError, match="inline_max_targets"):
         DynamicBatcher(process, inline_max_targets=-1)
+
+
+async def test_an_inline_batch_that_would_wait_runs_in_the_worker_and_the_loop_stays_free():
+    """``process_inline`` raising WouldBlock (the live graph's lock is wanted by an update): the same batch
+    runs in the worker, answered like any other; while the worker waits, the event loop keeps running."""
+    loop_thread = threading.get_ident()
+    gate = threading.Event()
+    ran: list[tuple[str, bool]] = []
+
+    def process(items):
+        gate.wait(10)  # the worker waits (as for the read lock) ...
+        ran.append(("worker", threading.get_ident() == loop_thread))
+        return [it.payload * 2 for it in items]
+
+    def process_inline(items):
+        if not gate.is_set():
+            raise WouldBlock("an update holds the lock")
+        ran.append(("inline", threading.get_ident() == loop_thread))
+        return [it.payload * 3 for it in items]
+
+    b = DynamicBatcher(process, max_batch_targets=100, inline_max_targets=8, process_inline=process_inline)
+    pending = asyncio.ensure_future(b.submit(5, size=1))
+    ticks = 0
+    for _ in range(20):  # ... and the loop is not held meanwhile
+        await asyncio.sleep(0.005)
+        ticks += 1
+    assert not pending.done() and ticks == 20 and b.batches_deferred == 1 and b.batches_inline == 0
+    gate.set()
+    assert await pending == 10 and ran == [("worker", False)]
+    assert await b.submit(7, size=1) == 21 and ran[-1] == ("inline", True)  # the lock free: inline again
+    assert (b.batches_inline, b.batches_deferred, b.batches_run) == (1, 1, 2)
+    await b.stop()

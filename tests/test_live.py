@@ -573,6 +573,32 @@ def test_concurrent_updates_are_grouped_and_each_validated(server, base_repo, ti
     assert info.num_nodes == ds.num_nodes
 
 
+def test_an_update_holding_the_lock_never_holds_the_event_loop(server):
+    """A small batch runs on the event loop; while an update holds the live graph's lock, it goes to the
+    worker instead of waiting on the loop: health checks and model listings still answer, and the request
+    is answered once the update is done."""
+    rt = server.server.registry.get("gcn")
+    live, batcher = rt.data.live, rt.batcher
+    with GnnClient(server.address) as c, GnnClient(server.address) as waiting:
+        first = c.predict("gcn", [1, 2])
+        assert batcher.batches_inline > 0  # the lock free: inline
+        deferred, out = batcher.batches_deferred, {}
+        with live.lock.write():  # an update being applied
+            th = threading.Thread(target=lambda: out.setdefault("r", waiting.predict("gcn", [1, 2], timeout=60)))
+            th.start()
+            t_end = time.monotonic() + 30
+            while batcher.batches_deferred == deferred:
+                assert time.monotonic() < t_end, "the batch never tried the lock"
+                time.sleep(0.005)
+            assert c.health(timeout=10) == "SERVING"  # the loop answers meanwhile
+            assert {m.name for m in c.list_models(timeout=10)} >= set(MODELS)
+            assert th.is_alive() and "r" not in out  # the request waits for the update, in the worker
+        th.join(30)
+    assert out["r"].graph_version == first.graph_version
+    np.testing.assert_array_equal(out["r"].labels, first.labels)
+    assert batcher.batches_deferred == deferred + 1
+
+
 def test_updates_waiting_for_the_writer_share_one_version(server, tiny_dataset):
     """Updates that arrive while the writer is busy are applied together: one version, one log record."""
     from clients._gen import gnnserve_pb2 as pb
