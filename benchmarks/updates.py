@@ -201,11 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from kernels.datasets import load_dataset, synthetic_sbm
+    from serve.registry import find_dataset
 
     if args.repo:
         repo = Path(args.repo)
-        cfg = json.loads((repo / args.model / "1" / "config.json").read_text())
-        ds = load_dataset(str(repo / "_data" / cfg["dataset"]["fingerprint"]))
+        ckpt = repo / args.model / "1"
+        meta = json.loads((ckpt / "config.json").read_text())["dataset"]
+        # where the server finds it: REPO/_data/<fingerprint> or the source the checkpoint recorded
+        ds = find_dataset(meta["fingerprint"], meta.get("source"), ckpt, repo=repo)
         name = repo.name
     else:
         if args.dataset:
