@@ -1,8 +1,9 @@
 """ES-SpMM against ``torch.sparse.mm`` on the same CSR and features, side by side in one run.
 
-For each graph and feature width F, one process times, interleaved round by round (so machine
-noise hits every variant alike), and reports, per variant, the median over rounds of the speedup
-``t(torch.sparse.mm) / t(variant)`` within the round (> 1 = faster than ``torch.sparse.mm``):
+For each graph and feature width F, one process times, interleaved round by round in an order that
+rotates each round (so machine noise and the place in the round hit every variant alike), and reports,
+per variant, the median over rounds of the speedup ``t(torch.sparse.mm) / t(variant)`` within the round
+(> 1 = faster than ``torch.sparse.mm``):
 
 * ``torch.sparse.mm(A, x)``: the baseline, ``A`` the graph's CSR built once (int32 indices, float32
   ones); MKL on CPU, cuSPARSE on CUDA;
@@ -448,9 +449,12 @@ def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[
     _sync(device)
     samples: dict[tuple[str, int], list[float]] = {k: [] for k in variants}
     host: dict[tuple[str, int], list[float]] = {k: [] for k in variants}
-    for _ in range(rounds):
-        for k, fn in variants.items():
-            dev_t, host_t = time_call2(fn, device, None, inner)
+    keys = list(variants)
+    for r in range(rounds):
+        # the order rotates round by round: a variant's place in the round moved its time by 5-10% (two
+        # names for the same code, Amazon Computers, 2026-11-26: 0.90x-0.94x for the one timed later)
+        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+            dev_t, host_t = time_call2(variants[k], device, None, inner)
             samples[k].append(dev_t)
             host[k].append(host_t)
     med = {k: statistics.median(v) for k, v in samples.items()}
