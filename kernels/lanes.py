@@ -7,7 +7,8 @@ LLVM IR with a vector type: one load, multiply and add per lane group, in the sc
 same bits). :mod:`kernels.fused_forward` sums its kept edges with it.
 
 The ES-SpMM CPU kernel (:mod:`kernels.spmm_cpu`) sums its groups of four rows with :func:`add4_rows`: the
-vectors for float32 rows of 8 to 127 features, LLVM's own loop otherwise. A first try (2026-11-26 morning)
+vectors for float32 rows of 8 to 127 features, LLVM's own loop otherwise; a row that is not a whole number
+of vectors ends with two overlapping ones (:func:`add4_lanes2`) instead of scalar columns. A first try (2026-11-26 morning)
 put the vectors into a kernel whose parallel copy was numba's ``prange`` over its rows; that copy ran
 0.36x-2.12x depending on F and on the loop around the call. The kernel's parallel copy is now a driver
 that calls the serial kernel, the same function, on ranges of rows (docs/BENCHMARKS.md, "the kernel's rows
@@ -20,11 +21,64 @@ from llvmlite import ir
 from numba import types as nbtypes
 from numba.extending import intrinsic, overload
 
-__all__ = ["LANE_BYTES", "ROWS_WIDE", "add4_lanes", "add4_rows"]
+__all__ = ["LANE_BYTES", "ROWS_WIDE", "add4_lanes", "add4_lanes2", "add4_rows"]
 
 #: the width of the hand-written vector sum (:func:`add4_lanes`): 32 bytes, eight float32 or four float64 (an
 #: AVX2 register; LLVM splits it on narrower targets)
 LANE_BYTES = 32
+
+
+def _lanes_types(arrays, ks, offs):
+    """The element type when every array is a contiguous, aligned 1-D array of one float type, ``arrays[0]``
+    (the output) writable, every weight of that type and every offset an integer; else None (no typing)."""
+    if not all(isinstance(a, nbtypes.Array) and a.ndim == 1 and a.layout == "C" and a.aligned for a in arrays):
+        return None
+    dt = arrays[0].dtype
+    if dt not in (nbtypes.float32, nbtypes.float64) or any(a.dtype != dt for a in arrays) or not arrays[0].mutable:
+        return None
+    if not all(isinstance(o, nbtypes.Integer) for o in offs) or any(k != dt for k in ks):
+        return None  # no silent conversion: a float64 weight rounded to float32 would change the sum
+    return dt
+
+
+def _add4(acc, xs, offs, ks):
+    """``(signature, codegen)`` of ``acc[o:o + L] += (k0 x0[..] + k1 x1[..]) + (k2 x2[..] + k3 x3[..])`` at each
+    offset ``o`` of ``offs`` (one or two), the arguments in the order ``acc, *xs, *offs, *ks``. Every load at
+    every offset comes before the first store, and the stores go in the order of ``offs``: two overlapping
+    vectors (a row's last full vector and the one ending at its last column) each compute the overlap from
+    the same values, so it is written with the scalar loop's bits and added once."""
+    dt = _lanes_types((acc, *xs), ks, offs)
+    if dt is None:
+        return None
+    sig = nbtypes.void(acc, *xs, *([nbtypes.intp] * len(offs)), *([dt] * len(ks)))
+    lanes = LANE_BYTES // (4 if dt == nbtypes.float32 else 8)
+    first_k = 1 + len(xs) + len(offs)
+
+    def codegen(context, builder, signature, args):
+        vt = ir.VectorType(context.get_value_type(dt), lanes)
+        at = dt.bitwidth // 8
+
+        def at_off(i, off):
+            data = context.make_array(signature.args[i])(context, builder, args[i]).data
+            return builder.bitcast(builder.gep(data, [off]), vt.as_pointer())
+
+        def splat(scalar):
+            one = builder.insert_element(ir.Constant(vt, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
+            return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
+                                          ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+
+        kv = [splat(args[first_k + i]) for i in range(4)]
+        sums = []
+        for off in args[1 + len(xs):first_k]:
+            target = at_off(0, off)
+            t = [builder.fmul(kv[i], builder.load(at_off(1 + i, off), align=at)) for i in range(4)]
+            total = builder.fadd(builder.fadd(t[0], t[1]), builder.fadd(t[2], t[3]))
+            sums.append((target, builder.fadd(builder.load(target, align=at), total)))
+        for target, value in sums:
+            builder.store(value, target, align=at)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @intrinsic
@@ -39,38 +93,13 @@ def add4_lanes(typingctx, acc, x0, x1, x2, x3, off, k0, k1, k2, k3):
     The same bits hold in callers compiled without ``fastmath``: numba's fast-math pass flags the inlined
     operations too, and LLVM then fuses them. numba's cache checks a function's own source file only, so
     an edit here does not recompile a cached caller: clear ``__pycache__`` (or ``NUMBA_CACHE_DIR``)."""
-    arrays = (acc, x0, x1, x2, x3)
-    if not all(isinstance(a, nbtypes.Array) and a.ndim == 1 and a.layout == "C" and a.aligned for a in arrays):
-        return None
-    dt = acc.dtype
-    if dt not in (nbtypes.float32, nbtypes.float64) or any(a.dtype != dt for a in arrays) or not acc.mutable:
-        return None
-    if not isinstance(off, nbtypes.Integer) or any(k != dt for k in (k0, k1, k2, k3)):
-        return None  # no silent conversion: a float64 weight rounded to float32 would change the sum
-    sig = nbtypes.void(acc, x0, x1, x2, x3, nbtypes.intp, dt, dt, dt, dt)
-    lanes = LANE_BYTES // (4 if dt == nbtypes.float32 else 8)
+    return _add4(acc, (x0, x1, x2, x3), (off,), (k0, k1, k2, k3))
 
-    def codegen(context, builder, signature, args):
-        vt = ir.VectorType(context.get_value_type(dt), lanes)
-        at = dt.bitwidth // 8
 
-        def at_off(value, ty):
-            data = context.make_array(ty)(context, builder, value).data
-            return builder.bitcast(builder.gep(data, [args[5]]), vt.as_pointer())
-
-        def splat(scalar):
-            one = builder.insert_element(ir.Constant(vt, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
-            return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
-                                          ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
-
-        xs = [builder.load(at_off(args[i], signature.args[i]), align=at) for i in range(1, 5)]
-        terms = [builder.fmul(splat(args[6 + i]), xs[i]) for i in range(4)]
-        total = builder.fadd(builder.fadd(terms[0], terms[1]), builder.fadd(terms[2], terms[3]))
-        target = at_off(args[0], signature.args[0])
-        builder.store(builder.fadd(builder.load(target, align=at), total), target, align=at)
-        return context.get_dummy_value()
-
-    return sig, codegen
+@intrinsic
+def add4_lanes2(typingctx, acc, x0, x1, x2, x3, off, off2, k0, k1, k2, k3):
+    """:func:`add4_lanes` at ``off`` and ``off2`` (which may overlap: both read before either is written)."""
+    return _add4(acc, (x0, x1, x2, x3), (off, off2), (k0, k1, k2, k3))
 
 
 #: from this many features :func:`add4_rows` leaves float32 rows to LLVM's loop (as it does rows shorter than one
@@ -84,20 +113,18 @@ ROWS_WIDE = 128
 def add4_rows(acc, x0, x1, x2, x3, k0, k1, k2, k3, n):  # pragma: no cover - the specification
     """``acc[c] += (k0 x0[c] + k1 x1[c]) + (k2 x2[c] + k3 x3[c])`` for ``c < n``, in that order (the same
     bits however it is computed). In numba code: float32 rows of one vector to :data:`ROWS_WIDE` features in
-    :func:`add4_lanes` vectors (four per step while 32 columns remain, then one, then scalar columns) where
-    ``add4_lanes`` types for the arguments (contiguous, aligned float32 rows, a writable ``acc``, float32
-    weights), any other row in a plain loop; ``n`` at most the rows' length."""
+    :func:`add4_lanes` vectors where they type for the arguments (contiguous, aligned float32 rows, a
+    writable ``acc``, float32 weights), any other row in a plain loop; ``n`` at most the rows' length. The
+    vectors: four per step, then one, and a row that is not a whole number of vectors ends with the pair of
+    its last full vector and the one ending at column ``n`` (:func:`add4_lanes2`), so no column is scalar."""
     for c in range(n):
         acc[c] += (k0 * x0[c] + k1 * x1[c]) + (k2 * x2[c] + k3 * x3[c])
 
 
 def _takes_lanes(acc, xs, ks) -> bool:
-    """Whether :func:`add4_lanes` types for these numba types with float32 rows (what :func:`add4_rows`
-    vectorises); anything else takes the plain loop rather than failing to type."""
-    arrays = (acc, *xs)
-    return (all(isinstance(a, nbtypes.Array) and a.ndim == 1 and a.layout == "C" and a.aligned
-                and a.dtype == nbtypes.float32 for a in arrays)
-            and acc.mutable and all(k == nbtypes.float32 for k in ks))
+    """Whether the lane operations type for these numba types with float32 rows (what the ``*_rows`` helpers
+    vectorise); anything else takes the plain loop rather than failing to type."""
+    return _lanes_types((acc, *xs), ks, ()) == nbtypes.float32
 
 
 @overload(add4_rows, inline="always")
@@ -111,18 +138,19 @@ def _add4_rows_numba(acc, x0, x1, x2, x3, k0, k1, k2, k3, n):
                 for c in range(n):
                     acc[c] += (k0 * x0[c] + k1 * x1[c]) + (k2 * x2[c] + k3 * x3[c])
                 return
+            whole = n if n % lw == 0 else n - n % lw - lw  # the pair takes the last full vector
             c = 0
-            while c + 4 * lw <= n:
+            while c + 4 * lw <= whole:
                 add4_lanes(acc, x0, x1, x2, x3, c, k0, k1, k2, k3)
                 add4_lanes(acc, x0, x1, x2, x3, c + lw, k0, k1, k2, k3)
                 add4_lanes(acc, x0, x1, x2, x3, c + 2 * lw, k0, k1, k2, k3)
                 add4_lanes(acc, x0, x1, x2, x3, c + 3 * lw, k0, k1, k2, k3)
                 c += 4 * lw
-            while c + lw <= n:
+            while c < whole:
                 add4_lanes(acc, x0, x1, x2, x3, c, k0, k1, k2, k3)
                 c += lw
-            for cc in range(c, n):
-                acc[cc] += (k0 * x0[cc] + k1 * x1[cc]) + (k2 * x2[cc] + k3 * x3[cc])
+            if c < n:
+                add4_lanes2(acc, x0, x1, x2, x3, c, n - lw, k0, k1, k2, k3)
 
         return vectors
 

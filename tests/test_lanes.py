@@ -6,7 +6,7 @@ import numba
 import numpy as np
 import pytest
 
-from kernels.lanes import LANE_BYTES, ROWS_WIDE, _add4_rows_numba, add4_lanes, add4_rows
+from kernels.lanes import LANE_BYTES, ROWS_WIDE, _add4_rows_numba, add4_lanes, add4_lanes2, add4_rows
 
 
 @numba.njit
@@ -120,3 +120,25 @@ def test_add4_rows_sums_strided_rows_in_the_plain_loop():
     _rows_sum(got, xs, ks, 20)
     want = np.ones(20, np.float32) + ((ks[0] * xs[0] + ks[1] * xs[1]) + (ks[2] * xs[2] + ks[3] * xs[3]))
     assert np.array_equal(got, want)
+
+
+@numba.njit
+def _lanes_pair(acc, xs, ks, off, off2):  # pragma: no cover - compiled
+    add4_lanes2(acc, xs[0], xs[1], xs[2], xs[3], off, off2, ks[0], ks[1], ks[2], ks[3])
+
+
+@pytest.mark.parametrize("off2", [0, 2, 7, 8, 12])
+def test_a_pair_of_vectors_adds_every_column_once(off2):
+    """add4_lanes2 at 0 and ``off2``: both read before either is written, so the columns two overlapping
+    vectors share are added once, with the scalar sum's bits; columns outside both are untouched."""
+    rng = np.random.default_rng(off2)
+    xs = rng.standard_normal((4, 24)).astype(np.float32) * 100
+    ks = rng.standard_normal(4).astype(np.float32)
+    acc = rng.standard_normal(24).astype(np.float32)
+    cover = np.zeros(24, bool)
+    cover[0:8] = cover[off2:off2 + 8] = True
+    want = acc.copy()
+    want[cover] += ((ks[0] * xs[0] + ks[1] * xs[1]) + (ks[2] * xs[2] + ks[3] * xs[3]))[cover]
+    got = acc.copy()
+    _lanes_pair(got, xs, ks, 0, off2)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
