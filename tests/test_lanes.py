@@ -77,8 +77,8 @@ def _rows_sum(acc, xs, ks, n):  # pragma: no cover - compiled
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("f", [1, 7, 8, 10, 31, 32, 33, 40, 64, 100, ROWS_WIDE - 1, ROWS_WIDE, 300])
 def test_add4_rows_gives_the_scalar_sums_bits(dtype, f):
-    """kernels.lanes.add4_rows, the ES-SpMM kernel's group sum: four vectors per step, one, then scalar columns
-    (float32 under ROWS_WIDE features), LLVM's loop otherwise; the bits of NumPy's sum in every case, and
+    """kernels.lanes.add4_rows, the ES-SpMM kernel's group sum: four vectors per step, one, then an overlapping
+    pair for the last columns (float32 under ROWS_WIDE features), LLVM's loop otherwise; the bits of NumPy's sum in every case, and
     only the first ``n`` columns written."""
     rng = np.random.default_rng(1000 + f)
     xs = (rng.standard_normal((4, f + 3)) * 1e3).astype(dtype)
