@@ -31,6 +31,8 @@ loop (:mod:`serve.batcher`), where the torch path's per-operation cost dominates
 default, each of ``--processes N`` its share) and spins between calls (docs/BENCHMARKS.md, 2026-11-26).
 """
 
+# numba cache key: lanes 8f1d7687c6e5, plan 95c022ccd0f3, spmm_cpu 1f5abbfac9fa
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -15,6 +15,8 @@ users import (it re-exports these names). Here:
 The on-disk index of every node's list is :mod:`kernels.ppr_index`.
 """
 
+# numba cache key: subgraph 3dfab2b48305
+
 from __future__ import annotations
 
 import hashlib

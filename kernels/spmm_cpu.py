@@ -43,6 +43,8 @@ path up to rounding (tests compare them on random graphs). The result does not d
 thread count: a row is always one thread's work.
 """
 
+# numba cache key: lanes 8f1d7687c6e5
+
 from __future__ import annotations
 
 import numba
