@@ -37,11 +37,13 @@
 #   bash benchmarks/gpu_session.sh paper          # the ES-SpMM paper's experiment, CUDA events
 #   bash benchmarks/gpu_session.sh ceiling        # ceiling.py on its cores: CPU servers, GPU servers beside PyG twins
 #   bash benchmarks/gpu_session.sh throughput     # serve.py --quick --device cuda: floor, knobs, PyG twin
+#   bash benchmarks/gpu_session.sh inline         # inline.py --device cuda: batches on the event loop off, 8 (the GPU
+#                                                 # default), 64 and 256, single-node clients at 1 and 16
 #
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|more|fused|tuning|verify|ab|shadow|tune|kerneltests|sanitize|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput"}
+step=${1:?"usage: $0 prepare|core|scale|more|fused|tuning|verify|ab|shadow|tune|kerneltests|sanitize|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput|inline"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
@@ -177,6 +179,13 @@ step_throughput() {
     timeout "$1" python3 benchmarks/serve.py --quick --device cuda --data-dir "$data" --cache-dir /tmp/gpu-cache \
         ${SERVE_FLAGS:-} | tee "$OUT/${OUT_NAME:-throughput}.md" | tail -60
 }
+step_inline() {  # the GPU's inline bound (serve.runtime.INLINE_MAX_TARGETS["cuda"] = 8) was set without a GPU
+    rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
+    timeout "$1" python3 benchmarks/inline.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
+        --models "${MODELS:-gcn,shadow-gcn}" --device cuda \
+        --inline "${INLINE:-0,8,64,256}" --concurrency "${CONC:-1,16}" --seconds 3 --rounds "${ROUNDS:-2}" \
+        | tee "$OUT/inline.md" | tail -40
+}
 # a composite's part: a failure or a timeout is reported and the next part still runs
 part() {
     local name=$1 limit=$2 t0=$SECONDS rc=0
@@ -186,7 +195,7 @@ part() {
 }
 
 case "$step" in
-tests|kerneltests|sanitize|kernels|tune|reddit|serving|onenode|coldstart|paper|ceiling|throughput)
+tests|kerneltests|sanitize|kernels|tune|reddit|serving|onenode|coldstart|paper|ceiling|throughput|inline)
     "step_$step" 570
     ;;
 core)

@@ -67,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inline", default="0,8,256",
                     help="comma-separated inline_max_targets, one server each per round (0 = off; 256 is the CPU "
                          "default, serve.runtime.INLINE_MAX_TARGETS)")
+    ap.add_argument("--data", action="append", default=[],
+                    help="a dataset file the checkpoints were trained on, where the path they recorded does not exist "
+                         "(a lent GPU machine); repeatable")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="the models' device (cuda: the default inline bound there is 8, unmeasured before this option)")
     args = ap.parse_args(argv)
     values = [int(v) for v in args.inline.split(",") if v.strip()]
 
@@ -76,15 +81,17 @@ def main(argv: list[str] | None = None) -> int:
     print("## Inline batches on and off (`benchmarks/inline.py`)\n")
     print(f"`python benchmarks/inline.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
     print(f"{datetime.date.today()}, {platform.machine()}, {len(os.sched_getaffinity(0))} CPUs, load average "
-          f"{os.getloadavg()[0]:.1f} at the start; single-node requests for {args.seconds:g} s per cell\n")
+          f"{os.getloadavg()[0]:.1f} at the start; device {args.device}; single-node requests for {args.seconds:g} s "
+          "per cell\n")
     print("| model | clients | round | inline max targets | nodes/s | p50 ms | p99 ms | mean batch |")
     print("|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         for conc in [int(c) for c in args.concurrency.split(",") if c]:
             for rnd in range(args.rounds):
                 for inline in values[rnd % len(values):] + values[:rnd % len(values)]:  # rotated: drift falls on all
-                    cfg = ServerConfig(repo=args.repo, port=0, poll_s=0,
-                                       runtime=RuntimeOptions(warm_projections=True, inline_max_targets=inline))
+                    cfg = ServerConfig(repo=args.repo, port=0, poll_s=0, data_paths=args.data,
+                                       runtime=RuntimeOptions(warm_projections=True, inline_max_targets=inline,
+                                                              device=args.device))
                     with BackgroundServer(cfg) as srv:
                         n = srv.server.registry.get(model).graph.num_nodes
                         out = subprocess.run([sys.executable, "-c", CLIENT, srv.address, model, str(conc),
