@@ -14,27 +14,57 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _changed_since(rev: str, name: str) -> bool:
-    """Whether ``kernels/<name>.py`` differs between ``rev`` and this working tree."""
-    return subprocess.run(["git", "diff", "--quiet", rev, "--", f"kernels/{name}.py"], cwd=REPO).returncode != 0
+_SOURCES: dict[tuple[str, str], str | None] = {}
+_LOADED: dict[tuple[str, str], Any] = {}
+
+
+def _source_at(rev: str, name: str) -> str | None:
+    """``kernels/<name>.py`` at ``rev`` (None where it does not exist there)."""
+    if (rev, name) not in _SOURCES:
+        got = subprocess.run(["git", "show", "--end-of-options", f"{rev}:kernels/{name}.py"], cwd=REPO,
+                             capture_output=True, text=True)
+        _SOURCES[rev, name] = got.stdout if got.returncode == 0 else None
+    return _SOURCES[rev, name]
+
+
+def _relative_imports(source: str) -> set[str]:
+    return set(re.findall(r"^\s*from \.(\w+) import", source, flags=re.M))
+
+
+def _runs_other_code(rev: str, name: str, numba_mods: set[str], seen: frozenset[str] = frozenset()) -> bool:
+    """Whether numba module ``name`` at ``rev`` differs from this tree's, itself or through a numba module it
+    imports (its compiled code holds theirs)."""
+    source = _source_at(rev, name)
+    if source is None or name in seen:
+        return False
+    if source != (REPO / "kernels" / f"{name}.py").read_text():
+        return True
+    return any(_runs_other_code(rev, d, numba_mods, seen | {name}) for d in _relative_imports(source) & numba_mods)
 
 
 def kernels_module_at(rev: str, name: str, workdir: Path) -> Any:
     """``kernels/<name>.py`` at git revision ``rev``, imported as ``kernels._<name>_at_base`` from a copy in
-    ``workdir``. Its relative imports resolve to this tree's ``kernels``, except a module it imports that has
-    changed since ``rev`` as well (``kernels/lanes.py`` beside the kernel that calls it): that one is loaded at
-    ``rev`` too, the same way, so the base runs the base's code throughout (an edit of a helper alone would
-    otherwise reach both sides). numba compiles it afresh, so time it after a first call. Exits with git's
-    message when the revision or file does not exist."""
-    got = subprocess.run(["git", "show", "--end-of-options", f"{rev}:kernels/{name}.py"], cwd=REPO, capture_output=True,
-                         text=True)
-    if got.returncode != 0:
+    ``workdir`` (once per revision and module). Its relative imports resolve to this tree's ``kernels``, except
+    the modules defining numba code (:func:`kernels.cache_key.numba_modules`) whose code at ``rev`` differs from
+    this tree's, themselves or through theirs: those are loaded at ``rev`` too, the same way, so the base runs
+    the base's compiled code throughout (``kernels/lanes.py`` beside the kernel that calls it; an edit of a
+    helper alone would otherwise reach both sides). Plain modules (``graph``, ``spmm``) stay this tree's, so
+    the objects a benchmark hands in are of the classes the base's code sees. numba compiles it afresh, so time
+    it after a first call. Exits with git's message when the revision or file does not exist."""
+    if (rev, name) in _LOADED:
+        return _LOADED[rev, name]
+    from kernels.cache_key import numba_modules
+
+    source = _source_at(rev, name)
+    if source is None:
+        got = subprocess.run(["git", "show", "--end-of-options", f"{rev}:kernels/{name}.py"], cwd=REPO,
+                             capture_output=True, text=True)
         raise SystemExit(f"--base {rev}: {got.stderr.strip()}")
-    source = got.stdout
-    for dep in sorted(set(re.findall(r"^from \.(\w+) import", source, flags=re.M))):
-        if (REPO / "kernels" / f"{dep}.py").is_file() and _changed_since(rev, dep):
+    numba_mods = numba_modules()
+    for dep in sorted(_relative_imports(source) & numba_mods - {name}):
+        if _runs_other_code(rev, dep, numba_mods):
             kernels_module_at(rev, dep, workdir)
-            source = re.sub(rf"^from \.{dep} import", f"from ._{dep}_at_base import", source, flags=re.M)
+            source = re.sub(rf"^(\s*)from \.{dep} import", rf"\1from ._{dep}_at_base import", source, flags=re.M)
     path = workdir / f"{name}_at_base.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(f"kernels._{name}_at_base", path)
@@ -47,4 +77,5 @@ def kernels_module_at(rev: str, name: str, workdir: Path) -> Any:
         del sys.modules[spec.name]
         raise SystemExit(f"--base {rev}: kernels/{name}.py of that revision does not load beside this tree: "
                          f"{type(exc).__name__}: {exc}") from exc
+    _LOADED[rev, name] = module
     return module

@@ -451,9 +451,10 @@ def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[
     host: dict[tuple[str, int], list[float]] = {k: [] for k in variants}
     keys = list(variants)
     for r in range(rounds):
-        # the order rotates round by round: a variant's place in the round moved its time by 5-10% (two
-        # names for the same code, Amazon Computers, 2026-11-26: 0.90x-0.94x for the one timed later)
-        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+        # the order rotates round by round, and runs backwards every other cycle of rotations, so that a
+        # variant's place in the round and the variant before it vary
+        order = keys[r % len(keys):] + keys[:r % len(keys)]
+        for k in (order[::-1] if (r // len(keys)) % 2 else order):
             dev_t, host_t = time_call2(variants[k], device, None, inner)
             samples[k].append(dev_t)
             host[k].append(host_t)

@@ -5,15 +5,16 @@ from another module (``kernels.lanes``' vector sums, ``kernels.spmm_cpu``'s walk
 cached machine code, so after an edit of the helper alone the cached kernel keeps running the old helper:
 on 2026-11-26 an A/B timed a cached ES-SpMM kernel that still had the previous ``kernels.lanes`` sum.
 
-So each ``kernels`` module that caches compiled code (``cache=True``) and imports from a module defining numba
-code carries one line naming the content digests of those modules::
+So each ``kernels`` module that defines numba code carries one line naming the content digests of every other
+module defining numba code that it reaches through its imports (any import form, directly, through a chain or
+through a module that re-exports), each digest taken without that module's own key line::
 
     # numba cache key: lanes 3f2a9c01d4e5, spmm_cpu 9b1c77a0e2f3
 
-An edit of a helper changes its digest; ``tests/test_cache_key.py`` fails until the line is rewritten
-(``python -m kernels.cache_key --write``), and the rewritten line changes the dependent file, which numba then
-compiles afresh. A digest covers the whole file, its own line included, so the rule carries through chains
-(``fused_forward`` -> ``plan`` -> ``spmm_cpu`` -> ``lanes``).
+An edit of a helper changes its digest; ``tests/test_cache_key.py`` fails until the lines are rewritten
+(``python -m kernels.cache_key --write``), and a rewritten line changes its file, which numba then compiles
+afresh. The rule covers imports and numba's decorators as the source spells them; code that reaches a module
+some other way (``importlib``, a function handed in at run time) is not seen.
 """
 
 from __future__ import annotations
@@ -29,9 +30,14 @@ __all__ = ["KEY_PREFIX", "expected_line", "numba_deps", "numba_modules", "stale"
 
 KERNELS = Path(__file__).resolve().parent
 KEY_PREFIX = "# numba cache key:"
-_DEFINES_NUMBA = re.compile(r"^@(numba\.)?(njit|jit|generated_jit|vectorize|guvectorize)\b|^@(intrinsic|overload|"
-                            r"register_jitable)\b", re.M)
+_DEFINES_NUMBA = re.compile(r"^\s*@(?:\w+\.)*(njit|jit|generated_jit|vectorize|guvectorize|cfunc|stencil|intrinsic|"
+                            r"overload|overload_method|overload_attribute|register_jitable)\b", re.M)
 _KEY_LINE = re.compile(rf"^{re.escape(KEY_PREFIX)}.*$", re.M)
+_KEY_BLOCK = re.compile(rf"^{re.escape(KEY_PREFIX)}.*\n\n?", re.M)  # the line and the blank line write() puts after it
+
+
+def _text(name: str, root: Path) -> str:
+    return (root / f"{name}.py").read_text()
 
 
 def numba_modules(root: Path = KERNELS) -> set[str]:
@@ -39,80 +45,83 @@ def numba_modules(root: Path = KERNELS) -> set[str]:
     return {p.stem for p in root.glob("*.py") if _DEFINES_NUMBA.search(p.read_text())}
 
 
+def _imports(name: str, root: Path) -> set[str]:
+    """The modules of ``root`` that ``name`` imports, at any depth of the file and in any form (``from .x
+    import``, ``from . import x``, ``import kernels.x``, ``from kernels.x import``, ``from kernels import x``)."""
+    pkg = root.name
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(_text(name, root))):
+        if isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level == 1 or (node.level == 0 and (mod == pkg or mod.startswith(f"{pkg}."))):
+                sub = mod[len(pkg):].lstrip(".") if node.level == 0 else mod
+                found |= {sub.split(".")[0]} if sub else {a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith(f"{pkg}.")}
+    return {m for m in found if (root / f"{m}.py").is_file()} - {name}
+
+
 def numba_deps(name: str, root: Path = KERNELS) -> list[str]:
-    """The modules defining numba code that ``name`` imports from (``from .mod import ...``, at any depth of
-    the file), sorted; none when ``name`` caches no compiled code of its own (``cache=True``)."""
-    text = (root / f"{name}.py").read_text()
-    if "cache=True" not in text:
+    """The modules defining numba code whose code ``name``'s compiled code may hold: every such module it
+    reaches through imports, directly or through other modules (a chain, a re-export), sorted; none when
+    ``name`` defines no numba code itself."""
+    numba_mods = numba_modules(root)
+    if name not in numba_mods:
         return []
-    tree = ast.parse(text)
-    found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
-    return sorted((found & numba_modules(root)) - {name})
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for dep in _imports(todo.pop(), root):
+            if dep not in seen and dep != name:
+                seen.add(dep)
+                todo.append(dep)
+    return sorted(seen & numba_mods)
 
 
 def _digest(name: str, root: Path) -> str:
-    return hashlib.sha256((root / f"{name}.py").read_bytes()).hexdigest()[:12]
+    """The digest of a module's code without its own key line (the closure is listed in full, so no digest
+    needs another's: no order, and a cycle is harmless)."""
+    return hashlib.sha256(_KEY_BLOCK.sub("", _text(name, root)).encode()).hexdigest()[:12]
 
 
 def expected_line(name: str, root: Path = KERNELS) -> str | None:
-    """The key line ``name`` must carry, or None when it imports no numba code."""
+    """The key line ``name`` must carry, or None when it holds no other module's numba code."""
     deps = numba_deps(name, root)
     if not deps:
         return None
     return f"{KEY_PREFIX} " + ", ".join(f"{d} {_digest(d, root)}" for d in deps)
 
 
-def _order(root: Path) -> list[str]:
-    """Every module, each after the numba modules it imports (their lines are written first)."""
-    done: list[str] = []
-    visiting: set[str] = set()
-
-    def visit(name: str) -> None:
-        if name in done:
-            return
-        if name in visiting:
-            raise RuntimeError(f"kernels.{name} imports numba code in a cycle: no key line can be stable")
-        visiting.add(name)
-        for dep in numba_deps(name, root):
-            visit(dep)
-        visiting.discard(name)
-        done.append(name)
-
-    for p in sorted(root.glob("*.py")):
-        visit(p.stem)
-    return done
-
-
 def stale(root: Path = KERNELS) -> list[str]:
     """One message per module whose key line is missing, wrong or not needed."""
     out = []
-    for name in _order(root):
-        text = (root / f"{name}.py").read_text()
-        have = _KEY_LINE.findall(text)
+    for path in sorted(root.glob("*.py")):
+        name = path.stem
+        have = _KEY_LINE.findall(path.read_text())
         want = expected_line(name, root)
         if want is None and have:
-            out.append(f"kernels/{name}.py: has {have[0]!r} but imports no numba code")
+            out.append(f"kernels/{name}.py: has {have[0]!r} but holds no other module's numba code")
         elif want is not None and have != [want]:
             out.append(f"kernels/{name}.py: wants {want!r}, has {have or 'no key line'}")
     return out
 
 
 def write(root: Path = KERNELS) -> list[str]:
-    """Rewrite every key line (helpers first, so a chain settles in one pass); returns the modules changed.
-    A new line goes just before ``from __future__ import annotations`` (or at the top), outside the import block."""
+    """Rewrite every key line; returns the modules changed. A new line goes just before ``from __future__
+    import annotations`` (or at the top), outside the import block."""
     changed = []
-    for name in _order(root):
-        path = root / f"{name}.py"
+    for path in sorted(root.glob("*.py")):
+        name = path.stem
         text = path.read_text()
         want = expected_line(name, root)
         if want is None:
-            new = _KEY_LINE.sub("", text).replace("\n\n\n\n", "\n\n\n") if _KEY_LINE.search(text) else text
+            new = _KEY_BLOCK.sub("", text)
         elif _KEY_LINE.search(text):
             new = _KEY_LINE.sub(want, text, count=1)
         elif "from __future__ import annotations\n" in text:
             new = text.replace("from __future__ import annotations\n", f"{want}\n\nfrom __future__ import annotations\n", 1)
         else:
-            new = f"{want}\n{text}"
+            new = f"{want}\n\n{text}"
         if new != text:
             path.write_text(new)
             changed.append(name)

@@ -92,8 +92,8 @@ def add4_lanes(typingctx, acc, x0, x1, x2, x3, off, k0, k1, k2, k3):
 
     The same bits hold in callers compiled without ``fastmath``: numba's fast-math pass flags the inlined
     operations too, and LLVM then fuses them. numba's cache checks a function's own source file only, so
-    an edit here reaches a cached caller through the digest line the caller carries (:mod:`kernels.cache_key`:
-    ``python -m kernels.cache_key --write``, held by a test)."""
+    an edit here reaches a cached caller only through the digest line the caller carries, once
+    ``python -m kernels.cache_key --write`` has rewritten it (:mod:`kernels.cache_key`; a test fails until then)."""
     return _add4(acc, (x0, x1, x2, x3), (off,), (k0, k1, k2, k3))
 
 

@@ -43,7 +43,7 @@ path up to rounding (tests compare them on random graphs). The result does not d
 thread count: a row is always one thread's work.
 """
 
-# numba cache key: lanes 8f1d7687c6e5
+# numba cache key: lanes 4f34d0e8384f
 
 from __future__ import annotations
 

@@ -17,8 +17,6 @@ interpreter, for up to 175 ms at a time in a measurement, which requests would w
 numba cache it takes about 0.3 s; with an empty one, seconds (once per install).
 """
 
-# numba cache key: graph_edit 872b53488605, plan 95c022ccd0f3, ppr_live 9bc3412aab02
-
 from __future__ import annotations
 
 import logging

@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 
 class WouldBlock(Exception):
     """Raised by a ``process_inline`` that cannot start its batch without waiting; the batcher runs the
-    batch in its worker instead. Never reaches a caller."""
+    batch in its worker instead (with ``process``, which waits rather than raise it: raised there, it would
+    fail the batch's items like any other exception)."""
 
 
 @dataclass(eq=False)

@@ -120,7 +120,10 @@ class CacheCollector:
     * ``gnnserve_cache_rows{model, version, cache}``: rows held;
     * ``gnnserve_cache_bytes{model, version, cache}``: memory of the tables allocated;
     * ``gnnserve_serving_path_switched_off{model, version, path}``: 1 for an opt-in serving path a
-      failed batch switched off (``ModelRuntime.switched_off``; its batches take the next path).
+      failed batch switched off (``ModelRuntime.switched_off``; its batches take the next path);
+    * ``gnnserve_batches_total{model, version, where}``: batches run, ``where`` ``inline`` (on the event
+      loop) or ``worker``; ``deferred`` counts the batches among the worker's that were due inline but would
+      have waited for the live graph's lock (``DynamicBatcher.batches_deferred``).
 
     ``cache`` is ``projection`` (first-layer projections), ``projection_cpu`` (a GPU model's CPU
     copy) or ``activation`` (a plain model's first-layer output per width). ``snapshot`` returns
@@ -131,7 +134,8 @@ class CacheCollector:
         self._snapshot = snapshot
         registry.register(self)
 
-    def _families(self) -> tuple[CounterMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    def _families(self) -> tuple[CounterMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily,
+                                 CounterMetricFamily]:
         labels = ["model", "version", "cache"]
         return (CounterMetricFamily("gnnserve_cache_lookups", "Rows looked up in a per-node cache, by result",
                                     labels=[*labels, "result"]),
@@ -139,13 +143,16 @@ class CacheCollector:
                 GaugeMetricFamily("gnnserve_cache_bytes", "Memory of a per-node cache's tables", labels=labels),
                 GaugeMetricFamily("gnnserve_serving_path_switched_off",
                                   "1: an opt-in serving path a failed batch switched off", labels=["model", "version",
-                                                                                                  "path"]))
+                                                                                                  "path"]),
+                CounterMetricFamily("gnnserve_batches", "Batches run, by where: on the event loop (inline), in the "
+                                    "model's worker, and of those deferred (due inline, the live graph's lock wanted)",
+                                    labels=["model", "version", "where"]))
 
     def describe(self) -> list[Any]:
         return list(self._families())
 
     def collect(self) -> Iterator[Any]:
-        lookups, rows, nbytes, off = self._families()
+        lookups, rows, nbytes, off, batches = self._families()
         for name, versions in sorted(self._snapshot().items()):
             for version, rt in sorted(versions.items()):
                 for cache, st in rt.cache_stats().items():
@@ -156,7 +163,13 @@ class CacheCollector:
                     nbytes.add_metric(key, st["bytes"])
                 for path in getattr(rt, "switched_off", ()):
                     off.add_metric([name, str(version), path], 1)
-        yield from (lookups, rows, nbytes, off)
+                b = getattr(rt, "batcher", None)
+                if b is not None:
+                    inline, deferred = b.batches_inline, b.batches_deferred
+                    batches.add_metric([name, str(version), "inline"], inline)
+                    batches.add_metric([name, str(version), "worker"], max(0, b.batches_run - inline))
+                    batches.add_metric([name, str(version), "deferred"], deferred)
+        yield from (lookups, rows, nbytes, off, batches)
 
 
 class ServerMetrics:

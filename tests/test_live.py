@@ -580,8 +580,9 @@ def test_an_update_holding_the_lock_never_holds_the_event_loop(server):
     rt = server.server.registry.get("gcn")
     live, batcher = rt.data.live, rt.batcher
     with GnnClient(server.address) as c, GnnClient(server.address) as waiting:
+        inline = batcher.batches_inline
         first = c.predict("gcn", [1, 2])
-        assert batcher.batches_inline > 0  # the lock free: inline
+        assert batcher.batches_inline == inline + 1  # the lock free: this batch ran inline
         deferred, out = batcher.batches_deferred, {}
         with live.lock.write():  # an update being applied
             th = threading.Thread(target=lambda: out.setdefault("r", waiting.predict("gcn", [1, 2], timeout=60)))
@@ -596,7 +597,12 @@ def test_an_update_holding_the_lock_never_holds_the_event_loop(server):
         th.join(30)
     assert out["r"].graph_version == first.graph_version
     np.testing.assert_array_equal(out["r"].labels, first.labels)
-    assert batcher.batches_deferred == deferred + 1
+    assert batcher.batches_deferred == deferred + 1 and batcher.batches_inline == inline + 1
+    from prometheus_client import generate_latest
+
+    scraped = generate_latest(server.server.metrics.registry).decode()
+    assert f'gnnserve_batches_total{{model="gcn",version="1",where="deferred"}} {deferred + 1}.0' in scraped
+    assert f'gnnserve_batches_total{{model="gcn",version="1",where="inline"}} {inline + 1}.0' in scraped
 
 
 def test_updates_waiting_for_the_writer_share_one_version(server, tiny_dataset):
