@@ -29,7 +29,9 @@ How it is fast (each measured against the previous version on Amazon Computers, 
   is 1 (a ``sum`` row that keeps all its edges) is not rescaled. A float32 group of 8 to 127
   features is summed in explicit 32-byte vectors (:func:`kernels.lanes.add4_rows`, the same bits):
   LLVM's own vector loop needs 64 elements, so rows of 10 to 64 features ran scalar code. numba's
-  cache follows this file only: after an edit of ``kernels/lanes.py``, clear ``kernels/__pycache__``.
+  cache follows this file only: the line ``# numba cache key`` above the imports names the digest of
+  ``kernels/lanes.py`` (:mod:`kernels.cache_key`), so an edit there recompiles this kernel once the line
+  is rewritten.
 * **parallel over rows** in ranges dealt out round-robin (:func:`_kernel_parallel`: thread ``t`` takes
   ranges ``t``, ``t + T``, ...), so a degree-skewed stretch of the graph falls on every thread, on
   ``min(torch's, numba's)`` thread count (:func:`kernel_threads`); each range is the serial kernel

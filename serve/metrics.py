@@ -113,7 +113,8 @@ class LightHistogram:
 
 
 class CacheCollector:
-    """The per-node caches of every served model version, read when ``/metrics`` is scraped:
+    """The per-node caches and the batch counts of every served model version, read when ``/metrics`` is
+    scraped:
 
     * ``gnnserve_cache_lookups_total{model, version, cache, result}``: rows looked up, ``result``
       ``hit`` or ``miss`` (computed and stored);
