@@ -14,17 +14,22 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 
 
-_SOURCES: dict[tuple[str, str], str | None] = {}
+_SHOWN: dict[tuple[str, str], subprocess.CompletedProcess[str]] = {}
 _LOADED: dict[tuple[str, str], Any] = {}
+
+
+def _show(rev: str, name: str) -> subprocess.CompletedProcess[str]:
+    """``git show rev:kernels/<name>.py``, once per revision and module."""
+    if (rev, name) not in _SHOWN:
+        _SHOWN[rev, name] = subprocess.run(["git", "show", "--end-of-options", f"{rev}:kernels/{name}.py"], cwd=REPO,
+                                           capture_output=True, text=True)
+    return _SHOWN[rev, name]
 
 
 def _source_at(rev: str, name: str) -> str | None:
     """``kernels/<name>.py`` at ``rev`` (None where it does not exist there)."""
-    if (rev, name) not in _SOURCES:
-        got = subprocess.run(["git", "show", "--end-of-options", f"{rev}:kernels/{name}.py"], cwd=REPO,
-                             capture_output=True, text=True)
-        _SOURCES[rev, name] = got.stdout if got.returncode == 0 else None
-    return _SOURCES[rev, name]
+    got = _show(rev, name)
+    return got.stdout if got.returncode == 0 else None
 
 
 def _relative_imports(source: str) -> set[str]:
@@ -57,9 +62,7 @@ def kernels_module_at(rev: str, name: str, workdir: Path) -> Any:
 
     source = _source_at(rev, name)
     if source is None:
-        got = subprocess.run(["git", "show", "--end-of-options", f"{rev}:kernels/{name}.py"], cwd=REPO,
-                             capture_output=True, text=True)
-        raise SystemExit(f"--base {rev}: {got.stderr.strip()}")
+        raise SystemExit(f"--base {rev}: {_show(rev, name).stderr.strip()}")
     numba_mods = numba_modules()
     for dep in sorted(_relative_imports(source) & numba_mods - {name}):
         if _runs_other_code(rev, dep, numba_mods):

@@ -115,7 +115,8 @@ class DynamicBatcher:
         self.max_queue_work = math.inf if max_queue_work is None else max_queue_work
         self._queued_work = 0
         self.batches_inline = 0
-        self.batches_deferred = 0  # inline batches that refused (WouldBlock) and ran in the executor
+        self.batches_worker = 0  # batches sent to the executor (each counter only grows: /metrics reads them)
+        self.batches_deferred = 0  # of those, batches due inline that refused (WouldBlock)
         self._process = process
         self._process_inline = process if process_inline is None else process_inline
         self.max_batch_targets = max_batch_targets
@@ -275,13 +276,15 @@ class DynamicBatcher:
                           and sum(it.work for it in batch) <= self.inline_max_work)
                 if inline:
                     try:
-                        self.batches_inline += 1
                         results = self._process_inline(batch)
                     except WouldBlock:
-                        self.batches_inline -= 1
                         self.batches_deferred += 1
                         inline = False
+                    finally:  # counted once it ran (a failure included), never counted and taken back
+                        if inline:
+                            self.batches_inline += 1
                 if not inline:
+                    self.batches_worker += 1
                     results = await loop.run_in_executor(self._executor, self._process, batch)
             except Exception as exc:  # the whole batch failed: fail exactly its items
                 for it in batch:

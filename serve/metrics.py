@@ -166,10 +166,9 @@ class CacheCollector:
                     off.add_metric([name, str(version), path], 1)
                 b = getattr(rt, "batcher", None)
                 if b is not None:
-                    inline, deferred = b.batches_inline, b.batches_deferred
-                    batches.add_metric([name, str(version), "inline"], inline)
-                    batches.add_metric([name, str(version), "worker"], max(0, b.batches_run - inline))
-                    batches.add_metric([name, str(version), "deferred"], deferred)
+                    batches.add_metric([name, str(version), "inline"], b.batches_inline)
+                    batches.add_metric([name, str(version), "worker"], b.batches_worker)
+                    batches.add_metric([name, str(version), "deferred"], b.batches_deferred)
         yield from (lookups, rows, nbytes, off, batches)
 
 

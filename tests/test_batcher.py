@@ -251,5 +251,5 @@ async def test_an_inline_batch_that_would_wait_runs_in_the_worker_and_the_loop_s
     gate.set()
     assert await pending == 10 and ran == [("worker", False)]
     assert await b.submit(7, size=1) == 21 and ran[-1] == ("inline", True)  # the lock free: inline again
-    assert (b.batches_inline, b.batches_deferred, b.batches_run) == (1, 1, 2)
+    assert (b.batches_inline, b.batches_deferred, b.batches_worker, b.batches_run) == (1, 1, 1, 2)
     await b.stop()
