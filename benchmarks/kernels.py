@@ -247,7 +247,7 @@ def _with(setting: str, value: object, fn: Callable[[], object], module: object 
 def _one_thread(fn: Callable[[], object]) -> object:
     """``fn()`` with the compiled CPU kernel serial at every size (what every process whose numba cache held
     the serial kernel's code under the parallel one ran, before 2026-11-26: the two shared one cache file)."""
-    return _with("PARALLEL_ROWS", 2**62, fn, spmm_cpu)
+    return _with("PARALLEL_ROWS", 2**62, lambda: _with("PARALLEL_WORK", 2**62, fn, spmm_cpu), spmm_cpu)
 
 
 def _python_launch(fn: Callable[[], object]) -> object:
@@ -427,7 +427,7 @@ def run_case(name: str, g: CSRGraph, f: int, device: torch.device, widths: list[
             variants[("public", w)] = lambda w=w: sampled_spmm(g, x, w, strategy, aggregator)
         variants[("exact via MKL", 0)] = lambda: _exact_via_mkl(g, x, strategy, aggregator)
         variants[("exact via the kernel", 0)] = lambda: _exact_via("kernel", g, x, strategy, aggregator)
-        if g.num_nodes >= spmm_cpu.PARALLEL_ROWS and spmm_cpu.kernel_threads() > 1:
+        if spmm_cpu.runs_parallel(g.num_nodes, g.num_edges, x.shape[1]) and spmm_cpu.kernel_threads() > 1:
             for w in widths:  # the public call with the compiled kernel on one thread
                 variants[("kernel on 1 thread", w)] = lambda w=w: _one_thread(
                     lambda: sampled_spmm(g, x, w, strategy, aggregator))

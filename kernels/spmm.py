@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 FASTRAND_PRIME = 577
 #: 16-bit value types: every path computes them in float32 and rounds the result once
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+#: the dtypes the compiled CPU kernel computes in
+_KERNEL_DTYPES = (torch.float32, torch.float64)
 STRATEGIES = ("fastrand", "bucket")
 AGGREGATORS = ("sum", "mean", "gcn")
 Strategy = Literal["fastrand", "bucket"]
@@ -174,6 +176,20 @@ def _gcn_dinv(
     return v
 
 
+def _gcn_dinv_numpy(graph: CSRGraph, dtype: torch.dtype, norm_degrees: np.ndarray | torch.Tensor | None) -> np.ndarray:
+    """:func:`_gcn_dinv` on the CPU as a NumPy array of ``dtype`` (memoized beside it when it comes from the
+    graph's own degrees)."""
+    if norm_degrees is not None:
+        return _gcn_dinv(graph, torch.device("cpu"), dtype, norm_degrees).numpy()
+    key = f"gcn_dinv_numpy:{dtype}"
+    cache = graph.cache()
+    v = cache.get(key)
+    if v is None:
+        v = _gcn_dinv(graph, torch.device("cpu"), dtype).numpy()
+        cache[key] = v
+    return v
+
+
 def _max_degree(graph: CSRGraph) -> int:
     m = graph.cache().get("max_degree")
     if m is None:
@@ -253,29 +269,46 @@ EXACT_BACKEND = "auto"
 
 
 #: an exact pass over at least this many features runs the compiled kernel on every graph (``auto``)
-EXACT_KERNEL_MIN_FEATURES = 64
+EXACT_KERNEL_MIN_FEATURES = 48
+#: an exact pass over fewer features goes to MKL on a graph of at least this many rows (``auto``), except ...
+EXACT_MKL_MIN_ROWS = 4096
+#: ... a ``gcn`` or ``mean`` pass over at least this many features on a graph of short rows (a mean degree
+#: of at most :data:`EXACT_SHORT_ROWS_DEGREE`): MKL's route then pays passes over ``[N, F]`` for the
+#: aggregator's scales that cost as much as its product, while the kernel applies them in its own pass
+EXACT_SHORT_ROWS_MIN_FEATURES = 32
+EXACT_SHORT_ROWS_DEGREE = 10
 
 
-def _exact_through_torch(graph: CSRGraph, features: int) -> bool:
+def _exact_through_torch(graph: CSRGraph, features: int, aggregator: str) -> bool:
     """Whether an exact CPU pass goes to ``torch.sparse.mm`` rather than the compiled kernel.
 
-    ``"auto"``: MKL for a graph of at least :data:`kernels.spmm_cpu.PARALLEL_ROWS` rows and fewer than
-    :data:`EXACT_KERNEL_MIN_FEATURES` features; the kernel on smaller graphs (a request-sized graph,
-    where building the CSR view and entering MKL cost more than the product) and at wider features.
-    Measured on the 2-vCPU VM (docs/BENCHMARKS.md, 2026-11-26 09:04 UTC, `benchmarks/kernels.py`, Amazon
-    Computers, arxiv-like, Coauthor Physics), the parallel kernel's exact pass against MKL over
-    :func:`exact_csr_view`: 1.13x-1.28x faster at F = 64, 1.51x-2.23x at 128, 2.11x-2.35x at 256, but
-    0.34x-0.64x at F = 10 and 0.65x-1.05x at 32, where the kernel's per-edge overhead dominates. (The
-    rule of 2026-11-25, MKL on every large graph, was measured while the "parallel" kernel ran the
+    ``"auto"``: MKL for a graph of at least :data:`EXACT_MKL_MIN_ROWS` rows and fewer than
+    :data:`EXACT_KERNEL_MIN_FEATURES` features, except ``gcn`` and ``mean`` passes over
+    :data:`EXACT_SHORT_ROWS_MIN_FEATURES` features or more on graphs of short rows; the kernel on smaller
+    graphs (a request-sized graph, where building the CSR view and entering MKL cost more than the product)
+    and at wider features. Measured on the 2-vCPU VM, 2026-11-26 evening (docs/BENCHMARKS.md, "small graphs
+    and exact passes"), the kernel's exact pass against this route, two threads each, both as calls back to
+    back and inside a 2-layer model's forward (torch's operations between the calls):
+
+    * 48 features: 1.22x-1.93x back to back (Amazon Computers, mean degree 36; arxiv-like, 14; pubmed-like,
+      5; every aggregator), 1.20x-1.73x in the forward (Amazon Computers, Coauthor CS, pubmed-like);
+    * 32 features, mean degree at most 10: ``gcn`` and ``mean`` 1.21x-1.92x back to back (pubmed-like,
+      Coauthor CS, two SBM graphs of degree 3 and 6), 1.20x-1.65x in the forward: MKL's route multiplies
+      ``x`` and the output by the scales in passes of their own, which on short rows cost as much as the
+      product; at 16 features 0.89x-1.28x in the forward, so not there;
+    * below that on long rows (Amazon Computers, arxiv-like) and for ``sum``: 0.50x-1.17x, MKL keeps those.
+
+    (The rule of 2026-11-25, MKL on every large graph, was measured while the "parallel" kernel ran the
     serial code: numba's cache had served one build to both.)
     """
     if EXACT_BACKEND == "torch":
         return True
     if EXACT_BACKEND == "kernel" or graph.num_edges == 0:
         return False
-    from . import spmm_cpu
-
-    return graph.num_nodes >= spmm_cpu.PARALLEL_ROWS and features < EXACT_KERNEL_MIN_FEATURES
+    if graph.num_nodes < EXACT_MKL_MIN_ROWS or features >= EXACT_KERNEL_MIN_FEATURES:
+        return False
+    short_rows = graph.num_edges <= EXACT_SHORT_ROWS_DEGREE * graph.num_nodes
+    return not (short_rows and aggregator != "sum" and features >= EXACT_SHORT_ROWS_MIN_FEATURES)
 
 
 def exact_csr_view(graph: CSRGraph, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -499,19 +532,20 @@ def sampled_spmm(
     graph, for training's repeated passes).
     """
     no_grad = not (torch.is_grad_enabled() and x.requires_grad)
-    if no_grad and x.device.type == "cpu" and x.dtype in HALF_DTYPES:
-        # the compiled kernel computes in float32; one rounding back, as the specification does
-        return sampled_spmm(graph, x.detach().float(), width, strategy, aggregator,
-                            norm_degrees=norm_degrees).to(x.dtype)
-    if no_grad and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
-        width = _check_args(graph, x, width, strategy, aggregator)
-        dinv = _gcn_dinv(graph, x.device, x.dtype, norm_degrees) if aggregator == "gcn" else None
-        exact = width <= 0 or graph.num_edges == 0 or _max_degree(graph) <= width
-        if exact and graph.num_nodes and _exact_through_torch(graph, x.shape[1]):
-            return _exact_spmm_mkl(graph, x, aggregator, dinv)
-        from .spmm_cpu import sampled_spmm_cpu
-
-        return sampled_spmm_cpu(graph, x, width, strategy, aggregator, dinv)
+    if no_grad and x.is_cpu:
+        if x.dtype in _KERNEL_DTYPES:
+            width = _check_args(graph, x, width, strategy, aggregator)
+            exact = width <= 0 or graph.num_edges == 0 or _max_degree(graph) <= width
+            if exact and graph.num_nodes and _exact_through_torch(graph, x.shape[1], aggregator):
+                dinv = _gcn_dinv(graph, x.device, x.dtype, norm_degrees) if aggregator == "gcn" else None
+                return _exact_spmm_mkl(graph, x, aggregator, dinv)
+            # the kernel takes D^{-1/2} as a NumPy array: memoized as one (a tensor's .numpy() is 1.6 us)
+            dinv = _gcn_dinv_numpy(graph, x.dtype, norm_degrees) if aggregator == "gcn" else None
+            return imported(f"{__package__}.spmm_cpu").sampled_spmm_cpu(graph, x, width, strategy, aggregator, dinv)
+        if x.dtype in HALF_DTYPES:
+            # the compiled kernel computes in float32; one rounding back, as the specification does
+            return sampled_spmm(graph, x.detach().float(), width, strategy, aggregator,
+                                norm_degrees=norm_degrees).to(x.dtype)
     if x.is_cuda and no_grad:
         spmm_cuda = _spmm_cuda()
         if spmm_cuda.available():

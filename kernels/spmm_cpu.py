@@ -59,12 +59,23 @@ from .lanes import add4_rows
 from .spmm import FASTRAND_PRIME
 from .threads import numba_threads
 
-__all__ = ["fastrand_period", "fastrand_position", "kernel_threads", "sampled_spmm_cpu", "walk_start", "walk_step"]
+__all__ = [
+    "fastrand_period", "fastrand_position", "kernel_threads", "runs_parallel", "sampled_spmm_cpu", "walk_start",
+    "walk_step",
+]
 
 _AGG_CODE = {"sum": 0, "mean": 1, "gcn": 2}
 _NO_W = np.zeros(0, dtype=np.float32)
-#: below this many output rows the kernel runs on one thread (a parallel region costs more than it saves)
+#: the kernel's ``dinv`` argument for a pass without one, by the itemsize of ``x``'s dtype (float32, float64)
+_NO_D = {4: np.zeros(0, dtype=np.float32), 8: np.zeros(0, dtype=np.float64)}
+#: the kernel runs on :func:`kernel_threads` threads from this many output rows, or from
+#: :data:`PARALLEL_WORK` edge-features on fewer rows; below both, on one. Alone, back to back, two threads
+#: beat one from about 256 rows; inside a model's forward they do not below about 4,000 rows
+#: (docs/BENCHMARKS.md, "small graphs"): numba's OpenMP runtime is not torch's (two libgomp copies, two thread
+#: teams), and torch's team spins on the cores for a while after each of its parallel operations.
 PARALLEL_ROWS = 4096
+#: edges x features from which a graph of fewer than :data:`PARALLEL_ROWS` rows runs in parallel too
+PARALLEL_WORK = 1 << 22
 #: the parallel kernel deals out rows in this many ranges per thread (round-robin)
 CHUNKS_PER_THREAD = 16
 
@@ -200,19 +211,20 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out, r0):  
             for c in range(f):
                 row[c] += c0 * x0[c]
             t += 1
+        sc = one
         if k > 0:
             scale = 1.0 / k if agg == 1 else d / k
             if agg == 2:
                 scale *= dinv[r0 + i]
             sc = x.dtype.type(scale)
-            if sc != one:  # an unsampled sum row keeps its sum as it is
-                for c in range(f):
-                    row[c] *= sc
-        if agg == 2:
+        if agg == 2:  # the scale and GCN's self term in one pass (each product rounded, then the sum)
             self_w = dinv[r0 + i] * dinv[r0 + i]
             xi = x[r0 + i]
             for c in range(f):
-                row[c] += self_w * xi[c]
+                row[c] = row[c] * sc + self_w * xi[c]
+        elif sc != one:  # an unsampled sum row keeps its sum as it is
+            for c in range(f):
+                row[c] *= sc
 
 
 _serial = _kernel
@@ -244,31 +256,42 @@ def kernel_threads() -> int:
     return max(1, min(torch.get_num_threads(), numba_threads()))
 
 
+def runs_parallel(rows: int, edges: int, features: int) -> bool:
+    """Whether a pass over ``rows`` output rows, ``edges`` edges and ``features`` columns is worth a
+    parallel region (:data:`PARALLEL_ROWS`, :data:`PARALLEL_WORK`)."""
+    return rows >= PARALLEL_ROWS or edges * features >= PARALLEL_WORK
+
+
 def sampled_spmm_cpu(
     graph: CSRGraph,
     x: torch.Tensor,
     width: int,
     strategy: str,
     aggregator: str,
-    dinv: torch.Tensor | None = None,
+    dinv: torch.Tensor | np.ndarray | None = None,
 ) -> torch.Tensor:
     """``A_S x`` for a CPU float32/float64 ``x`` ``[N, F]`` without autograd (arguments checked by the
-    caller, :func:`kernels.spmm.sampled_spmm`; ``dinv`` = ``D^{-1/2}`` ``[N]`` for ``gcn``)."""
-    xn = x.detach().contiguous().numpy()
+    caller, :func:`kernels.spmm.sampled_spmm`; ``dinv`` = ``D^{-1/2}`` ``[N]`` for ``gcn``, a tensor or a
+    NumPy array, used as it is when it has ``x``'s dtype)."""
+    xn = (x if not x.requires_grad else x.detach()).contiguous().numpy()
     out = np.empty_like(xn)
     w = graph.weights if graph.weights is not None else _NO_W
-    d = dinv.detach().to(x.dtype).numpy() if dinv is not None else np.zeros(0, dtype=xn.dtype)
-    args = (graph.indptr, graph.indices, w, xn, int(width), strategy == "fastrand", _AGG_CODE[aggregator], d, out)
-    n = graph.num_nodes
-    threads = kernel_threads() if n >= PARALLEL_ROWS else 1
-    if threads == 1:
-        _serial(*args, 0)
+    if dinv is None:
+        d = _NO_D[xn.dtype.itemsize]
+    elif isinstance(dinv, np.ndarray) and dinv.dtype == xn.dtype:
+        d = dinv
     else:
+        d = torch.as_tensor(dinv).detach().to(x.dtype).numpy()
+    n = graph.num_nodes
+    if runs_parallel(n, graph.num_edges, xn.shape[1]) and (threads := kernel_threads()) > 1:
         before = numba_threads()
         chunk = max(1, -(-n // (threads * CHUNKS_PER_THREAD)))
         numba.set_num_threads(threads)
         try:
-            _parallel(*args, chunk, threads)
+            _parallel(graph.indptr, graph.indices, w, xn, int(width), strategy == "fastrand", _AGG_CODE[aggregator], d, out,
+                      chunk, threads)
         finally:
             numba.set_num_threads(before)
+    else:
+        _serial(graph.indptr, graph.indices, w, xn, int(width), strategy == "fastrand", _AGG_CODE[aggregator], d, out, 0)
     return torch.from_numpy(out)

@@ -213,7 +213,7 @@ def _fresh(g: CSRGraph) -> CSRGraph:
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_fused_cpu_kernel_matches_the_torch_path(aggregator, strategy, width, weighted, dtype):
-    from kernels.spmm_cpu import PARALLEL_ROWS, sampled_spmm_cpu
+    from kernels.spmm_cpu import sampled_spmm_cpu
 
     g = _fresh(random_graph(2 + width, weighted=weighted))
     x = torch.from_numpy(np.random.default_rng(width).standard_normal((g.num_nodes, 6))).to(dtype)
@@ -230,14 +230,44 @@ def test_fused_cpu_kernel_matches_the_torch_path(aggregator, strategy, width, we
     from kernels.spmm import _gcn_dinv
 
     dinv = _gcn_dinv(g, x.device, x.dtype, None) if aggregator == "gcn" else None
-    assert g.num_nodes < PARALLEL_ROWS
-    old = spmm_cpu.PARALLEL_ROWS
+    old = spmm_cpu.PARALLEL_ROWS, spmm_cpu.PARALLEL_WORK
     try:
         spmm_cpu.PARALLEL_ROWS = 0
         par = sampled_spmm_cpu(g, x, width, strategy, aggregator, dinv)
+        spmm_cpu.PARALLEL_ROWS = spmm_cpu.PARALLEL_WORK = 1 << 62
+        ser = sampled_spmm_cpu(g, x, width, strategy, aggregator, dinv)
     finally:
-        spmm_cpu.PARALLEL_ROWS = old
+        spmm_cpu.PARALLEL_ROWS, spmm_cpu.PARALLEL_WORK = old
     torch.testing.assert_close(par, got, rtol=0, atol=0)
+    torch.testing.assert_close(ser, got, rtol=0, atol=0)
+
+
+def test_the_kernel_goes_parallel_by_rows_or_by_work():
+    """The public call's thread choice: many rows, or few rows carrying much work, take the parallel
+    kernel; both run the same rows to the same bits as the serial one."""
+    from kernels import spmm_cpu
+
+    assert spmm_cpu.runs_parallel(spmm_cpu.PARALLEL_ROWS, 0, 1)
+    assert not spmm_cpu.runs_parallel(spmm_cpu.PARALLEL_ROWS - 1, 1, 1)
+    assert spmm_cpu.runs_parallel(2, spmm_cpu.PARALLEL_WORK // 64, 64)
+    assert not spmm_cpu.runs_parallel(2, spmm_cpu.PARALLEL_WORK // 64 - 1, 64)
+    rng = np.random.default_rng(3)
+    n = 200  # few rows, long ones: parallel by work at wide features
+    src, dst = rng.integers(0, n, 60 * n), rng.integers(0, n, 60 * n)
+    g = CSRGraph.from_edge_index(np.stack([src, dst]), n)
+    wide = -(-spmm_cpu.PARALLEL_WORK // g.num_edges)
+    for f in (8, wide):
+        x = torch.from_numpy(rng.standard_normal((n, f)).astype(np.float32))
+        dinv = torch.rand(n)
+        got = spmm_cpu.sampled_spmm_cpu(g, x, 16, "fastrand", "gcn", dinv)
+        old = spmm_cpu.PARALLEL_ROWS, spmm_cpu.PARALLEL_WORK
+        try:
+            spmm_cpu.PARALLEL_ROWS = spmm_cpu.PARALLEL_WORK = 1 << 62
+            one = spmm_cpu.sampled_spmm_cpu(g, x, 16, "fastrand", "gcn", dinv)
+        finally:
+            spmm_cpu.PARALLEL_ROWS, spmm_cpu.PARALLEL_WORK = old
+        assert spmm_cpu.runs_parallel(n, g.num_edges, f) == (f == wide)
+        torch.testing.assert_close(got, one, rtol=0, atol=0)
 
 
 def test_fused_kernel_with_norm_degrees_and_dispatch():

@@ -97,6 +97,9 @@ def exact_backend(request, monkeypatch):
 def test_public_function_matches_torch_twin(seed, weighted, f, dtype, parallel, exact_backend, monkeypatch):
     if parallel:
         monkeypatch.setattr(spmm_cpu, "PARALLEL_ROWS", 0)
+    else:
+        monkeypatch.setattr(spmm_cpu, "PARALLEL_ROWS", 1 << 62)
+        monkeypatch.setattr(spmm_cpu, "PARALLEL_WORK", 1 << 62)
     g = make_graph(seed, weighted=weighted)
     assert (g.degrees == 0).any() and (g.degrees % 577 == 0).sum() >= 3  # empty rows, 577 and 1154
     x = torch.from_numpy(np.random.default_rng(100 + seed).standard_normal((g.num_nodes, f))).to(dtype)
@@ -161,7 +164,8 @@ def test_parallel_equals_serial_exactly(parallel_always, monkeypatch):
     x = torch.randn(g.num_nodes, 37)
     with torch.no_grad():
         par = [sampled_spmm(g, x, w, s, a) for w in (0, 7, 16) for s in STRATEGIES for a in AGGREGATORS]
-    spmm_cpu.PARALLEL_ROWS = 10**9  # the fixture restores it
+    monkeypatch.setattr(spmm_cpu, "PARALLEL_ROWS", 10**9)
+    monkeypatch.setattr(spmm_cpu, "PARALLEL_WORK", 1 << 62)
     with torch.no_grad():
         ser = [sampled_spmm(g, x, w, s, a) for w in (0, 7, 16) for s in STRATEGIES for a in AGGREGATORS]
     for p, s in zip(par, ser, strict=True):
@@ -328,11 +332,11 @@ def test_numba_does_not_change_torch_thread_count(tmp_path):
 
 
 def test_exact_dispatch_rule(monkeypatch):
-    """``auto``: an exact pass over fewer than EXACT_KERNEL_MIN_FEATURES features on a graph of PARALLEL_ROWS
+    """``auto``: an exact pass over fewer than EXACT_KERNEL_MIN_FEATURES features on a graph of EXACT_MKL_MIN_ROWS
     rows or more goes to MKL over the view; sampled passes, wider exact passes and exact passes on smaller
     graphs run the kernel."""
     g = make_graph(8, n=5000, weighted=True)
-    assert g.num_nodes >= spmm_cpu.PARALLEL_ROWS
+    assert g.num_nodes >= spmm_mod.EXACT_MKL_MIN_ROWS
     x = torch.randn(g.num_nodes, 12)
     calls = []
     real = spmm_mod._exact_spmm_mkl
@@ -340,7 +344,7 @@ def test_exact_dispatch_rule(monkeypatch):
     monkeypatch.setattr(spmm_mod, "EXACT_BACKEND", "auto")
     with torch.no_grad():
         sampled_spmm(g, x, 16)  # sampled: the kernel
-        small = make_graph(9, n=300, big_rows=False)  # below PARALLEL_ROWS: the serial kernel
+        small = make_graph(9, n=300, big_rows=False)  # below EXACT_MKL_MIN_ROWS: the kernel
         sampled_spmm(small, torch.randn(300, 3), 0)
         assert calls == []
         got = sampled_spmm(g, x, 0, aggregator="gcn")
@@ -353,10 +357,29 @@ def test_exact_dispatch_rule(monkeypatch):
         got = sampled_spmm(g, wide, 0, aggregator="gcn")  # as wide as the rule's bound: the kernel
     assert calls == [1, 1]
     assert_matches_spec(got, g, wide, 0, "fastrand", "gcn", "wide gcn through the kernel")
+    # short rows (mean degree at most EXACT_SHORT_ROWS_DEGREE): gcn and mean from EXACT_SHORT_ROWS_MIN_FEATURES
+    # features run the kernel, sum stays with MKL; on g (mean degree about 19) gcn stays with MKL there too
+    rng = np.random.default_rng(4)
+    n = 5000
+    degs = rng.choice([0, 1, 2, 3, 4, 6, 9], size=n)
+    indptr = np.concatenate([[0], np.cumsum(degs)]).astype(np.int64)
+    short = CSRGraph(indptr, rng.integers(0, n, int(indptr[-1])).astype(np.int32), None, n)
+    assert short.num_edges <= spmm_mod.EXACT_SHORT_ROWS_DEGREE * n < g.num_edges * n / g.num_nodes
+    f = spmm_mod.EXACT_SHORT_ROWS_MIN_FEATURES
+    with torch.no_grad():
+        for graph, feats, aggregator, to_mkl in ((short, f, "gcn", False), (short, f, "mean", False),
+                                                 (short, f, "sum", True), (short, f - 1, "gcn", True),
+                                                 (g, f, "gcn", True)):
+            before = len(calls)
+            xs = torch.randn(graph.num_nodes, feats)
+            got = sampled_spmm(graph, xs, 0, aggregator=aggregator)
+            assert len(calls) - before == int(to_mkl), (graph.num_nodes, feats, aggregator)
+            assert_matches_spec(got, graph, xs, 0, "fastrand", aggregator, f"{aggregator} F={feats}")
+    calls.clear()
     monkeypatch.setattr(spmm_mod, "EXACT_BACKEND", "kernel")
     with torch.no_grad():
         sampled_spmm(g, x, 0)
-    assert calls == [1, 1]
+    assert calls == []
 
 
 def test_exact_view_is_never_stale(monkeypatch):
