@@ -60,8 +60,8 @@ from .graph import CSRGraph
 from .spmm import _gcn_dinv, sample_positions
 from .spmm_cuda import _upload as _to_device  # host array -> device tensor (no copy on a CPU)
 
-__all__ = ["PAD_MAX", "CapturedForward", "DeviceGraph", "ResidentPlain", "ResidentShadow", "WidthBudget",
-           "bucket_of"]
+__all__ = ["PAD_MAX", "CapturedForward", "DeviceBusy", "DeviceGraph", "ResidentPlain", "ResidentShadow", "WidthBudget",
+           "bucket_of", "no_waiting"]
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +267,50 @@ def slot_sum(s: Slots, x: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.zeros(rows, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, s.seg, xs)
 
 
+class DeviceBusy(RuntimeError):
+    """A resident model's lock is held (a width's table being built and captured, a rebase after an update,
+    another thread's batch) and this thread asked not to wait for it (:class:`no_waiting`): raised before the
+    batch did anything, so that the caller can run it where waiting is harmless."""
+
+
+_waiting = threading.local()
+
+
+class no_waiting:  # noqa: N801 - used as a context manager, like contextlib's
+    """Within this block, on this thread, a resident model's batch raises :class:`DeviceBusy` instead of
+    waiting for the model's lock. The server's event loop answers small batches itself
+    (``serve.batcher``'s inline batches); a table build holds the lock for its whole CUDA graph capture
+    (milliseconds), and every other request on the loop would wait with it."""
+
+    def __enter__(self) -> no_waiting:
+        self._before = getattr(_waiting, "off", False)
+        _waiting.off = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _waiting.off = self._before
+
+
+class _Held:
+    """``with model.held():`` the model's lock, or :class:`DeviceBusy` at once inside :class:`no_waiting`."""
+
+    __slots__ = ("lock", "what")
+
+    def __init__(self, lock: threading.Lock, what: str) -> None:
+        self.lock = lock
+        self.what = what
+
+    def __enter__(self) -> None:
+        if getattr(_waiting, "off", False):
+            if not self.lock.acquire(blocking=False):
+                raise DeviceBusy(f"{self.what}: busy (a table build, an update's rebase or another batch)")
+        else:
+            self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
 class _OnDevice:
     """What both resident models keep beside their data: one batch at a time on the device state (a lock:
     its pinned buffers and a captured graph's static tensors are shared by ``--workers`` threads), the
@@ -282,6 +326,12 @@ class _OnDevice:
         self._pinned_in: torch.Tensor | None = None
         self._pinned_out: torch.Tensor | None = None
         self._event = torch.cuda.Event() if device.type == "cuda" else None
+
+    def held(self) -> _Held:
+        """:attr:`lock` for one batch: waited for, or inside :class:`no_waiting` taken only if free
+        (:class:`DeviceBusy` otherwise). Table builds and rebases take :attr:`lock` itself: they run in
+        background or update threads, where waiting is what they should do."""
+        return _Held(self.lock, f"resident {type(self).__name__} on {self.device}")
 
     def stage_ids(self, targets: np.ndarray, size: int | None = None) -> torch.Tensor:
         """``targets`` as a host int64 tensor of ``size`` entries (default their count; the rest filled
@@ -663,7 +713,7 @@ class ResidentPlain(_OnDevice):
         """NumPy ``(probs, labels, kept or None, emb or None)`` of ``targets`` (distinct global ids): with the
         fused last layer (:attr:`head`), one launch and one wait; otherwise one upload of the ids, the batch
         on the device (:meth:`forward`, the fused kernel's specification), one packed copy back and one wait."""
-        with self.lock, torch.inference_mode():
+        with self.held(), torch.inference_mode():
             self.batches += 1
             self.targets += len(targets)
             if self.head is not None:  # one launch, the answers in mapped host memory
@@ -804,7 +854,7 @@ class ResidentShadow(_OnDevice):
         if self.index.induced is not self.table:
             if self.index.induced is None:
                 return False
-            with self.lock:
+            with self.held():  # a path's choice, on the loop for an inline batch: never waits there
                 if self.index.induced is not self.table:
                     self._upload()
         if not 1 <= budget <= self.k or not len(targets) or int(targets.max()) >= self.num_nodes:
@@ -895,7 +945,7 @@ class ResidentShadow(_OnDevice):
 
     def answer(self, targets: np.ndarray, width: int, budget: int, want_emb: bool) -> tuple[np.ndarray, ...]:
         """NumPy ``(probs, labels, kept, total, emb or None)`` of ``targets`` (which :meth:`takes`)."""
-        with self.lock, torch.inference_mode():
+        with self.held(), torch.inference_mode():
             self.batches += 1
             self.targets += len(targets)
             if self.block is not None and self.block.fits(width, budget):  # one launch, answers in mapped memory
@@ -1003,7 +1053,7 @@ class CapturedForward:
 
     def answer(self, targets: np.ndarray, width: int, want_emb: bool, budget: int = 0) -> tuple[np.ndarray, ...]:
         r = self.r
-        with r.lock:
+        with r.held():
             return self._answer(targets, width, want_emb, budget)
 
     def _answer(self, targets: np.ndarray, width: int, want_emb: bool, budget: int) -> tuple[np.ndarray, ...]:

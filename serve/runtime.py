@@ -675,6 +675,21 @@ class ModelRuntime:
             self.server_metrics.set_queue(self.name, self.batcher.queued_targets)
         return res
 
+    def _run_path_waiting(self, blocking: bool, path: ServingPath | None, targets: np.ndarray, new_specs: list,
+                          width: int, budget: int, want_emb: bool) -> tuple[ServingPath, Any]:
+        """:meth:`_run_path`; with ``blocking=False`` (an inline batch on the event loop) a resident model whose
+        lock is held (a table build capturing its CUDA graphs, a rebase) raises :class:`WouldBlock` instead of
+        holding the loop, before the batch did anything, and the batcher's worker runs it."""
+        if blocking or (self._resident is None and self._resident_shadow is None):
+            return self._run_path(path, targets, new_specs, width, budget, want_emb)
+        from kernels.resident import DeviceBusy, no_waiting
+
+        try:
+            with no_waiting():
+                return self._run_path(path, targets, new_specs, width, budget, want_emb)
+        except DeviceBusy as exc:
+            raise WouldBlock(f"{self.name}: {exc}") from exc
+
     def _run_path(self, path: ServingPath | None, targets: np.ndarray, new_specs: list, width: int, budget: int,
                   want_emb: bool) -> tuple[ServingPath, Any]:
         """Run the batch on ``path`` (or the first path that takes it). An opt-in path that raises
@@ -691,7 +706,10 @@ class ModelRuntime:
         except (InvalidArgument, Overloaded, Unavailable):
             raise  # the request's or the server's state, not a fault of the path
         except Exception as exc:
-            from kernels.resident import device_lost
+            from kernels.resident import DeviceBusy, device_lost
+
+            if isinstance(exc, DeviceBusy):
+                raise  # an inline batch met a busy resident model: the worker runs it (process)
 
             if self.device.type == "cuda" and not self.lost_device and device_lost(exc):
                 self._device_lost()  # whichever path met it: later batches stay off the device where they can
@@ -898,7 +916,7 @@ class ModelRuntime:
         live = self.data.live
         if live is None:
             graph_version = 0
-            path, o = self._run_path(path, targets, new_specs, width, budget, want_emb)
+            path, o = self._run_path_waiting(blocking, path, targets, new_specs, width, budget, want_emb)
         else:  # one graph version for the whole batch (serve.live: an update waits for it)
             graph_version = live.begin_read(blocking)
             if graph_version is None:  # an update holds or waits for the lock: the worker waits, not the loop
@@ -906,7 +924,7 @@ class ModelRuntime:
             try:
                 # the path is chosen under the read lock too: a path's accepts() may allocate per-graph
                 # state (the activation cache's table of a new width), which an update must not interleave with
-                path, o = self._run_path(path, targets, new_specs, width, budget, want_emb)
+                path, o = self._run_path_waiting(blocking, path, targets, new_specs, width, budget, want_emb)
             finally:
                 live.end_read()
         probs_np, labels_np, emb_np, kept, total = o.probs, o.labels, o.emb, o.kept, o.total

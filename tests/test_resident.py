@@ -676,6 +676,72 @@ def test_cuda_graphs_without_a_gpu_is_said_and_ignored(tiny_repo, caplog):
     assert any("--cuda-graphs ignored" in r.getMessage() for r in caplog.records)
 
 
+def test_a_busy_resident_model_never_holds_the_event_loop(tiny_repo):
+    """A width's table build (its CUDA graph captures, on a GPU) and an update's rebase hold a resident model's
+    lock. A small batch answered on the event loop that meets it goes to the batcher's worker, which waits:
+    health checks and model listings answer meanwhile, the request is answered once the lock is free (by
+    the resident path, with the same answer), and the path is not taken for faulty."""
+    from clients import GnnClient
+
+    from .serving import ServerThread
+
+    with ServerThread(tiny_repo, {"runtime_kw": {"resident": True}}) as srv:
+        rt = srv.server.registry.get("gcn")
+        res, batcher = rt._resident, rt.batcher
+        res.request(3)
+        assert res.wait_for_builds(60) and res.holds(3)
+        with GnnClient(srv.address) as c, GnnClient(srv.address) as waiting:
+            inline, batches = batcher.batches_inline, res.batches
+            first = c.predict("gcn", [5, 77], sampling_width=3)
+            assert batcher.batches_inline == inline + 1 and res.batches == batches + 1  # inline, resident
+            deferred, out = batcher.batches_deferred, {}
+            with res.lock:  # a table build or a rebase in progress
+                th = threading.Thread(target=lambda: out.setdefault(
+                    "r", waiting.predict("gcn", [5, 77], sampling_width=3, timeout=60)))
+                th.start()
+                t_end = time.monotonic() + 30
+                while batcher.batches_deferred == deferred:
+                    assert time.monotonic() < t_end, "the inline batch never tried the lock"
+                    time.sleep(0.005)
+                assert c.health(timeout=10) == "SERVING"  # the loop answers meanwhile
+                assert "gcn" in {m.name for m in c.list_models(timeout=10)}
+                assert th.is_alive() and "r" not in out  # the request waits in the worker
+            th.join(30)
+        assert "r" in out and res.batches == batches + 2  # the worker's batch took the resident path too
+        np.testing.assert_array_equal(out["r"].labels, first.labels)
+        np.testing.assert_array_equal(out["r"].probabilities, first.probabilities)
+        assert batcher.batches_deferred == deferred + 1 and rt.switched_off == []
+
+
+def test_no_waiting_raises_only_where_the_lock_is_taken():
+    """``no_waiting`` is per thread and nests; a free lock is taken and released as usual inside it."""
+    from kernels.resident import DeviceBusy, _Held, no_waiting
+
+    lock = threading.Lock()
+    with no_waiting():
+        with _Held(lock, "m"):
+            assert lock.locked()
+        assert not lock.locked()
+        lock.acquire()
+        with pytest.raises(DeviceBusy, match="m: busy"), _Held(lock, "m"):
+            pass
+        got = []
+        th = threading.Thread(target=lambda: got.append(_Held(lock, "m").__enter__()))  # another thread waits
+        th.start()
+        time.sleep(0.05)
+        assert th.is_alive()
+        with no_waiting():
+            pass
+        with pytest.raises(DeviceBusy):  # the inner block's exit left this thread's flag on
+            _Held(lock, "m").__enter__()
+        lock.release()
+        th.join(10)
+        assert got == [None] and lock.locked()
+        lock.release()
+    with _Held(lock, "m"):  # outside the block: waited for, taken
+        assert lock.locked()
+
+
 def test_a_failing_resident_path_is_switched_off_and_the_batch_answered(tiny_repo, caplog, monkeypatch):
     """A batch whose resident path raises (device code that no CPU test reached, say) is answered by the
     next path, with the same answer; the path is switched off for the model version, loudly, and later
