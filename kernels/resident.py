@@ -276,7 +276,7 @@ class DeviceBusy(RuntimeError):
 _waiting = threading.local()
 
 
-class no_waiting:  # noqa: N801 - used as a context manager, like contextlib's
+class no_waiting:
     """Within this block, on this thread, a resident model's batch raises :class:`DeviceBusy` instead of
     waiting for the model's lock. The server's event loop answers small batches itself
     (``serve.batcher``'s inline batches); a table build holds the lock for its whole CUDA graph capture
