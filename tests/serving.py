@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,25 @@ def wait_for_metric(port: int, name: str, value: float, timeout: float = 60) -> 
             return
         time.sleep(0.02)
     raise AssertionError(f"{name} is {seen}, not {value}, after {timeout} s")
+
+
+def deferred_while_held(batcher: Any, client: Any, send: Any, models: set[str]) -> tuple[threading.Thread, dict]:
+    """With a lock held by the caller (an update's, a resident model's): ``send()``, a Predict from another
+    client, in a thread. Waits until ``batcher`` deferred that inline batch to its worker, checks that the event
+    loop still answers a health check and a model listing naming ``models`` through ``client``, and that the
+    request still waits. Returns the thread and the dict its answer lands in (key ``"r"``) once the caller
+    releases the lock and joins the thread."""
+    deferred, out = batcher.batches_deferred, {}
+    th = threading.Thread(target=lambda: out.setdefault("r", send()))
+    th.start()
+    t_end = time.monotonic() + 30
+    while batcher.batches_deferred == deferred:
+        assert time.monotonic() < t_end, "the inline batch never tried the lock"
+        time.sleep(0.005)
+    assert client.health(timeout=10) == "SERVING"  # the loop answers meanwhile
+    assert models <= {m.name for m in client.list_models(timeout=10)}
+    assert th.is_alive() and "r" not in out  # the request waits, in the worker
+    return th, out
 
 
 def tiny_dataset() -> Any:

@@ -22,7 +22,7 @@ import torch
 import clients
 from clients import GnnClient, NewNode
 
-from .serving import ServerProcess, ServerThread, make_repo
+from .serving import ServerProcess, ServerThread, deferred_while_held, make_repo
 
 MODELS = ("gcn", "sage", "shadow")
 
@@ -583,17 +583,9 @@ def test_an_update_holding_the_lock_never_holds_the_event_loop(server):
         inline = batcher.batches_inline
         first = c.predict("gcn", [1, 2])
         assert batcher.batches_inline == inline + 1  # the lock free: this batch ran inline
-        deferred, out = batcher.batches_deferred, {}
+        deferred = batcher.batches_deferred
         with live.lock.write():  # an update being applied
-            th = threading.Thread(target=lambda: out.setdefault("r", waiting.predict("gcn", [1, 2], timeout=60)))
-            th.start()
-            t_end = time.monotonic() + 30
-            while batcher.batches_deferred == deferred:
-                assert time.monotonic() < t_end, "the batch never tried the lock"
-                time.sleep(0.005)
-            assert c.health(timeout=10) == "SERVING"  # the loop answers meanwhile
-            assert {m.name for m in c.list_models(timeout=10)} >= set(MODELS)
-            assert th.is_alive() and "r" not in out  # the request waits for the update, in the worker
+            th, out = deferred_while_held(batcher, c, lambda: waiting.predict("gcn", [1, 2], timeout=60), set(MODELS))
         th.join(30)
     assert out["r"].graph_version == first.graph_version
     np.testing.assert_array_equal(out["r"].labels, first.labels)

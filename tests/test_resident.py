@@ -683,7 +683,7 @@ def test_a_busy_resident_model_never_holds_the_event_loop(tiny_repo):
     the resident path, with the same answer), and the path is not taken for faulty."""
     from clients import GnnClient
 
-    from .serving import ServerThread
+    from .serving import ServerThread, deferred_while_held
 
     with ServerThread(tiny_repo, {"runtime_kw": {"resident": True}}) as srv:
         rt = srv.server.registry.get("gcn")
@@ -694,18 +694,10 @@ def test_a_busy_resident_model_never_holds_the_event_loop(tiny_repo):
             inline, batches = batcher.batches_inline, res.batches
             first = c.predict("gcn", [5, 77], sampling_width=3)
             assert batcher.batches_inline == inline + 1 and res.batches == batches + 1  # inline, resident
-            deferred, out = batcher.batches_deferred, {}
+            deferred = batcher.batches_deferred
             with res.lock:  # a table build or a rebase in progress
-                th = threading.Thread(target=lambda: out.setdefault(
-                    "r", waiting.predict("gcn", [5, 77], sampling_width=3, timeout=60)))
-                th.start()
-                t_end = time.monotonic() + 30
-                while batcher.batches_deferred == deferred:
-                    assert time.monotonic() < t_end, "the inline batch never tried the lock"
-                    time.sleep(0.005)
-                assert c.health(timeout=10) == "SERVING"  # the loop answers meanwhile
-                assert "gcn" in {m.name for m in c.list_models(timeout=10)}
-                assert th.is_alive() and "r" not in out  # the request waits in the worker
+                th, out = deferred_while_held(
+                    batcher, c, lambda: waiting.predict("gcn", [5, 77], sampling_width=3, timeout=60), {"gcn"})
             th.join(30)
         assert "r" in out and res.batches == batches + 2  # the worker's batch took the resident path too
         np.testing.assert_array_equal(out["r"].labels, first.labels)
