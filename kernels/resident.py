@@ -268,8 +268,9 @@ def slot_sum(s: Slots, x: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 class DeviceBusy(RuntimeError):
-    """A resident model's lock is held (a width's table being built and captured, a rebase after an update,
-    another thread's batch) and this thread asked not to wait for it (:class:`no_waiting`): raised before the
+    """A resident model's lock is held (a width's table build on a GPU, a CPU build's snapshot and install,
+    another thread's batch or its CUDA graph capture), or the batch would first have to capture a CUDA graph
+    or upload a new induced table, and this thread asked not to wait (:class:`no_waiting`): raised before the
     batch did anything, so that the caller can run it where waiting is harmless."""
 
 
@@ -278,9 +279,9 @@ _waiting = threading.local()
 
 class no_waiting:
     """Within this block, on this thread, a resident model's batch raises :class:`DeviceBusy` instead of
-    waiting for the model's lock. The server's event loop answers small batches itself
-    (``serve.batcher``'s inline batches); a table build holds the lock for its whole CUDA graph capture
-    (milliseconds), and every other request on the loop would wait with it."""
+    waiting for the model's lock or doing slow one-off work (a CUDA graph capture, an induced table's upload).
+    The server's event loop answers small batches itself (``serve.batcher``'s inline batches); a GPU table build
+    holds the lock for the whole build (milliseconds), and every other request on the loop would wait with it."""
 
     def __enter__(self) -> no_waiting:
         self._before = getattr(_waiting, "off", False)
@@ -856,6 +857,8 @@ class ResidentShadow(_OnDevice):
                 return False
             with self.held():  # a path's choice, on the loop for an inline batch: never waits there
                 if self.index.induced is not self.table:
+                    if getattr(_waiting, "off", False):  # nor uploads the new table there: the worker does
+                        raise DeviceBusy(f"resident {type(self).__name__}: a new induced table to upload first")
                     self._upload()
         if not 1 <= budget <= self.k or not len(targets) or int(targets.max()) >= self.num_nodes:
             return False
@@ -1058,11 +1061,15 @@ class CapturedForward:
 
     def _answer(self, targets: np.ndarray, width: int, want_emb: bool, budget: int) -> tuple[np.ndarray, ...]:
         r = self.r
+        b = len(targets)
+        key = self._key(b, width, budget, want_emb)
+        if getattr(_waiting, "off", False) and (r.generation != self._generation or key not in self._graphs):
+            # a capture (two warm-up forwards, a synchronisation, the process-wide capture lock) is no work for
+            # the event loop: the worker captures, and this key replays on the loop from then on
+            raise DeviceBusy(f"resident {type(r).__name__}: a CUDA graph to capture first")
         if r.generation != self._generation:
             self._graphs.clear()
             self._generation = r.generation
-        b = len(targets)
-        key = self._key(b, width, budget, want_emb)
         entry = self._graphs.get(key)
         if entry is None:
             entry = self._capture(*key)

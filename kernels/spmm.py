@@ -179,8 +179,8 @@ def _gcn_dinv(
 def _gcn_dinv_numpy(graph: CSRGraph, dtype: torch.dtype, norm_degrees: np.ndarray | torch.Tensor | None) -> np.ndarray:
     """:func:`_gcn_dinv` on the CPU as a NumPy array of ``dtype`` (memoized beside it when it comes from the
     graph's own degrees)."""
-    if norm_degrees is not None:
-        return _gcn_dinv(graph, torch.device("cpu"), dtype, norm_degrees).numpy()
+    if norm_degrees is not None:  # a tensor of degrees may require grad; the kernel's pass takes none
+        return _gcn_dinv(graph, torch.device("cpu"), dtype, norm_degrees).detach().numpy()
     key = f"gcn_dinv_numpy:{dtype}"
     cache = graph.cache()
     v = cache.get(key)

@@ -257,8 +257,8 @@ def kernel_threads() -> int:
 
 
 def runs_parallel(rows: int, edges: int, features: int) -> bool:
-    """Whether a pass over ``rows`` output rows, ``edges`` edges and ``features`` columns is worth a
-    parallel region (:data:`PARALLEL_ROWS`, :data:`PARALLEL_WORK`)."""
+    """Whether a pass over ``rows`` output rows, ``edges`` edges (at most ``rows x S`` for a sampled pass) and
+    ``features`` columns is worth a parallel region (:data:`PARALLEL_ROWS`, :data:`PARALLEL_WORK`)."""
     return rows >= PARALLEL_ROWS or edges * features >= PARALLEL_WORK
 
 
@@ -283,7 +283,8 @@ def sampled_spmm_cpu(
     else:
         d = torch.as_tensor(dinv).detach().to(x.dtype).numpy()
     n = graph.num_nodes
-    if runs_parallel(n, graph.num_edges, xn.shape[1]) and (threads := kernel_threads()) > 1:
+    edges = graph.num_edges if width <= 0 else min(graph.num_edges, n * int(width))  # a sampled pass keeps <= S a row
+    if runs_parallel(n, edges, xn.shape[1]) and (threads := kernel_threads()) > 1:
         before = numba_threads()
         chunk = max(1, -(-n // (threads * CHUNKS_PER_THREAD)))
         numba.set_num_threads(threads)

@@ -678,8 +678,9 @@ class ModelRuntime:
     def _run_path_waiting(self, blocking: bool, path: ServingPath | None, targets: np.ndarray, new_specs: list,
                           width: int, budget: int, want_emb: bool) -> tuple[ServingPath, Any]:
         """:meth:`_run_path`; with ``blocking=False`` (an inline batch on the event loop) a resident model whose
-        lock is held (a table build capturing its CUDA graphs, a rebase) raises :class:`WouldBlock` instead of
-        holding the loop, before the batch did anything, and the batcher's worker runs it."""
+        lock is held (a GPU table build, another batch's capture) or that would first capture a CUDA graph or
+        upload an induced table raises :class:`WouldBlock` instead of holding the loop, before the batch did
+        anything, and the batcher's worker runs it."""
         if blocking or (self._resident is None and self._resident_shadow is None):
             return self._run_path(path, targets, new_specs, width, budget, want_emb)
         from kernels.resident import DeviceBusy, no_waiting

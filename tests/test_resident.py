@@ -410,6 +410,47 @@ def test_captured_forward_buckets_pads_and_invalidates(shadow):
     assert cap.captures == 5
 
 
+@pytest.mark.parametrize("shadow", [False, True])
+def test_no_waiting_leaves_captures_to_the_worker(shadow):
+    """Inside ``no_waiting`` (the event loop's inline batches) a batch whose CUDA graph is not captured yet, or
+    was dropped by a new generation, and a shaDow path choice that would upload a new induced table raise
+    ``DeviceBusy`` before doing anything; once the worker (outside the block) has captured, the same batch
+    replays inside the block with the same answer."""
+    from kernels.resident import CapturedForward, DeviceBusy, DeviceGraph, no_waiting
+
+    if shadow:
+        _, _, _, _, res = _shadow_setup("gcn", "mean", 2, False)
+    else:
+        g, _, _, res = _setup("sage", 15, True, "fastrand")
+        assert res.has_table(3)
+    cap = CapturedForward(res, max_bucket=64, emulate=True)
+    t = np.array([3, 9, 40])
+
+    def ask():
+        return cap.answer(t, 3, True, 12) if shadow else cap.answer(t, 3, True)
+
+    with no_waiting(), pytest.raises(DeviceBusy, match="capture"):
+        ask()
+    assert cap.captures == 0 and cap.replays == 0 and res.batches == 0
+    want = ask()  # the worker: captures and replays
+    assert cap.captures == 1 and cap.replays == 1
+    with no_waiting():
+        got = ask()  # captured: the loop replays
+    assert cap.captures == 1 and cap.replays == 2
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    if shadow:
+        res.table = None  # as if the index rebuilt its table: the loop does not upload it
+        with no_waiting(), pytest.raises(DeviceBusy, match="upload"):
+            res.takes(t, 12)
+        assert res.table is None and res.takes(t, 12) and res.table is not None
+    else:
+        res.rebase(g, DeviceGraph.upload(g, torch.device("cpu")), np.array([1, 2]))  # a new generation
+    with no_waiting(), pytest.raises(DeviceBusy, match="capture"):
+        ask()
+    assert cap.captures == 1
+
+
 def test_concurrent_batches_share_the_captured_buffers_safely():
     """Several worker threads (--workers) answering through one CapturedForward (its static input and
     outputs are shared): every answer is its own batch's."""

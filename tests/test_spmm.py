@@ -256,18 +256,47 @@ def test_the_kernel_goes_parallel_by_rows_or_by_work():
     src, dst = rng.integers(0, n, 60 * n), rng.integers(0, n, 60 * n)
     g = CSRGraph.from_edge_index(np.stack([src, dst]), n)
     wide = -(-spmm_cpu.PARALLEL_WORK // g.num_edges)
+    ran = []
+    real = spmm_cpu._parallel
+
+    def counted(*args):
+        ran.append(1)
+        return real(*args)
+
     for f in (8, wide):
         x = torch.from_numpy(rng.standard_normal((n, f)).astype(np.float32))
         dinv = torch.rand(n)
-        got = spmm_cpu.sampled_spmm_cpu(g, x, 16, "fastrand", "gcn", dinv)
+        spmm_cpu._parallel = counted
+        try:
+            got = spmm_cpu.sampled_spmm_cpu(g, x, 0, "fastrand", "gcn", dinv)
+        finally:
+            spmm_cpu._parallel = real
         old = spmm_cpu.PARALLEL_ROWS, spmm_cpu.PARALLEL_WORK
         try:
             spmm_cpu.PARALLEL_ROWS = spmm_cpu.PARALLEL_WORK = 1 << 62
-            one = spmm_cpu.sampled_spmm_cpu(g, x, 16, "fastrand", "gcn", dinv)
+            one = spmm_cpu.sampled_spmm_cpu(g, x, 0, "fastrand", "gcn", dinv)
         finally:
             spmm_cpu.PARALLEL_ROWS, spmm_cpu.PARALLEL_WORK = old
         assert spmm_cpu.runs_parallel(n, g.num_edges, f) == (f == wide)
         torch.testing.assert_close(got, one, rtol=0, atol=0)
+    # the parallel kernel ran for the wide pass alone, where there is a second thread to run it on
+    assert ran == ([1] if spmm_cpu.kernel_threads() > 1 else [])
+    # a sampled pass counts at most S kept edges a row: the same wide pass at S = 16 is not worth a region
+    assert not spmm_cpu.runs_parallel(n, min(g.num_edges, 16 * n), wide)
+
+
+def test_norm_degrees_that_require_grad_on_the_kernel_path():
+    """Grad mode on, ``x`` without gradient, ``norm_degrees`` a tensor that requires one: the compiled kernel
+    answers (the pass needs no gradient) as the torch path does."""
+    g = random_graph(9, weighted=True)
+    x = torch.randn(g.num_nodes, 5)
+    nd = torch.from_numpy(np.random.default_rng(1).uniform(1.0, 20.0, g.num_nodes)).requires_grad_(True)
+    got = sampled_spmm(g, x, 8, "fastrand", "gcn", norm_degrees=nd)
+    assert not got.requires_grad
+    want = sampled_spmm_torch(g, x, 8, "fastrand", "gcn", norm_degrees=nd.detach())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    half = sampled_spmm(g, x.to(torch.bfloat16), 8, "fastrand", "gcn", norm_degrees=nd)
+    torch.testing.assert_close(half.float(), want, rtol=3e-2, atol=3e-2 * float(want.abs().max()))
 
 
 def test_fused_kernel_with_norm_degrees_and_dispatch():
