@@ -277,6 +277,11 @@ class DeviceBusy(RuntimeError):
 _waiting = threading.local()
 
 
+def _not_waiting() -> bool:
+    """Whether this thread is inside :class:`no_waiting`."""
+    return getattr(_waiting, "off", False)
+
+
 class no_waiting:
     """Within this block, on this thread, a resident model's batch raises :class:`DeviceBusy` instead of
     waiting for the model's lock or doing slow one-off work (a CUDA graph capture, an induced table's upload).
@@ -284,7 +289,7 @@ class no_waiting:
     holds the lock for the whole build (milliseconds), and every other request on the loop would wait with it."""
 
     def __enter__(self) -> no_waiting:
-        self._before = getattr(_waiting, "off", False)
+        self._before = _not_waiting()
         _waiting.off = True
         return self
 
@@ -302,9 +307,9 @@ class _Held:
         self.what = what
 
     def __enter__(self) -> None:
-        if getattr(_waiting, "off", False):
+        if _not_waiting():
             if not self.lock.acquire(blocking=False):
-                raise DeviceBusy(f"{self.what}: busy (a table build, an update's rebase or another batch)")
+                raise DeviceBusy(f"{self.what}: busy (a table build, or another batch or its CUDA graph capture)")
         else:
             self.lock.acquire()
 
@@ -857,7 +862,7 @@ class ResidentShadow(_OnDevice):
                 return False
             with self.held():  # a path's choice, on the loop for an inline batch: never waits there
                 if self.index.induced is not self.table:
-                    if getattr(_waiting, "off", False):  # nor uploads the new table there: the worker does
+                    if _not_waiting():  # nor uploads the new table there: the worker does
                         raise DeviceBusy(f"resident {type(self).__name__}: a new induced table to upload first")
                     self._upload()
         if not 1 <= budget <= self.k or not len(targets) or int(targets.max()) >= self.num_nodes:
@@ -1063,7 +1068,7 @@ class CapturedForward:
         r = self.r
         b = len(targets)
         key = self._key(b, width, budget, want_emb)
-        if getattr(_waiting, "off", False) and (r.generation != self._generation or key not in self._graphs):
+        if _not_waiting() and (r.generation != self._generation or key not in self._graphs):
             # a capture (two warm-up forwards, a synchronisation, the process-wide capture lock) is no work for
             # the event loop: the worker captures, and this key replays on the loop from then on
             raise DeviceBusy(f"resident {type(r).__name__}: a CUDA graph to capture first")

@@ -282,6 +282,7 @@ def sampled_spmm_cpu(
         d = dinv
     else:
         d = torch.as_tensor(dinv).detach().to(x.dtype).numpy()
+    args = (graph.indptr, graph.indices, w, xn, int(width), strategy == "fastrand", _AGG_CODE[aggregator], d, out)
     n = graph.num_nodes
     edges = graph.num_edges if width <= 0 else min(graph.num_edges, n * int(width))  # a sampled pass keeps <= S a row
     if runs_parallel(n, edges, xn.shape[1]) and (threads := kernel_threads()) > 1:
@@ -289,10 +290,9 @@ def sampled_spmm_cpu(
         chunk = max(1, -(-n // (threads * CHUNKS_PER_THREAD)))
         numba.set_num_threads(threads)
         try:
-            _parallel(graph.indptr, graph.indices, w, xn, int(width), strategy == "fastrand", _AGG_CODE[aggregator], d, out,
-                      chunk, threads)
+            _parallel(*args, chunk, threads)
         finally:
             numba.set_num_threads(before)
     else:
-        _serial(graph.indptr, graph.indices, w, xn, int(width), strategy == "fastrand", _AGG_CODE[aggregator], d, out, 0)
+        _serial(*args, 0)
     return torch.from_numpy(out)

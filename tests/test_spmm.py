@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -207,6 +208,19 @@ def _fresh(g: CSRGraph) -> CSRGraph:
     return CSRGraph(g.indptr, g.indices, g.weights, g.num_nodes)
 
 
+@contextlib.contextmanager
+def _kernel_threads(*, parallel: bool):
+    """The compiled kernel's thread choice forced: the parallel kernel at every size, or the serial one."""
+    from kernels import spmm_cpu
+
+    old = spmm_cpu.PARALLEL_ROWS, spmm_cpu.PARALLEL_WORK
+    spmm_cpu.PARALLEL_ROWS, spmm_cpu.PARALLEL_WORK = (0, 0) if parallel else (1 << 62, 1 << 62)
+    try:
+        yield
+    finally:
+        spmm_cpu.PARALLEL_ROWS, spmm_cpu.PARALLEL_WORK = old
+
+
 @pytest.mark.parametrize("aggregator", ["sum", "mean", "gcn"])
 @pytest.mark.parametrize("strategy", ["fastrand", "bucket"])
 @pytest.mark.parametrize("width", [0, 1, 8, 32, 577, 600])
@@ -226,18 +240,13 @@ def test_fused_cpu_kernel_matches_the_torch_path(aggregator, strategy, width, we
     assert got.dtype == dtype and got.shape == want.shape
     assert bool(torch.all((got - want).abs() <= tol)), float((got - want).abs().max())
     # the serial and the parallel variant agree exactly (one row is one thread's work in both)
-    from kernels import spmm_cpu
     from kernels.spmm import _gcn_dinv
 
     dinv = _gcn_dinv(g, x.device, x.dtype, None) if aggregator == "gcn" else None
-    old = spmm_cpu.PARALLEL_ROWS, spmm_cpu.PARALLEL_WORK
-    try:
-        spmm_cpu.PARALLEL_ROWS = 0
+    with _kernel_threads(parallel=True):
         par = sampled_spmm_cpu(g, x, width, strategy, aggregator, dinv)
-        spmm_cpu.PARALLEL_ROWS = spmm_cpu.PARALLEL_WORK = 1 << 62
+    with _kernel_threads(parallel=False):
         ser = sampled_spmm_cpu(g, x, width, strategy, aggregator, dinv)
-    finally:
-        spmm_cpu.PARALLEL_ROWS, spmm_cpu.PARALLEL_WORK = old
     torch.testing.assert_close(par, got, rtol=0, atol=0)
     torch.testing.assert_close(ser, got, rtol=0, atol=0)
 
@@ -271,12 +280,8 @@ def test_the_kernel_goes_parallel_by_rows_or_by_work():
             got = spmm_cpu.sampled_spmm_cpu(g, x, 0, "fastrand", "gcn", dinv)
         finally:
             spmm_cpu._parallel = real
-        old = spmm_cpu.PARALLEL_ROWS, spmm_cpu.PARALLEL_WORK
-        try:
-            spmm_cpu.PARALLEL_ROWS = spmm_cpu.PARALLEL_WORK = 1 << 62
+        with _kernel_threads(parallel=False):
             one = spmm_cpu.sampled_spmm_cpu(g, x, 0, "fastrand", "gcn", dinv)
-        finally:
-            spmm_cpu.PARALLEL_ROWS, spmm_cpu.PARALLEL_WORK = old
         assert spmm_cpu.runs_parallel(n, g.num_edges, f) == (f == wide)
         torch.testing.assert_close(got, one, rtol=0, atol=0)
     # the parallel kernel ran for the wide pass alone, where there is a second thread to run it on
