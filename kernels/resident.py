@@ -999,7 +999,8 @@ _CAPTURE_LOCK = threading.Lock()
 #: pool, and the widths and budgets come from requests
 MAX_GRAPHS = 48
 #: a (bucket, width, budget, embeddings) key is captured on its this-many-th batch; the ones before take the
-#: resident forward uncaptured, so one-off settings do not each pay a capture and a pool
+#: resident forward uncaptured (:meth:`CapturedForward.served` counts them), so one-off settings do not each pay
+#: a capture and a pool
 CAPTURE_AFTER = 2
 
 
@@ -1038,17 +1039,23 @@ class CapturedForward:
         return bucket_of(targets), int(width), int(budget) if self.shadow else 0, bool(want_emb)
 
     def wants(self, targets: int, width: int, budget: int = 0, want_emb: bool = False) -> bool:
-        """Whether this batch should replay a graph: :meth:`accepts` it, and its key is captured or has been
-        asked for :data:`CAPTURE_AFTER` times (the serving paths ask this; :meth:`answer` captures on demand)."""
+        """Whether this batch should replay a graph: :meth:`accepts` it, and its key is captured or
+        :data:`CAPTURE_AFTER` - 1 batches of it were :meth:`served` uncaptured (the serving paths ask this;
+        :meth:`answer` captures on demand). Asking counts nothing: a batch deferred from the event loop to the
+        worker asks twice."""
         if not self.accepts(targets, width):
             return False
         key = self._key(targets, width, budget, want_emb)
-        if key in self._graphs:
-            return True
+        return key in self._graphs or self._seen[key] + 1 >= CAPTURE_AFTER
+
+    def served(self, targets: int, width: int, budget: int = 0, want_emb: bool = False) -> None:
+        """Count a batch of this key that the resident model answered uncaptured (after it did: a batch that
+        raised, :class:`DeviceBusy` on the event loop included, was not served and is not counted)."""
+        if not self.accepts(targets, width):
+            return
         if len(self._seen) > 64 * MAX_GRAPHS:  # bounded: requests choose the keys
             self._seen.clear()
-        self._seen[key] += 1
-        return self._seen[key] >= CAPTURE_AFTER
+        self._seen[self._key(targets, width, budget, want_emb)] += 1
 
     def _forward(self, rows: torch.Tensor, width: int, budget: int, want_emb: bool) -> torch.Tensor:
         """The forward and the packing of its outputs for a whole bucket (what a graph captures)."""

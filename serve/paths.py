@@ -176,6 +176,8 @@ class ResidentPath(ServingPath):
                     probs, labels, kept, emb = captured.answer(targets, width, want_emb)
                 else:
                     probs, labels, kept, emb = rt._resident.answer(targets, width, want_emb)
+                    if captured is not None:
+                        captured.served(len(targets), width, 0, want_emb)
         t_fwd = time.perf_counter()
         total = rt._exact_edges(targets)
         return PathOutput(probs, labels, emb, total if kept is None else kept, total, t_sub, t_sub, t_fwd)
@@ -215,6 +217,8 @@ class ShadowResidentPath(ServingPath):
                     probs, labels, kept, total, emb = captured.answer(targets, width, want_emb, budget)
                 else:
                     probs, labels, kept, total, emb = res.answer(targets, width, budget, want_emb)
+                    if captured is not None:
+                        captured.served(len(targets), width, budget, want_emb)
         return PathOutput(probs, labels, emb, kept, total, t_sub, t_sub, time.perf_counter())
 
 

@@ -746,6 +746,41 @@ def test_a_busy_resident_model_never_holds_the_event_loop(tiny_repo):
         assert batcher.batches_deferred == deferred + 1 and rt.switched_off == []
 
 
+def test_a_deferred_batch_counts_once_toward_its_capture(tiny_repo):
+    """A batch that meets a busy resident model on the event loop is answered by the worker: it asks whether to
+    replay a CUDA graph twice but is one batch of its key, so its key is captured on the next batch, not on
+    this one (CAPTURE_AFTER = 2), through the same deferral (a capture is the worker's work too). CPU emulation of
+    the capture."""
+    from clients import GnnClient
+    from kernels.resident import CAPTURE_AFTER, CapturedForward
+
+    from .serving import ServerThread, deferred_while_held
+
+    assert CAPTURE_AFTER == 2
+    with ServerThread(tiny_repo, {"runtime_kw": {"resident": True}}) as srv:
+        rt = srv.server.registry.get("gcn")
+        res, batcher = rt._resident, rt.batcher
+        res.request(3)
+        assert res.wait_for_builds(60) and res.holds(3)
+        cap = rt._captured = CapturedForward(res, max_bucket=rt.options.max_batch_targets, emulate=True)
+        with GnnClient(srv.address) as c, GnnClient(srv.address) as waiting:
+            deferred = batcher.batches_deferred
+            with res.lock:  # a table build in progress: the inline batch goes to the worker
+                th, out = deferred_while_held(
+                    batcher, c, lambda: waiting.predict("gcn", [5, 77], sampling_width=3, timeout=60), {"gcn"})
+            th.join(30)
+            assert "r" in out and batcher.batches_deferred == deferred + 1
+            assert cap.captures == 0 and list(cap._seen.values()) == [1]  # one batch, counted once
+            again = c.predict("gcn", [5, 77], sampling_width=3)  # the key's second batch: captured (by the worker)
+            assert cap.captures == 1 and cap.replays == 1 and batcher.batches_deferred == deferred + 2
+            third = c.predict("gcn", [5, 77], sampling_width=3)  # replayed on the loop
+            assert cap.captures == 1 and cap.replays == 2 and batcher.batches_deferred == deferred + 2
+        for got in (again, third):
+            np.testing.assert_array_equal(got.labels, out["r"].labels)
+            np.testing.assert_allclose(got.probabilities, out["r"].probabilities, rtol=1e-6, atol=1e-7)
+        assert rt.switched_off == []
+
+
 def test_no_waiting_raises_only_where_the_lock_is_taken():
     """``no_waiting`` is per thread and nests; a free lock is taken and released as usual inside it."""
     from kernels.resident import DeviceBusy, _Held, no_waiting
@@ -915,8 +950,13 @@ def test_captured_graphs_are_bounded_and_captured_on_a_second_request(monkeypatc
         assert res.wait_for_builds(120) and res.holds(width)
     cap = CapturedForward(res, max_bucket=64, emulate=True)
     nodes = np.array([1, 5, 9])
-    assert not cap.wants(3, 4) and cap.wants(3, 4)  # the second request of the key
+    assert not cap.wants(3, 4) and not cap.wants(3, 4)  # asking counts nothing (a deferred batch asks twice)
+    cap.served(3, 4)  # one batch of the key answered uncaptured
+    assert cap.wants(3, 4)  # the second batch of the key
     assert not cap.wants(3, 4, want_emb=True) and not cap.wants(70, 4) and not cap.wants(3, 0)
+    cap.served(70, 4)
+    cap.served(70, 4)
+    assert not cap.wants(70, 4) and len(cap._seen) == 1  # beyond the largest bucket: never counted, never captured
     for width in (2, 3, 4, 5):
         cap.answer(nodes, width, False)
     assert cap.captures == 4 and cap.evictions == 1 and len(cap._graphs) == 3
