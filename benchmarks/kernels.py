@@ -566,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where synthetic graphs are kept")
     p.add_argument("--no-cache", action="store_true", help="regenerate synthetic graphs, keep nothing")
-    p.add_argument("--graphs", help=f"comma list of {ALL_GRAPHS} (default: all)")
+    p.add_argument("--graphs", help=f"comma list of {ALL_GRAPHS} or other datasets of --data-dir (cora, ...; default: all)")
     p.add_argument("--features", help="comma list of feature widths F (default: 64,256)")
     p.add_argument("--widths", default="8,16,32,64", help="comma list of sampling widths S")
     p.add_argument("--split-edges", default="",
@@ -605,9 +605,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = [s.strip() for s in args.graphs.split(",") if s.strip()]
-    bad = [s for s in names if s not in ALL_GRAPHS]
+    bad = [s for s in names if s not in SYNTHETIC and not (args.data_dir / f"{s}.npz").exists()]
     if bad:
-        raise SystemExit(f"unknown graphs {bad}; choose from {ALL_GRAPHS}")
+        raise SystemExit(f"unknown graphs {bad}; choose from {ALL_GRAPHS} or another dataset in {args.data_dir}")
     feats = [int(s) for s in args.features.split(",")]
     widths = [int(s) for s in args.widths.split(",")]
     split_edges = [int(s) for s in args.split_edges.split(",") if s.strip()]

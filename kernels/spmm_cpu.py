@@ -71,8 +71,9 @@ _NO_D = {4: np.zeros(0, dtype=np.float32), 8: np.zeros(0, dtype=np.float64)}
 #: the kernel runs on :func:`kernel_threads` threads from this many output rows, or from
 #: :data:`PARALLEL_WORK` edge-features on fewer rows; below both, on one. Alone, back to back, two threads
 #: beat one from about 256 rows; inside a model's forward they do not below about 4,000 rows
-#: (docs/BENCHMARKS.md, "small graphs"): numba's OpenMP runtime is not torch's (two libgomp copies, two thread
-#: teams), and torch's team spins on the cores for a while after each of its parallel operations.
+#: (docs/BENCHMARKS.md, "small graphs"). Not for numba's OpenMP runtime beside torch's: a prototype that ran the
+#: ranges on torch's own team did no better (0.62x-1.03x from 256 rows on Cora and CiteSeer; "the small-graph
+#: gap is the kernel's cost per row").
 PARALLEL_ROWS = 4096
 #: edges x features from which a graph of fewer than :data:`PARALLEL_ROWS` rows runs in parallel too
 PARALLEL_WORK = 1 << 22

@@ -48,3 +48,18 @@ def test_cpu_table_times_a_base_revision_beside_this_tree():
         assert len(cells) == 2 and all(re.fullmatch(r"[\d.]+x", c) for c in cells), (name, rows)
     bad = _kernels_py("--graphs", "arxiv-like", "--base", "no-such-revision")
     assert bad.returncode != 0 and "--base no-such-revision" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_graphs_take_any_dataset_of_the_data_dir(tmp_path):
+    """--graphs names a dataset file of --data-dir (Cora, CiteSeer, ... in ../shared/data), here a tiny one; a name
+    that is neither a synthetic shape nor a file there is refused with the choices."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "tiny.npz", edge_index=rng.integers(0, 50, (2, 300)), y=np.zeros(50, np.int64))
+    proc = _kernels_py("--graphs", "tiny", "--features", "7", "--widths", "4", "--rounds", "1",
+                       "--data-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"^\| tiny \| 7 \| cpu \| public \| [\d.]+ \| [\d.]+x \| [\d.]+x \|$", proc.stdout, re.M), proc.stdout
+    bad = _kernels_py("--graphs", "nowhere", "--data-dir", str(tmp_path))
+    assert bad.returncode != 0 and "unknown graphs ['nowhere']" in (bad.stdout + bad.stderr), bad.stderr[-2000:]
