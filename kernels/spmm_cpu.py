@@ -32,6 +32,9 @@ How it is fast (each measured against the previous version on Amazon Computers, 
   cache follows this file only: the line ``# numba cache key`` above the imports names the digest of
   ``kernels/lanes.py`` (:mod:`kernels.cache_key`), so an edit there recompiles this kernel once the line
   is rewritten.
+* **rows narrower than one vector run a kernel compiled for their width** (:func:`serial_kernel`, F = 1 to 7:
+  a class count): with the width a constant, LLVM unrolls the loops over a row's features instead of setting up a
+  loop of unknown count for each kept edge; 1.2x-1.5x, the same bits (2026-11-26).
 * **parallel over rows** in ranges dealt out round-robin (:func:`_kernel_parallel`: thread ``t`` takes
   ranges ``t``, ``t + T``, ...), so a degree-skewed stretch of the graph falls on every thread, on
   ``min(torch's, numba's)`` thread count (:func:`kernel_threads`); each range is the serial kernel
@@ -48,6 +51,8 @@ thread count: a row is always one thread's work.
 # numba cache key: lanes 4f34d0e8384f
 
 from __future__ import annotations
+
+from typing import Any
 
 import numba
 import numpy as np
@@ -141,13 +146,20 @@ def walk_step(w):  # pragma: no cover - compiled
     return p, (kind, step, d, m, b, off, tm)
 
 
-@numba.njit(cache=True, nogil=True)
-def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out, r0):  # pragma: no cover - compiled
+@numba.njit(cache=True, nogil=True, inline="always")
+def _rows(indptr, indices, weights, x, width, fastrand, agg, dinv, out, r0, fc):  # pragma: no cover - compiled
     """The rows of ``out``, rows ``r0 ..`` of the graph whose ``indptr`` is given from row ``r0`` on: the serial
     kernel (``r0 = 0``, whole arrays), and each range the parallel one hands out (views of ``indptr`` and
     ``out``). The loop over local rows starts at 0, so LLVM knows the index is not negative and drops the
-    wrap-around of every ``indptr[i]`` and ``out[i]``; a loop from a variable start ran Cora 0.94x."""
+    wrap-around of every ``indptr[i]`` and ``out[i]``; a loop from a variable start ran Cora 0.94x.
+
+    Inlined (numba's IR) into each kernel with ``fc`` a constant: 0 in :func:`_kernel`, which reads the width from
+    ``out``, or the width itself in a narrow kernel of :func:`serial_kernel`. Passed at run time instead, the width
+    ran Cora and CiteSeer at 0.74x-0.88x at F = 8 and 16 (LLVM no longer knew it was the rows' length), and a
+    narrow kernel that called a compiled ``_kernel`` taking ``fc`` made the generic one 0.89x-0.96x (2026-11-26)."""
     n, f = out.shape
+    if fc > 0:
+        f = fc
     has_w = weights.shape[0] > 0
     one = x.dtype.type(1.0)
     for i in range(n):
@@ -228,7 +240,43 @@ def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out, r0):  
                 row[c] *= sc
 
 
-_serial = _kernel
+@numba.njit(cache=True, nogil=True)
+def _kernel(indptr, indices, weights, x, width, fastrand, agg, dinv, out, r0):  # pragma: no cover - compiled
+    """:func:`_rows` reading the row width from ``out``: the serial kernel from :data:`NARROW_FEATURES` features,
+    and every range of the parallel driver."""
+    _rows(indptr, indices, weights, x, width, fastrand, agg, dinv, out, r0, 0)
+
+
+#: rows narrower than this run a kernel compiled for their width (:func:`serial_kernel`)
+NARROW_FEATURES = 8
+_SERIAL: dict[int, Any] = {}
+
+
+def serial_kernel(f: int) -> Any:
+    """The serial kernel for rows of ``f`` features: compiled for exactly that width when ``0 < f <``
+    :data:`NARROW_FEATURES`, else :func:`_kernel`, which reads it from the output. A narrow one is built on first
+    use and cached on disk like the other kernels (numba keys a closure's cache entry by the values it closes
+    over, here the width).
+
+    Below one 32-byte vector of float32 every loop over a row's features runs a few iterations whose count LLVM
+    does not know, and setting it up for each kept edge cost more than its work: on Cora, one thread, ns per output
+    row, the generic kernel took 19.6 at F = 1 and 35.0 at F = 7 against MKL's 10.5 and 14.5 (2026-11-26). With
+    the width a constant LLVM unrolls those loops: 1.2x-1.4x at F = 1 to 7, the same bits (docs/BENCHMARKS.md,
+    "a kernel per narrow width"). A narrow width costs one more compilation, about 4 s per width and signature
+    the first time on a machine, so only the serial kernel has them; the parallel one, from
+    :data:`PARALLEL_ROWS` rows, reads the width at run time."""
+    if not 0 < f < NARROW_FEATURES:
+        return _kernel
+    k = _SERIAL.get(f)
+    if k is None:
+        fc = int(f)
+
+        @numba.njit(cache=True, nogil=True)
+        def serial(indptr, indices, weights, x, width, fastrand, agg, dinv, out, r0):  # pragma: no cover - compiled
+            _rows(indptr, indices, weights, x, width, fastrand, agg, dinv, out, r0, fc)
+
+        k = _SERIAL.setdefault(f, serial)
+    return k
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -295,5 +343,5 @@ def sampled_spmm_cpu(
         finally:
             numba.set_num_threads(before)
     else:
-        _serial(*args, 0)
+        serial_kernel(xn.shape[1])(*args, 0)
     return torch.from_numpy(out)

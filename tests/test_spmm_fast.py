@@ -185,7 +185,7 @@ def test_parallel_driver_writes_every_row_as_the_serial_kernel(chunk, threads):
         want = np.full_like(x, np.nan)
         got = np.full_like(x, np.nan)
         args = (g.indptr, g.indices, g.weights, x, width, True, agg, dinv)
-        spmm_cpu._serial(*args, want, 0)
+        spmm_cpu.serial_kernel(x.shape[1])(*args, want, 0)
         spmm_cpu._parallel(*args, got, chunk, threads)
         assert not np.isnan(want).any()
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (width, agg)
@@ -230,7 +230,7 @@ indptr = np.array([0, 2, 3], dtype=np.int64)
 indices = np.array([1, 0, 0], dtype=np.int32)
 x = np.ones((2, 3), np.float32)
 args = (indptr, indices, spmm_cpu._NO_W, x, 0, True, 0, np.zeros(0, np.float32), np.empty_like(x))
-spmm_cpu._serial(*args, 0)
+spmm_cpu.serial_kernel(x.shape[1])(*args, 0)
 print(parallel._is_initialized)
 spmm_cpu._parallel(*args, 1, 2)
 print(parallel._is_initialized)
@@ -243,7 +243,8 @@ def test_serial_and_parallel_kernels_stay_what_they_are_through_the_cache(tmp_pa
     the pool up). Before each had its own cache file, whichever compiled first served both."""
     for run in ("compiles", "loads from the cache"):
         assert _fresh_process(_THREADS_LAUNCHED, tmp_path, 300) == ["False", "True"], run
-    assert len(list((tmp_path / "numba").rglob("spmm_cpu.*.nbi"))) == 2
+    # the serial kernel for the width (a closure), the row kernel both call, the parallel driver
+    assert len(list((tmp_path / "numba").rglob("spmm_cpu.*.nbi"))) == 3
 
 
 def test_large_graph_parallel_path_and_chunking():
@@ -284,7 +285,7 @@ def test_thread_count_follows_torch_and_numba(monkeypatch):
         assert seen == []
         if numba.config.NUMBA_NUM_THREADS >= 2:
             torch.set_num_threads(2)
-            monkeypatch.setattr(spmm_cpu, "_serial", no_serial)
+            monkeypatch.setattr(spmm_cpu, "serial_kernel", lambda f: no_serial)
             with torch.no_grad():
                 assert torch.equal(sampled_spmm(g, x, 16), want)  # the result does not depend on it
             assert seen == [2]
