@@ -11,7 +11,7 @@ vectors for float32 rows of 8 to 127 features, LLVM's own loop otherwise; a row 
 of vectors ends with two overlapping ones (:func:`add4_lanes2`) instead of scalar columns. A first try
 (2026-11-26 morning) put the vectors into a kernel whose parallel copy was numba's ``prange`` over its rows; that copy ran
 0.36x-2.12x depending on F and on the loop around the call. The kernel's parallel copy is now a driver
-that calls the serial kernel, the same function, on ranges of rows (docs/BENCHMARKS.md, "the kernel's rows
+that calls the generic serial kernel, the same function, on ranges of rows (docs/BENCHMARKS.md, "the kernel's rows
 in vectors").
 """
 

@@ -1055,6 +1055,8 @@ class CapturedForward:
             return
         if len(self._seen) > 64 * MAX_GRAPHS:  # bounded: requests choose the keys
             self._seen.clear()
+        # not under the model's lock: the loop's and the worker's batches can race here and lose a count, which
+        # only captures that key a batch later
         self._seen[self._key(targets, width, budget, want_emb)] += 1
 
     def _forward(self, rows: torch.Tensor, width: int, budget: int, want_emb: bool) -> torch.Tensor:

@@ -34,7 +34,7 @@ How it is fast (each measured against the previous version on Amazon Computers, 
   is rewritten.
 * **rows narrower than one vector run a kernel compiled for their width** (:func:`serial_kernel`, F = 1 to 7:
   a class count): with the width a constant, LLVM unrolls the loops over a row's features instead of setting up a
-  loop of unknown count for each kept edge; 1.2x-1.5x, the same bits (2026-11-26).
+  loop of unknown count for each kept edge; 1.05x-1.45x per call (most 1.15x-1.37x), the same bits (2026-11-26).
 * **parallel over rows** in ranges dealt out round-robin (:func:`_kernel_parallel`: thread ``t`` takes
   ranges ``t``, ``t + T``, ...), so a degree-skewed stretch of the graph falls on every thread, on
   ``min(torch's, numba's)`` thread count (:func:`kernel_threads`); each range is the serial kernel
@@ -48,7 +48,7 @@ path up to rounding (tests compare them on random graphs). The result does not d
 thread count: a row is always one thread's work.
 """
 
-# numba cache key: lanes 4f34d0e8384f
+# numba cache key: lanes f04d5b26c67e
 
 from __future__ import annotations
 
@@ -255,13 +255,13 @@ _SERIAL: dict[int, Any] = {}
 def serial_kernel(f: int) -> Any:
     """The serial kernel for rows of ``f`` features: compiled for exactly that width when ``0 < f <``
     :data:`NARROW_FEATURES`, else :func:`_kernel`, which reads it from the output. A narrow one is built on first
-    use and cached on disk like the other kernels (numba keys a closure's cache entry by the values it closes
-    over, here the width).
+    use and cached on disk like the other kernels, under a name of its own (``serial_kernel_f3``, ...).
 
     Below one 32-byte vector of float32 every loop over a row's features runs a few iterations whose count LLVM
     does not know, and setting it up for each kept edge cost more than its work: on Cora, one thread, ns per output
     row, the generic kernel took 19.6 at F = 1 and 35.0 at F = 7 against MKL's 10.5 and 14.5 (2026-11-26). With
-    the width a constant LLVM unrolls those loops: 1.2x-1.4x at F = 1 to 7, the same bits (docs/BENCHMARKS.md,
+    the width a constant LLVM unrolls those loops: 1.05x-1.45x per call at F = 1 to 7 (most 1.15x-1.37x), the same
+    bits (docs/BENCHMARKS.md,
     "a kernel per narrow width"). A narrow width costs one more compilation, about 4 s per width and signature
     the first time on a machine, so only the serial kernel has them; the parallel one, from
     :data:`PARALLEL_ROWS` rows, reads the width at run time."""
@@ -271,11 +271,16 @@ def serial_kernel(f: int) -> Any:
     if k is None:
         fc = int(f)
 
-        @numba.njit(cache=True, nogil=True)
         def serial(indptr, indices, weights, x, width, fastrand, agg, dinv, out, r0):  # pragma: no cover - compiled
             _rows(indptr, indices, weights, x, width, fastrand, agg, dinv, out, r0, fc)
 
-        k = _SERIAL.setdefault(f, serial)
+        # a name per width, read by numba when it decorates: its cache index file and the compiled symbol's name
+        # follow it. With one name for every width, the symbols differed only by a per-process counter, so two
+        # processes that each compiled another width first could write the same symbol for two bodies, and a
+        # process loading both would run one width's code for the other (numba/numba#10486); and the widths
+        # shared one index file, written by concurrent compiles (--processes) without a lock
+        serial.__name__ = serial.__qualname__ = f"serial_kernel_f{fc}"
+        k = _SERIAL.setdefault(f, numba.njit(cache=True, nogil=True)(serial))
     return k
 
 
@@ -283,7 +288,9 @@ def serial_kernel(f: int) -> Any:
 def _kernel_parallel(indptr, indices, weights, x, width, fastrand, agg, dinv, out, chunk, threads):  # pragma: no cover
     """:func:`_kernel` over ranges of ``chunk`` rows, dealt out round-robin to ``threads`` threads (numba's
     OpenMP layer gives each ``prange`` iteration, here one per thread, to its own thread). Each range is
-    the serial kernel, the same function, on views of its rows; until 2026-11-26 the row loop was the
+    the generic serial kernel :func:`_kernel`, the same function, on views of its rows (rows under
+    :data:`NARROW_FEATURES` wide run another serial kernel, :func:`serial_kernel`, built from the same inlined
+    :func:`_rows`); until 2026-11-26 the row loop was the
     ``prange`` body itself, and its speed moved with changes that the serial copy did not feel."""
     n = out.shape[0]
     ranges = (n + chunk - 1) // chunk

@@ -937,8 +937,8 @@ def test_a_resident_state_that_cannot_be_built_falls_back_when_not_asked_for(tin
 
 
 def test_captured_graphs_are_bounded_and_captured_on_a_second_request(monkeypatch):
-    """The serving paths replay a graph only for a (bucket, width, budget, embeddings) key asked for
-    CAPTURE_AFTER times (one-off widths run uncaptured), and at most MAX_GRAPHS graphs are kept, the least
+    """The serving paths replay a graph only for a (bucket, width, budget, embeddings) key of which CAPTURE_AFTER - 1
+    batches were served uncaptured (one-off widths run uncaptured), and at most MAX_GRAPHS graphs are kept, the least
     recently replayed dropped first: requests choose widths, and each graph holds device memory."""
     import kernels.resident as resident
     from kernels.resident import CapturedForward

@@ -307,6 +307,10 @@ def test_narrow_rows_run_a_kernel_compiled_for_their_width(f, dtype):
     generic = spmm_cpu.serial_kernel(0)
     assert narrow is spmm_cpu.serial_kernel(f) and narrow is not generic
     assert spmm_cpu.serial_kernel(spmm_cpu.NARROW_FEATURES) is generic and spmm_cpu.serial_kernel(64) is generic
+    # each width its own name, so its own cache index file and compiled symbols (one name for all: numba#10486)
+    kernels = [generic] + [spmm_cpu.serial_kernel(w) for w in range(1, spmm_cpu.NARROW_FEATURES)]
+    assert len({k._cache._cache_file._index_path for k in kernels}) == len(kernels)
+    assert narrow.py_func.__qualname__ == f"serial_kernel_f{f}"
     rng = np.random.default_rng(f)
     for weighted in (False, True):
         g = random_graph(40 + f, weighted=weighted)

@@ -243,7 +243,7 @@ def test_serial_and_parallel_kernels_stay_what_they_are_through_the_cache(tmp_pa
     the pool up). Before each had its own cache file, whichever compiled first served both."""
     for run in ("compiles", "loads from the cache"):
         assert _fresh_process(_THREADS_LAUNCHED, tmp_path, 300) == ["False", "True"], run
-    # the serial kernel for the width (a closure), the row kernel both call, the parallel driver
+    # the serial kernel for width 3 (serial_kernel_f3), the generic _kernel that the parallel driver calls, the driver
     assert len(list((tmp_path / "numba").rglob("spmm_cpu.*.nbi"))) == 3
 
 
