@@ -31,7 +31,7 @@ loop (:mod:`serve.batcher`), where the torch path's per-operation cost dominates
 default, each of ``--processes N`` its share) and spins between calls (docs/BENCHMARKS.md, 2026-11-26).
 """
 
-# numba cache key: lanes f04d5b26c67e, plan 40bf52f6ef04, spmm_cpu 9e528cfd1d8b, subgraph 3dfab2b48305
+# numba cache key: lanes f04d5b26c67e, plan 40bf52f6ef04, spmm_cpu 08eccef46b96, subgraph 3dfab2b48305
 
 from __future__ import annotations
 

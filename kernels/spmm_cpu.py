@@ -65,8 +65,8 @@ from .spmm import FASTRAND_PRIME
 from .threads import numba_threads
 
 __all__ = [
-    "fastrand_period", "fastrand_position", "kernel_threads", "runs_parallel", "sampled_spmm_cpu", "walk_start",
-    "walk_step",
+    "fastrand_period", "fastrand_position", "kernel_threads", "runs_parallel", "sampled_spmm_cpu", "serial_kernel",
+    "walk_start", "walk_step",
 ]
 
 _AGG_CODE = {"sum": 0, "mean": 1, "gcn": 2}
@@ -261,10 +261,9 @@ def serial_kernel(f: int) -> Any:
     does not know, and setting it up for each kept edge cost more than its work: on Cora, one thread, ns per output
     row, the generic kernel took 19.6 at F = 1 and 35.0 at F = 7 against MKL's 10.5 and 14.5 (2026-11-26). With
     the width a constant LLVM unrolls those loops: 1.05x-1.45x per call at F = 1 to 7 (most 1.15x-1.37x), the same
-    bits (docs/BENCHMARKS.md,
-    "a kernel per narrow width"). A narrow width costs one more compilation, about 4 s per width and signature
-    the first time on a machine, so only the serial kernel has them; the parallel one, from
-    :data:`PARALLEL_ROWS` rows, reads the width at run time."""
+    bits (docs/BENCHMARKS.md, "a kernel per narrow width"). A narrow width costs one more compilation, about 4 s
+    per width and signature the first time on a machine, so only the serial kernel has them; the parallel one,
+    from :data:`PARALLEL_ROWS` rows, reads the width at run time."""
     if not 0 < f < NARROW_FEATURES:
         return _kernel
     k = _SERIAL.get(f)
