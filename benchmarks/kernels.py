@@ -606,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     names = [s.strip() for s in args.graphs.split(",") if s.strip()]
     # a default dataset missing from --data-dir is load_real's "not found"; any other name must be a file there
-    bad = [s for s in names if s not in ALL_GRAPHS and s not in SYNTHETIC and not (args.data_dir / f"{s}.npz").exists()]
+    bad = [s for s in names if s not in ALL_GRAPHS and not (args.data_dir / f"{s}.npz").exists()]
     if bad:
         raise SystemExit(f"unknown graphs {bad}; choose from {ALL_GRAPHS} or another dataset in {args.data_dir}")
     feats = [int(s) for s in args.features.split(",")]

@@ -297,7 +297,7 @@ def test_the_kernel_goes_parallel_by_rows_or_by_work():
 
 
 @pytest.mark.parametrize("f,dtype", [(1, np.float32), (5, np.float32), (7, np.float32), (3, np.float64)])
-def test_narrow_rows_run_a_kernel_compiled_for_their_width(f, dtype):
+def test_narrow_rows_run_a_kernel_compiled_for_their_width(f, dtype, monkeypatch):
     """Rows of fewer than NARROW_FEATURES features run the serial kernel compiled for exactly their width (one per
     width, built once); it gives the bits of the kernel that reads the width at run time, for every aggregator,
     exact and sampled, weighted or not, and the public call takes it."""
@@ -334,11 +334,8 @@ def test_narrow_rows_run_a_kernel_compiled_for_their_width(f, dtype):
         calls.append(1)
         return real(*args)
 
-    spmm_cpu._SERIAL[f] = counted
-    try:
-        got = sampled_spmm(g, x, 4, "fastrand", "mean")
-    finally:
-        spmm_cpu._SERIAL[f] = real
+    monkeypatch.setitem(spmm_cpu._SERIAL, f, counted)
+    got = sampled_spmm(g, x, 4, "fastrand", "mean")
     assert calls == [1]
     torch.testing.assert_close(got, sampled_spmm_torch(g, x, 4, "fastrand", "mean"), rtol=1e-5, atol=1e-6)
 
