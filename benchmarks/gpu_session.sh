@@ -21,6 +21,7 @@
 #   bash benchmarks/gpu_session.sh verify         # tests, tune, the kernel table, the paper's experiment (short rows)
 #   bash benchmarks/gpu_session.sh ab             # kernel tests; the paper's small graphs, short-rows rule vs 3 blocks
 #   bash benchmarks/gpu_session.sh shadow         # tests, sanitize, tune (the C++ launcher), shaDow's one-launch kernel per batch
+#   bash benchmarks/gpu_session.sh next           # tests (2026-11-27's defaults), the CPU path on many cores, shaDow inline
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
 #
@@ -43,7 +44,7 @@
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|more|fused|tuning|verify|ab|shadow|tune|kerneltests|sanitize|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput|inline"}
+step=${1:?"usage: $0 prepare|core|scale|more|fused|tuning|verify|ab|shadow|next|tune|kerneltests|sanitize|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput|inline"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
@@ -112,7 +113,8 @@ step_sanitize() {  # the one-launch kernels (shadow_block, resident_head) under 
     for tool in memcheck racecheck synccheck; do
         rc=0 cache_off=""
         if [ "$tool" = memcheck ]; then cache_off="PYTORCH_NO_CUDA_MEMORY_CACHING=1"; fi  # read when set at all
-        env $cache_off timeout "$(($1 / 3))" "$san" --tool "$tool" --error-exitcode 9 --print-limit 20 \
+        # racecheck is the slow one (about 90 s for the test script on an H100 on 2026-11-27): half the limit
+        env $cache_off timeout "$(if [ "$tool" = racecheck ]; then echo $(($1 / 2)); else echo $(($1 / 4)); fi)" "$san" --tool "$tool" --error-exitcode 9 --print-limit 20 \
             python3 tests/sanitize_kernels.py > "$one" 2>&1 || rc=$?
         { echo "== $tool: exit $rc"; cat "$one"; } >> "$log"
         echo "$tool: exit $rc; $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$one" | tail -1 || true)"
@@ -138,13 +140,13 @@ step_serving() {
     timeout "$1" python3 benchmarks/device_split.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
         --models "${MODELS:-gcn,shadow-gcn}" --batches "${BATCHES:-1,8,64,256,1024}" --rounds "${ROUNDS:-5}" \
         --variants "${VARIANTS:-cpu,cuda,cuda-resident,cuda-graphs,cuda-fused,cuda-default}" ${WIDTH:+--width "$WIDTH"} \
-        | tee "$OUT/serving${WIDTH:+-w$WIDTH}.md" | tail -60
+        | tee "$OUT/${OUT_NAME:-serving${WIDTH:+-w$WIDTH}}.md" | tail -60
 }
 step_onenode() {  # where a small batch's time goes on the CPU and GPU paths, stage by stage, and a profile
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
     timeout "$1" python3 benchmarks/one_node.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
         --models "${MODELS:-gcn,shadow-gcn}" --batches "${BATCHES:-1,8,64}" --rounds "${ROUNDS:-5}" --profile \
-        ${VARIANTS:+--variants "$VARIANTS"} | tee "$OUT/onenode.md" | tail -40
+        ${VARIANTS:+--variants "$VARIANTS"} | tee "$OUT/${OUT_NAME:-onenode}.md" | tail -40
 }
 step_coldstart() {  # a --device cuda start on an empty and a warm CuPy kernel cache, bundled against per-instance
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
@@ -255,9 +257,23 @@ ab)
     GNNSERVE_CUDA_DEFINES=ES_SPMM_SPLIT_MIN_BLOCKS=3 GRAPHS=cora,citeseer,pubmed-like OUT_NAME=paper-3blocks part paper 60
     GRAPHS=cora,citeseer,pubmed-like OUT_NAME=paper-rule2 part paper 60
     ;;
+next)
+    # planned first call of the next session (2026-11-27, after an H100 run of `shadow`): the GPU tests on the
+    # defaults set from it (shaDow's one-launch kernel on, from 2 targets; no inline batches on a GPU) and
+    # two tests mended after it; the compiled shaDow CPU path, which took 7.9 ms for 16 targets on that
+    # machine's 16 cores against 0.82 for 8 (1.08 on the 2-vCPU VM), with SciPy's OpenBLAS on every core and
+    # on one, stage by stage; the inline bound for shaDow-GCN in 2 rounds (one round was even)
+    part tests 200
+    ROUNDS=3 BATCHES=1,8,12,16,64 MODELS=shadow-gcn VARIANTS=cpu OUT_NAME=cpu-blas-default part serving 45
+    OPENBLAS_NUM_THREADS=1 ROUNDS=3 BATCHES=1,8,12,16,64 MODELS=shadow-gcn VARIANTS=cpu OUT_NAME=cpu-blas-1 \
+        part serving 45
+    ROUNDS=3 BATCHES=8,16,64 MODELS=shadow-gcn VARIANTS=cpu OUT_NAME=onenode-cpu part onenode 60
+    MODELS=shadow-gcn INLINE=0,8,64 CONC=1,16 ROUNDS=2 part inline 100
+    ;;
 shadow)
-    # planned first call of the next session (2026-11-26, written without a GPU): the GPU tests (the C++
-    # launcher, shaDow's one-launch kernel kernels/shadow_block.cu and everything else not yet run on a GPU),
+    # the first call of 2026-11-27 (an H100; docs/BENCHMARKS.md, "GPU: an H100 machine, 2026-11-27"): the GPU
+    # tests (the C++ launcher, shaDow's one-launch kernel kernels/shadow_block.cu and everything else not yet
+    # run on a GPU),
     # the one-launch kernels under compute-sanitizer, the host time per kernel call with the C++ launcher, and shaDow-GCN per batch: the kernel (cuda-fused,
     # --fused-head) against the CUDA graphs it would replace and the CPU, at the default and the exact width
     part tests 190

@@ -22,8 +22,9 @@ large budget at the exact width on a wide model) takes the torch operators; a ba
 answered by them, which serve the model from then on (:meth:`ResidentShadow.answer`), unless the failure
 left the CUDA context unusable (:func:`kernels.resident.device_lost`): then the error goes up to the runtime.
 
-Until a GPU session has timed it against the CUDA graphs of the torch operators, it is used only when
-asked for (``--fused-shadow``, ``RuntimeOptions.fused_shadow``; :data:`DEFAULT_ON`).
+It is a resident shaDow model's default on a GPU (:data:`DEFAULT_ON`; ``--no-fused-shadow`` turns it off,
+``--fused-shadow`` requires it): on an H100 on 2026-11-27 it answered every batch size faster than the CUDA
+graphs of the torch operators it replaces, and passed compute-sanitizer's memcheck, racecheck and synccheck.
 """
 
 from __future__ import annotations
@@ -57,8 +58,11 @@ POOL_CODES = {"mean": 1, "max": 2}
 #: dynamic shared memory a launch may take without opting in (more where the device allows it)
 SHARED_LIMIT = 48 * 1024
 #: whether a resident shaDow model on a GPU uses the kernel unless told (``--fused-shadow`` /
-#: ``--no-fused-shadow``): not before a GPU session has measured it against the CUDA graphs it replaces
-DEFAULT_ON = False
+#: ``--no-fused-shadow``). On, from an H100 on 2026-11-27 (docs/BENCHMARKS.md, "GPU: an H100 machine,
+#: 2026-11-27"; ``benchmarks/device_split.py``, Amazon Computers, shaDow-GCN): ms per batch against the CUDA
+#: graphs of the torch operators, 0.266 / 0.758 for one target, 0.261 / 0.626 for 8, 0.367 / 1.247 for 1,024
+#: at the default width, 0.166 / 0.353 and 0.450 / 1.394 at the exact width
+DEFAULT_ON = True
 #: (width, budget) launch shapes a kernel memoizes (all dropped when full)
 SHAPES_KEPT = 256
 #: targets of the check at creation, and its tolerance on probabilities

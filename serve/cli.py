@@ -172,12 +172,12 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--inline-max-targets", type=int, default=None,
                     help="batches up to this many targets (and --inline-max-work) run on the event loop when "
                          "nothing else waits (no thread hand-off; in-memory features only; 0 = always in the "
-                         "worker thread; default 256 on the CPU, 8 with --device cuda)")
+                         "worker thread; default 256 on the CPU, 0 with --device cuda)")
     ap.add_argument("--gpu-min-targets", type=int, default=None,
                     help="--device cuda: batches of fewer targets run the compiled CPU paths (a CPU copy of the "
                          "model), where the GPU's launch and copy costs outweigh its arithmetic (0 = all on GPU; "
                          "default: where the model's GPU path was measured to win: 0 for plain models with the "
-                         "fused last layer, 8 for shaDow with CUDA graphs; 64 and 512 for plain models with and "
+                         "fused last layer, 2 for shaDow with its one-launch kernel, 8 with CUDA graphs; 64 and 512 for plain models with and "
                          "without CUDA graphs (--no-fused-head), 32 for shaDow without; on the torch path never "
                          "for plain models, 32 for shaDow: serve.runtime.GPU_MIN_TARGETS_AUTO)")
     ap.add_argument("--resident", action=argparse.BooleanOptionalAction, default=None,
@@ -200,8 +200,8 @@ def _serve(argv: Sequence[str]) -> int:
                     help="on a shaDow model resident on --device cuda: its whole batch in one kernel launch, one "
                          "block per target with its subgraph in shared memory, answers read from mapped host "
                          "memory (kernels.shadow_block); the torch operators (and --cuda-graphs of them) keep what "
-                         "it leaves. Default: off until timed on a GPU (it is checked against the torch operators "
-                         "when the model loads). Asked for and unable to run, the model fails to load")
+                         "it leaves. Default: on wherever it builds and passes its check against the torch operators "
+                         "when the model loads. Asked for and unable to run, the model fails to load")
     ap.add_argument("--max-nodes-per-request", type=int, default=4096,
                     help="ids plus new nodes per request; checked on the request's bytes before it is parsed")
     ap.add_argument("--max-new-node-edges", type=int, default=100_000,

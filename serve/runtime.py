@@ -86,9 +86,10 @@ SMALL_BATCH_ROWS = 4096
 #: graphs are not captured for it): on the H200 on 2026-11-26 (docs/BENCHMARKS.md, "GPU: an H200 machine,
 #: 2026-11-26") one target cost 0.058 ms there and on the compiled CPU path alike (1.00x), 8 targets 0.79x,
 #: 64 0.47x, 1,024 0.08x, so it takes every batch. ``shadow-fused``: a shaDow model's whole batch in one
-#: kernel (kernels.shadow_block, only with --fused-shadow until measured): not timed on a GPU yet, so the
-#: crossover of the CUDA graphs it replaces
-GPU_MIN_TARGETS_AUTO: dict[str, int | None] = {"plain-fused": 0, "shadow-fused": 8, "plain-graphs": 64,
+#: kernel (kernels.shadow_block, the default since 2026-11-27): on an H100 on 2026-11-27 (docs/BENCHMARKS.md,
+#: "GPU: an H100 machine, 2026-11-27") one target at the default width cost 1.12x the compiled CPU path's,
+#: 2 targets 0.76x, 8 0.32x, 1,024 0.01x (one target at the exact width 0.61x), so batches from 2 targets
+GPU_MIN_TARGETS_AUTO: dict[str, int | None] = {"plain-fused": 0, "shadow-fused": 2, "plain-graphs": 64,
                                                "shadow-graphs": 8,
                                                "plain-resident": 512, "shadow-resident": 32, "plain-torch": None,
                                                "shadow-torch": 32}
@@ -146,9 +147,12 @@ def _torch_threads_for(rows: int, configured: int):
 #: ``RuntimeOptions.inline_max_targets`` by device when not given. CPU: 256, so that a batched request of up
 #: to 256 nodes whose estimated work is within ``inline_max_work`` skips the two thread hand-offs; on the
 #: 2-vCPU VM (docs/BENCHMARKS.md, 2026-11-26 15:00 UTC) 64-node GCN requests served 1.08x-1.13x the node
-#: predictions/s of the former 8. CUDA: 8, as before (a device batch on the loop would hold it while the
-#: GPU computes; not measured yet).
-INLINE_MAX_TARGETS = {"cpu": 256, "cuda": 8}
+#: predictions/s of the former 8. CUDA: 0, never (it was 8, chosen without a GPU): on an H100 on 2026-11-27
+#: (docs/BENCHMARKS.md, "GPU: an H100 machine, 2026-11-27"; benchmarks/inline.py, GCN) 16 single-node
+#: clients got 1.24x-1.52x the node predictions/s with batches in the worker (which then form batches of ~4
+#: while a device batch runs) than inline at 8 and a lower p50, while one client's p50 was 0.10-0.25 ms
+#: better inline (shaDow-GCN, one round: even at 16 clients); the server under load wins.
+INLINE_MAX_TARGETS = {"cpu": 256, "cuda": 0}
 
 
 def inline_targets_for(device: torch.device, configured: int | None) -> int:
@@ -223,8 +227,8 @@ class RuntimeOptions:
     fused_head: bool | None = None
     #: a shaDow model resident on a CUDA device: its whole batch in one kernel launch, one block per target
     #: with its subgraph in shared memory (:mod:`kernels.shadow_block`), instead of the torch operators (CUDA
-    #: graphs of them keep what it leaves); None = as ``kernels.shadow_block.DEFAULT_ON`` says (off until
-    #: timed on a GPU), True = required (a shaDow model that cannot take it fails to load, saying why)
+    #: graphs of them keep what it leaves); None = as ``kernels.shadow_block.DEFAULT_ON`` says (on, where
+    #: the kernel builds and passes its check), True = required (a shaDow model that cannot take it fails to load, saying why)
     fused_shadow: bool | None = None
 
     #: refuse UpdateGraph (the graph stays as loaded plus its logged updates)

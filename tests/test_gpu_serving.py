@@ -99,8 +99,10 @@ def test_cuda_concurrent_requests_match_one_by_one(cuda_stub):
     alone = [_predict(cuda_stub, m, nodes, sampling_width=4)[1] for m, nodes in reqs]
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         together = list(pool.map(lambda mr: _predict(cuda_stub, mr[0], mr[1], sampling_width=4)[1], reqs))
+    # together, requests join batches of other sizes, so a request may be answered by the GPU kernel alone and
+    # by the compiled CPU path together (gpu_min_targets): the paths' tolerance (tests/test_shadow_block.py)
     for a, b in zip(alone, together, strict=True):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize(("model", "kernels"), [("gcn", ("plan_forward_cpu", "plan_outer_cpu")),
@@ -137,8 +139,8 @@ def test_small_batches_on_a_gpu_server_take_the_compiled_cpu_forward(tiny_repo, 
 
 def test_serve_cli_with_device_cuda_answers_like_the_cpu_server(tiny_repo, served, served_cuda, tmp_path):
     """``gnnserve serve --device cuda`` from the command line, on its defaults (resident; the plain model's last
-    layer in one kernel for every batch, the shaDow model's CUDA graphs from 8 targets), gives the CPU server's
-    answers."""
+    layer in one kernel for every batch, the shaDow model's whole batch in one kernel from 2 targets), gives the
+    CPU server's answers."""
     log = tmp_path / "cuda.log"
     with ServerProcess(tiny_repo, "--device", "cuda", "--log-level", "INFO", log_path=log) as proc:
         for model, kw in (("shadow", {"sampling_width": 4, "ppr_budget": 16}), ("gcn", {"sampling_width": 0})):
@@ -151,7 +153,8 @@ def test_serve_cli_with_device_cuda_answers_like_the_cpu_server(tiny_repo, serve
             assert (r_gpu.settings.edges_kept, r_gpu.settings.edges_total) == (r_cpu.settings.edges_kept,
                                                                                 r_cpu.settings.edges_total)
     text = log.read_text()
-    # serve.runtime.GPU_MIN_TARGETS_AUTO: plain-fused 0, shadow-graphs 8
+    # serve.runtime.GPU_MIN_TARGETS_AUTO: plain-fused 0, shadow-fused 2 (kernels.shadow_block.DEFAULT_ON)
     assert re.search(r"model gcn v\d+ on cuda(:0)?: resident, last layer in one kernel; every batch on the GPU",
                      text), text[-3000:]
-    assert re.search(r"model shadow v\d+ on cuda(:0)?: resident, CUDA graphs; batches under 8 targets", text), text[-3000:]
+    assert re.search(r"model shadow v\d+ on cuda(:0)?: resident, whole batch in one kernel; batches under 2 targets",
+                     text), text[-3000:]

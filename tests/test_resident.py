@@ -598,7 +598,7 @@ def test_cuda_resident_shadow_does_not_synchronise():
     """shaDow on the GPU: answers equal the CPU resident model's, under set_sync_debug_mode("error")."""
     _cuda()
     _, _, _, _, cpu = _shadow_setup("gcn", "mean+max", 2, True)
-    _, _, _, _, gpu = _shadow_setup("gcn", "mean+max", 2, True, device="cuda")
+    _, _, _, _, gpu = _shadow_setup("gcn", "mean+max", 2, True, device="cuda", fused=False)  # the torch operators
     t = np.arange(0, 600, 5)
     for width in (0, 4):
         want = cpu.answer(t, width, 16, True)
@@ -618,7 +618,8 @@ def test_cuda_graphs_replay_the_shadow_forward():
     _cuda()
     from kernels.resident import CapturedForward
 
-    _, _, _, _, res = _shadow_setup("sage", "mean", 2, False, device="cuda")
+    # the torch operators (CapturedForward's subject) on both sides: not the one-launch kernel, on by default
+    _, _, _, _, res = _shadow_setup("sage", "mean", 2, False, device="cuda", fused=False)
     cap = CapturedForward(res, max_bucket=64)
     rng = np.random.default_rng(14)
     for n, width, budget in ((1, 0, 24), (5, 3, 24), (5, 3, 10), (40, 0, 10)):
@@ -868,6 +869,8 @@ def test_gpu_defaults_resident_with_graphs_and_the_measured_crossover(tiny_repo,
 
     assert gpu_min_targets_auto(shadow=False, resident=True, graphs=True) == GPU_MIN_TARGETS_AUTO["plain-graphs"] == 64
     assert gpu_min_targets_auto(shadow=True, resident=True, graphs=True) == GPU_MIN_TARGETS_AUTO["shadow-graphs"] == 8
+    assert gpu_min_targets_auto(shadow=True, resident=True, graphs=True, fused=True) == GPU_MIN_TARGETS_AUTO[
+        "shadow-fused"] == 2
     assert gpu_min_targets_auto(shadow=False, resident=True, graphs=False) == 512
     assert gpu_min_targets_auto(shadow=True, resident=True, graphs=False) == 32
     assert gpu_min_targets_auto(shadow=True, resident=False, graphs=False) == GPU_MIN_TARGETS_AUTO["shadow-torch"] == 32

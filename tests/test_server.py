@@ -401,13 +401,13 @@ def test_batched_requests_run_inline_on_the_cpu_by_default(served, stub):
 
 
 def test_inline_targets_by_device():
-    """serve.runtime.inline_targets_for: 256 on the CPU, 8 on CUDA (any index) and any other device, a value
-    given kept whatever the device (0: never inline)."""
+    """serve.runtime.inline_targets_for: 256 on the CPU, 0 (never inline) on CUDA (any index) and any other
+    device, a value given kept whatever the device."""
     from serve.runtime import inline_targets_for
 
     assert inline_targets_for(torch.device("cpu"), None) == 256
-    assert inline_targets_for(torch.device("cuda"), None) == 8
-    assert inline_targets_for(torch.device("cuda:1"), None) == 8
-    assert inline_targets_for(torch.device("meta"), None) == 8
+    assert inline_targets_for(torch.device("cuda"), None) == 0
+    assert inline_targets_for(torch.device("cuda:1"), None) == 0
+    assert inline_targets_for(torch.device("meta"), None) == 0
     assert inline_targets_for(torch.device("cpu"), 0) == 0
     assert inline_targets_for(torch.device("cuda"), 64) == 64

@@ -495,21 +495,25 @@ def test_answer_takes_the_block_and_the_torch_operators_beyond_its_shared_memory
 
 @pytest.mark.gpu
 def test_fused_shadow_serves_shadow_models_on_the_gpu(tiny_repo):
-    """A shaDow model on --device cuda with fused_shadow: the whole batch in one kernel (CUDA graphs kept for
-    what it leaves to the torch operators), its answers those of the same server without it."""
+    """A shaDow model on --device cuda with fused_shadow (asked for, and on its default: DEFAULT_ON): the whole
+    batch in one kernel (CUDA graphs kept for what it leaves to the torch operators), its answers those of the
+    same server without it."""
     _cuda()
     from .serving import ServerThread
 
+    assert shadow_block.DEFAULT_ON
     answers = {}
-    for fused in (True, False):
+    for fused in (True, None, False):
         with ServerThread(
             tiny_repo, {"runtime_kw": {"device": "cuda", "fused_shadow": fused, "gpu_min_targets": 0}}
         ) as srv:
             rt = srv.server.registry.get("shadow")
-            assert (rt._resident_shadow.block is not None) is fused and rt._fused_head is fused
+            on = fused is not False
+            assert (rt._resident_shadow.block is not None) is on and rt._fused_head is on
             assert rt._captured is not None  # CUDA graphs serve what the kernel leaves to the torch operators
             answers[fused] = [_process(rt, np.arange(0, 300, 13), w) for w in (0, 4)]
-    for a, b in zip(answers[True], answers[False], strict=True):
-        assert a.path == b.path == "shadow-resident"
-        np.testing.assert_allclose(a.probabilities, b.probabilities, rtol=1e-4, atol=1e-6)
-        assert (a.edges_kept, a.edges_total) == (b.edges_kept, b.edges_total)
+    for fused in (True, None):
+        for a, b in zip(answers[fused], answers[False], strict=True):
+            assert a.path == b.path == "shadow-resident"
+            np.testing.assert_allclose(a.probabilities, b.probabilities, rtol=1e-4, atol=1e-6)
+            assert (a.edges_kept, a.edges_total) == (b.edges_kept, b.edges_total)

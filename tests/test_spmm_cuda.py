@@ -1208,16 +1208,16 @@ def test_cuda_direct_calls_read_their_inputs_as_they_are(cuda):
     nd = 1.0 + g.degrees.astype(np.float64)
     dinv64 = torch.from_numpy(nd ** -0.5)
     seen = []
-    real_plan = spmm_cuda._plan
+    real_prepared = spmm_cuda._prepared  # what both launches (C++ and Python) prepare from: the x they read
 
-    def plan_spy(graph, xc, *args):
+    def prepared_spy(graph, xc, *args):
         seen.append(xc.data_ptr() == x.data_ptr())
-        return real_plan(graph, xc, *args)
+        return real_prepared(graph, xc, *args)
 
     for seed in range(3):
         x = _to_gpu(features(g.num_nodes, 64, seed), cuda).requires_grad_(seed == 2)
         with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
-            mp.setattr(spmm_cuda, "_plan", plan_spy)
+            mp.setattr(spmm_cuda, "_prepared", prepared_spy)
             got = spmm_cuda.sampled_spmm_cuda(g, x, 8, "fastrand", "gcn", gcn_dinv=dinv64)
         assert seen[-1], "a contiguous float32 x is read in place"
         want = sampled_spmm_torch(g, x.detach().double().cpu(), 8, "fastrand", "gcn", norm_degrees=nd).numpy()
@@ -1269,8 +1269,13 @@ def test_cuda_cpp_launcher_matches_the_python_launch(cuda, launcher_module, monk
         monkeypatch.setattr(spmm_cuda, "CPP_LAUNCH", False)
         want = spmm_cuda.sampled_spmm_cuda(g, x, width, "fastrand", aggregator)
         assert got.dtype == want.dtype == dtype
-        if prep.split:
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        if prep.split:  # the chunks' atomic adds in another order: a rounding of the row's magnitudes, which
+            # for a hub of 5,200 edges summing to near zero is above any fixed tolerance (1.2e-5 seen on an H100)
+            scale = spmm_cuda.sampled_spmm_cuda(g, x.abs(), width, "fastrand", aggregator).double()
+            slack = 16 * torch.finfo(dtype).eps * scale + 1e-12
+            err = (got.double() - want.double()).abs()
+            assert bool((err <= slack).all()), f"C++ and Python launches differ by {float((err - slack).max())} " \
+                "beyond the rounding of the row's magnitudes"
         else:
             assert torch.equal(got, want)
     assert spmm_cuda._cpp_ok.get(idx) is True
