@@ -31,6 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from clients._gen import gnnserve_pb2, gnnserve_pb2_grpc, inference_pb2, inference_pb2_grpc
+from kernels import compile_log
 
 from .interceptors import BearerAuthInterceptor, DrainGate, ErrorMappingInterceptor
 from .loops import loop_name, new_event_loop
@@ -90,6 +91,8 @@ class GnnServer:
                                              insecure=config.insecure):
             log.warning("%s", warning)
         self.config = config
+        # a first start on a machine compiles the CPU kernels for a minute or more: said kernel by kernel
+        compile_log.install()
         self.metrics = ServerMetrics()
         self.health = health.aio.HealthServicer()
         self.registry = ModelRegistry(

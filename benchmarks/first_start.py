@@ -1,0 +1,92 @@
+"""A CPU server's start on an empty and on a warm numba cache: what a first start on a machine costs.
+
+For each repository, round by round: ``gnnserve serve --repo REPO --read-only`` from the process's start to its
+ready file with ``NUMBA_CACHE_DIR`` a new directory (a fresh machine, or an image whose package directory
+cannot be written), then again on the cache that start filled. The server's log names each numba
+compilation with its time (``kernels.compile_log``); the table sums them, and the slowest kernels of the
+last cold start follow.
+
+    python benchmarks/serve.py --datasets cora --models gcn,shadow-gcn --cache-dir DIR --train-only
+    python benchmarks/first_start.py --repo DIR/cora/repo --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+COMPILED = re.compile(r"numba: compiled (\S+) in ([0-9.]+) s")
+
+
+def start(repo: str, cache: str, timeout_s: float) -> tuple[float, list[tuple[str, float]]]:
+    """Seconds from the server process's start to its ready file, and the compilations its log names."""
+    with tempfile.TemporaryDirectory() as d:
+        ready, log_path = Path(d) / "ready", Path(d) / "server.log"
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        cmd = [sys.executable, "-c", "from serve.cli import main; raise SystemExit(main())", "serve", "--repo", repo,
+               "--port", "0", "--ready-file", str(ready), "--read-only", "--log-level", "INFO"]
+        t0 = time.perf_counter()
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                while not ready.exists():
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"the server exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
+                    if time.perf_counter() - t0 > timeout_s:
+                        raise RuntimeError(f"the server was not ready in {timeout_s:.0f} s")
+                    time.sleep(0.02)
+                took = time.perf_counter() - t0
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        text = log_path.read_text()
+    return took, [(m.group(1), float(m.group(2))) for m in COMPILED.finditer(text)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repo", action="append", required=True, help="a model repository (repeatable)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds a start may take")
+    ap.add_argument("--top", type=int, default=10, help="the slowest compilations listed")
+    args = ap.parse_args(argv)
+    print("## A server's first start on a machine (`benchmarks/first_start.py`)\n")
+    print(f"`python benchmarks/first_start.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n")
+    print(f"{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} CPUs; seconds from the server "
+          "process's start to its ready file\n")
+    print("| repository | round | empty numba cache s | of it compiling (kernels) | warm cache s | compiled when warm |")
+    print("|---|---|---|---|---|---|")
+    last: list[tuple[str, float]] = []
+    for repo in args.repo:
+        for rnd in range(1, args.rounds + 1):
+            cache = tempfile.mkdtemp(prefix="gnnserve-numba-")
+            try:
+                cold, compiled = start(repo, cache, args.timeout)
+                warm, again = start(repo, cache, args.timeout)
+            finally:
+                shutil.rmtree(cache, ignore_errors=True)
+            last = compiled
+            print(f"| {repo} | {rnd} | {cold:.1f} | {sum(t for _, t in compiled):.1f} ({len(compiled)}) | {warm:.1f} "
+                  f"| {len(again)} |", flush=True)
+    if last:
+        print("\nThe slowest compilations of the last cold start:\n\n| kernel | s |\n|---|---|")
+        for name, t in sorted(last, key=lambda c: -c[1])[: args.top]:
+            print(f"| `{name}` | {t:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
