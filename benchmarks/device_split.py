@@ -11,13 +11,14 @@ distinct targets at each model's default setting, the variants interleaved round
   compiled CPU forward);
 * ``cpu-resident``, ``cuda-resident``: ``--resident`` (the graph and first-layer tables, or a shaDow
   model's lists and induced table, on the device, sampling there: ``kernels.resident``; on the GPU with
-  ``--no-cuda-graphs --no-fused-head --gpu-min-targets 0``, every batch there); ``cuda-graphs``: the same
+  ``--no-cuda-graphs --no-fused-head --no-fused-shadow --gpu-min-targets 0``, every batch there: the torch
+  operators); ``cuda-graphs``: the same
   with CUDA graphs (one captured CUDA graph per batch bucket, width and budget);
 * ``cuda-fused``: resident with ``--fused-head --fused-shadow --gpu-min-targets 0``: a plain model's last
   layer in one kernel (``kernels.resident_head``), a shaDow model's whole batch in one (``kernels.shadow_block``);
-* ``cuda-default``: ``--device cuda`` on its defaults (resident, the fused last layer for plain models, CUDA
-  graphs for shaDow until its kernel is measured, batches under the measured crossover ``serve.runtime.GPU_MIN_TARGETS_AUTO`` on the
-  compiled CPU paths).
+* ``cuda-default``: ``--device cuda`` on its defaults (resident, the fused last layer for plain models, the
+  whole batch in one kernel for shaDow since 2026-11-27, batches under the measured crossover
+  ``serve.runtime.GPU_MIN_TARGETS_AUTO`` on the compiled CPU paths).
 
 Reported: the median over rounds of the mean time per batch, each variant over ``cpu``, and the
 serving path each variant's last batch took. The ``cuda`` variants are left out where torch sees no
@@ -47,9 +48,9 @@ import bench_runtime  # noqa: E402
 VARIANTS = {"cpu": {"device": "cpu"}, "cuda": {"device": "cuda", "resident": False, "gpu_min_targets": 0},
             "cuda-hybrid": {"device": "cuda", "resident": False}, "cpu-resident": {"device": "cpu", "resident": True},
             "cuda-resident": {"device": "cuda", "resident": True, "cuda_graphs": False, "fused_head": False,
-                              "gpu_min_targets": 0},
+                              "fused_shadow": False, "gpu_min_targets": 0},
             "cuda-graphs": {"device": "cuda", "resident": True, "cuda_graphs": True, "fused_head": False,
-                            "gpu_min_targets": 0},
+                            "fused_shadow": False, "gpu_min_targets": 0},
             "cuda-fused": {"device": "cuda", "resident": True, "fused_head": True, "fused_shadow": True,
                            "gpu_min_targets": 0},
             "cuda-default": {"device": "cuda"}}

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-COMPILED = re.compile(r"numba: compiled (\S+) in ([0-9.]+) s")
+COMPILED = re.compile(r"numba: compiled (.+?) in ([0-9.]+) s$", re.M)
 
 
 def start(repo: str, cache: str, timeout_s: float) -> tuple[float, list[tuple[str, float]]]:

@@ -38,8 +38,8 @@
 #   bash benchmarks/gpu_session.sh paper          # the ES-SpMM paper's experiment, CUDA events
 #   bash benchmarks/gpu_session.sh ceiling        # ceiling.py on its cores: CPU servers, GPU servers beside PyG twins
 #   bash benchmarks/gpu_session.sh throughput     # serve.py --quick --device cuda: floor, knobs, PyG twin
-#   bash benchmarks/gpu_session.sh inline         # inline.py --device cuda: batches on the event loop off, 8 (the GPU
-#                                                 # default), 64 and 256, single-node clients at 1 and 16
+#   bash benchmarks/gpu_session.sh inline         # inline.py --device cuda: batches on the event loop off (the GPU
+#                                                 # default since 2026-11-27), 8, 64 and 256, single-node clients at 1 and 16
 #
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
@@ -181,7 +181,7 @@ step_throughput() {
     timeout "$1" python3 benchmarks/serve.py --quick --device cuda --data-dir "$data" --cache-dir /tmp/gpu-cache \
         ${SERVE_FLAGS:-} | tee "$OUT/${OUT_NAME:-throughput}.md" | tail -60
 }
-step_inline() {  # the GPU's inline bound (serve.runtime.INLINE_MAX_TARGETS["cuda"] = 8) was set without a GPU
+step_inline() {  # the GPU's inline bound (serve.runtime.INLINE_MAX_TARGETS["cuda"]: 0 since an H100 run on 2026-11-27)
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
     timeout "$1" python3 benchmarks/inline.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
         --models "${MODELS:-gcn,shadow-gcn}" --device cuda \
@@ -268,6 +268,8 @@ next)
     OPENBLAS_NUM_THREADS=1 ROUNDS=3 BATCHES=1,8,12,16,64 MODELS=shadow-gcn VARIANTS=cpu OUT_NAME=cpu-blas-1 \
         part serving 45
     ROUNDS=3 BATCHES=8,16,64 MODELS=shadow-gcn VARIANTS=cpu OUT_NAME=onenode-cpu part onenode 60
+    OPENBLAS_NUM_THREADS=1 ROUNDS=3 BATCHES=8,16,64 MODELS=shadow-gcn VARIANTS=cpu OUT_NAME=onenode-cpu-blas-1 \
+        part onenode 50
     MODELS=shadow-gcn INLINE=0,8,64 CONC=1,16 ROUNDS=2 part inline 100
     ;;
 shadow)
@@ -277,7 +279,7 @@ shadow)
     # the one-launch kernels under compute-sanitizer, the host time per kernel call with the C++ launcher, and shaDow-GCN per batch: the kernel (cuda-fused,
     # --fused-head) against the CUDA graphs it would replace and the CPU, at the default and the exact width
     part tests 190
-    part sanitize 120
+    part sanitize 120  # racecheck's 60 s of it ran out (it took about 90 s alone): `sanitize` alone has 285
     part tune 70
     ROUNDS=3 BATCHES=1,2,4,8,16,64,256,1024 MODELS=shadow-gcn VARIANTS=cpu,cuda-graphs,cuda-fused part serving 100
     ROUNDS=3 BATCHES=1,8,64,1024 MODELS=shadow-gcn VARIANTS=cpu,cuda-graphs,cuda-fused WIDTH=0 part serving 60

@@ -26,11 +26,12 @@ the device time of the replayed graph.
   ``head.sync`` (the wait for it; its answers are then in mapped host memory).
 
 Variants: ``cpu`` (``--device cpu``), ``gpu`` (``--device cuda --gpu-min-targets 0``: resident, a plain
-model's last layer in one kernel, shaDow with CUDA graphs, every batch on the GPU), ``gpu-graphs`` (the same
-with ``--no-fused-head``: the plain model's torch operators in CUDA graphs); and, not by default,
-``gpu-no-graphs`` (``--no-fused-head --no-cuda-graphs``), ``gpu-fused-shadow`` (``--fused-shadow``: a shaDow
-model's batch in one launch, ``kernels.shadow_block``, timed by the same ``head.launch`` / ``head.sync``
-stages) and ``cpu-resident`` (``--resident`` on the CPU).
+model's last layer in one kernel, a shaDow model's batch in one launch (``kernels.shadow_block``, timed by
+the same ``head.launch`` / ``head.sync`` stages), every batch on the GPU), ``gpu-graphs`` (the same with
+``--no-fused-head --no-fused-shadow``: the torch operators in CUDA graphs); and, not by default,
+``gpu-no-graphs`` (``--no-fused-head --no-fused-shadow --no-cuda-graphs``), ``gpu-fused-shadow``
+(``--fused-shadow``: the kernel required, the model fails to load without it) and ``cpu-resident``
+(``--resident`` on the CPU).
 The GPU variants are left out where torch sees no GPU.
 """
 
@@ -54,8 +55,9 @@ import bench_runtime  # noqa: E402
 
 VARIANTS = {"cpu": {"device": "cpu"}, "cpu-resident": {"device": "cpu", "resident": True},
             "gpu": {"device": "cuda", "gpu_min_targets": 0},
-            "gpu-graphs": {"device": "cuda", "gpu_min_targets": 0, "fused_head": False},
-            "gpu-no-graphs": {"device": "cuda", "gpu_min_targets": 0, "cuda_graphs": False, "fused_head": False},
+            "gpu-graphs": {"device": "cuda", "gpu_min_targets": 0, "fused_head": False, "fused_shadow": False},
+            "gpu-no-graphs": {"device": "cuda", "gpu_min_targets": 0, "cuda_graphs": False, "fused_head": False,
+                              "fused_shadow": False},
             "gpu-fused-shadow": {"device": "cuda", "gpu_min_targets": 0, "fused_shadow": True}}
 STAGES = ("process", "path.run", "captured.answer", "resident.answer", "stage_ids", "CUDAGraph.replay", "fetch",
           "head.launch", "head.sync", "unpack_host")

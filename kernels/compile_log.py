@@ -8,8 +8,8 @@ cache; without this module the log said nothing for 57 s of that minute and a ha
 
 :func:`install` registers a listener on numba's ``numba:compile`` event, which numba raises only when it
 compiles (a signature found in the disk cache raises nothing): each outermost compilation is logged when
-it starts and ends, the first with a line saying why, and :func:`compiled` counts them, so that a caller
-(the model registry) can say how much of a stage was compilation.
+it starts and ends (a compilation that raised is said to have failed), the first with a line saying why,
+and :func:`compiled` counts the ones that succeeded.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _make_listener() -> Any:
 
         def on_start(self, event: Any) -> None:
             global _said
-            depth = getattr(self._local, "depth", 0)
+            depth = max(0, getattr(self._local, "depth", 0))
             self._local.depth = depth + 1
             if depth:
                 return
@@ -63,17 +63,26 @@ def _make_listener() -> Any:
             with _lock:
                 first, _said = not _said, True
             if first:
-                log.info("numba is compiling CPU kernels: their signatures are not in its disk cache (%s), as on the "
-                         "first start on a machine; each takes seconds, and later starts load them", _cache_dir())
+                log.info("numba is compiling CPU kernels: signatures not in its disk cache (%s), as on the first "
+                         "start on a machine; each takes seconds, and later starts load them from the cache",
+                         _cache_dir())
             log.info("numba: compiling %s ...", _name(event))
 
         def on_end(self, event: Any) -> None:
             global _count, _seconds
-            depth = getattr(self._local, "depth", 1) - 1
+            # never below 0: an end without its start (another listener's on_start raised, or this one was
+            # registered while the thread was inside a compilation) must not silence the thread for good
+            depth = max(0, getattr(self._local, "depth", 0) - 1)
             self._local.depth = depth
-            if depth:
+            t0 = getattr(self._local, "t0", None)
+            if depth or t0 is None:
                 return
-            took = time.perf_counter() - getattr(self._local, "t0", time.perf_counter())
+            self._local.t0 = None
+            took = time.perf_counter() - t0
+            # numba's Event.is_failed reads the wrong way round in 0.68 (True when no exception): read the field
+            if getattr(event, "_exc_details", None) is not None:
+                log.info("numba: compiling %s failed after %.1f s (numba may retry it)", _name(event), took)
+                return
             with _lock:
                 _count += 1
                 _seconds += took

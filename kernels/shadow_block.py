@@ -3,7 +3,7 @@ r"""A resident shaDow-GNN batch in one kernel launch: one block per target, its 
 :class:`kernels.resident.ResidentShadow` answers a batch with about sixty torch operators on the device
 (gathers of the lists and pairs, scatters into dense ``[B, K', K']`` blocks, one batched product per
 layer, the readout, softmax, arg-max, packing): on the H200 one target waited 241 us for them (CUDA graphs
-included) against 103 us for the whole compiled CPU path, so batches under 8 targets stay on the CPU
+included) against 103 us for the whole compiled CPU path, so batches under 8 targets stayed on the CPU
 (issue #22, "shaDow: one block per target with its subgraph in shared memory"). ``shadow_block.cu`` does
 all of :meth:`ResidentShadow.forward` and :meth:`ResidentShadow.pack` in one launch: a block finds its
 target's rows and kept pairs in the induced table, keeps the subgraph, its coefficients and two ``[K', H]``

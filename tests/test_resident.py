@@ -863,7 +863,7 @@ def test_gpu_defaults_resident_with_graphs_and_the_measured_crossover(tiny_repo,
     ``--gpu-min-targets`` left unset follows the GPU path a model takes; a CPU server on its defaults is not
     resident and warns of nothing; a negative ``--gpu-min-targets`` is refused by the CLI."""
     from serve.cli import main
-    from serve.runtime import GPU_MIN_TARGETS_AUTO, RuntimeOptions, gpu_min_targets_auto
+    from serve.runtime import GPU_MIN_TARGETS_AUTO, RuntimeOptions, gpu_min_targets_auto, gpu_thresholds
 
     from .serving import ServerThread
 
@@ -871,6 +871,9 @@ def test_gpu_defaults_resident_with_graphs_and_the_measured_crossover(tiny_repo,
     assert gpu_min_targets_auto(shadow=True, resident=True, graphs=True) == GPU_MIN_TARGETS_AUTO["shadow-graphs"] == 8
     assert gpu_min_targets_auto(shadow=True, resident=True, graphs=True, fused=True) == GPU_MIN_TARGETS_AUTO[
         "shadow-fused"] == 2
+    # a GPU runtime with shaDow's kernel: batches from 2 targets on the GPU, the compiled CPU paths below the
+    # torch path's own crossover (32) take the rest, a batch the kernel's path declines included
+    assert gpu_thresholds(RuntimeOptions(), True, True, True, True, fused=True) == (2, 31)
     assert gpu_min_targets_auto(shadow=False, resident=True, graphs=False) == 512
     assert gpu_min_targets_auto(shadow=True, resident=True, graphs=False) == 32
     assert gpu_min_targets_auto(shadow=True, resident=False, graphs=False) == GPU_MIN_TARGETS_AUTO["shadow-torch"] == 32
