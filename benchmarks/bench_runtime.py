@@ -1,14 +1,53 @@
 """What ``benchmarks/device_split.py`` and ``benchmarks/one_node.py`` share: model runtimes loaded the way
 the server loads them, one ``BackgroundServer`` per variant of :class:`serve.runtime.RuntimeOptions`, and
-a batch handed to ``ModelRuntime.process`` directly (no gRPC on the timed path)."""
+a batch handed to ``ModelRuntime.process`` directly (no gRPC on the timed path). And what
+``benchmarks/first_start.py`` and ``benchmarks/cold_start.py`` share: a ``gnnserve serve`` subprocess timed
+to its ready file (:func:`server_process`)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def server_process(serve_args: list[str], *, env: dict[str, str], log_path: Path,
+                   timeout_s: float = 600.0) -> Iterator[float]:
+    """``gnnserve serve SERVE_ARGS --ready-file F`` in a subprocess of this interpreter (run from the
+    repository's root, its output to ``log_path``): yields the seconds from the process's start to its ready
+    file, then terminates it (killed after 60 s). A ``RuntimeError`` with the log's tail where it exits or
+    is not ready within ``timeout_s``."""
+    ready = log_path.with_name(log_path.name + ".ready")
+    ready.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "serve.cli", "serve", *serve_args, "--ready-file", str(ready)]
+    t0 = time.perf_counter()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    try:
+        while not (ready.exists() and ready.read_text().strip()):
+            if proc.poll() is not None or time.perf_counter() - t0 > timeout_s:
+                why = f"exit {proc.returncode}" if proc.returncode is not None else f"not ready in {timeout_s:.0f} s"
+                tail = log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the server did not start ({why}):\n{tail}")
+            time.sleep(0.02)
+        yield time.perf_counter() - t0
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 def parser(doc: str, variants: dict[str, dict[str, Any]], default_variants: str, batches: str,

@@ -30,10 +30,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.append(str(REPO / "benchmarks"))  # bench_runtime (appended: benchmarks/serve.py is no package)
+
+import bench_runtime  # noqa: E402
 
 _KERNELS = r"""
 import json, time
@@ -69,24 +71,10 @@ def _kernels(env: dict[str, str]) -> dict[str, float]:
 
 
 def _server(env: dict[str, str], args: argparse.Namespace, work: Path) -> float:
-    ready = work / "ready"
-    ready.unlink(missing_ok=True)
-    log = work / "server.log"
-    cmd = [sys.executable, "-m", "serve.cli", "serve", "--repo", str(args.repo), "--port", "0", "--read-only",
-           "--poll-s", "0", "--device", "cuda", "--ready-file", str(ready),
-           *[a for d in args.data for a in ("--data", str(d))]]
-    t0 = time.perf_counter()
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    try:
-        while not (ready.exists() and ready.read_text().strip()):
-            if proc.poll() is not None or time.perf_counter() - t0 > 300:
-                raise RuntimeError(f"the server did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.05)
-        return time.perf_counter() - t0
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+    serve_args = ["--repo", str(args.repo), "--port", "0", "--read-only", "--poll-s", "0", "--device", "cuda",
+                  *[a for d in args.data for a in ("--data", str(d))]]
+    with bench_runtime.server_process(serve_args, env=env, log_path=work / "server.log", timeout_s=300) as took:
+        return took
 
 
 def main(argv: list[str] | None = None) -> int:

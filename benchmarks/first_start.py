@@ -18,41 +18,26 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.append(str(Path(__file__).resolve().parent))  # bench_runtime (appended: benchmarks/serve.py is no package)
+
+import bench_runtime
+
 COMPILED = re.compile(r"numba: compiled (.+?) in ([0-9.]+) s$", re.M)
 
 
 def start(repo: str, cache: str, timeout_s: float) -> tuple[float, list[tuple[str, float]]]:
     """Seconds from the server process's start to its ready file, and the compilations its log names."""
     with tempfile.TemporaryDirectory() as d:
-        ready, log_path = Path(d) / "ready", Path(d) / "server.log"
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-        cmd = [sys.executable, "-c", "from serve.cli import main; raise SystemExit(main())", "serve", "--repo", repo,
-               "--port", "0", "--ready-file", str(ready), "--read-only", "--log-level", "INFO"]
-        t0 = time.perf_counter()
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-            try:
-                while not ready.exists():
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"the server exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
-                    if time.perf_counter() - t0 > timeout_s:
-                        raise RuntimeError(f"the server was not ready in {timeout_s:.0f} s")
-                    time.sleep(0.02)
-                took = time.perf_counter() - t0
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-        text = log_path.read_text()
+        log_path = Path(d) / "server.log"
+        with bench_runtime.server_process(["--repo", repo, "--port", "0", "--read-only", "--log-level", "INFO"],
+                                          env=dict(os.environ, NUMBA_CACHE_DIR=cache), log_path=log_path,
+                                          timeout_s=timeout_s) as took:
+            pass
+        text = log_path.read_text(errors="replace")
     return took, [(m.group(1), float(m.group(2))) for m in COMPILED.finditer(text)]
 
 

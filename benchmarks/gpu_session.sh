@@ -105,16 +105,17 @@ step_sanitize() {  # the one-launch kernels (shadow_block, resident_head) under 
     # races within a phase, out-of-bounds accesses and divergent barriers, which the CPU host emulations cannot
     # see. memcheck without torch's caching allocator, so that a read past a tensor's end leaves its allocation.
     # Exit 9 when a tool reported errors (the composite goes on; parts.log shows it)
-    local san tool rc cache_off worst=0 log="$OUT/sanitize.log" one
+    local san tool rc cache_off share worst=0 log="$OUT/sanitize.log" one
     san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | tail -1 || true)
     if [ -z "$san" ]; then echo "compute-sanitizer not found" | tee "$log"; return 0; fi
     : > "$log"
     one=$(mktemp)
     for tool in memcheck racecheck synccheck; do
-        rc=0 cache_off=""
+        rc=0 cache_off="" share=$(($1 / 4))
         if [ "$tool" = memcheck ]; then cache_off="PYTORCH_NO_CUDA_MEMORY_CACHING=1"; fi  # read when set at all
         # racecheck is the slow one (about 90 s for the test script on an H100 on 2026-11-27): half the limit
-        env $cache_off timeout "$(if [ "$tool" = racecheck ]; then echo $(($1 / 2)); else echo $(($1 / 4)); fi)" "$san" --tool "$tool" --error-exitcode 9 --print-limit 20 \
+        if [ "$tool" = racecheck ]; then share=$(($1 / 2)); fi
+        env $cache_off timeout "$share" "$san" --tool "$tool" --error-exitcode 9 --print-limit 20 \
             python3 tests/sanitize_kernels.py > "$one" 2>&1 || rc=$?
         { echo "== $tool: exit $rc"; cat "$one"; } >> "$log"
         echo "$tool: exit $rc; $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$one" | tail -1 || true)"
