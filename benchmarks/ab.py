@@ -11,7 +11,10 @@ second for each side, and the ratio new / base.
     python benchmarks/ab.py --dataset ../shared/data/amazon_computers.npz --base ca485fe   # trains first
 
 Without ``--repo`` it trains a plain GCN and a shaDow-GCN on ``--dataset`` (``--epochs``) into
-``--cache-dir`` and reuses them on later runs.
+``--cache-dir`` and reuses them on later runs. ``--base-args`` / ``--new-args`` add server options to one
+side, so that one revision can be compared under two settings:
+
+    python benchmarks/ab.py --repo DIR --base HEAD --base-args "--blas-threads 0"
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import datetime
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -92,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block", type=int, default=50, help="one-node calls per block")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--seconds", type=float, default=3.0, help="per batched-load phase (two per side)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="per batched-load phase")
+    ap.add_argument("--phases", type=int, default=2, help="batched-load phases per side (alternated ABBA)")
+    ap.add_argument("--base-args", default="", help="extra gnnserve serve options of the base side (shell words)")
+    ap.add_argument("--new-args", default="", help="extra gnnserve serve options of the new side (shell words)")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     repo = args.repo or train_repo(args.dataset, args.cache_dir, models, args.epochs)
@@ -103,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base_tree), base_rev], cwd=ROOT, check=True)
         try:
             common = ("--poll-s", "0", "--warm-projections")
-            with ServerProcess(repo, *common, tree=base_tree) as base, ServerProcess(repo, *common) as new:
+            with ServerProcess(repo, *common, *shlex.split(args.base_args), tree=base_tree) as base, \
+                    ServerProcess(repo, *common, *shlex.split(args.new_args)) as new:
                 rows = []
                 for model in models:
                     with grpc.insecure_channel(base.address) as cb, grpc.insecure_channel(new.address) as cn:
@@ -119,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                             for side, stub in order:
                                 one_node_block(stub, model, nodes, lat[side])
                     tput = {"base": [], "new": []}
-                    for side, srv in (("base", base), ("new", new), ("new", new), ("base", base)):
+                    abba = (("base", base), ("new", new), ("new", new), ("base", base))
+                    for side, srv in [abba[i % 4] for i in range(2 * args.phases)]:
                         tput[side].append(load_phase(srv.address, model, num_nodes, args.clients, args.batch,
                                                      args.seconds))
                     p = {s: (np.percentile(v, 50), np.percentile(v, 99)) for s, v in lat.items()}
@@ -132,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n`python benchmarks/ab.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
     print(f"{datetime.date.today()}, {platform.machine()}, {len(os.sched_getaffinity(0))} CPUs; base {base_rev}, "
           f"new = this tree; {args.rounds} alternating blocks of {args.block} one-node calls per side, batched load "
-          f"{args.clients} clients x {args.batch} nodes, 2 x {args.seconds:.0f} s per side\n")
+          f"{args.clients} clients x {args.batch} nodes, {args.phases} x {args.seconds:.0f} s per side\n")
     print("| model | base one-node p50 / p99 ms | new p50 / p99 ms | new / base p50 | base nodes/s | new nodes/s "
           "| new / base |")
     print("|---|---|---|---|---|---|---|")

@@ -44,13 +44,14 @@
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|more|fused|tuning|verify|ab|shadow|next|tune|kerneltests|sanitize|tests|kernels|reddit|serving|onenode|coldstart|paper|ceiling|throughput|inline"}
+step=${1:?"usage: $0 prepare|core|scale|more|fused|tuning|verify|ab|shadow|next|tune|kerneltests|sanitize|tests|kernels|reddit|serving|onenode|blas|coldstart|paper|ceiling|throughput|inline"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
 # ninja: torch.utils.cpp_extension builds the C++ launcher (kernels/launcher.cpp) with it
 # uvloop: the servers' default event loop (serve/loops.py; without it they run on asyncio's own)
-WHEELS="redis==8.1.0 grpcio==1.85.3 protobuf==6.33.6 grpcio-health-checking==1.78.0 grpcio-reflection==1.78.0 pytest-asyncio==1.5.0 ninja==1.13.2 uvloop==0.23.0"
+# threadpoolctl: a server sets its BLAS pools with it (kernels/threads.py)
+WHEELS="redis==8.1.0 grpcio==1.85.3 protobuf==6.33.6 grpcio-health-checking==1.78.0 grpcio-reflection==1.78.0 pytest-asyncio==1.5.0 ninja==1.13.2 uvloop==0.23.0 threadpoolctl==3.8.0"
 
 if [ "$step" = prepare ]; then
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
@@ -143,6 +144,13 @@ step_serving() {
         --variants "${VARIANTS:-cpu,cuda,cuda-resident,cuda-graphs,cuda-fused,cuda-default}" ${WIDTH:+--width "$WIDTH"} \
         | tee "$OUT/${OUT_NAME:-serving${WIDTH:+-w$WIDTH}}.md" | tail -60
 }
+step_blas() {  # the compiled CPU forwards with SciPy's OpenBLAS on 1 thread against more, idle and beside busy
+    # processes (benchmarks/blas_threads.py; the server's --blas-threads default 1 comes from the 2-vCPU VM)
+    rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
+    timeout "$1" python3 benchmarks/blas_threads.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
+        --models "${MODELS:-shadow-gcn,gcn}" --batches "${BATCHES:-1,8,16,64,256}" --rounds "${ROUNDS:-3}" \
+        --threads "${THREADS:-1,4,16}" --busy "${BUSY:-0,2}" | tee "$OUT/${OUT_NAME:-blas}.md" | tail -40
+}
 step_onenode() {  # where a small batch's time goes on the CPU and GPU paths, stage by stage, and a profile
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
     timeout "$1" python3 benchmarks/one_node.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
@@ -198,7 +206,7 @@ part() {
 }
 
 case "$step" in
-tests|kerneltests|sanitize|kernels|tune|reddit|serving|onenode|coldstart|paper|ceiling|throughput|inline)
+tests|kerneltests|sanitize|kernels|tune|reddit|serving|onenode|blas|coldstart|paper|ceiling|throughput|inline)
     "step_$step" 570
     ;;
 core)
@@ -259,19 +267,14 @@ ab)
     GRAPHS=cora,citeseer,pubmed-like OUT_NAME=paper-rule2 part paper 60
     ;;
 next)
-    # planned first call of the next session (2026-11-27, after an H100 run of `shadow`): the GPU tests on the
-    # defaults set from it (shaDow's one-launch kernel on, from 2 targets; no inline batches on a GPU) and
-    # two tests mended after it; the compiled shaDow CPU path, which took 7.9 ms for 16 targets on that
-    # machine's 16 cores against 0.82 for 8 (1.08 on the 2-vCPU VM), with SciPy's OpenBLAS on every core and
-    # on one, stage by stage; the inline bound for shaDow-GCN in 2 rounds (one round was even)
+    # planned first call of the next GPU session (written 2026-11-27): the GPU tests on the defaults set from
+    # the H100 run of `shadow` (shaDow's one-launch kernel on, from 2 targets; no inline batches on a GPU) and
+    # two tests mended after it; the compiled CPU forwards' BLAS pool on 16 cores (shaDow took 7.9 ms for 16
+    # targets there against 0.82 for 8; the server sets 1 thread since, from the 2-vCPU VM's figures), idle
+    # and beside 2 busy processes; the inline bound for shaDow-GCN in 2 rounds (one round was even)
     part tests 200
-    ROUNDS=3 BATCHES=1,8,12,16,64 MODELS=shadow-gcn VARIANTS=cpu OUT_NAME=cpu-blas-default part serving 45
-    OPENBLAS_NUM_THREADS=1 ROUNDS=3 BATCHES=1,8,12,16,64 MODELS=shadow-gcn VARIANTS=cpu OUT_NAME=cpu-blas-1 \
-        part serving 45
-    ROUNDS=3 BATCHES=8,16,64 MODELS=shadow-gcn VARIANTS=cpu OUT_NAME=onenode-cpu part onenode 60
-    OPENBLAS_NUM_THREADS=1 ROUNDS=3 BATCHES=8,16,64 MODELS=shadow-gcn VARIANTS=cpu OUT_NAME=onenode-cpu-blas-1 \
-        part onenode 50
-    MODELS=shadow-gcn INLINE=0,8,64 CONC=1,16 ROUNDS=2 part inline 100
+    part blas 150
+    MODELS=shadow-gcn INLINE=0,8,64 CONC=1,16 ROUNDS=2 part inline 120
     ;;
 shadow)
     # the first call of 2026-11-27 (an H100; docs/BENCHMARKS.md, "GPU: an H100 machine, 2026-11-27"): the GPU

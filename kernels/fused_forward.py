@@ -27,8 +27,9 @@ Results equal the torch forwards up to rounding: the dense products go through N
 and MKL in torch, and the row scale multiplies at another point of the sum (tests compare them on
 random graphs). The loops run on the calling thread: meant for the small batches that run on the event
 loop (:mod:`serve.batcher`), where the torch path's per-operation cost dominates. The dense products
-(numba's ``np.dot``) run in SciPy's OpenBLAS, whose pool follows ``OMP_NUM_THREADS`` (every core by
-default, each of ``--processes N`` its share) and spins between calls (docs/BENCHMARKS.md, 2026-11-26).
+(numba's ``np.dot``) run in SciPy's OpenBLAS, whose pool a server sets to one thread
+(``gnnserve serve --blas-threads``, :data:`kernels.threads.SERVER_BLAS_THREADS`: with the pool at the core
+count, another busy thread stalls a product; docs/BENCHMARKS.md, "The compiled forwards' BLAS pool").
 """
 
 # numba cache key: lanes f04d5b26c67e, plan 40bf52f6ef04, spmm_cpu 08eccef46b96, subgraph 3dfab2b48305

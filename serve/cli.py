@@ -257,6 +257,12 @@ def _serve(argv: Sequence[str]) -> int:
                     help="the asyncio loop the server runs on: uvloop (1.07x-1.10x the node predictions/s of asyncio's "
                          "loop on 64-node requests, docs/BENCHMARKS.md), asyncio, or auto = uvloop where it "
                          "is installed (default)")
+    ap.add_argument("--blas-threads", type=int, default=None,
+                    help="threads of the BLAS pools the compiled CPU forwards' dense products run in (SciPy's "
+                         "OpenBLAS; torch's own threads are apart). Default 1, or the pools' own count where "
+                         "OPENBLAS_NUM_THREADS is set; 0 = as the libraries start (every core). With the pool at "
+                         "the core count, another busy thread stalls a product: 4.4x slower at 16 shaDow targets "
+                         "on the 2-vCPU VM beside one busy process, 0.87x-1.07x idle (docs/BENCHMARKS.md)")
     ap.add_argument("--process-slot", default=None, help=argparse.SUPPRESS)  # "i/N": a child of --processes
     ap.add_argument("--process-status", default=None, help=argparse.SUPPRESS)  # the child's JSON status file
     ap.add_argument("--log-level", default="INFO")
@@ -293,6 +299,9 @@ def _serve(argv: Sequence[str]) -> int:
         return 2
     if args.processes < 1:
         print("gnnserve serve: --processes must be >= 1", file=sys.stderr)
+        return 2
+    if args.blas_threads is not None and args.blas_threads < 0:
+        print("gnnserve serve: --blas-threads must be >= 0 (0: as the BLAS libraries start)", file=sys.stderr)
         return 2
     try:
         resolve_event_loop(args.event_loop)
@@ -395,6 +404,7 @@ def _serve(argv: Sequence[str]) -> int:
         tls_client_ca=args.tls_client_ca,
         insecure=args.insecure,
         event_loop=args.event_loop,
+        blas_threads=args.blas_threads,
     )
     if args.device == "cuda":
         import torch

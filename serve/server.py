@@ -52,6 +52,23 @@ TRITON_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
+def _set_blas_threads(configured: int | None) -> None:
+    """The BLAS pools on ``ServerConfig.blas_threads``' count (``kernels.threads``), said in the log. A bad
+    count raises; a library threadpoolctl cannot drive is a warning (the pools keep their count)."""
+    from kernels.threads import server_blas_threads, set_blas_threads
+
+    n = server_blas_threads(configured)
+    if n is None:
+        return
+    try:
+        pools = set_blas_threads(n)
+    except Exception as exc:
+        log.warning("could not set the BLAS pools to %d thread(s), they keep their own count: %s", n, exc)
+        return
+    log.info("BLAS pools on %d thread(s) (--blas-threads): %s", n,
+             ", ".join(f"{p.internal_api} {p.version} at {p.threads}" for p in pools) or "none loaded")
+
+
 @dataclass
 class ServerConfig:
     repo: str
@@ -79,6 +96,10 @@ class ServerConfig:
     reuse_port: bool = False
     #: the asyncio loop the server runs on (serve.loops): "auto" = uvloop where installed, "uvloop", "asyncio"
     event_loop: str = "auto"
+    #: threads of the BLAS libraries' pools (SciPy's OpenBLAS: the compiled CPU forwards' dense products),
+    #: set process-wide when the server is built: None = ``kernels.threads.server_blas_threads``' rule (1,
+    #: or the pools' own count where ``OPENBLAS_NUM_THREADS`` is set), 0 = as the libraries start
+    blas_threads: int | None = None
 
 
 class GnnServer:
@@ -93,6 +114,7 @@ class GnnServer:
         self.config = config
         # a first start on a machine compiles the CPU kernels for a minute or more: said kernel by kernel
         compile_log.install()
+        _set_blas_threads(config.blas_threads)
         self.metrics = ServerMetrics()
         self.health = health.aio.HealthServicer()
         self.registry = ModelRegistry(
