@@ -15,6 +15,9 @@ Without ``--repo`` it trains a plain GCN and a shaDow-GCN on ``--dataset`` (``--
 side, so that one revision can be compared under two settings:
 
     python benchmarks/ab.py --repo DIR --base HEAD --base-args "--blas-threads 0"
+
+(one word that starts with ``--`` needs the ``=`` form: ``--base-args=--no-resident``; the base revision
+must know the options it is given).
 """
 
 from __future__ import annotations
@@ -101,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base-args", default="", help="extra gnnserve serve options of the base side (shell words)")
     ap.add_argument("--new-args", default="", help="extra gnnserve serve options of the new side (shell words)")
     args = ap.parse_args(argv)
+    if args.phases < 1:
+        ap.error("--phases must be >= 1")
     models = [m for m in args.models.split(",") if m]
     repo = args.repo or train_repo(args.dataset, args.cache_dir, models, args.epochs)
     base_rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True,

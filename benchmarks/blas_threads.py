@@ -2,8 +2,8 @@
 where ``gnnserve serve --blas-threads`` comes from.
 
 The compiled forwards (``kernels.fused_forward``: every CPU batch a server forms) do their dense products
-with numba's ``np.dot``, which calls SciPy's OpenBLAS. OpenBLAS gives a product ``min(pool, m n k / 2^18)``
-threads, so from a few targets on a product takes the whole pool, and with the pool at the machine's core
+with numba's ``np.dot``, which calls SciPy's OpenBLAS. OpenBLAS splits a product over more of its pool's
+threads as the product grows, so from a few targets on a product takes the whole pool, and with the pool at the machine's core
 count one other runnable thread (another request, the event loop, another process) leaves a thread of
 the product waiting for a core: on an H100 machine's 16 cores the compiled shaDow path took 0.82 ms for 8
 targets and 7.9 ms for 16 (docs/BENCHMARKS.md, "GPU: an H100 machine, 2026-11-27").
@@ -11,7 +11,7 @@ targets and 7.9 ms for 16 (docs/BENCHMARKS.md, "GPU: an H100 machine, 2026-11-27
 One process loads the repository the way the server does (``--device cpu``) and times
 ``ModelRuntime.process`` on batches of ``B`` random distinct targets, the pool set by
 ``kernels.threads.set_blas_threads`` before each variant, the variants interleaved round by round on the
-same batches; ``--busy K`` repeats everything beside K processes that spin (``while True: pass``), which is
+same batches (each count first in turn); ``--busy K`` repeats everything beside K processes that spin (``while True: pass``), which is
 what other requests and other processes are to the product's threads. Reported: the median over rounds of
 the mean ms per batch and of the 90th percentile of the batches, and each thread count over 1.
 
@@ -46,7 +46,7 @@ def _spinners(k: int) -> list[subprocess.Popen[bytes]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = bench_runtime.parser(__doc__, VARIANTS, "cpu", batches="1,8,16,64,256,1024", sets=30)
-    ap.add_argument("--threads", default=f"1,{os.cpu_count() or 1}", help="BLAS thread counts to compare")
+    ap.add_argument("--threads", default=f"1,{len(os.sched_getaffinity(0))}", help="BLAS thread counts to compare")
     ap.add_argument("--busy", default="0,1", help="spinning processes beside the timed one, per condition")
     args = ap.parse_args(argv)
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     pools = ", ".join(f"{p.internal_api} {p.version} ({Path(p.path).parent.name})" for p in blas_pools())
     print("## The compiled forwards' BLAS pool (`benchmarks/blas_threads.py`)\n")
     print(f"`python benchmarks/blas_threads.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
-    print(f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.machine()}, {os.cpu_count()} CPUs, load "
+    print(f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.machine()}, {len(os.sched_getaffinity(0))} CPUs, load "
           f"{os.getloadavg()[0]:.2f}; BLAS: {pools}; ms per `ModelRuntime.process` call (compiled CPU path), "
           f"median over {args.rounds} interleaved rounds of {args.sets} batches of the mean and of the p90\n")
     others = [c for c in counts if c != counts[0]]
@@ -86,11 +86,13 @@ def main(argv: list[str] | None = None) -> int:
                         means: dict[int, list[float]] = {c: [] for c in counts}
                         p90s: dict[int, list[float]] = {c: [] for c in counts}
                         bench_runtime.process(rt, np.arange(size, dtype=np.int64), width, budget)  # untimed
-                        for _ in range(args.rounds):
+                        for r in range(args.rounds):
                             batches = [np.sort(rng.choice(lim.num_nodes, size, replace=False)).astype(np.int64)
                                        for _ in range(args.sets)]
-                            for c in counts:
-                                set_blas_threads(c)
+                            for c in counts[r % len(counts):] + counts[:r % len(counts)]:  # each first in turn
+                                after = set_blas_threads(c)
+                                if not after or any(p.threads != c for p in after):
+                                    raise SystemExit(f"the BLAS pools did not take {c} threads: {after}")
                                 ts = []
                                 for nodes in batches:
                                     t0 = time.perf_counter()

@@ -5,7 +5,8 @@ request's server time goes outside the model.
 Servers: ``gnnserve serve --repo REPO --read-only --warm-projections --poll-s 0 --processes P`` for
 each variant of ``--processes`` (default ``1,2``; ``PtK``: P processes with K compute threads each,
 through ``OMP_NUM_THREADS`` / ``NUMBA_NUM_THREADS`` / ``MKL_NUM_THREADS``, the first of which OpenBLAS
-reads too; ``--processes N`` alone gives each of its N processes ``cores // N``; a trailing ``p``:
+read too until 2026-11-27, when servers began to set their BLAS pools to one thread whatever K is
+(``--blas-threads``); ``--processes N`` alone gives each of its N processes ``cores // N``; a trailing ``p``:
 ``OMP_WAIT_POLICY=PASSIVE``; a trailing ``a``: the standard asyncio event loop instead of the default,
 uvloop), all started first and left idle while another is measured.
 Load: ``--client-procs`` client processes (grpc.aio and NumPy, no torch), each with ``--clients``

@@ -149,7 +149,7 @@ step_blas() {  # the compiled CPU forwards with SciPy's OpenBLAS on 1 thread aga
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
     timeout "$1" python3 benchmarks/blas_threads.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
         --models "${MODELS:-shadow-gcn,gcn}" --batches "${BATCHES:-1,8,16,64,256}" --rounds "${ROUNDS:-3}" \
-        --threads "${THREADS:-1,4,16}" --busy "${BUSY:-0,2}" | tee "$OUT/${OUT_NAME:-blas}.md" | tail -40
+        --threads "${THREADS:-1,4,8,16}" --busy "${BUSY:-0,2}" | tee "$OUT/${OUT_NAME:-blas}.md" | tail -40
 }
 step_onenode() {  # where a small batch's time goes on the CPU and GPU paths, stage by stage, and a profile
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo

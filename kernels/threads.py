@@ -11,24 +11,28 @@ core from then on (found 2026-11-26: ``torch.get_num_threads()`` 1 before, 2 aft
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 
 import numba
 import torch
 
-__all__ = ["SERVER_BLAS_THREADS", "BlasPool", "blas_pools", "numba_threads", "server_blas_threads",
-           "set_blas_threads"]
+__all__ = ["SERVER_BLAS_THREADS", "BlasPool", "blas_pools", "numba_threads", "per_thread_pools",
+           "server_blas_threads", "set_blas_threads"]
 
 #: a server's BLAS pools unless told otherwise (``gnnserve serve --blas-threads``). The compiled CPU forwards
-#: (every CPU batch) do their dense products in SciPy's OpenBLAS, which gives a product of ``m n k`` flops
-#: ``min(pool, m n k / 2^18)`` threads: with the pool at the core count (its own default), a shaDow batch of
-#: 16 targets on 16 cores, or of 4 on the 2-vCPU VM, takes every core, and one other runnable thread (another
-#: request, the event loop, another process) leaves one of the product's threads waiting for a time slice.
-#: On the VM beside one spinning process (docs/BENCHMARKS.md, "The compiled forwards' BLAS pool") 2 threads
-#: took 4.4x the time of 1 at 16 shaDow targets and 1.4x-1.9x from 64 to 1,024, where idle they were
-#: 0.87x-1.07x; on an H100 machine's 16 cores 16 targets took 7.9 ms against 0.82 for 8. The products are a
-#: small part of a batch (the sampled aggregation and the readout are serial loops), so one thread loses
-#: little when the machine is idle and avoids the stall when it is not.
+#: (every CPU batch) do their dense products in SciPy's OpenBLAS, which splits a product over more of its
+#: pool's threads as the product grows (a shaDow layer of 4 targets, 256 x 64 x 64, already takes several:
+#: with the pool set to 4 threads on the 2-vCPU VM three such products took 24 ms against 0.11 on one). With
+#: the pool at the core count (its own default) a batch of a few targets takes every core, and one other
+#: runnable thread (another request, the event loop, another process) leaves one of the product's threads
+#: waiting for a time slice. On the VM beside one spinning process (docs/BENCHMARKS.md, "The compiled
+#: forwards' BLAS pool") 2 threads took 4.4x the time of 1 at 16 shaDow targets and 1.4x-1.9x from 64 to
+#: 1,024; idle, 0.81x-1.07x (shaDow, 1 to 1,024 targets: one thread costs up to 13% at 256 and more) and
+#: 0.96x-1.15x (GCN); under gRPC load on the idle VM one thread served shaDow 5-7% fewer node predictions/s.
+#: On an H100 machine's 16 cores the compiled shaDow path took 7.9 ms for 16 targets against 0.82 for 8,
+#: which this stall would explain; how a part of many cores compares with one is not yet measured
+#: (``benchmarks/gpu_session.sh next``). One thread gives up a little on an idle machine to never stall.
 SERVER_BLAS_THREADS = 1
 
 
@@ -59,40 +63,63 @@ def _controllers():
     return [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"]
 
 
+def _pool(c) -> BlasPool:
+    threads = c.num_threads
+    return BlasPool(c.filepath, c.internal_api, c.version, -1 if threads is None else int(threads))
+
+
 def blas_pools() -> list[BlasPool]:
     """The BLAS libraries NumPy, SciPy (through it numba's ``np.dot``) and anything else loaded so far use,
-    with their thread counts. torch's MKL is linked into torch and not among them: torch's count is
-    ``torch.set_num_threads``'."""
-    return [BlasPool(c.filepath, c.internal_api, c.version, int(c.num_threads)) for c in _controllers()]
+    with their thread counts (-1 where the library does not say). torch's MKL is linked into torch and not
+    among them: torch's count is ``torch.set_num_threads``'."""
+    return [_pool(c) for c in _controllers()]
+
+
+_set_lock = threading.Lock()
 
 
 def set_blas_threads(n: int) -> list[BlasPool]:
-    """Every loaded BLAS library (:func:`blas_pools`) on ``n`` threads, process-wide; the pools after.
+    """Every loaded BLAS library (:func:`blas_pools`) on ``n`` threads, process-wide; the pools after (a
+    pool that did not take the count shows its own: callers check).
 
     OpenBLAS keeps one count per library, not per thread (``openblas_set_num_threads_local`` is process-wide
-    in its pthreads builds too), so this is meant for a process's start, before any thread calls BLAS."""
+    in its pthreads builds too), so this is meant for a process's start, before any thread calls BLAS; a
+    pool already at ``n`` is left alone. An OpenBLAS built on OpenMP takes the count per calling thread
+    (``omp_set_num_threads``): :func:`per_thread_pools` names those."""
     if n < 1:
         raise ValueError(f"BLAS threads must be >= 1, got {n}")
-    for c in _controllers():
-        # threadpoolctl (3.8) lets only the first thread that sets a pthreads OpenBLAS's count set it again and
-        # makes every other thread's call a silent no-op; a server is built on whichever thread its owner
-        # chose, so each call here takes and then releases that role
-        release = getattr(type(c), "clear_controlling_thread", None)
-        if release is not None:
-            release(force=True)
-        c.set_num_threads(n)
-        if release is not None:
-            release(force=True)
-    return blas_pools()
+    with _set_lock:  # two servers built at once on two threads: each call's release-set-release whole
+        for c in _controllers():
+            if c.num_threads == n:
+                continue
+            # threadpoolctl (3.8) lets only the first thread that sets a pthreads OpenBLAS's count set it
+            # again and makes every other thread's call a silent no-op; a server is built on whichever
+            # thread its owner chose, so each call here takes and then releases that role
+            release = getattr(type(c), "clear_controlling_thread", None)
+            if release is not None:
+                release(force=True)
+            try:
+                c.set_num_threads(n)
+            finally:
+                if release is not None:
+                    release(force=True)
+        return blas_pools()
+
+
+def per_thread_pools() -> list[BlasPool]:
+    """The loaded BLAS libraries whose thread count is per calling thread (an OpenBLAS built on OpenMP):
+    :func:`set_blas_threads` reaches only the thread that calls it there."""
+    return [_pool(c) for c in _controllers() if getattr(c, "threading_layer", None) == "openmp"]
 
 
 def server_blas_threads(configured: int | None, environ: dict[str, str] | None = None) -> int | None:
-    """The BLAS thread count a server sets (None: it leaves the pools as the libraries started them):
-    ``configured`` when given (0 means leave them), else the pools' own count where the environment sets
-    ``OPENBLAS_NUM_THREADS`` (someone chose it), else :data:`SERVER_BLAS_THREADS`."""
+    """The BLAS thread count a server sets (None: it leaves the pools as they are, which at a process's start
+    is ``OPENBLAS_NUM_THREADS``, else ``OMP_NUM_THREADS``, else every core): ``configured`` when given (0
+    means leave them), else None where the environment sets ``OPENBLAS_NUM_THREADS`` (someone chose it),
+    else :data:`SERVER_BLAS_THREADS`."""
     env = os.environ if environ is None else environ
     if configured is not None:
         if configured < 0:
-            raise ValueError(f"BLAS threads must be >= 0 (0: as the libraries start), got {configured}")
+            raise ValueError(f"BLAS threads must be >= 0 (0: leave the pools as they are), got {configured}")
         return configured or None
     return None if env.get("OPENBLAS_NUM_THREADS") else SERVER_BLAS_THREADS

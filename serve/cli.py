@@ -259,10 +259,11 @@ def _serve(argv: Sequence[str]) -> int:
                          "is installed (default)")
     ap.add_argument("--blas-threads", type=int, default=None,
                     help="threads of the BLAS pools the compiled CPU forwards' dense products run in (SciPy's "
-                         "OpenBLAS; torch's own threads are apart). Default 1, or the pools' own count where "
-                         "OPENBLAS_NUM_THREADS is set; 0 = as the libraries start (every core). With the pool at "
-                         "the core count, another busy thread stalls a product: 4.4x slower at 16 shaDow targets "
-                         "on the 2-vCPU VM beside one busy process, 0.87x-1.07x idle (docs/BENCHMARKS.md)")
+                         "OpenBLAS; torch's own threads are apart). Default 1, or the pools left alone where "
+                         "OPENBLAS_NUM_THREADS is set; 0 = leave them as the process starts them "
+                         "(OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, else every core). With the pool at the core "
+                         "count, another busy thread stalls a product: 4.4x slower at 16 shaDow targets on the "
+                         "2-vCPU VM beside one busy process; idle, one thread costs up to 13%% (docs/BENCHMARKS.md)")
     ap.add_argument("--process-slot", default=None, help=argparse.SUPPRESS)  # "i/N": a child of --processes
     ap.add_argument("--process-status", default=None, help=argparse.SUPPRESS)  # the child's JSON status file
     ap.add_argument("--log-level", default="INFO")
@@ -301,7 +302,7 @@ def _serve(argv: Sequence[str]) -> int:
         print("gnnserve serve: --processes must be >= 1", file=sys.stderr)
         return 2
     if args.blas_threads is not None and args.blas_threads < 0:
-        print("gnnserve serve: --blas-threads must be >= 0 (0: as the BLAS libraries start)", file=sys.stderr)
+        print("gnnserve serve: --blas-threads must be >= 0 (0: leave the BLAS pools as they are)", file=sys.stderr)
         return 2
     try:
         resolve_event_loop(args.event_loop)

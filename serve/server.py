@@ -54,19 +54,28 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 def _set_blas_threads(configured: int | None) -> None:
     """The BLAS pools on ``ServerConfig.blas_threads``' count (``kernels.threads``), said in the log. A bad
-    count raises; a library threadpoolctl cannot drive is a warning (the pools keep their count)."""
-    from kernels.threads import server_blas_threads, set_blas_threads
+    count raises; a pool that cannot be set (threadpoolctl missing, or too old to find the libraries, or a
+    library it cannot drive) is a warning: the server serves, with that pool at its own count."""
+    from kernels.threads import per_thread_pools, server_blas_threads, set_blas_threads
 
     n = server_blas_threads(configured)
     if n is None:
         return
     try:
         pools = set_blas_threads(n)
+        per_thread = per_thread_pools()
     except Exception as exc:
         log.warning("could not set the BLAS pools to %d thread(s), they keep their own count: %s", n, exc)
         return
-    log.info("BLAS pools on %d thread(s) (--blas-threads): %s", n,
-             ", ".join(f"{p.internal_api} {p.version} at {p.threads}" for p in pools) or "none loaded")
+    said = ", ".join(f"{p.internal_api} {p.version} at {p.threads}" for p in pools)
+    if not pools or any(p.threads != n for p in pools):
+        log.warning("BLAS pools not all on %d thread(s) (--blas-threads): %s (threadpoolctl >= 3.5 finds the "
+                    "scipy-openblas libraries of NumPy's and SciPy's wheels)", n, said or "none found")
+    else:
+        log.info("BLAS pools on %d thread(s) (--blas-threads): %s", n, said)
+    for p in per_thread:
+        log.warning("BLAS library %s is built on OpenMP: its count is per thread, and only the thread that built "
+                    "the server has %d", p.path, n)
 
 
 @dataclass
@@ -98,7 +107,7 @@ class ServerConfig:
     event_loop: str = "auto"
     #: threads of the BLAS libraries' pools (SciPy's OpenBLAS: the compiled CPU forwards' dense products),
     #: set process-wide when the server is built: None = ``kernels.threads.server_blas_threads``' rule (1,
-    #: or the pools' own count where ``OPENBLAS_NUM_THREADS`` is set), 0 = as the libraries start
+    #: or the pools left alone where ``OPENBLAS_NUM_THREADS`` is set), 0 = leave the pools as they are
     blas_threads: int | None = None
 
 

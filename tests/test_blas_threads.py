@@ -13,13 +13,20 @@ import numba
 import numpy as np
 import pytest
 
-from kernels.threads import SERVER_BLAS_THREADS, blas_pools, server_blas_threads, set_blas_threads
+from kernels.threads import (
+    SERVER_BLAS_THREADS,
+    blas_pools,
+    per_thread_pools,
+    server_blas_threads,
+    set_blas_threads,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def restore_pools():
+def restore_pools(monkeypatch):
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)  # the default rule leaves the pools alone with it
     before = max(p.threads for p in blas_pools())
     yield
     set_blas_threads(before)
@@ -62,6 +69,17 @@ def test_any_thread_sets_them_for_the_process(restore_pools):
     assert all(p.threads == 1 for p in blas_pools()), blas_pools()
     set_blas_threads(2)
     assert all(p.threads == 2 for p in blas_pools()), blas_pools()
+
+
+def test_concurrent_settings_leave_every_pool_on_one_of_them(restore_pools):
+    workers = [threading.Thread(target=lambda n=n: [set_blas_threads(n) for _ in range(20)]) for n in (1, 2, 3, 1)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    counts = {p.threads for p in blas_pools()}
+    assert len(counts) == 1 and counts <= {1, 2, 3}, blas_pools()
+    assert per_thread_pools() == []  # the PyPI wheels' OpenBLAS is built on pthreads: one count per library
 
 
 @pytest.mark.parametrize("configured, expected", [(None, 1), (2, 2)])
@@ -122,3 +140,16 @@ def test_a_server_without_threadpoolctl_warns_and_goes_on(monkeypatch, caplog, r
     assert any("could not set the BLAS pools to 1 thread(s)" in r.getMessage() for r in caplog.records), caplog.text
     monkeypatch.delitem(sys.modules, "threadpoolctl")
     assert all(p.threads == 2 for p in blas_pools())
+
+
+def test_a_server_warns_when_no_pool_is_found(monkeypatch, caplog, restore_pools):
+    # what threadpoolctl 3.1-3.4 gives on NumPy's and SciPy's wheels (it looks for libopenblas* files only)
+    from kernels import threads
+    from serve import server
+
+    monkeypatch.setattr(threads, "_controllers", list)
+    with caplog.at_level("INFO", logger="serve.server"):
+        server._set_blas_threads(None)
+    msgs = [r.getMessage() for r in caplog.records if r.name == "serve.server"]
+    assert any("BLAS pools not all on 1 thread(s)" in m and "none found" in m for m in msgs), msgs
+    assert not any(m.startswith("BLAS pools on ") for m in msgs), msgs
