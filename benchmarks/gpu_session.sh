@@ -21,7 +21,7 @@
 #   bash benchmarks/gpu_session.sh verify         # tests, tune, the kernel table, the paper's experiment (short rows)
 #   bash benchmarks/gpu_session.sh ab             # kernel tests; the paper's small graphs, short-rows rule vs 3 blocks
 #   bash benchmarks/gpu_session.sh shadow         # tests, sanitize, tune (the C++ launcher), shaDow's one-launch kernel per batch
-#   bash benchmarks/gpu_session.sh next           # tests (2026-11-27's defaults), the CPU path on many cores, shaDow inline
+#   bash benchmarks/gpu_session.sh next           # tests (2026-11-27's defaults), BLAS threads on 16 cores, one shaDow target, shaDow inline
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
 #
@@ -34,6 +34,7 @@
 #   bash benchmarks/gpu_session.sh reddit         # the same on the Reddit-shaped graph (F = 64)
 #   bash benchmarks/gpu_session.sh serving        # device_split.py: CPU, GPU, hybrid, resident, CUDA graphs
 #   bash benchmarks/gpu_session.sh onenode        # one_node.py: a small batch's stages on CPU and GPU, profiled
+#   bash benchmarks/gpu_session.sh blas           # blas_threads.py: the compiled CPU forwards' BLAS pool, 1 to 16 threads
 #   bash benchmarks/gpu_session.sh coldstart      # cold_start.py: server start, empty and warm kernel cache
 #   bash benchmarks/gpu_session.sh paper          # the ES-SpMM paper's experiment, CUDA events
 #   bash benchmarks/gpu_session.sh ceiling        # ceiling.py on its cores: CPU servers, GPU servers beside PyG twins
@@ -273,8 +274,13 @@ next)
     # targets there against 0.82 for 8; the server sets 1 thread since, from the 2-vCPU VM's figures), idle
     # and beside 2 busy processes; the inline bound for shaDow-GCN in 2 rounds (one round was even)
     part tests 200
-    part blas 150
-    MODELS=shadow-gcn INLINE=0,8,64 CONC=1,16 ROUNDS=2 part inline 120
+    part blas 120
+    # one shaDow target at the default and the exact width, 7 rounds: in the H100 table the 1-target row (the
+    # first measured) had the kernel slower than at 2 targets (0.266 ms against 0.157), so whether one target
+    # belongs on the GPU (and whether the threshold should look at the width) is still open
+    ROUNDS=7 BATCHES=2,1 MODELS=shadow-gcn VARIANTS=cpu,cuda-fused OUT_NAME=one-target part serving 45
+    WIDTH=0 ROUNDS=7 BATCHES=2,1 MODELS=shadow-gcn VARIANTS=cpu,cuda-fused OUT_NAME=one-target-exact part serving 45
+    MODELS=shadow-gcn INLINE=0,8,64 CONC=1,16 ROUNDS=2 part inline 100
     ;;
 shadow)
     # the first call of 2026-11-27 (an H100; docs/BENCHMARKS.md, "GPU: an H100 machine, 2026-11-27"): the GPU

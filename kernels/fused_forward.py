@@ -330,6 +330,16 @@ def _softmax(logits):  # pragma: no cover - compiled
     return probs, labels
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _exact():  # pragma: no cover - compiled
+    """A plan's layers run exact: width 0 and no fastrand walk, typed ``int64`` and ``bool`` rather than as
+    the literals ``0`` and ``False``. numba compiles a callee once per argument types and a literal is a
+    type of its own: with literals here, :func:`_layers`, :func:`_aggregate` and :func:`_aggregate_first`
+    compiled once for the plain models and again for :func:`_shadow` (which passes its width at run time),
+    about 20 s of a first start (2026-11-27)."""
+    return np.int64(0), np.bool_(False)
+
+
 @numba.njit(cache=True, nogil=True)
 def _plain(sizes, ptr, cols, ew, rs, node_ids, table, agg, dinv_g, dims, mats, mat_off, bias,
            bias_off):  # pragma: no cover - compiled
@@ -338,7 +348,8 @@ def _plain(sizes, ptr, cols, ew, rs, node_ids, table, agg, dinv_g, dims, mats, m
     for j in range(dl.shape[0]):
         dl[j] = dinv_g[node_ids[j]]
     b = sizes[sizes.shape[0] - 1]
-    h, emb = _layers(sizes, ptr, cols, ew, rs, 0, False, node_ids, table, agg, dl, dims, mats, mat_off, bias,
+    exact, no_walk = _exact()
+    h, emb = _layers(sizes, ptr, cols, ew, rs, exact, no_walk, node_ids, table, agg, dl, dims, mats, mat_off, bias,
                      bias_off, False, b)
     logits = h[:b].copy()
     probs, labels = _softmax(logits)
@@ -354,7 +365,8 @@ def _inner(sizes, ptr, cols, ew, rs, node_ids, table, agg, dinv_g, dims, mats, m
     dl = np.empty(n0 if agg == AGG_GCN else 0, dtype=np.float32)
     for j in range(dl.shape[0]):
         dl[j] = dinv_g[node_ids[j]]
-    h, _ = _layers(sizes, ptr, cols, ew, rs, 0, False, node_ids, table, agg, dl, dims, mats, mat_off, bias,
+    exact, no_walk = _exact()
+    h, _ = _layers(sizes, ptr, cols, ew, rs, exact, no_walk, node_ids, table, agg, dl, dims, mats, mat_off, bias,
                    bias_off, True, 0)
     return h
 
@@ -370,8 +382,10 @@ def _outer(sizes, ptr, cols, ew, rs, node_ids, acts, agg, dinv_g, fin, tw, o, ma
     dl = np.empty(n0 if agg == AGG_GCN else 0, dtype=np.float32)
     for j in range(dl.shape[0]):
         dl[j] = dinv_g[node_ids[j]]
-    h, xt = _aggregate_first(acts, node_ids, sizes[1], ptr, cols, ew, rs, 0, False, agg, dl, mat.reshape((fin, tw)),
-                             o, bias, 0)
+    exact, no_walk = _exact()
+    # the bias offset typed int64 as _layers passes it (a literal 0 compiled _aggregate_first again, 5-7 s)
+    h, xt = _aggregate_first(acts, node_ids, sizes[1], ptr, cols, ew, rs, exact, no_walk, agg, dl, mat.reshape((fin, tw)),
+                             o, bias, np.int64(0))
     probs, labels = _softmax(h)
     return h, probs, labels, xt
 
@@ -388,7 +402,10 @@ def _shadow(indptr, indices, ew, width, fastrand, node_ids, bptr, table, agg, di
             dh += ew[e] if has_w else 1.0
         dl[i] = np.float32(max(dh, 1e-12) ** -0.5)
     sizes = np.full(dims.shape[0] + 1, r, dtype=np.int64)
-    h, _ = _layers(sizes, indptr, indices, ew, _NO_W, width, fastrand, node_ids, table, agg, dl, dims, mats,
+    # no row scales: an empty local array, not the module's _NO_W (numba types a global array as a read-only
+    # constant, and _layers and its callees then compiled a second time apart from the plain models' build)
+    no_rs = np.empty(0, dtype=np.float32)
+    h, _ = _layers(sizes, indptr, indices, ew, no_rs, width, fastrand, node_ids, table, agg, dl, dims, mats,
                    mat_off, bias, bias_off, True, 0)
     nb = bptr.shape[0] - 1
     hd = h.shape[1]
