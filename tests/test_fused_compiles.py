@@ -1,8 +1,10 @@
 """The compiled forwards share their big callees: ``_layers``, ``_aggregate`` and ``_aggregate_first`` (about
-20 s of numba compilation each set) compile once for the plain models' plans and shaDow's subgraph batches
-alike. A literal ``0`` or ``False`` passed where the other caller passes a run-time value is an argument
-type of its own, and made numba compile them again (26 s of a 90 s first start, 2026-11-27). Checked in a
-fresh process on an empty numba cache, counting numba's compile events."""
+20 s of numba compilation as a set) compile once for the plain models' plans and shaDow's subgraph batches
+alike. A literal ``0`` or ``False`` passed where the other caller passes a run-time value, or a global array
+(typed read-only) where the other passes a writable one, is an argument type of its own and made numba
+compile them again (26 s compiled twice; a first start about 18 s longer, 2026-11-27). Checked in a fresh
+process on an empty numba cache (a function loaded from the cache never compiles its callees), counting
+numba's compile events."""
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ _SCRIPT = textwrap.dedent("""
             pass
 
         def on_end(self, ev):
+            if getattr(ev, "_exc_details", None) is not None:  # a failed attempt (is_failed reads inverted in 0.68)
+                return
             d = ev.data["dispatcher"].py_func
             name = f"{d.__module__}.{d.__qualname__}"
             counts[name] = counts.get(name, 0) + 1
@@ -80,6 +84,6 @@ def test_the_forwards_compile_their_shared_callees_once(tmp_path):
     assert counts.get(ff + "_outer") == 1 and counts.get(ff + "_plain") == 1, counts
     assert counts.get(ff + "_aggregate") == 1, counts
     assert counts.get(ff + "_aggregate_first") == 1, counts
-    # _plain's own build (relu_last False and its keep count differ from _inner's and _shadow's), _inner's
-    # shared with _shadow
-    assert counts.get(ff + "_layers") == 2, counts
+    # at most _plain's own build (its relu_last and keep differ from _inner's and _shadow's) and the one
+    # _inner shares with _shadow
+    assert 1 <= counts.get(ff + "_layers", 0) <= 2, counts
