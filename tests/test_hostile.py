@@ -229,10 +229,13 @@ def test_a_heavy_request_runs_off_the_event_loop(hub_repo):
             th.join(120)
         assert rt.batcher.batches_inline == inline1, "a heavy request ran on the event loop"
         heavy_p50 = float(np.median(heavy_ms))
-        probe_p99 = float(np.percentile(probes, 99))
-        print(f"heavy request p50 {heavy_p50:.1f} ms ({len(heavy_ms)}), health check p99 {probe_p99:.1f} ms "
-              f"({len(probes)} probes)")
-        assert probe_p99 < max(heavy_p50, 20.0), "health checks waited for the heavy requests"
+        probe_p50, probe_p99 = (float(v) for v in np.percentile(probes, [50, 99]))
+        print(f"heavy request p50 {heavy_p50:.1f} ms ({len(heavy_ms)}), health check p50 {probe_p50:.1f} ms, "
+              f"p99 {probe_p99:.1f} ms ({len(probes)} probes)")
+        # a loop blocked by back-to-back heavy requests would hold a probe for the rest of the current one: half
+        # of one at the median. The median, not the p99: a 2-vCPU CI machine's pauses reach the tail either way
+        # (p99 21.2 ms against a heavy p50 of 19.2 in one CI run, 8.9 ms here on a quiet run)
+        assert probe_p50 < heavy_p50 / 2, "health checks waited for the heavy requests"
 
 
 # ------------------------------------------------------------------- 4. bounded metric labels
