@@ -53,6 +53,7 @@ class BlasPool:
     internal_api: str  # "openblas", "mkl", "blis"
     version: str | None
     threads: int
+    per_thread: bool = False  # an OpenBLAS built on OpenMP: its count is per calling thread
 
 
 def _controllers():
@@ -65,7 +66,8 @@ def _controllers():
 
 def _pool(c) -> BlasPool:
     threads = c.num_threads
-    return BlasPool(c.filepath, c.internal_api, c.version, -1 if threads is None else int(threads))
+    return BlasPool(c.filepath, c.internal_api, c.version, -1 if threads is None else int(threads),
+                    getattr(c, "threading_layer", None) == "openmp")
 
 
 def blas_pools() -> list[BlasPool]:
@@ -85,11 +87,13 @@ def set_blas_threads(n: int) -> list[BlasPool]:
     OpenBLAS keeps one count per library, not per thread (``openblas_set_num_threads_local`` is process-wide
     in its pthreads builds too), so this is meant for a process's start, before any thread calls BLAS; a
     pool already at ``n`` is left alone. An OpenBLAS built on OpenMP takes the count per calling thread
-    (``omp_set_num_threads``): :func:`per_thread_pools` names those."""
+    (``omp_set_num_threads``): those come back with ``per_thread`` set. One scan of the loaded libraries:
+    the pools returned are read from the controllers that set them (their counts are read live)."""
     if n < 1:
         raise ValueError(f"BLAS threads must be >= 1, got {n}")
     with _set_lock:  # two servers built at once on two threads: each call's release-set-release whole
-        for c in _controllers():
+        controllers = _controllers()
+        for c in controllers:
             if c.num_threads == n:
                 continue
             # threadpoolctl (3.8) lets only the first thread that sets a pthreads OpenBLAS's count set it
@@ -103,13 +107,13 @@ def set_blas_threads(n: int) -> list[BlasPool]:
             finally:
                 if release is not None:
                     release(force=True)
-        return blas_pools()
+        return [_pool(c) for c in controllers]
 
 
 def per_thread_pools() -> list[BlasPool]:
     """The loaded BLAS libraries whose thread count is per calling thread (an OpenBLAS built on OpenMP):
     :func:`set_blas_threads` reaches only the thread that calls it there."""
-    return [_pool(c) for c in _controllers() if getattr(c, "threading_layer", None) == "openmp"]
+    return [p for p in blas_pools() if p.per_thread]
 
 
 def server_blas_threads(configured: int | None, environ: dict[str, str] | None = None) -> int | None:

@@ -56,14 +56,13 @@ def _set_blas_threads(configured: int | None) -> None:
     """The BLAS pools on ``ServerConfig.blas_threads``' count (``kernels.threads``), said in the log. A bad
     count raises; a pool that cannot be set (threadpoolctl missing, or too old to find the libraries, or a
     library it cannot drive) is a warning: the server serves, with that pool at its own count."""
-    from kernels.threads import per_thread_pools, server_blas_threads, set_blas_threads
+    from kernels.threads import server_blas_threads, set_blas_threads
 
     n = server_blas_threads(configured)
     if n is None:
         return
     try:
         pools = set_blas_threads(n)
-        per_thread = per_thread_pools()
     except Exception as exc:
         log.warning("could not set the BLAS pools to %d thread(s), they keep their own count: %s", n, exc)
         return
@@ -73,7 +72,7 @@ def _set_blas_threads(configured: int | None) -> None:
                     "scipy-openblas libraries of NumPy's and SciPy's wheels)", n, said or "none found")
     else:
         log.info("BLAS pools on %d thread(s) (--blas-threads): %s", n, said)
-    for p in per_thread:
+    for p in (p for p in pools if p.per_thread):
         log.warning("BLAS library %s is built on OpenMP: its count is per thread, and only the thread that built "
                     "the server has %d", p.path, n)
 

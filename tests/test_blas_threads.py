@@ -153,3 +153,36 @@ def test_a_server_warns_when_no_pool_is_found(monkeypatch, caplog, restore_pools
     msgs = [r.getMessage() for r in caplog.records if r.name == "serve.server"]
     assert any("BLAS pools not all on 1 thread(s)" in m and "none found" in m for m in msgs), msgs
     assert not any(m.startswith("BLAS pools on ") for m in msgs), msgs
+
+
+def test_a_server_scans_the_libraries_once_and_names_per_thread_pools(monkeypatch, caplog, restore_pools):
+    # an OpenBLAS built on OpenMP (some distributions' packages) keeps its count per thread: the real pools,
+    # seen through a proxy that says so, get the warning; the server looks at the loaded libraries once
+    from kernels import threads
+    from serve import server
+
+    class OpenMPBuilt:
+        def __init__(self, c):
+            self._c = c
+            self.threading_layer = "openmp"
+
+        def __getattr__(self, name):
+            return getattr(self._c, name)
+
+    real, scans = threads._controllers, []
+
+    def controllers():
+        scans.append(1)
+        return [OpenMPBuilt(c) for c in real()]
+
+    monkeypatch.setattr(threads, "_controllers", controllers)
+    set_blas_threads(2)
+    scans.clear()
+    with caplog.at_level("INFO", logger="serve.server"):
+        server._set_blas_threads(None)
+    assert len(scans) == 1
+    pools = blas_pools()
+    assert pools and all(p.per_thread and p.threads == 1 for p in pools), pools
+    msgs = [r.getMessage() for r in caplog.records if r.name == "serve.server"]
+    for p in pools:
+        assert any("built on OpenMP" in m and p.path in m for m in msgs), msgs
