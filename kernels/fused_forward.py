@@ -32,7 +32,7 @@ loop (:mod:`serve.batcher`), where the torch path's per-operation cost dominates
 count, another busy thread stalls a product; docs/BENCHMARKS.md, "The compiled forwards' BLAS pool").
 """
 
-# numba cache key: lanes f04d5b26c67e, plan 40bf52f6ef04, spmm_cpu 08eccef46b96, subgraph 3dfab2b48305
+# numba cache key: lanes f04d5b26c67e, plan 40bf52f6ef04, spmm_cpu 08eccef46b96, subgraph a97632170900
 
 from __future__ import annotations
 
@@ -239,7 +239,9 @@ def _aggregate_first(src, rows, n_out, ptr, cols, ew, rs, width, fastrand, agg, 
     z = np.zeros((n_out, fin), dtype=np.float32)  # gcn: the normalised sum with the self term; sage: the mean
     for i in range(n_out):
         xi = src[rows[i]]
-        xt[i] = xi
+        xr = xt[i]
+        for c in range(fin):  # not xt[i] = xi: subgraph.copy_run says why
+            xr[c] = xi[c]
         acc = z[i]
         a = ptr[i]
         d = ptr[i + 1] - a
@@ -349,8 +351,10 @@ def _plain(sizes, ptr, cols, ew, rs, node_ids, table, agg, dinv_g, dims, mats, m
         dl[j] = dinv_g[node_ids[j]]
     b = sizes[sizes.shape[0] - 1]
     exact, no_walk = _exact()
+    # relu_last and keep as run-time values, as _inner passes them: the literals False / True and 0 were
+    # argument types of their own and compiled _layers a second time (2-3 s of a first start)
     h, emb = _layers(sizes, ptr, cols, ew, rs, exact, no_walk, node_ids, table, agg, dl, dims, mats, mat_off, bias,
-                     bias_off, False, b)
+                     bias_off, np.bool_(False), b)
     logits = h[:b].copy()
     probs, labels = _softmax(logits)
     return logits, probs, labels, emb
@@ -367,7 +371,7 @@ def _inner(sizes, ptr, cols, ew, rs, node_ids, table, agg, dinv_g, dims, mats, m
         dl[j] = dinv_g[node_ids[j]]
     exact, no_walk = _exact()
     h, _ = _layers(sizes, ptr, cols, ew, rs, exact, no_walk, node_ids, table, agg, dl, dims, mats, mat_off, bias,
-                   bias_off, True, 0)
+                   bias_off, np.bool_(True), np.int64(0))  # ReLU'd last layer, no rows kept (typed: see _plain)
     return h
 
 
@@ -406,7 +410,7 @@ def _shadow(indptr, indices, ew, width, fastrand, node_ids, bptr, table, agg, di
     # constant, and _layers and its callees then compiled a second time apart from the plain models' build)
     no_rs = np.empty(0, dtype=np.float32)
     h, _ = _layers(sizes, indptr, indices, ew, no_rs, width, fastrand, node_ids, table, agg, dl, dims, mats,
-                   mat_off, bias, bias_off, True, 0)
+                   mat_off, bias, bias_off, np.bool_(True), np.int64(0))
     nb = bptr.shape[0] - 1
     hd = h.shape[1]
     emb = np.zeros((nb, hd * (1 + pools.shape[0])), dtype=np.float32)

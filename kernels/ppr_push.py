@@ -15,7 +15,7 @@ users import (it re-exports these names). Here:
 The on-disk index of every node's list is :mod:`kernels.ppr_index`.
 """
 
-# numba cache key: subgraph 3dfab2b48305
+# numba cache key: subgraph a97632170900
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import numpy as np
 from numba import prange
 
 from .graph import CSRGraph, index_dtype_for
-from .subgraph import _grow
+from .subgraph import _grow, copy_run
 from .threads import numba_threads
 
 __all__ = ["PPRConfig", "ppr_exact", "ppr_new_node", "ppr_topk"]
@@ -510,7 +510,7 @@ def _ppr_virtual(
             if old < thr and new >= thr:
                 if tail == queue.shape[0]:
                     if head > 0:  # compact the consumed prefix before growing
-                        queue[: tail - head] = queue[head:tail].copy()
+                        copy_run(queue, 0, queue, head, tail - head)  # forward: the source is ahead
                         tail -= head
                         head = 0
                     if tail == queue.shape[0]:

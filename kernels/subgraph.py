@@ -282,11 +282,22 @@ def _give_scratch(graph: CSRGraph, sc: _Scratch) -> None:
 
 # ============================================================================ compiled kernels
 @numba.njit(cache=True, nogil=True)
+def copy_run(dst, o, src, a, n):  # pragma: no cover - compiled
+    """``dst[o:o + n] = src[a:a + n]`` as a loop. The compiled kernels copy arrays with this rather than a
+    slice assignment: numba compiles an assignment's shape check with its error message (string
+    formatting of both shapes), about 3 s of a first start on the 2-vCPU VM (2026-11-27: one slice
+    assignment compiled in 3.8 s against 0.8 s as a loop, in a fresh process); a loop has no check to
+    compile. ``tests/test_fused_compiles.py`` holds the start path to that."""
+    for i in range(n):
+        dst[o + i] = src[a + i]
+
+
+@numba.njit(cache=True, nogil=True)
 def _grow(a, need):  # pragma: no cover - compiled
     if need <= a.shape[0]:
         return a
     b = np.empty(max(need, 2 * a.shape[0]), dtype=a.dtype)
-    b[: a.shape[0]] = a
+    copy_run(b, 0, a, 0, a.shape[0])
     return b
 
 
