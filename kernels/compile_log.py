@@ -9,7 +9,8 @@ cache; without this module the log said nothing for 57 s of that minute and a ha
 :func:`install` registers a listener on numba's ``numba:compile`` event, which numba raises only when it
 compiles (a signature found in the disk cache raises nothing): each outermost compilation is logged when
 it starts and ends (a compilation that raised is said to have failed), the first with a line saying why,
-and :func:`compiled` counts the ones that succeeded.
+and :func:`compiled` counts the ones that succeeded. Each one is also added to the machine's list of compiled
+signatures (:func:`kernels.precompile.note`), which the next start on a cold cache compiles in parallel.
 """
 
 from __future__ import annotations
@@ -87,6 +88,12 @@ def _make_listener() -> Any:
                 _count += 1
                 _seconds += took
             log.info("numba: compiled %s in %.1f s", _name(event), took)
+            data = event.data or {}
+            fn = getattr(data.get("dispatcher"), "py_func", None)
+            if fn is not None and data.get("args") is not None:  # what the next cold start precompiles
+                from .precompile import note
+
+                note(fn, data["args"], took)
 
     return _CompileLog()
 
@@ -102,6 +109,9 @@ def install() -> bool:
             from numba.core import event as numba_event
 
             numba_event.register("numba:compile", _make_listener())
+            from .precompile import lock_cache_writes
+
+            lock_cache_writes()  # beside the precompiling processes, or --processes siblings on a cold cache
         except (ImportError, AttributeError) as exc:  # numba's event API is marked experimental
             log.debug("numba compilations are not logged: %s", exc)
             return False

@@ -35,6 +35,7 @@ COMMANDS = {
     "bench": "measure a model's latency-accuracy curve over its knob settings (and plot it)",
     "export-onnx": "export a checkpoint to ONNX (and a Triton model repository)",
     "demo": "train a small model on a synthetic graph, serve it and query it",
+    "precompile": "compile the CPU kernels into numba's disk cache in parallel (a machine's or image's set-up)",
 }
 
 
@@ -264,6 +265,11 @@ def _serve(argv: Sequence[str]) -> int:
                          "(OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, else every core). With the pool at the core "
                          "count, another busy thread stalls a product: 4.4x slower at 16 shaDow targets on the "
                          "2-vCPU VM beside one busy process; idle, one thread costs up to 13%% (docs/BENCHMARKS.md)")
+    ap.add_argument("--precompile-jobs", type=int, default=None,
+                    help="when numba's disk cache lacks the CPU kernels (a first start on a machine, new kernels), "
+                         "compile them in this many processes before the models load (default: the cores, at "
+                         "most 8; 0 = never: they compile one after another as the models load). 'gnnserve "
+                         "precompile' does the same ahead of time")
     ap.add_argument("--process-slot", default=None, help=argparse.SUPPRESS)  # "i/N": a child of --processes
     ap.add_argument("--process-status", default=None, help=argparse.SUPPRESS)  # the child's JSON status file
     ap.add_argument("--log-level", default="INFO")
@@ -300,6 +306,9 @@ def _serve(argv: Sequence[str]) -> int:
         return 2
     if args.processes < 1:
         print("gnnserve serve: --processes must be >= 1", file=sys.stderr)
+        return 2
+    if args.precompile_jobs is not None and args.precompile_jobs < 0:
+        print("gnnserve serve: --precompile-jobs must be >= 0 (0: never)", file=sys.stderr)
         return 2
     if args.blas_threads is not None and args.blas_threads < 0:
         print("gnnserve serve: --blas-threads must be >= 0 (0: leave the BLAS pools as they are)", file=sys.stderr)
@@ -406,6 +415,8 @@ def _serve(argv: Sequence[str]) -> int:
         insecure=args.insecure,
         event_loop=args.event_loop,
         blas_threads=args.blas_threads,
+        # a child of --processes: its parent precompiled before starting it (N children would each do it)
+        precompile_jobs=0 if args.process_slot is not None else args.precompile_jobs,
     )
     if args.device == "cuda":
         import torch
@@ -414,7 +425,15 @@ def _serve(argv: Sequence[str]) -> int:
             print("gnnserve serve: --device cuda but no CUDA device is available", file=sys.stderr)
             return 2
     if args.processes > 1:  # the parent: supervise N children, each this command with --process-slot
+        from kernels import compile_log
+        from kernels.precompile import at_start
+
         from .processes import run_processes
+        from .registry import model_widths
+
+        if args.precompile_jobs != 0:
+            compile_log.install()  # the cache-write lock, before any child compiles
+            at_start(args.precompile_jobs, model_widths(args.repo))
 
         return run_processes(args, argv)
     if args.process_slot is not None:
@@ -463,6 +482,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
     "graph": _delegate("serve.graph_store"),
     "bench": _delegate("serve.bench"),
     "demo": _delegate("serve.demo"),
+    "precompile": _delegate("kernels.precompile"),
 }
 
 

@@ -71,6 +71,16 @@ def run_demo(
     else:
         ds = synthetic_sbm(nodes, num_classes=5, avg_degree=12, num_features=32, seed=seed, name="demo")
     say(f"dataset {ds}")
+    from kernels import compile_log
+    from kernels.precompile import at_start
+
+    compile_log.install()
+    # a first run on a machine: the CPU kernels numba's cache lacks, compiled in parallel processes now rather
+    # than one after another as each stage below reaches them
+    done = at_start(None, (64, ds.num_classes))  # the widths of the model trained below
+    if done is not None:
+        say(f"compiled {done.compiled} CPU kernel signatures in {done.seconds:.1f} s in {done.processes} processes "
+            "(numba's cache lacked them; later runs load them)")
     with tempfile.TemporaryDirectory(prefix="gnnserve-demo-", dir=workdir) as tmp:
         repo = Path(tmp) / "repo"
         data_dir = repo / "_data" / ds.fingerprint()

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -75,6 +76,24 @@ def _dir_identity(path: Path) -> tuple[int, int, float]:
     except OSError:
         return (0, 0, 0.0)
     return (st.st_dev, st.st_ino, _dir_stamp(path))
+
+
+def model_widths(repo: str | Path) -> set[int]:
+    """The hidden and class counts of the models a repository holds (``REPO/<name>/<version>/config.json``):
+    the row widths the CPU kernel may compile a narrow kernel for (``kernels.precompile.with_widths``). An
+    unreadable repository or config adds nothing."""
+    out: set[int] = set()
+    try:
+        configs = list(Path(repo).glob("*/*/config.json"))
+    except OSError:
+        return out
+    for path in configs:
+        try:
+            model = json.loads(path.read_text()).get("model", {})
+            out.update(int(model[k]) for k in ("hidden", "num_classes") if isinstance(model.get(k), int))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return out
 
 
 #: model names a NOT_FOUND message lists at most

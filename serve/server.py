@@ -108,6 +108,10 @@ class ServerConfig:
     #: set process-wide when the server is built: None = ``kernels.threads.server_blas_threads``' rule (1,
     #: or the pools left alone where ``OPENBLAS_NUM_THREADS`` is set), 0 = leave the pools as they are
     blas_threads: int | None = None
+    #: processes that compile the CPU kernels numba's disk cache lacks before the models load
+    #: (kernels.precompile: the signatures shipped with the package and those this machine compiled before):
+    #: None = the cores, at most 8 (nothing on one core, or when the cache has them); 0 = never
+    precompile_jobs: int | None = None
 
 
 class GnnServer:
@@ -199,6 +203,12 @@ class GnnServer:
         await self.server.start()
         log.info("listening on %s:%d (%s, %s event loop)", cfg.host, self.port, "TLS" if cfg.tls_cert else "plaintext",
                  loop_name(asyncio.get_running_loop()))
+        if cfg.precompile_jobs != 0:  # a cold cache's compilations in parallel (health says NOT_SERVING meanwhile)
+            from kernels.precompile import at_start
+
+            from .registry import model_widths
+
+            await asyncio.to_thread(at_start, cfg.precompile_jobs, model_widths(cfg.repo))
         await self.registry.refresh()
         if not self.registry.ready:
             failures = self.registry.failures()

@@ -1,0 +1,450 @@
+"""A cold start's numba compilations, run in parallel processes before the server loads its models.
+
+The CPU kernels are numba functions cached on disk (``cache=True``). On a machine whose cache lacks them (a
+fresh install, a new version of the kernels, an image built elsewhere) a server compiled them one after
+another while loading its models: about a minute on the 2-vCPU VM for a GCN and a shaDow-GCN
+(docs/BENCHMARKS.md, "A first start on a machine"), all on one core, because numba's compiler lock is
+process-wide and compiling holds the interpreter.
+
+This module compiles them in several processes at once, before anything else needs them. Each process
+compiles its share of the signatures with ``Dispatcher.compile``, which saves them to the disk cache. The
+server's own warm-up then loads them from the cache.
+
+Which signatures: a list of ``module``, ``qualname`` and the argument types (their ``repr``, as numba's
+cache index keys them), from two places:
+
+- the list shipped with the package (:data:`SHIPPED`, ``kernels/precompile.tsv``): what servers on the
+  repositories of the tests and benchmarks compiled (plain and shaDow models, weighted and not, the
+  narrow kernels of 2 to 7 classes);
+- what this machine's servers compiled before (:func:`local_path`, beside numba's cache). Every compilation a
+  server makes is added there (:func:`note`, from :mod:`kernels.compile_log`): after a new version of the
+  kernels invalidates the cache, the next start compiles exactly what this deployment used, in parallel.
+
+A signature numba cannot read back (a literal, a type whose ``repr`` is not its constructor) or a function
+that no longer exists is skipped; whatever the list misses, the server compiles itself as before. Nothing here
+can change an answer: a compiled signature is the code numba would have compiled on first use.
+
+``gnnserve precompile`` runs it from the command line (an image's build, a machine's set-up); a server does
+it at start when the signatures it knows of are not cached (``--precompile-jobs``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SHIPPED", "Entry", "at_start", "dispatcher", "known", "local_path", "lock_cache_writes", "main", "missing",
+           "note", "parse", "read", "run", "start_jobs", "with_widths"]
+
+log = logging.getLogger(__name__)
+
+#: the signatures shipped with the package (one ``module<TAB>qualname<TAB>signature<TAB>seconds`` per line)
+SHIPPED = Path(__file__).with_name("precompile.tsv")
+#: the file beside numba's cache that lists what this machine compiled
+LOCAL_NAME = "gnnserve-compiled.tsv"
+#: beside it: the signatures a precompiling process failed to compile (not tried again by later starts)
+FAILED_NAME = "gnnserve-precompile-failed.tsv"
+#: a start precompiles only when the missing signatures took at least this long to compile where they were
+#: recorded: a child process costs a second or two to start
+MIN_SECONDS = 5.0
+_SERIAL = re.compile(r"serial_kernel_f(\d+)$")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One compiled signature: the function (``module``, ``qualname``) and its argument types' ``repr``;
+    ``seconds``: how long it took where it was recorded (to share the work out)."""
+
+    module: str
+    qualname: str
+    signature: str
+    seconds: float = 1.0
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.module, self.qualname, self.signature
+
+    def line(self) -> str:
+        return f"{self.module}\t{self.qualname}\t{self.signature}\t{self.seconds:.2f}\n"
+
+
+def read(path: str | Path) -> list[Entry]:
+    """The entries of a list file (a missing or unreadable file is empty; malformed lines are skipped). A
+    signature listed twice keeps its last time."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError:
+        return []
+    out: dict[tuple[str, str, str], Entry] = {}
+    for ln in text.splitlines():
+        parts = ln.rstrip("\n").split("\t")
+        if len(parts) != 4 or not parts[0].startswith("kernels."):
+            continue
+        try:
+            e = Entry(parts[0], parts[1], parts[2], float(parts[3]))
+        except ValueError:
+            continue
+        out[e.key] = e
+    return list(out.values())
+
+
+def known() -> list[Entry]:
+    """The shipped entries and this machine's (:func:`local_path`), each signature once."""
+    merged = {e.key: e for e in read(SHIPPED)}
+    local = local_path()
+    if local is not None:
+        merged.update((e.key, e) for e in read(local))
+        for e in read(local.with_name(FAILED_NAME)):
+            merged.pop(e.key, None)
+    return list(merged.values())
+
+
+def local_path() -> Path | None:
+    """``gnnserve-compiled.tsv`` in numba's cache directory for this package's kernels (``NUMBA_CACHE_DIR``'s
+    directory for them, else ``kernels/__pycache__`` or numba's per-user cache where the package cannot be
+    written); None where numba does not say."""
+    try:
+        from .subgraph import _grow
+
+        return Path(_grow._cache._cache_path) / LOCAL_NAME
+    except Exception:  # numba's cache internals moved: nothing is recorded, the shipped list still serves
+        return None
+
+
+_note_lock = threading.Lock()
+
+
+def note(fn: Any, args: Any, seconds: float) -> None:
+    """Add a signature a process just compiled to :func:`local_path` (a kernel of this package only; a
+    signature that :func:`parse` cannot read back is left out). Never raises."""
+    try:
+        module, qualname = fn.__module__, fn.__qualname__
+        if not module.startswith("kernels.") or "<locals>" in qualname:
+            return
+        signature = repr(tuple(args))
+        parse(signature)
+        path = local_path()
+        if path is None:
+            return
+        with _note_lock:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as f:  # one short line per write: appends do not interleave
+                f.write(Entry(module, qualname, signature, seconds).line())
+    except Exception as exc:
+        log.debug("not recording a compiled signature: %s", exc)
+
+
+def _namespace() -> dict[str, Any]:
+    from numba.core import types
+
+    ns = {n: getattr(types, n) for n in dir(types) if not n.startswith("_")}
+    ns.update(bool=types.boolean, none=types.none)
+    return ns
+
+
+def parse(signature: str) -> tuple[Any, ...]:
+    """The argument types of a signature's ``repr`` (``ValueError`` for one numba cannot read back: a literal,
+    a type whose ``repr`` is not its constructor)."""
+    try:
+        # numba's type names only, no builtins; the lists come from the package and from numba's cache directory,
+        # whose writers can already place compiled code there
+        value = eval(signature, {"__builtins__": {}}, _namespace())
+    except Exception as exc:
+        raise ValueError(f"not a signature numba can read back: {signature!r} ({exc})") from None
+    if not isinstance(value, tuple):
+        raise ValueError(f"not a tuple of argument types: {signature!r}")
+    from numba.core import types
+
+    if not all(isinstance(t, types.Type) for t in value) or any(isinstance(t, types.Literal) for t in value):
+        raise ValueError(f"not a tuple of (non-literal) numba types: {signature!r}")
+    return value
+
+
+def dispatcher(entry: Entry) -> Any:
+    """The numba function of an entry (``LookupError`` when the package no longer has it)."""
+    import importlib
+
+    import numba
+
+    mod = importlib.import_module(entry.module)
+    narrow = _SERIAL.match(entry.qualname)
+    if entry.module == "kernels.spmm_cpu" and narrow is not None:
+        obj: Any = mod.serial_kernel(int(narrow.group(1)))
+    else:
+        obj = mod
+        for part in entry.qualname.split("."):
+            obj = getattr(obj, part, None)
+    if not isinstance(obj, numba.core.dispatcher.Dispatcher):
+        raise LookupError(f"{entry.module}.{entry.qualname} is not a numba function of this version")
+    return obj
+
+
+def _cached(disp: Any, sig: tuple[Any, ...]) -> bool:
+    cache = disp._cache
+    key = cache._index_key(sig, disp.targetctx.codegen())
+    return key in cache._cache_file._load_index()
+
+
+def missing(entries: Iterable[Entry]) -> list[Entry]:
+    """The entries whose signature numba's disk cache lacks for this machine, skipping those of functions the
+    package no longer has or signatures it cannot read back."""
+    out = []
+    for e in entries:
+        try:
+            disp = dispatcher(e)
+            sig = parse(e.signature)
+        except Exception as exc:  # ImportError, LookupError, ValueError
+            log.debug("precompile: skipping %s.%s %s: %s", e.module, e.qualname, e.signature[:60], exc)
+            continue
+        try:
+            if _cached(disp, sig):
+                continue
+        except Exception:  # numba's cache internals moved: take it as missing (compiling it again is harmless)
+            pass
+        out.append(e)
+    return out
+
+
+def _share(entries: list[Entry], jobs: int) -> list[list[Entry]]:
+    """The entries in ``jobs`` lists of about equal recorded time. A module's entries stay together: they share
+    callees (the compiled forwards all call ``_layers``), which a second process would compile again."""
+    groups: dict[str, list[Entry]] = {}
+    for e in entries:
+        groups.setdefault(e.module, []).append(e)
+    bins: list[list[Entry]] = [[] for _ in range(max(1, jobs))]
+    load = [0.0] * len(bins)
+    for g in sorted(groups.values(), key=lambda g: -sum(e.seconds for e in g)):
+        i = load.index(min(load))
+        bins[i].extend(sorted(g, key=lambda e: -e.seconds))
+        load[i] += sum(e.seconds for e in g)
+    return [b for b in bins if b]
+
+
+@dataclass
+class Result:
+    """What :func:`run` did: signatures compiled, those that failed (with why), processes, seconds."""
+
+    compiled: int
+    failed: list[tuple[Entry, str]]
+    processes: int
+    seconds: float
+
+
+def run(entries: list[Entry], jobs: int, timeout_s: float = 1800.0) -> Result:
+    """Compile ``entries`` in ``jobs`` child processes (``python -m kernels.precompile --child``), each saving
+    to numba's disk cache; returns once all have ended. A child that fails or times out is logged, never
+    raised: the server compiles what is left on first use, as it would have anyway."""
+    t0 = time.perf_counter()
+    shares = _share(entries, jobs)
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    env.setdefault("OMP_NUM_THREADS", "1")  # a child only compiles: no thread pools to start
+    procs = []
+    for share in shares:
+        p = subprocess.Popen([sys.executable, "-m", "kernels.precompile", "--child"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        procs.append((p, share))
+    outputs: list[tuple[str, str]] = []
+    threads = []
+    for p, share in procs:  # each child's pipes on a thread of their own: none blocks on a full pipe
+        def talk(p: subprocess.Popen, share: list[Entry]) -> None:
+            try:
+                outputs.append(p.communicate(json.dumps([e.key for e in share]), timeout=timeout_s))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                outputs.append(p.communicate())
+        th = threading.Thread(target=talk, args=(p, share), daemon=True)
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join()
+    done: dict[tuple[str, str, str], str | None] = {}
+    for out, err in outputs:
+        for ln in (out or "").splitlines():
+            try:
+                r = json.loads(ln)
+            except ValueError:
+                continue
+            done[tuple(r["key"])] = r.get("error")
+        if err and "Traceback" in err:
+            log.warning("precompile: a child process failed: %s", err.strip().splitlines()[-1])
+    failed = [(e, done.get(e.key) or "the process ended before it") for e in entries
+              if e.key not in done or done[e.key] is not None]
+    local = local_path()
+    compile_errors = [e for e, why in failed if e.key in done]  # not those of a child killed or crashed
+    if local is not None and compile_errors:
+        try:
+            with _note_lock, open(local.with_name(FAILED_NAME), "a", encoding="utf-8") as f:
+                f.writelines(e.line() for e in compile_errors)
+        except OSError:
+            pass
+    return Result(len(entries) - len(failed), failed, len(procs), time.perf_counter() - t0)
+
+
+def start_jobs(jobs: int | None) -> int:
+    """The processes a start uses when ``jobs`` is None: the cores this process may run on, at most 8."""
+    if jobs is not None:
+        return jobs
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, 8))
+
+
+def with_widths(entries: list[Entry], widths: Iterable[int]) -> list[Entry]:
+    """``entries`` and the serial CPU kernel of each narrow row width in ``widths`` (a model's class or hidden
+    count under ``spmm_cpu.NARROW_FEATURES``: ``spmm_cpu.serial_kernel`` compiles one per width, with the
+    argument types of the others), taken from a listed width's entries."""
+    from .spmm_cpu import NARROW_FEATURES
+
+    listed = [e for e in entries if e.module == "kernels.spmm_cpu" and _SERIAL.match(e.qualname)]
+    have = {e.key for e in entries}
+    out = list(entries)
+    for w in sorted({int(w) for w in widths if 0 < int(w) < NARROW_FEATURES}):
+        for e in listed:
+            clone = Entry(e.module, f"serial_kernel_f{w}", e.signature, e.seconds)
+            if clone.key not in have:
+                have.add(clone.key)
+                out.append(clone)
+    return out
+
+
+def at_start(jobs: int | None, widths: Iterable[int] = ()) -> Result | None:
+    """What a server runs before loading its models: the known signatures (and the narrow kernels of
+    ``widths``, :func:`with_widths`) the cache lacks, in :func:`start_jobs` processes, when there are at least
+    two cores to spread them over and they took at least :data:`MIN_SECONDS` where recorded. Logs what it does;
+    never raises."""
+    try:
+        n = start_jobs(jobs)
+        if n < 2:
+            return None
+        todo = missing(with_widths(known(), widths))
+        recorded = sum(e.seconds for e in todo)
+        if not todo or recorded < MIN_SECONDS:
+            return None
+        log.info("numba's cache lacks %d kernel signatures (%.0f s of compilation where recorded): compiling them "
+                 "in %d processes before the models load (--precompile-jobs)", len(todo), recorded,
+                 min(n, len({e.module for e in todo})))
+        res = run(todo, n)
+        log.info("precompiled %d kernel signatures in %.1f s in %d processes%s", res.compiled, res.seconds,
+                 res.processes, f"; {len(res.failed)} failed (compiled on first use instead)" if res.failed else "")
+        for e, why in res.failed[:5]:
+            log.warning("precompile: %s.%s failed: %s", e.module, e.qualname, why)
+        return res
+    except Exception:
+        log.exception("precompiling the kernels failed; they compile on first use instead")
+        return None
+
+
+_locked = False
+
+
+def lock_cache_writes() -> bool:
+    """Make this process's writes to numba's disk cache take a lock per function (``fcntl.flock`` on a file
+    beside the function's index), and write a new entry's data before its index line. numba (0.68) reads a
+    function's index, picks the first free data file name and writes both without a lock: two processes
+    saving two signatures of one function at once can each pick the same name, and the index can then name,
+    for one signature, the other's compiled code. The precompiling processes and every server (through
+    :func:`kernels.compile_log.install`) take the lock; False where it cannot be had (no ``fcntl``, or numba's
+    cache class changed), and numba then writes as it always did."""
+    global _locked
+    with _note_lock:
+        if _locked:
+            return True
+        try:
+            import fcntl
+            import itertools
+
+            from numba.core.caching import IndexDataCacheFile
+
+            for name in ("_load_index", "_data_name", "_save_index", "_save_data", "_index_path"):
+                if name != "_index_path" and not hasattr(IndexDataCacheFile, name):
+                    return False
+        except ImportError:
+            return False
+
+        def save(self: Any, key: Any, data: Any) -> None:
+            with open(self._index_path + ".lock", "a+b") as lock:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+                overloads = self._load_index()
+                data_name = overloads.get(key)
+                if data_name is not None:  # the same signature again: its own file, rewritten
+                    self._save_data(data_name, data)
+                    return
+                taken = set(overloads.values())
+                data_name = next(n for n in (self._data_name(i) for i in itertools.count(1)) if n not in taken)
+                self._save_data(data_name, data)  # the code first: an index line never names a file not written
+                overloads[key] = data_name
+                self._save_index(overloads)
+
+        IndexDataCacheFile.save = save
+        _locked = True
+        return True
+
+
+def _child() -> int:
+    """Compile the entries read from stdin (a JSON list of keys), one JSON line per entry on stdout."""
+    lock_cache_writes()
+    keys = json.loads(sys.stdin.read() or "[]")
+    for key in keys:
+        e = Entry(*key)
+        t0 = time.perf_counter()
+        try:
+            dispatcher(e).compile(parse(e.signature))
+            r = {"key": key, "error": None, "seconds": time.perf_counter() - t0}
+        except Exception as exc:
+            r = {"key": key, "error": f"{type(exc).__name__}: {exc}"[:500], "seconds": time.perf_counter() - t0}
+        print(json.dumps(r), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``gnnserve precompile``: compile the known signatures numba's cache lacks, in parallel, and say what
+    was done (an image's build step, a machine's set-up, before timing anything)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="gnnserve precompile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=None, help="processes (default: the cores, at most 8)")
+    ap.add_argument("--list", action="store_true", help="only list the known signatures and whether each is cached")
+    args = ap.parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:
+        print("gnnserve precompile: --jobs must be >= 1", file=sys.stderr)
+        return 2
+    lock_cache_writes()
+    entries = known()
+    todo = missing(entries)
+    if args.list:
+        lacking = {e.key for e in todo}
+        for e in sorted(entries, key=lambda e: e.key):
+            print(f"{'missing' if e.key in lacking else 'cached '}  {e.module}.{e.qualname}  {e.seconds:6.1f} s  "
+                  f"{e.signature[:100]}")
+        return 0
+    if not todo:
+        print(f"all {len(entries)} known kernel signatures are in numba's cache ({local_path()})")
+        return 0
+    jobs = start_jobs(args.jobs)
+    print(f"compiling {len(todo)} kernel signatures ({sum(e.seconds for e in todo):.0f} s where recorded) in "
+          f"{min(jobs, len({e.module for e in todo}))} processes ...", flush=True)
+    res = run(todo, jobs)
+    print(f"compiled {res.compiled} in {res.seconds:.1f} s; cache: {local_path()}")
+    for e, why in res.failed:
+        print(f"failed: {e.module}.{e.qualname} {e.signature[:80]}: {why}", file=sys.stderr)
+    return 1 if res.failed else 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--child"]:
+        sys.exit(_child())
+    sys.exit(main())
