@@ -40,7 +40,7 @@ writes the touched rows in between. No Python loop and no sort over the graph's 
 unavoidable with immutable CSR arrays; it is ``~4 E`` bytes (``~8 E`` weighted).
 """
 
-# numba cache key: subgraph a97632170900
+# numba cache key: subgraph ed59e669680e
 
 from __future__ import annotations
 

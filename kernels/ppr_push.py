@@ -15,7 +15,7 @@ users import (it re-exports these names). Here:
 The on-disk index of every node's list is :mod:`kernels.ppr_index`.
 """
 
-# numba cache key: subgraph a97632170900
+# numba cache key: subgraph ed59e669680e
 
 from __future__ import annotations
 
@@ -510,7 +510,7 @@ def _ppr_virtual(
             if old < thr and new >= thr:
                 if tail == queue.shape[0]:
                     if head > 0:  # compact the consumed prefix before growing
-                        copy_run(queue, 0, queue, head, tail - head)  # forward: the source is ahead
+                        copy_run(queue, np.int64(0), queue, head, tail - head)  # forward: the source is ahead
                         tail -= head
                         head = 0
                     if tail == queue.shape[0]:

@@ -30,6 +30,8 @@ it at start when the signatures it knows of are not cached (``--precompile-jobs`
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import logging
 import os
@@ -43,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SHIPPED", "Entry", "at_start", "dispatcher", "known", "local_path", "lock_cache_writes", "main", "missing",
+__all__ = ["SHIPPED", "Entry", "abort", "at_start", "dispatcher", "known", "local_path", "lock_cache_writes", "main", "missing",
            "note", "parse", "read", "run", "start_jobs", "with_widths"]
 
 log = logging.getLogger(__name__)
@@ -104,9 +106,36 @@ def known() -> list[Entry]:
     local = local_path()
     if local is not None:
         merged.update((e.key, e) for e in read(local))
+        stamps: dict[str, str] = {}
         for e in read(local.with_name(FAILED_NAME)):
-            merged.pop(e.key, None)
+            stamp = stamps.setdefault(e.module, _stamp(e.module))
+            if f"{e.seconds:.2f}" == stamp:  # failed with this version of its module's source
+                merged.pop(e.key, None)
     return list(merged.values())
+
+
+def _stamp(module: str) -> str:
+    """A module's source file as numba stamps it (modification time and size), in the failed list's time
+    column: a failure counts only for the source it happened with."""
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec(module)
+        st = os.stat(spec.origin)  # type: ignore[union-attr, arg-type]
+        return f"{float(int(st.st_mtime) + st.st_size):.2f}"  # one number: the list's fourth column is a float
+    except Exception:
+        return "-1.00"
+
+
+def _remember_failed(entries: list[Entry]) -> None:
+    local = local_path()
+    if local is None or not entries:
+        return
+    try:
+        with _note_lock, open(local.with_name(FAILED_NAME), "a", encoding="utf-8") as f:
+            f.writelines(Entry(e.module, e.qualname, e.signature, float(_stamp(e.module))).line() for e in entries)
+    except (OSError, ValueError):
+        pass
 
 
 def local_path() -> Path | None:
@@ -230,6 +259,21 @@ def _share(entries: list[Entry], jobs: int) -> list[list[Entry]]:
     return [b for b in bins if b]
 
 
+_children: set[subprocess.Popen] = set()  # the precompiling processes running now (abort() ends them)
+_aborted = threading.Event()
+
+
+def abort() -> None:
+    """End every precompiling process now (a server told to stop while it waits for them; at exit). A
+    :func:`run` in progress returns with their signatures failed; later runs start processes again."""
+    _aborted.set()
+    with _note_lock:
+        procs = list(_children)
+    for p in procs:
+        with contextlib.suppress(OSError):
+            p.kill()
+
+
 @dataclass
 class Result:
     """What :func:`run` did: signatures compiled, those that failed (with why), processes, seconds."""
@@ -245,49 +289,69 @@ def run(entries: list[Entry], jobs: int, timeout_s: float = 1800.0) -> Result:
     to numba's disk cache; returns once all have ended. A child that fails or times out is logged, never
     raised: the server compiles what is left on first use, as it would have anyway."""
     t0 = time.perf_counter()
+    _aborted.clear()
+    atexit.register(abort)  # children never outlive an interpreter that exits while they compile
     shares = _share(entries, jobs)
     root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # a child only compiles: no thread pools to start
+    # this package's directory first on the path (``python -m`` would put the working directory first, where
+    # another checkout's ``kernels`` may be); the child checks that it imported this one
+    code = (f"import sys; sys.path.insert(0, {root!r}); from kernels.precompile import _child; "
+            f"sys.exit(_child({root!r}))")
     procs = []
     for share in shares:
-        p = subprocess.Popen([sys.executable, "-m", "kernels.precompile", "--child"], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        if _aborted.is_set():
+            break
+        p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env, text=True)
+        with _note_lock:
+            _children.add(p)
         procs.append((p, share))
     outputs: list[tuple[str, str]] = []
     threads = []
     for p, share in procs:  # each child's pipes on a thread of their own: none blocks on a full pipe
-        def talk(p: subprocess.Popen, share: list[Entry]) -> None:
+        # a share's time limit: its recorded seconds several times over, and a minute to start
+        limit = min(timeout_s, 60.0 + 4.0 * sum(e.seconds for e in share))
+
+        def talk(p: subprocess.Popen, share: list[Entry], limit: float) -> None:
             try:
-                outputs.append(p.communicate(json.dumps([e.key for e in share]), timeout=timeout_s))
+                outputs.append(p.communicate(json.dumps([e.key for e in share]), timeout=limit))
             except subprocess.TimeoutExpired:
+                log.warning("precompile: a process took more than %.0f s; stopped (its kernels compile on first "
+                            "use instead)", limit)
                 p.kill()
                 outputs.append(p.communicate())
-        th = threading.Thread(target=talk, args=(p, share), daemon=True)
+            except (OSError, ValueError):  # killed by abort() meanwhile
+                outputs.append(("", ""))
+            finally:
+                with _note_lock:
+                    _children.discard(p)
+        th = threading.Thread(target=talk, args=(p, share, limit), daemon=True)
         th.start()
         threads.append(th)
     for th in threads:
         th.join()
     done: dict[tuple[str, str, str], str | None] = {}
+    rejected: set[tuple[str, str, str]] = set()  # numba refused the signature (typing or lowering)
     for out, err in outputs:
         for ln in (out or "").splitlines():
             try:
                 r = json.loads(ln)
-            except ValueError:
+                key = tuple(r["key"])
+            except (ValueError, TypeError, KeyError):
                 continue
-            done[tuple(r["key"])] = r.get("error")
+            done[key] = r.get("error")
+            if r.get("rejected"):
+                rejected.add(key)
         if err and "Traceback" in err:
             log.warning("precompile: a child process failed: %s", err.strip().splitlines()[-1])
     failed = [(e, done.get(e.key) or "the process ended before it") for e in entries
               if e.key not in done or done[e.key] is not None]
-    local = local_path()
-    compile_errors = [e for e, why in failed if e.key in done]  # not those of a child killed or crashed
-    if local is not None and compile_errors:
-        try:
-            with _note_lock, open(local.with_name(FAILED_NAME), "a", encoding="utf-8") as f:
-                f.writelines(e.line() for e in compile_errors)
-        except OSError:
-            pass
+    # never tried again for this version of their module: what numba refused, and what compiled but is still
+    # not in the cache (numba did not save it), which would otherwise start these processes at every start
+    unsaved = [e for e in entries if e.key in done and done[e.key] is None and e in missing([e])]
+    _remember_failed([e for e, _ in failed if e.key in rejected] + unsaved)
     return Result(len(entries) - len(failed), failed, len(procs), time.perf_counter() - t0)
 
 
@@ -299,6 +363,12 @@ def start_jobs(jobs: int | None) -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
+    try:  # a container's CPU quota (cgroup v2 ``cpu.max``: "quota period", or "max")
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
     return max(1, min(cores, 8))
 
 
@@ -327,7 +397,7 @@ def at_start(jobs: int | None, widths: Iterable[int] = ()) -> Result | None:
     never raises."""
     try:
         n = start_jobs(jobs)
-        if n < 2:
+        if n < 2 or not lock_cache_writes():  # parallel writers of numba's cache need the lock
             return None
         todo = missing(with_widths(known(), widths))
         recorded = sum(e.seconds for e in todo)
@@ -352,50 +422,63 @@ _locked = False
 
 def lock_cache_writes() -> bool:
     """Make this process's writes to numba's disk cache take a lock per function (``fcntl.flock`` on a file
-    beside the function's index), and write a new entry's data before its index line. numba (0.68) reads a
-    function's index, picks the first free data file name and writes both without a lock: two processes
-    saving two signatures of one function at once can each pick the same name, and the index can then name,
-    for one signature, the other's compiled code. The precompiling processes and every server (through
-    :func:`kernels.compile_log.install`) take the lock; False where it cannot be had (no ``fcntl``, or numba's
-    cache class changed), and numba then writes as it always did."""
+    beside the function's index, for at most a minute). numba (0.68) reads a function's index, picks the
+    first free data file name and writes both without a lock: two processes saving two signatures of one
+    function at once can each pick the same name, and the index can then name, for one signature, the other's
+    compiled code. The precompiling processes and every process that installs :mod:`kernels.compile_log` (the
+    servers, the demo) take the lock; numba's own save runs inside it, unchanged. Where the lock cannot be
+    taken (a file system without ``flock``, a lock file it may not open, a minute passed) that save runs
+    without it, as it always did. False where ``fcntl`` is missing (then no process of this package compiles
+    in parallel)."""
     global _locked
     with _note_lock:
         if _locked:
             return True
         try:
             import fcntl
-            import itertools
 
             from numba.core.caching import IndexDataCacheFile
-
-            for name in ("_load_index", "_data_name", "_save_index", "_save_data", "_index_path"):
-                if name != "_index_path" and not hasattr(IndexDataCacheFile, name):
-                    return False
         except ImportError:
             return False
+        unlocked = IndexDataCacheFile.save
 
         def save(self: Any, key: Any, data: Any) -> None:
-            with open(self._index_path + ".lock", "a+b") as lock:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-                overloads = self._load_index()
-                data_name = overloads.get(key)
-                if data_name is not None:  # the same signature again: its own file, rewritten
-                    self._save_data(data_name, data)
-                    return
-                taken = set(overloads.values())
-                data_name = next(n for n in (self._data_name(i) for i in itertools.count(1)) if n not in taken)
-                self._save_data(data_name, data)  # the code first: an index line never names a file not written
-                overloads[key] = data_name
-                self._save_index(overloads)
+            try:
+                fd = os.open(self._index_path + ".lock", os.O_RDONLY | os.O_CREAT, 0o666)
+            except (OSError, AttributeError):
+                return unlocked(self, key, data)
+            try:
+                deadline = time.monotonic() + 60.0
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() > deadline:
+                            return unlocked(self, key, data)
+                        time.sleep(0.01)
+                    except OSError:  # no flock on this file system
+                        return unlocked(self, key, data)
+                return unlocked(self, key, data)  # the lock goes with the descriptor
+            finally:
+                os.close(fd)
 
         IndexDataCacheFile.save = save
         _locked = True
         return True
 
 
-def _child() -> int:
-    """Compile the entries read from stdin (a JSON list of keys), one JSON line per entry on stdout."""
-    lock_cache_writes()
+def _child(root: str) -> int:
+    """Compile the entries read from stdin (a JSON list of keys), one JSON line per entry on stdout; ``root``:
+    the directory the parent's package is in (a child that imported another one compiles nothing)."""
+    from numba.core.errors import NumbaError
+
+    here = str(Path(__file__).resolve().parent.parent)
+    if here != root:
+        print(f"precompile: imported kernels from {here}, not {root}", file=sys.stderr)
+        return 2
+    if not lock_cache_writes():
+        return 2
     keys = json.loads(sys.stdin.read() or "[]")
     for key in keys:
         e = Entry(*key)
@@ -403,8 +486,9 @@ def _child() -> int:
         try:
             dispatcher(e).compile(parse(e.signature))
             r = {"key": key, "error": None, "seconds": time.perf_counter() - t0}
-        except Exception as exc:
-            r = {"key": key, "error": f"{type(exc).__name__}: {exc}"[:500], "seconds": time.perf_counter() - t0}
+        except Exception as exc:  # NumbaError: numba refused the types (not a passing failure: not tried again)
+            r = {"key": key, "error": f"{type(exc).__name__}: {exc}"[:500], "seconds": time.perf_counter() - t0,
+                 "rejected": isinstance(exc, NumbaError)}
         print(json.dumps(r), flush=True)
     return 0
 
@@ -417,13 +501,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gnnserve precompile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=None, help="processes (default: the cores, at most 8)")
+    ap.add_argument("--repo", default=None, help="a model repository: the narrow kernels of its models' class and "
+                                                  "hidden counts too (as a server on it compiles them)")
     ap.add_argument("--list", action="store_true", help="only list the known signatures and whether each is cached")
     args = ap.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         print("gnnserve precompile: --jobs must be >= 1", file=sys.stderr)
         return 2
-    lock_cache_writes()
-    entries = known()
+    widths: set[int] = set()
+    if args.repo is not None:
+        from serve.registry import model_widths
+
+        widths = model_widths(args.repo)
+    entries = with_widths(known(), widths)
     todo = missing(entries)
     if args.list:
         lacking = {e.key for e in todo}
@@ -434,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     if not todo:
         print(f"all {len(entries)} known kernel signatures are in numba's cache ({local_path()})")
         return 0
-    jobs = start_jobs(args.jobs)
+    jobs = start_jobs(args.jobs) if lock_cache_writes() else 1  # parallel writers of the cache need the lock
     print(f"compiling {len(todo)} kernel signatures ({sum(e.seconds for e in todo):.0f} s where recorded) in "
           f"{min(jobs, len({e.module for e in todo}))} processes ...", flush=True)
     res = run(todo, jobs)
@@ -445,6 +535,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--child"]:
-        sys.exit(_child())
     sys.exit(main())

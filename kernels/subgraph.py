@@ -297,7 +297,7 @@ def _grow(a, need):  # pragma: no cover - compiled
     if need <= a.shape[0]:
         return a
     b = np.empty(max(need, 2 * a.shape[0]), dtype=a.dtype)
-    copy_run(b, 0, a, 0, a.shape[0])
+    copy_run(b, np.int64(0), a, np.int64(0), a.shape[0])  # typed: a literal 0 is a signature of its own
     return b
 
 

@@ -268,8 +268,8 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--precompile-jobs", type=int, default=None,
                     help="when numba's disk cache lacks the CPU kernels (a first start on a machine, new kernels), "
                          "compile them in this many processes before the models load (default: the cores, at "
-                         "most 8; 0 = never: they compile one after another as the models load). 'gnnserve "
-                         "precompile' does the same ahead of time")
+                         "most 8; 0 or 1 = never: they compile one after another as the models load). 'gnnserve "
+                         "precompile --repo REPO' does the same ahead of time")
     ap.add_argument("--process-slot", default=None, help=argparse.SUPPRESS)  # "i/N": a child of --processes
     ap.add_argument("--process-status", default=None, help=argparse.SUPPRESS)  # the child's JSON status file
     ap.add_argument("--log-level", default="INFO")

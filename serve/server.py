@@ -204,11 +204,18 @@ class GnnServer:
         log.info("listening on %s:%d (%s, %s event loop)", cfg.host, self.port, "TLS" if cfg.tls_cert else "plaintext",
                  loop_name(asyncio.get_running_loop()))
         if cfg.precompile_jobs != 0:  # a cold cache's compilations in parallel (health says NOT_SERVING meanwhile)
-            from kernels.precompile import at_start
+            from kernels import precompile
 
-            from .registry import model_widths
+            from .registry import _in_daemon_thread, model_widths
 
-            await asyncio.to_thread(at_start, cfg.precompile_jobs, model_widths(cfg.repo))
+            # on a daemon thread, not the loop's executor (whose threads the loop's shutdown joins): a signal
+            # meanwhile abandons start() at once, and the compiling processes are ended with it
+            try:
+                await _in_daemon_thread(asyncio.get_running_loop(), precompile.at_start, cfg.precompile_jobs,
+                                        model_widths(cfg.repo))
+            except asyncio.CancelledError:
+                precompile.abort()
+                raise
         await self.registry.refresh()
         if not self.registry.ready:
             failures = self.registry.failures()
