@@ -10,15 +10,18 @@ This module compiles them in several processes at once, before anything else nee
 compiles its share of the signatures with ``Dispatcher.compile``, which saves them to the disk cache. The
 server's own warm-up then loads them from the cache.
 
-Which signatures: a list of ``module``, ``qualname`` and the argument types (their ``repr``, as numba's
-cache index keys them), from two places:
+Which signatures: lines of ``module``, ``qualname`` and the argument types (their ``repr``, as numba's
+cache index keys them), from three places:
 
 - the list shipped with the package (:data:`SHIPPED`, ``kernels/precompile.tsv``): what servers on the
-  repositories of the tests and benchmarks compiled (plain and shaDow models, weighted and not, the
-  narrow kernels of 2 to 7 classes);
+  repositories of the tests and benchmarks compiled (plain and shaDow models on in-memory and on
+  memory-mapped, read-only datasets; the narrow kernel of 7 classes);
 - what this machine's servers compiled before (:func:`local_path`, beside numba's cache). Every compilation a
   server makes is added there (:func:`note`, from :mod:`kernels.compile_log`): after a new version of the
-  kernels invalidates the cache, the next start compiles exactly what this deployment used, in parallel.
+  kernels invalidates the cache, the next start compiles what this deployment used, in parallel;
+- the narrow serial kernel of each class or hidden count of the repository's models (:func:`with_widths`).
+
+Several processes writing numba's cache at once need :func:`lock_cache_writes` (numba's own writes race).
 
 A signature numba cannot read back (a literal, a type whose ``repr`` is not its constructor) or a function
 that no longer exists is skipped; whatever the list misses, the server compiles itself as before. Nothing here
@@ -261,6 +264,7 @@ def _share(entries: list[Entry], jobs: int) -> list[list[Entry]]:
 
 _children: set[subprocess.Popen] = set()  # the precompiling processes running now (abort() ends them)
 _aborted = threading.Event()
+_at_exit = False
 
 
 def abort() -> None:
@@ -285,12 +289,15 @@ class Result:
 
 
 def run(entries: list[Entry], jobs: int, timeout_s: float = 1800.0) -> Result:
-    """Compile ``entries`` in ``jobs`` child processes (``python -m kernels.precompile --child``), each saving
+    """Compile ``entries`` in ``jobs`` child processes (each runs :func:`_child` on its share), each saving
     to numba's disk cache; returns once all have ended. A child that fails or times out is logged, never
     raised: the server compiles what is left on first use, as it would have anyway."""
+    global _at_exit
     t0 = time.perf_counter()
     _aborted.clear()
-    atexit.register(abort)  # children never outlive an interpreter that exits while they compile
+    if not _at_exit:  # children never outlive an interpreter that exits while they compile
+        atexit.register(abort)
+        _at_exit = True
     shares = _share(entries, jobs)
     root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ)
