@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -130,13 +131,21 @@ def _stamp(module: str) -> str:
         return "-1.00"
 
 
-def _remember_failed(entries: list[Entry]) -> None:
+def _append(name: str, entries: list[Entry]) -> None:
+    """Add ``entries`` to the list ``name`` beside :func:`local_path` (short lines, appended under a lock:
+    they do not interleave). Raises ``OSError`` where it cannot be written."""
     local = local_path()
     if local is None or not entries:
         return
+    with _note_lock:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        with open(local.with_name(name), "a", encoding="utf-8") as f:
+            f.writelines(e.line() for e in entries)
+
+
+def _remember_failed(entries: list[Entry]) -> None:
     try:
-        with _note_lock, open(local.with_name(FAILED_NAME), "a", encoding="utf-8") as f:
-            f.writelines(Entry(e.module, e.qualname, e.signature, float(_stamp(e.module))).line() for e in entries)
+        _append(FAILED_NAME, [Entry(e.module, e.qualname, e.signature, float(_stamp(e.module))) for e in entries])
     except (OSError, ValueError):
         pass
 
@@ -165,17 +174,12 @@ def note(fn: Any, args: Any, seconds: float) -> None:
             return
         signature = repr(tuple(args))
         parse(signature)
-        path = local_path()
-        if path is None:
-            return
-        with _note_lock:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as f:  # one short line per write: appends do not interleave
-                f.write(Entry(module, qualname, signature, seconds).line())
+        _append(LOCAL_NAME, [Entry(module, qualname, signature, seconds)])
     except Exception as exc:
         log.debug("not recording a compiled signature: %s", exc)
 
 
+@functools.cache
 def _namespace() -> dict[str, Any]:
     from numba.core import types
 
@@ -357,7 +361,7 @@ def run(entries: list[Entry], jobs: int, timeout_s: float = 1800.0) -> Result:
               if e.key not in done or done[e.key] is not None]
     # never tried again for this version of their module: what numba refused, and what compiled but is still
     # not in the cache (numba did not save it), which would otherwise start these processes at every start
-    unsaved = [e for e in entries if e.key in done and done[e.key] is None and e in missing([e])]
+    unsaved = missing([e for e in entries if e.key in done and done[e.key] is None])
     _remember_failed([e for e, _ in failed if e.key in rejected] + unsaved)
     return Result(len(entries) - len(failed), failed, len(procs), time.perf_counter() - t0)
 
