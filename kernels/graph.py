@@ -167,6 +167,16 @@ class CSRGraph:
         return d
 
     @property
+    def max_degree(self) -> int:
+        """The largest row nnz (0 without nodes), cached; an edit carries it over where it can
+        (:func:`kernels.graph_edit.apply_edit`)."""
+        m = self._cache.get("max_degree")
+        if m is None:
+            m = int(self.degrees.max()) if self.num_nodes else 0
+            self._cache["max_degree"] = m
+        return m
+
+    @property
     def is_weighted(self) -> bool:
         return self.weights is not None
 

@@ -40,7 +40,7 @@ writes the touched rows in between. No Python loop and no sort over the graph's 
 unavoidable with immutable CSR arrays; it is ``~4 E`` bytes (``~8 E`` weighted).
 """
 
-# numba cache key: subgraph ed59e669680e
+# numba cache key: subgraph b062e9ea498d
 
 from __future__ import annotations
 
@@ -263,31 +263,41 @@ def _splice(
     old_indptr, old_indices, old_w, has_old_w, n_old, rows, new_indptr, chg_ptr, chg_cols, chg_w, out_idx, out_w,
     write_w,
 ):  # pragma: no cover - compiled
-    """Assemble the edited arrays: unchanged runs of rows are block copies, ``rows[i]`` gets its
-    new content ``chg_*[chg_ptr[i]:chg_ptr[i + 1]]``."""
+    """Assemble the edited arrays, ``new_indptr`` included: unchanged runs of rows are block copies (their
+    ``indptr`` entries the old ones shifted by one constant), ``rows[i]`` gets its new content
+    ``chg_*[chg_ptr[i]:chg_ptr[i + 1]]``. ``rows`` holds every new node (ids from ``n_old``)."""
     prev = 0
+    pos = 0  # where the next row starts in the new arrays
     for i in range(rows.shape[0] + 1):
         r = rows[i] if i < rows.shape[0] else n_old
         stop = min(r, n_old)
         if stop > prev:  # rows prev .. stop - 1 are unchanged: one block
             a = old_indptr[prev]
             b = old_indptr[stop]
-            o = new_indptr[prev]
-            copy_run(out_idx, o, old_indices, a, b - a)  # loops, not slice assignments (subgraph.copy_run)
+            sh = pos - a
+            ni = new_indptr[prev:stop]  # views from 0: no wrap-around per index (subgraph.copy_run)
+            oi = old_indptr[prev:stop]
+            for q in range(stop - prev):
+                ni[q] = oi[q] + sh
+            copy_run(out_idx, pos, old_indices, a, b - a)
             if write_w:
                 if has_old_w:
-                    copy_run(out_w, o, old_w, a, b - a)
+                    copy_run(out_w, pos, old_w, a, b - a)
                 else:
-                    for e in range(o, o + (b - a)):
-                        out_w[e] = 1.0
+                    ow = out_w[pos:pos + (b - a)]
+                    for e in range(b - a):
+                        ow[e] = 1.0
+            pos += b - a
         if i < rows.shape[0]:
-            o = new_indptr[r]
+            new_indptr[r] = pos
             c0 = chg_ptr[i]
             c1 = chg_ptr[i + 1]
-            copy_run(out_idx, o, chg_cols, c0, c1 - c0)
+            copy_run(out_idx, pos, chg_cols, c0, c1 - c0)
             if write_w:
-                copy_run(out_w, o, chg_w, c0, c1 - c0)
+                copy_run(out_w, pos, chg_w, c0, c1 - c0)
+            pos += c1 - c0
             prev = r + 1
+    new_indptr[new_indptr.shape[0] - 1] = pos
     return 0
 
 
@@ -371,10 +381,10 @@ def apply_edit(graph: CSRGraph, edit: GraphEdit, *, allow_self_loops: bool | Non
     # ---------------------------------------------------------------- the touched rows, before the edit
     rows = np.unique(np.concatenate([nbrs, new_ids, rs, rd, as_, ad]))
     old_rows = rows[rows < n]
-    deg = graph.degrees
     starts = graph.indptr[old_rows]
-    _, gpos = gather_ranges(starts, deg[old_rows])
-    g_row = np.repeat(old_rows, deg[old_rows])
+    old_deg = graph.indptr[old_rows + 1] - starts  # not graph.degrees: an O(N) pass where none was memoized
+    _, gpos = gather_ranges(starts, old_deg)
+    g_row = np.repeat(old_rows, old_deg)
     g_col = np.asarray(graph.indices[gpos], dtype=np.int64)
     g_w = (np.asarray(graph.weights[gpos], dtype=np.float32) if graph.weights is not None
            else np.ones(len(gpos), dtype=np.float32))  # fmt: skip
@@ -427,14 +437,9 @@ def apply_edit(graph: CSRGraph, edit: GraphEdit, *, allow_self_loops: bool | Non
     weighted = graph.is_weighted or bool(np.any(nw1 != 1.0)) or bool(np.any(aw != 1.0))
     new_cnt = np.bincount(np.searchsorted(rows, f_row), minlength=len(rows)).astype(np.int64)
     old_cnt = np.zeros(len(rows), dtype=np.int64)
-    old_cnt[: len(old_rows)] = deg[old_rows]  # rows is sorted: the old rows come first
-    delta = np.zeros(n2 + 1, dtype=np.int64)
-    delta[rows + 1] = new_cnt - old_cnt
-    new_indptr = np.empty(n2 + 1, dtype=np.int64)
-    new_indptr[: n + 1] = graph.indptr
-    new_indptr[n + 1 :] = graph.indptr[-1]
-    new_indptr += np.cumsum(delta)
-    e2 = int(new_indptr[-1])
+    old_cnt[: len(old_rows)] = old_deg  # rows is sorted: the old rows come first
+    new_indptr = np.empty(n2 + 1, dtype=np.int64)  # written by _splice, in the same pass as the copies
+    e2 = int(graph.indptr[-1]) + int(new_cnt.sum()) - int(old_cnt.sum())
     idt = index_dtype_for(n2)
     out_idx = np.empty(e2, dtype=idt)
     out_w = np.empty(e2 if weighted else 0, dtype=np.float32)
@@ -449,6 +454,10 @@ def apply_edit(graph: CSRGraph, edit: GraphEdit, *, allow_self_loops: bool | Non
     if _SELF_LOOPS_KEY in graph.cache():
         removed_loops = int(np.count_nonzero(rs == rd))
         new_graph.cache()[_SELF_LOOPS_KEY] = _self_loop_count(graph) - removed_loops + int(np.count_nonzero(loop))
+    old_max = graph.cache().get("max_degree")
+    # carried unless a row of the largest degree lost edges (then the next read recomputes it)
+    if old_max is not None and not np.any((old_cnt == old_max) & (new_cnt < old_max)):
+        new_graph.cache()["max_degree"] = max(int(old_max), int(new_cnt.max()) if len(new_cnt) else 0)
 
     # ---------------------------------------------------------------- which touched rows really changed
     k_old = len(old_rows)

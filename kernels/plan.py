@@ -33,7 +33,7 @@ give the same numbers at exact width only: their rows list columns in local (dis
 a sampled row keeps other edges there, and differently in every subgraph that holds the node.
 """
 
-# numba cache key: lanes f04d5b26c67e, spmm_cpu 08eccef46b96, subgraph ed59e669680e
+# numba cache key: lanes f04d5b26c67e, spmm_cpu 08eccef46b96, subgraph b062e9ea498d
 
 from __future__ import annotations
 
@@ -371,26 +371,31 @@ def _walk_sums_rows(indptr, indices, out, level, rows):  # pragma: no cover - co
         out[level, i] = acc
 
 
-def update_walk_sums(graph: CSRGraph, sums: np.ndarray, changed_rows: np.ndarray) -> np.ndarray:
+def update_walk_sums(graph: CSRGraph, sums: np.ndarray, changed_rows: np.ndarray, *,
+                     with_columns: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """:func:`walk_sums` of ``graph`` from ``sums``, those of the graph before an edit that changed the
-    rows ``changed_rows`` (and may have added nodes at the end): ``c_j`` changes only within ``j`` hops
-    of a changed row, so only those entries are computed again (a single-edge edit of a sparse graph
-    touches a few hundred entries instead of ``hops * E`` edges). Returns a new array."""
+    rows ``changed_rows`` (and may have added nodes at the end, which ``changed_rows`` then holds): ``c_j``
+    changes only within ``j`` hops of a changed row, so only those entries are computed again (a
+    single-edge edit of a sparse graph touches a few hundred entries instead of ``hops * E`` edges).
+    Returns a new array; with ``with_columns`` also the sorted nodes whose sums may differ from ``sums``
+    (every other column is a copy), for what is derived from the sums column by column
+    (:func:`walk_bounds`' ``columns``)."""
     levels, n_old = sums.shape
     n = graph.num_nodes
-    out = np.zeros((levels, n), dtype=np.float64)
+    out = np.empty((levels, n), dtype=np.float64)
     out[:, :n_old] = sums
+    out[:, n_old:] = 0.0
     rows = np.unique(np.asarray(changed_rows, dtype=np.int64))
-    if not len(rows):
-        return out
-    out[0, rows] = graph.indptr[rows + 1] - graph.indptr[rows]
-    for level in range(1, levels):
-        rows = np.union1d(rows, graph.neighbors_of(rows))  # the rows whose level-`level` sum reads a changed entry
-        _walk_sums_rows(graph.indptr, graph.indices, out, level, rows)
-    return out
+    if len(rows):
+        out[0, rows] = graph.indptr[rows + 1] - graph.indptr[rows]
+        for level in range(1, levels):
+            rows = np.union1d(rows, graph.neighbors_of(rows))  # the rows whose level-`level` sum reads a changed entry
+            _walk_sums_rows(graph.indptr, graph.indices, out, level, rows)
+    return (out, rows) if with_columns else out
 
 
-def walk_bounds(graph: CSRGraph, layers: int, sums: np.ndarray | None = None) -> np.ndarray:
+def walk_bounds(graph: CSRGraph, layers: int, sums: np.ndarray | None = None,
+                columns: np.ndarray | None = None) -> np.ndarray:
     r"""float64 ``[N]``: an upper bound of :func:`exact_path_edges` for every node.
 
     An exact ``L``-layer pass aggregates, at layer ``l``, the rows within ``L - l`` hops of the
@@ -399,11 +404,15 @@ def walk_bounds(graph: CSRGraph, layers: int, sums: np.ndarray | None = None) ->
     .. math:: \text{edges}(t) \le \sum_{j=0}^{L-1} (L - j)\, c_j[t]
 
     ``sums``: :func:`walk_sums` of the graph to at least ``L - 1`` hops, when the caller has them
-    (the server derives other bounds from the same sums); computed here otherwise.
+    (the server derives other bounds from the same sums); computed here otherwise. ``columns``: only
+    those nodes' bounds, in their order (a live graph's update patches the changed ones). The sums are
+    whole numbers, so every order of adding gives the same bits.
     """
     if layers <= 0:
-        return np.zeros(graph.num_nodes, dtype=np.float64)
+        return np.zeros(graph.num_nodes if columns is None else len(columns), dtype=np.float64)
     c = walk_sums(graph, layers - 1) if sums is None else sums[:layers]
+    if columns is not None:
+        c = c[:, columns]
     weights = np.arange(layers, 0, -1, dtype=np.float64)  # L - j for j = 0 .. L-1
     return weights @ c
 

@@ -132,7 +132,7 @@ sources + holders of any changed row + new nodes. A dirty target stays dirty (th
 never patched); :meth:`ensure_induced` after edits rebuilds the table from the current lists.
 """
 
-# numba cache key: datasets 2095f586e9e7, graph_edit 58ac8e016076, ppr_push 308fc9a09323, subgraph ed59e669680e
+# numba cache key: datasets 2095f586e9e7, graph_edit 7cfa32f26fc4, ppr_push 308fc9a09323, subgraph b062e9ea498d
 
 from __future__ import annotations
 

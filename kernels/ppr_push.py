@@ -15,7 +15,7 @@ users import (it re-exports these names). Here:
 The on-disk index of every node's list is :mod:`kernels.ppr_index`.
 """
 
-# numba cache key: subgraph ed59e669680e
+# numba cache key: subgraph b062e9ea498d
 
 from __future__ import annotations
 

@@ -190,14 +190,6 @@ def _gcn_dinv_numpy(graph: CSRGraph, dtype: torch.dtype, norm_degrees: np.ndarra
     return v
 
 
-def _max_degree(graph: CSRGraph) -> int:
-    m = graph.cache().get("max_degree")
-    if m is None:
-        m = int(graph.degrees.max()) if graph.num_nodes else 0
-        graph.cache()["max_degree"] = m
-    return m
-
-
 def _mod_grid(a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """``a[None, :] mod d[:, None]`` for non-negative int64 ``a`` ``[S]`` and positive ``d`` ``[R, 1]``.
 
@@ -257,7 +249,7 @@ def _sampled_edges(
 def _csr_key(graph: CSRGraph, width: int, strategy: str, aggregator: str, device: torch.device,
              dtype: torch.dtype) -> tuple[bool, tuple]:
     """(whether the pass is exact, the key of its matrix in the graph's memo)."""
-    exact = width <= 0 or graph.num_edges == 0 or _max_degree(graph) <= width
+    exact = width <= 0 or graph.num_edges == 0 or graph.max_degree <= width
     return exact, (("exact", aggregator, str(device), dtype) if exact else (width, strategy, aggregator, str(device), dtype))
 
 
@@ -535,7 +527,7 @@ def sampled_spmm(
     if no_grad and x.is_cpu:
         if x.dtype in _KERNEL_DTYPES:
             width = _check_args(graph, x, width, strategy, aggregator)
-            exact = width <= 0 or graph.num_edges == 0 or _max_degree(graph) <= width
+            exact = width <= 0 or graph.num_edges == 0 or graph.max_degree <= width
             if exact and graph.num_nodes and _exact_through_torch(graph, x.shape[1], aggregator):
                 dinv = _gcn_dinv(graph, x.device, x.dtype, norm_degrees) if aggregator == "gcn" else None
                 return _exact_spmm_mkl(graph, x, aggregator, dinv)

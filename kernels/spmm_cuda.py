@@ -546,7 +546,7 @@ def _entry(graph: CSRGraph, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
         "ptr_weights": tensors["weights"].data_ptr() if "weights" in tensors else 0,
         "index_ctype": INDEX_CTYPES[np.dtype(graph.indices.dtype)],
         "index_bytes": int(graph.indices.dtype.itemsize),
-        "max_degree": int(np.diff(graph.indptr).max()) if graph.num_nodes else 0,
+        "max_degree": graph.max_degree,
         "source": _source(graph),  # keeps the host arrays alive, so `is` cannot match a recycled id
         "schedules": {},  # (width, split_edges or None = default, order) -> device schedule or None
         "prepared": {},  # _prepare's launches over these arrays

@@ -287,9 +287,17 @@ def copy_run(dst, o, src, a, n):  # pragma: no cover - compiled
     slice assignment: numba compiles an assignment's shape check with its error message (string
     formatting of both shapes), about 3 s of a first start on the 2-vCPU VM (2026-11-27: one slice
     assignment compiled in 3.8 s against 0.8 s as a loop, in a fresh process); a loop has no check to
-    compile. ``tests/test_fused_compiles.py`` holds the start path to that."""
+    compile. ``tests/test_fused_compiles.py`` holds the start path to that.
+
+    The loop runs over views (slicing has no check to compile) from 0, so LLVM knows no index is negative,
+    drops numba's wrap-around of each ``dst[o + i]`` and vectorizes: 2026-11-27, 40 M int32 on the 2-vCPU VM,
+    16-19 ms (NumPy's ``b[:] = a`` 15-18 ms) against 44-71 ms indexing ``dst[o + i] = src[a + i]``, and
+    0.2 s against 0.8 s to compile. The copy goes forward, element by element, as before, so an overlapping
+    copy to a lower offset (the PPR queue's compaction) stays right."""
+    d = dst[o:o + n]
+    s = src[a:a + n]
     for i in range(n):
-        dst[o + i] = src[a + i]
+        d[i] = s[i]
 
 
 @numba.njit(cache=True, nogil=True)

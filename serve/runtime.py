@@ -541,16 +541,17 @@ class ModelRuntime:
         if self.options.cuda_graphs is not False and self.device.type == "cuda":
             self._captured = CapturedForward(resident, max_bucket=self.options.max_batch_targets)
 
-    def _graph_derived(self, graph: Any = None, walk_sums_: np.ndarray | None = None) -> dict[str, Any]:
+    def _graph_derived(self, graph: Any = None, walk_sums_: np.ndarray | None = None,
+                       columns: np.ndarray | None = None) -> dict[str, Any]:
         """What the runtime derives from the whole graph (``graph``, default its own): its limits and the
-        per-node bounds that price a request, as attribute values (:meth:`_set_derived` assigns them)."""
+        per-node bounds that price a request, as attribute values (:meth:`_set_derived` assigns them).
+        ``columns``: after an update, the nodes whose walk sums changed (``walk_sums_`` the new sums); the
+        bounds of every other node are copied from the current ones instead of computed again (an O(N)
+        copy instead of passes over every node: 2026-11-27, 2 M nodes, about 15 ms of an update's 50)."""
         g = self.graph if graph is None else graph
         c = self._walk_sums if walk_sums_ is None else walk_sums_
         out: dict[str, Any] = {}
-        if self.remote_graph:
-            max_deg = max(1, int(g.max_degree))
-        else:
-            max_deg = int(g.degrees.max()) if g.num_edges else 1
+        max_deg = max(1, int(g.max_degree))  # memoized on a local graph, carried over by an edit
         max_k = self._max_k
         # a shaDow subgraph of K nodes: a row has at most K - 1 neighbours, K where the graph keeps
         # self-loops (the subgraph builder keeps them; a Redis graph's are not counted: K)
@@ -562,8 +563,15 @@ class ModelRuntime:
             # a plan's pass; a new node's scope, its neighbours' (L - 1)-hop balls (an induced scope's last
             # hop is summed per request: _scope_bound_of)
             out["_walk_sums"] = c
-            out["_walk_bound"] = walk_bounds(g, layers, sums=c).astype(np.float32)
-            out["_nbr_scope_bound"] = (layers * c[:layers].sum(axis=0)).astype(np.float32)
+            if columns is not None and self._walk_bound is not None and self._nbr_scope_bound is not None:
+                cols = np.asarray(columns, dtype=np.int64)
+                out["_walk_bound"] = _patched(self._walk_bound, g.num_nodes, cols,
+                                              walk_bounds(g, layers, sums=c, columns=cols))
+                out["_nbr_scope_bound"] = _patched(self._nbr_scope_bound, g.num_nodes, cols,
+                                                   layers * c[:layers, cols].sum(axis=0))
+            else:
+                out["_walk_bound"] = walk_bounds(g, layers, sums=c).astype(np.float32)
+                out["_nbr_scope_bound"] = (layers * c[:layers].sum(axis=0)).astype(np.float32)
         out["_mean_degree"] = (g.num_edges / max(1, g.num_nodes)) if g.num_nodes else 0.0
         out["limits"] = ModelLimits(
             name=self.name,
@@ -620,8 +628,11 @@ class ModelRuntime:
                 for _ in range(max(0, self.num_layers - 1)):  # whose (L-1)-hop ball holds a changed row
                     ball = np.unique(np.concatenate([ball, graph.neighbors_of(ball)]))
                 plan["exact_edges"] = ball
-            sums = update_walk_sums(graph, self._walk_sums, changed) if self._walk_sums is not None else None
-            plan["derived"] = self._graph_derived(graph, sums)
+            if self._walk_sums is not None:
+                sums, cols = update_walk_sums(graph, self._walk_sums, changed, with_columns=True)
+                plan["derived"] = self._graph_derived(graph, sums, cols)
+            else:
+                plan["derived"] = self._graph_derived(graph)
         else:
             plan["derived"] = self._graph_derived(graph)
         return plan
@@ -1086,6 +1097,15 @@ class ModelRuntime:
         kept, total = batch.edge_counts(width)
         layers = max(1, self.num_layers)
         return kept * layers, total * layers
+
+
+def _patched(old: np.ndarray, n: int, columns: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """A new float32 ``[n]`` array: ``old`` (``n`` or fewer entries, the rest new nodes, which
+    ``columns`` holds) with ``values`` at ``columns``."""
+    out = np.empty(n, dtype=np.float32)
+    out[: len(old)] = old
+    out[columns] = values
+    return out
 
 
 def _sampled_edges_bound(width: float, layers: int) -> float:

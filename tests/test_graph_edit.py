@@ -126,9 +126,13 @@ def random_edit(rng, g, *, max_new=3, max_rem=6, max_add=6, weights="mixed", loo
 
 def check(g, edit, **kw):
     before = (g.indptr.copy(), g.indices.copy(), None if g.weights is None else g.weights.copy())
+    assert g.max_degree >= 0  # memoized: the edit carries it over unless the largest row shrank
     eff = apply_edit(g, edit, **kw)
     want = reference(g, edit)
     assert_same_graph(eff.graph, want)
+    true_max = int(np.diff(want.indptr).max()) if want.num_nodes else 0
+    assert eff.graph.cache().get("max_degree", true_max) == true_max
+    assert eff.graph.max_degree == true_max
     np.testing.assert_array_equal(eff.changed_rows, changed_reference(g, eff.graph))
     np.testing.assert_array_equal(eff.new_ids, np.arange(g.num_nodes, g.num_nodes + edit.new_count))
     assert eff.graph is not g

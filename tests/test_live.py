@@ -325,6 +325,35 @@ def test_an_update_that_fails_half_way_answers_unavailable(server, tiny_dataset,
             c.predict("gcn", [u])
 
 
+def test_derived_bounds_after_updates_equal_those_derived_from_scratch(server, tiny_dataset):
+    """An update patches the per-node request prices (walk sums, walk bounds, neighbour-scope bounds) at
+    the nodes whose sums changed and carries the graph's largest degree over: after new nodes, added edges
+    and the removal of every edge of the largest row, each equals what the runtime derives from the new
+    graph from nothing, bit for bit, and the limits' widest width follows the largest degree down."""
+    from kernels.plan import walk_sums
+
+    ds = tiny_dataset
+    rt = server.server.registry.get("gcn")
+    g = ds.graph
+    hub = int(np.argmax(g.degrees))
+    rng = np.random.default_rng(7)
+    with GnnClient(server.address) as c:
+        c.update_graph("gcn", new_nodes=[NewNode(features=ds.x[1], neighbors=[hub, 2]),
+                                         NewNode(features=ds.x[3], neighbors=[4])])
+        c.update_graph("gcn", add_edges=[_non_neighbours(ds, rng) for _ in range(3)])
+        up = c.update_graph("gcn", remove_edges=[(hub, int(w)) for w in rt.graph.neighbors(hub)])
+        assert up.graph_version == 3
+    cur = rt.graph
+    assert cur.degrees[hub] == 0
+    assert cur.max_degree == int(np.diff(cur.indptr).max()) < g.max_degree
+    fresh = rt._graph_derived(cur, walk_sums(cur, rt._walk_sums.shape[0] - 1))
+    np.testing.assert_array_equal(rt._walk_sums, fresh["_walk_sums"])
+    for name in ("_walk_bound", "_nbr_scope_bound"):
+        assert getattr(rt, name).dtype == fresh[name].dtype and len(getattr(rt, name)) == cur.num_nodes
+        np.testing.assert_array_equal(getattr(rt, name), fresh[name])
+    assert rt.limits == fresh["limits"]
+
+
 def test_the_serving_path_is_chosen_under_the_read_lock(server, monkeypatch):
     """A path's accepts() may allocate per-graph state (the activation cache's table of a width asked for
     the first time, sized by the graph's node count): the batch chooses its path inside its read section,
