@@ -166,6 +166,12 @@ class CSRGraph:
             self._cache["degrees"] = d
         return d
 
+    def degrees_of(self, nodes: np.ndarray) -> np.ndarray:
+        """int64: the row lengths of ``nodes`` (O(len(nodes)), where :attr:`degrees` is an O(N) pass on the
+        first read of a graph, as each update of a live graph makes a new one)."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        return (self.indptr[nodes + 1] - self.indptr[nodes]).astype(np.int64, copy=False)
+
     @property
     def max_degree(self) -> int:
         """The largest row nnz (0 without nodes), cached; an edit carries it over where it can

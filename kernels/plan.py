@@ -33,7 +33,7 @@ give the same numbers at exact width only: their rows list columns in local (dis
 a sampled row keeps other edges there, and differently in every subgraph that holds the node.
 """
 
-# numba cache key: lanes f04d5b26c67e, spmm_cpu 08eccef46b96, subgraph b062e9ea498d
+# numba cache key: lanes f04d5b26c67e, spmm_cpu 08eccef46b96, subgraph 307ec2d23471
 
 from __future__ import annotations
 
@@ -329,7 +329,7 @@ def exact_path_edges(graph: CSRGraph, targets: np.ndarray, layers: int) -> np.nd
     if layers <= 0 or len(t) == 0:
         return np.zeros(len(t), dtype=np.int64)
     exact = execution_plan(graph, t, layers - 1, 0)
-    return np.rint(exact.path_sums(graph.degrees[exact.node_ids], layers)).astype(np.int64)
+    return np.rint(exact.path_sums(graph.degrees_of(exact.node_ids), layers)).astype(np.int64)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -479,7 +479,7 @@ def edges_on_two_layer_paths(
     ``serve.projection.ActivationCache``): target ``t`` keeps :math:`k_t + \sum_{u \in F_1(t)} k_u`
     edges, :math:`F_1(t) = \{t\} \cup N_S(t)` the rows layer 1 computes for it and
     :math:`k_u = \min(d_u, S)` (``d_u`` exact)."""
-    return _with_exact(two_layer_kept(plan, graph.degrees[plan.node_ids], width), plan, graph, width, exact, 2)
+    return _with_exact(two_layer_kept(plan, graph.degrees_of(plan.node_ids), width), plan, graph, width, exact, 2)
 
 
 def two_layer_kept(plan: ExecutionPlan, degrees: np.ndarray, width: int | None) -> np.ndarray:

@@ -132,7 +132,7 @@ sources + holders of any changed row + new nodes. A dirty target stays dirty (th
 never patched); :meth:`ensure_induced` after edits rebuilds the table from the current lists.
 """
 
-# numba cache key: datasets 2095f586e9e7, graph_edit 7cfa32f26fc4, ppr_push 308fc9a09323, subgraph b062e9ea498d
+# numba cache key: datasets 2095f586e9e7, graph_edit 3b8a27f16c7c, ppr_push 308fc9a09323, subgraph 307ec2d23471
 
 from __future__ import annotations
 
@@ -305,7 +305,7 @@ def _inverse_csr(nodes, n, pos):  # pragma: no cover - compiled
 # ============================================================================ the perturbation bound
 def _row_distribution(graph: CSRGraph, rows: np.ndarray, wdeg: np.ndarray) -> tuple[np.ndarray, ...]:
     """``(row index into rows, column, P value)`` of the transition rows ``P_u`` (``e_u`` when ``w(u) = 0``)."""
-    deg = graph.degrees[rows]
+    deg = graph.degrees_of(rows)
     _, pos = gather_ranges(graph.indptr[rows], deg)
     ri = np.repeat(np.arange(len(rows), dtype=np.int64), deg)
     col = np.asarray(graph.indices[pos], dtype=np.int64)

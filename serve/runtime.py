@@ -800,7 +800,7 @@ class ModelRuntime:
                 and self._path_for(nodes, False, s, call.ppr_budget).name == "plain-activations"):
             # the resident path at a width it holds, or the activation path with every first-layer row held:
             # the last layer's rows alone
-            deg = self.graph.degrees[nodes]
+            deg = self.graph.degrees_of(nodes)
             work = float(np.minimum(deg, s).sum() if s else deg.sum())
         else:  # an execution plan; sampled rows keep at most S edges
             cap = _sampled_edges_bound(s, layers) if s else math.inf
@@ -811,7 +811,7 @@ class ModelRuntime:
         for spec in call.new_nodes:
             d = len(spec.neighbors)
             # the push or the scope reads the neighbours' rows; the new edges count both ways
-            work += 2 * d + (float(self.graph.degrees[spec.neighbors].sum()) if d and local else 0.0)
+            work += 2 * d + (float(self.graph.degrees_of(spec.neighbors).sum()) if d and local else 0.0)
             if self.extractor == "ppr" or self._nbr_scope_bound is None:
                 work += per_target
             elif d:  # its scope: itself and its neighbours' (L - 1)-hop balls, every row at every layer

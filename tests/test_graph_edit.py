@@ -370,3 +370,26 @@ def benchmark(num_nodes: int = 13_752, num_edges: int = 250_000, repeats: int = 
 
 if __name__ == "__main__":
     print(f"one-edge edit: {benchmark() * 1e3:.2f} ms")
+
+
+def test_an_edit_carries_the_idle_scratch_arrays_and_what_the_new_graph_answers_is_unchanged():
+    """The subgraph kernels' scratch arrays (tagged [N] int64) move to the edited graph, new nodes
+    included, so its first batch allocates nothing; scopes on the new graph equal those on a fresh copy
+    of it (the tags left by the old graph's calls are stale by their epoch)."""
+    from kernels.subgraph import _SCRATCH_KEY, lhop_nodes
+
+    rng = np.random.default_rng(3)
+    g = sym_graph(rng, 50, 150, weighted=False)
+    lhop_nodes(g, np.arange(10), 2)  # leaves one idle scratch array in g's pool
+    (sc,) = g.cache()[_SCRATCH_KEY]
+    g2 = apply_edit(g, GraphEdit.make(new_count=2, new_ptr=[0, 1, 3], new_nbrs=[0, 1, 50],
+                                      add_src=[2], add_dst=[49])).graph
+    assert g2.cache()[_SCRATCH_KEY] == [sc] and g.cache()[_SCRATCH_KEY] == []
+    fresh = CSRGraph(g2.indptr.copy(), g2.indices.copy(), None, g2.num_nodes)
+    for targets in (np.arange(52), np.array([51, 0, 2, 49])):
+        got, want = lhop_nodes(g2, targets, 2), lhop_nodes(fresh, targets, 2)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert g2.cache()[_SCRATCH_KEY] == [sc]  # used and given back
+    big = apply_edit(g2, GraphEdit.make(new_count=2000, new_ptr=np.zeros(2001, np.int64))).graph
+    assert _SCRATCH_KEY not in big.cache() and g2.cache()[_SCRATCH_KEY] == [sc]  # too small: stays

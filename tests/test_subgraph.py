@@ -341,5 +341,5 @@ def test_real_graph_induced_and_lhop():
         assert set(nodes[ptr[b] : ptr[b + 1]].tolist()) == set(bfs_sets(mat, int(t), 2))
     batch = induced_batch(g, ptr, nodes)
     check_batch_against_scipy(mat, batch, ptr, nodes, weighted=False)
-    sc = _take_scratch(g)  # the pool hands out a scratch sized for this graph
-    assert sc.tag.shape == (g.num_nodes,)
+    sc = _take_scratch(g)  # the pool hands out a scratch sized for this graph (room for new nodes: carry_scratch)
+    assert g.num_nodes <= sc.tag.shape[0] <= g.num_nodes + g.num_nodes // 64 + 1024
