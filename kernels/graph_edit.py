@@ -310,7 +310,8 @@ def apply_edit(graph: CSRGraph, edit: GraphEdit, *, allow_self_loops: bool | Non
     """Apply ``edit`` to ``graph`` (semantics, validation and cost in the module docstring).
 
     Args:
-        graph: the current graph (symmetric); never modified.
+        graph: the current graph (symmetric); its arrays are never written. Of its memo, only the subgraph
+            kernels' idle scratch arrays change: they move to the new graph (``subgraph.carry_scratch``).
         edit: the update.
         allow_self_loops: whether an added edge may be a self-loop; ``None`` = iff ``graph`` has one.
 

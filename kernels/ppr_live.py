@@ -132,7 +132,7 @@ sources + holders of any changed row + new nodes. A dirty target stays dirty (th
 never patched); :meth:`ensure_induced` after edits rebuilds the table from the current lists.
 """
 
-# numba cache key: datasets 2095f586e9e7, graph_edit 3b8a27f16c7c, ppr_push 308fc9a09323, subgraph 307ec2d23471
+# numba cache key: datasets 2095f586e9e7, graph_edit 4ca111f6189d, ppr_push 308fc9a09323, subgraph 307ec2d23471
 
 from __future__ import annotations
 

@@ -98,6 +98,11 @@ def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
     return sock, port
 
 
+#: the prefix of the temporary directory of the children's status files (each child removes its own file when
+#: it stops, and the directory once empty: serve.server._remove_status)
+STATUS_DIR_PREFIX = "gnnserve-processes-"
+
+
 def _die_with_parent() -> None:  # in the child, between fork and exec
     with contextlib.suppress(Exception):
         import ctypes
@@ -176,7 +181,7 @@ def run_processes(args: Any, argv: Sequence[str]) -> int:
     except OSError as exc:
         log.error("cannot start: cannot bind %s:%d: %s", args.host, args.port, exc)
         return 1
-    tmp = Path(tempfile.mkdtemp(prefix="gnnserve-processes-"))
+    tmp = Path(tempfile.mkdtemp(prefix=STATUS_DIR_PREFIX))
     env = child_env(n)
     children: dict[int, subprocess.Popen[bytes]] = {}
     stopping = threading.Event()

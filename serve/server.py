@@ -331,7 +331,25 @@ async def serve_forever(config: ServerConfig, ready_file: str | None = None, sta
         tmp.write_text(json.dumps({"port": port, "metrics_port": server.metrics_port, "pid": os.getpid(),
                                    "graph_versions": versions}))
         tmp.replace(status_file)  # the parent polls for the file: it appears whole
-    await server.wait()
+    try:
+        await server.wait()
+    finally:
+        if status_file:
+            _remove_status(status_file)
+
+
+def _remove_status(status_file: str) -> None:
+    """A ``--processes`` child leaving: its status file goes, and the parent's directory of them when it is
+    the last (the parent removes that directory itself when it stops; this covers a parent killed with
+    SIGKILL, whose children still get SIGTERM and drain)."""
+    from .processes import STATUS_DIR_PREFIX
+
+    path = Path(status_file)
+    with contextlib.suppress(OSError):
+        path.unlink()
+    if path.parent.name.startswith(STATUS_DIR_PREFIX):  # the directory serve.processes made, nobody else's
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()  # only when empty: another child's file keeps it
 
 
 async def _served_or_stopped(server: GnnServer) -> bool:

@@ -172,6 +172,23 @@ def test_a_dead_child_stops_the_group_with_an_error(tiny_repo):
         _wait_gone(kids)
 
 
+def test_a_killed_parent_leaves_no_status_directory(tiny_repo):
+    """SIGKILL of the parent: its children get SIGTERM (PDEATHSIG), drain, and remove their status files and
+    the directory the parent made for them (it used to stay in the temp directory, one per killed group)."""
+    from pathlib import Path
+
+    with ServerProcess(tiny_repo, "--processes", "2", "--read-only", "--poll-s", "0", "--grace-s", "1",
+                       "--drain-s", "0") as srv:
+        kids = _children(srv.proc.pid)
+        assert len(kids) == 2, srv.log()
+        args = Path(f"/proc/{kids[0]}/cmdline").read_bytes().split(b"\0")
+        status = Path(args[args.index(b"--process-status") + 1].decode())
+        assert status.parent.name.startswith("gnnserve-processes-") and status.exists()
+        srv.kill()
+        _wait_gone(kids)
+    assert not status.parent.exists(), sorted(status.parent.iterdir())
+
+
 pytest_plugins = ("tests.redis_server",)
 
 
