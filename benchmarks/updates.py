@@ -7,14 +7,16 @@ the repository's data stays as it is), driven through the public SDK:
    removed, alternately: the graph returns to where it was), a single feature row, and batches of
    ``--batch-edges`` edges (added then removed). Per kind: updates/s, the UpdateGraph round trip
    p50/p99 (an UpdateGraph returns once the update is visible: that is the update-to-visible
-   latency a client sees) and the server's own apply time p50/p99 (``apply_ms``: validation, log
-   append, the new graph and every cache's invalidation);
+   latency a client sees), the server's own apply time p50/p99 (``apply_ms``: validation, log
+   append, the new graph and every cache's invalidation) and the server process's CPU time per
+   update (from ``/proc``: gRPC and protobuf included);
 2. **read-your-writes**: after each single-edge update a second client on its own connection asks
    with ``min_graph_version``: it must get that version (counted) and its Predict time is reported;
 3. **Predict under a steady update stream**: one-node Predict p50/p99 at the default knobs (raw stub
    calls), in alternating blocks without and with another process sending single-edge updates at
    ``--rate`` per second from ``--writers`` threads (the two sides interleaved in time on this shared
-   machine), and the ratio.
+   machine), and the ratio; beside each, the cores the server kept busy (its CPU seconds over the
+   block's wall seconds: on a small machine an update stream can take most of them).
 
     python benchmarks/updates.py --repo /tmp/gnnserve-bench-ab/amazon_computers --model gcn
     python benchmarks/updates.py --dataset ../shared/data/amazon_computers.npz   # trains a GCN first
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -62,18 +65,47 @@ def _absent_edges(graph, rng: np.random.Generator, count: int) -> list[tuple[int
     return sorted(out)
 
 
-def update_phase(c: GnnClient, model: str, kinds: dict[str, list[dict]], reader: GnnClient | None = None):
-    """Send each kind's updates in order; per kind: round trips, server apply times, wall seconds."""
+def _cpu_s(pid: int | None) -> float | None:
+    """CPU seconds the process ``pid`` has run, every thread summed, to the nanosecond (each thread's
+    ``/proc/PID/task/TID/schedstat``; ``/proc/PID/stat`` counts in 10 ms ticks, too coarse for one update).
+    None without /proc. A thread that ended between two reads drops out of the sum: the server's threads
+    live as long as it does."""
+    if pid is None:
+        return None
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9
+
+
+def update_phase(c: GnnClient, model: str, kinds: dict[str, list[dict]], reader: GnnClient | None = None,
+                 server_pid: int | None = None):
+    """Send each kind's updates in order; per kind: round trips, server apply times, wall seconds, and with
+    ``server_pid`` the server's CPU time per update (summed over the UpdateGraph calls alone: the server idles
+    between them, and the read-your-writes Predicts fall outside)."""
     rows = {}
     ryw_ok = ryw_total = 0
     ryw_ms: list[float] = []
     for kind, updates in kinds.items():
         rtt, apply = [], []
+        cpu = 0.0
         t_start = time.perf_counter()
         for upd in updates:
+            c0 = _cpu_s(server_pid)
             t0 = time.perf_counter()
             res = c.update_graph(model, **upd)
             rtt.append(1e3 * (time.perf_counter() - t0))
+            c1 = _cpu_s(server_pid)
+            if c0 is not None and c1 is not None:
+                cpu += c1 - c0
             apply.append(res.apply_ms)
             if reader is not None and kind == "single edge":
                 t1 = time.perf_counter()
@@ -84,7 +116,8 @@ def update_phase(c: GnnClient, model: str, kinds: dict[str, list[dict]], reader:
                 ryw_ok += got.graph_version >= res.graph_version
         rows[kind] = {"updates": len(updates), "per_s": len(updates) / (time.perf_counter() - t_start),
                       "rtt_p50_ms": _pct(rtt, 50), "rtt_p99_ms": _pct(rtt, 99),
-                      "apply_p50_ms": _pct(apply, 50), "apply_p99_ms": _pct(apply, 99)}
+                      "apply_p50_ms": _pct(apply, 50), "apply_p99_ms": _pct(apply, 99),
+                      "server_cpu_ms": 1e3 * cpu / len(updates) if server_pid is not None else float("nan")}
     return rows, {"ryw_ok": ryw_ok, "ryw_total": ryw_total, "ryw_predict_p50_ms": _pct(ryw_ms, 50),
                   "ryw_predict_p99_ms": _pct(ryw_ms, 99)}
 
@@ -127,9 +160,10 @@ def _stream(address: str, model: str, edges: list[tuple[int, int]], rate: float,
 
 
 def predict_under_updates(address: str, model: str, num_nodes: int, edges: list[tuple[int, int]], rate: float,
-                          seconds: float, rounds: int, writers: int = 16) -> dict:
+                          seconds: float, rounds: int, writers: int = 16, server_pid: int | None = None) -> dict:
     """One-node Predict latency (raw stub calls) in alternating blocks without and with ``rate`` single-edge
-    updates/s sent by another process."""
+    updates/s sent by another process; with ``server_pid``, the server's CPU use per side (cores busy: CPU
+    seconds over wall seconds)."""
     import multiprocessing as mp
 
     import grpc
@@ -139,6 +173,7 @@ def predict_under_updates(address: str, model: str, num_nodes: int, edges: list[
 
     ctx = mp.get_context("spawn")
     lat: dict[str, list[float]] = {"quiet": [], "updating": []}
+    busy: dict[str, list[float]] = {"quiet": [0.0, 0.0], "updating": [0.0, 0.0]}  # CPU s, wall s
     sent = ctx.Value("q", 0)
     rng = np.random.default_rng(5)
     t_updating = 0.0
@@ -157,12 +192,17 @@ def predict_under_updates(address: str, model: str, num_nodes: int, edges: list[
                     while sent.value == 0 and time.monotonic() < t_wait:  # the stream is running
                         time.sleep(0.01)
                     n0, t0 = sent.value, time.perf_counter()
+                c_start, w_start = _cpu_s(server_pid), time.perf_counter()
                 t_end = time.perf_counter() + seconds
                 while time.perf_counter() < t_end:
                     v = int(rng.integers(0, num_nodes))
                     t1 = time.perf_counter()
                     stub.Predict(pb.PredictRequest(model=model, nodes=[v]), timeout=60)
                     lat[side].append(1e3 * (time.perf_counter() - t1))
+                c_end = _cpu_s(server_pid)
+                if c_start is not None and c_end is not None:
+                    busy[side][0] += c_end - c_start
+                    busy[side][1] += time.perf_counter() - w_start
                 if proc is not None:
                     t_updating += time.perf_counter() - t0
                     n_block = sent.value - n0
@@ -177,6 +217,8 @@ def predict_under_updates(address: str, model: str, num_nodes: int, edges: list[
     out["ratio_p99"] = out["updating_p99_ms"] / out["quiet_p99_ms"]
     out["updates_per_s_achieved"] = sum(blocks) / max(t_updating, 1e-9)
     out["predicts"] = {k: len(v) for k, v in lat.items()}
+    for side, (cpu_s, wall_s) in busy.items():
+        out[f"{side}_server_cores"] = cpu_s / wall_s if wall_s > 0 else float("nan")
     return out
 
 
@@ -240,29 +282,33 @@ def main(argv: list[str] | None = None) -> int:
             GnnClient(srv.address, timeout=120) as c, GnnClient(srv.address, timeout=120) as reader:
         c.predict(args.model, [0])
         reader.predict(args.model, [0])
-        upd_rows, ryw = update_phase(c, args.model, kinds, reader)
+        pid = srv.proc.pid if srv.proc is not None else None
+        upd_rows, ryw = update_phase(c, args.model, kinds, reader, server_pid=pid)
         under = predict_under_updates(srv.address, args.model, g.num_nodes, _absent_edges(g, rng, 4 * args.writers),
-                                      args.rate, args.seconds, args.rounds, args.writers)
+                                      args.rate, args.seconds, args.rounds, args.writers, server_pid=pid)
         final = c.get_model(args.model)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"\n### Live-graph updates: {name} (N = {g.num_nodes:,}, E = {g.num_edges:,}), model {args.model}\n")
     print(f"{when}, {platform.machine()} {platform.node()}; command: python benchmarks/updates.py "
           + " ".join(argv if argv is not None else sys.argv[1:]) + "\n")
-    print("| update | count | updates/s | round trip p50 / p99 (ms) | server apply p50 / p99 (ms) |")
-    print("|---|---:|---:|---:|---:|")
+    print("| update | count | updates/s | round trip p50 / p99 (ms) | server apply p50 / p99 (ms) | "
+          "server CPU per update (ms) |")
+    print("|---|---:|---:|---:|---:|---:|")
     for kind, r in upd_rows.items():
         print(f"| {kind} | {r['updates']} | {r['per_s']:,.0f} | {r['rtt_p50_ms']:.2f} / {r['rtt_p99_ms']:.2f} | "
-              f"{r['apply_p50_ms']:.2f} / {r['apply_p99_ms']:.2f} |")
+              f"{r['apply_p50_ms']:.2f} / {r['apply_p99_ms']:.2f} | {r['server_cpu_ms']:.2f} |")
     print(f"\nRead-your-writes: {ryw['ryw_ok']} of {ryw['ryw_total']} reads on a second connection with "
           f"min_graph_version saw the update; their Predict p50 / p99 {ryw['ryw_predict_p50_ms']:.2f} / "
           f"{ryw['ryw_predict_p99_ms']:.2f} ms.\n")
-    print("| one-node Predict | p50 (ms) | p99 (ms) |")
-    print("|---|---:|---:|")
-    print(f"| no updates | {under['quiet_p50_ms']:.3f} | {under['quiet_p99_ms']:.3f} |")
+    print("| one-node Predict | p50 (ms) | p99 (ms) | server's cores busy |")
+    print("|---|---:|---:|---:|")
+    print(f"| no updates | {under['quiet_p50_ms']:.3f} | {under['quiet_p99_ms']:.3f} | "
+          f"{under['quiet_server_cores']:.2f} |")
     print(f"| {under['updates_per_s_achieved']:,.0f} single-edge updates/s (asked {args.rate:,.0f}, "
           f"{args.writers} writers) | "
-          f"{under['updating_p50_ms']:.3f} | {under['updating_p99_ms']:.3f} |")
-    print(f"| ratio | {under['ratio_p50']:.2f}x | {under['ratio_p99']:.2f}x |")
+          f"{under['updating_p50_ms']:.3f} | {under['updating_p99_ms']:.3f} | {under['updating_server_cores']:.2f} |")
+    print(f"| ratio | {under['ratio_p50']:.2f}x | {under['ratio_p99']:.2f}x | |")
+    print(f"\n{os.cpu_count()} CPUs on this machine (the update stream's client process shares them).")
     print(f"\nGraph version at the end: {final.graph_version} (every edge added was removed again).")
     if args.json:
         Path(args.json).write_text(json.dumps({"dataset": name, "nodes": g.num_nodes, "edges": g.num_edges,
