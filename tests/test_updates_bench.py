@@ -26,6 +26,6 @@ def test_update_benchmark_small(tmp_path):
     assert under["updates_per_s_achieved"] > 0
     # the server's CPU, read from /proc: every update costs some; the Predict loop keeps the server busy on
     # both sides (a closed loop), so the sides' shares are only known to be positive
-    assert all(r["server_cpu_ms"] > 0 for r in res["updates"].values())
+    assert all(0 < r["server_cpu_p50_ms"] <= 1e3 and r["server_cpu_mean_ms"] > 0 for r in res["updates"].values())
     assert under["quiet_server_cores"] > 0 and under["updating_server_cores"] > 0
     assert "| no updates |" in proc.stdout
