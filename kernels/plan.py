@@ -387,7 +387,7 @@ def update_walk_sums(graph: CSRGraph, sums: np.ndarray, changed_rows: np.ndarray
     out[:, n_old:] = 0.0
     rows = np.unique(np.asarray(changed_rows, dtype=np.int64))
     if len(rows):
-        out[0, rows] = graph.indptr[rows + 1] - graph.indptr[rows]
+        out[0, rows] = graph.degrees_of(rows)
         for level in range(1, levels):
             rows = np.union1d(rows, graph.neighbors_of(rows))  # the rows whose level-`level` sum reads a changed entry
             _walk_sums_rows(graph.indptr, graph.indices, out, level, rows)

@@ -623,16 +623,21 @@ class ModelRuntime:
             carry_gcn_degrees(old, graph, changed)  # memoized on the new graph, not yet visible
             if self._dinv is not None:
                 plan["dinv"] = gcn_dinv32(graph)
-            if self._exact_edges is not None:
-                ball = changed
-                for _ in range(max(0, self.num_layers - 1)):  # whose (L-1)-hop ball holds a changed row
-                    ball = np.unique(np.concatenate([ball, graph.neighbors_of(ball)]))
-                plan["exact_edges"] = ball
+            hops = max(0, self.num_layers - 1)
+            cols = None
             if self._walk_sums is not None:
                 sums, cols = update_walk_sums(graph, self._walk_sums, changed, with_columns=True)
                 plan["derived"] = self._graph_derived(graph, sums, cols)
             else:
                 plan["derived"] = self._graph_derived(graph)
+            if self._exact_edges is not None:  # the nodes whose (L-1)-hop ball holds a changed row
+                if cols is not None and self._walk_sums.shape[0] - 1 == hops:
+                    ball = cols  # the walk sums' columns are that ball: expanded over the same hops
+                else:
+                    ball = changed
+                    for _ in range(hops):
+                        ball = np.unique(np.concatenate([ball, graph.neighbors_of(ball)]))
+                plan["exact_edges"] = ball
         else:
             plan["derived"] = self._graph_derived(graph)
         return plan
