@@ -14,7 +14,7 @@ from kernels.datasets import load_npz, synthetic_sbm
 from kernels.graph import CSRGraph
 from kernels.graph_edit import GraphEdit, apply_edit, edit_from_pairs
 from kernels.ppr import PPRConfig, PPRIndex, PPRIndexError, _weighted_degree, ppr_exact, ppr_topk
-from kernels.ppr_live import LivePPRIndex, row_change_bounds
+from kernels.ppr_live import LivePPRIndex, row_change_bounds, row_change_peaks
 from kernels.subgraph import induced_batch
 
 from .conftest import dataset_path
@@ -381,6 +381,156 @@ def test_perturbation_bounds_hold_for_exact_ppr(cfg, weighted):
     np.testing.assert_allclose(mx, [0.5, 0.5])
     l1, mx = row_change_bounds(h, h2, np.array([1]))  # an unchanged row moves by nothing
     assert l1.tolist() == [0.0] and mx.tolist() == [0.0]
+
+
+def _transition_row(g: CSRGraph, u: int) -> np.ndarray:
+    """``P_u`` dense (``e_u`` where ``w(u) = 0``: the walk stays)."""
+    wd = _weighted_degree(g)
+    row = np.zeros(g.num_nodes)
+    if wd[u] <= 0:
+        row[u] = 1.0
+        return row
+    w = g.weights[g.indptr[u] : g.indptr[u + 1]] if g.weights is not None else np.ones(g.degrees_of([u])[0])
+    np.add.at(row, g.neighbors(u), w / wd[u])
+    return row
+
+
+def _exact_peaks(g: CSRGraph, g2: CSRGraph, rows: np.ndarray, cfg: PPRConfig) -> np.ndarray:
+    """``max_y |(Delta_u Pi')(y)| / hat w'(y)`` per row, from exact PPR on ``g2`` (old nodes padded)."""
+    n2 = g2.num_nodes
+    pi2 = ppr_exact(g2, np.arange(n2), cfg)
+    wd2 = _weighted_degree(g2)
+    what = np.where(wd2 > 0, wd2, 1.0)
+    out = []
+    for u in rows:
+        old = np.zeros(n2)
+        old[: g.num_nodes] = _transition_row(g, int(u))
+        out.append(np.max(np.abs((_transition_row(g2, int(u)) - old) @ pi2) / what))
+    return np.array(out)
+
+
+@pytest.mark.parametrize(
+    "cfg", [PPRConfig(topk=8, eps=1e-4), PPRConfig(topk=8, eps=1e-6, lazy=True), PPRConfig(topk=8, eps=0.05)]
+)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_row_change_peaks_bound_the_exact_change(cfg, weighted):
+    """The pushed peaks are upper bounds of the exact ``|Delta_u Pi'| / hat w'`` (any eps: the push error is
+    in them), and at a fine eps close to it: most of ``m_u``'s slack is gone."""
+    rng = np.random.default_rng(5 + weighted)
+    n = 120
+    ei = rng.integers(0, n, size=(2, 400))
+    w = rng.uniform(0.3, 2.0, 400) if weighted else None
+    g = CSRGraph.from_edge_index(ei, num_nodes=n, weights=w, symmetrize=True, remove_self_loops=True)
+    ratios = []
+    for step in range(4):
+        eff = apply_edit(g, make_edit(rng, g, new=step % 2 == 1, adds=2, rems=2))
+        rows = eff.changed_rows[eff.changed_rows < g.num_nodes]
+        peaks = row_change_peaks(g, eff.graph, rows, cfg)
+        exact = _exact_peaks(g, eff.graph, rows, cfg)
+        _, mx = row_change_bounds(g, eff.graph, rows)
+        assert np.all(exact <= peaks + 1e-12)
+        assert np.all(exact <= mx + 1e-12)
+        ratios.extend(peaks / mx)
+        g = eff.graph
+    if cfg.eps < 1e-5:
+        assert np.median(ratios) < 0.7  # tighter than the rows' own bound
+    # the corner cases: a node left without edges (path 0-1-2-3 without (0, 1)), an isolated node gaining one
+    h = CSRGraph.from_edge_index(np.array([[0, 1, 2], [1, 2, 3]]), num_nodes=5, symmetrize=True)
+    for edit in (edit_from_pairs(remove=[(0, 1)]), edit_from_pairs(add=[(4, 2)]), edit_from_pairs(add=[(0, 4)])):
+        eff = apply_edit(h, edit)
+        rows = eff.changed_rows
+        exact = _exact_peaks(h, eff.graph, rows, cfg)
+        assert np.all(exact <= row_change_peaks(h, eff.graph, rows, cfg) + 1e-12)
+    assert row_change_peaks(h, h, np.zeros(0, dtype=np.int64), cfg).shape == (0,)
+
+
+def _separable_peaks(g: CSRGraph, g2: CSRGraph, rows: np.ndarray, cfg: PPRConfig) -> tuple[np.ndarray, np.ndarray]:
+    """What :func:`row_change_peaks` computes, from exact PPR: per row the triangle inequality over the vectors
+    of ``Delta_u Pi' = (1 - d'/d) P'_u Pi' + C_u Pi' / d`` (``P'_u Pi' = (pi'_u - a e_u) / (1 - a)``, ``e_u`` if
+    ``d' = 0``; ``P'_u Pi' - pi'_u`` if ``d = 0``), and the sum of the absolute coefficients (its push margin
+    is ``eps`` times that)."""
+    n2, a = g2.num_nodes, cfg.teleport
+    pi2 = ppr_exact(g2, np.arange(n2), cfg)
+    wd, wd2 = _weighted_degree(g), _weighted_degree(g2)
+    what = np.where(wd2 > 0, wd2, 1.0)
+    plain = np.max(pi2 / what[None, :], axis=1)
+    own = np.max(np.abs(pi2 - a * np.eye(n2)) / what[None, :], axis=1)
+    ref, coef = [], []
+    for u in (int(x) for x in rows):
+        d, d2 = wd[u], wd2[u]
+        if d <= 0:
+            ref.append(own[u] / (1 - a) + plain[u])
+            coef.append(1 / (1 - a) + 1)
+            continue
+        change = np.zeros(n2)
+        change[: g.num_nodes] -= _transition_row(g, u) * d
+        change += _transition_row(g2, u) * d2 if d2 > 0 else 0.0
+        first = abs(1 - d2 / d) / (1 - a) if d2 > 0 else 0.0
+        ref.append(first * own[u] + (1.0 if d2 <= 0 else 0.0) + np.sum(np.abs(change) / d * plain))
+        coef.append(first + np.sum(np.abs(change)) / d)
+    return np.array(ref), np.array(coef)
+
+
+@pytest.mark.parametrize("cfg", [PPRConfig(topk=8, eps=1e-5), PPRConfig(topk=8, eps=0.02, lazy=True)])
+def test_row_change_peaks_are_the_pushed_maxima_plus_the_push_margin(cfg):
+    """Term by term: at least the maxima of the exact vectors (the push estimates lie below them), at most
+    that plus ``eps`` per unit of coefficient (how far below they may lie)."""
+    rng = np.random.default_rng(8)
+    n = 90
+    ei = rng.integers(0, n, size=(2, 300))
+    g = CSRGraph.from_edge_index(ei, num_nodes=n, weights=rng.uniform(0.3, 2.0, 300), symmetrize=True,
+                                 remove_self_loops=True)  # fmt: skip
+    h = CSRGraph.from_edge_index(np.array([[0, 1, 2], [1, 2, 3]]), num_nodes=5, symmetrize=True)
+    cases = [(h, edit_from_pairs(remove=[(0, 1)])), (h, edit_from_pairs(add=[(4, 2)]))]
+    cases += [(g, make_edit(rng, g, new=False, adds=2, rems=2)), (g, make_edit(rng, g, new=True, adds=1, rems=1))]
+    for old, edit in cases:
+        eff = apply_edit(old, edit)
+        rows = eff.changed_rows[eff.changed_rows < old.num_nodes]
+        ref, coef = _separable_peaks(old, eff.graph, rows, cfg)
+        peaks = row_change_peaks(old, eff.graph, rows, cfg)
+        assert np.all(peaks >= ref - 1e-12)
+        assert np.all(peaks <= ref + cfg.eps * coef + 1e-12)
+
+
+def test_peaks_recompute_fewer_lists_and_keep_them_fresh(sbm, sbm_base):
+    """With the peaks (the default) the same edits recompute fewer lists, every one of them the fresh push
+    (run_sequence), and the node bound with the peaks still holds against exact PPR."""
+    counts = {}
+    for peaks in (False, True):
+        live = LivePPRIndex(sbm_base, peaks=peaks)
+        _, totals = run_sequence(live, sbm, np.random.default_rng(11), 5, SBM_CFG, new=False, adds=1, rems=1)
+        counts[peaks] = totals["recomputed"]
+    assert 0 < counts[True] < 0.7 * counts[False]
+    a = SBM_CFG.teleport
+    rng = np.random.default_rng(12)
+    g = sbm
+    live = LivePPRIndex(sbm_base)
+    src = rng.choice(g.num_nodes, size=40, replace=False)
+    for _ in range(3):
+        eff = apply_edit(g, make_edit(rng, g, new=False, adds=1, rems=1))
+        rows = eff.changed_rows
+        coef = live._coefficients(g, eff.graph, rows)
+        old, new = ppr_exact(g, src, SBM_CFG), ppr_exact(eff.graph, src, SBM_CFG)
+        wd2 = _weighted_degree(eff.graph)
+        what = np.where(wd2 > 0, wd2, 1.0)
+        for b in range(len(src)):
+            assert np.all(np.abs(new[b] - old[b]) <= what * np.sum(old[b, rows] * coef) + 1e-12)
+        assert np.all(coef <= (1 - a) / a * row_change_bounds(g, eff.graph, rows)[1] + 1e-15)
+        g = eff.graph
+
+
+def test_peaks_are_skipped_for_an_edit_touching_many_nodes(sbm, sbm_base):
+    """Past ``max(64, N / 8)`` pushed nodes the peaks are not computed: the bound of the rows alone."""
+    eff = apply_edit(sbm, make_edit(np.random.default_rng(13), sbm, new=False, adds=40, rems=0))
+    rows = eff.changed_rows
+    assert np.all(row_change_peaks(sbm, eff.graph, rows, SBM_CFG, max_pushes=len(rows) - 1) == np.inf)
+    assert np.all(np.isfinite(row_change_peaks(sbm, eff.graph, rows, SBM_CFG, max_pushes=len(rows))))
+    coef = {pk: LivePPRIndex(sbm_base, peaks=pk)._coefficients(sbm, eff.graph, rows) for pk in (False, True)}
+    np.testing.assert_array_equal(coef[True], coef[False])  # 80 rows > max(64, 500 // 8)
+    small = apply_edit(sbm, make_edit(np.random.default_rng(13), sbm, new=False, adds=2, rems=0))
+    coef = {pk: LivePPRIndex(sbm_base, peaks=pk)._coefficients(sbm, small.graph, small.changed_rows)
+            for pk in (False, True)}  # fmt: skip
+    assert np.all(coef[True] <= coef[False]) and np.any(coef[True] < coef[False])
 
 
 def test_bounds_of_successive_edits_add_up(sbm, sbm_base):

@@ -30,7 +30,7 @@ from kernels.datasets import synthetic_sbm
 from kernels.graph import CSRGraph
 from kernels.graph_edit import GraphEdit, apply_edit, edit_from_pairs
 from kernels.ppr import PPRConfig, PPRIndex, _weighted_degree, ppr_topk
-from kernels.ppr_live import LivePPRIndex, row_change_bounds
+from kernels.ppr_live import LivePPRIndex
 from kernels.subgraph import _grow
 
 from .test_ppr_live import assert_fresh_lists
@@ -137,9 +137,7 @@ def old_update(live: LivePPRIndex, old_graph: CSRGraph, new_graph: CSRGraph, cha
     recompute = np.zeros(0, dtype=np.int64)
     candidates = capped = 0
     if len(rows):
-        a = cfg.teleport
-        l1, mnode = row_change_bounds(old_graph, new_graph, rows)
-        coef = (1.0 - a) / a * (l1 if live.rule == "l1" else mnode)
+        coef = live._coefficients(old_graph, new_graph, rows)  # the rule's c_u (its own tests: test_ppr_live)
         hs, hx, hsc = live._holders(rows)
         # the old _reverse_terms
         wd = _weighted_degree(old_graph)
@@ -351,9 +349,7 @@ def traced_prepare(live: LivePPRIndex, g: CSRGraph, eff) -> tuple[int, dict]:
 def old_entries(live: LivePPRIndex, old_graph: CSRGraph, new_graph: CSRGraph, rows: np.ndarray) -> int:
     """How many (push, source) entries the old kernel materialised for this edit."""
     cfg = live.config
-    a = cfg.teleport
-    l1, mnode = row_change_bounds(old_graph, new_graph, rows)
-    coef = (1.0 - a) / a * (l1 if live.rule == "l1" else mnode)
+    coef = live._coefficients(old_graph, new_graph, rows)
     wd = _weighted_degree(old_graph)
     act = np.flatnonzero((coef > 0) & (wd[rows] > 0))
     n = old_graph.num_nodes
