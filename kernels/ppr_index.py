@@ -10,7 +10,16 @@ induced subgraph of every list (:class:`kernels.subgraph.InducedTable`: ``induce
 ``"induced"`` in ``meta.json``). :meth:`PPRIndex.open_or_build` builds into a temporary
 directory renamed into place; the induced files and ``meta.json`` are written under names unique
 to their writer and renamed into place, so servers sharing one index may attach a table at once.
+
+A server whose graph takes updates also keeps the lists' inverse beside them
+(:meth:`PPRIndex.ensure_inverse`: ``inverse_ptr.npy``, int64 ``[N + 1]``, and ``inverse_pos.bin``,
+the positions in ``nodes.bin`` holding each node, int32 below ``2^31`` entries): the live index
+(:mod:`kernels.ppr_live`) looks up which lists hold an edited node in it. Built once (a counting
+sort over every entry: 4.4 s for the 128 M entries of a 2 M-node index on 2 cores) and then
+memory-mapped, so a server's first update neither waits for it nor holds it in its own memory.
 """
+
+# numba cache key: datasets 2095f586e9e7, ppr_push 308fc9a09323, subgraph 307ec2d23471
 
 from __future__ import annotations
 
@@ -24,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numba
 import numpy as np
 
 from .datasets import remove_stale_tmp
@@ -32,11 +42,36 @@ from .ppr_push import _ALGO_VERSION, PPRConfig, _compact, _give_dense, _run_batc
 from .subgraph import InducedTable, SubgraphBatch, induced_batch
 from .threads import numba_threads
 
-__all__ = ["PPRIndex", "PPRIndexError"]
+__all__ = ["PPRIndex", "PPRIndexError", "inverse_lists"]
 
 log = logging.getLogger(__name__)
 
 _FORMAT = "gnnserve.ppr/1"
+
+
+@numba.njit(cache=True, nogil=True)
+def _inverse_csr(nodes, n, pos):  # pragma: no cover - compiled
+    """Counting sort: ``ptr int64 [n + 1]``, with ``pos`` (``len(nodes)`` entries, int32 or int64)
+    filled so that the positions holding node ``v`` are ``pos[ptr[v]:ptr[v + 1]]`` in increasing order."""
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    for i in range(nodes.shape[0]):
+        ptr[nodes[i] + 1] += 1
+    for v in range(n):
+        ptr[v + 1] += ptr[v]
+    fill = ptr[:-1].copy()
+    for i in range(nodes.shape[0]):
+        v = nodes[i]
+        pos[fill[v]] = i
+        fill[v] += 1
+    return ptr
+
+
+def inverse_lists(nodes: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of CSR lists over ``n`` nodes: ``(ptr int64 [n + 1], pos)``, the positions in ``nodes``
+    holding node ``v`` being ``pos[ptr[v]:ptr[v + 1]]`` in increasing order (``pos`` int32 below ``2^31``
+    entries, else int64)."""
+    pos = np.empty(len(nodes), dtype=index_dtype_for(len(nodes)))
+    return _inverse_csr(nodes, int(n), pos), pos
 
 
 def _unwrapped(a: np.ndarray) -> np.ndarray:
@@ -113,6 +148,7 @@ class PPRIndex:
         self.path = path
         self.meta = dict(meta or {})
         self.induced: InducedTable | None = None  # see ensure_induced
+        self.inverse: tuple[np.ndarray, np.ndarray] | None = None  # see ensure_inverse
         if len(nodes) != int(ptr[-1]) or len(scores) != len(nodes):
             raise PPRIndexError(
                 f"index arrays disagree: ptr ends at {int(ptr[-1])}, {len(nodes)} nodes, {len(scores)} scores"
@@ -240,6 +276,55 @@ class PPRIndex:
                 log.warning("induced table not saved in %s: %s", self.path, exc)
         self.induced = table
         return True
+
+    def ensure_inverse(self) -> tuple[np.ndarray, np.ndarray]:
+        """The lists' inverse, :func:`inverse_lists` of ``nodes`` (module docstring), attached as ``inverse``.
+
+        A saved index keeps it beside its lists and memory-maps it on later calls; where the directory
+        cannot be written it stays in memory (logged). Writers rename their files into place (the
+        positions first, then ``inverse_ptr.npy``, whose presence marks a complete pair), so servers
+        sharing one index may attach it at once."""
+        if self.inverse is not None:
+            return self.inverse
+        loaded = self._open_inverse()
+        if loaded is None:
+            t0 = time.perf_counter()
+            ptr, pos = inverse_lists(np.asarray(self.nodes), self.num_nodes)
+            log.info("inverse of the PPR lists (%d entries) in %.1f s", len(pos), time.perf_counter() - t0)
+            loaded = (ptr, pos)
+            if self.path is not None:
+                tag = _writer_tag()
+                tmp = [self.path / f"inverse_pos.bin{tag}", self.path / f"inverse_ptr.npy{tag}"]
+                try:
+                    pos.tofile(tmp[0])
+                    with open(tmp[1], "wb") as f:
+                        np.save(f, ptr)
+                    os.replace(tmp[0], self.path / "inverse_pos.bin")
+                    os.replace(tmp[1], self.path / "inverse_ptr.npy")
+                    loaded = self._open_inverse() or loaded  # memory-mapped: the page cache holds it, not us
+                except OSError as exc:  # a read-only index directory: keep it in memory
+                    log.warning("inverse of the PPR lists not saved in %s: %s", self.path, exc)
+                    for f in tmp:
+                        f.unlink(missing_ok=True)
+        self.inverse = loaded
+        return loaded
+
+    def _open_inverse(self) -> tuple[np.ndarray, np.ndarray] | None:
+        if self.path is None or not (self.path / "inverse_ptr.npy").exists():
+            return None
+        d, nnz = self.path, len(self.nodes)
+        dt = np.dtype(index_dtype_for(nnz))
+        try:
+            ptr = _unwrapped(np.load(d / "inverse_ptr.npy", mmap_mode="r"))
+            if ptr.shape != (self.num_nodes + 1,) or int(ptr[-1]) != nnz:
+                raise ValueError(f"inverse_ptr.npy has shape {ptr.shape}, expected ({self.num_nodes + 1},) ending at {nnz}")
+            if (d / "inverse_pos.bin").stat().st_size != nnz * dt.itemsize:
+                raise ValueError("inverse_pos.bin has the wrong size")
+            pos = _unwrapped(np.memmap(d / "inverse_pos.bin", dtype=dt, mode="r", shape=(nnz,))) if nnz else np.zeros(0, dt)
+            return ptr, pos
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring the inverse of the PPR lists in %s (%s); it will be rebuilt", d, exc)
+            return None
 
     _INDUCED_FILES = ("induced_src.bin", "induced_dst.bin", "induced_w.bin")
 

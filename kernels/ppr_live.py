@@ -166,7 +166,7 @@ sources + holders of any changed row + new nodes. A dirty target stays dirty (th
 never patched); :meth:`ensure_induced` after edits rebuilds the table from the current lists.
 """
 
-# numba cache key: datasets 2095f586e9e7, graph_edit 4ca111f6189d, ppr_push 308fc9a09323, subgraph 307ec2d23471
+# numba cache key: datasets 2095f586e9e7, graph_edit 4ca111f6189d, ppr_index 177f38a45d70, ppr_push 308fc9a09323, subgraph 307ec2d23471
 
 from __future__ import annotations
 
@@ -181,6 +181,7 @@ from numba import prange
 
 from .graph import CSRGraph, gather_ranges, index_dtype_for
 from .ppr import _SCRATCH_KEY, _SCRATCH_LOCK, PPRConfig, PPRIndex, PPRIndexError, _weighted_degree, ppr_topk
+from .ppr_index import inverse_lists
 from .ppr_push import _give_dense, _push_dense, _take_dense
 from .subgraph import InducedTable, SubgraphBatch, induced_batch
 from .threads import numba_threads
@@ -319,23 +320,6 @@ def _accumulate(acc, seen, s, w):  # pragma: no cover - compiled
     for j in range(s.shape[0]):
         acc[s[j]] += w[j]
         seen[s[j]] = True
-
-
-@numba.njit(cache=True, nogil=True)
-def _inverse_csr(nodes, n, pos):  # pragma: no cover - compiled
-    """Counting sort: ``ptr int64 [n + 1]``, with ``pos`` (``len(nodes)`` entries, int32 or int64)
-    filled so that the positions holding node ``v`` are ``pos[ptr[v]:ptr[v + 1]]`` in increasing order."""
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    for i in range(nodes.shape[0]):
-        ptr[nodes[i] + 1] += 1
-    for v in range(n):
-        ptr[v + 1] += ptr[v]
-    fill = ptr[:-1].copy()
-    for i in range(nodes.shape[0]):
-        v = nodes[i]
-        pos[fill[v]] = i
-        fill[v] += 1
-    return ptr
 
 
 @numba.njit(cache=True, parallel=True)
@@ -565,6 +549,7 @@ class LivePPRIndex:
         # (ptr, nodes, scores), swapped as one tuple so a reader never mixes two generations
         self._lists: tuple[np.ndarray, np.ndarray, np.ndarray] = (
             np.asarray(base.ptr), np.asarray(base.nodes), np.asarray(base.scores))
+        self._base_nodes = self._lists[1]  # the lists are the base's until the first merge
         self._version = 0  # bumped by every apply
         self._mat: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         # overlay: node v's list is arena[ostart[v] : ostart[v] + olen[v]] when ostart[v] >= 0
@@ -940,10 +925,15 @@ class LivePPRIndex:
         return ptr, nodes, scores
 
     def _inverse(self) -> tuple[np.ndarray, np.ndarray]:
+        """Node -> positions in the merged lists holding it: the base's saved inverse while the lists are
+        still the base's (:meth:`kernels.ppr.PPRIndex.ensure_inverse`, which a server taking updates calls
+        at load), else built here (``N K`` int32 entries below ``2^31``) and rebuilt after each merge."""
         if self._inv is None:
-            nodes = self._lists[1]
-            pos = np.empty(len(nodes), dtype=index_dtype_for(len(nodes)))  # int32 below 2^31 entries: N K x 4 bytes
-            self._inv = (_inverse_csr(nodes, len(self._lists[0]) - 1, pos), pos)
+            base = getattr(self.base, "inverse", None)
+            if base is not None and self._lists[1] is self._base_nodes:
+                self._inv = base
+            else:
+                self._inv = inverse_lists(self._lists[1], len(self._lists[0]) - 1)
         return self._inv
 
     def _holders(self, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

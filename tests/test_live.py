@@ -113,6 +113,23 @@ def server(base_repo, tmp_path):
     srv.stop()
 
 
+def test_a_server_taking_updates_saves_and_reads_the_lists_inverse(server, tiny_dataset, monkeypatch):
+    """At load the shaDow model's PPR index gets its lists' inverse saved beside it (REPO/_ppr); the first
+    update reads that memory-mapped copy instead of building one."""
+    import kernels.ppr_live as pl
+
+    live = server.server.registry.get("shadow").ppr_index
+    base = live.base
+    assert base.inverse is not None and (base.path / "inverse_ptr.npy").exists()
+    assert not base.inverse[1].flags.writeable  # memory-mapped from the file
+    built = []
+    monkeypatch.setattr(pl, "inverse_lists", lambda *a: built.append(a) or pytest.fail("built an inverse"))
+    u, v = _non_neighbours(tiny_dataset, np.random.default_rng(4))
+    with GnnClient(server.address) as c:
+        assert c.update_graph("shadow", add_edges=[(u, v)]).graph_version == 1
+    assert built == [] and live.last_recomputed.size > 0
+
+
 def test_a_clone_answers_like_its_original_and_undo_restores(server, tiny_dataset):
     """v := a clone of u (features and edges) through UpdateGraph: GCN answers v as u at the exact width;
     the reverse update brings v's original answer back."""

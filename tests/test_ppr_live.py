@@ -533,6 +533,60 @@ def test_peaks_are_skipped_for_an_edit_touching_many_nodes(sbm, sbm_base):
     assert np.all(coef[True] <= coef[False]) and np.any(coef[True] < coef[False])
 
 
+def test_the_saved_inverse_is_read_until_the_first_merge(sbm, tmp_path, monkeypatch):
+    """``PPRIndex.ensure_inverse`` saves the lists' inverse beside them and memory-maps it (a second open finds
+    it); a live index over such a base reads it instead of building its own (the same drift and lists as one
+    that builds it), and builds its own only after merging the overlay into new lists."""
+    from kernels import ppr_index
+
+    base = PPRIndex.open_or_build(tmp_path, sbm, SBM_CFG, progress=False)
+    assert base.inverse is None
+    ptr, pos = base.ensure_inverse()
+    want_ptr, want_pos = ppr_index.inverse_lists(np.asarray(base.nodes), sbm.num_nodes)
+    np.testing.assert_array_equal(ptr, want_ptr)
+    np.testing.assert_array_equal(pos, want_pos)
+    assert isinstance(base.inverse[1], np.ndarray) and not base.inverse[1].flags.writeable  # memory-mapped
+    again = PPRIndex.open(base.path, sbm)
+    built = []
+    real = ppr_index.inverse_lists
+    monkeypatch.setattr(pl, "inverse_lists", lambda *a: built.append(1) or real(*a))
+    monkeypatch.setattr(ppr_index, "inverse_lists", lambda *a: built.append(1) or real(*a))
+    np.testing.assert_array_equal(again.ensure_inverse()[1], want_pos)  # read, not built
+    assert built == []
+    live = LivePPRIndex(again, merge_fraction=1e9)
+    plain = LivePPRIndex(PPRIndex.open(base.path, sbm), merge_fraction=1e9)  # no inverse attached: builds its own
+    rng = np.random.default_rng(17)
+    g = sbm
+    for _ in range(3):
+        eff = apply_edit(g, make_edit(rng, g, new=False))
+        a = live.apply(g, eff.graph, eff.changed_rows, eff.new_ids)
+        b = plain.apply(g, eff.graph, eff.changed_rows, eff.new_ids)
+        assert a["recomputed"] == b["recomputed"] and a["dirty"] == b["dirty"]
+        np.testing.assert_array_equal(live._drift, plain._drift)
+        g = eff.graph
+    assert live._inv is again.inverse and len(built) == 1  # only `plain` built one
+    live._merge()
+    eff = apply_edit(g, make_edit(rng, g, new=False))
+    live.apply(g, eff.graph, eff.changed_rows, eff.new_ids)
+    assert len(built) == 2 and live._inv is not again.inverse
+    # a damaged file is ignored and rebuilt; a directory that cannot be written keeps it in memory
+    (base.path / "inverse_pos.bin").write_bytes(b"x")
+    fresh = PPRIndex.open(base.path, sbm)
+    np.testing.assert_array_equal(fresh.ensure_inverse()[1], want_pos)
+    assert (base.path / "inverse_pos.bin").stat().st_size == want_pos.nbytes
+    for f in ("inverse_ptr.npy", "inverse_pos.bin"):
+        (base.path / f).unlink()
+
+    def refuse(*_a):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(ppr_index.os, "replace", refuse)
+    ro = PPRIndex.open(base.path, sbm)
+    np.testing.assert_array_equal(ro.ensure_inverse()[1], want_pos)
+    assert ro.inverse[1].flags.writeable  # in memory
+    assert sorted(p.name for p in base.path.iterdir() if "inverse" in p.name) == []  # nothing left behind
+
+
 def test_bounds_of_successive_edits_add_up(sbm, sbm_base):
     """Two edits that each stay under the tolerance but together exceed it recompute on the second."""
     u, v = 3, 7

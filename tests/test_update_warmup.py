@@ -21,7 +21,7 @@ SCRIPT = r"""
 import json, sys
 import numpy as np
 from clients import GnnClient, NewNode
-from kernels import graph_edit, plan, ppr_live, ppr_push
+from kernels import graph_edit, plan, ppr_index, ppr_live, ppr_push
 from serve.server import BackgroundServer, ServerConfig
 
 from numba.core import event
@@ -29,8 +29,9 @@ from numba.core import event
 # the update path's outermost kernels (their callees come with them: compiled inside them, or loaded with them
 # from the cache that the server's precompiling processes filled)
 FUNCS = {"graph_edit._splice": graph_edit._splice, "plan._walk_sums_rows": plan._walk_sums_rows,
-         "ppr_live._accumulate": ppr_live._accumulate, "ppr_live._inverse_csr": ppr_live._inverse_csr,
-         "ppr_live._reverse_accumulate": ppr_live._reverse_accumulate, "ppr_push._ppr_batch": ppr_push._ppr_batch}
+         "ppr_live._accumulate": ppr_live._accumulate, "ppr_index._inverse_csr": ppr_index._inverse_csr,
+         "ppr_live._reverse_accumulate": ppr_live._reverse_accumulate, "ppr_live._push_peaks": ppr_live._push_peaks,
+         "ppr_push._ppr_batch": ppr_push._ppr_batch}
 compiled = []
 
 
