@@ -166,7 +166,7 @@ sources + holders of any changed row + new nodes. A dirty target stays dirty (th
 never patched); :meth:`ensure_induced` after edits rebuilds the table from the current lists.
 """
 
-# numba cache key: datasets 2095f586e9e7, graph_edit 4ca111f6189d, ppr_index 177f38a45d70, ppr_push 308fc9a09323, subgraph 307ec2d23471
+# numba cache key: datasets 2095f586e9e7, graph_edit 4ca111f6189d, ppr_index ee42b2ea0789, ppr_push 308fc9a09323, subgraph 307ec2d23471
 
 from __future__ import annotations
 
@@ -199,7 +199,7 @@ _LOOKUP_CHUNK = 1 << 20  # list entries gathered at a time when all lists are co
 @numba.njit(cache=True, nogil=True)
 def _reverse_accumulate(
     indptr, indices, weights, wdeg, srcs, eps_rs, alpha, lazy, max_pushes, r, p, queue, touched,
-    w_src, coef_src, hptr, hsrc, mark, lp, ls, ostart, olen, a_scores, last, acc, seen,
+    w_src, coef_src, hptr, hsrc, mark, lp, ls, ostart, olen, a_scores, last, acc, seen, seen_list, last_list, counts,
 ):  # pragma: no cover - compiled
     """ACL push from each ``srcs[i]`` with threshold ``eps_rs[i] * w(v)`` (``eps_rs[i]`` where
     ``w(v) = 0``), the walk of :func:`kernels.ppr._push_dense`, each push's terms added up at once:
@@ -216,7 +216,10 @@ def _reverse_accumulate(
     ``(push, node, est)`` entries before: same terms, added in the same order.
 
     ``r``, ``p`` (float64 ``[N]``) and ``mark`` (bool ``[N]``) are zero on entry and on return;
-    ``queue``, ``touched`` int64 ``[N + 1]``. Returns the number of pushes stopped by ``max_pushes``.
+    ``queue``, ``touched`` int64 ``[N + 1]``. Every ``s`` whose ``seen[s]`` this sets is appended to
+    ``seen_list`` (at ``counts[0]``, advanced), every ``s`` whose ``last[s]`` it fills to ``last_list``
+    (at ``counts[1]``): the caller resets those entries instead of allocating ``O(N)`` arrays per edit.
+    Returns the number of pushes stopped by ``max_pushes``.
     """
     has_w = weights.shape[0] > 0
     qcap = queue.shape[0]
@@ -303,23 +306,33 @@ def _reverse_accumulate(
                 else:
                     lv = np.float64(a_scores[o + max(olen[v] - 1, 0)])
                 last[v] = lv
+                last_list[counts[1]] = v
+                counts[1] += 1
             if lv < term:
                 term = lv
             term = term * cf
             if term > 0.0:
                 acc[v] += term
-                seen[v] = True
+                if not seen[v]:
+                    seen[v] = True
+                    seen_list[counts[0]] = v
+                    counts[0] += 1
         for h in range(hptr[i], hptr[i + 1]):
             mark[hsrc[h]] = False
     return capped
 
 
 @numba.njit(cache=True, nogil=True)
-def _accumulate(acc, seen, s, w):  # pragma: no cover - compiled
-    """``acc[s[j]] += w[j]`` for ``j`` in order (the order ``np.bincount`` adds in) and ``seen[s[j]] = True``."""
+def _accumulate(acc, seen, s, w, seen_list, counts):  # pragma: no cover - compiled
+    """``acc[s[j]] += w[j]`` for ``j`` in order (the order ``np.bincount`` adds in) and ``seen[s[j]] = True``,
+    appending each newly seen ``s[j]`` to ``seen_list`` at ``counts[0]``."""
     for j in range(s.shape[0]):
-        acc[s[j]] += w[j]
-        seen[s[j]] = True
+        v = s[j]
+        acc[v] += w[j]
+        if not seen[v]:
+            seen[v] = True
+            seen_list[counts[0]] = v
+            counts[0] += 1
 
 
 @numba.njit(cache=True, parallel=True)
@@ -480,6 +493,30 @@ def row_change_peaks(
     return out
 
 
+class _Sums:
+    """The per-source sums of one :meth:`LivePPRIndex.prepare` for ``n`` nodes, kept between edits: ``acc``
+    (float64, zero), ``seen`` and ``mark`` (bool, False), ``last`` (float64, NaN: the lists' last scores,
+    memoized), ``seen_list`` and ``last_list`` (the entries an edit set, ``counts`` of each)."""
+
+    def __init__(self, n: int) -> None:
+        idt = index_dtype_for(n)
+        self.n = n
+        self.acc = np.zeros(n)
+        self.seen = np.zeros(n, dtype=np.bool_)
+        self.mark = np.zeros(n, dtype=np.bool_)
+        self.last = np.full(n, np.nan)
+        self.seen_list = np.empty(n, dtype=idt)
+        self.last_list = np.empty(n, dtype=idt)
+        self.counts = np.zeros(2, dtype=np.int64)
+
+    def reset(self, seen: np.ndarray) -> None:
+        """Back to the state above, given the sorted entries of ``seen_list`` (what the caller read)."""
+        self.acc[seen] = 0.0
+        self.seen[seen] = False
+        self.last[self.last_list[: self.counts[1]]] = np.nan
+        self.counts[:] = 0
+
+
 # ============================================================================ the live index
 class LivePPRIndex:
     """The offline top-K lists of ``base`` plus the lists recomputed after graph edits.
@@ -565,6 +602,7 @@ class LivePPRIndex:
         self._drift = np.zeros(n, dtype=np.float64)  # bound accumulated since a list was computed
         self._table: InducedTable | None = None  # a table built after edits (else base.induced)
         self._rs: tuple[np.ndarray, ...] | None = None  # reverse-push scratch
+        self._sums: _Sums | None = None  # the per-source sums' scratch (prepare)
         self.last_recomputed = np.zeros(0, dtype=np.int64)
         self.last_new = np.zeros(0, dtype=np.int64)
         self.last_dirty = np.zeros(0, dtype=np.int64)
@@ -787,20 +825,22 @@ class LivePPRIndex:
             holders = hs
             # B_s summed per source in a dense accumulator, term by term in a fixed order (the holders,
             # then the reverse terms push by push): O(N) memory however many terms, and the same float
-            # sums, term for term, as one np.bincount over all the terms (what this code did before)
-            acc = np.zeros(n_old)
-            seen = np.zeros(n_old, dtype=np.bool_)
-            _accumulate(acc, seen, hs, hsc.astype(np.float64) * coef[hx])
-            capped = self._reverse_terms(old_graph, rows, coef, hs, hx, acc, seen)
-            uniq = np.flatnonzero(seen)
-            del seen
+            # sums, term for term, as one np.bincount over all the terms (what this code did before).
+            # The accumulator and its masks are kept from edit to edit (_Sums): only their touched
+            # entries are reset, no O(N) array is allocated or scanned per edit.
+            sc = self._sums_for(n_old)
+            self._sums = None  # held by this edit; given back once reset (an exception drops it)
+            _accumulate(sc.acc, sc.seen, hs, hsc.astype(np.float64) * coef[hx], sc.seen_list, sc.counts)
+            capped = self._reverse_terms(old_graph, rows, coef, hs, hx, sc)
+            uniq = np.sort(sc.seen_list[: sc.counts[0]]).astype(np.int64)
             if len(uniq):
                 # the bound of this edit on top of what earlier edits already moved the list
-                drift = self._drift[uniq] + acc[uniq]
+                drift = self._drift[uniq] + sc.acc[uniq]
                 self._drift[uniq] = drift
                 candidates = len(uniq)
                 recompute = uniq[drift > self.tol_factor * cfg.eps]
-            del acc
+            sc.reset(uniq)
+            self._sums = sc
         targets = np.concatenate([recompute, new_ids])
         lists = self._push(new_graph, targets) if len(targets) else None
         if len(targets):
@@ -842,6 +882,12 @@ class LivePPRIndex:
         }
 
     # ------------------------------------------------------------------ internals
+    def _sums_for(self, n: int) -> _Sums:
+        sc = self._sums
+        if sc is None or sc.n != n:
+            sc = _Sums(n)
+        return sc
+
     def _coefficients(self, old_graph: CSRGraph, new_graph: CSRGraph, rows: np.ndarray) -> np.ndarray:
         """``(1 - a) / a * c_u`` per changed row (``rows``, ids of ``old_graph``): the rule's ``c_u``, the node
         rule's ``m_u`` lowered to :func:`row_change_peaks` where ``peaks`` (module docstring)."""
@@ -972,10 +1018,10 @@ class LivePPRIndex:
 
     def _reverse_terms(
         self, old_graph: CSRGraph, rows: np.ndarray, coef: np.ndarray, hs: np.ndarray, hx: np.ndarray,
-        acc: np.ndarray, seen: np.ndarray,
+        sc: _Sums,
     ) -> int:
         """Sources whose list lacks a changed row ``u``, with the term ``coef_u * est_s(u)`` from a
-        reverse push from ``u`` on the old graph (module docstring), added to ``acc[s]`` (``seen[s]``
+        reverse push from ``u`` on the old graph (module docstring), added to ``sc.acc[s]`` (``sc.seen[s]``
         set) push by push. Returns the number of capped pushes.
 
         The terms (one per source touched per push: changed rows x reverse reach, 10^8 on a bulk
@@ -1010,11 +1056,10 @@ class LivePPRIndex:
         np.cumsum(np.bincount(hi[sel], minlength=len(act)), out=hptr[1:])
         del push_of, hi, sel
         lp, _, ls = self._lists
-        mark = np.zeros(n, dtype=np.bool_)
-        last = np.full(n, np.nan)
         capped = _reverse_accumulate(
             old_graph.indptr, old_graph.indices, w, wd, u, eps_r, cfg.alpha, cfg.lazy, cap, r, p, queue, touched,
-            wd[u], coef[act], hptr, hsrc, mark, lp, ls, self._ostart, self._olen, self._a_scores, last, acc, seen,
+            wd[u], coef[act], hptr, hsrc, sc.mark, lp, ls, self._ostart, self._olen, self._a_scores, sc.last,
+            sc.acc, sc.seen, sc.seen_list, sc.last_list, sc.counts,
         )  # fmt: skip
         return int(capped)
 
