@@ -574,7 +574,10 @@ class LiveGraph:
             # 2 M nodes) and memory-mapped, so the first update does not build it in memory
             ensure = getattr(idx, "ensure_inverse", None)
             if ensure is not None:
-                ensure()
+                try:
+                    ensure()
+                except Exception:  # the model still loads; the first update builds the inverse itself
+                    log.exception("the PPR lists' inverse could not be prepared at load")
         return LivePPRIndex(idx, tol_factor=self.ppr_tolerance)
 
     def attach(self, rt: ModelRuntime) -> None:
