@@ -293,19 +293,11 @@ class PPRIndex:
             log.info("inverse of the PPR lists (%d entries) in %.1f s", len(pos), time.perf_counter() - t0)
             loaded = (ptr, pos)
             if self.path is not None:
-                tag = _writer_tag()
-                tmp = [self.path / f"inverse_pos.bin{tag}", self.path / f"inverse_ptr.npy{tag}"]
                 try:
-                    pos.tofile(tmp[0])
-                    with open(tmp[1], "wb") as f:
-                        np.save(f, ptr)
-                    os.replace(tmp[0], self.path / "inverse_pos.bin")
-                    os.replace(tmp[1], self.path / "inverse_ptr.npy")
+                    _write_arrays(self.path, {"inverse_pos.bin": pos, "inverse_ptr.npy": ptr})
                     loaded = self._open_inverse() or loaded  # memory-mapped: the page cache holds it, not us
                 except OSError as exc:  # a read-only index directory: keep it in memory
                     log.warning("inverse of the PPR lists not saved in %s: %s", self.path, exc)
-                    for f in tmp:
-                        f.unlink(missing_ok=True)
         self.inverse = loaded
         return loaded
 
@@ -331,16 +323,10 @@ class PPRIndex:
     def _save_induced(self, table: InducedTable) -> None:
         d = self.path
         assert d is not None
-        tag = _writer_tag()
-        arrays = {"induced_src.bin": table.src, "induced_dst.bin": table.dst}
+        arrays = {"induced_eptr.npy": table.eptr, "induced_src.bin": table.src, "induced_dst.bin": table.dst}
         if table.weights is not None:
             arrays["induced_w.bin"] = table.weights
-        with open(d / f"induced_eptr.npy{tag}", "wb") as f:
-            np.save(f, table.eptr)
-        for name, a in arrays.items():
-            np.ascontiguousarray(a).tofile(d / f"{name}{tag}")
-        for name in ("induced_eptr.npy", *arrays):
-            os.replace(d / f"{name}{tag}", d / name)
+        _write_arrays(d, arrays)
         meta = json.loads((d / "meta.json").read_text())
         meta["induced"] = {"k": table.k, "edges": len(table.src), "weighted": table.weights is not None}
         _write_meta(d, meta)
@@ -560,6 +546,27 @@ class PPRIndex:
 def _writer_tag() -> str:
     """Suffix of a temporary file name unique to this process and thread (renamed into place after)."""
     return f".tmp-{os.getpid()}-{threading.get_ident()}"
+
+
+def _write_arrays(d: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write each array to ``d / name`` (``.npy`` names with ``np.save``, others raw) under a name unique to
+    this writer, then rename them into place in the order given (the last one's presence can mark a complete
+    set). On an error the temporary files are removed and the error raised."""
+    tag = _writer_tag()
+    tmp = {name: d / f"{name}{tag}" for name in arrays}
+    try:
+        for name, a in arrays.items():
+            if name.endswith(".npy"):
+                with open(tmp[name], "wb") as f:
+                    np.save(f, a)
+            else:
+                np.ascontiguousarray(a).tofile(tmp[name])
+        for name in arrays:
+            os.replace(tmp[name], d / name)
+    except OSError:
+        for t in tmp.values():
+            t.unlink(missing_ok=True)
+        raise
 
 
 def _write_meta(d: Path, meta: dict[str, Any]) -> None:

@@ -166,7 +166,7 @@ sources + holders of any changed row + new nodes. A dirty target stays dirty (th
 never patched); :meth:`ensure_induced` after edits rebuilds the table from the current lists.
 """
 
-# numba cache key: datasets 2095f586e9e7, graph_edit 4ca111f6189d, ppr_index ee42b2ea0789, ppr_push 308fc9a09323, subgraph 307ec2d23471
+# numba cache key: datasets 2095f586e9e7, graph_edit 4ca111f6189d, ppr_index 26f93b2362ed, ppr_push 308fc9a09323, subgraph 307ec2d23471
 
 from __future__ import annotations
 
@@ -374,13 +374,19 @@ def _push_peaks(
 
 
 # ============================================================================ the perturbation bound
-def _row_distribution(graph: CSRGraph, rows: np.ndarray, wdeg: np.ndarray) -> tuple[np.ndarray, ...]:
-    """``(row index into rows, column, P value)`` of the transition rows ``P_u`` (``e_u`` when ``w(u) = 0``)."""
+def _row_entries(graph: CSRGraph, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``(row index into rows, column, raw weight)`` of the rows' entries (weight 1 where unweighted), float64."""
     deg = graph.degrees_of(rows)
     _, pos = gather_ranges(graph.indptr[rows], deg)
     ri = np.repeat(np.arange(len(rows), dtype=np.int64), deg)
     col = np.asarray(graph.indices[pos], dtype=np.int64)
     w = np.asarray(graph.weights[pos], dtype=np.float64) if graph.weights is not None else np.ones(len(pos))
+    return ri, col, w
+
+
+def _row_distribution(graph: CSRGraph, rows: np.ndarray, wdeg: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``(row index into rows, column, P value)`` of the transition rows ``P_u`` (``e_u`` when ``w(u) = 0``)."""
+    ri, col, w = _row_entries(graph, rows)
     wd = wdeg[rows]
     val = w / np.where(wd > 0, wd, 1.0)[ri]
     stay = np.flatnonzero(wd <= 0)  # the walk stays at a node without out-weight
@@ -392,6 +398,22 @@ def _row_distribution(graph: CSRGraph, rows: np.ndarray, wdeg: np.ndarray) -> tu
     return ri, col, val
 
 
+def _row_difference(new: tuple[np.ndarray, ...], old: tuple[np.ndarray, ...], n2: int) -> tuple[np.ndarray, ...]:
+    """``new - old`` of two ``(row index, column, value)`` entry sets over ``n2`` columns: ``(row index, column,
+    difference)`` for every (row, column) in either, sorted; each difference summed in the order new, old."""
+    (ri1, c1, v1), (ri0, c0, v0) = new, old
+    key = np.concatenate([ri1 * n2 + c1, ri0 * n2 + c0])
+    val = np.concatenate([v1, -v0])
+    order = np.argsort(key, kind="stable")
+    key, val = key[order], val[order]
+    if not len(key):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    diff = np.add.reduceat(val, starts)
+    ukey = key[starts]
+    return ukey // n2, ukey % n2, diff
+
+
 def row_change_bounds(old_graph: CSRGraph, new_graph: CSRGraph, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per changed row ``u`` (ids of ``old_graph``): ``(||Delta_u||_1, m_u = max_x |Delta_u(x)| / hat w'(x))``.
 
@@ -400,19 +422,9 @@ def row_change_bounds(old_graph: CSRGraph, new_graph: CSRGraph, rows: np.ndarray
     rows = np.asarray(rows, dtype=np.int64)
     n2 = new_graph.num_nodes
     wd_new = _weighted_degree(new_graph)
-    ri0, c0, v0 = _row_distribution(old_graph, rows, _weighted_degree(old_graph))
-    ri1, c1, v1 = _row_distribution(new_graph, rows, wd_new)
-    key = np.concatenate([ri1 * n2 + c1, ri0 * n2 + c0])
-    val = np.concatenate([v1, -v0])
-    order = np.argsort(key, kind="stable")
-    key, val = key[order], val[order]
-    if len(key):
-        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-        delta = np.add.reduceat(val, starts)
-        ukey = key[starts]
-    else:
-        delta, ukey = np.zeros(0), np.zeros(0, dtype=np.int64)
-    ri, x = ukey // n2 if n2 else ukey, ukey % n2 if n2 else ukey
+    ri, x, delta = _row_difference(
+        _row_distribution(new_graph, rows, wd_new), _row_distribution(old_graph, rows, _weighted_degree(old_graph)), n2
+    )
     what = wd_new[x]
     what = np.where(what > 0, what, 1.0)
     k = len(rows)
@@ -425,25 +437,9 @@ def row_change_bounds(old_graph: CSRGraph, new_graph: CSRGraph, rows: np.ndarray
 def _row_change_weights(old_graph: CSRGraph, new_graph: CSRGraph, rows: np.ndarray) -> tuple[np.ndarray, ...]:
     """``(row index into rows, column, C value)`` of ``C_u = W'_u - W_u``, the change of each row's raw
     weights (new minus old, 1 per edge where unweighted), its non-zero entries only, float64."""
-    n2 = new_graph.num_nodes
-    keys, vals = [], []
-    for graph, sign in ((new_graph, 1.0), (old_graph, -1.0)):
-        deg = graph.degrees_of(rows)
-        _, pos = gather_ranges(graph.indptr[rows], deg)
-        ri = np.repeat(np.arange(len(rows), dtype=np.int64), deg)
-        keys.append(ri * n2 + np.asarray(graph.indices[pos], dtype=np.int64))
-        w = np.asarray(graph.weights[pos], dtype=np.float64) if graph.weights is not None else np.ones(len(pos))
-        vals.append(sign * w)
-    key, val = np.concatenate(keys), np.concatenate(vals)
-    if not len(key):
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
-    order = np.argsort(key, kind="stable")
-    key, val = key[order], val[order]
-    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    c = np.add.reduceat(val, starts)  # an unchanged weight cancels exactly (the same float32, cast)
-    ukey = key[starts]
-    nz = c != 0.0
-    return ukey[nz] // n2, ukey[nz] % n2, c[nz]
+    ri, col, c = _row_difference(_row_entries(new_graph, rows), _row_entries(old_graph, rows), new_graph.num_nodes)
+    nz = c != 0.0  # an unchanged weight cancels exactly (the same float32, cast)
+    return ri[nz], col[nz], c[nz]
 
 
 def row_change_peaks(
@@ -494,13 +490,18 @@ def row_change_peaks(
 
 
 class _Sums:
-    """The per-source sums of one :meth:`LivePPRIndex.prepare` for ``n`` nodes, kept between edits: ``acc``
-    (float64, zero), ``seen`` and ``mark`` (bool, False), ``last`` (float64, NaN: the lists' last scores,
-    memoized), ``seen_list`` and ``last_list`` (the entries an edit set, ``counts`` of each)."""
+    """The scratch of one :meth:`LivePPRIndex.prepare` for ``n`` nodes, kept between edits: the per-source
+    sums ``acc`` (float64, zero), ``seen`` and ``mark`` (bool, False), ``last`` (float64, NaN: the lists' last
+    scores, memoized), ``seen_list`` and ``last_list`` (the entries an edit set, ``counts`` of each), and the
+    reverse push's dense state ``r``, ``p`` (float64, zero), ``queue``, ``touched`` (int64 ``[n + 1]``)."""
 
     def __init__(self, n: int) -> None:
         idt = index_dtype_for(n)
         self.n = n
+        self.r = np.zeros(n)
+        self.p = np.zeros(n)
+        self.queue = np.zeros(n + 1, dtype=np.int64)
+        self.touched = np.zeros(n + 1, dtype=np.int64)
         self.acc = np.zeros(n)
         self.seen = np.zeros(n, dtype=np.bool_)
         self.mark = np.zeros(n, dtype=np.bool_)
@@ -601,8 +602,7 @@ class LivePPRIndex:
         self._dirty = np.zeros(n, dtype=bool)
         self._drift = np.zeros(n, dtype=np.float64)  # bound accumulated since a list was computed
         self._table: InducedTable | None = None  # a table built after edits (else base.induced)
-        self._rs: tuple[np.ndarray, ...] | None = None  # reverse-push scratch
-        self._sums: _Sums | None = None  # the per-source sums' scratch (prepare)
+        self._sums: _Sums | None = None  # prepare's scratch: the per-source sums, the reverse push's state
         self.last_recomputed = np.zeros(0, dtype=np.int64)
         self.last_new = np.zeros(0, dtype=np.int64)
         self.last_dirty = np.zeros(0, dtype=np.int64)
@@ -1033,10 +1033,6 @@ class LivePPRIndex:
         act = np.flatnonzero((coef > 0) & (wd[rows] > 0))  # w(u) = 0: no other source reaches u
         if not len(act):
             return 0
-        n = old_graph.num_nodes
-        if self._rs is None or len(self._rs[0]) < n:
-            self._rs = (np.zeros(n), np.zeros(n), np.zeros(n + 1, dtype=np.int64), np.zeros(n + 1, dtype=np.int64))
-        r, p, queue, touched = self._rs
         u = rows[act]
         eps_r = tol / (2.0 * len(act) * wd[u] * coef[act])
         w = old_graph.weights if old_graph.weights is not None else np.zeros(0, dtype=np.float32)
@@ -1057,8 +1053,8 @@ class LivePPRIndex:
         del push_of, hi, sel
         lp, _, ls = self._lists
         capped = _reverse_accumulate(
-            old_graph.indptr, old_graph.indices, w, wd, u, eps_r, cfg.alpha, cfg.lazy, cap, r, p, queue, touched,
-            wd[u], coef[act], hptr, hsrc, sc.mark, lp, ls, self._ostart, self._olen, self._a_scores, sc.last,
+            old_graph.indptr, old_graph.indices, w, wd, u, eps_r, cfg.alpha, cfg.lazy, cap, sc.r, sc.p, sc.queue,
+            sc.touched, wd[u], coef[act], hptr, hsrc, sc.mark, lp, ls, self._ostart, self._olen, self._a_scores, sc.last,
             sc.acc, sc.seen, sc.seen_list, sc.last_list, sc.counts,
         )  # fmt: skip
         return int(capped)

@@ -252,8 +252,10 @@ def check_sequence(live: LivePPRIndex, g: CSRGraph, rng, sizes, cfg) -> dict[str
         targets = np.concatenate([live.last_recomputed, live.last_new])
         if len(targets):
             assert_fresh_lists(live, g, targets, cfg)
-        r, p, _, _ = live._rs
-        assert not r.any() and not p.any()
+        sc = live._sums  # prepare's scratch, back to its resting state
+        assert not sc.r.any() and not sc.p.any()
+        assert not sc.acc.any() and not sc.seen.any() and not sc.mark.any() and not sc.counts.any()
+        assert np.isnan(sc.last).all()
         seen["recomputed"] += st["recomputed"]
         seen["capped"] += capped
     return seen
