@@ -107,13 +107,14 @@ def update_phase(c: GnnClient, model: str, kinds: dict[str, list[dict]], reader:
     ryw_ok = ryw_total = 0
     ryw_ms: list[float] = []
     for kind, updates in kinds.items():
-        rtt, apply = [], []
+        rtt, apply, deferred = [], [], []
         t_start = time.perf_counter()
         for upd in updates:
             t0 = time.perf_counter()
             res = c.update_graph(model, **upd)
             rtt.append(1e3 * (time.perf_counter() - t0))
             apply.append(res.apply_ms)
+            deferred.append(res.invalidated.get("ppr_deferred", 0))  # PPR lists left stale (--ppr-eager-lists)
             if reader is not None and kind == "single edge":
                 t1 = time.perf_counter()
                 got = reader.predict(model, [upd["add_edges" if "add_edges" in upd else "remove_edges"][0][0]],
@@ -123,7 +124,8 @@ def update_phase(c: GnnClient, model: str, kinds: dict[str, list[dict]], reader:
                 ryw_ok += got.graph_version >= res.graph_version
         rows[kind] = {"updates": len(updates), "per_s": len(updates) / (time.perf_counter() - t_start),
                       "rtt_p50_ms": _pct(rtt, 50), "rtt_p99_ms": _pct(rtt, 99),
-                      "apply_p50_ms": _pct(apply, 50), "apply_p99_ms": _pct(apply, 99)}
+                      "apply_p50_ms": _pct(apply, 50), "apply_p99_ms": _pct(apply, 99),
+                      "ppr_deferred_mean": float(np.mean(deferred)) if deferred else 0.0}
     return rows, {"ryw_ok": ryw_ok, "ryw_total": ryw_total, "ryw_predict_p50_ms": _pct(ryw_ms, 50),
                   "ryw_predict_p99_ms": _pct(ryw_ms, 99)}
 
@@ -320,11 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{when}, {platform.machine()} {platform.node()}; command: python benchmarks/updates.py "
           + " ".join(argv if argv is not None else sys.argv[1:]) + "\n")
     print("| update | count | updates/s | round trip p50 / p99 (ms) | server apply p50 / p99 (ms) | "
-          "server CPU per update p50 / mean (ms) |")
-    print("|---|---:|---:|---:|---:|---:|")
+          "server CPU per update p50 / mean (ms) | PPR lists left stale, mean |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for kind, r in upd_rows.items():
         print(f"| {kind} | {r['updates']} | {r['per_s']:,.0f} | {r['rtt_p50_ms']:.2f} / {r['rtt_p99_ms']:.2f} | "
-              f"{r['apply_p50_ms']:.2f} / {r['apply_p99_ms']:.2f} | {r['server_cpu_p50_ms']:.2f} / {r['server_cpu_mean_ms']:.2f} |")
+              f"{r['apply_p50_ms']:.2f} / {r['apply_p99_ms']:.2f} | {r['server_cpu_p50_ms']:.2f} / "
+              f"{r['server_cpu_mean_ms']:.2f} | {r['ppr_deferred_mean']:.1f} |")
     print(f"\nRead-your-writes: {ryw['ryw_ok']} of {ryw['ryw_total']} reads on a second connection with "
           f"min_graph_version saw the update; their Predict p50 / p99 {ryw['ryw_predict_p50_ms']:.2f} / "
           f"{ryw['ryw_predict_p99_ms']:.2f} ms.\n")

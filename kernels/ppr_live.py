@@ -160,6 +160,23 @@ recall of the exact top 64 of the final graph, largest score error over the list
 (34,173); at ``tol_factor`` 16 0.8741 and 1.61 with the peaks (212 recomputed), 0.8741 and 0.86
 without (856).
 
+Stale lists
+-----------
+The pushes of (b) are most of an update's cost, and an edge at a low-degree node flags hundreds to
+thousands of sources (a degree-1 node gaining an edge halves its row). With ``eager_lists`` an edit
+pushes at most that many of its flagged sources itself, those whose accumulated bound is largest,
+and marks the rest **stale**. A stale list is never answered as stored: :meth:`LivePPRIndex.lookup`
+pushes it on the current graph (:meth:`~LivePPRIndex._push`, the call (b) makes), and
+:meth:`~LivePPRIndex.prepare_refresh` / :meth:`~LivePPRIndex.install_refresh` store those very
+lists later (the server's writer thread, a chunk at a time, while no update waits; no edit may come
+between the two halves, and an edit that does voids the refresh). So a lookup answers the same list
+whether a refresh has stored it yet or not, and a list is never older than the rule allows: a stale
+one is as fresh as the graph. Its bound restarts at 0 when stored. A stale source stays dirty (d),
+so the induced table never serves it. The cost moves to the first lookups of a stale target before
+its refresh: one push each (about 0.2 ms on Amazon Computers). New nodes always get their lists in
+the edit. ``None`` (the class's default) keeps every push in the edit; a server defaults to 128
+(``--ppr-eager-lists``).
+
 Dirty targets (c): a target's induced subgraph changes only if its list changes (recomputed) or
 an edge between two members changes, which needs a changed row in the list: dirty = recomputed
 sources + holders of any changed row + new nodes. A dirty target stays dirty (the table is
@@ -544,11 +561,18 @@ class LivePPRIndex:
             on the new graph (:func:`row_change_peaks`; module docstring, "The edit's own pushes"):
             about 6x tighter on Amazon Computers, where a single edge then recomputes 33 lists at the
             median instead of 263. ``False`` keeps the bound of the rows alone.
+        eager_lists: how many existing sources one edit may push again itself (those whose bound moved
+            most); the rest of the sources it flags are marked *stale* (module docstring, "Stale
+            lists"): :meth:`lookup` pushes a stale list on the current graph itself, and
+            :meth:`prepare_refresh` / :meth:`install_refresh` store them later (a server's writer
+            thread, when no update waits). ``None`` (the default here): every flagged source in the
+            edit. New nodes always get their lists in the edit.
 
     Attributes:
         last_recomputed: int64, the existing sources the last :meth:`apply` recomputed.
         last_new: int64, the new nodes it gave lists.
         last_dirty: int64, the targets it marked dirty.
+        last_deferred: int64, the sources it flagged and left stale (beyond ``eager_lists``).
     """
 
     def __init__(
@@ -562,6 +586,7 @@ class LivePPRIndex:
         merge_fraction: float = 0.25,
         push_chunk: int = 8192,
         peaks: bool = True,
+        eager_lists: int | None = None,
     ) -> None:
         if rule not in _RULES:
             raise ValueError(f"rule must be one of {_RULES}, got {rule!r}")
@@ -578,6 +603,9 @@ class LivePPRIndex:
             raise ValueError(f"push_chunk must be >= 1, got {push_chunk}")
         self.push_chunk = int(push_chunk)
         self.peaks = bool(peaks)
+        if eager_lists is not None and int(eager_lists) < 0:
+            raise ValueError(f"eager_lists must be >= 0 or None, got {eager_lists}")
+        self.eager_lists = None if eager_lists is None else int(eager_lists)
         self.num_nodes = base.num_nodes
         self.path = base.path
         self.meta = base.meta
@@ -601,11 +629,16 @@ class LivePPRIndex:
         self._inv: tuple[np.ndarray, np.ndarray] | None = None
         self._dirty = np.zeros(n, dtype=bool)
         self._drift = np.zeros(n, dtype=np.float64)  # bound accumulated since a list was computed
+        #: sources whose stored list an edit flagged but did not push again (eager_lists): never served as
+        #: stored (lookup pushes them on the current graph), always dirty; _n_stale counts them
+        self._stale = np.zeros(n, dtype=bool)
+        self._n_stale = 0
         self._table: InducedTable | None = None  # a table built after edits (else base.induced)
         self._sums: _Sums | None = None  # prepare's scratch: the per-source sums, the reverse push's state
         self.last_recomputed = np.zeros(0, dtype=np.int64)
         self.last_new = np.zeros(0, dtype=np.int64)
         self.last_dirty = np.zeros(0, dtype=np.int64)
+        self.last_deferred = np.zeros(0, dtype=np.int64)
 
     # ------------------------------------------------------------------ PPRIndex interface
     @property
@@ -617,7 +650,7 @@ class LivePPRIndex:
 
     def __repr__(self) -> str:
         return (f"LivePPRIndex(N={self.num_nodes}, k_max={self.k_max}, overlay={int(np.count_nonzero(self._ostart >= 0))}, "
-                f"dirty={int(self._dirty.sum())}, rule={self.rule}, tol_factor={self.tol_factor}, base={self.base!r})")  # fmt: skip
+                f"dirty={int(self._dirty.sum())}, stale={self._n_stale}, rule={self.rule}, tol_factor={self.tol_factor}, base={self.base!r})")  # fmt: skip
 
     @property
     def fingerprint(self) -> str:
@@ -645,8 +678,8 @@ class LivePPRIndex:
         mat = self._mat
         if mat is None or mat[0] != self._version:
             arrays = self._lists
-            if np.any(self._ostart >= 0):
-                arrays = self._all_lists()
+            if self._n_stale or np.any(self._ostart >= 0):
+                arrays = self._all_lists(stored=False)  # a stale list pushed now (what a refresh stores)
             mat = (self._version, arrays)
             self._mat = mat
         return mat[1]
@@ -670,12 +703,48 @@ class LivePPRIndex:
     ) -> tuple[np.ndarray, ...]:
         """The first ``k`` entries of each target's current list; the contract of :meth:`PPRIndex.lookup`.
 
-        One target is one slice (of the merged lists or of the overlay); a batch is two gathers.
+        One target is one slice (of the merged lists or of the overlay); a batch is two gathers. A stale
+        target's list (``eager_lists``) is pushed now on the current graph: the list a refresh stores.
         """
         k = self.k_max if k is None else int(k)
         if not 1 <= k <= self.k_max:
             raise ValueError(f"k must lie in [1, k_max={self.k_max}], got {k}")
         t = np.asarray(targets, dtype=np.int64).reshape(-1)
+        out = self._stored(t, k, return_scores)
+        if self._n_stale:
+            stale = self._stale[t]
+            if stale.any():
+                return self._with_fresh(t, k, stale, out, return_scores)
+        return out
+
+    def _with_fresh(
+        self, t: np.ndarray, k: int, stale: np.ndarray, out: tuple[np.ndarray, ...], return_scores: bool,
+        fresh: tuple[np.ndarray, ...] | None = None,
+    ) -> tuple[np.ndarray, ...]:
+        """``out`` (the stored lists of ``t``) with the lists of the ``stale`` targets pushed on the current
+        graph instead: :meth:`_push`, the same call a refresh makes, so the same lists. ``fresh``: those
+        pushes made already, ``(sorted ids, ptr, nodes, scores)`` covering the stale targets."""
+        if fresh is None:
+            assert self._graph is not None  # stale lists exist only after an edit
+            ft, inv = np.unique(t[stale], return_inverse=True)
+            fp, fn, fs = self._push(self._graph, ft)
+        else:
+            ft, fp, fn, fs = fresh
+            inv = np.searchsorted(ft, t[stale])
+        optr = out[0]
+        cnt = np.diff(optr)
+        starts = optr[:-1].copy()
+        pos = np.flatnonzero(stale)
+        cnt[pos] = np.minimum(np.diff(fp), k)[inv]
+        starts[pos] = len(out[1]) + fp[:-1][inv]
+        nptr, idx = gather_ranges(starts, cnt)
+        nodes = np.concatenate([out[1], fn.astype(np.int64, copy=False)])[idx]
+        if return_scores:
+            return nptr, nodes, np.concatenate([out[2], fs.astype(np.float32, copy=False)])[idx]
+        return nptr, nodes
+
+    def _stored(self, t: np.ndarray, k: int, return_scores: bool) -> tuple[np.ndarray, ...]:
+        """:meth:`lookup` of the stored lists (a stale one as it was stored)."""
         n = self.num_nodes
         lp, ln, ls = self._lists
         if len(t) == 1:
@@ -772,7 +841,12 @@ class LivePPRIndex:
             return False
         self._table = InducedTable.build(graph, self.lookup, k, progress=progress)
         self._dirty[:] = False
+        self._dirty[: len(self._stale)] |= self._stale  # a stale list is pushed at each lookup: never the table's
         return True
+
+    def is_stale(self, targets: np.ndarray | Sequence[int] | int) -> np.ndarray:
+        """Whether each target's list is stale (``eager_lists``: pushed at each lookup until refreshed)."""
+        return self._stale[np.asarray(targets, dtype=np.int64).reshape(-1)]
 
     def is_dirty(self, targets: np.ndarray | Sequence[int] | int) -> np.ndarray:
         """Whether each target's induced subgraph may differ from the table's (bool array)."""
@@ -816,7 +890,7 @@ class LivePPRIndex:
             raise ValueError("changed_rows must be node ids of new_graph")
         self._carry_scratch(old_graph, new_graph, changed)
         rows = changed[changed < n_old]
-        recompute = np.zeros(0, dtype=np.int64)
+        recompute = deferred = np.zeros(0, dtype=np.int64)
         holders = np.zeros(0, dtype=np.int64)
         candidates = capped = 0
         if len(rows):
@@ -838,7 +912,13 @@ class LivePPRIndex:
                 drift = self._drift[uniq] + sc.acc[uniq]
                 self._drift[uniq] = drift
                 candidates = len(uniq)
-                recompute = uniq[drift > self.tol_factor * cfg.eps]
+                over = drift > self.tol_factor * cfg.eps
+                recompute = uniq[over]
+                eager = self.eager_lists
+                if eager is not None and len(recompute) > eager:  # the most moved now, the rest stale
+                    order = np.argsort(-drift[over], kind="stable")
+                    deferred = np.sort(recompute[order[eager:]])
+                    recompute = np.sort(recompute[order[:eager]])
             sc.reset(uniq)
             self._sums = sc
         targets = np.concatenate([recompute, new_ids])
@@ -847,41 +927,89 @@ class LivePPRIndex:
             self._drift_grow(new_graph.num_nodes)
             self._drift[targets] = 0.0
         return {"new_graph": new_graph, "recompute": recompute, "new_ids": new_ids, "holders": holders,
-                "targets": targets, "lists": lists, "candidates": candidates, "capped": capped, "t0": t0}
+                "targets": targets, "deferred": deferred, "lists": lists, "candidates": candidates,
+                "capped": capped, "t0": t0}
 
     def install(self, prep: dict[str, Any]) -> dict[str, int]:
         """Make :meth:`prepare`'s lists the ones lookups see (no lookup may run meanwhile: the server's
-        write lock). Returns ``{"recomputed", "new", "dirty", "candidates", "reverse_capped",
-        "microseconds"}``: existing sources recomputed, new nodes given lists, targets newly marked
-        dirty, sources whose bound was evaluated, reverse pushes stopped by the work cap, the time
-        taken by both halves."""
+        write lock). Returns ``{"recomputed", "new", "deferred", "stale", "dirty", "candidates",
+        "reverse_capped", "microseconds"}``: existing sources recomputed, new nodes given lists, sources
+        flagged and left stale (``eager_lists``), stale sources now, targets newly marked dirty, sources
+        whose bound was evaluated, reverse pushes stopped by the work cap, the time taken by both
+        halves."""
         new_graph, recompute, new_ids = prep["new_graph"], prep["recompute"], prep["new_ids"]
-        holders, targets, t0 = prep["holders"], prep["targets"], prep["t0"]
+        holders, targets, deferred, t0 = prep["holders"], prep["targets"], prep["deferred"], prep["t0"]
         candidates, capped = prep["candidates"], prep["capped"]
         self._grow_to(new_graph.num_nodes)
         if prep["lists"] is not None:
             ptr, nodes, scores = prep["lists"]
             self._store(targets, ptr, nodes, scores)
-        marked = np.unique(np.concatenate([holders, targets]))
+        self._set_stale(targets, False)
+        self._set_stale(deferred, True)
+        marked = np.unique(np.concatenate([holders, targets, deferred]))
         fresh = marked[~self._dirty[marked]]
         self._dirty[marked] = True
         self._graph = new_graph
         self._fingerprint = None
         self.num_nodes = new_graph.num_nodes
         self.last_recomputed, self.last_new, self.last_dirty = recompute, new_ids, fresh
+        self.last_deferred = deferred
         self._version += 1
-        if self._a_fill > max(64 * self.k_max, self.merge_fraction * len(self._lists[1])):
-            self._merge()
+        self._merge_if_large()
         return {
             "recomputed": len(recompute),
             "new": len(new_ids),
+            "deferred": len(deferred),
+            "stale": self._n_stale,
             "dirty": len(fresh),
             "candidates": int(candidates),
             "reverse_capped": int(capped),
             "microseconds": int((time.perf_counter() - t0) * 1e6),
         }
 
+    # ------------------------------------------------------------------ stale lists
+    @property
+    def stale_count(self) -> int:
+        """Sources whose list an edit left stale (``eager_lists``): pushed at each lookup until refreshed."""
+        return self._n_stale
+
+    def prepare_refresh(self, max_lists: int) -> dict[str, Any] | None:
+        """Fresh lists, on the current graph, for up to ``max_lists`` stale sources (the lowest ids): the
+        pushes, which lookups may run beside. ``None`` when none is stale. Store them with
+        :meth:`install_refresh`; no edit may come between the two (a server holds its writer lock)."""
+        if not self._n_stale or max_lists < 1:
+            return None
+        src = np.flatnonzero(self._stale)[: int(max_lists)].astype(np.int64)
+        graph = self._graph
+        assert graph is not None  # stale lists exist only after an edit
+        return {"graph": graph, "version": self._version, "targets": src, "lists": self._push(graph, src)}
+
+    def install_refresh(self, prep: dict[str, Any] | None) -> int:
+        """Store :meth:`prepare_refresh`'s lists (under the server's write lock, like :meth:`install`): those
+        sources are no longer stale, their accumulated bound is 0 again, they stay dirty. Returns how many
+        were stored (0 when an edit came between the two halves: nothing is stored then)."""
+        if prep is None or prep["version"] != self._version or prep["graph"] is not self._graph:
+            return 0
+        targets = prep["targets"]
+        ptr, nodes, scores = prep["lists"]
+        self._store(targets, ptr, nodes, scores)
+        self._set_stale(targets, False)
+        self._drift[targets] = 0.0
+        self._merge_if_large()
+        return len(targets)
+
+    def _set_stale(self, ids: np.ndarray, stale: bool) -> None:
+        if not len(ids) or (not stale and not self._n_stale):
+            return
+        was = int(np.count_nonzero(self._stale[ids]))
+        self._stale[ids] = stale
+        self._n_stale += len(ids) - was if stale else -was
+
     # ------------------------------------------------------------------ internals
+    def _merge_if_large(self) -> None:
+        if self._a_fill > max(64 * self.k_max, self.merge_fraction * len(self._lists[1])):
+            self._merge()
+
     def _sums_for(self, n: int) -> _Sums:
         sc = self._sums
         if sc is None or sc.n != n:
@@ -909,6 +1037,7 @@ class LivePPRIndex:
             self._ostart = np.concatenate([self._ostart, np.full(m, -1, dtype=np.int64)])
             self._olen = np.concatenate([self._olen, np.zeros(m, dtype=np.int64)])
             self._dirty = np.concatenate([self._dirty, np.ones(m, dtype=bool)])
+            self._stale = np.concatenate([self._stale, np.zeros(m, dtype=bool)])
         self._drift_grow(n)
 
     def _drift_grow(self, n: int) -> None:
@@ -937,17 +1066,18 @@ class LivePPRIndex:
         """Fold the overlay into fresh in-memory lists (the base's files are never written)."""
         if not np.any(self._ostart >= 0):
             return
-        self._lists = self._all_lists()  # one swap; then the overlay goes
+        self._lists = self._all_lists(stored=True)  # one swap; then the overlay goes (stale lists as stored)
         self._mat = None
         self._ostart[:] = -1
         self._olen[:] = 0
         self._a_fill = 0
         self._inv = None  # rebuilt on the next apply
 
-    def _all_lists(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _all_lists(self, *, stored: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every current list as CSR ``(ptr int64, nodes int32/int64, scores float32)``: what
         ``lookup(arange(N))`` returns (nodes cast to the index dtype), gathered in chunks of about
-        ``_LOOKUP_CHUNK`` entries into the final arrays (no ``O(N K)`` int64 temporaries)."""
+        ``_LOOKUP_CHUNK`` entries into the final arrays (no ``O(N K)`` int64 temporaries). ``stored``:
+        a stale list as stored (a merge), else pushed now (what lookups answer)."""
         n, k = self.num_nodes, self.k_max
         lp = self._lists[0]
         nb = len(lp) - 1
@@ -956,6 +1086,12 @@ class LivePPRIndex:
         o = self._ostart[:n]
         over = np.flatnonzero(o >= 0)
         cnt[over] = self._olen[over]
+        fresh = None
+        if not stored and self._n_stale:  # every stale list pushed once, spliced in chunk by chunk below
+            assert self._graph is not None
+            ft = np.flatnonzero(self._stale[:n]).astype(np.int64)
+            fresh = (ft, *self._push(self._graph, ft))
+            cnt[ft] = np.diff(fresh[1])
         np.minimum(cnt, k, out=cnt)
         ptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(cnt, out=ptr[1:])
@@ -965,7 +1101,11 @@ class LivePPRIndex:
         step = max(2, _LOOKUP_CHUNK // max(k, 1))
         for lo in range(0, n, step):
             hi = min(n, lo + step)
-            _, nd, sc = self.lookup(np.arange(lo, hi, dtype=np.int64), k, return_scores=True)
+            t = np.arange(lo, hi, dtype=np.int64)
+            out = self._stored(t, k, True)
+            if fresh is not None and self._stale[lo:hi].any():
+                out = self._with_fresh(t, k, self._stale[lo:hi], out, True, fresh)
+            _, nd, sc = out
             nodes[ptr[lo] : ptr[hi]] = nd
             scores[ptr[lo] : ptr[hi]] = sc
         return ptr, nodes, scores
@@ -1106,6 +1246,7 @@ def benchmark(
     tol_factor: float = 1.0,
     rule: str = "node",
     peaks: bool = True,
+    eager_lists: int | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Cost of :meth:`LivePPRIndex.apply` per single-edge update on a real dataset with the default
@@ -1128,7 +1269,7 @@ def benchmark(
     t0 = time.perf_counter()
     base = PPRIndex.build(g, cfg, progress=False)
     build_s = time.perf_counter() - t0
-    live = LivePPRIndex(base, tol_factor=tol_factor, rule=rule, peaks=peaks)
+    live = LivePPRIndex(base, tol_factor=tol_factor, rule=rule, peaks=peaks, eager_lists=eager_lists)
     rng = np.random.default_rng(seed)
     # warm-up: compile, build the inverse index
     t0 = time.perf_counter()
@@ -1137,7 +1278,7 @@ def benchmark(
     live.apply(g, eff.graph, eff.changed_rows, eff.new_ids)
     first_s = time.perf_counter() - t0
     g = eff.graph
-    ms, edit_ms, rec = [], [], []
+    ms, edit_ms, rec, deferred, refresh_ms = [], [], [], [], []
     for i in range(updates):
         if i % 2 == 1:  # remove an edge drawn uniformly among the edges
             pos = int(rng.integers(g.num_edges))
@@ -1154,6 +1295,11 @@ def benchmark(
         edit_ms.append((t1 - t0) * 1e3)
         ms.append((t2 - t1) * 1e3)
         rec.append(st["recomputed"])
+        deferred.append(st["deferred"])
+        if live.stale_count:  # what the server's writer thread does between updates, timed apart
+            t0 = time.perf_counter()
+            live.install_refresh(live.prepare_refresh(live.stale_count))
+            refresh_ms.append((time.perf_counter() - t0) * 1e3)
     t0 = time.perf_counter()
     ppr_topk(g, rng.choice(g.num_nodes, size=256, replace=False), cfg)
     push_s = time.perf_counter() - t0
@@ -1163,6 +1309,8 @@ def benchmark(
         "first_apply_s": round(first_s, 2), "apply_ms_median": round(float(np.median(ms)), 2),
         "apply_ms_mean": round(float(np.mean(ms)), 2), "apply_ms_max": round(float(np.max(ms)), 2),
         "recomputed_median": float(np.median(rec)), "recomputed_max": int(np.max(rec)),
+        "eager_lists": eager_lists, "deferred_max": int(np.max(deferred)),
+        "refresh_ms_total": round(float(np.sum(refresh_ms)), 1),
         "edit_ms_median": round(float(np.median(edit_ms)), 3), "push_ms": round(push_s * 1e3 / 256, 3),
     }  # fmt: skip
 

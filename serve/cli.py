@@ -288,6 +288,10 @@ def _serve(argv: Sequence[str]) -> int:
                     help="after a graph update, push a shaDow model's PPR list again when the bound of its move "
                          "exceeds this many times the push threshold eps (1: the offline lists' own tolerance; "
                          "larger: cheaper updates, looser lists; kernels/ppr_live.py has the measurements)")
+    ap.add_argument("--ppr-eager-lists", type=int, default=128,
+                    help="after a graph update, push at most this many existing PPR lists again before the update "
+                         "returns (those moved most); the others are pushed by the Predicts that need them until "
+                         "the writer thread has stored them, the same lists either way; -1: all in the update")
     ap.add_argument("--compact-log-bytes", type=int, default=256 << 20,
                     help="at start, fold a graph's update log larger than this into a snapshot of the graph and "
                          "features next to it (loaded at later starts instead of the dataset); 0 = never")
@@ -317,6 +321,9 @@ def _serve(argv: Sequence[str]) -> int:
         resolve_event_loop(args.event_loop)
     except ValueError as exc:
         print(f"gnnserve serve: {exc}", file=sys.stderr)
+        return 2
+    if args.ppr_eager_lists < -1:
+        print("gnnserve serve: --ppr-eager-lists must be >= 0, or -1 (every list in the update)", file=sys.stderr)
         return 2
     if args.gpu_min_targets is not None and args.gpu_min_targets < 0:
         print("gnnserve serve: --gpu-min-targets must be >= 0 (0: every batch on the GPU)", file=sys.stderr)
@@ -399,6 +406,7 @@ def _serve(argv: Sequence[str]) -> int:
             read_your_writes_timeout_s=args.read_your_writes_timeout_s,
             compact_log_bytes=args.compact_log_bytes,
             ppr_refresh_tolerance=args.ppr_refresh_tolerance,
+            ppr_eager_lists=args.ppr_eager_lists,
         ),
         data_paths=args.data,
         feature_url=args.features,

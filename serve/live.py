@@ -518,11 +518,14 @@ class LiveGraph:
         metrics: :class:`serve.metrics.ServerMetrics` or ``None``.
         version: the version ``data`` is at (a compacted snapshot's).
         ppr_tolerance: :class:`kernels.ppr_live.LivePPRIndex`'s ``tol_factor`` (``--ppr-refresh-tolerance``).
+        ppr_eager_lists: its ``eager_lists`` (``--ppr-eager-lists``; None: every flagged list in the update):
+            the lists an update leaves stale are pushed by the lookups that need them and stored by the
+            writer thread while no update waits (:meth:`_refresh_stale`).
     """
 
     def __init__(self, data: DataBundle, update_log: Any | None, *, read_only: bool = False,
                  max_update_size: int = 100_000, metrics: Any | None = None, version: int = 0,
-                 ppr_tolerance: float = 1.0) -> None:
+                 ppr_tolerance: float = 1.0, ppr_eager_lists: int | None = None) -> None:
         self.data = data
         self.log = update_log
         #: a file log another process writes (serve.update_log.FileUpdateLog follow mode): this graph is
@@ -532,6 +535,9 @@ class LiveGraph:
         self._started_read_only = bool(read_only)
         self.max_update_size = int(max_update_size)
         self.ppr_tolerance = float(ppr_tolerance)
+        self.ppr_eager_lists = None if ppr_eager_lists is None else int(ppr_eager_lists)
+        self._refresh_chunk = 64  # stale lists stored per write lock (adapted to about 20 ms of pushes)
+        self._refresh_off: str | None = None  # why the background refresh stopped (lookups still push)
         self.metrics = metrics
         self.lock = RWLock()
         self._writer = threading.RLock()  # one group of updates (or log catch-up) at a time
@@ -578,7 +584,7 @@ class LiveGraph:
                     ensure()
                 except Exception:  # the model still loads; the first update builds the inverse itself
                     log.exception("the PPR lists' inverse could not be prepared at load")
-        return LivePPRIndex(idx, tol_factor=self.ppr_tolerance)
+        return LivePPRIndex(idx, tol_factor=self.ppr_tolerance, eager_lists=self.ppr_eager_lists)
 
     def attach(self, rt: ModelRuntime) -> None:
         """Keep ``rt`` up to date with the graph. Build it and attach it inside :meth:`writing`, so that no
@@ -640,6 +646,11 @@ class LiveGraph:
         """Queue ``ticket`` for the graph's writer thread (started on first use) and ring it."""
         with self._pending_lock:
             self._pending.append(ticket)
+        self._ring()
+
+    def _ring(self) -> None:
+        """Wake the graph's writer thread (started on first use): updates wait, or stale lists do."""
+        with self._pending_lock:
             if self._writer_thread is None:
                 self._writer_thread = threading.Thread(target=self._write_loop, name=f"gnnserve-writer-{self.label}",
                                                        daemon=True)
@@ -654,8 +665,52 @@ class LiveGraph:
                 with self._writer:
                     while self._pending:
                         self._drain()
+                self._refresh_stale()
             except Exception:  # _drain settles every ticket it takes; this is a bug: keep the thread
                 log.exception("graph %s: the writer thread failed; it goes on", self.label)
+
+    def stale_lists(self) -> int:
+        """PPR lists updates left stale (``ppr_eager_lists``), over the graph's indexes."""
+        return sum(int(getattr(idx, "stale_count", 0)) for idx in list(self.data.ppr_indexes.values()))
+
+    def _refresh_stale(self) -> None:
+        """Store the PPR lists updates left stale, a chunk at a time, while no update waits: each chunk's
+        pushes run beside the batches (holding the writer, so no update comes between), then a short write
+        lock stores them (``LivePPRIndex.prepare_refresh`` / ``install_refresh``). Until stored, a lookup
+        pushes a stale list itself, the same list, so answers never depend on how far this got."""
+        if self.remote or self._refresh_off is not None:
+            return
+        for idx in list(self.data.ppr_indexes.values()):
+            while (getattr(idx, "stale_count", 0) and not self._pending and self.broken is None
+                   and not self._stop.is_set()):
+                with self._writer:
+                    t0 = time.perf_counter()
+                    try:
+                        prep = idx.prepare_refresh(self._refresh_chunk)
+                    except Exception as exc:  # the lookups go on pushing these lists themselves
+                        self._refresh_off = f"{type(exc).__name__}: {exc}"
+                        log.exception("graph %s: storing stale PPR lists failed; lookups keep pushing them",
+                                      self.label)
+                        return
+                    try:
+                        with self.lock.write():
+                            idx.install_refresh(prep)
+                    except BaseException as exc:  # half-stored lists: out of service, as a failed update
+                        self.broken = (f"graph {self.label}: storing refreshed PPR lists failed half-way "
+                                       f"({type(exc).__name__}); restart the server (it replays the update log)")
+                        log.exception("graph %s: installing refreshed PPR lists failed", self.label)
+                        raise
+                    ms = 1e3 * (time.perf_counter() - t0)
+                    if ms < 10:
+                        self._refresh_chunk = min(4096, 2 * self._refresh_chunk)
+                    elif ms > 40:
+                        self._refresh_chunk = max(8, self._refresh_chunk // 2)
+                self._observe_stale()
+
+    def _observe_stale(self) -> None:
+        m = self.metrics
+        if m is not None and hasattr(m, "ppr_stale_lists"):
+            m.ppr_stale_lists.labels(self.label).set(self.stale_lists())
 
     def _unavailable(self, what: str, exc: BaseException) -> str:
         """A client's message for a store failure: what failed and an incident id; the driver's text and the
@@ -821,6 +876,9 @@ class LiveGraph:
             raise
         with self._version_cond:
             self._version_cond.notify_all()
+        if inv.get("ppr_deferred"):
+            self._observe_stale()
+            self._ring()  # the writer thread stores them once no update waits
         return inv
 
     def _apply_locked(self, parsed: ParsedUpdate, effect: Any, version: int, inv: dict[str, int],
@@ -841,6 +899,8 @@ class LiveGraph:
             for idx, prep in lists:
                 got = idx.install(prep)
                 inv["ppr_lists"] = inv.get("ppr_lists", 0) + int(got.get("recomputed", 0)) + int(got.get("new", 0))
+                if got.get("deferred"):
+                    inv["ppr_deferred"] = inv.get("ppr_deferred", 0) + int(got["deferred"])
                 inv["induced"] = inv.get("induced", 0) + int(got.get("dirty", 0))
         if plans is None:
             plans = [(rt, rt.prepare_rebase(self.data.graph, old, changed, parsed.feature_ids, new_ids))

@@ -216,6 +216,9 @@ class ServerMetrics:
                                         registry=r)
         self.update_log_bytes = Gauge("gnnserve_graph_update_log_bytes", "Size of each graph's update log",
                                       ["graph"], registry=r)
+        self.ppr_stale_lists = Gauge("gnnserve_ppr_stale_lists",
+                                     "PPR lists updates left stale (--ppr-eager-lists): pushed by the lookups that "
+                                     "need them until the writer thread stores them", ["graph"], registry=r)
 
     def observe_request(self, model: str, timing: dict[str, float], width: int, budget: int, n: int) -> None:
         """Record one answered Predict: ``timing`` in milliseconds by stage."""

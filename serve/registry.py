@@ -573,7 +573,8 @@ class ModelRegistry:
             if follow:
                 update_log = FileUpdateLog(path, follow=True)
         data.live = LiveGraph(data, update_log, read_only=o.read_only, max_update_size=o.max_update_size,
-                              metrics=self.metrics, version=data.base_version, ppr_tolerance=o.ppr_refresh_tolerance)
+                              metrics=self.metrics, version=data.base_version, ppr_tolerance=o.ppr_refresh_tolerance,
+                              ppr_eager_lists=None if o.ppr_eager_lists < 0 else o.ppr_eager_lists)
         if redis_url or getattr(update_log, "follow", False):
             data.live.follow()
         return data.live

@@ -213,6 +213,61 @@ def test_random_updates_on_the_resident_path(base_repo, tiny_dataset, tmp_path):
         srv.stop()
 
 
+def test_stale_ppr_lists_answer_fresh_and_are_stored_in_the_background(base_repo, tiny_dataset, tmp_path):
+    """With ``--ppr-eager-lists 0`` an update pushes no existing PPR list itself: each list it flags is stale,
+    a Predict pushes it on the current graph, and the writer thread stores it once no update waits. Answers
+    equal the offline model's on the edited graph before the lists are stored, and do not move after."""
+    from kernels.ppr import ppr_topk
+
+    srv = ServerThread(fresh_repo(base_repo, tmp_path / "repo"), {"runtime_kw": {"ppr_eager_lists": 0}}).start()
+    try:
+        rt = srv.server.registry.get("shadow")
+        live = rt.data.live
+        live._refresh_off = "held by the test"  # no background refresh until the answers are checked
+        rng = np.random.default_rng(11)
+        mirror = _Mirror(tiny_dataset)
+        deferred = 0
+        with GnnClient(srv.address) as c:
+            for upd in _random_updates(tiny_dataset, mirror, rng, 12):
+                deferred += c.update_graph("shadow", **upd).invalidated.get("ppr_deferred", 0)
+            assert deferred > 0 and live.stale_lists() > 0
+            idx = rt.ppr_index
+            budget = rt.limits.default_ppr_budget
+            stale = np.flatnonzero(idx.is_stale(np.arange(idx.num_nodes)))
+            nodes = np.unique(np.concatenate([stale[:30], rng.choice(mirror.n, 20, replace=False)]))
+            # the reference lists: a push now on the edited graph for the stale ones, the stored ones else
+            now = nodes[idx.is_stale(nodes)]
+            fp, fn, _ = ppr_topk(mirror.graph(), now, idx.config, k=budget)
+            rows = {int(v): fn[fp[b]:fp[b + 1]] for b, v in enumerate(now)}
+            sptr, snodes = idx._stored(nodes, budget, False)
+            rows = [rows.get(int(v), snodes[sptr[i]:sptr[i + 1]]) for i, v in enumerate(nodes)]
+            lists = (np.concatenate([[0], np.cumsum([len(r) for r in rows])]), np.concatenate(rows))
+            got = idx.lookup(nodes, budget)
+            np.testing.assert_array_equal(got[0], lists[0])
+            np.testing.assert_array_equal(got[1], lists[1])
+            graph = mirror.graph()
+            first = {}
+            for width in (0, 3):
+                got = c.predict("shadow", nodes, sampling_width=width, ppr_budget=budget)
+                want = _reference(base_repo, "shadow", graph, mirror.x, nodes, width, lists=lists)
+                np.testing.assert_allclose(got.probabilities, want, atol=2e-5, err_msg=f"shadow S={width}")
+                first[width] = got.probabilities
+            # the writer thread stores them: the same answers
+            live._refresh_off = None
+            live._ring()
+            deadline = time.monotonic() + 60
+            while live.stale_lists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert live.stale_lists() == 0
+            assert live.metrics.ppr_stale_lists.labels(live.label)._value.get() == 0
+            assert not idx.is_stale(nodes).any() and idx.is_dirty(stale).all()
+            for width in (0, 3):
+                got = c.predict("shadow", nodes, sampling_width=width, ppr_budget=budget)
+                np.testing.assert_array_equal(got.probabilities, first[width])
+    finally:
+        srv.stop()
+
+
 def _random_updates_answer_like_the_updated_graph(server, base_repo, ds, rng):
     mirror = _Mirror(ds)
     sample = rng.choice(ds.num_nodes, 40, replace=False)

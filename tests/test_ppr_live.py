@@ -85,7 +85,8 @@ def make_edit(rng, g, *, new=True, adds=3, rems=3):
 
 def run_sequence(live, g, rng, steps, cfg, *, on_step=None, **kw):
     """Apply ``steps`` random edits, checking after each that every list is what the bookkeeping
-    says (fresh ``ppr_topk`` for the recomputed and new nodes, unchanged otherwise)."""
+    says (fresh ``ppr_topk`` for the recomputed and new nodes and, with ``eager_lists``, for every
+    stale source on the graph of the moment; unchanged otherwise)."""
     ptr, nodes, scores = live.lookup(np.arange(g.num_nodes), return_scores=True)
     model = {v: (nodes[ptr[v] : ptr[v + 1]], scores[ptr[v] : ptr[v + 1]]) for v in range(g.num_nodes)}
     totals = {"recomputed": 0, "new": 0, "dirty": 0}
@@ -97,8 +98,13 @@ def run_sequence(live, g, rng, steps, cfg, *, on_step=None, **kw):
             totals[key] += st[key]
         assert st["recomputed"] == len(live.last_recomputed) and st["new"] == len(eff.new_ids)
         np.testing.assert_array_equal(live.last_new, eff.new_ids)
+        assert st["deferred"] == len(live.last_deferred) and st["stale"] == live.stale_count
+        stale = np.flatnonzero(live.is_stale(np.arange(g.num_nodes)))
+        assert len(stale) == live.stale_count and np.isin(live.last_deferred, stale).all()
+        assert live.is_dirty(stale).all()  # never served from the induced table
         targets = np.concatenate([live.last_recomputed, live.last_new])
-        assert len(np.unique(targets)) == len(targets)
+        assert len(np.unique(targets)) == len(targets) and not np.isin(targets, stale).any()
+        targets = np.concatenate([targets, stale])
         if len(targets):
             fptr, fnodes, fscores = assert_fresh_lists(live, g, targets, cfg)
             for b, t in enumerate(targets):
@@ -182,6 +188,55 @@ def test_apply_checks_its_arguments(sbm, sbm_base):
 
 
 # ============================================================================ (2) quality
+@pytest.mark.parametrize("eager_lists", [0, 3])
+def test_stale_lists_are_pushed_at_lookup_and_refreshed_to_the_same(sbm, sbm_base, eager_lists):
+    """With ``eager_lists`` an edit pushes at most that many flagged sources again and leaves the rest
+    stale: a lookup pushes a stale list on the current graph (checked by run_sequence after every edit,
+    for every source), a refresh stores exactly those lists, and nothing else moves."""
+    rng = np.random.default_rng(5)
+    live = LivePPRIndex(sbm_base, eager_lists=eager_lists, merge_fraction=0.05)
+    refreshed = []
+
+    def refresh_some(g):
+        if rng.random() < 0.5 or not live.stale_count:
+            return
+        before = live.lookup(np.arange(g.num_nodes), return_scores=True)
+        mat = (live.ptr.copy(), live.nodes.copy())
+        prep = live.prepare_refresh(int(rng.integers(1, 2 * live.stale_count)))
+        want = min(len(prep["targets"]), live.stale_count)
+        assert live.install_refresh(prep) == want
+        refreshed.append(want)
+        assert not live.is_stale(prep["targets"]).any() and live.is_dirty(prep["targets"]).all()
+        for a, b in zip(live.lookup(np.arange(g.num_nodes), return_scores=True), before, strict=True):
+            np.testing.assert_array_equal(a, b)  # the stored lists are the ones lookups pushed
+        np.testing.assert_array_equal(live.ptr, mat[0])
+        np.testing.assert_array_equal(live.nodes, mat[1])
+
+    g, totals = run_sequence(live, sbm, rng, 10, SBM_CFG, on_step=refresh_some)
+    assert totals["recomputed"] <= 10 * eager_lists
+    assert refreshed and sum(refreshed) > 0
+    # drain the rest: the lists after a full refresh are a fresh push for every source ever flagged
+    stale = np.flatnonzero(live.is_stale(np.arange(g.num_nodes)))
+    while live.stale_count:
+        live.install_refresh(live.prepare_refresh(7))
+    assert_fresh_lists(live, g, stale, SBM_CFG)
+    assert live.prepare_refresh(7) is None
+    # an edit between the halves of a refresh: nothing stored
+    eff = apply_edit(g, make_edit(rng, g, new=False))
+    live.apply(g, eff.graph, eff.changed_rows, eff.new_ids)
+    if live.stale_count:
+        prep = live.prepare_refresh(4)
+        eff2 = apply_edit(eff.graph, make_edit(rng, eff.graph, new=False))
+        live.apply(eff.graph, eff2.graph, eff2.changed_rows, eff2.new_ids)
+        n_stale = live.stale_count
+        assert live.install_refresh(prep) == 0 and live.stale_count == n_stale
+
+
+def test_eager_lists_is_checked(sbm_base):
+    with pytest.raises(ValueError, match="eager_lists"):
+        LivePPRIndex(sbm_base, eager_lists=-1)
+
+
 def recall(ptr, nodes, exact, k):
     out = []
     for b in range(len(ptr) - 1):
@@ -190,14 +245,14 @@ def recall(ptr, nodes, exact, k):
     return float(np.mean(out))
 
 
-@pytest.mark.parametrize("dataset", ["sbm", "cora"])
-def test_maintained_lists_are_as_good_as_a_fresh_index(request, sbm, sbm_base, dataset):
+@pytest.mark.parametrize(("dataset", "eager_lists"), [("sbm", None), ("sbm", 0), ("cora", None)])
+def test_maintained_lists_are_as_good_as_a_fresh_index(request, sbm, sbm_base, dataset, eager_lists):
     if dataset == "sbm":
         g0, cfg, base, steps = sbm, SBM_CFG, sbm_base, 20
     else:
         (g0, base), cfg, steps = request.getfixturevalue("cora"), CORA_CFG, 15
     rng = np.random.default_rng(7)
-    live = LivePPRIndex(base)
+    live = LivePPRIndex(base, eager_lists=eager_lists)
     g = g0
     touched: set[int] = set()
     for _ in range(steps):
@@ -229,14 +284,15 @@ def batches_equal(a, b):
         np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
 
 
-@pytest.mark.parametrize(("with_table", "tol_factor"), [(False, 1.0), (True, 1.0), (True, 1e9)])
-def test_induced_batch_equals_inducing_from_the_graph(sbm, with_table, tol_factor, monkeypatch):
+@pytest.mark.parametrize(("with_table", "tol_factor", "eager_lists"),
+                         [(False, 1.0, None), (True, 1.0, None), (True, 1e9, None), (True, 1.0, 0)])
+def test_induced_batch_equals_inducing_from_the_graph(sbm, with_table, tol_factor, eager_lists, monkeypatch):
     base = PPRIndex.build(sbm, SBM_CFG, progress=False)
     if with_table:
         assert base.ensure_induced(sbm, max_bytes=1 << 30)
     # tol_factor 1e9 recomputes no list: only the dirty marks of the lists holding changed rows
     # keep the table from serving stale subgraphs
-    live = LivePPRIndex(base, tol_factor=tol_factor)
+    live = LivePPRIndex(base, tol_factor=tol_factor, eager_lists=eager_lists)
     calls = {"graph": 0}
     real = pl.induced_batch
 
@@ -280,14 +336,21 @@ def test_induced_batch_equals_inducing_from_the_graph(sbm, with_table, tol_facto
         changed_subgraphs += not same
     assert changed_subgraphs > 0
     assert live.is_dirty(np.arange(n0, g.num_nodes)).all()  # new nodes are never in the table
-    # after edits, ensure_induced builds a table of the current lists and clears the marks
+    # after edits, ensure_induced builds a table of the current lists and clears the marks (a stale list,
+    # pushed at each lookup, stays dirty)
     assert live.ensure_induced(g, max_bytes=1 << 30)
     assert live.induced is not None and live.induced.num_nodes == g.num_nodes
-    assert not live.is_dirty(np.arange(g.num_nodes)).any()
-    t = rng.choice(g.num_nodes, size=12, replace=False)
+    every = np.arange(g.num_nodes)
+    np.testing.assert_array_equal(live.is_dirty(every), live.is_stale(every))
+    assert (live.stale_count > 0) == (eager_lists is not None)
+    fresh = np.flatnonzero(~live.is_stale(every))
+    t = rng.choice(fresh, size=min(12, len(fresh)), replace=False)
     before = calls["graph"]
     batches_equal(live.induced_batch(g, t), induced_batch(g, *live.lookup(t)))
     assert calls["graph"] == before
+    if live.stale_count:  # a stale target's batch comes from the graph, with its list pushed now
+        t = np.flatnonzero(live.is_stale(every))[:4]
+        batches_equal(live.induced_batch(g, t), induced_batch(g, *ppr_topk(g, t, SBM_CFG)[:2]))
 
 
 # ============================================================================ (4) lookups

@@ -308,7 +308,7 @@ def test_push_chunk_and_chunked_list_copy_change_nothing(sbm, monkeypatch):
     n = live.num_nodes
     want = live.lookup(np.arange(n), return_scores=True)
     monkeypatch.setattr(pl, "_LOOKUP_CHUNK", 50)  # 2 targets per chunk at K = 24
-    got = live._all_lists()
+    got = live._all_lists(stored=True)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[2], want[2])
