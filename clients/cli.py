@@ -383,15 +383,31 @@ _REFUSED = {"INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS", "FAILED_PRECONDIT
             "RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "UNAUTHENTICATED", "UNIMPLEMENTED"}
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' object hook: a key given twice is an error (JSON itself would keep the last silently)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(f"key {k!r} appears twice in one object")
+        out[k] = v
+    return out
+
+
 def _parse_updates(text: str, where: str) -> list[tuple[str, dict[str, Any]]]:
     """``(place, object)`` per update of an update file; ``place`` is ``FILE:LINE`` (JSON lines) or
     ``FILE: item I`` (a JSON array)."""
     stripped = text.strip()
     if stripped.startswith("["):
         try:
-            items = json.loads(stripped)
+            items = json.loads(stripped, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as exc:
             raise _UsageError(f"{where}: not valid JSON: {exc}") from None
+        except _DuplicateKey as exc:
+            raise _UsageError(f"{where}: {exc}") from None
         places = [f"{where}: item {i}" for i in range(len(items))]
     else:
         items, places = [], []
@@ -399,9 +415,11 @@ def _parse_updates(text: str, where: str) -> list[tuple[str, dict[str, Any]]]:
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
             try:
-                items.append(json.loads(line))
+                items.append(json.loads(line, object_pairs_hook=_unique_keys))
             except json.JSONDecodeError as exc:
                 raise _UsageError(f"{where}:{n}: not valid JSON: {exc}") from None
+            except _DuplicateKey as exc:
+                raise _UsageError(f"{where}:{n}: {exc}") from None
             places.append(f"{where}:{n}")
     for item, place in zip(items, places, strict=True):
         if not isinstance(item, dict):
@@ -497,6 +515,9 @@ def _update_args(item: dict[str, Any], place: str) -> dict[str, Any]:
                 raise _UsageError(f"{place}: features: key {key!r} is not a node id (a non-negative integer)")
             if _too_large(k):
                 raise _UsageError(f"{place}: features: node id {_shown(key)} is too large: node ids must fit int64")
+            if int(k) in rows:
+                raise _UsageError(f"{place}: features: node {int(k)} appears twice (key {key!r}); give each node's "
+                                  "row once")
             rows[int(k)] = _json_numbers(row, f"{place}: features[{key!r}]")
         kw["features"] = rows
     nodes = item.get("new_nodes")

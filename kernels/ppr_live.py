@@ -169,12 +169,15 @@ and marks the rest **stale**. A stale list is never answered as stored: :meth:`L
 pushes it on the current graph (:meth:`~LivePPRIndex._push`, the call (b) makes), and
 :meth:`~LivePPRIndex.prepare_refresh` / :meth:`~LivePPRIndex.install_refresh` store those very
 lists later (the server's writer thread, a chunk at a time, while no update waits; no edit may come
-between the two halves, and an edit that does voids the refresh). So a lookup answers the same list
-whether a refresh has stored it yet or not, and a list is never older than the rule allows: a stale
-one is as fresh as the graph. Its bound restarts at 0 when stored. A stale source stays dirty (d),
-so the induced table never serves it. The cost moves to the first lookups of a stale target before
-its refresh: one push each (about 0.2 ms on Amazon Computers). New nodes always get their lists in
-the edit. ``None`` (the class's default) keeps every push in the edit; a server defaults to 128
+between the two halves, and an edit that does voids the refresh). The lists a lookup pushed are
+handed over too (:meth:`~LivePPRIndex.install_handed` stores those pushed at the current version on
+the current graph, without pushing again). So a lookup answers the same list whether a refresh has
+stored it yet or not, and a list is never older than the rule allows: a stale one is as fresh as the
+graph. Its bound restarts at 0 when stored. A stale source stays dirty (d), so the induced table never
+serves it, and stays stale through later edits (it is not among their choice of ``eager_lists``:
+otherwise a backlog of stale lists, whose bounds only grow, would take every edit's pushes). The cost
+moves to the lookups of a stale target before its refresh: one push each (about 0.2 ms on Amazon
+Computers). New nodes always get their lists in the edit. ``None`` (the class's default) keeps every push in the edit; a server defaults to 128
 (``--ppr-eager-lists``).
 
 Dirty targets (c): a target's induced subgraph changes only if its list changes (recomputed) or
@@ -188,8 +191,9 @@ never patched); :meth:`ensure_induced` after edits rebuilds the table from the c
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numba
@@ -210,6 +214,7 @@ log = logging.getLogger(__name__)
 _TINY = 1e-300  # a pushed node keeps this residue: r == 0 means "never touched"
 _RULES = ("node", "l1")
 _LOOKUP_CHUNK = 1 << 20  # list entries gathered at a time when all lists are copied (a merge)
+_HANDED_MAX = 1 << 22  # list entries lookups' pushes may hold for install_handed (about 50 MB)
 
 
 # ============================================================================ compiled kernels
@@ -633,6 +638,12 @@ class LivePPRIndex:
         #: stored (lookup pushes them on the current graph), always dirty; _n_stale counts them
         self._stale = np.zeros(n, dtype=bool)
         self._n_stale = 0
+        #: lookups' pushes of stale lists, (version, graph, ids, ptr, nodes, scores), for install_handed
+        self._handed: list[tuple[Any, ...]] = []
+        self._handed_entries = 0
+        self._handed_lock = threading.Lock()
+        #: called after a lookup handed lists over (a server rings its writer thread)
+        self.on_handed: Callable[[], None] | None = None
         self._table: InducedTable | None = None  # a table built after edits (else base.induced)
         self._sums: _Sums | None = None  # prepare's scratch: the per-source sums, the reverse push's state
         self.last_recomputed = np.zeros(0, dtype=np.int64)
@@ -725,9 +736,11 @@ class LivePPRIndex:
         graph instead: :meth:`_push`, the same call a refresh makes, so the same lists. ``fresh``: those
         pushes made already, ``(sorted ids, ptr, nodes, scores)`` covering the stale targets."""
         if fresh is None:
-            assert self._graph is not None  # stale lists exist only after an edit
+            version, graph = self._version, self._graph  # one state: no install runs beside a lookup
+            assert graph is not None  # stale lists exist only after an edit
             ft, inv = np.unique(t[stale], return_inverse=True)
-            fp, fn, fs = self._push(self._graph, ft)
+            fp, fn, fs = self._push(graph, ft)
+            self._hand(version, graph, ft, fp, fn, fs)
         else:
             ft, fp, fn, fs = fresh
             inv = np.searchsorted(ft, t[stale])
@@ -912,7 +925,8 @@ class LivePPRIndex:
                 drift = self._drift[uniq] + sc.acc[uniq]
                 self._drift[uniq] = drift
                 candidates = len(uniq)
-                over = drift > self.tol_factor * cfg.eps
+                # an already stale list stays so (lookups push it; the refresh stores it), outside the choice
+                over = (drift > self.tol_factor * cfg.eps) & ~self._stale[uniq]
                 recompute = uniq[over]
                 eager = self.eager_lists
                 if eager is not None and len(recompute) > eager:  # the most moved now, the rest stale
@@ -973,16 +987,24 @@ class LivePPRIndex:
         """Sources whose list an edit left stale (``eager_lists``): pushed at each lookup until refreshed."""
         return self._n_stale
 
-    def prepare_refresh(self, max_lists: int) -> dict[str, Any] | None:
+    def prepare_refresh(self, max_lists: int, *, threads: int | None = None) -> dict[str, Any] | None:
         """Fresh lists, on the current graph, for up to ``max_lists`` stale sources (the lowest ids): the
-        pushes, which lookups may run beside. ``None`` when none is stale. Store them with
+        pushes, which lookups may run beside, on ``threads`` numba threads (None: all; a server's background
+        refresh leaves half the cores to the requests). ``None`` when none is stale. Store them with
         :meth:`install_refresh`; no edit may come between the two (a server holds its writer lock)."""
         if not self._n_stale or max_lists < 1:
             return None
         src = np.flatnonzero(self._stale)[: int(max_lists)].astype(np.int64)
         graph = self._graph
         assert graph is not None  # stale lists exist only after an edit
-        return {"graph": graph, "version": self._version, "targets": src, "lists": self._push(graph, src)}
+        before = numba.get_num_threads()  # thread-local in numba: only this thread's pushes
+        if threads is not None:
+            numba.set_num_threads(max(1, min(int(threads), before)))
+        try:
+            lists = self._push(graph, src)
+        finally:
+            numba.set_num_threads(before)
+        return {"graph": graph, "version": self._version, "targets": src, "lists": lists}
 
     def install_refresh(self, prep: dict[str, Any] | None) -> int:
         """Store :meth:`prepare_refresh`'s lists (under the server's write lock, like :meth:`install`): those
@@ -997,6 +1019,48 @@ class LivePPRIndex:
         self._drift[targets] = 0.0
         self._merge_if_large()
         return len(targets)
+
+    def _hand(self, version: int, graph: CSRGraph, ids: np.ndarray, ptr: np.ndarray, nodes: np.ndarray,
+              scores: np.ndarray) -> None:
+        """Keep a lookup's pushes of stale lists for :meth:`install_handed` (at most ``_HANDED_MAX`` entries
+        wait; more are dropped, a refresh pushes those again), then call ``on_handed`` (the server's writer
+        thread's doorbell)."""
+        with self._handed_lock:
+            if self._handed_entries + len(nodes) > _HANDED_MAX:
+                return
+            self._handed.append((version, graph, ids, ptr, nodes, scores))
+            self._handed_entries += len(nodes)
+        if self.on_handed is not None:
+            self.on_handed()
+
+    def has_handed(self) -> bool:
+        """Whether lookups have pushed stale lists that :meth:`install_handed` would store."""
+        return bool(self._handed)
+
+    def install_handed(self) -> int:
+        """Store the stale lists lookups pushed (under the server's write lock, like :meth:`install_refresh`):
+        those pushed at the current version on the current graph, the very lists a refresh would push; the
+        others are dropped. Returns how many lists were stored."""
+        with self._handed_lock:
+            handed, self._handed, self._handed_entries = self._handed, [], 0
+        done = 0
+        for version, graph, ids, ptr, nodes, scores in handed:
+            if version != self._version or graph is not self._graph:
+                continue
+            keep = np.flatnonzero(self._stale[ids])  # another hand-over or a refresh may have stored some
+            if not len(keep):
+                continue
+            if len(keep) < len(ids):
+                cnt = np.diff(ptr)[keep]
+                sub, idx = gather_ranges(ptr[keep], cnt)
+                ids, ptr, nodes, scores = ids[keep], sub, nodes[idx], scores[idx]
+            self._store(ids, ptr, nodes, scores)
+            self._set_stale(ids, False)
+            self._drift[ids] = 0.0
+            done += len(ids)
+        if done:
+            self._merge_if_large()
+        return done
 
     def _set_stale(self, ids: np.ndarray, stale: bool) -> None:
         if not len(ids) or (not stale and not self._n_stale):

@@ -74,6 +74,10 @@ class ReadOnly(GnnServeError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class NotWritten(Unavailable):
+    """A read-your-writes version that no server has written (:meth:`LiveGraph.wait_for`)."""
+
+
 class UpdateConflict(GnnServeError):
     """``expect_graph_version`` no longer holds: another update came first."""
 
@@ -536,7 +540,7 @@ class LiveGraph:
         self.max_update_size = int(max_update_size)
         self.ppr_tolerance = float(ppr_tolerance)
         self.ppr_eager_lists = None if ppr_eager_lists is None else int(ppr_eager_lists)
-        self._refresh_chunk = 64  # stale lists stored per write lock (adapted to about 20 ms of pushes)
+        self._refresh_chunk = 16  # stale lists stored per write lock (adapted to about 5 ms of pushes)
         self._refresh_off: str | None = None  # why the background refresh stopped (lookups still push)
         self.metrics = metrics
         self.lock = RWLock()
@@ -584,7 +588,9 @@ class LiveGraph:
                     ensure()
                 except Exception:  # the model still loads; the first update builds the inverse itself
                     log.exception("the PPR lists' inverse could not be prepared at load")
-        return LivePPRIndex(idx, tol_factor=self.ppr_tolerance, eager_lists=self.ppr_eager_lists)
+        live = LivePPRIndex(idx, tol_factor=self.ppr_tolerance, eager_lists=self.ppr_eager_lists)
+        live.on_handed = self._ring  # a lookup pushed stale lists: the writer thread stores them
+        return live
 
     def attach(self, rt: ModelRuntime) -> None:
         """Keep ``rt`` up to date with the graph. Build it and attach it inside :meth:`writing`, so that no
@@ -677,7 +683,9 @@ class LiveGraph:
         """Store the PPR lists updates left stale, a chunk at a time, while no update waits: each chunk's
         pushes run beside the batches (holding the writer, so no update comes between), then a short write
         lock stores them (``LivePPRIndex.prepare_refresh`` / ``install_refresh``). Until stored, a lookup
-        pushes a stale list itself, the same list, so answers never depend on how far this got."""
+        pushes a stale list itself, the same list, so answers never depend on how far this got; the lists
+        lookups pushed are stored first (``install_handed``: no push at all). A chunk takes about 5 ms, so an
+        update that arrives meanwhile waits about that long."""
         if self.remote or self._refresh_off is not None:
             return
         for idx in list(self.data.ppr_indexes.values()):
@@ -685,26 +693,34 @@ class LiveGraph:
                    and not self._stop.is_set()):
                 with self._writer:
                     t0 = time.perf_counter()
-                    try:
-                        prep = idx.prepare_refresh(self._refresh_chunk)
-                    except Exception as exc:  # the lookups go on pushing these lists themselves
-                        self._refresh_off = f"{type(exc).__name__}: {exc}"
-                        log.exception("graph %s: storing stale PPR lists failed; lookups keep pushing them",
-                                      self.label)
-                        return
+                    prep = None
+                    handed = idx.has_handed()
+                    if not handed:
+                        try:
+                            prep = idx.prepare_refresh(self._refresh_chunk, threads=max(1, (os.cpu_count() or 2) // 2))
+                        except Exception as exc:  # the lookups go on pushing these lists themselves
+                            self._refresh_off = f"{type(exc).__name__}: {exc}"
+                            log.exception("graph %s: storing stale PPR lists failed; lookups keep pushing them",
+                                          self.label)
+                            return
                     try:
                         with self.lock.write():
-                            idx.install_refresh(prep)
+                            if handed:
+                                idx.install_handed()
+                            else:
+                                idx.install_refresh(prep)
                     except BaseException as exc:  # half-stored lists: out of service, as a failed update
                         self.broken = (f"graph {self.label}: storing refreshed PPR lists failed half-way "
                                        f"({type(exc).__name__}); restart the server (it replays the update log)")
                         log.exception("graph %s: installing refreshed PPR lists failed", self.label)
                         raise
                     ms = 1e3 * (time.perf_counter() - t0)
-                    if ms < 10:
+                    if handed:
+                        pass
+                    elif ms < 2.5:
                         self._refresh_chunk = min(4096, 2 * self._refresh_chunk)
-                    elif ms > 40:
-                        self._refresh_chunk = max(8, self._refresh_chunk // 2)
+                    elif ms > 8:
+                        self._refresh_chunk = max(2, self._refresh_chunk // 2)
                 self._observe_stale()
 
     def _observe_stale(self) -> None:
@@ -1036,15 +1052,23 @@ class LiveGraph:
 
     def wait_for(self, version: int, timeout: float) -> bool:
         """Whether the graph reaches ``version`` within ``timeout`` seconds (reading the log first:
-        a missed follower message never leaves a replica answering from an older version)."""
+        a missed follower message never leaves a replica answering from an older version). A version the
+        log does not hold yet is refused at once (:class:`NotWritten`): an update is acknowledged only once
+        logged, so no client can have been told of it, and waiting for it would hold a thread for nothing."""
         deadline = time.monotonic() + timeout
         first = True  # a failing log read is the caller's error the first time; later the wait goes on
         while self.version < version:
             if self.log is not None:
                 try:
-                    if self.log.head() >= version:
+                    head = int(self.log.head())
+                    if head >= version:
                         self.catch_up()
                         continue
+                    if first:
+                        raise NotWritten(f"graph version {version} has not been written: the graph's update log "
+                                         f"ends at version {head} (a version comes from an UpdateGraph answer)")
+                except NotWritten:
+                    raise
                 except Exception:
                     if first:
                         raise

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
+import threading
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -16,7 +18,7 @@ from clients._gen import gnnserve_pb2 as pb
 from clients._gen import gnnserve_pb2_grpc as pb_grpc
 
 from .errors import Unavailable
-from .validation import validate_predict
+from .validation import check_request_id, validate_predict
 
 if TYPE_CHECKING:
     from .registry import ModelRegistry
@@ -139,6 +141,20 @@ def predict_response(rt: ModelRuntime, res: PredictResult, packed: bool = False)
     return resp
 
 
+_WAITS: concurrent.futures.ThreadPoolExecutor | None = None
+_WAITS_LOCK = threading.Lock()
+
+
+def _version_waits() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads read-your-writes waits block in: a pool of their own, so that many waiting requests never
+    hold up the event loop's default executor (what else runs there queues behind them otherwise)."""
+    global _WAITS
+    with _WAITS_LOCK:
+        if _WAITS is None:
+            _WAITS = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="gnnserve-ryw")
+        return _WAITS
+
+
 async def reach_version(rt: ModelRuntime, version: int, deadline: float | None) -> None:
     """Read-your-writes: wait (briefly) until the model's graph is at ``version`` or newer."""
     live = rt.data.live
@@ -150,7 +166,12 @@ async def reach_version(rt: ModelRuntime, version: int, deadline: float | None) 
     timeout = rt.options.read_your_writes_timeout_s
     if deadline is not None:
         timeout = min(timeout, max(0.0, deadline - time.monotonic()))
-    ok = await asyncio.get_running_loop().run_in_executor(None, live.wait_for, version, timeout)
+    end = time.monotonic() + timeout
+
+    def wait() -> bool:  # the time spent queued for a thread counts against the timeout
+        return live.wait_for(version, max(0.0, end - time.monotonic()))
+
+    ok = await asyncio.get_running_loop().run_in_executor(_version_waits(), wait)
     if not ok:
         raise Unavailable(f"graph version {version} is not visible on this server yet (it is at {live.version} "
                           f"after waiting {timeout:.2f} s); retry, or send the request to the server that took "
@@ -183,6 +204,7 @@ class GnnServicer(pb_grpc.GnnServiceServicer):
         live = rt.data.live
         if live is None:
             raise Unavailable(f"model {rt.name} v{rt.version} is still loading")
+        check_request_id(request.request_id)
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
         # validated, logged and applied by the graph's writer thread, grouped with the updates beside it

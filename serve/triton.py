@@ -80,7 +80,7 @@ from .errors import GnnServeError, InvalidArgument, ModelNotFound, Unavailable
 from .interceptors import bounded, error_status, unparsed_reason
 from .registry import RepositoryError
 from .servicer import deadline_of, reach_version
-from .validation import knob_range_error, knob_rule, validate_predict
+from .validation import MAX_REQUEST_ID, knob_range_error, knob_rule, validate_predict
 
 if TYPE_CHECKING:
     from .interceptors import DrainGate
@@ -553,7 +553,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
             model=rt.name,
             version=str(rt.version),
             nodes=nodes.tolist(),
-            request_id=request.id,
+            request_id=request.id[:MAX_REQUEST_ID],  # for the logs; the answer echoes the whole id, as Triton does
             return_probabilities="PROBABILITIES" in wanted,
             return_embeddings="EMBEDDINGS" in wanted,
         )

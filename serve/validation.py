@@ -49,12 +49,14 @@ from clients.knob_rules import cheapest_within
 
 from .errors import InvalidArgument
 
-__all__ = ["KNOB_MAX", "KnobRow", "ModelLimits", "NewNodeSpec", "PredictCall", "knob_range_error", "knob_rule",
-           "resolve_knobs", "validate_predict"]
+__all__ = ["KNOB_MAX", "MAX_REQUEST_ID", "KnobRow", "ModelLimits", "NewNodeSpec", "PredictCall", "check_request_id",
+           "knob_range_error", "knob_rule", "resolve_knobs", "validate_predict"]
 
 MAX_NEW_NODE_NEIGHBORS = 100_000
 #: the largest ``sampling_width`` / ``ppr_budget`` a request can carry (``int32`` fields of PredictRequest)
 KNOB_MAX = 2**31 - 1
+#: characters of a request_id (echoed in answers and logs, and kept in the update log for an update)
+MAX_REQUEST_ID = 256
 
 
 @dataclass(frozen=True)
@@ -206,8 +208,16 @@ def _expected_accuracy(table: Sequence[KnobRow], s: int, k: int, lhop: bool, bou
     return 0.0
 
 
+def check_request_id(request_id: str) -> None:
+    """Refuse a ``request_id`` longer than :data:`MAX_REQUEST_ID` characters (an update's stays in the log)."""
+    if len(request_id) > MAX_REQUEST_ID:
+        raise InvalidArgument(f"request_id has {len(request_id)} characters, more than the limit of {MAX_REQUEST_ID}; "
+                              "use a short id, such as a UUID")
+
+
 def validate_predict(request, limits: ModelLimits) -> PredictCall:
     """Turn a ``gnnserve.v1.PredictRequest`` into a :class:`PredictCall` or raise InvalidArgument."""
+    check_request_id(request.request_id)
     nodes = np.asarray(request.nodes, dtype=np.int64)
     new_nodes = list(request.new_nodes)
     n = len(nodes) + len(new_nodes)

@@ -174,6 +174,9 @@ def test_predict_output_carries_the_graph_version(addr, dataset, capsys):
     ('{"new_nodes": [{"features": [0.1], "neigbors": [1]}]}', "unknown field(s) ['neigbors']"),
     ('{"expect_graph_version": true}', "expect_graph_version must be a non-negative integer"),
     ('{"request_id": 7}', "request_id must be a string"),
+    ('{"features": {"7": [0.5], "07": [0.25]}}', "features: node 7 appears twice (key '07')"),
+    ('{"features": {"7": [0.5], "7": [0.25]}}', "key '7' appears twice in one object"),
+    ('{"add_edges": [[1, 2]], "add_edges": [[3, 4]]}', "key 'add_edges' appears twice"),
 ])
 def test_update_values_of_the_wrong_type_are_refused_before_anything_is_sent(addr, dataset, tmp_path, capsys, line,
                                                                             msg):

@@ -347,7 +347,8 @@ def test_predictions_never_mix_versions_under_concurrent_updates(server, tiny_da
 def test_read_your_writes_and_refusals(server, tiny_dataset):
     ds = tiny_dataset
     with GnnClient(server.address) as c:
-        with pytest.raises(clients.UnavailableError, match="version 5 is not visible"):
+        # a version the log does not hold: refused at once (no client can know of it), naming the log's end
+        with pytest.raises(clients.UnavailableError, match=r"version 5 has not been written.*ends at version 0"):
             c.predict("gcn", [0], min_graph_version=5, timeout=10)
         g = ds.graph
         missing = next(v for v in range(1, g.num_nodes) if v not in set(g.neighbors(0).tolist()))
@@ -361,6 +362,7 @@ def test_read_your_writes_and_refusals(server, tiny_dataset):
             (dict(features={1: np.full(ds.num_features, np.nan)}), "finite"),
             (dict(new_nodes=[NewNode(features=np.zeros(ds.num_features), neighbors=[1, 1])]), "new_nodes"),
             (dict(add_edges=[(0, missing, -1.0)]), "weight"),
+            (dict(request_id="r" * 257), "request_id has 257 characters, more than the limit of 256"),
         ]
         for upd, words in bad:
             # a valid feature row rides along: nothing of a refused update may land
@@ -368,6 +370,9 @@ def test_read_your_writes_and_refusals(server, tiny_dataset):
                 c.update_graph("gcn", features={2: np.ones(ds.num_features)}, **upd) if "features" not in upd \
                     else c.update_graph("gcn", **upd)
         assert c.get_model("gcn").graph_version == 0
+        with pytest.raises(clients.InvalidArgumentError, match="request_id has 300 characters"):
+            c.predict("gcn", [0], request_id="r" * 300)
+        assert c.predict("gcn", [0], request_id="r" * 256).request_id == "r" * 256
         with pytest.raises(clients.AbortedError, match="version 0"):
             c.update_graph("gcn", add_edges=[(0, missing)], expect_graph_version=3)
         with pytest.raises(clients.InvalidArgumentError, match="max-update-size"):
@@ -772,4 +777,4 @@ def test_kserve_infer_reads_its_write(server, tiny_dataset):
     assert infer(min_graph_version=up.graph_version).parameters["graph_version"].int64_param == up.graph_version
     with pytest.raises(grpc.RpcError) as ei:
         infer(min_graph_version=up.graph_version + 5)
-    assert ei.value.code() == grpc.StatusCode.UNAVAILABLE and "not visible" in ei.value.details()
+    assert ei.value.code() == grpc.StatusCode.UNAVAILABLE and "has not been written" in ei.value.details()

@@ -215,6 +215,35 @@ def test_stale_lists_are_pushed_at_lookup_and_refreshed_to_the_same(sbm, sbm_bas
     g, totals = run_sequence(live, sbm, rng, 10, SBM_CFG, on_step=refresh_some)
     assert totals["recomputed"] <= 10 * eager_lists
     assert refreshed and sum(refreshed) > 0
+    # a stale list stays stale through later edits, outside their choice of eager pushes
+    stale = np.flatnonzero(live.is_stale(np.arange(g.num_nodes)))
+    if len(stale):
+        eff = apply_edit(g, make_edit(rng, g, new=False))
+        live.apply(g, eff.graph, eff.changed_rows, eff.new_ids)
+        g = eff.graph
+        assert live.is_stale(stale).all() and not np.isin(live.last_recomputed, stale).any()
+    # the lists a lookup pushed are handed over: stored without a push, unless an edit came between
+    while live.stale_count < 5:
+        eff = apply_edit(g, make_edit(rng, g, new=False))
+        live.apply(g, eff.graph, eff.changed_rows, eff.new_ids)
+        g = eff.graph
+    t = np.flatnonzero(live.is_stale(np.arange(g.num_nodes)))[:5]
+    want = live.lookup(t, return_scores=True)
+    assert live.has_handed()
+    eff = apply_edit(g, make_edit(rng, g, new=False))
+    live.apply(g, eff.graph, eff.changed_rows, eff.new_ids)
+    g = eff.graph
+    assert live.install_handed() == 0 and not live.has_handed()  # pushed on the graph before the edit
+    t = np.flatnonzero(live.is_stale(np.arange(g.num_nodes)))[:5]
+    want = live.lookup(t, return_scores=True)
+    live.lookup(t[:2])  # a second hand-over of two of them: stored once
+    calls = []
+    real = live._push
+    live._push = lambda *a: calls.append(a) or real(*a)
+    assert live.install_handed() == len(t) and not live.is_stale(t).any() and not calls
+    live._push = real
+    for a, b in zip(live.lookup(t, return_scores=True), want, strict=True):
+        np.testing.assert_array_equal(a, b)
     # drain the rest: the lists after a full refresh are a fresh push for every source ever flagged
     stale = np.flatnonzero(live.is_stale(np.arange(g.num_nodes)))
     while live.stale_count:
