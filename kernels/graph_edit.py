@@ -44,7 +44,7 @@ memory, 25 ms). The graph's memoized largest degree is carried over (recomputed 
 when a row of that degree lost edges).
 """
 
-# numba cache key: subgraph 307ec2d23471
+# numba cache key: subgraph 7484546ef9d8
 
 from __future__ import annotations
 

@@ -186,7 +186,7 @@ sources + holders of any changed row + new nodes. A dirty target stays dirty (th
 never patched); :meth:`ensure_induced` after edits rebuilds the table from the current lists.
 """
 
-# numba cache key: datasets 2095f586e9e7, graph_edit 4ca111f6189d, ppr_index 26f93b2362ed, ppr_push 308fc9a09323, subgraph 307ec2d23471
+# numba cache key: datasets 2095f586e9e7, graph_edit 4ca111f6189d, ppr_index 26f93b2362ed, ppr_push 308fc9a09323, subgraph 7484546ef9d8
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ import numpy as np
 
 from .graph import CSRGraph
 
-__all__ = ["ExtraEdges", "InducedTable", "SubgraphBatch", "induced_batch", "lhop_nodes"]
+__all__ = ["ExtraEdges", "InducedTable", "SubgraphBatch", "in_global_order", "induced_batch", "lhop_nodes"]
 
 _SCRATCH_KEY = "_subgraph_scratch_pool"
 _SCRATCH_LOCK = threading.Lock()
@@ -671,6 +671,24 @@ def induced_batch(
     finally:
         _give_scratch(graph, scratch)
     return _assemble(ptr, nodes, row_ptr, cols, ws if weighted else None, first, r2f)
+
+
+def in_global_order(batch: SubgraphBatch) -> SubgraphBatch:
+    """``batch`` with each row's columns in the order of their global ids instead of their local ones:
+    the order of the graph's own rows (virtual ids ``N ..`` last, as the ids an update would give those
+    nodes). A sampled aggregation picks slots by position in a row, so an L-hop batch in this order
+    samples, at every row the target's output reads (a complete row), the neighbours the whole graph's
+    forward samples: a plain model's answer at a sampled width is then the full graph's. (A shaDow model
+    is defined on its subgraph in list order: not for its batches.)"""
+    g = batch.graph
+    if g.num_edges == 0:
+        return batch
+    rows = np.repeat(np.arange(g.num_nodes, dtype=np.int64), np.diff(g.indptr))
+    order = np.lexsort((batch.node_ids[g.indices], rows))
+    sub = CSRGraph(indptr=g.indptr, indices=g.indices[order],
+                   weights=None if g.weights is None else g.weights[order], num_nodes=g.num_nodes)
+    return SubgraphBatch(graph=sub, node_ids=batch.node_ids, ptr=batch.ptr, target_rows=batch.target_rows,
+                         unique_ids=batch.unique_ids, row_to_unique=batch.row_to_unique)
 
 
 def _assemble(ptr, nodes, row_ptr, cols, ws, first, r2f) -> SubgraphBatch:

@@ -46,7 +46,7 @@ from kernels.plan import (
     walk_bounds,
     walk_sums,
 )
-from kernels.subgraph import ExtraEdges, SubgraphBatch, induced_batch, lhop_nodes
+from kernels.subgraph import ExtraEdges, SubgraphBatch, in_global_order, induced_batch, lhop_nodes
 from models.base import carry_gcn_degrees, gcn_dinv32
 
 from .batcher import DynamicBatcher, WorkItem, WouldBlock
@@ -1019,7 +1019,9 @@ class ModelRuntime:
             sizes = np.array([len(x) for x in lists], dtype=np.int64)
             ptr = np.concatenate([ptr, ptr[-1] + np.cumsum(sizes)])
             nodes = np.concatenate([nodes, *lists])
-        return induced_batch(g, ptr, nodes, extra=extra)
+        batch = induced_batch(g, ptr, nodes, extra=extra)
+        # a plain model's rows in the graph's own order: sampled widths pick what the whole graph's forward does
+        return batch if self.extractor == "ppr" else in_global_order(batch)
 
     def _extra_edges(self, specs: list) -> ExtraEdges:
         n = self.graph.num_nodes

@@ -8,7 +8,7 @@ import torch
 
 from kernels.datasets import synthetic_sbm
 from kernels.ppr import PPRConfig, ppr_topk
-from kernels.subgraph import induced_batch, lhop_nodes
+from kernels.subgraph import in_global_order, induced_batch, lhop_nodes
 from models import GCN, MODEL_KINDS, FeatureNorm, GraphSAGE, ShadowGNN, build_model
 
 
@@ -102,6 +102,29 @@ def test_lhop_batch_equals_full_graph(ds, arch, layers):
     assert got.shape == (len(targets), ds.num_classes) and emb.shape == (len(targets), m.embedding_dim)
     assert (got - full).abs().max().item() < 1e-5
     assert torch.equal(got.argmax(1), full.argmax(1))
+    # at sampled widths too, once the rows are in the graph's order (sampling picks slots by position)
+    b = in_global_order(b)
+    for width in (1, 2, 3):
+        with torch.no_grad():
+            full = m(ds.graph, x, width=width)[torch.from_numpy(targets)]
+            got, _ = m.forward_batch(b, x[torch.from_numpy(b.node_ids)], width, "fastrand",
+                                     m.norm_degrees_for(ds.graph, b.node_ids))
+        assert (got - full).abs().max().item() < 1e-5, width
+
+
+def test_lhop_batch_in_list_order_samples_other_neighbours(ds):
+    """Without in_global_order the rows keep the breadth-first list order: a sampled width then picks other
+    neighbours than the whole graph's forward (what the new-node path answered before it took the order)."""
+    m = make_model("gcn", ds, layers=2)
+    x = torch.from_numpy(ds.x)
+    targets = np.arange(0, 400, 7)
+    ptr, nodes = lhop_nodes(ds.graph, targets, m.hops)
+    b = induced_batch(ds.graph, ptr, nodes)
+    with torch.no_grad():
+        full = m(ds.graph, x, width=2)[torch.from_numpy(targets)]
+        got, _ = m.forward_batch(b, x[torch.from_numpy(b.node_ids)], 2, "fastrand",
+                                 m.norm_degrees_for(ds.graph, b.node_ids))
+    assert (got - full).abs().max().item() > 1e-4
 
 
 def test_lhop_gcn_needs_full_graph_degrees(ds):

@@ -41,6 +41,7 @@ def test_new_node_equals_the_node_added_to_the_graph(served, tiny_repo, tiny_dat
     with GnnClient(served.address, timeout=120) as client:
         got_shadow = client.predict_new_node("shadow", feats, nbrs, sampling_width=0, ppr_budget=32)
         got_gcn = client.predict_new_node("gcn", feats, nbrs, sampling_width=0)
+        sampled = {w: client.predict_new_node("gcn", feats, nbrs, sampling_width=w) for w in (1, 2, 3)}
         after = client.get_model("shadow")
     assert after.num_nodes == n  # the stored graph did not grow
 
@@ -60,3 +61,9 @@ def test_new_node_equals_the_node_added_to_the_graph(served, tiny_repo, tiny_dat
     with torch.no_grad():
         full = torch.softmax(gk.model.eval()(g2, x2), 1).numpy()[n]
     np.testing.assert_allclose(got_gcn.probabilities[0], full, rtol=1e-4, atol=1e-5)
+    # and at sampled widths: the new node's subgraph rows in the graph's order sample what the grown graph's
+    # forward samples (they once took breadth-first order and differed by up to 0.8)
+    for w, got in sampled.items():
+        with torch.no_grad():
+            want = torch.softmax(gk.model.eval()(g2, x2, w, gk.strategy), 1).numpy()[n]
+        np.testing.assert_allclose(got.probabilities[0], want, rtol=1e-4, atol=1e-5, err_msg=f"S={w}")
