@@ -39,6 +39,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -234,6 +235,10 @@ class ModelRegistry:
         """The runtime for ``name`` (latest version unless given). NOT_FOUND / UNAVAILABLE otherwise."""
         versions = self._models.get(name)
         if not versions:
+            failed = self._failed_reason(name, version)
+            if failed is not None:  # on disk, but refused at load: the cause, not "not found"
+                raise Unavailable(f"model {name!r} is on disk but out of service: its load failed ({failed}); the "
+                                  "server log has the details, and the server retries when the model's files change")
             raise ModelNotFound(f"model {_shown(name)} not found ({self._known_names()})")
         if version in ("", None):
             rt = versions[max(versions)]
@@ -245,12 +250,38 @@ class ModelRegistry:
                                     f"{', '.join(map(str, sorted(versions)))})") from None
             rt = versions.get(v)
             if rt is None:
+                failed = self._failed_reason(name, v)
+                if failed is not None:
+                    raise Unavailable(f"model {name!r} v{v} is on disk but out of service: its load failed "
+                                      f"({failed}); the server log has the details")
                 raise ModelNotFound(
                     f"model {name!r} has no version {v} (versions: {', '.join(map(str, sorted(versions)))})"
                 )
         if not rt.ready:
             raise Unavailable(f"model {name!r} v{rt.version} is not ready")
         return rt
+
+    def _failed_reason(self, name: str, version: str | int = "") -> str | None:
+        """Why the load of a version of ``name`` on disk failed (the newest such version, or ``version``),
+        cut to 300 characters for a client's message; None when none failed."""
+        want = None
+        if version not in ("", None):
+            try:
+                want = int(version)
+            except (TypeError, ValueError):
+                return None
+        hits = []
+        for path, (_, reason) in list(self._failed.items()):
+            if path.parent.name != name or not path.name.isdigit():
+                continue
+            if want is None or int(path.name) == want:
+                hits.append((int(path.name), reason))
+        if not hits:
+            return None
+        # a client sees no paths of the server (docs/RELIABILITY.md, "status messages"): file names only
+        reason = re.sub(r"(?<![\w.])(?:/[^\s'\"/]+)+/?", lambda m: os.path.basename(m.group(0).rstrip("/")) or "/",
+                        max(hits)[1])
+        return reason if len(reason) <= 300 else reason[:297] + "..."
 
     def _known_names(self) -> str:
         """The served model names for a NOT_FOUND message: the first few (the message travels to any
