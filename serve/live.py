@@ -524,7 +524,7 @@ class LiveGraph:
         ppr_tolerance: :class:`kernels.ppr_live.LivePPRIndex`'s ``tol_factor`` (``--ppr-refresh-tolerance``).
         ppr_eager_lists: its ``eager_lists`` (``--ppr-eager-lists``; None: every flagged list in the update):
             the lists an update leaves stale are pushed by the lookups that need them and stored by the
-            writer thread while no update waits (:meth:`_refresh_stale`).
+            graph's refresh thread (:meth:`_refresh_stale`).
     """
 
     def __init__(self, data: DataBundle, update_log: Any | None, *, read_only: bool = False,
@@ -541,6 +541,8 @@ class LiveGraph:
         self.ppr_tolerance = float(ppr_tolerance)
         self.ppr_eager_lists = None if ppr_eager_lists is None else int(ppr_eager_lists)
         self._refresh_chunk = 16  # stale lists stored per write lock (adapted to about 5 ms of pushes)
+        self._refresh_thread: threading.Thread | None = None  # stores stale PPR lists (_refresh_stale)
+        self._refresh_wake = threading.Event()
         self._refresh_off: str | None = None  # why the background refresh stopped (lookups still push)
         self.metrics = metrics
         self.lock = RWLock()
@@ -589,7 +591,7 @@ class LiveGraph:
                 except Exception:  # the model still loads; the first update builds the inverse itself
                     log.exception("the PPR lists' inverse could not be prepared at load")
         live = LivePPRIndex(idx, tol_factor=self.ppr_tolerance, eager_lists=self.ppr_eager_lists)
-        live.on_handed = self._ring  # a lookup pushed stale lists: the writer thread stores them
+        live.on_handed = self._ring_refresh  # a lookup pushed stale lists: the refresh thread stores them
         return live
 
     def attach(self, rt: ModelRuntime) -> None:
@@ -655,7 +657,7 @@ class LiveGraph:
         self._ring()
 
     def _ring(self) -> None:
-        """Wake the graph's writer thread (started on first use): updates wait, or stale lists do."""
+        """Wake the graph's writer thread (started on first use): updates wait."""
         with self._pending_lock:
             if self._writer_thread is None:
                 self._writer_thread = threading.Thread(target=self._write_loop, name=f"gnnserve-writer-{self.label}",
@@ -671,7 +673,6 @@ class LiveGraph:
                 with self._writer:
                     while self._pending:
                         self._drain()
-                self._refresh_stale()
             except Exception:  # _drain settles every ticket it takes; this is a bug: keep the thread
                 log.exception("graph %s: the writer thread failed; it goes on", self.label)
 
@@ -679,45 +680,63 @@ class LiveGraph:
         """PPR lists updates left stale (``ppr_eager_lists``), over the graph's indexes."""
         return sum(int(getattr(idx, "stale_count", 0)) for idx in list(self.data.ppr_indexes.values()))
 
+    def _ring_refresh(self) -> None:
+        """Wake the graph's refresh thread (started on first use): stale PPR lists wait to be stored."""
+        if self.remote:
+            return
+        with self._pending_lock:
+            if self._refresh_thread is None:
+                self._refresh_thread = threading.Thread(target=self._refresh_loop, daemon=True,
+                                                        name=f"gnnserve-refresh-{self.label}")
+                self._refresh_thread.start()
+        self._refresh_wake.set()
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.is_set():
+            self._refresh_wake.wait(0.5)
+            self._refresh_wake.clear()
+            try:
+                self._refresh_stale()
+            except Exception:  # logged where it happened; the lookups go on pushing stale lists
+                log.exception("graph %s: the refresh thread failed; it goes on", self.label)
+
     def _refresh_stale(self) -> None:
-        """Store the PPR lists updates left stale, a chunk at a time, while no update waits: each chunk's
-        pushes run beside the batches (holding the writer, so no update comes between), then a short write
-        lock stores them (``LivePPRIndex.prepare_refresh`` / ``install_refresh``). Until stored, a lookup
-        pushes a stale list itself, the same list, so answers never depend on how far this got; the lists
-        lookups pushed are stored first (``install_handed``: no push at all). A chunk takes about 5 ms, so an
-        update that arrives meanwhile waits about that long."""
+        """Store the PPR lists updates left stale, a chunk at a time (the refresh thread). A chunk's pushes
+        run without any lock, beside the batches and the updates (``LivePPRIndex.prepare_refresh`` on half
+        the cores); storing them takes the writer and a short write lock (``install_refresh``), and is void
+        when an update came in between (the pushes were on the graph before it). The lists lookups pushed
+        are stored first (``install_handed``: no push at all). Until stored, a lookup pushes a stale list
+        itself, the same list, so answers never depend on how far this got."""
         if self.remote or self._refresh_off is not None:
             return
+        threads = max(1, (os.cpu_count() or 2) // 2)
         for idx in list(self.data.ppr_indexes.values()):
-            while (getattr(idx, "stale_count", 0) and not self._pending and self.broken is None
-                   and not self._stop.is_set()):
-                with self._writer:
-                    t0 = time.perf_counter()
-                    prep = None
-                    handed = idx.has_handed()
-                    if not handed:
-                        try:
-                            prep = idx.prepare_refresh(self._refresh_chunk, threads=max(1, (os.cpu_count() or 2) // 2))
-                        except Exception as exc:  # the lookups go on pushing these lists themselves
-                            self._refresh_off = f"{type(exc).__name__}: {exc}"
-                            log.exception("graph %s: storing stale PPR lists failed; lookups keep pushing them",
-                                          self.label)
-                            return
+            while getattr(idx, "stale_count", 0) and self.broken is None and not self._stop.is_set():
+                t0 = time.perf_counter()
+                prep = None
+                handed = idx.has_handed()
+                if not handed:
                     try:
-                        with self.lock.write():
-                            if handed:
-                                idx.install_handed()
-                            else:
-                                idx.install_refresh(prep)
-                    except BaseException as exc:  # half-stored lists: out of service, as a failed update
-                        self.broken = (f"graph {self.label}: storing refreshed PPR lists failed half-way "
-                                       f"({type(exc).__name__}); restart the server (it replays the update log)")
-                        log.exception("graph %s: installing refreshed PPR lists failed", self.label)
-                        raise
-                    ms = 1e3 * (time.perf_counter() - t0)
-                    if handed:
-                        pass
-                    elif ms < 2.5:
+                        prep = idx.prepare_refresh(self._refresh_chunk, threads=threads)
+                    except Exception as exc:  # the lookups go on pushing these lists themselves
+                        self._refresh_off = f"{type(exc).__name__}: {exc}"
+                        log.exception("graph %s: storing stale PPR lists failed; lookups keep pushing them",
+                                      self.label)
+                        return
+                ms = 1e3 * (time.perf_counter() - t0)
+                try:
+                    with self._writer, self.lock.write():
+                        if handed:
+                            idx.install_handed()
+                        else:
+                            idx.install_refresh(prep)
+                except BaseException as exc:  # half-stored lists: out of service, as a failed update
+                    self.broken = (f"graph {self.label}: storing refreshed PPR lists failed half-way "
+                                   f"({type(exc).__name__}); restart the server (it replays the update log)")
+                    log.exception("graph %s: installing refreshed PPR lists failed", self.label)
+                    raise
+                if not handed:  # chunks of about 5 ms of pushes: the lookups' hand-overs are not kept waiting
+                    if ms < 2.5:
                         self._refresh_chunk = min(4096, 2 * self._refresh_chunk)
                     elif ms > 8:
                         self._refresh_chunk = max(2, self._refresh_chunk // 2)
@@ -894,7 +913,7 @@ class LiveGraph:
             self._version_cond.notify_all()
         if inv.get("ppr_deferred"):
             self._observe_stale()
-            self._ring()  # the writer thread stores them once no update waits
+            self._ring_refresh()  # the refresh thread stores them
         return inv
 
     def _apply_locked(self, parsed: ParsedUpdate, effect: Any, version: int, inv: dict[str, int],
@@ -1111,6 +1130,7 @@ class LiveGraph:
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._refresh_wake.set()
         if self.log is not None:
             with contextlib.suppress(Exception):
                 self.log.close()

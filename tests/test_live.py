@@ -254,7 +254,7 @@ def test_stale_ppr_lists_answer_fresh_and_are_stored_in_the_background(base_repo
                 first[width] = got.probabilities
             # the writer thread stores them: the same answers
             live._refresh_off = None
-            live._ring()
+            live._ring_refresh()
             deadline = time.monotonic() + 60
             while live.stale_lists() and time.monotonic() < deadline:
                 time.sleep(0.05)
