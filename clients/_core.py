@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import random
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -87,14 +88,15 @@ DEFAULT_PORT = 8500  # gnnserve serve --port
 
 
 _PASSED_THROUGH = ("unix:", "unix-abstract:", "vsock:", "dns:", "ipv4:", "ipv6:")  # gRPC target syntax
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # http://, https://: not gRPC addresses
 
 
 def server_address(value: str, option: str = "--server") -> str:
     """``--server`` as the SDK takes it: ``HOST:PORT``, with port :data:`DEFAULT_PORT` when only a
     host is given (gRPC itself would pick 443 for a bare name). ``[v6]`` and a bare IPv6 address get
     the port too; ``grpc://`` / ``grpcs://`` prefixes are kept, and other gRPC target forms
-    (``unix:PATH``, ``dns:...``) pass unchanged. A port that is not a number from 1 to 65535 is a
-    usage error (``ValueError``).
+    (``unix:PATH``, ``dns:...``) pass unchanged. A port that is not a number from 1 to 65535, or a URL
+    scheme such as ``http://``, is a usage error (``ValueError``).
 
     Example::
 
@@ -108,6 +110,10 @@ def server_address(value: str, option: str = "--server") -> str:
         raise ValueError(f"{option} is empty: give HOST or HOST:PORT")
     if rest.startswith(_PASSED_THROUGH):
         return text
+    url_scheme = _URL_SCHEME.match(rest)
+    if url_scheme:  # http://host:port, say: the first ':' would otherwise read as a port or an IPv6 address
+        raise ValueError(f"{option} {value!r}: gRPC addresses are HOST:PORT without a scheme (e.g. localhost:8500): "
+                         f"drop {url_scheme.group(0)!r} (the only prefixes taken are grpc:// and grpcs://, TLS)")
     if rest.startswith("["):  # [v6] or [v6]:port
         close = rest.find("]")
         if close < 0:

@@ -168,7 +168,7 @@ pushes at most that many of its flagged sources itself, those whose accumulated 
 and marks the rest **stale**. A stale list is never answered as stored: :meth:`LivePPRIndex.lookup`
 pushes it on the current graph (:meth:`~LivePPRIndex._push`, the call (b) makes), and
 :meth:`~LivePPRIndex.prepare_refresh` / :meth:`~LivePPRIndex.install_refresh` store those very
-lists later (the server's writer thread, a chunk at a time, while no update waits; no edit may come
+lists later (a server's refresh thread, a chunk at a time, beside the requests and updates; no edit may come
 between the two halves, and an edit that does voids the refresh). The lists a lookup pushed are
 handed over too (:meth:`~LivePPRIndex.install_handed` stores those pushed at the current version on
 the current graph, without pushing again). So a lookup answers the same list whether a refresh has
@@ -569,8 +569,8 @@ class LivePPRIndex:
         eager_lists: how many existing sources one edit may push again itself (those whose bound moved
             most); the rest of the sources it flags are marked *stale* (module docstring, "Stale
             lists"): :meth:`lookup` pushes a stale list on the current graph itself, and
-            :meth:`prepare_refresh` / :meth:`install_refresh` store them later (a server's writer
-            thread, when no update waits). ``None`` (the default here): every flagged source in the
+            :meth:`prepare_refresh` / :meth:`install_refresh` store them later (a server's refresh
+            thread). ``None`` (the default here): every flagged source in the
             edit. New nodes always get their lists in the edit.
 
     Attributes:
@@ -642,7 +642,7 @@ class LivePPRIndex:
         self._handed: list[tuple[Any, ...]] = []
         self._handed_entries = 0
         self._handed_lock = threading.Lock()
-        #: called after a lookup handed lists over (a server rings its writer thread)
+        #: called after a lookup handed lists over (a server rings its refresh thread)
         self.on_handed: Callable[[], None] | None = None
         self._table: InducedTable | None = None  # a table built after edits (else base.induced)
         self._sums: _Sums | None = None  # prepare's scratch: the per-source sums, the reverse push's state
@@ -1360,7 +1360,7 @@ def benchmark(
         ms.append((t2 - t1) * 1e3)
         rec.append(st["recomputed"])
         deferred.append(st["deferred"])
-        if live.stale_count:  # what the server's writer thread does between updates, timed apart
+        if live.stale_count:  # what a server's refresh thread does beside the updates, timed apart
             t0 = time.perf_counter()
             live.install_refresh(live.prepare_refresh(live.stale_count))
             refresh_ms.append((time.perf_counter() - t0) * 1e3)

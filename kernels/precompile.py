@@ -519,6 +519,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs is not None and args.jobs < 1:
         print("gnnserve precompile: --jobs must be >= 1", file=sys.stderr)
         return 2
+    if args.repo is not None and not Path(args.repo).is_dir():
+        why = "is not a directory" if Path(args.repo).exists() else "does not exist"
+        print(f"gnnserve precompile: model repository {args.repo!r} {why} (--repo: a directory of "
+              "<name>/<version>/ checkpoints, as 'gnnserve serve --repo' takes)", file=sys.stderr)
+        return 2
     widths: set[int] = set()
     if args.repo is not None:
         from serve.registry import model_widths

@@ -418,9 +418,28 @@ def build_parser(prog: str = "gnnserve train", epilog: str | None = None) -> arg
                    help="validation nodes whose accuracy each knob setting measures, with a 95%% interval (0 = all)")
     p.add_argument("--eval-nodes", type=int, default=d.eval_nodes,
                    help="shaDow: validation nodes per epoch and test nodes at the end (0 = all)")
-    p.add_argument("--device", default=d.device)
+    p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N (default %(default)s)")
     p.add_argument("--no-progress", action="store_true")
     return p
+
+
+def _device_problem(device: str) -> str | None:
+    """Why ``--device`` cannot train here, as one line naming the devices there are (None when it can)."""
+    import torch
+
+    available = "cpu" + "".join(f", cuda:{i}" for i in range(torch.cuda.device_count()))
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        return f"--device {device!r} is not a device to train on: cpu, cuda or cuda:N (available: {available})"
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            return f"--device {device} but no CUDA device is available (available: {available})"
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            return f"--device {device} but there is no CUDA device {dev.index} (available: {available})"
+    return None
 
 
 def _stage_logging(extra: Sequence[str] = ()) -> None:
@@ -460,6 +479,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "gnnserve train", *,
 
     tune_malloc()
     args = build_parser(prog, epilog).parse_args(argv)
+    problem = _device_problem(args.device)
+    if problem is not None:  # before the dataset is loaded: torch's own errors come as tracebacks mid-run
+        print(f"{prog}: {problem}", file=sys.stderr)
+        return 2
     _stage_logging(log_names)
     ppr: dict[str, Any] = {}
     if args.ppr_alpha is not None:

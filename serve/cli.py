@@ -291,7 +291,7 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--ppr-eager-lists", type=int, default=128,
                     help="after a graph update, push at most this many existing PPR lists again before the update "
                          "returns (those moved most); the others are pushed by the Predicts that need them until "
-                         "the writer thread has stored them, the same lists either way; -1: all in the update")
+                         "a background thread has stored them, the same lists either way; -1: all in the update")
     ap.add_argument("--compact-log-bytes", type=int, default=256 << 20,
                     help="at start, fold a graph's update log larger than this into a snapshot of the graph and "
                          "features next to it (loaded at later starts instead of the dataset); 0 = never")

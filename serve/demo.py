@@ -23,12 +23,17 @@ import numpy as np
 
 if TYPE_CHECKING:
     from clients.types import ModelInfo
+    from kernels.datasets import GraphDataset
 
 __all__ = ["main", "run_demo"]
 
 log = logging.getLogger(__name__)
 
 PPR_K = 32  # the demo model's largest PPR budget (top-K list length)
+NUM_CLASSES = 5  # of the synthetic graph
+#: the smallest synthetic graph (--nodes): its 5 classes take 100 training nodes (20 each), 10 % of the
+#: nodes validate, and the rest are the test nodes the demo queries
+MIN_NODES = 200
 
 
 def _settings(info: ModelInfo) -> list[tuple[str, int, int]]:
@@ -43,7 +48,7 @@ def _settings(info: ModelInfo) -> list[tuple[str, int, int]]:
 
 
 def run_demo(
-    dataset: str | None = None,
+    dataset: str | GraphDataset | None = None,
     *,
     nodes: int = 3000,
     epochs: int = 20,
@@ -52,7 +57,10 @@ def run_demo(
     seed: int = 0,
     out: TextIO = sys.stdout,
 ) -> list[dict[str, float]]:
-    """Run the demo and return one row per knob setting (also printed to ``out``)."""
+    """Run the demo and return one row per knob setting (also printed to ``out``).
+
+    ``dataset``: a dataset spec (:func:`kernels.datasets.load_dataset`), a loaded dataset, or None for
+    the synthetic graph of ``nodes`` nodes."""
     from clients import GnnClient
     from kernels.datasets import load_dataset, synthetic_sbm
     from kernels.ppr import PPRIndex
@@ -66,10 +74,12 @@ def run_demo(
     def say(msg: str) -> None:
         print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", file=out, flush=True)
 
-    if dataset:
+    if dataset is None or dataset == "":
+        ds = synthetic_sbm(nodes, num_classes=NUM_CLASSES, avg_degree=12, num_features=32, seed=seed, name="demo")
+    elif isinstance(dataset, str):
         ds = load_dataset(dataset)
     else:
-        ds = synthetic_sbm(nodes, num_classes=5, avg_degree=12, num_features=32, seed=seed, name="demo")
+        ds = dataset
     say(f"dataset {ds}")
     from kernels import compile_log
     from kernels.precompile import at_start
@@ -139,18 +149,62 @@ def run_demo(
     return rows
 
 
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments, as one line (None when nothing is): checked before anything runs."""
+    if args.dataset is None and args.nodes < MIN_NODES:
+        return (f"--nodes must be >= {MIN_NODES}, got {args.nodes} (the synthetic graph's {NUM_CLASSES} classes "
+                f"need 100 training nodes, and validation and test nodes besides)")
+    if args.epochs < 1:
+        return f"--epochs must be >= 1, got {args.epochs}"
+    if args.queries < 1:
+        return f"--queries must be >= 1, got {args.queries}"
+    if args.seed < 0:
+        return f"--seed must be >= 0, got {args.seed}"
+    return None
+
+
+def _dataset_problem(ds: GraphDataset) -> str | None:
+    """Why a ``--dataset`` cannot be demonstrated on (None when it can): the demo trains on its training
+    nodes, picks the checkpoint on its validation nodes and queries its test nodes."""
+    empty = [split for split in ("train", "val", "test") if len(ds.split(split)) == 0]
+    if empty:
+        return f"it has no {' and no '.join(empty)} nodes (the demo trains, validates and queries on its splits)"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """``gnnserve demo``; returns the exit code: 0, or 2 (one line on stderr) for bad arguments or a
+    dataset that cannot be loaded."""
     ap = argparse.ArgumentParser(prog="gnnserve demo", description=__doc__.splitlines()[0])
-    ap.add_argument("--dataset", default=None, help="use this dataset (.npz) instead of a synthetic graph")
-    ap.add_argument("--nodes", type=int, default=3000, help="synthetic graph size")
-    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--dataset", default=None,
+                    help="use this dataset instead of a synthetic graph: PATH.npz, a saved dataset directory, "
+                         "ogb:NAME[@root] or synthetic[:N[:seed]]")
+    ap.add_argument("--nodes", type=int, default=3000, help=f"synthetic graph size (at least {MIN_NODES})")
+    ap.add_argument("--epochs", type=int, default=20, help="training epochs (at least 1)")
     ap.add_argument("--queries", type=int, default=200, help="single-node requests per setting for latency")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
+    problem = _argument_problem(args)
+    if problem is not None:
+        print(f"gnnserve demo: {problem}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    run_demo(args.dataset, nodes=args.nodes, epochs=args.epochs, queries=args.queries, seed=args.seed)
+    dataset: GraphDataset | None = None
+    if args.dataset is not None:
+        from kernels.datasets import load_dataset
+
+        try:  # DatasetError is a ValueError; a spec like synthetic:abc or synthetic:5 raises a plain one
+            dataset = load_dataset(args.dataset)
+        except (ValueError, OSError) as exc:
+            print(f"gnnserve demo: cannot load --dataset {args.dataset!r}: {exc}", file=sys.stderr)
+            return 2
+        problem = _dataset_problem(dataset)
+        if problem is not None:
+            print(f"gnnserve demo: --dataset {args.dataset!r}: {problem}", file=sys.stderr)
+            return 2
+    run_demo(dataset, nodes=args.nodes, epochs=args.epochs, queries=args.queries, seed=args.seed)
     return 0
 
 

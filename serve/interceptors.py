@@ -30,6 +30,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -319,15 +320,32 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
         return wrapped
 
 
+#: ``Bearer`` and the whitespace after it in an ``authorization`` value: the scheme in any case, then one or
+#: more spaces or tabs (RFC 7235 section 2.1, RFC 6750 section 2.1)
+_BEARER_SCHEME = re.compile(rb"bearer[ \t]+", re.IGNORECASE)
+
+
+def bearer_token(value: str | bytes) -> bytes | None:
+    """The token of an ``authorization`` metadata value ``Bearer <token>`` (None when the value is not of
+    that form: another scheme, a bare token, no token). The scheme is case-insensitive and may be followed
+    by several spaces or tabs; the token is everything after them, as sent."""
+    raw = value.encode() if isinstance(value, str) else bytes(value)
+    m = _BEARER_SCHEME.match(raw)
+    if m is None or m.end() == len(raw):
+        return None
+    return raw[m.end():]
+
+
 class BearerAuthInterceptor(aio.ServerInterceptor):
-    """Requires ``authorization: Bearer <token>`` on every RPC but health checks and reflection."""
+    """Requires ``authorization: Bearer <token>`` on every RPC but health checks and reflection (the scheme
+    in any case, one or more spaces or tabs before the token: :func:`bearer_token`)."""
 
     def __init__(self, token: str) -> None:
         if not token or not token.strip():
             raise ValueError("bearer token must be non-empty and not blank")
         # compared as SHA-256 digests with hmac.compare_digest: constant time in the content and,
         # unlike comparing the raw values, in the length of the expected token as well
-        self._expected = hashlib.sha256(f"Bearer {token}".encode()).digest()
+        self._expected = hashlib.sha256(token.encode()).digest()
 
     async def intercept_service(
         self,
@@ -337,12 +355,14 @@ class BearerAuthInterceptor(aio.ServerInterceptor):
         method = handler_call_details.method
         if method.startswith(_OPEN_METHODS):
             return await continuation(handler_call_details)
-        given = b""
+        given: bytes | None = None
         for key, value in handler_call_details.invocation_metadata or ():
             if key.lower() == "authorization":
-                given = value.encode() if isinstance(value, str) else bytes(value)
+                given = bearer_token(value)
                 break
-        if hmac.compare_digest(hashlib.sha256(given).digest(), self._expected):
+        # no token (or not a bearer one) is hashed and compared too, as a wrong one is; the expected token is
+        # never empty, so b"" never matches
+        if hmac.compare_digest(hashlib.sha256(given or b"").digest(), self._expected) and given:
             return await continuation(handler_call_details)
         handler = await continuation(handler_call_details)
 

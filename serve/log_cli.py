@@ -16,8 +16,9 @@ graph out of service: ``show`` lists the records in front of the damage and wher
 and ``truncate --after V`` with ``V`` at most the last of those cuts the damage off with everything after
 it (the records behind it cannot be replayed without the one it destroyed); or restore the log from a copy.
 
-A log in Redis (servers with ``--redis-url``) is listed by ``show --redis-url URL`` the same way; it is not
-cut back here (several servers may write it at once): repair it from a Redis backup.
+A log in Redis (servers with the graph or the features in Redis: the log is in the Redis of their ``--graph
+URL``, else of their ``--features URL``) is listed by ``show --redis-url URL`` the same way; it is not cut
+back here (several servers may write it at once): repair it from a Redis backup.
 
     gnnserve log show --repo REPO                       # every graph's log: versions, records, size
     gnnserve log show --repo REPO --graph cd91052d48c0  # its records, one line each
@@ -259,7 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--log-dir", default=None, help="the servers' --update-log-dir (default REPO/_live)")
         p.add_argument("--graph", default=None, help="a graph's dataset fingerprint, or its first characters")
         p.add_argument("--redis-url", default=None,
-                       help="the servers' --redis-url: their graphs' update logs are in that Redis (show only)")
+                       help="the Redis of the servers' --graph URL (else of their Redis --features URL): their "
+                            "graphs' update logs are there (show only)")
         if name == "show":
             p.add_argument("--json", action="store_true",
                            help="the updates as JSON lines, each record's version in a '#' comment line before "

@@ -218,7 +218,7 @@ class ServerMetrics:
                                       ["graph"], registry=r)
         self.ppr_stale_lists = Gauge("gnnserve_ppr_stale_lists",
                                      "PPR lists updates left stale (--ppr-eager-lists): pushed by the lookups that "
-                                     "need them until the writer thread stores them", ["graph"], registry=r)
+                                     "need them until the refresh thread stores them", ["graph"], registry=r)
 
     def observe_request(self, model: str, timing: dict[str, float], width: int, budget: int, n: int) -> None:
         """Record one answered Predict: ``timing`` in milliseconds by stage."""

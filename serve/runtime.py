@@ -246,7 +246,7 @@ class RuntimeOptions:
     #: threshold eps (kernels.ppr_live); 1 = the offline lists' own tolerance
     ppr_refresh_tolerance: float = 1.0
     #: after a graph update, push at most this many existing PPR lists again before the update returns (those
-    #: moved most); the rest stay stale: a lookup pushes such a list itself until the writer thread stores it
+    #: moved most); the rest stay stale: a lookup pushes such a list itself until the graph's refresh thread stores it
     #: (kernels.ppr_live, "Stale lists"). -1: every list in the update
     ppr_eager_lists: int = 128
     #: at start, after replaying a graph's file log: fold it into a snapshot when it is larger than this
