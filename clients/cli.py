@@ -119,6 +119,13 @@ def _connection_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--server", default=os.environ.get("GNNSERVE_SERVER", DEFAULT_SERVER),
                    help=f"HOST:PORT of the server, port {DEFAULT_PORT} when only HOST is given "
                         f"(default: $GNNSERVE_SERVER or {DEFAULT_SERVER})")
+    security_args(g)
+    g.add_argument("--timeout", type=float, default=30.0, metavar="SEC", help="deadline per command (default 30)")
+    g.add_argument("--retries", type=int, default=3, help="retries when the server is unavailable (default 3)")
+
+
+def security_args(g: Any) -> None:
+    """The TLS and bearer-token options of every command that calls a server (``g``: a parser or a group)."""
     g.add_argument("--tls", action="store_true", help="use TLS (verify the server against --ca or the system roots)")
     g.add_argument("--ca", metavar="FILE", help="CA certificate (PEM) to verify the server with; implies --tls")
     g.add_argument("--cert", metavar="FILE", help="client certificate (PEM) for mutual TLS; with --key")
@@ -126,44 +133,45 @@ def _connection_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--server-name", metavar="NAME", help="name to expect in the server's certificate")
     g.add_argument("--token-file", metavar="FILE",
                    help="file holding the bearer token (default: $GNNSERVE_TOKEN when set)")
-    g.add_argument("--timeout", type=float, default=30.0, metavar="SEC", help="deadline per command (default 30)")
-    g.add_argument("--retries", type=int, default=3, help="retries when the server is unavailable (default 3)")
 
 
 class _UsageError(Exception):
     pass
 
 
-def _client(args: argparse.Namespace, **extra: Any) -> GnnClient:
+def security_options(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`security_args`' values as :class:`GnnClient` keywords (``ValueError`` with a user's message
+    for an unreadable or empty token file, or ``--cert`` without ``--key``)."""
     token = None
     if args.token_file:
         try:
             token = Path(args.token_file).read_text().strip()
         except OSError as exc:
-            raise _UsageError(f"cannot read --token-file {args.token_file!r}: {exc.strerror or exc}") from None
+            raise ValueError(f"cannot read --token-file {args.token_file!r}: {exc.strerror or exc}") from None
         if not token:
-            raise _UsageError(f"--token-file {args.token_file!r} is empty")
+            raise ValueError(f"--token-file {args.token_file!r} is empty")
     elif os.environ.get("GNNSERVE_TOKEN"):
         token = os.environ["GNNSERVE_TOKEN"]
     if bool(args.cert) != bool(args.key):
-        raise _UsageError("--cert and --key go together")
+        raise ValueError("--cert and --key go together")
+    return {"tls": args.tls, "root_certificates": Path(args.ca) if args.ca else None,
+            "client_cert": Path(args.cert) if args.cert else None,
+            "client_key": Path(args.key) if args.key else None,
+            "tls_server_name": args.server_name, "token": token}
+
+
+def _client(args: argparse.Namespace, **extra: Any) -> GnnClient:
+    try:
+        security = security_options(args)
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
     if args.timeout is not None and not args.timeout > 0:
         raise _UsageError(f"--timeout must be > 0, got {args.timeout}")
     if args.retries < 0:
         raise _UsageError(f"--retries must be >= 0, got {args.retries}")
     try:
-        return GnnClient(
-            server_address(args.server),
-            tls=args.tls,
-            root_certificates=Path(args.ca) if args.ca else None,
-            client_cert=Path(args.cert) if args.cert else None,
-            client_key=Path(args.key) if args.key else None,
-            tls_server_name=args.server_name,
-            token=token,
-            timeout=args.timeout,
-            max_retries=args.retries,
-            **extra,
-        )
+        return GnnClient(server_address(args.server), timeout=args.timeout, max_retries=args.retries, **security,
+                         **extra)
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
 

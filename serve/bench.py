@@ -134,12 +134,15 @@ def _int_list(minimum: int, what: str) -> Callable[[str], list[int]]:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from clients.cli import security_args
+
     ap = argparse.ArgumentParser(prog="gnnserve bench", description=__doc__.splitlines()[0],
                                  epilog="Exit codes: 0 done, 2 bad arguments, a dataset that is not the model's, or "
                                         "INVALID_ARGUMENT from the server, 1 other server errors.")
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--server", help="HOST[:PORT] of a running server (port 8500 when not given)")
     where.add_argument("--repo", help="start a server on this repository in-process")
+    security_args(ap.add_argument_group("connection (with --server)"))
     ap.add_argument("--model", required=True)
     ap.add_argument("--dataset", default=None,
                     help="the dataset the model was trained on, with labels (accuracy on its test nodes)")
@@ -217,14 +220,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from clients import GnnClient
-    from clients.cli import server_address
+    from clients.cli import security_options, server_address
 
     if args.plot:
         _check_plot(args.plot)
     address = None
+    security: dict = {}
     if args.server is not None:
         try:
             address = server_address(args.server)
+            security = security_options(args)
         except ValueError as exc:
             raise BenchError(str(exc)) from None
     ds = _load_eval_data(args.dataset) if args.dataset else None
@@ -242,7 +247,7 @@ def _bench(args: argparse.Namespace) -> int:
             raise BenchError(f"--repo {args.repo!r}: {exc}") from None
         address = server.address
     try:
-        with GnnClient(address, timeout=120) as client:
+        with GnnClient(address, timeout=120, **security) as client:
             info = client.get_model(args.model)
             table = {(r.sampling_width, r.ppr_budget): r.val_accuracy for r in info.knob_table}
             widths = args.widths if args.widths is not None else sorted({w for w, _ in table})

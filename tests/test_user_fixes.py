@@ -229,3 +229,23 @@ def test_log_help_and_readme_name_the_server_flags_that_put_the_log_in_redis(cap
     assert "with `--redis-url`" not in readme
     assert ("Servers with the graph or the features in Redis keep their logs in Redis, in the `--graph URL` one "
             "(else the Redis of `--features URL`): `gnnserve log show --redis-url URL`") in readme
+
+
+def test_bench_server_takes_the_token_and_tls_options(token_server, tmp_path, capsys, monkeypatch):
+    """``gnnserve bench --server`` had no credentials: a server with a token answered UNAUTHENTICATED. It takes
+    the connection options of the other client commands now (and $GNNSERVE_TOKEN)."""
+    from serve.bench import main as bench_main
+
+    monkeypatch.delenv("GNNSERVE_TOKEN", raising=False)
+    args = ["--server", token_server.address, "--model", "nothere", "--queries", "1"]
+    assert bench_main(args) == 1
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
+    tok = tmp_path / "tok"
+    tok.write_text(TOKEN + "\n")
+    assert bench_main([*args, "--token-file", str(tok)]) == 1  # past the token: the model is not there
+    err = capsys.readouterr().err
+    assert "NOT_FOUND" in err and "nothere" in err, err
+    monkeypatch.setenv("GNNSERVE_TOKEN", TOKEN)
+    assert bench_main(args) == 1 and "NOT_FOUND" in capsys.readouterr().err
+    assert bench_main([*args, "--cert", str(tok)]) == 2  # --cert without --key: a usage error
+    assert "--cert and --key go together" in capsys.readouterr().err
