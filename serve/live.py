@@ -45,7 +45,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -541,8 +541,8 @@ class LiveGraph:
         self.ppr_tolerance = float(ppr_tolerance)
         self.ppr_eager_lists = None if ppr_eager_lists is None else int(ppr_eager_lists)
         self._refresh_chunk = 16  # stale lists stored per write lock (adapted to about 5 ms of pushes)
-        self._refresh_thread: threading.Thread | None = None  # stores stale PPR lists (_refresh_stale)
-        self._refresh_wake = threading.Event()
+        self._refresh_wake = threading.Event()  # the refresh thread's doorbell (stale PPR lists to store)
+        self._threads: dict[str, threading.Thread] = {}  # the writer and refresh threads, once started
         self._refresh_off: str | None = None  # why the background refresh stopped (lookups still push)
         self.metrics = metrics
         self.lock = RWLock()
@@ -550,7 +550,6 @@ class LiveGraph:
         self._pending_lock = threading.Lock()
         self._pending: list[_Ticket] = []  # UpdateGraph calls waiting for the writer, in arrival order
         self._wake = threading.Event()  # the writer thread's doorbell (update_async)
-        self._writer_thread: threading.Thread | None = None
         self.version = int(version)  # a snapshot's version (compact), else 0: the dataset as loaded
         self._runtimes: weakref.WeakSet[ModelRuntime] = weakref.WeakSet()
         self._version_cond = threading.Condition()
@@ -658,23 +657,12 @@ class LiveGraph:
 
     def _ring(self) -> None:
         """Wake the graph's writer thread (started on first use): updates wait."""
-        with self._pending_lock:
-            if self._writer_thread is None:
-                self._writer_thread = threading.Thread(target=self._write_loop, name=f"gnnserve-writer-{self.label}",
-                                                       daemon=True)
-                self._writer_thread.start()
-        self._wake.set()
+        self._wake_loop("writer", self._wake, self._write_once)
 
-    def _write_loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(0.5)
-            self._wake.clear()
-            try:
-                with self._writer:
-                    while self._pending:
-                        self._drain()
-            except Exception:  # _drain settles every ticket it takes; this is a bug: keep the thread
-                log.exception("graph %s: the writer thread failed; it goes on", self.label)
+    def _write_once(self) -> None:
+        with self._writer:
+            while self._pending:
+                self._drain()  # it settles every ticket it takes: an exception here is a bug
 
     def stale_lists(self) -> int:
         """PPR lists updates left stale (``ppr_eager_lists``), over the graph's indexes."""
@@ -682,23 +670,28 @@ class LiveGraph:
 
     def _ring_refresh(self) -> None:
         """Wake the graph's refresh thread (started on first use): stale PPR lists wait to be stored."""
-        if self.remote:
-            return
-        with self._pending_lock:
-            if self._refresh_thread is None:
-                self._refresh_thread = threading.Thread(target=self._refresh_loop, daemon=True,
-                                                        name=f"gnnserve-refresh-{self.label}")
-                self._refresh_thread.start()
-        self._refresh_wake.set()
+        if not self.remote:
+            self._wake_loop("refresh", self._refresh_wake, self._refresh_stale)
 
-    def _refresh_loop(self) -> None:
-        while not self._stop.is_set():
-            self._refresh_wake.wait(0.5)
-            self._refresh_wake.clear()
-            try:
-                self._refresh_stale()
-            except Exception:  # logged where it happened; the lookups go on pushing stale lists
-                log.exception("graph %s: the refresh thread failed; it goes on", self.label)
+    def _wake_loop(self, kind: str, wake: threading.Event, step: Callable[[], None]) -> None:
+        """Set ``wake``, first starting the graph's ``kind`` thread: it runs ``step`` whenever woken (and every
+        0.5 s) until the graph closes, logging what ``step`` raises and going on."""
+        with self._pending_lock:
+            if kind not in self._threads:
+
+                def loop() -> None:
+                    while not self._stop.is_set():
+                        wake.wait(0.5)
+                        wake.clear()
+                        try:
+                            step()
+                        except Exception:
+                            log.exception("graph %s: the %s thread failed; it goes on", self.label, kind)
+
+                th = threading.Thread(target=loop, name=f"gnnserve-{kind}-{self.label}", daemon=True)
+                self._threads[kind] = th
+                th.start()
+        wake.set()
 
     def _refresh_stale(self) -> None:
         """Store the PPR lists updates left stale, a chunk at a time (the refresh thread). A chunk's pushes
