@@ -354,6 +354,11 @@ def _float_list(values: Any, what: str) -> list[float]:
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim != 1:
         raise InvalidArgumentError(f"{what} must be one-dimensional, got shape {arr.shape}")
+    big = np.flatnonzero(np.isfinite(arr) & (np.abs(arr) > np.finfo(np.float32).max))
+    if len(big):  # float32 on the wire: it would arrive as infinity (and NumPy would warn of the overflow)
+        i = int(big[0])
+        raise InvalidArgumentError(f"{what}[{i}]: {arr[i]:g} does not fit a float32 (largest magnitude "
+                                   f"{float(np.finfo(np.float32).max):.4g})")
     return arr.astype(np.float32).tolist()
 
 

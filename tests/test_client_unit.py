@@ -243,6 +243,13 @@ def test_new_node_messages_forms():
         new_node_messages(np.zeros((2, 2)), [[1]])
     with pytest.raises(InvalidArgumentError, match="new node 0"):
         new_node_messages([1.0], [0.5])
+    # a finite value beyond float32 (the wire's type) is named, with no NumPy overflow warning on the way
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(InvalidArgumentError, match=r"features\[1\]: 1e\+39 does not fit a float32"):
+            new_node_messages([0.5, 1e39], [4])
 
 
 def test_channel_config_tls_token_and_options(tmp_path):
