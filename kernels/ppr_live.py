@@ -1023,7 +1023,7 @@ class LivePPRIndex:
     def _hand(self, version: int, graph: CSRGraph, ids: np.ndarray, ptr: np.ndarray, nodes: np.ndarray,
               scores: np.ndarray) -> None:
         """Keep a lookup's pushes of stale lists for :meth:`install_handed` (at most ``_HANDED_MAX`` entries
-        wait; more are dropped, a refresh pushes those again), then call ``on_handed`` (the server's writer
+        wait; more are dropped, a refresh pushes those again), then call ``on_handed`` (the server's refresh
         thread's doorbell)."""
         with self._handed_lock:
             if self._handed_entries + len(nodes) > _HANDED_MAX:
