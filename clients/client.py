@@ -60,8 +60,11 @@ class _ClientBase:
         self.max_retries = int(opts.max_retries)
         self.backoff = opts.backoff if opts.backoff is not None else Backoff()
         self.max_nodes_per_call = opts.max_nodes_per_call
+        # CANCELLED here comes from the server side: this SDK never cancels a call itself (a deadline is
+        # DEADLINE_EXCEEDED, an asyncio task's cancellation is not an RPC error), and a server that stops
+        # cancels the calls grpc-core accepted but had not yet handed to gnnserve
         self.retry_codes = frozenset(
-            {grpc.StatusCode.UNAVAILABLE}
+            {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
             | ({grpc.StatusCode.RESOURCE_EXHAUSTED} if opts.retry_resource_exhausted else set())
         )
         self._config = ChannelConfig.build(

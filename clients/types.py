@@ -82,8 +82,10 @@ class ClientOptions:
         token: bearer token sent as ``authorization: Bearer <token>`` on every call.
         timeout: default deadline in seconds for each method call, covering every chunk and
             retry of the call (None = no deadline). Each method also takes ``timeout=``.
-        max_retries: retries after ``UNAVAILABLE`` (0 = none); never for other codes unless
-            ``retry_resource_exhausted`` adds ``RESOURCE_EXHAUSTED``.
+        max_retries: retries after ``UNAVAILABLE``, or a ``CANCELLED`` from the server side (a server
+            that stops cancels the calls gRPC accepted but had not yet handed over; this SDK never cancels
+            a call itself) (0 = none); never for other codes unless ``retry_resource_exhausted`` adds
+            ``RESOURCE_EXHAUSTED``. An update is retried only with ``expect_graph_version``.
         backoff: delays between retries (:class:`Backoff`: exponential with jitter).
         retry_resource_exhausted: also retry calls refused because the server's queue is full.
         channel_options: extra gRPC channel options (they override the client's own, e.g.

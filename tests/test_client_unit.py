@@ -293,6 +293,15 @@ def _state(codes=(grpc.StatusCode.UNAVAILABLE,), retries=3, timeout=None):
                       retry_codes=frozenset(codes))
 
 
+def test_clients_retry_a_server_side_cancel():
+    """A server that stops cancels the calls grpc-core accepted but had not handed over (CANCELLED, seen in 3 of
+    4 SIGTERMs under load with --drain-s 0): the SDK, which never cancels a call itself, retries it."""
+    with GnnClient("127.0.0.1:1") as c:
+        assert grpc.StatusCode.CANCELLED in c.retry_codes and grpc.StatusCode.UNAVAILABLE in c.retry_codes
+        st = c._state("Predict", 5.0)
+        assert 0 < st.failed_with(grpc.StatusCode.CANCELLED, "Cancelled") <= c.backoff.max_s
+
+
 def test_retry_state_retries_only_unavailable_by_default():
     st = _state()
     delays = [st.failed_with(grpc.StatusCode.UNAVAILABLE, "down") for _ in range(3)]
@@ -500,7 +509,7 @@ def test_client_options_one_value_or_keywords():
     with GnnClient("127.0.0.1:1", opts, timeout=7.0) as c:
         assert c.timeout == 7.0 and c.options.token == "t0" and c.max_retries == 5
     a = AsyncGnnClient("127.0.0.1:1", max_nodes_per_call=10, retry_resource_exhausted=True)
-    assert a.max_nodes_per_call == 10 and len(a.retry_codes) == 2 and a.backoff == Backoff()
+    assert a.max_nodes_per_call == 10 and grpc.StatusCode.RESOURCE_EXHAUSTED in a.retry_codes and a.backoff == Backoff()
     with pytest.raises(TypeError, match="tiemout"):
         GnnClient("127.0.0.1:1", tiemout=1.0)
     with pytest.raises(ValueError, match="timeout must be > 0"):
