@@ -522,6 +522,7 @@ class LiveGraph:
         metrics: :class:`serve.metrics.ServerMetrics` or ``None``.
         version: the version ``data`` is at (a compacted snapshot's).
         ppr_tolerance: :class:`kernels.ppr_live.LivePPRIndex`'s ``tol_factor`` (``--ppr-refresh-tolerance``).
+        log_fsync: ``--update-log-fsync``, for a file log this follower takes over (:meth:`take_over`).
         ppr_eager_lists: its ``eager_lists`` (``--ppr-eager-lists``; None: every flagged list in the update):
             the lists an update leaves stale are pushed by the lookups that need them and stored by the
             graph's refresh thread (:meth:`_refresh_stale`).
@@ -529,7 +530,7 @@ class LiveGraph:
 
     def __init__(self, data: DataBundle, update_log: Any | None, *, read_only: bool = False,
                  max_update_size: int = 100_000, metrics: Any | None = None, version: int = 0,
-                 ppr_tolerance: float = 1.0, ppr_eager_lists: int | None = None) -> None:
+                 ppr_tolerance: float = 1.0, ppr_eager_lists: int | None = None, log_fsync: bool = False) -> None:
         self.data = data
         self.log = update_log
         #: a file log another process writes (serve.update_log.FileUpdateLog follow mode): this graph is
@@ -540,6 +541,7 @@ class LiveGraph:
         self.max_update_size = int(max_update_size)
         self.ppr_tolerance = float(ppr_tolerance)
         self.ppr_eager_lists = None if ppr_eager_lists is None else int(ppr_eager_lists)
+        self.log_fsync = bool(log_fsync)  # a log this server takes over (take_over) is written as the option says
         self._refresh_chunk = 16  # stale lists stored per write lock (adapted to about 5 ms of pushes)
         self._refresh_wake = threading.Event()  # the refresh thread's doorbell (stale PPR lists to store)
         self._threads: dict[str, threading.Thread] = {}  # the writer and refresh threads, once started
@@ -643,6 +645,8 @@ class LiveGraph:
         """:meth:`update` for the event loop: the update waits in the queue without a thread of its own,
         and the graph's writer thread applies the queue (so as many updates as arrive meanwhile join one
         group, however many there are)."""
+        if self.read_only and self.follows_writer and not self._started_read_only:  # file IO and a catch-up:
+            await asyncio.get_running_loop().run_in_executor(None, self.take_over)  # off the event loop
         self._check_writable()
         self._check_new_nodes(request)
         fut: asyncio.Future[UpdateResult] = asyncio.get_running_loop().create_future()
@@ -760,7 +764,43 @@ class LiveGraph:
                 f"{', '.join(ppr) or 'on it'} would have no PPR list for a node it places (that needs the whole "
                 "graph in memory); add nodes through a server started without --graph, which stores their lists")
 
+    def take_over(self) -> bool:
+        """A server that follows another's file log (not ``--read-only``) and is asked for an update: when that
+        writer has stopped (its lock is free), open the log to write, apply the records this server had not
+        applied yet, and take updates from now on (a rolling restart: the new server started while the old
+        one held the log). Whether this server writes the log now. ``flock`` lets one process win."""
+        if not self.follows_writer or self._started_read_only:
+            return not self.read_only
+        from .update_log import FileUpdateLog, UpdateLogError, UpdateLogInUse
+
+        path = getattr(self.log, "path", None)
+        if path is None:
+            return False
+        with self._writer:
+            if not self.follows_writer:  # another call took over meanwhile
+                return True
+            try:
+                writer = FileUpdateLog(path, fsync=self.log_fsync)
+            except UpdateLogInUse:  # the writer still runs
+                return False
+            except UpdateLogError as exc:
+                log.warning("graph %s: cannot take over the update log %s: %s", self.label, path, exc)
+                return False
+            old, self.log = self.log, writer
+            self.follows_writer = False  # the follower thread ends at its next look
+            with contextlib.suppress(Exception):
+                old.close()
+            try:
+                self.catch_up()  # what the old writer appended after this server's last look
+            finally:
+                self.read_only = self.broken is not None
+            log.warning("graph %s: the server that wrote the update log %s stopped; this one writes it now (at "
+                        "version %d)", self.label, path, self.version)
+        return not self.read_only
+
     def _check_writable(self) -> None:
+        if self.read_only and self.follows_writer and not self._started_read_only and self.take_over():
+            return
         if self.read_only:
             why = ("it was started with --read-only" if self._started_read_only or not self.follows_writer else
                    "another server on this repository writes this graph's update log; send updates there "
@@ -1100,12 +1140,18 @@ class LiveGraph:
 
         from .update_log import UpdateLogError, UpdateLogUnavailable
 
+        file_follower = self.follows_writer
+
         def run() -> None:
             while not self._stop.is_set():
+                if file_follower and not self.follows_writer:  # this server took the log over: it writes it
+                    return
                 try:
                     if self.log.wait(self.version, interval):
                         self.catch_up()
                 except Exception as exc:
+                    if file_follower and not self.follows_writer:  # the old log, closed by take_over
+                        return
                     if isinstance(exc, UpdateLogError) and not isinstance(exc, UpdateLogUnavailable):
                         # the log lost records this server applied, or was compacted past them: answering
                         # on would be answering from a forked graph

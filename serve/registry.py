@@ -599,13 +599,14 @@ class ModelRegistry:
                     log.warning("graph %s: another server on this repository writes its update log %s: this "
                                 "one replays and follows it (every update that server takes is answered here "
                                 "too; min_graph_version gives read-your-writes) and refuses updates itself "
-                                "(FAILED_PRECONDITION); several servers that all take updates need the graph "
+                                "(FAILED_PRECONDITION) until that server stops (then it takes the log over); several servers that all take updates need the graph "
                                 "and features in Redis", data.fingerprint[:12], path)
             if follow:
                 update_log = FileUpdateLog(path, follow=True)
         data.live = LiveGraph(data, update_log, read_only=o.read_only, max_update_size=o.max_update_size,
                               metrics=self.metrics, version=data.base_version, ppr_tolerance=o.ppr_refresh_tolerance,
-                              ppr_eager_lists=None if o.ppr_eager_lists < 0 else o.ppr_eager_lists)
+                              ppr_eager_lists=None if o.ppr_eager_lists < 0 else o.ppr_eager_lists,
+                              log_fsync=o.update_log_fsync)
         if redis_url or getattr(update_log, "follow", False):
             data.live.follow()
         return data.live

@@ -491,6 +491,31 @@ def test_a_second_server_follows_the_first_ones_updates(base_repo, tmp_path, tin
             assert cb.get_model("gcn").read_only and not ca.get_model("gcn").read_only
 
 
+def test_a_follower_takes_the_log_over_when_its_writer_stops(base_repo, tmp_path, tiny_dataset):
+    """A rolling restart: server B starts while A writes the repository's file log, so B follows it. Once A
+    has stopped, B's next update takes the log over (it applied every record of A first), and a server
+    started after answers as B does. While A runs, B still refuses updates."""
+    repo = fresh_repo(base_repo, tmp_path / "roll")
+    ds = tiny_dataset
+    row = np.linspace(-1, 1, ds.num_features)
+    with ServerProcess(repo, "--poll-s", "0") as a, GnnClient(a.address) as ca:
+        assert ca.update_graph("gcn", features={1: row}).graph_version == 1
+        with ServerProcess(repo, "--poll-s", "0") as b, GnnClient(b.address) as cb:
+            with pytest.raises(clients.FailedPreconditionError, match="send updates there"):
+                cb.update_graph("gcn", features={3: row})  # the writer runs: no take-over
+            assert ca.update_graph("gcn", features={2: -row}).graph_version == 2
+            assert a.terminate() == 0
+            up = cb.update_graph("gcn", add_edges=[(1, ds.num_nodes - 1)])  # takes the log over
+            assert up.graph_version == 3 and not cb.get_model("gcn").read_only
+            assert cb.update_graph("gcn", features={3: row}).graph_version == 4
+            want = cb.predict("gcn", [1, 2, 3], sampling_width=0)
+            with ServerProcess(repo, "--poll-s", "0", "--read-only") as c, GnnClient(c.address) as cc:
+                got = cc.predict("gcn", [1, 2, 3], sampling_width=0, min_graph_version=4, timeout=30)
+                np.testing.assert_allclose(got.probabilities, want.probabilities, atol=1e-6)
+                with pytest.raises(clients.FailedPreconditionError, match="--read-only"):
+                    cc.update_graph("gcn", features={3: row})  # a read-only server never takes over
+
+
 def test_updates_survive_sigkill(base_repo, tmp_path, tiny_dataset):
     """Acknowledged updates are in the log: a server killed with SIGKILL and started again answers from
     the updated graph at the same version."""
