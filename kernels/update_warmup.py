@@ -64,11 +64,12 @@ def warm_update_kernels(graph: Any, ppr_config: Any | None = None, layers: int =
     t0 = time.perf_counter()
     tiny = _tiny_like(graph)
     weighted = tiny.weights is not None
-    # two edits: the first on a graph like the loaded one (its arrays may be read-only, memory-mapped),
-    # the second on the graph the first produced (writable arrays, as every later update sees)
+    # three edits: the first on a graph like the loaded one (its arrays may be read-only, memory-mapped),
+    # the others on the graphs the edits produce (writable arrays, as every later update sees)
     edits = [GraphEdit.make(new_count=1, new_ptr=[0, 1], new_nbrs=[0], new_weights=[1.0] if weighted else None,
                             add_src=[1], add_dst=[4], add_w=[0.75] if weighted else None),
-             GraphEdit.make(add_src=[2], add_dst=[5], add_w=[1.25] if weighted else None, rem_src=[1], rem_dst=[4])]
+             GraphEdit.make(add_src=[2], add_dst=[5], add_w=[1.25] if weighted else None, rem_src=[1], rem_dst=[4]),
+             GraphEdit.make(rem_src=[2], rem_dst=[5])]
     steps = []
     g = tiny
     for edit in edits:
@@ -85,11 +86,14 @@ def warm_update_kernels(graph: Any, ppr_config: Any | None = None, layers: int =
         # built and then opened from its files, memory-mapped and read-only as a server's index is
         with tempfile.TemporaryDirectory(prefix="gnnserve-warmup-") as d:
             live = LivePPRIndex(PPRIndex.open_or_build(d, tiny, ppr_config, progress=False), tol_factor=1e-12)
-            for old, effect in steps:
+            for i, (old, effect) in enumerate(steps):
+                if i == len(steps) - 1:
+                    # lists folded into memory (what a server's index does once its overlay grows): the last
+                    # edit runs on in-memory, writable lists, as updates after such a merge do; the one before
+                    # ran on an edited (writable) graph with the offline (read-only) lists, as a server's
+                    # updates do until the first merge (with --ppr-eager-lists that can be many updates)
+                    live._merge()
                 live.apply(old, effect.graph, effect.changed_rows, effect.new_ids)
-                # lists folded into memory (what a server's index does once its overlay grows): the second
-                # edit then runs on in-memory, writable lists, as updates after such a merge do
-                live._merge()
             del live
     return time.perf_counter() - t0
 

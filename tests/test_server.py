@@ -286,7 +286,9 @@ def test_new_version_swaps_in_and_bad_checkpoint_is_refused(tiny_repo, tmp_path)
         assert "broken" in "".join(srv.server.registry.failures())
         with pytest.raises(grpc.RpcError) as ei:
             predict(st, "broken", [1])
-        assert ei.value.code() == grpc.StatusCode.NOT_FOUND
+        # on disk, refused at load: out of service with the cause (no server path in it), not "not found"
+        assert ei.value.code() == grpc.StatusCode.UNAVAILABLE, ei.value
+        assert "out of service: its load failed (CheckpointError: config.json: not valid JSON" in ei.value.details()
 
 
 def test_metrics_endpoint(tiny_repo, tmp_path):
