@@ -647,7 +647,7 @@ class LiveGraph:
         group, however many there are)."""
         if self.read_only and self.follows_writer and not self._started_read_only:  # file IO and a catch-up:
             await asyncio.get_running_loop().run_in_executor(None, self.take_over)  # off the event loop
-        self._check_writable()
+        self._check_writable(take_over=False)
         self._check_new_nodes(request)
         fut: asyncio.Future[UpdateResult] = asyncio.get_running_loop().create_future()
         self._enqueue(_Ticket(request, fut))
@@ -798,8 +798,10 @@ class LiveGraph:
                         "version %d)", self.label, path, self.version)
         return not self.read_only
 
-    def _check_writable(self) -> None:
-        if self.read_only and self.follows_writer and not self._started_read_only and self.take_over():
+    def _check_writable(self, take_over: bool = True) -> None:
+        """Raise :class:`ReadOnly` unless this server takes updates (a follower first tries :meth:`take_over`,
+        unless ``take_over`` is False: the event loop, which tried it in a thread already)."""
+        if take_over and self.read_only and self.follows_writer and not self._started_read_only and self.take_over():
             return
         if self.read_only:
             why = ("it was started with --read-only" if self._started_read_only or not self.follows_writer else
