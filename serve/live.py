@@ -806,7 +806,7 @@ class LiveGraph:
         if self.read_only:
             why = ("it was started with --read-only" if self._started_read_only or not self.follows_writer else
                    "another server on this repository writes this graph's update log; send updates there "
-                   "(this server follows them)")
+                   "(this server follows them, and takes the log over once that server has stopped)")
             raise ReadOnly(f"this server does not take graph updates: {why}")
 
     def _drain(self) -> None:
