@@ -177,8 +177,8 @@ graph. Its bound restarts at 0 when stored. A stale source stays dirty (d), so t
 serves it, and stays stale through later edits (it is not among their choice of ``eager_lists``:
 otherwise a backlog of stale lists, whose bounds only grow, would take every edit's pushes). The cost
 moves to the lookups of a stale target before its refresh: one push each (about 0.2 ms on Amazon
-Computers). New nodes always get their lists in the edit. ``None`` (the class's default) keeps every push in the edit; a server defaults to 128
-(``--ppr-eager-lists``).
+Computers). New nodes always get their lists in the edit. ``None`` (the class's default) keeps every
+push in the edit; a server defaults to 128 (``--ppr-eager-lists``).
 
 Dirty targets (c): a target's induced subgraph changes only if its list changes (recomputed) or
 an edge between two members changes, which needs a changed row in the list: dirty = recomputed
@@ -991,7 +991,8 @@ class LivePPRIndex:
         """Fresh lists, on the current graph, for up to ``max_lists`` stale sources (the lowest ids): the
         pushes, which lookups may run beside, on ``threads`` numba threads (None: all; a server's background
         refresh leaves half the cores to the requests). ``None`` when none is stale. Store them with
-        :meth:`install_refresh`; no edit may come between the two (a server holds its writer lock)."""
+        :meth:`install_refresh`, which stores nothing when an edit came between the two (this half takes no
+        lock: the version and the graph it read are checked there)."""
         if not self._n_stale or max_lists < 1:
             return None
         src = np.flatnonzero(self._stale)[: int(max_lists)].astype(np.int64)
@@ -1009,16 +1010,11 @@ class LivePPRIndex:
     def install_refresh(self, prep: dict[str, Any] | None) -> int:
         """Store :meth:`prepare_refresh`'s lists (under the server's write lock, like :meth:`install`): those
         sources are no longer stale, their accumulated bound is 0 again, they stay dirty. Returns how many
-        were stored (0 when an edit came between the two halves: nothing is stored then)."""
+        were stored (0 when an edit came between the two halves: nothing is stored then; lists a hand-over
+        stored meanwhile are not stored twice)."""
         if prep is None or prep["version"] != self._version or prep["graph"] is not self._graph:
             return 0
-        targets = prep["targets"]
-        ptr, nodes, scores = prep["lists"]
-        self._store(targets, ptr, nodes, scores)
-        self._set_stale(targets, False)
-        self._drift[targets] = 0.0
-        self._merge_if_large()
-        return len(targets)
+        return self._store_fresh(prep["targets"], *prep["lists"])
 
     def _hand(self, version: int, graph: CSRGraph, ids: np.ndarray, ptr: np.ndarray, nodes: np.ndarray,
               scores: np.ndarray) -> None:
@@ -1043,24 +1039,24 @@ class LivePPRIndex:
         others are dropped. Returns how many lists were stored."""
         with self._handed_lock:
             handed, self._handed, self._handed_entries = self._handed, [], 0
-        done = 0
-        for version, graph, ids, ptr, nodes, scores in handed:
-            if version != self._version or graph is not self._graph:
-                continue
-            keep = np.flatnonzero(self._stale[ids])  # another hand-over or a refresh may have stored some
-            if not len(keep):
-                continue
-            if len(keep) < len(ids):
-                cnt = np.diff(ptr)[keep]
-                sub, idx = gather_ranges(ptr[keep], cnt)
-                ids, ptr, nodes, scores = ids[keep], sub, nodes[idx], scores[idx]
-            self._store(ids, ptr, nodes, scores)
-            self._set_stale(ids, False)
-            self._drift[ids] = 0.0
-            done += len(ids)
-        if done:
-            self._merge_if_large()
-        return done
+        return sum(self._store_fresh(ids, ptr, nodes, scores) for version, graph, ids, ptr, nodes, scores in handed
+                   if version == self._version and graph is self._graph)
+
+    def _store_fresh(self, ids: np.ndarray, ptr: np.ndarray, nodes: np.ndarray, scores: np.ndarray) -> int:
+        """Store the lists of ``ids`` pushed on the current graph (CSR ``ptr``), those still stale only (a
+        hand-over or a refresh may have stored some meanwhile): no longer stale, bound 0 again, still dirty.
+        Returns how many were stored."""
+        keep = np.flatnonzero(self._stale[ids])
+        if not len(keep):
+            return 0
+        if len(keep) < len(ids):
+            sub, idx = gather_ranges(ptr[keep], np.diff(ptr)[keep])
+            ids, ptr, nodes, scores = ids[keep], sub, nodes[idx], scores[idx]
+        self._store(ids, ptr, nodes, scores)
+        self._set_stale(ids, False)
+        self._drift[ids] = 0.0
+        self._merge_if_large()
+        return len(ids)
 
     def _set_stale(self, ids: np.ndarray, stale: bool) -> None:
         if not len(ids) or (not stale and not self._n_stale):

@@ -631,6 +631,8 @@ class LiveGraph:
         Each update is still validated on its own against the state its predecessors leave: a bad one
         fails alone, and an update with ``expect_graph_version`` starts a group of its own.
         """
+        if self._may_take_over:
+            self.take_over()
         self._check_writable()
         self._check_new_nodes(request)
         ticket = _Ticket(request)
@@ -645,9 +647,9 @@ class LiveGraph:
         """:meth:`update` for the event loop: the update waits in the queue without a thread of its own,
         and the graph's writer thread applies the queue (so as many updates as arrive meanwhile join one
         group, however many there are)."""
-        if self.read_only and self.follows_writer and not self._started_read_only:  # file IO and a catch-up:
-            await asyncio.get_running_loop().run_in_executor(None, self.take_over)  # off the event loop
-        self._check_writable(take_over=False)
+        if self._may_take_over:  # file IO and a catch-up: off the event loop
+            await asyncio.get_running_loop().run_in_executor(None, self.take_over)
+        self._check_writable()
         self._check_new_nodes(request)
         fut: asyncio.Future[UpdateResult] = asyncio.get_running_loop().create_future()
         self._enqueue(_Ticket(request, fut))
@@ -769,7 +771,7 @@ class LiveGraph:
         writer has stopped (its lock is free), open the log to write, apply the records this server had not
         applied yet, and take updates from now on (a rolling restart: the new server started while the old
         one held the log). Whether this server writes the log now. ``flock`` lets one process win."""
-        if not self.follows_writer or self._started_read_only:
+        if not self._may_take_over:
             return not self.read_only
         from .update_log import FileUpdateLog, UpdateLogError, UpdateLogInUse
 
@@ -798,11 +800,12 @@ class LiveGraph:
                         "version %d)", self.label, path, self.version)
         return not self.read_only
 
-    def _check_writable(self, take_over: bool = True) -> None:
-        """Raise :class:`ReadOnly` unless this server takes updates (a follower first tries :meth:`take_over`,
-        unless ``take_over`` is False: the event loop, which tried it in a thread already)."""
-        if take_over and self.read_only and self.follows_writer and not self._started_read_only and self.take_over():
-            return
+    @property
+    def _may_take_over(self) -> bool:
+        """A follower of another server's file log, not ``--read-only``: :meth:`take_over` may make it the writer."""
+        return self.follows_writer and not self._started_read_only
+
+    def _check_writable(self) -> None:
         if self.read_only:
             why = ("it was started with --read-only" if self._started_read_only or not self.follows_writer else
                    "another server on this repository writes this graph's update log; send updates there "

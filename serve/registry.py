@@ -235,10 +235,7 @@ class ModelRegistry:
         """The runtime for ``name`` (latest version unless given). NOT_FOUND / UNAVAILABLE otherwise."""
         versions = self._models.get(name)
         if not versions:
-            failed = self._failed_reason(name, version)
-            if failed is not None:  # on disk, but refused at load: the cause, not "not found"
-                raise Unavailable(f"model {name!r} is on disk but out of service: its load failed ({failed}); the "
-                                  "server log has the details, and the server retries when the model's files change")
+            self._check_refused(name, version)
             raise ModelNotFound(f"model {_shown(name)} not found ({self._known_names()})")
         if version in ("", None):
             rt = versions[max(versions)]
@@ -250,16 +247,22 @@ class ModelRegistry:
                                     f"{', '.join(map(str, sorted(versions)))})") from None
             rt = versions.get(v)
             if rt is None:
-                failed = self._failed_reason(name, v)
-                if failed is not None:
-                    raise Unavailable(f"model {name!r} v{v} is on disk but out of service: its load failed "
-                                      f"({failed}); the server log has the details")
+                self._check_refused(name, v)
                 raise ModelNotFound(
                     f"model {name!r} has no version {v} (versions: {', '.join(map(str, sorted(versions)))})"
                 )
         if not rt.ready:
             raise Unavailable(f"model {name!r} v{rt.version} is not ready")
         return rt
+
+    def _check_refused(self, name: str, version: str | int = "") -> None:
+        """Raise UNAVAILABLE with the cause when a version of ``name`` (``version``, or the newest) is on disk
+        but was refused at load: such a model exists, it is out of service, not "not found"."""
+        failed = self._failed_reason(name, version)
+        if failed is not None:
+            which = f"model {name!r}" + (f" v{version}" if version not in ("", None) else "")
+            raise Unavailable(f"{which} is on disk but out of service: its load failed ({failed}); the server log "
+                              "has the details, and the server retries when the model's files change")
 
     def _failed_reason(self, name: str, version: str | int = "") -> str | None:
         """Why the load of a version of ``name`` on disk failed (the newest such version, or ``version``),

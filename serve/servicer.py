@@ -6,7 +6,6 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-import threading
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -141,18 +140,9 @@ def predict_response(rt: ModelRuntime, res: PredictResult, packed: bool = False)
     return resp
 
 
-_WAITS: concurrent.futures.ThreadPoolExecutor | None = None
-_WAITS_LOCK = threading.Lock()
-
-
-def _version_waits() -> concurrent.futures.ThreadPoolExecutor:
-    """The threads read-your-writes waits block in: a pool of their own, so that many waiting requests never
-    hold up the event loop's default executor (what else runs there queues behind them otherwise)."""
-    global _WAITS
-    with _WAITS_LOCK:
-        if _WAITS is None:
-            _WAITS = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="gnnserve-ryw")
-        return _WAITS
+#: the threads read-your-writes waits block in: a pool of their own, so that many waiting requests never hold up
+#: the event loop's default executor (what else runs there queues behind them otherwise); its threads start on use
+_VERSION_WAITS = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="gnnserve-ryw")
 
 
 async def reach_version(rt: ModelRuntime, version: int, deadline: float | None) -> None:
@@ -171,7 +161,7 @@ async def reach_version(rt: ModelRuntime, version: int, deadline: float | None) 
     def wait() -> bool:  # the time spent queued for a thread counts against the timeout
         return live.wait_for(version, max(0.0, end - time.monotonic()))
 
-    ok = await asyncio.get_running_loop().run_in_executor(_version_waits(), wait)
+    ok = await asyncio.get_running_loop().run_in_executor(_VERSION_WAITS, wait)
     if not ok:
         raise Unavailable(f"graph version {version} is not visible on this server yet (it is at {live.version} "
                           f"after waiting {timeout:.2f} s); retry, or send the request to the server that took "

@@ -36,6 +36,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def no_traceback(err: str) -> None:
+    """A command's stderr holds a message for a user, not a traceback or a raw exception."""
+    assert "Traceback" not in err and "Error:" not in err.replace("error:", ""), err
+
+
 def metric_samples(port: int, name: str) -> list[tuple[dict[str, str], float]]:
     """``(labels, value)`` of every sample ``name`` the Prometheus endpoint on ``port`` exposes now."""
     import urllib.request

@@ -24,17 +24,13 @@ import pytest
 from clients import GnnClient, cli
 from serve.cli import main as gnnserve
 
-from .serving import REPO_ROOT, ServerThread, free_port, make_repo, tiny_dataset
+from .serving import REPO_ROOT, ServerThread, free_port, make_repo, no_traceback, tiny_dataset
 
 TOO_BIG = "18446744073709551617"  # 2**64 + 1
 
 
 def _dead_address() -> str:
     return f"127.0.0.1:{free_port()}"
-
-
-def _no_traceback(err: str) -> None:
-    assert "Traceback" not in err and "Error:" not in err.replace("error:", ""), err
 
 
 # --------------------------------------------------------------------------- a served graph of our own
@@ -89,7 +85,7 @@ def test_node_ids_beyond_int64_are_a_usage_error(tmp_path, capsys):
         rc = cli.predict_main(["--server", _dead_address(), "--model", "m", "--nodes", spec])
         err = capsys.readouterr().err
         assert rc == 2 and "must fit int64" in err and len(err.strip().splitlines()) == 1, err
-        _no_traceback(err)
+        no_traceback(err)
     assert f"{ids}:2" in err  # the file and line of the bad id
 
 
@@ -123,7 +119,7 @@ def test_bad_server_address_is_a_usage_error(given, msg, capsys):
     rc = cli.predict_main(["--server", given, "--model", "m", "--nodes", "1"])
     err = capsys.readouterr().err
     assert rc == 2 and msg in err, err
-    _no_traceback(err)
+    no_traceback(err)
 
 
 def test_bare_host_connects_to_port_8500_not_443(capsys):
@@ -188,7 +184,7 @@ def test_update_values_of_the_wrong_type_are_refused_before_anything_is_sent(add
     captured = capsys.readouterr()
     assert rc == 2 and f"{f}:3: " in captured.err and msg in captured.err, captured.err
     assert len(captured.err.strip().splitlines()) == 1 and captured.out == ""
-    _no_traceback(captured.err)
+    no_traceback(captured.err)
     assert _graph_version(addr) == before  # nothing applied, not even line 1
 
 
@@ -216,7 +212,7 @@ def test_multi_line_update_says_where_it_stopped(addr, dataset, tmp_path, capsys
     assert f"{f}:4: INVALID_ARGUMENT" in err and "already exists" in err, err
     assert (f"stopped at {f}:4 (update 3 of 5): the 2 earlier updates were applied (graph version {applied[-1]}); "
             "this one was not; the 2 updates after it were not sent") in err, err
-    _no_traceback(err)
+    no_traceback(err)
     with GnnClient(addr, timeout=60) as client:  # line 5's edge was not sent: adding it now works
         client.update_graph("gcn", add_edges=[(e, g)])
 
@@ -247,7 +243,7 @@ def test_bench_bad_arguments_exit_2(args, msg, capsys):
         gnnserve(["bench", "--server", _dead_address(), "--model", "gcn", *args])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and msg in err, err
-    _no_traceback(err)
+    no_traceback(err)
 
 
 def test_bench_refuses_a_dataset_of_another_graph(addr, tmp_path, capsys):
@@ -259,7 +255,7 @@ def test_bench_refuses_a_dataset_of_another_graph(addr, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and f"--dataset {str(other)!r}" in err and "is not the data model 'gcn' serves" in err, err
     assert len(err.strip().splitlines()) == 1
-    _no_traceback(err)
+    no_traceback(err)
 
 
 def test_bench_server_and_setup_errors_are_one_line(addr, repo, tmp_path, capsys):
@@ -274,7 +270,7 @@ def test_bench_server_and_setup_errors_are_one_line(addr, repo, tmp_path, capsys
         rc = gnnserve(["bench", "--queries", "2", *args])
         err = capsys.readouterr().err
         assert rc == rc_want and msg in err and len(err.strip().splitlines()) == 1, (args, err)
-        _no_traceback(err)
+        no_traceback(err)
 
 
 def test_bench_runs_with_the_models_own_dataset(addr, repo, tmp_path, capsys):
@@ -322,7 +318,7 @@ def test_serve_busy_ports_are_one_line_naming_the_port(repo):
             f"gnnserve serve: cannot serve metrics on 127.0.0.1:{port} (--metrics-port): Address already in use"]
     proc = _serve("--repo", str(repo), "--port", "70000")
     assert proc.returncode == 2 and "argument --port: 70000 is not a port number" in proc.stderr
-    _no_traceback(proc.stderr)
+    no_traceback(proc.stderr)
 
 
 def test_bind_failures_after_the_check_name_the_port():

@@ -26,17 +26,13 @@ from clients._gen import gnnserve_pb2 as pb
 from clients._gen import gnnserve_pb2_grpc as pbg
 from serve.cli import main as gnnserve
 
-from .serving import REPO_ROOT, ServerThread, free_port
-
-
-def _no_traceback(err: str) -> None:
-    assert "Traceback" not in err and "Error:" not in err.replace("error:", ""), err
+from .serving import REPO_ROOT, ServerThread, free_port, no_traceback
 
 
 def _one_line(err: str) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    _no_traceback(err)
+    no_traceback(err)
     return lines[0]
 
 
