@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from clients import GnnClient  # noqa: E402
-from tests.serving import ServerProcess, make_repo  # noqa: E402
+from tests.serving import ServerProcess, free_port, make_repo, metric_samples  # noqa: E402
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -187,11 +187,22 @@ def _stream(address: str, model: str, edges: list[tuple[int, int]], rate: float,
         th.join()
 
 
+def ppr_refresh(metrics_port: int) -> dict[str, float]:
+    """The server's stale PPR lists now and what its refresh thread did with its pushes so far (lists stored, or
+    voided by an update that came between push and store: ``gnnserve_ppr_refreshed_lists``), over its graphs."""
+    out = {"stale": sum(v for _, v in metric_samples(metrics_port, "gnnserve_ppr_stale_lists"))}
+    for labels, v in metric_samples(metrics_port, "gnnserve_ppr_refreshed_lists_total"):
+        out[labels["outcome"]] = out.get(labels["outcome"], 0.0) + v
+    return out
+
+
 def predict_under_updates(address: str, model: str, num_nodes: int, edges: list[tuple[int, int]], rate: float,
-                          seconds: float, rounds: int, writers: int = 16, server_pid: int | None = None) -> dict:
+                          seconds: float, rounds: int, writers: int = 16, server_pid: int | None = None,
+                          metrics_port: int | None = None) -> dict:
     """One-node Predict latency (raw stub calls) in alternating blocks without and with ``rate`` single-edge
     updates/s sent by another process; with ``server_pid``, the server's CPU use per side (cores busy: CPU
-    seconds over wall seconds)."""
+    seconds over wall seconds); with ``metrics_port``, the stale PPR lists at the end of each updating block
+    and what the refresh thread did with its pushes (:func:`ppr_refresh`, the differences over the blocks)."""
     import multiprocessing as mp
 
     import grpc
@@ -205,6 +216,7 @@ def predict_under_updates(address: str, model: str, num_nodes: int, edges: list[
     sent = ctx.Value("q", 0)
     rng = np.random.default_rng(5)
     t_updating = 0.0
+    refresh = [ppr_refresh(metrics_port)] if metrics_port is not None else []
     with grpc.insecure_channel(address) as ch:
         stub = pbg.GnnServiceStub(ch)
         stub.Predict(pb.PredictRequest(model=model, nodes=[0]), timeout=60)
@@ -238,6 +250,8 @@ def predict_under_updates(address: str, model: str, num_nodes: int, edges: list[
                     proc.join(60)
                     sent.value = 0
                     lat.setdefault("_sent", []).append(n_block)
+                    if metrics_port is not None:
+                        refresh.append(ppr_refresh(metrics_port))
     blocks = lat.pop("_sent", [])
     out: dict[str, Any] = {f"{side}_{q}": _pct(xs, p) for side, xs in lat.items()
                            for q, p in (("p50_ms", 50), ("p99_ms", 99))}
@@ -247,6 +261,9 @@ def predict_under_updates(address: str, model: str, num_nodes: int, edges: list[
     out["predicts"] = {k: len(v) for k, v in lat.items()}
     for side, (cpu_s, wall_s) in busy.items():
         out[f"{side}_server_cores"] = cpu_s / wall_s if wall_s > 0 else float("nan")
+    if refresh:
+        out["stale_after_blocks"] = [int(r["stale"]) for r in refresh[1:]]
+        out["refreshed"] = {o: int(refresh[-1].get(o, 0) - refresh[0].get(o, 0)) for o in ("stored", "voided")}
     return out
 
 
@@ -305,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.batch_edges} edges": [{"add_edges": batch_edges} if i % 2 == 0 else {"remove_edges": batch_edges}
                                       for i in range(args.batches)],
     }
+    mport = free_port()
     with tempfile.TemporaryDirectory() as logdir, \
-            ServerProcess(repo, "--update-log-dir", logdir, "--poll-s", "0", *args.serve_args.split()) as srv, \
+            ServerProcess(repo, "--update-log-dir", logdir, "--poll-s", "0", "--metrics-port", str(mport),
+                          *args.serve_args.split()) as srv, \
             GnnClient(srv.address, timeout=120) as c, GnnClient(srv.address, timeout=120) as reader:
         c.predict(args.model, [0])
         reader.predict(args.model, [0])
@@ -315,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         for kind, cpu in cpu_phase(c, args.model, kinds, pid).items():
             upd_rows[kind].update(cpu)
         under = predict_under_updates(srv.address, args.model, g.num_nodes, _absent_edges(g, rng, 4 * args.writers),
-                                      args.rate, args.seconds, args.rounds, args.writers, server_pid=pid)
+                                      args.rate, args.seconds, args.rounds, args.writers, server_pid=pid,
+                                      metrics_port=mport)
         final = c.get_model(args.model)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"\n### Live-graph updates: {name} (N = {g.num_nodes:,}, E = {g.num_edges:,}), model {args.model}\n")
@@ -339,6 +359,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.writers} writers) | "
           f"{under['updating_p50_ms']:.3f} | {under['updating_p99_ms']:.3f} | {under['updating_server_cores']:.2f} |")
     print(f"| ratio | {under['ratio_p50']:.2f}x | {under['ratio_p99']:.2f}x | |")
+    if under.get("refreshed") and any(under["refreshed"].values()):
+        r = under["refreshed"]
+        print(f"\nStale PPR lists pushed by the refresh thread or handed over by lookups during the update stream: "
+              f"{r['stored']:,} stored, {r['voided']:,} voided by an update that came between push and store; "
+              f"stale lists after each updating block: "
+              f"{', '.join(f'{x:,}' for x in under['stale_after_blocks'])}.")
     print(f"\n{os.cpu_count()} CPUs on this machine (the update stream's client process shares them).")
     print(f"\nGraph version at the end: {final.graph_version} (every edge added was removed again).")
     if args.json:

@@ -169,7 +169,8 @@ and marks the rest **stale**. A stale list is never answered as stored: :meth:`L
 pushes it on the current graph (:meth:`~LivePPRIndex._push`, the call (b) makes), and
 :meth:`~LivePPRIndex.prepare_refresh` / :meth:`~LivePPRIndex.install_refresh` store those very
 lists later (a server's refresh thread, a chunk at a time, beside the requests and updates; no edit may come
-between the two halves, and an edit that does voids the refresh). The lists a lookup pushed are
+between the two halves, and an edit that does voids the refresh; ``refresh_stats`` counts the lists stored
+and voided). The lists a lookup pushed are
 handed over too (:meth:`~LivePPRIndex.install_handed` stores those pushed at the current version on
 the current graph, without pushing again). So a lookup answers the same list whether a refresh has
 stored it yet or not, and a list is never older than the rule allows: a stale one is as fresh as the
@@ -638,6 +639,8 @@ class LivePPRIndex:
         #: stored (lookup pushes them on the current graph), always dirty; _n_stale counts them
         self._stale = np.zeros(n, dtype=bool)
         self._n_stale = 0
+        #: lists refreshed or handed over: stored, or voided by an edit that came between push and store
+        self.refresh_stats = {"stored": 0, "voided": 0}
         #: lookups' pushes of stale lists, (version, graph, ids, ptr, nodes, scores), for install_handed
         self._handed: list[tuple[Any, ...]] = []
         self._handed_entries = 0
@@ -1012,7 +1015,10 @@ class LivePPRIndex:
         sources are no longer stale, their accumulated bound is 0 again, they stay dirty. Returns how many
         were stored (0 when an edit came between the two halves: nothing is stored then; lists a hand-over
         stored meanwhile are not stored twice)."""
-        if prep is None or prep["version"] != self._version or prep["graph"] is not self._graph:
+        if prep is None:
+            return 0
+        if prep["version"] != self._version or prep["graph"] is not self._graph:
+            self.refresh_stats["voided"] += int(np.count_nonzero(self._stale[prep["targets"]]))
             return 0
         return self._store_fresh(prep["targets"], *prep["lists"])
 
@@ -1039,8 +1045,13 @@ class LivePPRIndex:
         others are dropped. Returns how many lists were stored."""
         with self._handed_lock:
             handed, self._handed, self._handed_entries = self._handed, [], 0
-        return sum(self._store_fresh(ids, ptr, nodes, scores) for version, graph, ids, ptr, nodes, scores in handed
-                   if version == self._version and graph is self._graph)
+        stored = 0
+        for version, graph, ids, ptr, nodes, scores in handed:
+            if version == self._version and graph is self._graph:
+                stored += self._store_fresh(ids, ptr, nodes, scores)
+            else:
+                self.refresh_stats["voided"] += int(np.count_nonzero(self._stale[ids]))
+        return stored
 
     def _store_fresh(self, ids: np.ndarray, ptr: np.ndarray, nodes: np.ndarray, scores: np.ndarray) -> int:
         """Store the lists of ``ids`` pushed on the current graph (CSR ``ptr``), those still stale only (a
@@ -1055,6 +1066,7 @@ class LivePPRIndex:
         self._store(ids, ptr, nodes, scores)
         self._set_stale(ids, False)
         self._drift[ids] = 0.0
+        self.refresh_stats["stored"] += len(ids)
         self._merge_if_large()
         return len(ids)
 

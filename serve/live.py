@@ -703,9 +703,10 @@ class LiveGraph:
         """Store the PPR lists updates left stale, a chunk at a time (the refresh thread). A chunk's pushes
         run without any lock, beside the batches and the updates (``LivePPRIndex.prepare_refresh`` on half
         the cores); storing them takes the writer and a short write lock (``install_refresh``), and is void
-        when an update came in between (the pushes were on the graph before it). The lists lookups pushed
-        are stored first (``install_handed``: no push at all). Until stored, a lookup pushes a stale list
-        itself, the same list, so answers never depend on how far this got."""
+        when an update came in between (the pushes were on the graph before it; counted in
+        ``gnnserve_ppr_refreshed_lists``). The lists lookups pushed are stored first (``install_handed``: no push
+        at all). Until stored, a lookup pushes a stale list itself, the same list, so answers never depend on how
+        far this got."""
         if self.remote or self._refresh_off is not None:
             return
         threads = max(1, (os.cpu_count() or 2) // 2)
@@ -723,6 +724,7 @@ class LiveGraph:
                                       self.label)
                         return
                 ms = 1e3 * (time.perf_counter() - t0)
+                stats = dict(idx.refresh_stats)
                 try:
                     with self._writer, self.lock.write():
                         if handed:
@@ -730,21 +732,34 @@ class LiveGraph:
                         else:
                             idx.install_refresh(prep)
                 except BaseException as exc:  # half-stored lists: out of service, as a failed update
-                    self.broken = (f"graph {self.label}: storing refreshed PPR lists failed half-way "
-                                   f"({type(exc).__name__}); restart the server (it replays the update log)")
-                    log.exception("graph %s: installing refreshed PPR lists failed", self.label)
+                    self._out_of_service(f"storing refreshed PPR lists failed half-way ({type(exc).__name__})")
                     raise
                 if not handed:  # chunks of about 5 ms of pushes: the lookups' hand-overs are not kept waiting
                     if ms < 2.5:
                         self._refresh_chunk = min(4096, 2 * self._refresh_chunk)
                     elif ms > 8:
                         self._refresh_chunk = max(2, self._refresh_chunk // 2)
+                self._observe_refreshed(stats, idx.refresh_stats)
                 self._observe_stale()
+
+    def _out_of_service(self, what: str, *, trace: bool = True) -> None:
+        """Take the graph out of service after ``what`` left it half-changed or forked: every later request
+        for it is UNAVAILABLE with this message (``broken``), logged with the traceback being handled."""
+        self.broken = (f"graph {self.label}: {what}; this server no longer answers for this graph: restart it "
+                       "(it replays the update log)")
+        log.error("%s", self.broken, exc_info=trace)
 
     def _observe_stale(self) -> None:
         m = self.metrics
         if m is not None and hasattr(m, "ppr_stale_lists"):
             m.ppr_stale_lists.labels(self.label).set(self.stale_lists())
+
+    def _observe_refreshed(self, before: dict[str, int], after: dict[str, int]) -> None:
+        m = self.metrics
+        if m is not None and hasattr(m, "ppr_refreshed_lists"):
+            for outcome, n in after.items():
+                if n > before.get(outcome, 0):
+                    m.ppr_refreshed_lists.labels(self.label, outcome).inc(n - before.get(outcome, 0))
 
     def _unavailable(self, what: str, exc: BaseException) -> str:
         """A client's message for a store failure: what failed and an incident id; the driver's text and the
@@ -942,10 +957,7 @@ class LiveGraph:
             with self.lock.write():
                 self._apply_locked(parsed, effect, version, inv, plans, lists, new_ids, changed)
         except BaseException as exc:
-            self.broken = (f"graph {self.label}: update {version} failed half-way ({type(exc).__name__}); this "
-                           "server no longer answers for this graph: restart it (it replays the update log)")
-            log.exception("graph %s: applying update %d failed; the graph is out of service until a restart",
-                          self.label, version)
+            self._out_of_service(f"update {version} failed half-way ({type(exc).__name__})")
             raise
         with self._version_cond:
             self._version_cond.notify_all()
@@ -1160,9 +1172,7 @@ class LiveGraph:
                     if isinstance(exc, UpdateLogError) and not isinstance(exc, UpdateLogUnavailable):
                         # the log lost records this server applied, or was compacted past them: answering
                         # on would be answering from a forked graph
-                        self.broken = (f"graph {self.label}: following its update log failed ({exc}); this server "
-                                       "no longer answers for this graph: restart it")
-                        log.error("%s", self.broken)
+                        self._out_of_service(f"following its update log failed ({exc})", trace=False)
                         return
                     # Redis down: keep trying; requests needing newer versions fail loudly
                     log.warning("graph %s: following the update log failed (%s); retrying", self.label, exc)

@@ -219,6 +219,10 @@ class ServerMetrics:
         self.ppr_stale_lists = Gauge("gnnserve_ppr_stale_lists",
                                      "PPR lists updates left stale (--ppr-eager-lists): pushed by the lookups that "
                                      "need them until the refresh thread stores them", ["graph"], registry=r)
+        self.ppr_refreshed_lists = Counter(
+            "gnnserve_ppr_refreshed_lists", "Stale PPR lists the refresh thread pushed (or lookups handed over) and "
+            "stored (outcome=stored), or left stale because an update came between push and store (voided)",
+            ["graph", "outcome"], registry=r)
 
     def observe_request(self, model: str, timing: dict[str, float], width: int, budget: int, n: int) -> None:
         """Record one answered Predict: ``timing`` in milliseconds by stage."""

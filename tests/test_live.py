@@ -253,6 +253,7 @@ def test_stale_ppr_lists_answer_fresh_and_are_stored_in_the_background(base_repo
                 np.testing.assert_allclose(got.probabilities, want, atol=2e-5, err_msg=f"shadow S={width}")
                 first[width] = got.probabilities
             # the writer thread stores them: the same answers
+            n_stale = live.stale_lists()
             live._refresh_off = None
             live._ring_refresh()
             deadline = time.monotonic() + 60
@@ -260,6 +261,9 @@ def test_stale_ppr_lists_answer_fresh_and_are_stored_in_the_background(base_repo
                 time.sleep(0.05)
             assert live.stale_lists() == 0
             assert live.metrics.ppr_stale_lists.labels(live.label)._value.get() == 0
+            counted = {o: live.metrics.ppr_refreshed_lists.labels(live.label, o)._value.get()
+                       for o in ("stored", "voided")}
+            assert counted == {"stored": n_stale, "voided": 0}  # no update came in between
             assert not idx.is_stale(nodes).any() and idx.is_dirty(stale).all()
             for width in (0, 3):
                 got = c.predict("shadow", nodes, sampling_width=width, ppr_budget=budget)

@@ -257,8 +257,9 @@ def test_stale_lists_are_pushed_at_lookup_and_refreshed_to_the_same(sbm, sbm_bas
         prep = live.prepare_refresh(4)
         eff2 = apply_edit(eff.graph, make_edit(rng, eff.graph, new=False))
         live.apply(eff.graph, eff2.graph, eff2.changed_rows, eff2.new_ids)
-        n_stale = live.stale_count
+        n_stale, voided = live.stale_count, live.refresh_stats["voided"]
         assert live.install_refresh(prep) == 0 and live.stale_count == n_stale
+        assert live.refresh_stats["voided"] == voided + int(live.is_stale(prep["targets"]).sum()) > voided
 
 
 def test_eager_lists_is_checked(sbm_base):
