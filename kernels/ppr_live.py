@@ -187,7 +187,7 @@ sources + holders of any changed row + new nodes. A dirty target stays dirty (th
 never patched); :meth:`ensure_induced` after edits rebuilds the table from the current lists.
 """
 
-# numba cache key: datasets 2095f586e9e7, graph_edit 4ca111f6189d, ppr_index 26f93b2362ed, ppr_push 308fc9a09323, subgraph 7484546ef9d8
+# numba cache key: datasets 2095f586e9e7, graph_edit 4ca111f6189d, ppr_index 26f93b2362ed, ppr_push 180f5146d47b, subgraph 7484546ef9d8
 
 from __future__ import annotations
 
@@ -204,7 +204,7 @@ from numba import prange
 from .graph import CSRGraph, gather_ranges, index_dtype_for
 from .ppr import _SCRATCH_KEY, _SCRATCH_LOCK, PPRConfig, PPRIndex, PPRIndexError, _weighted_degree, ppr_topk
 from .ppr_index import inverse_lists
-from .ppr_push import _give_dense, _push_dense, _take_dense
+from .ppr_push import _DenseScratch, _give_dense, _push_dense, _take_dense
 from .subgraph import InducedTable, SubgraphBatch, induced_batch
 from .threads import numba_threads
 
@@ -216,6 +216,21 @@ _TINY = 1e-300  # a pushed node keeps this residue: r == 0 means "never touched"
 _RULES = ("node", "l1")
 _LOOKUP_CHUNK = 1 << 20  # list entries gathered at a time when all lists are copied (a merge)
 _HANDED_MAX = 1 << 22  # list entries lookups' pushes may hold for install_handed (about 50 MB)
+
+
+def _spare(cap: int, n: int) -> int:
+    """The size to allocate for ``n`` nodes when ``cap`` is too small: an eighth more (and 64), so that a stream
+    of new nodes copies a per-node array once per eighth of growth, not once per node."""
+    return max(n, cap + cap // 8 + 64)
+
+
+def _room(a: np.ndarray, n: int, fill: Any) -> np.ndarray:
+    """``a`` itself when it has ``n`` entries, else a copy with spare room (:func:`_spare`), the rest ``fill``."""
+    if n <= len(a):
+        return a
+    out = np.full(_spare(len(a), n), fill, dtype=a.dtype)
+    out[: len(a)] = a
+    return out
 
 
 # ============================================================================ compiled kernels
@@ -1084,8 +1099,8 @@ class LivePPRIndex:
 
     def _sums_for(self, n: int) -> _Sums:
         sc = self._sums
-        if sc is None or sc.n != n:
-            sc = _Sums(n)
+        if sc is None or sc.n < n:  # spare room once nodes come: not an O(N) allocation per new node
+            sc = _Sums(n if sc is None else _spare(sc.n, n))
         return sc
 
     def _coefficients(self, old_graph: CSRGraph, new_graph: CSRGraph, rows: np.ndarray) -> np.ndarray:
@@ -1104,17 +1119,23 @@ class LivePPRIndex:
         return (1.0 - a) / a * mnode
 
     def _grow_to(self, n: int) -> None:
-        m = n - len(self._ostart)
-        if m > 0:
-            self._ostart = np.concatenate([self._ostart, np.full(m, -1, dtype=np.int64)])
-            self._olen = np.concatenate([self._olen, np.zeros(m, dtype=np.int64)])
-            self._dirty = np.concatenate([self._dirty, np.ones(m, dtype=bool)])
-            self._stale = np.concatenate([self._stale, np.zeros(m, dtype=bool)])
+        """Entries for nodes ``num_nodes .. n - 1``: no list in the overlay, dirty, not stale. The per-node
+        arrays keep spare room (:func:`_room`); only ``[:num_nodes]`` of them is meaningful."""
+        old = self.num_nodes
+        if n <= old:
+            return
+        self._ostart = _room(self._ostart, n, -1)
+        self._olen = _room(self._olen, n, 0)
+        self._dirty = _room(self._dirty, n, False)
+        self._stale = _room(self._stale, n, False)
+        self._ostart[old:n] = -1
+        self._olen[old:n] = 0
+        self._dirty[old:n] = True
+        self._stale[old:n] = False
         self._drift_grow(n)
 
     def _drift_grow(self, n: int) -> None:
-        if n > len(self._drift):
-            self._drift = np.concatenate([self._drift, np.zeros(n - len(self._drift))])
+        self._drift = _room(self._drift, n, 0.0)
 
     def _store(self, targets: np.ndarray, ptr: np.ndarray, nodes: np.ndarray, scores: np.ndarray) -> None:
         """Append fresh lists to the arena and point the targets at them."""
@@ -1289,21 +1310,25 @@ class LivePPRIndex:
         return ptr, np.concatenate(nodes), np.concatenate(scores)
 
     def _carry_scratch(self, old_graph: CSRGraph, new_graph: CSRGraph, changed: np.ndarray) -> None:
-        """Hand the old graph's dense push scratch (kernels.ppr) to the new graph when the node count
-        is unchanged, fixing the push thresholds: no O(threads * N) allocation per edit."""
-        if new_graph.num_nodes != old_graph.num_nodes:
-            return
+        """Hand the old graph's dense push scratch (kernels.ppr) to the new graph, fixing the push thresholds
+        of the changed rows and the new nodes: no O(threads * N) allocation per edit. A scratch without room
+        for the new nodes is replaced by one with spare room (:func:`_spare`), so a stream of new nodes
+        allocates it again only once per eighth of growth."""
+        n_old, n = old_graph.num_nodes, new_graph.num_nodes
         with _SCRATCH_LOCK:
             pool = old_graph.cache().pop(_SCRATCH_KEY, None)
         if not pool:
             return
         wd = _weighted_degree(new_graph)
-        for sc in pool:
-            if new_graph.is_weighted or old_graph.is_weighted:
-                sc.rw[:, :, 1] = np.where(wd > 0, sc.eps * wd, sc.eps)
-            elif len(changed):
-                wc = wd[changed]
-                sc.rw[:, changed, 1] = np.where(wc > 0, sc.eps * wc, sc.eps)
+        fix = changed if n == n_old else np.union1d(changed, np.arange(n_old, n))
+        for i, sc in enumerate(pool):
+            if sc.capacity < n:
+                pool[i] = _DenseScratch(wd, sc.threads, sc.eps, capacity=_spare(sc.capacity, n))
+            elif new_graph.is_weighted or old_graph.is_weighted:
+                sc.rw[:, :n, 1] = np.where(wd > 0, sc.eps * wd, sc.eps)
+            elif len(fix):
+                wc = wd[fix]
+                sc.rw[:, fix, 1] = np.where(wc > 0, sc.eps * wc, sc.eps)
         with _SCRATCH_LOCK:
             new_graph.cache().setdefault(_SCRATCH_KEY, []).extend(pool)
 

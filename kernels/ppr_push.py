@@ -125,19 +125,28 @@ class _DenseScratch:
     ``rw[t, v] = (r(v), eps * w(v))`` interleaved (the push threshold of ``v``: ``eps`` where
     ``w(v) = 0``), so one edge update reads one cache line; ``p[t, v]``, FIFO ring ``queue[t]``
     (N + 1 slots), ``touched[t]`` node list and ``cand[t]`` candidate scores. Built for one ``eps``.
+    ``capacity`` (at least N) sizes every array for that many nodes, the spare ones at threshold ``eps``:
+    a live graph's new nodes then reuse it (:meth:`kernels.ppr_live.LivePPRIndex.prepare` sets their
+    thresholds) instead of allocating all of it again per new node.
     """
 
-    def __init__(self, wdeg: np.ndarray, threads: int, eps: float) -> None:
+    def __init__(self, wdeg: np.ndarray, threads: int, eps: float, capacity: int = 0) -> None:
         n = len(wdeg)
+        cap = max(n, int(capacity))
         self.threads = threads
         self.eps = eps
-        self.rw = np.zeros((threads, n, 2), dtype=np.float64)
-        self.rw[:, :, 1] = np.where(wdeg > 0, eps * wdeg, eps)
-        self.p = np.zeros((threads, n), dtype=np.float64)
-        idt = index_dtype_for(n + 1)
-        self.queue = np.zeros((threads, n + 1), dtype=idt)
-        self.touched = np.zeros((threads, n + 1), dtype=idt)  # + 1: the push writes one slot past its count
-        self.cand = np.zeros((threads, n), dtype=np.float64)
+        self.rw = np.zeros((threads, cap, 2), dtype=np.float64)
+        self.rw[:, :n, 1] = np.where(wdeg > 0, eps * wdeg, eps)
+        self.rw[:, n:, 1] = eps
+        self.p = np.zeros((threads, cap), dtype=np.float64)
+        idt = index_dtype_for(cap + 1)
+        self.queue = np.zeros((threads, cap + 1), dtype=idt)
+        self.touched = np.zeros((threads, cap + 1), dtype=idt)  # + 1: the push writes one slot past its count
+        self.cand = np.zeros((threads, cap), dtype=np.float64)
+
+    @property
+    def capacity(self) -> int:
+        return self.rw.shape[1]
 
     @property
     def nbytes(self) -> int:
