@@ -187,7 +187,7 @@ sources + holders of any changed row + new nodes. A dirty target stays dirty (th
 never patched); :meth:`ensure_induced` after edits rebuilds the table from the current lists.
 """
 
-# numba cache key: datasets 2095f586e9e7, graph_edit 4ca111f6189d, ppr_index 26f93b2362ed, ppr_push 180f5146d47b, subgraph 7484546ef9d8
+# numba cache key: datasets 2095f586e9e7, graph_edit 4ca111f6189d, ppr_index 26f93b2362ed, ppr_push 95b2935dcf9e, subgraph 7484546ef9d8
 
 from __future__ import annotations
 
@@ -297,7 +297,7 @@ def _reverse_accumulate(
                     old = r[v]
                     new = old + (c * weights[e] if has_w else c)
                     r[v] = new
-                    if old == 0.0:
+                    if old == 0.0 and new != 0.0:  # weight 0: still untouched (listed once at most)
                         touched[nt] = v
                         nt += 1
                     wv = wdeg[v]

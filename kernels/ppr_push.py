@@ -262,7 +262,9 @@ def _push_dense(
     The edge loop has no data-dependent branch (it was the cost: 1.9x to 2.0x faster, identical
     lists and scores): a pushed node keeps the residue ``_TINY`` instead of 0, so ``r(v) == 0``
     means exactly "never touched" and needs no look at ``p``; the touched list and the queue
-    are written unconditionally and their lengths advance by the conditions. ``_TINY`` (1e-300)
+    are written unconditionally and their lengths advance by the conditions (a node reached only
+    along edges of weight 0 keeps ``r == 0``: not touched, however often reached; counting it at each
+    reach overran ``touched``, QA 2026-11-27). ``_TINY`` (1e-300)
     is below every threshold and vanishes in ``p + alpha r``; the caller resets touched residues
     to 0.
     """
@@ -301,7 +303,7 @@ def _push_dense(
                 new = old + (c * weights[e] if has_w else c)
                 rw[v, 0] = new
                 touched[nt] = v
-                nt += old == 0.0
+                nt += (old == 0.0) & (new != 0.0)  # an edge of weight 0 leaves v untouched: listed once at most
                 thr = rw[v, 1]
                 hit = (old < thr) & (new >= thr)
                 queue[tail] = v

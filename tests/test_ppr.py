@@ -26,6 +26,7 @@ from kernels.ppr import (
     ppr_new_node,
     ppr_topk,
 )
+from kernels.ppr_push import _DenseScratch, _push_dense
 from kernels.subgraph import ExtraEdges, induced_batch
 
 from .conftest import dataset_path
@@ -110,6 +111,43 @@ def test_push_isolated_and_dangling_nodes():
     np.testing.assert_allclose(scores[ptr[2] : ptr[3]], [0.15, 0.85], rtol=1e-6)
     ex = ppr_exact(g, [4], cfg)[0]
     np.testing.assert_allclose(ex[[4, 5]], [0.15, 0.85], rtol=1e-9)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_edges_of_weight_zero(lazy):
+    """An edge of weight 0 is an edge no walk takes (a QA report: a node whose edges were re-weighted to 0
+    made every push that reached it list it again at each reach, past the end of the touched list, and the
+    process aborted on a corrupted heap). A path 0 - 1 - 2 - 3 - 4 - 5 whose edges at 2 weigh 0, and a hub
+    with one edge of weight 0: every list holds each node once, only nodes a walk can reach, within the
+    push's bound of exact PPR."""
+    src = np.array([0, 1, 2, 3, 4, 6, 6, 6, 6])
+    dst = np.array([1, 2, 3, 4, 5, 0, 4, 5, 7])
+    w = np.array([1, 0, 0, 1, 1, 2, 1, 1, 0], dtype=np.float32)
+    s, d, w = np.concatenate([src, dst]), np.concatenate([dst, src]), np.concatenate([w, w])
+    order = np.lexsort((d, s))  # the CSR by hand: from_edge_index drops the edges of weight 0
+    g = CSRGraph(indptr=np.searchsorted(s[order], np.arange(9)).astype(np.int64), indices=d[order].astype(np.int32),
+                 weights=w[order], num_nodes=8)
+    assert np.count_nonzero(g.weights == 0) == 6
+    cfg = PPRConfig(eps=1e-7, lazy=lazy)
+    targets = np.arange(8)
+    ptr, nodes, _ = ppr_topk(g, targets, cfg, k=8)
+    exact = ppr_exact(g, targets, cfg)
+    for b in targets:
+        row = nodes[ptr[b] : ptr[b + 1]]
+        assert len(np.unique(row)) == len(row), f"node {b}: {row}"
+        assert set(row.tolist()) == set(np.flatnonzero(exact[b] > 0).tolist()), f"node {b}: {row}"
+    assert nodes[ptr[2] : ptr[3]].tolist() == [2] and nodes[ptr[7] : ptr[8]].tolist() == [7]
+    check_bound(g, cfg, targets, exact)
+    # the push itself, on a scratch with room to spare (an overrun stays inside it): it counts each node once
+    wd = _weighted_degree(g)
+    sc = _DenseScratch(wd, 1, cfg.eps, capacity=10_000)
+    for src in (1, 6):
+        nt = _push_dense(g.indptr, g.indices, g.weights, wd, src, cfg.alpha, lazy, 0, sc.rw[0], sc.p[0], sc.queue[0],
+                         sc.touched[0])
+        reached = np.flatnonzero((sc.rw[0, :, 0] > 0) | (sc.p[0] > 0))
+        assert nt == len(reached) and sorted(sc.touched[0, :nt].tolist()) == reached.tolist()
+        sc.rw[0, :, 0] = 0.0
+        sc.p[0] = 0.0
 
 
 def test_every_node_touched_and_scratch_reused_across_eps():

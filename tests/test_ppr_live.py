@@ -150,6 +150,30 @@ def test_recomputed_lists_equal_a_fresh_push_on_weighted_lazy_graph():
     assert totals["recomputed"] > 0
 
 
+def test_edits_to_weight_zero():
+    """Re-weighting every edge of a node to 0 (the edit of a QA report that aborted the server: the reverse
+    pushes listed a node reached along weight-0 edges at each reach, past the end of their touched list):
+    the recomputed lists are a fresh push, each node listed once."""
+    rng = np.random.default_rng(8)
+    ei = rng.integers(0, 200, size=(2, 900))
+    g = CSRGraph.from_edge_index(ei, num_nodes=200, weights=rng.uniform(0.5, 2.0, 900), symmetrize=True,
+                                 remove_self_loops=True)  # fmt: skip
+    cfg = PPRConfig(topk=16, eps=1e-5)
+    live = LivePPRIndex(PPRIndex.build(g, cfg, progress=False))
+    for node in (5, 17, 40):
+        nb = g.neighbors(node).astype(np.int64)
+        e = GraphEdit.make(rem_src=np.full(len(nb), node), rem_dst=nb, add_src=np.full(len(nb), node), add_dst=nb,
+                           add_w=np.zeros(len(nb)))
+        eff = apply_edit(g, e)
+        st = live.apply(g, eff.graph, eff.changed_rows, eff.new_ids)
+        g = eff.graph
+        assert st["recomputed"] > 0 and not np.any(g.weights[g.indptr[node] : g.indptr[node + 1]])
+        ptr, nodes = live.lookup(np.arange(g.num_nodes))
+        assert all(len(np.unique(nodes[ptr[v] : ptr[v + 1]])) == ptr[v + 1] - ptr[v] for v in range(g.num_nodes))
+        assert nodes[ptr[node] : ptr[node + 1]].tolist() == [node]
+        assert_fresh_lists(live, g, live.last_recomputed, cfg)
+
+
 def test_recomputed_lists_on_cora(cora):
     g, base = cora
     live = LivePPRIndex(base)
