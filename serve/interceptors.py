@@ -46,11 +46,10 @@ __all__ = ["MAX_DETAILS_CHARS", "BearerAuthInterceptor", "DrainGate", "ErrorMapp
 
 log = logging.getLogger(__name__)
 
-_OPEN_METHODS = (
-    "/grpc.health.v1.Health/",
-    "/grpc.reflection.v1alpha.ServerReflection/",
-    "/grpc.reflection.v1.ServerReflection/",
-)
+# what an orchestrator's probe calls: unary, answered at once. Health/Watch and reflection are streams a client
+# holds open, and every open stream counts against --max-concurrent-rpcs: open to anyone, a thousand of them
+# locked the token holders out (RESOURCE_EXHAUSTED; QA 2026-11-27), so they need the token like the rest
+_OPEN_METHODS = ("/grpc.health.v1.Health/Check",)
 
 
 MAX_DETAILS_CHARS = 1024
@@ -337,8 +336,10 @@ def bearer_token(value: str | bytes) -> bytes | None:
 
 
 class BearerAuthInterceptor(aio.ServerInterceptor):
-    """Requires ``authorization: Bearer <token>`` on every RPC but health checks and reflection (the scheme
-    in any case, one or more spaces or tabs before the token: :func:`bearer_token`)."""
+    """Requires ``authorization: Bearer <token>`` on every RPC but the health check ``Health/Check`` (the
+    scheme in any case, one or more spaces or tabs before the token: :func:`bearer_token`). The streams a
+    client holds open (``Health/Watch``, reflection) need it too: each counts against the server's limit of
+    RPCs at once, which anonymous streams could otherwise fill."""
 
     def __init__(self, token: str) -> None:
         if not token or not token.strip():

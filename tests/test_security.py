@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from clients import GnnClient, UnauthenticatedError
 from clients._gen import gnnserve_pb2 as pb
@@ -143,9 +144,27 @@ def test_missing_or_wrong_token_is_unauthenticated_with_no_detail(secure, metada
             assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert ei.value.details() == "missing or invalid bearer token"
             assert not ei.value.trailing_metadata()
-        # health stays open for orchestrators
+        # the health check stays open for orchestrators; the streams a client holds open do not (each counts
+        # against --max-concurrent-rpcs: anonymous ones could fill it)
         h = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=30)
         assert h.status == health_pb2.HealthCheckResponse.SERVING
+        watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=""), metadata=metadata,
+                                                     timeout=30)
+        refl = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), metadata=metadata, timeout=30)
+        for stream in (watch, refl):
+            with pytest.raises(grpc.RpcError) as ei:
+                next(stream)
+            assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with _tls_channel(proc, certs / "ca.pem") as ch:  # with the token, both answer
+        md = (("authorization", f"Bearer {TOKEN}"),)
+        watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=""), metadata=md, timeout=30)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
+        refl = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), metadata=md, timeout=30)
+        names = [s.name for s in next(refl).list_services_response.service]
+        assert "gnnserve.v1.GnnService" in names
     with GnnClient(f"localhost:{proc.port}", root_certificates=certs / "ca.pem", token="wrong", timeout=30) as c:
         with pytest.raises(UnauthenticatedError):
             c.predict("gcn", [1])
