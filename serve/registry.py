@@ -240,7 +240,9 @@ class ModelRegistry:
         if version in ("", None):
             rt = versions[max(versions)]
         else:
-            try:
+            try:  # ASCII digits only: int() also reads "٣" and " 3 "
+                if isinstance(version, str) and not (version.isascii() and version.isdigit()):
+                    raise ValueError(version)
                 v = int(version)
             except (TypeError, ValueError):
                 raise ModelNotFound(f"model {name!r} has no version {_shown(str(version))} (versions: "

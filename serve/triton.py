@@ -272,7 +272,7 @@ def _version_param(params: Any) -> int | None:
     if "version" not in params:
         return None
     v = _repository_param("version", params["version"])
-    if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, str) and v.isdigit())) or int(v) < 1:
+    if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, str) and v.isascii() and v.isdigit())) or int(v) < 1:
         raise InvalidArgument(f"parameter version must be a positive integer, got {str(v)[:32]!r}")
     return int(v)
 

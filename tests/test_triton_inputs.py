@@ -171,3 +171,20 @@ def test_failed_requests_count_in_the_model_statistics(stub):
     bad_output.outputs.add(name="LOGITS")
     _refused(stub, bad_output)
     assert _fails(stub, "gcn") == (fail0 + 4, ok0 + 1)
+
+
+@pytest.mark.parametrize("version", ["²", "①", "٣", " 1", "1 "])
+def test_a_version_is_ascii_digits(stub, version):
+    """Versions outside ASCII digits (``str.isdigit`` takes "²", ``int`` takes "٣" and " 1"): INVALID_ARGUMENT
+    for the repository's version parameter (was INTERNAL), NOT_FOUND for ModelInfer's model_version."""
+    req = pb.RepositoryModelLoadRequest(model_name="gcn")
+    req.parameters["version"].string_param = version
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.RepositoryModelLoad(req, timeout=30)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ei.value.details()
+    assert "positive integer" in ei.value.details()
+    infer = _request("gcn", contents=[0, 1, 2])
+    infer.model_version = version
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.ModelInfer(infer, timeout=30)
+    assert ei.value.code() == grpc.StatusCode.NOT_FOUND and "has no version" in ei.value.details()
