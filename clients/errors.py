@@ -163,7 +163,7 @@ class AbortedError(GnnServeError):
 
 class FailedPreconditionError(GnnServeError):
     """``FAILED_PRECONDITION``: the server cannot do this in its present state (a read-only server
-    asked for a graph update)."""
+    asked for a graph update; answers that would not be finite because stored values overflow)."""
 
     default_code = grpc.StatusCode.FAILED_PRECONDITION
 

@@ -235,16 +235,21 @@ def _self_loop_count(graph: CSRGraph) -> int:
     return c
 
 
+#: the largest edge weight an edit takes: a few weights near float32's limit (3.4e38) sum to infinity in a
+#: node's degree, and the answers of every model around it turn NaN (a QA report, 2026-11-27)
+MAX_WEIGHT = 1e15
+
+
 def _check_weights(w: np.ndarray | None, name: str, src: np.ndarray, dst: np.ndarray) -> None:
-    """Weights must be finite and >= 0; ``name`` is the list the error names (the entry's index follows)."""
+    """Weights must be finite, >= 0 and at most :data:`MAX_WEIGHT`; ``name`` is the list the error names (the
+    entry's index follows)."""
     if w is None or not len(w):
         return
-    bad = ~np.isfinite(w) | (w < 0)
+    bad = ~np.isfinite(w) | (w < 0) | (w > MAX_WEIGHT)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise GraphEditError(
-            f"{name}[{i}]: weight {float(w[i])} of edge ({int(src[i])}, {int(dst[i])}) must be finite and >= 0"
-        )
+        rule = f"must be at most {MAX_WEIGHT:g}" if np.isfinite(w[i]) and w[i] > MAX_WEIGHT else "must be finite and >= 0"
+        raise GraphEditError(f"{name}[{i}]: weight {float(w[i])} of edge ({int(src[i])}, {int(dst[i])}) {rule}")
 
 
 def _first_duplicate(keys: np.ndarray) -> tuple[int, int] | None:

@@ -107,7 +107,12 @@ def _grpc_port_problem(args: argparse.Namespace) -> str:
 
 
 def _metrics_port_problem(args: argparse.Namespace, why: str) -> str:
-    return f"cannot serve metrics on {args.host}:{args.metrics_port} (--metrics-port): {why}"
+    return f"cannot serve metrics on {_metrics_host(args)}:{args.metrics_port} (--metrics-port): {why}"
+
+
+def _metrics_host(args: argparse.Namespace) -> str:
+    host = getattr(args, "metrics_host", None)
+    return host if host is not None else args.host
 
 
 def _port_problem(args: argparse.Namespace) -> str | None:
@@ -118,7 +123,7 @@ def _port_problem(args: argparse.Namespace) -> str | None:
         return None
     if args.port and _unbindable(args.host, args.port) is not None:
         return _grpc_port_problem(args)
-    if args.metrics_port and (why := _unbindable(args.host, args.metrics_port)) is not None:
+    if args.metrics_port and (why := _unbindable(_metrics_host(args), args.metrics_port)) is not None:
         return _metrics_port_problem(args, why)
     return None
 
@@ -146,7 +151,11 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all interfaces)")
     ap.add_argument("--port", type=_port, default=8500, help="gRPC port (0 = any free port)")
     ap.add_argument("--metrics-port", type=_port, default=None,
-                    help="Prometheus /metrics port (off by default; 0 = any free port)")
+                    help="Prometheus /metrics port (off by default; 0 = any free port). The endpoint takes no "
+                         "token: bind it where only the scraper reaches it (--metrics-host)")
+    ap.add_argument("--metrics-host", default=None,
+                    help="address the /metrics endpoint binds (default: --host; e.g. 127.0.0.1 or an internal "
+                         "interface while gRPC serves 0.0.0.0)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--data", action="append", default=[], help="dataset path(s) to find checkpoints' data in")
     ap.add_argument("--features", default="memory",
@@ -374,6 +383,7 @@ def _serve(argv: Sequence[str]) -> int:
         host=args.host,
         port=args.port,
         metrics_port=args.metrics_port,
+        metrics_host=_metrics_host(args),
         runtime=RuntimeOptions(
             device=args.device,
             max_batch_targets=args.max_batch_targets,

@@ -73,6 +73,13 @@ class DataCorrupt(GnnServeError):
     code = grpc.StatusCode.DATA_LOSS
 
 
+class NonFiniteOutput(GnnServeError):
+    """The model's answer for some nodes is not finite: values around them (features or edge weights loaded
+    with the graph) overflow float32. Never answered as a result."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
 class Unauthenticated(GnnServeError):
     """Missing or wrong bearer token."""
 

@@ -54,9 +54,11 @@ import grpc
 import numpy as np
 
 from kernels.datasets import remove_stale_tmp
+from kernels.graph_edit import MAX_WEIGHT
 from kernels.update_warmup import warm_once
 
 from .errors import GnnServeError, InvalidArgument, Unavailable
+from .validation import feature_problem
 
 if TYPE_CHECKING:
     from kernels.graph_edit import GraphEdit
@@ -237,9 +239,9 @@ def _rows_of(entries: Any, num_features: int, what: str) -> np.ndarray:
         if len(f) != num_features:
             raise InvalidArgument(f"{what}[{i}]: {len(f)} features, the model's graph has {num_features}")
         row = np.asarray(f, dtype=np.float32)
-        if not np.isfinite(row).all():
-            raise InvalidArgument(f"{what}[{i}]: features must be finite (NaN or infinity at position "
-                                  f"{int(np.flatnonzero(~np.isfinite(row))[0])})")
+        problem = feature_problem(row)
+        if problem:
+            raise InvalidArgument(f"{what}[{i}]: {problem}")
         out[i] = row
     return out
 
@@ -410,8 +412,8 @@ class _Group:
         m = int(e.new_count)
         top = n + m
 
-        def ok_w(w: float) -> bool:
-            return bool(np.isfinite(w)) and w >= 0  # what apply_edit and Predict's new nodes accept
+        def ok_w(w: float) -> bool:  # what apply_edit and Predict's new nodes accept
+            return bool(np.isfinite(w)) and 0 <= w <= MAX_WEIGHT
 
         for j in range(m):
             v = n + j

@@ -146,8 +146,8 @@ def _child_argv(args: Any, argv: Sequence[str], port: int, index: int, tmp: Path
     out = [sys.executable, "-m", "serve.cli", "serve", *argv, "--port", str(port), "--processes", "1",
            "--process-slot", f"{index}/{args.processes}", "--process-status", str(tmp / f"{index}.json"),
            "--ready-file", ""]
-    if args.metrics_port is not None:
-        out += ["--metrics-port", "0"]
+    if args.metrics_port is not None:  # a child's endpoint is the parent's to scrape, on loopback only
+        out += ["--metrics-port", "0", "--metrics-host", "127.0.0.1"]
     return out
 
 
@@ -288,11 +288,11 @@ def _version_mismatch(status: dict[int, dict[str, Any]], args: Any) -> str | Non
 def _serve_metrics(args: Any, status: dict[int, dict[str, Any]]) -> Any:
     from prometheus_client import CollectorRegistry, start_http_server
 
-    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "[::]") else args.host.strip("[]")
-    endpoints = {i: f"http://{'[' + host + ']' if ':' in host else host}:{st['metrics_port']}/metrics"
+    endpoints = {i: f"http://127.0.0.1:{st['metrics_port']}/metrics"  # the children bind loopback (_child_argv)
                  for i, st in status.items() if st.get("metrics_port")}
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_MergedMetrics(endpoints))
-    server, _thread = start_http_server(int(args.metrics_port), addr=args.host, registry=registry)
+    host = args.metrics_host if args.metrics_host is not None else args.host
+    server, _thread = start_http_server(int(args.metrics_port), addr=host, registry=registry)
     log.info("metrics of %d processes on port %d", len(endpoints), server.server_port)
     return server

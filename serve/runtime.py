@@ -50,7 +50,7 @@ from kernels.subgraph import ExtraEdges, SubgraphBatch, in_global_order, induced
 from models.base import carry_gcn_degrees, gcn_dinv32
 
 from .batcher import DynamicBatcher, WorkItem, WouldBlock
-from .errors import InvalidArgument, Overloaded, Unavailable
+from .errors import InvalidArgument, NonFiniteOutput, Overloaded, Unavailable
 from .features.memory import MemoryFeatureStore
 from .metrics import ServerMetrics
 from .paths import PATH_NAMES, ServingPath, paths_for
@@ -966,6 +966,9 @@ class ModelRuntime:
             self.server_metrics.observe_batch(self.name, len(labels_np))
         if self.ready:  # not warm-up batches
             self.stats.executed(len(labels_np), t_feat - started, t_fwd - t_feat, time.perf_counter() - t_fwd)
+        # never a NaN answer as a result: values near float32's limit overflow (what UpdateGraph and new nodes
+        # refuse; data loaded with the graph is not checked value by value)
+        finite = bool(np.isfinite(probs_np).all())
         # Output rows: every call's existing nodes in call order, then every call's new nodes.
         n_existing = sum(len(c.nodes) for c in calls)
         out: list[PredictResult | BaseException] = []
@@ -979,6 +982,9 @@ class ModelRuntime:
             pos_e += len(c.nodes)
             pos_n += len(c.new_nodes)
             timing = dict(timing_batch, queue=1e3 * (it.started - it.enqueued) if it.started else 0.0)
+            if not finite and not np.isfinite(probs_np[rows]).all():
+                out.append(self._non_finite(c, probs_np[rows]))
+                continue
             out.append(
                 PredictResult(
                     call=c,
@@ -994,6 +1000,17 @@ class ModelRuntime:
                 )
             )
         return out
+
+    def _non_finite(self, call: PredictCall, probs: np.ndarray) -> NonFiniteOutput:
+        """The error of a call some of whose answers are not finite, naming those nodes (new ones by index)."""
+        bad = np.flatnonzero(~np.isfinite(probs).all(axis=1))
+        n = len(call.nodes)
+        names = [str(int(call.nodes[i])) if i < n else f"new_nodes[{i - n}]" for i in bad[:5]]
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        log.warning("model %s: answers not finite for nodes %s%s", self.name, ", ".join(names), more)
+        return NonFiniteOutput(
+            f"model {self.name!r}: answers not finite (NaN or infinity) for node {', '.join(names)}{more}: "
+            f"feature values or edge weights around it overflow float32; send smaller values with UpdateGraph")
 
     def _process_inline(self, items: list[WorkItem]) -> list[PredictResult | BaseException]:
         """:meth:`process` for a batch on the event loop: never waits for the live graph's lock."""

@@ -83,6 +83,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8500  # 0 = pick a free port
     metrics_port: int | None = None  # None = no metrics endpoint; 0 = free port
+    metrics_host: str | None = None  # the address /metrics binds (None: host)
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
     data_paths: list[str] = field(default_factory=list)
     feature_url: str = "memory"
@@ -199,7 +200,8 @@ class GnnServer:
         if self.port == 0:
             raise OSError(f"cannot bind {address}")
         if cfg.metrics_port is not None:
-            self.metrics_port = self.metrics.serve_http(cfg.metrics_port, addr=cfg.host)
+            self.metrics_port = self.metrics.serve_http(
+                cfg.metrics_port, addr=cfg.metrics_host if cfg.metrics_host is not None else cfg.host)
         await self.server.start()
         log.info("listening on %s:%d (%s, %s event loop)", cfg.host, self.port, "TLS" if cfg.tls_cert else "plaintext",
                  loop_name(asyncio.get_running_loop()))

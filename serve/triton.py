@@ -108,7 +108,7 @@ REQUEST_PARAMS = (*KNOBS, "min_graph_version", *TRITON_PARAMS)
 #: integer for "no timeout"
 MAX_TIMEOUT_US = 365 * 86400 * 10**6
 #: Triton's names of the protocol extensions this server implements (ServerMetadata.extensions)
-EXTENSIONS = ("parameters", "model_repository", "model_configuration", "statistics", "logging")
+EXTENSIONS = ("classification", "parameters", "model_repository", "model_configuration", "statistics", "logging")
 #: the largest min_graph_version (PredictRequest's uint64 field)
 MAX_GRAPH_VERSION = 2**64 - 1
 #: requests of one ModelStreamInfer stream that run at once
@@ -216,7 +216,50 @@ def requested_outputs(request: pb.ModelInferRequest) -> list[str]:
     if len(set(wanted)) < len(wanted):
         repeated = sorted({w for w in wanted if wanted.count(w) > 1})
         raise InvalidArgument(f"output {', '.join(repeated)} requested more than once; name each output at most once")
+    for o in outs:
+        for key in o.parameters:
+            if key != "classification":
+                _refuse_tensor_param("output", o.name, key)
+            if o.name != "PROBABILITIES":
+                raise InvalidArgument(f"output {o.name}: classification (class_count) applies to PROBABILITIES only")
     return wanted
+
+
+def class_counts(request: pb.ModelInferRequest) -> dict[str, int]:
+    """The outputs the classification extension asks for (``parameters["classification"]``, tritonclient's
+    ``InferRequestedOutput(name, class_count=k)``): name -> k, after :func:`requested_outputs` checked them."""
+    out = {}
+    for o in request.outputs:
+        if "classification" in o.parameters:
+            p = o.parameters["classification"]
+            k = p.int64_param if p.WhichOneof("parameter_choice") == "int64_param" else -1
+            if k < 1:
+                raise InvalidArgument(f"output {o.name}: classification must be a positive integer (int64_param)")
+            out[o.name] = int(k)
+    return out
+
+
+def classification_bytes(probs: np.ndarray, k: int) -> bytes:
+    """Triton's classification output of ``probs`` ``[n, C]``: the top ``min(k, C)`` classes of each row, most
+    likely first (ties: the lower index), as ``"<probability>:<index>"`` strings, serialised as a BYTES tensor
+    (each element a 4-byte little-endian length, then its bytes)."""
+    k = min(k, probs.shape[1])
+    order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    parts = []
+    for row, idx in zip(probs, order, strict=True):
+        for c in idx.tolist():
+            s = f"{float(row[c]):f}:{c}".encode()
+            parts.append(len(s).to_bytes(4, "little") + s)
+    return b"".join(parts)
+
+
+def _refuse_tensor_param(kind: str, name: str, key: str) -> None:
+    if key.startswith("shared_memory"):
+        raise InvalidArgument(f"{kind} {name[:64]}: shared memory is not supported by this server ({key}); "
+                              + ("send the values in contents or raw_input_contents" if kind == "input"
+                                 else "the output comes in raw_output_contents"))
+    raise InvalidArgument(f"{kind} {name[:64]}: unknown parameter {key[:64]!r}"
+                          + (" (outputs take classification only)" if kind == "output" else ""))
 
 
 def _node_ids(request: pb.ModelInferRequest, max_nodes: int) -> np.ndarray:
@@ -234,6 +277,8 @@ def _node_ids(request: pb.ModelInferRequest, max_nodes: int) -> np.ndarray:
         raise InvalidArgument(f"request has {raw_entries} raw_input_contents entries for 1 input ({INPUT}): "
                               "raw_input_contents holds one entry per input, in the order of inputs")
     tensor = request.inputs[0]
+    for key in tensor.parameters:  # first: an input in shared memory has no values here at all
+        _refuse_tensor_param("input", INPUT, key)
     if tensor.datatype != "INT64":
         raise InvalidArgument(f"input {INPUT} must be INT64, got {tensor.datatype[:32] or 'no datatype'}")
     shape = list(tensor.shape)
@@ -503,6 +548,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         # what Triton checks before the model sees a request (not counted in the model's statistics): the
         # outputs (first: a bad list is refused before any work), the model version, the input tensor
         wanted = requested_outputs(request)
+        classes = class_counts(request)
         rt = self.registry.get(request.model_name, request.model_version)
         nodes = _node_ids(request, rt.limits.max_nodes_per_request)
         try:  # the model's part (a Triton backend's): a failure here counts in inference_stats.fail
@@ -518,6 +564,12 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         n = len(res.labels)
         for name in wanted:
             out = resp.outputs.add(name=name)
+            if name in classes:  # the classification extension: BYTES [n, k], "<probability>:<index>"
+                k = min(classes[name], res.probabilities.shape[1])
+                out.datatype = "BYTES"
+                out.shape.extend([n, k])
+                resp.raw_output_contents.append(classification_bytes(res.probabilities, k))
+                continue
             if name == "LABELS":
                 out.datatype, arr = "INT64", np.ascontiguousarray(res.labels, dtype="<i8")
                 out.shape.extend([n])

@@ -46,6 +46,7 @@ from functools import cached_property
 import numpy as np
 
 from clients.knob_rules import cheapest_within
+from kernels.graph_edit import MAX_WEIGHT
 
 from .errors import InvalidArgument
 
@@ -57,6 +58,21 @@ MAX_NEW_NODE_NEIGHBORS = 100_000
 KNOB_MAX = 2**31 - 1
 #: characters of a request_id (echoed in answers and logs, and kept in the update log for an update)
 MAX_REQUEST_ID = 256
+#: the largest feature magnitude a request or an update may send: larger values overflow float32 in the first
+#: layer's sums (3e38 in one row turned a sixth of a graph's answers NaN; a QA report, 2026-11-27)
+MAX_ABS_FEATURE = 1e15
+
+
+def feature_problem(row: np.ndarray) -> str | None:
+    """What is wrong with the float32 feature ``row`` (NaN, infinity, or beyond :data:`MAX_ABS_FEATURE`,
+    naming the first such position), or None."""
+    bad = ~(np.abs(row) <= MAX_ABS_FEATURE)  # NaN compares false
+    if not bad.any():
+        return None
+    j = int(np.flatnonzero(bad)[0])
+    if not np.isfinite(row[j]):
+        return f"features must be finite (NaN or infinity at position {j})"
+    return f"feature {float(row[j]):g} at position {j} is beyond +-{MAX_ABS_FEATURE:g}"
 
 
 @dataclass(frozen=True)
@@ -262,8 +278,9 @@ def _validate_new_node(i: int, nn, limits: ModelLimits) -> NewNodeSpec:
             f"new_nodes[{i}]: features must have {limits.num_features} values for model "
             f"{limits.name!r}, got {feats.shape[0]}"
         )
-    if not np.all(np.isfinite(feats)):
-        raise InvalidArgument(f"new_nodes[{i}]: features contain NaN or infinity")
+    problem = feature_problem(feats)
+    if problem:
+        raise InvalidArgument(f"new_nodes[{i}]: {problem}")
     nbrs = np.asarray(nn.neighbors, dtype=np.int64)
     if len(nbrs) > MAX_NEW_NODE_NEIGHBORS:
         raise InvalidArgument(f"new_nodes[{i}]: {len(nbrs)} neighbours, more than {MAX_NEW_NODE_NEIGHBORS}")
@@ -275,11 +292,13 @@ def _validate_new_node(i: int, nn, limits: ModelLimits) -> NewNodeSpec:
             raise InvalidArgument(
                 f"new_nodes[{i}]: edge_weights has {len(weights)} values for {len(nbrs)} neighbours"
             )
-        bad = ~np.isfinite(weights) | (weights < 0)
+        bad = ~np.isfinite(weights) | (weights < 0) | (weights > MAX_WEIGHT)
         if bad.any():
             t = int(np.flatnonzero(bad)[0])
+            big = np.isfinite(weights[t]) and weights[t] > MAX_WEIGHT
+            rule = f"must be at most {MAX_WEIGHT:g}" if big else "must be finite and >= 0"
             raise InvalidArgument(f"new_nodes[{i}].edge_weights[{t}]: weight {float(weights[t])} of the edge to "
-                                  f"node {int(nbrs[t])} must be finite and >= 0")
+                                  f"node {int(nbrs[t])} {rule}")
     if len(np.unique(nbrs)) != len(nbrs):
         raise InvalidArgument(f"new_nodes[{i}]: neighbours repeat; give each neighbour once")
     return NewNodeSpec(features=feats, neighbors=nbrs, weights=weights)

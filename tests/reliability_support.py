@@ -151,7 +151,10 @@ def expected_error(req: dict[str, Any], limit: int = LIMIT) -> tuple[grpc.Status
         if feats.shape != (F,):
             return inv, f"new_nodes[{i}]: features must have {F} values"
         if not np.all(np.isfinite(feats)):
-            return inv, f"new_nodes[{i}]: features contain NaN or infinity"
+            j = int(np.flatnonzero(~np.isfinite(feats))[0])
+            return inv, f"new_nodes[{i}]: features must be finite (NaN or infinity at position {j})"
+        if np.any(np.abs(feats) > 1e15):
+            return inv, f"new_nodes[{i}]: feature"
         nb = list(nn.get("neighbors", []))
         if any(not 0 <= v < N for v in nb):
             return inv, f"new_nodes[{i}] neighbours out of range"
@@ -160,11 +163,12 @@ def expected_error(req: dict[str, Any], limit: int = LIMIT) -> tuple[grpc.Status
             w32 = np.asarray(w, dtype=np.float32)
             if len(w32) != len(nb):
                 return inv, f"new_nodes[{i}]: edge_weights has"
-            bad = ~np.isfinite(w32) | (w32 < 0)  # 0 is a weight, as everywhere in the server
+            bad = ~np.isfinite(w32) | (w32 < 0) | (w32 > 1e15)  # 0 is a weight, as everywhere in the server
             if bad.any():
                 t = int(np.flatnonzero(bad)[0])
+                rule = "must be at most 1e+15" if np.isfinite(w32[t]) and w32[t] > 1e15 else "must be finite and >= 0"
                 return inv, (f"new_nodes[{i}].edge_weights[{t}]: weight {float(w32[t])} of the edge to node {nb[t]} "
-                             "must be finite and >= 0")
+                             + rule)
         if len(set(nb)) != len(nb):
             return inv, f"new_nodes[{i}]: neighbours repeat"
     s, k, loss = req.get("sampling_width"), req.get("ppr_budget"), req.get("max_accuracy_loss")

@@ -807,3 +807,39 @@ def test_kserve_infer_reads_its_write(server, tiny_dataset):
     with pytest.raises(grpc.RpcError) as ei:
         infer(min_graph_version=up.graph_version + 5)
     assert ei.value.code() == grpc.StatusCode.UNAVAILABLE and "has not been written" in ei.value.details()
+
+
+def test_values_that_overflow_float32_are_refused_and_never_answered(base_repo, tmp_path, tiny_dataset):
+    """A QA report: a feature row of 3e38 (finite) turned a sixth of a graph's answers NaN with status OK, and
+    two edges weighing 3e38 overflowed a degree. Updates and request-time new nodes beyond +-1e15 are refused
+    (INVALID_ARGUMENT naming the entry); values up to it answer finite; a value beyond it that came with the
+    graph itself (written here behind the validation) gives FAILED_PRECONDITION naming the node, never a NaN."""
+    f = tiny_dataset.num_features
+    srv = ServerThread(fresh_repo(base_repo, tmp_path / "repo")).start()
+    try:
+        with GnnClient(srv.address) as c:
+            live = srv.server.registry.get("gcn").data.live
+            # behind the validation, before any Predict fills a cache: node 4's row near float32's limit
+            live.data.features.write(np.array([4]), np.full((1, f), 3e38, dtype=np.float32))
+            for model in MODELS:
+                with pytest.raises(clients.FailedPreconditionError, match=r"not finite .* node 4\b"):
+                    c.predict(model, [4, 5])
+            far = int(np.setdiff1d(np.arange(tiny_dataset.num_nodes),
+                                   np.concatenate([[4], tiny_dataset.graph.neighbors(4)]))[-1])
+            assert np.isfinite(c.predict("shadow", [far]).probabilities).all()
+            row = np.ones(f, dtype=np.float32)
+            row[3] = 3e38
+            with pytest.raises(clients.InvalidArgumentError, match=r"features\[0\]: feature 3e\+38 at position 3"):
+                c.update_graph("gcn", features={7: row})
+            with pytest.raises(clients.InvalidArgumentError, match=r"new_nodes\[0\]: feature 3e\+38 at position 3"):
+                c.predict_new_node("gcn", row, [1, 2])
+            with pytest.raises(clients.InvalidArgumentError, match=r"must be at most 1e\+15"):
+                c.update_graph("gcn", add_edges=[(10, 11, 3e38)] if 11 not in tiny_dataset.graph.neighbors(10)
+                               else [(10, 12, 3e38)])
+            assert c.get_model("gcn").graph_version == 0  # nothing applied
+            row[3] = 1e15  # the bound itself: accepted, answers finite
+            c.update_graph("gcn", features={7: row})
+            for model in MODELS:
+                assert np.isfinite(c.predict(model, [7]).probabilities).all()
+    finally:
+        srv.stop()

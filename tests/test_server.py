@@ -329,6 +329,21 @@ def test_metrics_endpoint(tiny_repo, tmp_path):
     assert sample("gnnserve_cache_bytes", model="gcn", version="1", cache="activation") > 0
 
 
+def test_metrics_bind_their_own_host(tiny_repo):
+    """``--metrics-host``: the /metrics endpoint (no token) binds where the operator says, apart from gRPC (a QA
+    report: with --host 0.0.0.0 it was open on every interface, with no way to keep it internal)."""
+    import urllib.error
+
+    with ServerThread(tiny_repo, {"metrics_port": 0, "metrics_host": "127.0.0.2"}) as srv:
+        port = srv.server.metrics_port
+        assert srv.server.metrics._http_server.server_address[0] == "127.0.0.2"
+        assert b"gnnserve_" in urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=10).read()
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10)
+    with ServerThread(tiny_repo, {"metrics_port": 0}) as srv:  # default: --host
+        assert srv.server.metrics._http_server.server_address[0] == "127.0.0.1"
+
+
 def test_metrics_of_the_resident_paths(tiny_repo):
     """--resident: the scrape reports each resident model's device state as cache "resident" (targets
     answered, rows and bytes held) instead of failing on it."""

@@ -359,6 +359,35 @@ def client_unsupported(address: str) -> dict[str, Any]:
     return out
 
 
+def client_classification(address: str) -> dict[str, Any]:
+    """The classification extension (``class_count``) beside the plain outputs; tensors in shared memory and
+    classification of another output: each call's error."""
+    import tritonclient.grpc as tg
+
+    c = tg.InferenceServerClient(address)
+    nodes = [1, 2, 3, 50]
+    plain = c.infer("gcn", _inputs(tg, nodes))
+    top = c.infer("gcn", _inputs(tg, nodes), outputs=[tg.InferRequestedOutput("PROBABILITIES", class_count=3),
+                                                      tg.InferRequestedOutput("LABELS")])
+    every = c.infer("gcn", _inputs(tg, nodes), outputs=[tg.InferRequestedOutput("PROBABILITIES", class_count=99)])
+    shm_out = tg.InferRequestedOutput("PROBABILITIES")
+    shm_out.set_shared_memory("r0", 1024)
+    shm_in = tg.InferInput("NODE_IDS", [2], "INT64")
+    shm_in.set_shared_memory("r0", 16)
+    out = {
+        "probabilities": plain.as_numpy("PROBABILITIES").tolist(),
+        "labels": top.as_numpy("LABELS").tolist(),
+        "top3": [[x.decode() for x in row] for row in top.as_numpy("PROBABILITIES")],
+        "all": [[x.decode() for x in row] for row in every.as_numpy("PROBABILITIES")],
+        "labels_classified": _call(c.infer, "gcn", _inputs(tg, nodes),
+                                   outputs=[tg.InferRequestedOutput("LABELS", class_count=2)]),
+        "shm_output": _call(c.infer, "gcn", _inputs(tg, nodes), outputs=[shm_out]),
+        "shm_input": _call(c.infer, "gcn", [shm_in]),
+    }
+    c.close()
+    return out
+
+
 def client_repeated_outputs(address: str) -> dict[str, Any]:
     """The request of issue #23: 4,096 ids and 100,000 repeats of EMBEDDINGS; then smaller bad lists."""
     import tritonclient.grpc as tg
@@ -709,7 +738,8 @@ def test_unsupported_extensions_answer_unimplemented(server):
     from serve.triton import EXTENSIONS
 
     assert out["metadata"]["extensions"] == list(EXTENSIONS)
-    assert set(EXTENSIONS) == {"parameters", "model_repository", "model_configuration", "statistics", "logging"}
+    assert set(EXTENSIONS) == {"classification", "parameters", "model_repository", "model_configuration",
+                               "statistics", "logging"}
     for call in ("system_status", "system_register", "system_unregister", "cuda_status", "cuda_register",
                  "cuda_unregister", "trace"):
         err = out[call]["error"]
@@ -719,6 +749,23 @@ def test_unsupported_extensions_answer_unimplemented(server):
     assert "CUDA shared memory is not supported" in out["cuda_register"]["error"]["message"]
     assert "no request tracing" in out["trace"]["error"]["message"]
     assert out["live"] is True
+
+
+def test_classification_and_tensor_parameters(server):
+    """``InferRequestedOutput("PROBABILITIES", class_count=k)``: Triton's classification output, BYTES [n, k]
+    of ``"<probability>:<class>"``, most likely first (all classes when k is larger); a classification of
+    LABELS and tensors in shared memory are refused, naming the parameter (a QA report: they were ignored)."""
+    out = run_client(server.address, "classification")
+    probs = np.asarray(out["probabilities"], dtype=np.float32)
+    for row, top, full, label in zip(probs, out["top3"], out["all"], out["labels"], strict=True):
+        order = np.argsort(-row, kind="stable")
+        assert top == [f"{row[c]:f}:{c}" for c in order[:3]] and full == [f"{row[c]:f}:{c}" for c in order]
+        assert int(top[0].split(":")[1]) == label
+    for case, words in (("labels_classified", "applies to PROBABILITIES only"),
+                        ("shm_output", "output PROBABILITIES: shared memory is not supported"),
+                        ("shm_input", "input NODE_IDS: shared memory is not supported")):
+        err = out[case]["error"]
+        assert err["status"] == "StatusCode.INVALID_ARGUMENT" and words in err["message"], (case, err)
 
 
 def test_repeated_outputs_are_refused_before_any_work(server, native):

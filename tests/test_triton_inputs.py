@@ -188,3 +188,23 @@ def test_a_version_is_ascii_digits(stub, version):
     with pytest.raises(grpc.RpcError) as ei:
         stub.ModelInfer(infer, timeout=30)
     assert ei.value.code() == grpc.StatusCode.NOT_FOUND and "has no version" in ei.value.details()
+
+
+def test_unknown_tensor_parameters_are_refused(stub):
+    """A parameter on the input or an output that the server does not act on is refused by name, before the
+    model sees the request (it was ignored: a QA report); classification takes a positive int64."""
+    req = _request("gcn", contents=[0, 1, 2])
+    req.inputs[0].parameters["binary_data_size"].int64_param = 24
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.ModelInfer(req, timeout=30)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "input NODE_IDS: unknown parameter 'binary_data_size'" in ei.value.details()
+    for key, setter, words in (("priority", lambda p: setattr(p, "int64_param", 1), "unknown parameter 'priority'"),
+                               ("classification", lambda p: setattr(p, "int64_param", 0), "positive integer"),
+                               ("classification", lambda p: setattr(p, "string_param", "2"), "positive integer")):
+        req = _request("gcn", contents=[0, 1, 2])
+        out = req.outputs.add(name="PROBABILITIES")
+        setter(out.parameters[key])
+        with pytest.raises(grpc.RpcError) as ei:
+            stub.ModelInfer(req, timeout=30)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in ei.value.details(), key
