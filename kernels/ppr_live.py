@@ -187,7 +187,7 @@ sources + holders of any changed row + new nodes. A dirty target stays dirty (th
 never patched); :meth:`ensure_induced` after edits rebuilds the table from the current lists.
 """
 
-# numba cache key: datasets 2095f586e9e7, graph_edit 4ca111f6189d, ppr_index 26f93b2362ed, ppr_push 95b2935dcf9e, subgraph 7484546ef9d8
+# numba cache key: datasets 2095f586e9e7, graph_edit f420396f3959, ppr_index 26f93b2362ed, ppr_push 95b2935dcf9e, subgraph 7484546ef9d8
 
 from __future__ import annotations
 
@@ -689,6 +689,15 @@ class LivePPRIndex:
             assert self._graph is not None
             self._fingerprint = self._graph.fingerprint()
         return self._fingerprint
+
+    def as_index(self) -> PPRIndex:
+        """The current lists, stale ones pushed now, as an offline :class:`PPRIndex` of the current graph (in
+        memory: :meth:`PPRIndex.save` writes it). A server compacting its update log saves it beside the
+        graph's snapshot, so that its next start opens these lists instead of pushing from every node of the
+        snapshot's graph (a QA report: 15 minutes at 1 M nodes). No edit may run meanwhile (the writer)."""
+        ptr, nodes, scores = self._all_lists(stored=False)
+        meta = {"from_live": {"base": self.base.fingerprint, "edits": self._version}}
+        return PPRIndex(self.config, self.fingerprint, ptr, nodes, scores, meta=meta)
 
     def check_graph(self, graph: CSRGraph | str) -> None:
         """Raise :class:`kernels.ppr.PPRIndexError` unless the lists belong to ``graph``."""

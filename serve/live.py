@@ -1079,12 +1079,14 @@ class LiveGraph:
         inv = self._apply(group.parsed(), group.effect(self._edit_fn), version)
         self._observe(inv, [1e3 * (time.perf_counter() - t0)] * len(updates))
 
-    def compact(self, directory: str | Path) -> dict[str, Any]:
+    def compact(self, directory: str | Path, ppr_cache_dir: str | Path | None = None) -> dict[str, Any]:
         """Fold the applied updates into a snapshot of the graph and features at ``directory`` (what a
         restart then loads instead of the dataset: :func:`load_snapshot`), then drop the log's records up
         to it. Crash-safe: the snapshot is written beside and renamed into place, and the records are
         dropped only after; a crash between the two leaves records the next start skips. Updates wait
-        meanwhile; predictions go on."""
+        meanwhile; predictions go on. With ``ppr_cache_dir`` the graph's PPR lists are saved there too, as
+        the index of the snapshot's graph (:meth:`kernels.ppr_live.LivePPRIndex.as_index`), which the next
+        start opens instead of building one."""
         d = Path(directory)
         t0 = time.perf_counter()
         with self._writer:
@@ -1111,6 +1113,8 @@ class LiveGraph:
                 os.replace(d, old)
             os.replace(tmp, d)
             shutil.rmtree(old, ignore_errors=True)
+            if ppr_cache_dir is not None:
+                self._save_ppr_lists(Path(ppr_cache_dir), graph)
             before = self.log.size_bytes() if self.log is not None else 0
             if self.log is not None and version > self.log.base:
                 self.log.truncate_before(version)
@@ -1120,6 +1124,30 @@ class LiveGraph:
         log.info("graph %s: compacted at version %d into %s (log %d -> %d bytes) in %.1f s", self.label, version, d,
                  before, after, out["seconds"])
         return out
+
+    def _save_ppr_lists(self, cache_dir: Path, graph: Any) -> None:
+        """Each PPR index of the graph, as it is now, saved into ``cache_dir`` where ``PPRIndex.open_or_build``
+        looks for the index of ``graph`` (written beside and renamed into place; kept if already there)."""
+        from kernels.ppr import PPRIndex
+
+        for idx in list(self.data.ppr_indexes.values()):
+            if not hasattr(idx, "as_index"):
+                continue
+            final = PPRIndex.path_for(cache_dir, graph, idx.config)
+            if (final / "meta.json").exists():
+                continue
+            t0 = time.perf_counter()
+            tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                with self.lock.read():  # lookups go on; installs take the writer, held here
+                    saved = idx.as_index()
+                saved.save(tmp)
+                os.replace(tmp, final)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            log.info("graph %s: PPR lists saved as the snapshot graph's index %s (%d lists) in %.1f s", self.label,
+                     final.name, saved.num_nodes, time.perf_counter() - t0)
 
     def wait_for(self, version: int, timeout: float) -> bool:
         """Whether the graph reaches ``version`` within ``timeout`` seconds (reading the log first:

@@ -571,6 +571,38 @@ def test_compaction_folds_the_log_into_a_snapshot(base_repo, tmp_path, tiny_data
     np.testing.assert_allclose(first["gcn"].probabilities, want, atol=2e-5)
 
 
+def test_a_shadow_model_never_rebuilds_its_ppr_index_after_updates_or_compaction(base_repo, tmp_path, tiny_dataset):
+    """A QA report: a shaDow model loaded after the update log's replay (a GCN on the same graph loaded first),
+    and every start after a compaction, built its PPR index from every node (15 minutes at 1 M nodes). Saved
+    indexes of the graph are opened before the replay, and a compaction saves the live lists as the index
+    of the snapshot's graph: no start here pushes the whole graph, and the answers stay the same."""
+    import re as _re
+
+    repo = fresh_repo(base_repo, tmp_path / "repo")
+    ds, rng = tiny_dataset, np.random.default_rng(31)
+    mirror = _Mirror(ds)
+    updates = _random_updates(ds, mirror, rng, 6)
+    nodes = np.concatenate([rng.choice(ds.num_nodes, 16, replace=False), np.arange(ds.num_nodes, mirror.n)])
+
+    def builds(srv) -> list[str]:  # full index builds of the served graph (the update warm-up's is 6 nodes)
+        text = srv.log_path.read_text(errors="replace")
+        return [m for m in _re.findall(r"PPR index for (\d+) nodes", text) if int(m) > 100]
+
+    with ServerProcess(repo) as srv, GnnClient(srv.address) as c:
+        for upd in updates:
+            c.update_graph("gcn", **upd)
+        want = c.predict("shadow", nodes, sampling_width=0)
+    for args in ((), ("--compact-log-bytes", "1"), ()):  # replay; compaction; the snapshot
+        with ServerProcess(repo, *args) as srv, GnnClient(srv.address) as c:
+            got = c.predict("shadow", nodes, sampling_width=0)
+            assert got.graph_version == 6
+            np.testing.assert_allclose(got.probabilities, want.probabilities, atol=1e-5)
+            assert builds(srv) == [], srv.log()
+            if args:
+                assert "saved as the snapshot graph's index" in srv.log_path.read_text(errors="replace")
+    assert len(list((repo / "_ppr").glob("ppr-*"))) == 2  # the dataset's index and the snapshot's
+
+
 pytest_plugins = ("tests.redis_server",)
 
 
