@@ -221,6 +221,8 @@ class ModelRegistry:
         self._models: dict[str, dict[int, ModelRuntime]] = {}
         self._data: dict[str, DataBundle] = {}
         self._failed: dict[Path, tuple[float, str]] = {}  # path -> (stamp, reason)
+        #: models on disk with no version served yet that the scan running now will load: name -> since when
+        self._loading: dict[str, float] = {}
         self._ignored: set[Path] = set()  # bad version directories already logged (once each, see scan)
         self._data_index: dict[str, Path] | None = None
         self._closing = False
@@ -236,6 +238,10 @@ class ModelRegistry:
         versions = self._models.get(name)
         if not versions:
             self._check_refused(name, version)
+            since = self._loading.get(name)
+            if since is not None:  # a model being loaded exists: retryable, not "not found"
+                raise Unavailable(f"model {_shown(name)} is being loaded (for {time.monotonic() - since:.0f} s: its "
+                                  "data, PPR index and warm-up); retry shortly")
             raise ModelNotFound(f"model {_shown(name)} not found ({self._known_names()})")
         if version in ("", None):
             rt = versions[max(versions)]
@@ -439,6 +445,26 @@ class ModelRegistry:
     async def _refresh(self) -> bool:
         loop = asyncio.get_running_loop()
         on_disk = self.scan()
+        now = time.monotonic()
+        self._loading = {n: now for n, vs in on_disk.items()
+                         if not self._models.get(n) and any(not self.held(n, v) for v in vs)}
+        try:
+            changed = await self._load_changed(loop, on_disk)
+        finally:
+            self._loading = {}
+        for name in list(self._models):
+            for version in list(self._models[name]):
+                if version not in on_disk.get(name, {}):
+                    self._retire(name, version, "removed from the repository")
+                    changed = True
+        self.metrics.models_loaded.set(sum(len(v) for v in self._models.values()))
+        if changed and self.on_change is not None:
+            self.on_change()
+        return changed
+
+    async def _load_changed(self, loop: asyncio.AbstractEventLoop, on_disk: dict[str, dict[int, Path]]) -> bool:
+        """Load the versions on disk that are new or changed (or failed and changed since): :meth:`_refresh`'s
+        loading half; returns whether any was loaded. A model leaves ``_loading`` once its versions are done."""
         changed = False
         for name, versions in on_disk.items():
             for version, path in versions.items():
@@ -473,14 +499,7 @@ class ModelRegistry:
                 log.info("serving model %s v%d (%s, %s) from %s", name, version, rt.architecture, rt.extractor, path)
                 if before is not None:
                     self._drain(before, "replaced by its changed directory")
-        for name in list(self._models):
-            for version in list(self._models[name]):
-                if version not in on_disk.get(name, {}):
-                    self._retire(name, version, "removed from the repository")
-                    changed = True
-        self.metrics.models_loaded.set(sum(len(v) for v in self._models.values()))
-        if changed and self.on_change is not None:
-            self.on_change()
+            self._loading.pop(name, None)
         return changed
 
     async def watch(self, interval_s: float = 2.0) -> None:

@@ -1,8 +1,9 @@
 """The gnnserve gRPC server on ``grpc.aio``.
 
 Services: ``gnnserve.v1.GnnService``, the KServe v2 / Triton ``inference.GRPCInferenceService``,
-``grpc.health.v1.Health`` (NOT_SERVING until a model is loaded and warmed, and again while
-shutting down) and server reflection. Prometheus metrics on ``metrics_port``.
+``grpc.health.v1.Health`` (NOT_SERVING until the start has loaded and warmed every model of the
+repository it can, and again while shutting down; a model still loading answers UNAVAILABLE, "being
+loaded", meanwhile) and server reflection. Prometheus metrics on ``metrics_port``.
 
 Shutdown (SIGTERM / SIGINT): new RPCs get UNAVAILABLE from the server's own handler (see
 :class:`~serve.interceptors.DrainGate`), then health goes NOT_SERVING; in-flight requests finish

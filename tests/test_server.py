@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import shutil
+import threading
 import time
 import urllib.request
 
@@ -259,6 +260,44 @@ def test_embeddings_and_timing(stub):
     assert len(r.probabilities) == 0, "probabilities only when asked"
     t = r.timing
     assert t.total_ms >= t.forward_ms > 0 and t.subgraph_ms > 0 and t.batch_size >= 2
+
+
+def test_a_model_being_loaded_is_unavailable_not_not_found(tiny_repo, tmp_path, monkeypatch):
+    """A QA report: while a model loaded (a shaDow model's PPR index, minutes on a large graph) it answered
+    NOT_FOUND, which clients do not retry. It is UNAVAILABLE, saying so; then it answers."""
+    from serve.registry import ModelRegistry
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo / "gcn" / "1", repo / "gcn" / "1")
+    shutil.copytree(tiny_repo / "_data", repo / "_data")
+    real = ModelRegistry._load_version
+    release = threading.Event()
+
+    def slow(self, name, version, path):
+        if name == "late":
+            release.wait(60)
+        return real(self, name, version, path)
+
+    monkeypatch.setattr(ModelRegistry, "_load_version", slow)
+    with ServerThread(repo, {"poll_s": 0.2}) as srv, grpc.insecure_channel(srv.address) as ch:
+        st = pbg.GnnServiceStub(ch)
+        shutil.copytree(tiny_repo / "gcn" / "1", repo / "late" / ".1.tmp")
+        (repo / "late" / ".1.tmp").rename(repo / "late" / "1")
+        deadline = time.monotonic() + 30
+        while "late" not in srv.server.registry._loading and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(grpc.RpcError) as ei:
+            predict(st, "late", [1])
+        assert ei.value.code() == grpc.StatusCode.UNAVAILABLE, ei.value
+        assert "model 'late' is being loaded" in ei.value.details()
+        with pytest.raises(grpc.RpcError) as ei:  # a model not on disk stays NOT_FOUND
+            predict(st, "nope", [1])
+        assert ei.value.code() == grpc.StatusCode.NOT_FOUND
+        release.set()
+        deadline = time.monotonic() + 60
+        while not srv.server.registry._models.get("late") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert predict(st, "late", [1]).version == "1"
 
 
 def test_new_version_swaps_in_and_bad_checkpoint_is_refused(tiny_repo, tmp_path):
