@@ -266,6 +266,8 @@ class PPRIndex:
                      max_bytes / 2**20)  # fmt: skip
             return False
         t0 = time.perf_counter()
+        log.info("building the induced table for k=%d of %d nodes (about %.0f MiB; saved beside the index)", k, n,
+                 est / 2**20)
         table = InducedTable.build(graph, self.lookup, k, progress=progress)
         log.info("induced table for k=%d: %d edges, %.0f MiB in %.1f s", k, len(table.src), table.nbytes / 2**20,
                  time.perf_counter() - t0)  # fmt: skip
@@ -366,11 +368,13 @@ class PPRIndex:
         directory: str | os.PathLike[str] | None = None,
         progress: bool = True,
         chunk_size: int | None = None,
+        quiet: bool = False,
     ) -> PPRIndex:
         """Push from every node (parallel on all numba threads, a progress bar over chunks).
 
         With ``directory`` the lists are streamed to files there (memory O(chunk)), the index is
-        saved and returned memory-mapped; otherwise it is built in memory.
+        saved and returned memory-mapped; otherwise it is built in memory. ``quiet``: its log line at DEBUG
+        (an internal index, such as the update warm-up's, which a server log should not show as the user's).
         """
         from tqdm.auto import tqdm
 
@@ -427,7 +431,8 @@ class PPRIndex:
             "threads": threads,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        log.info("PPR index for %d nodes (k=%d) built in %.1f s, %d entries", n, k, seconds, int(ptr[-1]))
+        log.log(logging.DEBUG if quiet else logging.INFO, "PPR index for %d nodes (k=%d) built in %.1f s, %d entries",
+                n, k, seconds, int(ptr[-1]))
         if out_dir is not None:
             np.save(out_dir / "ptr.npy", ptr)
             _write_meta(out_dir, meta)
@@ -516,8 +521,10 @@ class PPRIndex:
         cfg: PPRConfig | None = None,
         *,
         progress: bool = True,
+        quiet: bool = False,
     ) -> PPRIndex:
-        """Open the index for (graph, cfg) from ``cache_dir``, building and saving it first if absent.
+        """Open the index for (graph, cfg) from ``cache_dir``, building and saving it first if absent
+        (``quiet``: as :meth:`build`'s).
 
         The build writes to a temporary directory renamed into place at the end, so an interrupted
         build leaves nothing that looks like an index, and concurrent builders do not clash.
@@ -531,7 +538,7 @@ class PPRIndex:
         tmp = final.with_name(f"{final.name}{_writer_tag()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            cls.build(graph, cfg, directory=tmp, progress=progress)
+            cls.build(graph, cfg, directory=tmp, progress=progress, quiet=quiet)
             try:
                 os.replace(tmp, final)
             except OSError:

@@ -85,7 +85,7 @@ def warm_update_kernels(graph: Any, ppr_config: Any | None = None, layers: int =
 
         # built and then opened from its files, memory-mapped and read-only as a server's index is
         with tempfile.TemporaryDirectory(prefix="gnnserve-warmup-") as d:
-            live = LivePPRIndex(PPRIndex.open_or_build(d, tiny, ppr_config, progress=False), tol_factor=1e-12)
+            live = LivePPRIndex(PPRIndex.open_or_build(d, tiny, ppr_config, progress=False, quiet=True), tol_factor=1e-12)
             for i, (old, effect) in enumerate(steps):
                 if i == len(steps) - 1:
                     # lists folded into memory (what a server's index does once its overlay grows): the last

@@ -1027,6 +1027,7 @@ class LiveGraph:
         from .update_log import UpdateLogUnavailable
 
         done = 0
+        t0 = t_log = time.monotonic()
         with self._writer:
             while True:
                 try:
@@ -1035,6 +1036,9 @@ class LiveGraph:
                     raise Unavailable(self._unavailable("cannot read the graph's update log; retry with backoff",
                                                         exc)) from None
                 if not records:
+                    if done and time.monotonic() - t0 > 5:
+                        log.info("graph %s: replayed %d logged updates in %.1f s", self.label, done,
+                                 time.monotonic() - t0)
                     return done
                 for version, payload in records:
                     try:
@@ -1042,6 +1046,10 @@ class LiveGraph:
                     except Exception as exc:
                         raise self._replay_failure(version, exc) from exc
                     done += 1
+                    if time.monotonic() - t_log > 5:  # a long replay says how far it got
+                        t_log = time.monotonic()
+                        log.info("graph %s: replaying the update log: %d updates applied, now at version %d "
+                                 "(%.0f s)", self.label, done, self.version, t_log - t0)
 
     def _replay_failure(self, version: int, exc: BaseException) -> Exception:
         """The error of a logged update that cannot be applied again: where it is and how to repair it
