@@ -149,7 +149,13 @@ class AsyncGnnClient(_ClientBase):
         request_id: str | None = None,
         min_graph_version: int | None = None,
     ) -> PredictResult:
-        """Classify existing nodes; see :meth:`clients.GnnClient.predict`.
+        """Classify existing nodes; see :meth:`clients.GnnClient.predict` (the same arguments).
+
+        ``min_graph_version``: read-your-writes: answer from the model's graph at this version or newer
+        (an :meth:`update_graph` result's ``graph_version``; None or 0: any). A server still behind waits
+        for it up to its ``--read-your-writes-timeout-s`` (1 s by default; never past ``timeout``), then
+        raises ``UNAVAILABLE`` (:class:`~clients.errors.UnavailableError`); a version the graph's update
+        log never wrote is refused at once, with ``UNAVAILABLE`` too.
 
         Example::
 
@@ -182,6 +188,10 @@ class AsyncGnnClient(_ClientBase):
         min_graph_version: int | None = None,
     ) -> PredictResult:
         """Classify nodes that are not in the graph; see :meth:`clients.GnnClient.predict_new_node`.
+
+        ``min_graph_version``: read-your-writes, as for :meth:`predict`: the new nodes are attached to the
+        graph at this version or newer; the server waits up to its ``--read-your-writes-timeout-s`` for it
+        (``UNAVAILABLE`` after that) and refuses at once a version its update log never wrote.
 
         Example::
 

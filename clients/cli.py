@@ -218,7 +218,7 @@ def _predict_parser() -> argparse.ArgumentParser:
     ap.add_argument("--probabilities", action="store_true", help="print every class probability")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     ap.add_argument("--request-id", default=None, help="id the server logs for this call")
-    ap.add_argument("--max-nodes-per-call", type=int, default=None, help="split requests into at most this many nodes")
+    ap.add_argument("--max-nodes-per-call", type=int, default=None, help="split requests into at most this many nodes (default: the server's per-request limit)")
     ap.add_argument("--min-graph-version", type=int, default=None, metavar="V",
                     help="answer only from a graph at version V or newer (what 'gnnserve update' printed)")
     _connection_args(ap)

@@ -270,13 +270,20 @@ class GnnClient(_ClientBase):
             return_probabilities / return_embeddings: what to send back besides labels.
             timeout: deadline in seconds for the whole call (default: the client's).
             request_id: id the server logs (the server makes one when omitted).
+            min_graph_version: read-your-writes: answer from the model's graph at this version or newer
+                (the ``graph_version`` an :meth:`update_graph` result carries; None or 0: whatever version
+                the server holds). A server still behind waits for it, up to its
+                ``--read-your-writes-timeout-s`` (1 s by default) and never past ``timeout``, then fails
+                ``UNAVAILABLE``; a version the graph's update log has never written is refused at once
+                (``UNAVAILABLE``). A negative value raises :class:`InvalidArgumentError`.
 
         Returns:
             :class:`~clients.types.PredictResult` (labels, probabilities, embeddings, settings, timing).
 
         Raises:
             InvalidArgumentError (id out of range, bad knob), NotFoundError (model/version),
-            UnavailableError (after retries), DeadlineExceededError, UnauthenticatedError, ...
+            UnavailableError (after retries; also a ``min_graph_version`` not reached in time or never
+            written), DeadlineExceededError, UnauthenticatedError, ...
 
         Example::
 
@@ -316,6 +323,11 @@ class GnnClient(_ClientBase):
         ``[m, F]`` with ``neighbors`` a list of m id lists (and ``edge_weights`` a list of m lists
         or None), or a list of :class:`~clients.types.NewNode`. The stored graph is not changed.
         Knobs and the result are as for :meth:`predict` (``result.nodes`` is empty; row i is new node i).
+
+        ``min_graph_version``: read-your-writes, as for :meth:`predict`: the new nodes are attached to the
+        model's graph at this version or newer (an :meth:`update_graph` result's ``graph_version``); a
+        server still behind waits up to its ``--read-your-writes-timeout-s`` (and never past ``timeout``)
+        before ``UNAVAILABLE``, and refuses at once (``UNAVAILABLE``) a version the graph's log never wrote.
 
         Example::
 

@@ -28,8 +28,10 @@ from typing import Any
 import grpc
 
 __all__ = [
+    "AbortedError",
     "DataLossError",
     "DeadlineExceededError",
+    "FailedPreconditionError",
     "GnnServeError",
     "InternalError",
     "InvalidArgumentError",

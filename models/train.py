@@ -369,6 +369,13 @@ def publish_checkpoint(staged: str | os.PathLike[str], out: str | os.PathLike[st
 
 
 # ============================================================================ CLI
+#: the help of every option that takes a dataset spec (kernels.datasets.load_dataset), the same in each command
+DATASET_HELP = ("PATH.npz, a saved dataset directory, ogb:NAME[@ROOT] (an OGB dataset under directory ROOT, default "
+                "./dataset) or synthetic[:N[:SEED[:SHAPE]]]: a synthetic graph of N nodes (default 2000) drawn with SEED "
+                "(default 0) in SHAPE 'default' or 'products' (shaped like ogbn-products), e.g. synthetic:1000000 or "
+                "synthetic:2000000:0:products")
+
+
 def _int_list(s: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in s.split(",") if v.strip())
@@ -380,46 +387,66 @@ def build_parser(prog: str = "gnnserve train", epilog: str | None = None) -> arg
     d = TrainConfig()
     p = argparse.ArgumentParser(prog=prog, description="Train a GNN and write a gnnserve checkpoint directory.",
                                 epilog=epilog)
-    p.add_argument("--dataset", required=True,
-                   help="PATH.npz, a saved dataset directory, ogb:NAME[@root] or synthetic[:N[:seed]]")
-    p.add_argument("--model", required=True, choices=MODEL_KINDS)
+    p.add_argument("--dataset", required=True, help=DATASET_HELP)
+    p.add_argument("--model", required=True, choices=MODEL_KINDS,
+                   help="architecture: GCN or GraphSAGE, or their shaDow versions (a subgraph of PPR top-K "
+                        "neighbours per target)")
     p.add_argument("--out", required=True, help="checkpoint directory to create")
     p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint directory")
-    p.add_argument("--hidden", type=int, default=d.hidden)
+    p.add_argument("--hidden", type=int, default=d.hidden, help="hidden width of each layer (default: %(default)s)")
     p.add_argument("--layers", type=int, default=None,
-                   help="default: " + ", ".join(f"{n} for {k}" for k, n in DEFAULT_LAYERS.items()))
-    p.add_argument("--dropout", type=float, default=d.dropout)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--patience", type=int, default=d.patience)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--width-train", type=int, default=0, help="sampling width while training (0 = exact)")
-    p.add_argument("--strategy", choices=STRATEGIES, default=d.strategy)
-    p.add_argument("--feature-norm", choices=(*NORM_MODES, "auto"), default=d.feature_norm)
+                   help="number of layers (default: " + ", ".join(f"{n} for {k}" for k, n in DEFAULT_LAYERS.items())
+                        + ")")
+    p.add_argument("--dropout", type=float, default=d.dropout, help="dropout probability (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate (default: %(default)s)")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay,
+                   help="Adam weight decay on every parameter (default: %(default)s)")
+    p.add_argument("--epochs", type=int, default=d.epochs, help="maximum training epochs (default: %(default)s)")
+    p.add_argument("--patience", type=int, default=d.patience,
+                   help="stop after this many epochs without a better validation accuracy (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help="seeds torch and the batch order (default: %(default)s)")
+    p.add_argument("--width-train", type=int, default=0,
+                   help="sampling width while training (0 = exact; default: %(default)s)")
+    p.add_argument("--strategy", choices=STRATEGIES, default=d.strategy,
+                   help="edge sampling strategy recorded as the model's default: fastrand spreads the S kept edges "
+                        "over a row, bucket keeps its first S (default: %(default)s)")
+    p.add_argument("--feature-norm", choices=(*NORM_MODES, "auto"), default=d.feature_norm,
+                   help="feature normalisation; auto = row for sparse non-negative features, standard otherwise "
+                        "(default: %(default)s)")
     p.add_argument("--binarize", action="store_true", help="map non-zero features to 1 (e.g. Coauthor counts)")
-    p.add_argument("--pool", choices=POOLS, default=d.pool, help="shaDow readout pooling")
+    p.add_argument("--pool", choices=POOLS, default=d.pool, help="shaDow readout pooling (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=d.batch_size,
-                   help="targets per training batch (shaDow; plain models in mini-batch mode)")
+                   help="targets per training batch (shaDow; plain models in mini-batch mode; default: %(default)s)")
     p.add_argument("--minibatch", choices=("auto", "on", "off"), default=d.minibatch,
                    help="plain models: train on mini-batches of sampled plans; auto = when full-batch training "
-                        f"would need more than {d.minibatch_above_bytes >> 30} GiB (models.train.full_batch_bytes)")
+                        f"would need more than {d.minibatch_above_bytes >> 30} GiB (models.train.full_batch_bytes; "
+                        "default: %(default)s)")
     p.add_argument("--minibatch-width", type=int, default=d.minibatch_width,
-                   help="sampling width of the mini-batch training plans (0 = exact)")
-    p.add_argument("--ppr-k", type=int, default=d.ppr_k, help="shaDow: maximum PPR budget K")
-    p.add_argument("--ppr-alpha", type=float, default=None, help="shaDow: PPR teleport setting (see kernels.ppr)")
-    p.add_argument("--ppr-eps", type=float, default=None, help="shaDow: PPR push tolerance")
-    p.add_argument("--knob-widths", type=_int_list, default=d.knob_widths, help="e.g. 0,4,8,16,32,64")
-    p.add_argument("--knob-budgets", type=_int_list, default=None, help="e.g. 8,16,32,64")
-    p.add_argument("--knob-batch-size", type=int, default=d.knob_batch_size)
+                   help="sampling width of the mini-batch training plans (0 = exact; default: %(default)s)")
+    p.add_argument("--ppr-k", type=int, default=d.ppr_k, help="shaDow: maximum PPR budget K (default: %(default)s)")
+    p.add_argument("--ppr-alpha", type=float, default=None,
+                   help="shaDow: PPR teleport probability (see kernels.ppr; default: 0.15)")
+    p.add_argument("--ppr-eps", type=float, default=None,
+                   help="shaDow: PPR push tolerance (smaller: finer lists, a slower index build; default: 1e-05)")
+    p.add_argument("--knob-widths", type=_int_list, default=d.knob_widths,
+                   help="sampling widths of the knob table, comma-separated (0 = exact, always included; default: "
+                        + ",".join(str(w) for w in d.knob_widths) + ")")
+    p.add_argument("--knob-budgets", type=_int_list, default=None,
+                   help="shaDow: PPR budgets of the knob table, comma-separated, e.g. 8,16,32,64 (default: the "
+                        "powers of two below --ppr-k, and --ppr-k)")
+    p.add_argument("--knob-batch-size", type=int, default=d.knob_batch_size,
+                   help="targets per batch while measuring the knob table (default: %(default)s)")
     p.add_argument("--knob-latency-nodes", type=int, default=d.knob_latency_nodes,
-                   help="validation nodes timed per knob setting (0 = all)")
+                   help="validation nodes timed per knob setting (0 = all; default: %(default)s)")
     p.add_argument("--knob-accuracy-nodes", type=int, default=d.knob_accuracy_nodes,
-                   help="validation nodes whose accuracy each knob setting measures, with a 95%% interval (0 = all)")
+                   help="validation nodes whose accuracy each knob setting measures, with a 95%% interval (0 = all; "
+                        "default: %(default)s)")
     p.add_argument("--eval-nodes", type=int, default=d.eval_nodes,
-                   help="shaDow: validation nodes per epoch and test nodes at the end (0 = all)")
+                   help="shaDow and mini-batch plain models: validation nodes per epoch and test nodes at the end "
+                        "(0 = all; default: %(default)s)")
     p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N (default %(default)s)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
 

@@ -23,6 +23,12 @@ import numpy as np
 
 __all__ = ["BenchError", "main", "measure_curve", "plot_curve"]
 
+#: the help of every option that takes a dataset spec (kernels.datasets.load_dataset), the same in each command
+DATASET_HELP = ("PATH.npz, a saved dataset directory, ogb:NAME[@ROOT] (an OGB dataset under directory ROOT, default "
+                "./dataset) or synthetic[:N[:SEED[:SHAPE]]]: a synthetic graph of N nodes (default 2000) drawn with SEED "
+                "(default 0) in SHAPE 'default' or 'products' (shaped like ogbn-products), e.g. synthetic:1000000 or "
+                "synthetic:2000000:0:products")
+
 
 def measure_curve(
     client: Any,
@@ -136,26 +142,30 @@ def _int_list(minimum: int, what: str) -> Callable[[str], list[int]]:
 def _parser() -> argparse.ArgumentParser:
     from clients.cli import security_args
 
-    ap = argparse.ArgumentParser(prog="gnnserve bench", description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(prog="gnnserve bench",
+                                 description="Measure a model's accuracy-versus-latency curve over its knob settings, "
+                                             "live through the client SDK.",
                                  epilog="Exit codes: 0 done, 2 bad arguments, a dataset that is not the model's, or "
                                         "INVALID_ARGUMENT from the server, 1 other server errors.")
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--server", help="HOST[:PORT] of a running server (port 8500 when not given)")
     where.add_argument("--repo", help="start a server on this repository in-process")
     security_args(ap.add_argument_group("connection (with --server)"))
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", required=True, help="name of the model to measure (see 'gnnserve models')")
     ap.add_argument("--dataset", default=None,
-                    help="the dataset the model was trained on, with labels (accuracy on its test nodes)")
-    ap.add_argument("--queries", type=_count(1), default=100, help="single-node requests per setting")
+                    help="the dataset the model was trained on, with labels (accuracy on its test nodes; default: "
+                         "the knob table's validation accuracy is shown): " + DATASET_HELP)
+    ap.add_argument("--queries", type=_count(1), default=100, help="single-node requests per setting (default: %(default)s)")
     ap.add_argument("--eval-nodes", type=_count(1), default=2000,
-                    help="test nodes for accuracy per setting")
+                    help="test nodes for accuracy per setting, with --dataset (default: %(default)s)")
     ap.add_argument("--widths", type=_int_list(0, "sampling width"), default=None,
                     help="comma-separated S values, 0 = exact (default: the knob table's)")
     ap.add_argument("--budgets", type=_int_list(1, "PPR budget"), default=None,
                     help="comma-separated K values (default: the knob table's)")
     ap.add_argument("--plot", default=None, help="write the curve to this PNG")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print the curve's rows as JSON instead of a table")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the sampled query and test nodes (default: %(default)s)")
     return ap
 
 

@@ -23,6 +23,12 @@ from .loops import run as run_on_loop
 
 __all__ = ["main"]
 
+#: the help of every option that takes a dataset spec (kernels.datasets.load_dataset), the same in each command
+DATASET_HELP = ("PATH.npz, a saved dataset directory, ogb:NAME[@ROOT] (an OGB dataset under directory ROOT, default "
+                "./dataset) or synthetic[:N[:SEED[:SHAPE]]]: a synthetic graph of N nodes (default 2000) drawn with SEED "
+                "(default 0) in SHAPE 'default' or 'products' (shaped like ogbn-products), e.g. synthetic:1000000 or "
+                "synthetic:2000000:0:products")
+
 COMMANDS = {
     "train": "train a model and write a checkpoint (models.train), its knob latency timed on the served path",
     "serve": "run the gRPC server over a model repository",
@@ -148,23 +154,26 @@ def _serve(argv: Sequence[str]) -> int:
 
     ap = argparse.ArgumentParser(prog="gnnserve serve", description="Serve the models of a repository over gRPC.")
     ap.add_argument("--repo", required=True, help="model repository: REPO/<name>/<version>/ checkpoints")
-    ap.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all interfaces)")
-    ap.add_argument("--port", type=_port, default=8500, help="gRPC port (0 = any free port)")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all interfaces; default: %(default)s)")
+    ap.add_argument("--port", type=_port, default=8500, help="gRPC port (0 = any free port; default: %(default)s)")
     ap.add_argument("--metrics-port", type=_port, default=None,
                     help="Prometheus /metrics port (off by default; 0 = any free port). The endpoint takes no "
                          "token: bind it where only the scraper reaches it (--metrics-host)")
     ap.add_argument("--metrics-host", default=None,
                     help="address the /metrics endpoint binds (default: --host; e.g. 127.0.0.1 or an internal "
                          "interface while gRPC serves 0.0.0.0)")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--data", action="append", default=[], help="dataset path(s) to find checkpoints' data in")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the models run (default: %(default)s)")
+    ap.add_argument("--data", action="append", default=[], help="a dataset the checkpoints may have been trained on, matched by fingerprint (after "
+                         "REPO/_data/<fingerprint>, before the source each checkpoint records; repeat the option "
+                         "for several): " + DATASET_HELP)
     ap.add_argument("--features", default="memory",
                     help="feature store: 'memory' (default) or a Redis URL (redis://, rediss://, unix://, redis+cluster://)")
     ap.add_argument("--feature-version", default=None, help="feature version to read from Redis (default: latest live)")
     ap.add_argument("--hot-bytes", type=int, default=0,
                     help="feature cache in bytes in front of the store (0 = off): --hot-fraction of it is the static "
                          "hot tier (the nodes most frequent in the first PPR model's top-K lists, fetched at load), "
-                         "the rest an LRU")
+                         "the rest an LRU (default: %(default)s)")
     ap.add_argument("--hot-fraction", type=float, default=0.75,
                     help="share of --hot-bytes for the static hot tier (default 0.75; 0 = LRU only)")
     ap.add_argument("--graph", default=None,
@@ -173,12 +182,17 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--graph-version", type=int, default=None, help="graph version in Redis (default: current)")
     ap.add_argument("--induced-table-bytes", type=int, default=1 << 30,
                     help="precompute every node's induced top-K subgraph beside the PPR index when its "
-                         "estimated size fits in this many bytes (0: induce per batch)")
+                         "estimated size fits in this many bytes (0: induce per batch; default: %(default)s = 1 GiB)")
     ap.add_argument("--graph-cache-bytes", type=int, default=64 << 20,
-                    help="LRU budget for adjacency rows and PPR lists fetched from Redis (0 = off)")
-    ap.add_argument("--max-batch-targets", type=int, default=1024)
-    ap.add_argument("--max-queue-targets", type=int, default=16384)
-    ap.add_argument("--max-delay-ms", type=float, default=0.0, help="extra wait for a batch to fill (0 = none)")
+                    help="LRU budget in bytes for adjacency rows and PPR lists fetched from Redis with --graph (0 = off; "
+                         "default: %(default)s = 64 MiB)")
+    ap.add_argument("--max-batch-targets", type=int, default=1024,
+                    help="most targets (node ids and new nodes) of queued requests merged into one batch per model; "
+                         "a single larger request still runs, alone (default: %(default)s)")
+    ap.add_argument("--max-queue-targets", type=int, default=16384,
+                    help="bound of each model's queue in targets: a request that would pass it gets "
+                         "RESOURCE_EXHAUSTED (default: %(default)s)")
+    ap.add_argument("--max-delay-ms", type=float, default=0.0, help="extra wait in milliseconds for a batch to fill (0 = none; default: %(default)s)")
     ap.add_argument("--inline-max-targets", type=int, default=None,
                     help="batches up to this many targets (and --inline-max-work) run on the event loop when "
                          "nothing else waits (no thread hand-off; in-memory features only; 0 = always in the "
@@ -213,56 +227,68 @@ def _serve(argv: Sequence[str]) -> int:
                          "it leaves. Default: on wherever it builds and passes its check against the torch operators "
                          "when the model loads. Asked for and unable to run, the model fails to load")
     ap.add_argument("--max-nodes-per-request", type=int, default=4096,
-                    help="ids plus new nodes per request; checked on the request's bytes before it is parsed")
+                    help="ids plus new nodes per request; checked on the request's bytes before it is parsed "
+                         "(default: %(default)s)")
     ap.add_argument("--max-new-node-edges", type=int, default=100_000,
-                    help="neighbours over all new nodes of one request")
+                    help="neighbours over all new nodes of one request (default: %(default)s)")
     ap.add_argument("--max-request-work", type=int, default=50_000_000,
                     help="refuse (RESOURCE_EXHAUSTED) a request whose estimated work, in edges aggregated, "
-                         "exceeds this (an exact-width request on a hub of a deep plain model, say)")
+                         "exceeds this (an exact-width request on a hub of a deep plain model, say; default: %(default)s)")
     ap.add_argument("--max-queue-work", type=int, default=500_000_000,
-                    help="bound of each model's queue in estimated work (edges), beside --max-queue-targets")
+                    help="bound of each model's queue in estimated work (edges), beside --max-queue-targets "
+                         "(default: %(default)s)")
     ap.add_argument("--inline-max-work", type=int, default=20_000,
                     help="a batch runs on the event loop (see --inline-max-targets) only when its estimated "
-                         "work is at most this many edges")
+                         "work is at most this many edges (default: %(default)s)")
     ap.add_argument("--serving-path", default=None, choices=PATH_NAMES,
                     help="prefer this serving path (serve.paths) for every batch it can take; a model that cannot "
-                         "take it is refused (for tests and comparisons)")
+                         "take it is refused (for tests and comparisons; default: each batch takes the path that suits it)")
     ap.add_argument("--max-concurrent-rpcs", type=int, default=1000,
-                    help="RPCs run at once (a stream counts as one); more get RESOURCE_EXHAUSTED")
-    ap.add_argument("--projection-cache-bytes", type=int, default=2 << 30)
+                    help="RPCs run at once (a stream counts as one); more get RESOURCE_EXHAUSTED (default: %(default)s)")
+    ap.add_argument("--projection-cache-bytes", type=int, default=2 << 30,
+                    help="per model: cache every node's first-layer projection (one [nodes, hidden] float32 "
+                         "table, nodes x hidden x 4 bytes), kept only when the whole table fits this many bytes; "
+                         "an integer (0 = off; default: %(default)s = 2 GiB)")
     ap.add_argument("--activation-cache-bytes", type=int, default=256 << 20,
                     help="plain 2-layer models: keep each node's first-layer output per sampling width (one "
-                         "[nodes, hidden] float32 table per width) within this many bytes (0 = off)")
+                         "[nodes, hidden] float32 table per width) within this many bytes (0 = off; default: %(default)s "
+                         "= 256 MiB)")
     ap.add_argument("--warm-projections", action="store_true",
                     help="cache every node's first-layer projection (and a plain model's first-layer output at "
                          "its default width) while a model warms up, before it is served, and read a "
                          "memory-mapped PPR index and induced table into the page cache (startup reads all "
                          "features and the index once; first requests cost what later ones do)")
     ap.add_argument("--ppr-cache", default=None, help="directory for PPR index files (default REPO/_ppr)")
-    ap.add_argument("--poll-s", type=float, default=2.0, help="repository polling interval (0 = off)")
-    ap.add_argument("--grace-s", type=float, default=10.0, help="shutdown grace period")
+    ap.add_argument("--poll-s", type=float, default=2.0, help="seconds between looks at the repository for new or changed versions (0 = off; default: "
+                         "%(default)s)")
+    ap.add_argument("--grace-s", type=float, default=10.0, help="at shutdown (SIGTERM), seconds in-flight RPCs get to finish before they are cancelled "
+                         "(default: %(default)s)")
     ap.add_argument("--drain-s", type=float, default=0.0,
                     help="after SIGTERM, keep refusing new RPCs with UNAVAILABLE for at least this long "
-                         "before closing the listener (give load balancers time to route away)")
+                         "before closing the listener (give load balancers time to route away; default: %(default)s)")
     ap.add_argument("--workers", type=int, default=1,
-                    help="batch worker threads per model (each model has its own: a slow one never stalls another)")
+                    help="batch worker threads per model (each model has its own: a slow one never stalls another; "
+                         "default: %(default)s)")
     ap.add_argument("--token-file", default=None,
                     help="require 'authorization: Bearer <token>' (token in this file; default: the file named by "
                          "$GNNSERVE_TOKEN_FILE, else $GNNSERVE_TOKEN); a blank or unreadable token refuses to start")
-    ap.add_argument("--tls-cert", default=None)
-    ap.add_argument("--tls-key", default=None)
+    ap.add_argument("--tls-cert", default=None,
+                    help="serve TLS with this certificate (chain) file, PEM; needs --tls-key (default: plaintext)")
+    ap.add_argument("--tls-key", default=None, help="private key file (PEM) of --tls-cert; needs --tls-cert")
     ap.add_argument("--tls-client-ca", default=None,
                     help="require client certificates signed by this CA (mutual TLS; needs --tls-cert/--tls-key)")
     ap.add_argument("--insecure", action="store_true",
                     help="allow a non-loopback --host with neither a token nor client certificates (without "
                          "it such a server refuses to start; with it, it logs a warning)")
     ap.add_argument("--ready-file", default=None,
-                    help="write the bound port here once a model is served (not while every model failed to load)")
+                    help="write the bound port here once the start has loaded the repository's models (not while "
+                         "every model failed to load)")
     ap.add_argument("--processes", type=int, default=1,
                     help="server processes sharing the port (SO_REUSEPORT; each a whole server with its own "
                          "models and caches: N times the memory). A parent supervises them: it forwards SIGTERM, "
                          "merges their metrics on --metrics-port, writes --ready-file once all serve, and exits "
-                         "non-zero if one dies. Needs --read-only, or graph and features in Redis (serve/processes.py)")
+                         "non-zero if one dies. Needs --read-only, or graph and features in Redis (serve/processes.py; "
+                         "default: %(default)s)")
     ap.add_argument("--event-loop", choices=EVENT_LOOPS, default="auto",
                     help="the asyncio loop the server runs on: uvloop (1.07x-1.10x the node predictions/s of asyncio's "
                          "loop on 64-node requests, docs/BENCHMARKS.md), asyncio, or auto = uvloop where it "
@@ -281,12 +307,14 @@ def _serve(argv: Sequence[str]) -> int:
                          "precompile --repo REPO' does the same ahead of time")
     ap.add_argument("--process-slot", default=None, help=argparse.SUPPRESS)  # "i/N": a child of --processes
     ap.add_argument("--process-status", default=None, help=argparse.SUPPRESS)  # the child's JSON status file
-    ap.add_argument("--log-level", default="INFO")
-    ap.add_argument("--log-json", action="store_true", help="structured JSON logs")
+    ap.add_argument("--log-level", default="INFO",
+                    help="least severe log level shown: DEBUG, INFO, WARNING or ERROR (default: %(default)s)")
+    ap.add_argument("--log-json", action="store_true", help="write the logs as JSON, one object per line (default: plain text)")
     ap.add_argument("--read-only", action="store_true",
                     help="refuse UpdateGraph (FAILED_PRECONDITION); logged updates are still replayed")
     ap.add_argument("--max-update-size", type=int, default=100_000,
-                    help="entries (feature rows, new nodes and their edges, edges) per UpdateGraph request")
+                    help="entries (feature rows, new nodes and their edges, edges) per UpdateGraph request "
+                         "(default: %(default)s)")
     ap.add_argument("--update-log-dir", default=None,
                     help="where each graph's update log lives (default REPO/_live; with Redis features or "
                          "--graph the log is a Redis stream beside the data)")
@@ -296,16 +324,20 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--ppr-refresh-tolerance", type=float, default=1.0,
                     help="after a graph update, push a shaDow model's PPR list again when the bound of its move "
                          "exceeds this many times the push threshold eps (1: the offline lists' own tolerance; "
-                         "larger: cheaper updates, looser lists; kernels/ppr_live.py has the measurements)")
+                         "larger: cheaper updates, looser lists; kernels/ppr_live.py has the measurements; default: "
+                         "%(default)s)")
     ap.add_argument("--ppr-eager-lists", type=int, default=128,
                     help="after a graph update, push at most this many existing PPR lists again before the update "
                          "returns (those moved most); the others are pushed by the Predicts that need them until "
-                         "a background thread has stored them, the same lists either way; -1: all in the update")
+                         "a background thread has stored them, the same lists either way; -1: all in the update; "
+                         "default: %(default)s)")
     ap.add_argument("--compact-log-bytes", type=int, default=256 << 20,
                     help="at start, fold a graph's update log larger than this into a snapshot of the graph and "
-                         "features next to it (loaded at later starts instead of the dataset); 0 = never")
+                         "features next to it (loaded at later starts instead of the dataset); 0 = never (default: "
+                         "%(default)s = 256 MiB)")
     ap.add_argument("--read-your-writes-timeout-s", type=float, default=1.0,
-                    help="how long a Predict with min_graph_version waits for that version before UNAVAILABLE")
+                    help="seconds a Predict with min_graph_version waits for that graph version before UNAVAILABLE "
+                         "(a version the graph's update log never wrote is refused at once; default: %(default)s)")
     ap.add_argument("--allow-overcommit", action="store_true",
                     help="start even when the cache budgets plus the estimated graph, features and PPR index "
                          "exceed the machine's memory (serve/memory_budget.py; refused by default)")

@@ -27,6 +27,12 @@ if TYPE_CHECKING:
 
 __all__ = ["main", "run_demo"]
 
+#: the help of every option that takes a dataset spec (kernels.datasets.load_dataset), the same in each command
+DATASET_HELP = ("PATH.npz, a saved dataset directory, ogb:NAME[@ROOT] (an OGB dataset under directory ROOT, default "
+                "./dataset) or synthetic[:N[:SEED[:SHAPE]]]: a synthetic graph of N nodes (default 2000) drawn with SEED "
+                "(default 0) in SHAPE 'default' or 'products' (shaped like ogbn-products), e.g. synthetic:1000000 or "
+                "synthetic:2000000:0:products")
+
 log = logging.getLogger(__name__)
 
 PPR_K = 32  # the demo model's largest PPR budget (top-K list length)
@@ -175,15 +181,17 @@ def _dataset_problem(ds: GraphDataset) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """``gnnserve demo``; returns the exit code: 0, or 2 (one line on stderr) for bad arguments or a
     dataset that cannot be loaded."""
-    ap = argparse.ArgumentParser(prog="gnnserve demo", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="gnnserve demo",
+                                 description="The whole product in one command: train a small model on a synthetic "
+                                             "graph (or --dataset), serve it and query it, on the embedded defaults.")
     ap.add_argument("--dataset", default=None,
-                    help="use this dataset instead of a synthetic graph: PATH.npz, a saved dataset directory, "
-                         "ogb:NAME[@root] or synthetic[:N[:seed]]")
-    ap.add_argument("--nodes", type=int, default=3000, help=f"synthetic graph size (at least {MIN_NODES})")
-    ap.add_argument("--epochs", type=int, default=20, help="training epochs (at least 1)")
-    ap.add_argument("--queries", type=int, default=200, help="single-node requests per setting for latency")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--verbose", action="store_true")
+                    help="use this dataset instead of a synthetic graph of --nodes nodes: " + DATASET_HELP)
+    ap.add_argument("--nodes", type=int, default=3000, help=f"synthetic graph size (at least {MIN_NODES}; default: %(default)s)")
+    ap.add_argument("--epochs", type=int, default=20, help="training epochs (at least 1; default: %(default)s)")
+    ap.add_argument("--queries", type=int, default=200, help="single-node requests per setting for latency (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the graph, the training and the queries (default: %(default)s)")
+    ap.add_argument("--verbose", action="store_true", help="log at INFO level (training and server stages)")
     args = ap.parse_args(argv)
     problem = _argument_problem(args)
     if problem is not None:

@@ -323,13 +323,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m serve.knob_timing",
                                  description="Re-time a checkpoint's knob table on the served path (in place).")
     ap.add_argument("checkpoint", help="checkpoint directory")
-    ap.add_argument("--dataset", default=None, help="dataset spec (default: the source the checkpoint records)")
-    ap.add_argument("--nodes", type=int, default=DEFAULT_NODES, help="validation nodes timed per setting (0 = all)")
+    ap.add_argument("--dataset", default=None,
+                    help="the checkpoint's dataset (default: the source the checkpoint records): PATH.npz, a saved "
+                         "dataset directory, ogb:NAME[@ROOT] (an OGB dataset under directory ROOT, default ./dataset) "
+                         "or synthetic[:N[:SEED[:SHAPE]]]: a synthetic graph of N nodes (default 2000) drawn with "
+                         "SEED (default 0) in SHAPE 'default' or 'products' (shaped like ogbn-products), e.g. "
+                         "synthetic:1000000 or synthetic:2000000:0:products")
+    ap.add_argument("--nodes", type=int, default=DEFAULT_NODES, help="validation nodes timed per setting (0 = all; default: %(default)s)")
     ap.add_argument("--seed", type=int, default=None, help="sample seed (default: the training seed)")
-    ap.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
+    ap.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+                    help="timed passes over the sample per setting, each node keeping its fastest (default: %(default)s)")
     ap.add_argument("--ppr-cache", default=None, help="PPR index directory (default REPO/_ppr or a temporary one)")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs (default: %(default)s)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = ap.parse_args(argv)
     from models.train import _stage_logging
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -117,7 +118,8 @@ def _show_one(name: str, where: str, lg: Any, args: argparse.Namespace) -> bool:
     head, base = lg.head(), lg.base
     if getattr(lg, "damage", None) is not None:
         damaged = True
-        print(f"graph {name}: {_damage_text(lg.damage, head)}", file=sys.stderr)
+        print(f"graph {name}: {_damage_text(lg.damage, head, _truncate_command(args, name, head))}",
+              file=sys.stderr)
     snapshot = isinstance(lg, FileUpdateLog) and lg.path.with_suffix(".snapshot").exists()
     if not args.json:
         held = f"versions {base + 1}..{head}" if head > base else "no records"
@@ -185,12 +187,31 @@ def _redis_logs(args: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
         client.close()
 
 
-def _damage_text(d: Any, head: int) -> str:
+def _word(text: str) -> str:
+    """``text`` as one shell word: as it is when it needs no quoting, else in double quotes (the commands
+    shown are themselves in single quotes)."""
+    if text and shlex.quote(text) == text:
+        return text
+    return '"' + "".join("\\" + c if c in '"\\$`' else c for c in text) + '"'
+
+
+def _location(args: argparse.Namespace) -> str:
+    """The options that find the file logs ``args`` looked at, as a command line takes them again."""
+    return f"--log-dir {_word(args.log_dir)}" if args.log_dir else f"--repo {_word(args.repo)}"
+
+
+def _truncate_command(args: argparse.Namespace, graph: str, after: int) -> str:
+    """The whole ``gnnserve log truncate`` command that cuts ``graph``'s file log after ``after``, with the
+    location options ``args`` was given: it works when copied."""
+    return f"gnnserve log truncate {_location(args)} --graph {_word(graph)} --after {after} --yes"
+
+
+def _damage_text(d: Any, head: int, command: str) -> str:
     later = (f"versions {d.later_versions[0]}..{d.later_versions[-1]} follow" if len(d.later_versions) > 1
              else f"version {d.later_versions[0]} follows" if d.later_versions else "records follow")
     return (f"DAMAGED at byte offset {d.offset:,} ({d.problem}), after version {head}; {later} it from byte "
             f"offset {d.next_valid:,} and cannot be replayed without what it destroyed. The graph stays out of "
-            f"service until 'gnnserve log truncate --after {head} --yes' cuts the damage and everything after it off "
+            f"service until '{command}' cuts the damage and everything after it off "
             f"({d.size - d.offset:,} bytes; those updates are lost unless sent again), or the log is restored from a "
             "copy")
 
@@ -227,8 +248,9 @@ def _truncate(args: argparse.Namespace) -> int:
             print(f"graph {path.stem[:12]}: the log ends at version {head}; nothing after {after} to drop")
             return 0
         if after > head:
-            print(f"gnnserve log truncate: graph {path.stem[:12]}: {_damage_text(damage, head)}. --after can be at "
-                  f"most {head}", file=sys.stderr)
+            text = _damage_text(damage, head, _truncate_command(args, path.stem[:12], head))
+            print(f"gnnserve log truncate: graph {path.stem[:12]}: {text}. --after can be at most {head}",
+                  file=sys.stderr)
             return 2
         what = (f"{head - after} record(s), versions {after + 1}..{head}, of graph {path.stem[:12]}" if after < head
                 else f"nothing in front of the damage of graph {path.stem[:12]}")
@@ -236,9 +258,9 @@ def _truncate(args: argparse.Namespace) -> int:
             what += (f", and the damage at byte offset {damage.offset:,} with the {damage.size - damage.offset:,} "
                      f"bytes after it ({len(damage.later_versions)} valid record(s) among them)")
         if not args.yes:
+            keep = f"gnnserve log show {_location(args)} --graph {_word(path.stem[:12])} --json > kept.jsonl"
             print(f"would drop {what}; the graph would then replay to version {after}. These updates were "
-                  "acknowledged to their clients: keep them first with 'gnnserve log show --json'. Add --yes to drop "
-                  "them.")
+                  f"acknowledged to their clients: keep them first with '{keep}'. Add --yes to drop them.")
             return 0
         try:
             lg.truncate_after(after)
@@ -249,26 +271,62 @@ def _truncate(args: argparse.Namespace) -> int:
     return 0
 
 
+_EPILOG = """\
+subcommands:
+  show      list every graph's update log (versions, records, size) of a repository, or with --graph one
+            log's records, one line each, or with --json its updates as JSON lines that 'gnnserve update'
+            takes; --redis-url lists the logs kept in Redis. Exit status 1 when a log is damaged.
+  truncate  drop every record of one file log (--graph) after version --after, so that the graph
+            replays to that version and serves again (a logged update that cannot be applied again, or
+            damage in the log). Every server of the log must be stopped; without --yes it only says
+            what it would drop. The dropped updates are lost unless sent again: 'show --json' first.
+            A log in Redis is not cut back here: restore it from a Redis backup.
+
+examples:
+  gnnserve log show --repo REPO
+  gnnserve log show --repo REPO --graph cd91052d48c0
+  gnnserve log show --repo REPO --graph cd91 --json > kept.jsonl
+  gnnserve log truncate --repo REPO --graph cd91 --after 56            # a dry run
+  gnnserve log truncate --repo REPO --graph cd91 --after 56 --yes
+  gnnserve log show --redis-url redis://host:6379/0 --graph cd91
+
+'gnnserve log SUBCOMMAND --help' lists a subcommand's options."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="gnnserve log", description=__doc__.splitlines()[0],
-                                 epilog="The module docstring of serve/log_cli.py has examples.")
+    ap = argparse.ArgumentParser(prog="gnnserve log", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 description="Look into the graph update logs a server keeps (and replays at start), "
+                                             "and cut one\nback: an operator's repair when a logged update keeps a "
+                                             "graph out of service.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name, text in (("show", "list the logs, or one graph's records (--graph), or its updates as JSON lines"),
                        ("truncate", "drop every record after --after (every server of the repository stopped)")):
         p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("--repo", default=None, help="the model repository the servers serve (logs in REPO/_live)")
-        p.add_argument("--log-dir", default=None, help="the servers' --update-log-dir (default REPO/_live)")
-        p.add_argument("--graph", default=None, help="a graph's dataset fingerprint, or its first characters")
-        p.add_argument("--redis-url", default=None,
-                       help="the Redis of the servers' --graph URL (else of their Redis --features URL): their "
-                            "graphs' update logs are there (show only)")
+        p.add_argument("--repo", default=None,
+                       help="the model repository the servers serve (logs in REPO/_live); this or --log-dir"
+                            + (" or --redis-url" if name == "show" else ""))
+        p.add_argument("--log-dir", default=None,
+                       help="the servers' --update-log-dir (default: REPO/_live); used instead of --repo")
+        p.add_argument("--graph", default=None,
+                       help="a graph's dataset fingerprint, or its first characters (as 'show' lists them)"
+                            + ("; default: every graph's log, one summary line each" if name == "show"
+                               else "; required"))
         if name == "show":
+            p.add_argument("--redis-url", default=None,
+                           help="the Redis of the servers' --graph URL (else of their Redis --features URL): their "
+                                "graphs' update logs are there; read them instead of file logs")
             p.add_argument("--json", action="store_true",
                            help="the updates as JSON lines, each record's version in a '#' comment line before "
                                 "it (the format 'gnnserve update' takes)")
         else:
-            p.add_argument("--after", type=int, required=True, help="keep the records up to this version")
-            p.add_argument("--yes", action="store_true", help="drop them (without it: say what would be dropped)")
+            p.add_argument("--redis-url", default=None,
+                           help="refused: a log in Redis is not cut back here (several servers may write it at "
+                                "once); the command says so and exits 2. Repair it from a Redis backup")
+            p.add_argument("--after", type=int, required=True,
+                           help="keep the records up to this graph version, drop those after it (0: drop every "
+                                "record)")
+            p.add_argument("--yes", action="store_true",
+                           help="drop them (without it: a dry run that says what would be dropped)")
     args = ap.parse_args(argv)
     try:
         return _show(args) if args.cmd == "show" else _truncate(args)

@@ -148,7 +148,7 @@ def test_a_log_damaged_in_the_middle_is_listed_up_to_the_damage_and_cut_there(tm
     out, err = capsys.readouterr()
     assert [line.split(":")[0].strip() for line in out.splitlines()[1:]] == ["1", "2", "3"]
     assert f"DAMAGED at byte offset {offsets[3]:,} (CRC mismatch), after version 3; versions 5..6 follow" in err
-    assert "'gnnserve log truncate --after 3 --yes'" in err
+    assert f"'gnnserve log truncate --log-dir {live} --graph 0123456789ab --after 3 --yes'" in err
     assert log_main(["truncate", "--log-dir", str(live), "--graph", "0123", "--after", "4", "--yes"]) == 2
     assert "--after can be at most 3" in capsys.readouterr().err
     assert log_main(["truncate", "--log-dir", str(live), "--graph", "0123", "--after", "3"]) == 0  # a dry run

@@ -21,32 +21,42 @@ from collections.abc import Sequence
 
 __all__ = ["main"]
 
+#: the help of every option that takes a dataset spec (kernels.datasets.load_dataset), the same in each command
+DATASET_HELP = ("PATH.npz, a saved dataset directory, ogb:NAME[@ROOT] (an OGB dataset under directory ROOT, default "
+                "./dataset) or synthetic[:N[:SEED[:SHAPE]]]: a synthetic graph of N nodes (default 2000) drawn with SEED "
+                "(default 0) in SHAPE 'default' or 'products' (shaped like ogbn-products), e.g. synthetic:1000000 or "
+                "synthetic:2000000:0:products")
+
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="gnnserve features", description="Manage node features in Redis.")
     sub = ap.add_subparsers(dest="action", required=True)
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--dataset", required=True, help="dataset (.npz, dataset directory, synthetic:N:seed)")
+    def common(p: argparse.ArgumentParser, json_help: str = "print the report as JSON") -> None:
+        p.add_argument("--dataset", required=True, help=DATASET_HELP)
         p.add_argument("--redis", required=True, help="redis://, rediss://, unix:// or redis+cluster:// URL")
-        p.add_argument("--json", action="store_true", help="print the report as JSON")
+        p.add_argument("--json", action="store_true", help=json_help)
 
     p = sub.add_parser("load", help="write features (resumable, verified before going live)")
     common(p)
-    p.add_argument("--version", type=int, default=1)
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
-    p.add_argument("--chunk-size", type=int, default=4096)
+    p.add_argument("--version", type=int, default=1,
+                   help="feature version to write (or, with --verify, to check; default: %(default)s)")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32",
+                   help="how the features are stored (float16: half the memory, rounded; default: %(default)s)")
+    p.add_argument("--chunk-size", type=int, default=4096,
+                   help="nodes per chunk: one pipelined write and read-back each, and the unit of resuming "
+                        "(a resumed load keeps the size it started with; default: %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="restart an interrupted load that holds other features")
     p.add_argument("--verify", action="store_true", help="only verify an existing load (write nothing)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p = sub.add_parser("verify", help="check an existing load against the dataset")
     common(p)
-    p.add_argument("--version", type=int, default=None, help="default: the current version")
+    p.add_argument("--version", type=int, default=None, help="feature version to check (default: the current version)")
     p = sub.add_parser("list", help="versions stored for this dataset's graph")
-    common(p)
+    common(p, "print the versions as a JSON list")
     p = sub.add_parser("delete", help="delete one version")
-    common(p)
-    p.add_argument("--version", type=int, required=True)
+    common(p, "no effect here: delete prints one line either way")
+    p.add_argument("--version", type=int, required=True, help="feature version to delete")
     return ap
 
 

@@ -15,6 +15,12 @@ from .schema import SCORE_CODES
 
 __all__ = ["main"]
 
+#: the help of every option that takes a dataset spec (kernels.datasets.load_dataset), the same in each command
+DATASET_HELP = ("PATH.npz, a saved dataset directory, ogb:NAME[@ROOT] (an OGB dataset under directory ROOT, default "
+                "./dataset) or synthetic[:N[:SEED[:SHAPE]]]: a synthetic graph of N nodes (default 2000) drawn with SEED "
+                "(default 0) in SHAPE 'default' or 'products' (shaped like ogbn-products), e.g. synthetic:1000000 or "
+                "synthetic:2000000:0:products")
+
 
 def _repo_ppr_configs(repo: str, dataset_fp: str) -> list[Any]:
     """PPR configurations of the repository's checkpoints trained on this dataset (config.json only)."""
@@ -41,22 +47,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gnnserve graph",
                                  description="Store a graph's adjacency and PPR top-K lists in Redis (stateless replicas).")
     sub = ap.add_subparsers(dest="action", required=True)
+    texts = {"load": "write the dataset's adjacency rows (and PPR top-K lists) to Redis as a new graph version, "
+                     "verified before it goes live",
+             "verify": "compare a stored graph version (and its PPR lists) with the dataset, row for row"}
     for name in ("load", "verify"):
-        p = sub.add_parser(name)
-        p.add_argument("--dataset", required=True, help="dataset (.npz, dataset directory, synthetic:N:seed)")
+        p = sub.add_parser(name, help=texts[name], description=texts[name])
+        p.add_argument("--dataset", required=True, help=DATASET_HELP)
         p.add_argument("--redis", required=True, help="redis://, rediss://, unix:// or redis+cluster:// URL")
-        p.add_argument("--ppr-cache", default=None, help="PPR index directory (default REPO/_ppr with --repo)")
         if name == "load":
-            p.add_argument("--version", type=int, default=1)
-            p.add_argument("--repo", default=None, help="load PPR lists for every PPR model of this repository")
-            p.add_argument("--ppr-k", type=int, default=None, help="also load lists for PPRConfig(topk=K, ...)")
-            p.add_argument("--ppr-alpha", type=float, default=None)
-            p.add_argument("--ppr-eps", type=float, default=None)
-            p.add_argument("--scores", choices=sorted(SCORE_CODES), default="float16")
-            p.add_argument("--chunk-size", type=int, default=2048)
-            p.add_argument("--no-progress", action="store_true")
+            p.add_argument("--ppr-cache", default=None,
+                           help="directory of PPR index files to open, or build the indexes into (default: "
+                                "REPO/_ppr with --repo, else built in memory)")
+            p.add_argument("--version", type=int, default=1,
+                           help="graph version to write (a live version is never overwritten: load a new one; "
+                                "default: %(default)s)")
+            p.add_argument("--repo", default=None,
+                           help="load PPR lists for every PPR (shaDow) model of this repository trained on the "
+                                "dataset")
+            p.add_argument("--ppr-k", type=int, default=None,
+                           help="also load lists for PPRConfig(topk=K, alpha=--ppr-alpha, eps=--ppr-eps)")
+            p.add_argument("--ppr-alpha", type=float, default=None,
+                           help="with --ppr-k: PPR teleport probability (default: PPRConfig's, 0.15)")
+            p.add_argument("--ppr-eps", type=float, default=None,
+                           help="with --ppr-k: PPR push tolerance (default: PPRConfig's, 1e-05)")
+            p.add_argument("--scores", choices=sorted(SCORE_CODES), default="float16",
+                           help="store the PPR scores too, at this precision ('none': lists only; serving does "
+                                "not need them; default: %(default)s)")
+            p.add_argument("--chunk-size", type=int, default=2048,
+                           help="consecutive nodes per pipelined write and read-back check (default: %(default)s)")
+            p.add_argument("--no-progress", action="store_true", help="no progress bars")
         else:
-            p.add_argument("--version", type=int, default=None)
+            p.add_argument("--ppr-cache", default=None,
+                           help="directory of PPR index files (e.g. REPO/_ppr) to open, or build the indexes "
+                                "into, for comparing the stored lists (default: built in memory)")
+            p.add_argument("--version", type=int, default=None,
+                           help="graph version to check (default: the current one)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from kernels.datasets import load_dataset
