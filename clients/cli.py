@@ -368,6 +368,10 @@ def _models(args: argparse.Namespace, out: TextIO) -> int:
         out.write("\n")
     elif not infos:
         out.write(f"no models loaded on {args.server}\n")
+        with _client(args) as client:  # why: the repository's versions that are not served
+            for m in client.repository_index():
+                if args.model is None or m["name"] == args.model:
+                    out.write(f"  {m['name']} v{m['version']}: {m['state']}, {m['reason'] or 'no reason given'}\n")
     else:
         out.write("\n\n".join(format_model(m) for m in infos) + "\n")
     return 0

@@ -402,6 +402,25 @@ class GnnClient(_ClientBase):
         resp = self._invoke(state, self._stub.ListModels, pb.ListModelsRequest())
         return [model_info_from_pb(m) for m in resp.models]
 
+    def repository_index(self, timeout: float | None = None) -> list[dict[str, str]]:
+        """Every model version in the server's repository, loaded or not: ``{"name", "version", "state",
+        "reason"}`` with state ``READY`` or ``UNAVAILABLE`` and why (the reason its load failed, loading,
+        unloaded). The KServe / Triton ``RepositoryIndex`` call on the same connection.
+
+        Example::
+
+            for m in client.repository_index():
+                if m["state"] != "READY":
+                    print(m["name"], m["version"], m["reason"])
+        """
+        from ._gen import inference_pb2 as ipb
+        from ._gen import inference_pb2_grpc as ipb_grpc
+
+        stub = ipb_grpc.GRPCInferenceServiceStub(self._channel)
+        state = self._state("RepositoryIndex", timeout)
+        resp = self._invoke(state, stub.RepositoryIndex, ipb.RepositoryIndexRequest())
+        return [{"name": m.name, "version": m.version, "state": m.state, "reason": m.reason} for m in resp.models]
+
     def get_model(self, name: str, version: str | int | None = None, timeout: float | None = None) -> ModelInfo:
         """One model (the latest version unless ``version`` is given).
 

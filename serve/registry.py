@@ -174,6 +174,13 @@ def find_dataset(fingerprint: str, source: str | None, ckpt_path: Path, data_pat
     )
 
 
+def _for_client(reason: str) -> str:
+    """A load failure's reason as a client may see it: no paths of the server (docs/RELIABILITY.md, "status
+    messages": file names only), at most 300 characters."""
+    reason = re.sub(r"(?<![\w.])(?:/[^\s'\"/]+)+/?", lambda m: os.path.basename(m.group(0).rstrip("/")) or "/",
+                    reason)
+    return reason if len(reason) <= 300 else reason[:297] + "..."
+
 class ModelRegistry:
     """Loaded model versions by name, plus the data they share.
 
@@ -289,10 +296,7 @@ class ModelRegistry:
                 hits.append((int(path.name), reason))
         if not hits:
             return None
-        # a client sees no paths of the server (docs/RELIABILITY.md, "status messages"): file names only
-        reason = re.sub(r"(?<![\w.])(?:/[^\s'\"/]+)+/?", lambda m: os.path.basename(m.group(0).rstrip("/")) or "/",
-                        max(hits)[1])
-        return reason if len(reason) <= 300 else reason[:297] + "..."
+        return _for_client(max(hits)[1])
 
     def _known_names(self) -> str:
         """The served model names for a NOT_FOUND message: the first few (the message travels to any
@@ -439,7 +443,7 @@ class ModelRegistry:
                     out.append((name, v, "UNAVAILABLE", "unloaded"))
                 else:
                     failed = self._failed.get(on_disk[name][v])
-                    out.append((name, v, "UNAVAILABLE", failed[1] if failed else "not loaded yet"))
+                    out.append((name, v, "UNAVAILABLE", _for_client(failed[1]) if failed else "not loaded yet"))
         return out
 
     async def _refresh(self) -> bool:

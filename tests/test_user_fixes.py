@@ -245,3 +245,21 @@ def test_bench_server_takes_the_token_and_tls_options(token_server, tmp_path, ca
     assert bench_main(args) == 1 and "NOT_FOUND" in capsys.readouterr().err
     assert bench_main([*args, "--cert", str(tok)]) == 2  # --cert without --key: a usage error
     assert "--cert and --key go together" in capsys.readouterr().err
+
+
+def test_models_says_why_nothing_is_loaded(tmp_path, tiny_repo, capsys):
+    """A QA report: with the only model refused at load, `gnnserve models` printed "no models loaded" and
+    nothing else. It lists the repository's versions that are not served, with the reason."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo / "_data", repo / "_data")
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "1" / "config.json").write_text("{not json")
+    with ServerThread(repo) as srv:
+        assert cli.models_main(["--server", srv.address]) == 0
+        out = capsys.readouterr().out
+        assert f"no models loaded on {srv.address}" in out
+        assert re.search(r"broken v1: UNAVAILABLE, .*CheckpointError: config.json: not valid JSON", out), out
+        with GnnClient(srv.address) as c:
+            assert [(m["name"], m["state"]) for m in c.repository_index()] == [("broken", "UNAVAILABLE")]
