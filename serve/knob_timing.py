@@ -193,7 +193,12 @@ def retime_knobs(
             if cache is None:
                 cache = tmp_cache = tempfile.mkdtemp(prefix="gnnserve-knob-timing-ppr-")
             t0 = time.perf_counter()
-            index = PPRIndex.open_or_build(Path(cache), ds.graph, PPRConfig(**ckpt.ppr_config), progress=progress)
+            cfg = PPRConfig(**ckpt.ppr_config)
+            if not (PPRIndex.path_for(Path(cache), ds.graph, cfg) / "meta.json").exists():
+                log.info("knob timing: building the PPR index of %s (%d nodes, the longest stage on a large "
+                         "graph: a push from every node) into %s; `gnnserve serve` then opens it instead of "
+                         "building it", ds.name, ds.num_nodes, "a temporary directory" if tmp_cache else cache)
+            index = PPRIndex.open_or_build(Path(cache), ds.graph, cfg, progress=progress)
             if options.induced_table_bytes > 0:
                 index.ensure_induced(ds.graph, max_bytes=options.induced_table_bytes)
             log.info("knob timing: PPR index of %s ready in %.1f s (%s)", ds.name, time.perf_counter() - t0,
