@@ -155,7 +155,7 @@ class AsyncGnnClient(_ClientBase):
         (an :meth:`update_graph` result's ``graph_version``; None or 0: any). A server still behind waits
         for it up to its ``--read-your-writes-timeout-s`` (1 s by default; never past ``timeout``), then
         raises ``UNAVAILABLE`` (:class:`~clients.errors.UnavailableError`); a version the graph's update
-        log never wrote is refused at once, with ``UNAVAILABLE`` too.
+        log never wrote is refused at once (:class:`~clients.errors.FailedPreconditionError`, not retried).
 
         Example::
 
@@ -191,7 +191,8 @@ class AsyncGnnClient(_ClientBase):
 
         ``min_graph_version``: read-your-writes, as for :meth:`predict`: the new nodes are attached to the
         graph at this version or newer; the server waits up to its ``--read-your-writes-timeout-s`` for it
-        (``UNAVAILABLE`` after that) and refuses at once a version its update log never wrote.
+        (``UNAVAILABLE`` after that) and refuses at once a version its update log never wrote
+        (``FAILED_PRECONDITION``).
 
         Example::
 

@@ -275,15 +275,17 @@ class GnnClient(_ClientBase):
                 the server holds). A server still behind waits for it, up to its
                 ``--read-your-writes-timeout-s`` (1 s by default) and never past ``timeout``, then fails
                 ``UNAVAILABLE``; a version the graph's update log has never written is refused at once
-                (``UNAVAILABLE``). A negative value raises :class:`InvalidArgumentError`.
+                (:class:`FailedPreconditionError`, not retried). A negative value raises
+                :class:`InvalidArgumentError`.
 
         Returns:
             :class:`~clients.types.PredictResult` (labels, probabilities, embeddings, settings, timing).
 
         Raises:
             InvalidArgumentError (id out of range, bad knob), NotFoundError (model/version),
-            UnavailableError (after retries; also a ``min_graph_version`` not reached in time or never
-            written), DeadlineExceededError, UnauthenticatedError, ...
+            UnavailableError (after retries; also a ``min_graph_version`` not reached in time),
+            FailedPreconditionError (a ``min_graph_version`` never written; an answer that would not be
+            finite), DeadlineExceededError, UnauthenticatedError, ...
 
         Example::
 

@@ -76,8 +76,12 @@ class ReadOnly(GnnServeError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
-class NotWritten(Unavailable):
-    """A read-your-writes version that no server has written (:meth:`LiveGraph.wait_for`)."""
+class NotWritten(GnnServeError):
+    """A read-your-writes version that no server has written (:meth:`LiveGraph.wait_for`): FAILED_PRECONDITION,
+    which clients do not retry (it was UNAVAILABLE, and the SDK and CLI tried 4 times for nothing; a QA report):
+    an update is acknowledged only once logged, so the version can only be a client's mistake."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class UpdateConflict(GnnServeError):

@@ -352,7 +352,7 @@ def test_read_your_writes_and_refusals(server, tiny_dataset):
     ds = tiny_dataset
     with GnnClient(server.address) as c:
         # a version the log does not hold: refused at once (no client can know of it), naming the log's end
-        with pytest.raises(clients.UnavailableError, match=r"version 5 has not been written.*ends at version 0"):
+        with pytest.raises(clients.FailedPreconditionError, match=r"version 5 has not been written.*ends at version 0"):
             c.predict("gcn", [0], min_graph_version=5, timeout=10)
         g = ds.graph
         missing = next(v for v in range(1, g.num_nodes) if v not in set(g.neighbors(0).tolist()))
@@ -838,7 +838,7 @@ def test_kserve_infer_reads_its_write(server, tiny_dataset):
     assert infer(min_graph_version=up.graph_version).parameters["graph_version"].int64_param == up.graph_version
     with pytest.raises(grpc.RpcError) as ei:
         infer(min_graph_version=up.graph_version + 5)
-    assert ei.value.code() == grpc.StatusCode.UNAVAILABLE and "has not been written" in ei.value.details()
+    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "has not been written" in ei.value.details()
 
 
 def test_values_that_overflow_float32_are_refused_and_never_answered(base_repo, tmp_path, tiny_dataset):

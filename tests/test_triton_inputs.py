@@ -158,11 +158,11 @@ def test_failed_requests_count_in_the_model_statistics(stub):
     stub.ModelInfer(_request("gcn", raw=[[1, 2, 3]]), timeout=60)
     assert _fails(stub, "gcn") == (fail0, ok0 + 1)
     # refused by the model: an unknown node id, a knob out of range, an unknown parameter, a graph
-    # version this server does not reach in time (UNAVAILABLE)
+    # version no server has written (FAILED_PRECONDITION)
     _refused(stub, _request("gcn", raw=[[1, 2, 10**9]]))
     _refused(stub, _request("gcn", raw=[[1, 2, 3]], sampling_width=-1))
     _refused(stub, _request("gcn", raw=[[1, 2, 3]], temperature=2))
-    _refused(stub, _request("gcn", raw=[[1, 2, 3]], min_graph_version=10**6), grpc.StatusCode.UNAVAILABLE)
+    _refused(stub, _request("gcn", raw=[[1, 2, 3]], min_graph_version=10**6), grpc.StatusCode.FAILED_PRECONDITION)
     assert _fails(stub, "gcn") == (fail0 + 4, ok0 + 1)
     # refused before the model sees the request (what Triton itself checks): counted nowhere
     _refused(stub, _request("gcn", raw=[[1, 2, 3]], datatype="INT32"))
