@@ -341,7 +341,13 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--allow-overcommit", action="store_true",
                     help="start even when the cache budgets plus the estimated graph, features and PPR index "
                          "exceed the machine's memory (serve/memory_budget.py; refused by default)")
+    ap.add_argument("--no-progress", action="store_true",
+                    help="no progress bars for the long start-up stages (a PPR index or induced table build, "
+                         "dataset generation): their start and end are logged either way, and a bar written to a "
+                         "log file is one long line")
     args = ap.parse_args(argv)
+    if args.no_progress:  # tqdm reads TQDM_* environment variables as its defaults (--processes children too)
+        os.environ["TQDM_DISABLE"] = "1"
     setup_logging(args.log_level, args.log_json)
     repo = Path(args.repo)
     if not repo.is_dir():

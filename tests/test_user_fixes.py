@@ -263,3 +263,20 @@ def test_models_says_why_nothing_is_loaded(tmp_path, tiny_repo, capsys):
         assert re.search(r"broken v1: UNAVAILABLE, .*CheckpointError: config.json: not valid JSON", out), out
         with GnnClient(srv.address) as c:
             assert [(m["name"], m["state"]) for m in c.repository_index()] == [("broken", "UNAVAILABLE")]
+
+
+def test_serve_no_progress_turns_the_bars_off(monkeypatch, tmp_path):
+    """`gnnserve serve --no-progress` (a QA report: bars written to a server log are one long line): it sets
+    tqdm's TQDM_DISABLE, which every bar of the process (and of --processes children) then honours."""
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    assert gnnserve(["serve", "--repo", str(tmp_path / "missing"), "--no-progress"]) == 2
+    import os
+
+    assert os.environ.get("TQDM_DISABLE") == "1"
+    code = "from tqdm.auto import tqdm\nfor _ in tqdm(range(3), desc='bar'): pass\n"
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "bar" not in shown.stderr, shown.stderr  # the environment the test set: inherited, no bar
+    monkeypatch.delenv("TQDM_DISABLE")
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env={k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"})
+    assert "bar" in shown.stderr
