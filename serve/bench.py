@@ -279,12 +279,18 @@ def _bench(args: argparse.Namespace) -> int:
             probe = rng.choice(pool, size=min(args.queries, len(pool)), replace=False)
             rows = measure_curve(client, args.model, settings, probe_nodes=probe, eval_nodes=eval_nodes,
                                  eval_labels=eval_labels, val_accuracy=table)
+            graph_version = client.get_model(args.model).graph_version
+            for r in rows:
+                r["graph_version"] = graph_version
     finally:
         if server is not None:
             server.stop()
     if args.json:
         print(json.dumps(rows, indent=2), flush=True)
     else:
+        if rows and rows[0]["graph_version"]:  # the labels of --dataset are the dataset's, not the live graph's
+            print(f"measured on graph version {rows[0]['graph_version']} (a live graph updated since the dataset; "
+                  "its accuracy is against the dataset's labels)")
         print(f"{'S':>6} {'K':>5} {'accuracy':>9} {'p50 ms':>8} {'p99 ms':>8} {'server p50':>11} {'edges kept':>11}")
         for r in rows:
             print(f"{int(r['sampling_width']) or 'exact':>6} {int(r['ppr_budget']):>5} {100 * r['accuracy']:>8.1f}% "

@@ -280,3 +280,28 @@ def test_serve_no_progress_turns_the_bars_off(monkeypatch, tmp_path):
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                            env={k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"})
     assert "bar" in shown.stderr
+
+
+def test_bench_names_the_graph_version_it_measured_on(tiny_repo, tmp_path, capsys):
+    """A QA report: `gnnserve bench` measured accuracy on a live-updated graph without saying so. Its rows
+    carry the graph version (--json), and the table says when it is not the dataset's own graph."""
+    import json
+    import shutil
+
+    import numpy as np
+
+    from serve.bench import main as bench_main
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo / "gcn", repo / "gcn")
+    shutil.copytree(tiny_repo / "_data", repo / "_data")
+    with ServerThread(repo) as srv:
+        args = ["--server", srv.address, "--model", "gcn", "--queries", "2", "--widths", "0"]
+        assert bench_main(args) == 0
+        assert "measured on graph version" not in capsys.readouterr().out  # the dataset's graph: nothing to say
+        with GnnClient(srv.address) as c:
+            c.update_graph("gcn", features={1: np.zeros(c.get_model("gcn").num_features)})
+        assert bench_main(args) == 0
+        assert "measured on graph version 1 " in capsys.readouterr().out
+        assert bench_main([*args, "--json"]) == 0
+        assert {r["graph_version"] for r in json.loads(capsys.readouterr().out)} == {1}
