@@ -240,16 +240,27 @@ def _self_loop_count(graph: CSRGraph) -> int:
 MAX_WEIGHT = 1e15
 
 
+def valid_weights(w: Any) -> Any:
+    """Whether each weight (an array, or one number) is one an edge may carry: finite, >= 0 and at most
+    :data:`MAX_WEIGHT` (the rule of every edit, of a live graph's updates and of Predict's new nodes)."""
+    return np.isfinite(w) & (w >= 0) & (w <= MAX_WEIGHT)
+
+
+def weight_rule(w: float) -> str:
+    """What a weight :func:`valid_weights` refuses breaks, for its error message."""
+    return f"must be at most {MAX_WEIGHT:g}" if np.isfinite(w) and w > MAX_WEIGHT else "must be finite and >= 0"
+
+
 def _check_weights(w: np.ndarray | None, name: str, src: np.ndarray, dst: np.ndarray) -> None:
-    """Weights must be finite, >= 0 and at most :data:`MAX_WEIGHT`; ``name`` is the list the error names (the
-    entry's index follows)."""
+    """Weights must pass :func:`valid_weights`; ``name`` is the list the error names (the entry's index
+    follows)."""
     if w is None or not len(w):
         return
-    bad = ~np.isfinite(w) | (w < 0) | (w > MAX_WEIGHT)
+    bad = ~valid_weights(w)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        rule = f"must be at most {MAX_WEIGHT:g}" if np.isfinite(w[i]) and w[i] > MAX_WEIGHT else "must be finite and >= 0"
-        raise GraphEditError(f"{name}[{i}]: weight {float(w[i])} of edge ({int(src[i])}, {int(dst[i])}) {rule}")
+        raise GraphEditError(f"{name}[{i}]: weight {float(w[i])} of edge ({int(src[i])}, {int(dst[i])}) "
+                             f"{weight_rule(w[i])}")
 
 
 def _first_duplicate(keys: np.ndarray) -> tuple[int, int] | None:

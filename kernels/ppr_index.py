@@ -531,23 +531,37 @@ class PPRIndex:
         """
         cfg = cfg or PPRConfig()
         final = cls.path_for(cache_dir, graph, cfg)
-        if (final / "meta.json").exists():
-            return cls.open(final, graph)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_tmp(final.parent, final.name, "an interrupted PPR index build")
-        tmp = final.with_name(f"{final.name}{_writer_tag()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            cls.build(graph, cfg, directory=tmp, progress=progress, quiet=quiet)
-            try:
-                os.replace(tmp, final)
-            except OSError:
-                if not (final / "meta.json").exists():
-                    raise
-                # another process finished the same index first: keep theirs
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if not (final / "meta.json").exists():
+            _publish(final, lambda tmp: cls.build(graph, cfg, directory=tmp, progress=progress, quiet=quiet))
         return cls.open(final, graph)
+
+    def publish(self, cache_dir: str | os.PathLike[str]) -> Path:
+        """Save this index where :meth:`open_or_build` looks for it in ``cache_dir`` (written beside and renamed
+        into place; an index already there is kept). Returns its directory."""
+        final = self.path_for(cache_dir, self.fingerprint, self.config)
+        if not (final / "meta.json").exists():
+            _publish(final, self.save)
+        return final
+
+
+def _publish(final: Path, write: Any) -> None:
+    """``write(tmp)`` an index into a temporary directory beside ``final``, then rename it into place: an
+    interrupted writer leaves nothing that looks like an index, and concurrent writers do not clash (the
+    first to finish is kept)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_tmp(final.parent, final.name, "an interrupted PPR index build")
+    tmp = final.with_name(f"{final.name}{_writer_tag()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write(tmp)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not (final / "meta.json").exists():
+                raise
+            # another process finished the same index first: keep theirs
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _writer_tag() -> str:

@@ -54,7 +54,7 @@ import grpc
 import numpy as np
 
 from kernels.datasets import remove_stale_tmp
-from kernels.graph_edit import MAX_WEIGHT
+from kernels.graph_edit import valid_weights
 from kernels.update_warmup import warm_once
 
 from .errors import GnnServeError, InvalidArgument, Unavailable
@@ -417,7 +417,7 @@ class _Group:
         top = n + m
 
         def ok_w(w: float) -> bool:  # what apply_edit and Predict's new nodes accept
-            return bool(np.isfinite(w)) and 0 <= w <= MAX_WEIGHT
+            return bool(valid_weights(w))
 
         for j in range(m):
             v = n + j
@@ -1146,18 +1146,12 @@ class LiveGraph:
             if not hasattr(idx, "as_index"):
                 continue
             final = PPRIndex.path_for(cache_dir, graph, idx.config)
-            if (final / "meta.json").exists():
+            if (final / "meta.json").exists():  # kept (checked first: the lists are not gathered for nothing)
                 continue
             t0 = time.perf_counter()
-            tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
-            shutil.rmtree(tmp, ignore_errors=True)
-            try:
-                with self.lock.read():  # lookups go on; installs take the writer, held here
-                    saved = idx.as_index()
-                saved.save(tmp)
-                os.replace(tmp, final)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+            with self.lock.read():  # lookups go on; installs take the writer, held here
+                saved = idx.as_index()
+            saved.publish(cache_dir)
             log.info("graph %s: PPR lists saved as the snapshot graph's index %s (%d lists) in %.1f s", self.label,
                      final.name, saved.num_nodes, time.perf_counter() - t0)
 

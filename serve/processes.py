@@ -292,7 +292,8 @@ def _serve_metrics(args: Any, status: dict[int, dict[str, Any]]) -> Any:
                  for i, st in status.items() if st.get("metrics_port")}
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_MergedMetrics(endpoints))
-    host = args.metrics_host if args.metrics_host is not None else args.host
-    server, _thread = start_http_server(int(args.metrics_port), addr=host, registry=registry)
+    from .cli import _metrics_host
+
+    server, _thread = start_http_server(int(args.metrics_port), addr=_metrics_host(args), registry=registry)
     log.info("metrics of %d processes on port %d", len(endpoints), server.server_port)
     return server

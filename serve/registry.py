@@ -569,8 +569,8 @@ class ModelRegistry:
             rt = ModelRuntime(name, version, ckpt, data, index, self.options, self.executor_for(name), self.metrics)
             rt.on_device_lost = self.on_change  # health goes NOT_SERVING (the server's update is thread-safe)
             live.attach(rt)
-            if not self.options.graph_url:
-                self._open_saved_indexes(data)
+            if not self.options.graph_url and self._replay_pending(live):
+                self._open_saved_indexes(data)  # only before a replay: without one, each model finds its own
         replayed = live.catch_up()  # the graph's logged updates (the first model on it: all of them)
         if replayed:
             log.info("graph %s: %d logged updates replayed, now at version %d", live.label, replayed, live.version)
@@ -578,7 +578,7 @@ class ModelRegistry:
         if (limit > 0 and isinstance(live.log, FileUpdateLog) and not live.log.follow
                 and live.version > live.log.base and live.log.size_bytes() > limit):
             live.compact(self._live_dir() / f"{data.fingerprint}.snapshot",
-                         ppr_cache_dir=Path(self.options.ppr_cache_dir or self.repo / "_ppr"))
+                         ppr_cache_dir=self._ppr_cache_dir)
         rt.warm()
         log.info("loaded %s v%d in %.1f s", name, version, time.perf_counter() - t0)
         return rt
@@ -598,14 +598,29 @@ class ModelRegistry:
         else:
             # on a graph changed by updates (serve.live) this is an index of the current graph (its own
             # fingerprint): built now, then kept up to date with the graph like the others
-            cache_dir = Path(self.options.ppr_cache_dir or self.repo / "_ppr")
-            idx = PPRIndex.open_or_build(cache_dir, data.graph, cfg)
+            idx = PPRIndex.open_or_build(self._ppr_cache_dir, data.graph, cfg)
             if self.options.induced_table_bytes > 0:
                 idx.ensure_induced(data.graph, max_bytes=self.options.induced_table_bytes)
         if data.live is not None:
             idx = data.live.wrap_index(idx)
         data.ppr_indexes[key] = idx
         return idx
+
+    @staticmethod
+    def _replay_pending(live: Any) -> bool:
+        """Whether the graph's update log holds records the graph has not applied (a log that cannot be read
+        counts as pending: the replay right after says what is wrong)."""
+        if live.log is None:
+            return False
+        try:
+            return int(live.log.head()) > live.version
+        except Exception:
+            return True
+
+    @property
+    def _ppr_cache_dir(self) -> Path:
+        """Where PPR indexes are saved and looked for: ``--ppr-cache-dir``, else ``REPO/_ppr``."""
+        return Path(self.options.ppr_cache_dir or self.repo / "_ppr")
 
     def _open_saved_indexes(self, data: DataBundle) -> None:
         """Open now the saved PPR indexes of the graph as it is (the dataset's, or a compacted snapshot's) that
@@ -615,7 +630,7 @@ class ModelRegistry:
         report). Only indexes already on disk: a missing one is built by its model's own load, as before."""
         from kernels.ppr import PPRConfig, PPRIndex
 
-        cache_dir = Path(self.options.ppr_cache_dir or self.repo / "_ppr")
+        cache_dir = self._ppr_cache_dir
         for versions in self.scan().values():
             for path in versions.values():
                 try:

@@ -46,7 +46,7 @@ from functools import cached_property
 import numpy as np
 
 from clients.knob_rules import cheapest_within
-from kernels.graph_edit import MAX_WEIGHT
+from kernels.graph_edit import valid_weights, weight_rule
 
 from .errors import InvalidArgument
 
@@ -292,13 +292,11 @@ def _validate_new_node(i: int, nn, limits: ModelLimits) -> NewNodeSpec:
             raise InvalidArgument(
                 f"new_nodes[{i}]: edge_weights has {len(weights)} values for {len(nbrs)} neighbours"
             )
-        bad = ~np.isfinite(weights) | (weights < 0) | (weights > MAX_WEIGHT)
+        bad = ~valid_weights(weights)
         if bad.any():
             t = int(np.flatnonzero(bad)[0])
-            big = np.isfinite(weights[t]) and weights[t] > MAX_WEIGHT
-            rule = f"must be at most {MAX_WEIGHT:g}" if big else "must be finite and >= 0"
             raise InvalidArgument(f"new_nodes[{i}].edge_weights[{t}]: weight {float(weights[t])} of the edge to "
-                                  f"node {int(nbrs[t])} {rule}")
+                                  f"node {int(nbrs[t])} {weight_rule(weights[t])}")
     if len(np.unique(nbrs)) != len(nbrs):
         raise InvalidArgument(f"new_nodes[{i}]: neighbours repeat; give each neighbour once")
     return NewNodeSpec(features=feats, neighbors=nbrs, weights=weights)
