@@ -329,7 +329,7 @@ class GnnClient(_ClientBase):
         ``min_graph_version``: read-your-writes, as for :meth:`predict`: the new nodes are attached to the
         model's graph at this version or newer (an :meth:`update_graph` result's ``graph_version``); a
         server still behind waits up to its ``--read-your-writes-timeout-s`` (and never past ``timeout``)
-        before ``UNAVAILABLE``, and refuses at once (``UNAVAILABLE``) a version the graph's log never wrote.
+        before ``UNAVAILABLE``, and refuses at once (``FAILED_PRECONDITION``) a version the graph's log never wrote.
 
         Example::
 

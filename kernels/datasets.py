@@ -55,6 +55,12 @@ __all__ = [
     "synthetic_sbm_to_dir",
 ]
 
+#: the help of every command-line option that takes a dataset spec (:func:`load_dataset`)
+DATASET_HELP = ("PATH.npz, a saved dataset directory, ogb:NAME[@ROOT] (an OGB dataset under directory ROOT, default "
+                "./dataset) or synthetic[:N[:SEED[:SHAPE]]]: a synthetic graph of N nodes (default 2000) drawn with SEED "
+                "(default 0) in SHAPE 'default' or 'products' (shaped like ogbn-products), e.g. synthetic:1000000 or "
+                "synthetic:2000000:0:products")
+
 _DIR_FORMAT = "gnnserve.dataset/1"
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-from kernels.datasets import DatasetError, GraphDataset, load_dataset
+from kernels.datasets import DATASET_HELP, DatasetError, GraphDataset, load_dataset
 from kernels.spmm import STRATEGIES
 
 from . import MODEL_KINDS
@@ -369,11 +369,6 @@ def publish_checkpoint(staged: str | os.PathLike[str], out: str | os.PathLike[st
 
 
 # ============================================================================ CLI
-#: the help of every option that takes a dataset spec (kernels.datasets.load_dataset), the same in each command
-DATASET_HELP = ("PATH.npz, a saved dataset directory, ogb:NAME[@ROOT] (an OGB dataset under directory ROOT, default "
-                "./dataset) or synthetic[:N[:SEED[:SHAPE]]]: a synthetic graph of N nodes (default 2000) drawn with SEED "
-                "(default 0) in SHAPE 'default' or 'products' (shaped like ogbn-products), e.g. synthetic:1000000 or "
-                "synthetic:2000000:0:products")
 
 
 def _int_list(s: str) -> tuple[int, ...]:

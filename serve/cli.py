@@ -23,7 +23,8 @@ from .loops import run as run_on_loop
 
 __all__ = ["main"]
 
-#: the help of every option that takes a dataset spec (kernels.datasets.load_dataset), the same in each command
+#: the help of every option that takes a dataset spec: kernels.datasets.DATASET_HELP, copied here because this module
+#: imports no kernels (every gnnserve command loads it); tests/test_help_text.py holds the two equal
 DATASET_HELP = ("PATH.npz, a saved dataset directory, ogb:NAME[@ROOT] (an OGB dataset under directory ROOT, default "
                 "./dataset) or synthetic[:N[:SEED[:SHAPE]]]: a synthetic graph of N nodes (default 2000) drawn with SEED "
                 "(default 0) in SHAPE 'default' or 'products' (shaped like ogbn-products), e.g. synthetic:1000000 or "

@@ -21,17 +21,14 @@ from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
+from .cli import DATASET_HELP
+
 if TYPE_CHECKING:
     from clients.types import ModelInfo
     from kernels.datasets import GraphDataset
 
 __all__ = ["main", "run_demo"]
 
-#: the help of every option that takes a dataset spec (kernels.datasets.load_dataset), the same in each command
-DATASET_HELP = ("PATH.npz, a saved dataset directory, ogb:NAME[@ROOT] (an OGB dataset under directory ROOT, default "
-                "./dataset) or synthetic[:N[:SEED[:SHAPE]]]: a synthetic graph of N nodes (default 2000) drawn with SEED "
-                "(default 0) in SHAPE 'default' or 'products' (shaped like ogbn-products), e.g. synthetic:1000000 or "
-                "synthetic:2000000:0:products")
 
 log = logging.getLogger(__name__)
 

@@ -60,6 +60,8 @@ from typing import Any
 
 import numpy as np
 
+from .cli import DATASET_HELP
+
 __all__ = ["DEFAULT_NODES", "DEFAULT_REPEATS", "main", "retime_knobs", "train_main"]
 
 log = logging.getLogger("serve.knob_timing")  # also when run as `python -m serve.knob_timing`
@@ -329,11 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  description="Re-time a checkpoint's knob table on the served path (in place).")
     ap.add_argument("checkpoint", help="checkpoint directory")
     ap.add_argument("--dataset", default=None,
-                    help="the checkpoint's dataset (default: the source the checkpoint records): PATH.npz, a saved "
-                         "dataset directory, ogb:NAME[@ROOT] (an OGB dataset under directory ROOT, default ./dataset) "
-                         "or synthetic[:N[:SEED[:SHAPE]]]: a synthetic graph of N nodes (default 2000) drawn with "
-                         "SEED (default 0) in SHAPE 'default' or 'products' (shaped like ogbn-products), e.g. "
-                         "synthetic:1000000 or synthetic:2000000:0:products")
+                    help="the checkpoint's dataset (default: the source the checkpoint records): " + DATASET_HELP)
     ap.add_argument("--nodes", type=int, default=DEFAULT_NODES, help="validation nodes timed per setting (0 = all; default: %(default)s)")
     ap.add_argument("--seed", type=int, default=None, help="sample seed (default: the training seed)")
     ap.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,

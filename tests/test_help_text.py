@@ -121,9 +121,10 @@ def test_train_help_shows_the_defaults(capsys) -> None:
 def test_every_dataset_option_describes_the_same_specs(parsers) -> None:
     """Every option taking a dataset spec (kernels.datasets.load_dataset) lists the same forms, every
     synthetic shape included."""
-    from kernels.datasets import SYNTHETIC_SHAPES
+    from kernels.datasets import DATASET_HELP, SYNTHETIC_SHAPES
 
     spec = cli.DATASET_HELP
+    assert spec == DATASET_HELP  # serve.cli's copy (it imports no kernels) and the one models.train reads
     assert "synthetic[:N[:SEED[:SHAPE]]]" in spec and "synthetic:2000000:0:products" in spec
     for shape in SYNTHETIC_SHAPES:
         assert f"'{shape}'" in spec, shape

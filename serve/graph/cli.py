@@ -9,17 +9,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ..cli import DATASET_HELP
 from ..features.base import FeatureCorrupt, FeatureNotFound, FeatureUnavailable
 from .loader import load_graph, verify_graph
 from .schema import SCORE_CODES
 
 __all__ = ["main"]
 
-#: the help of every option that takes a dataset spec (kernels.datasets.load_dataset), the same in each command
-DATASET_HELP = ("PATH.npz, a saved dataset directory, ogb:NAME[@ROOT] (an OGB dataset under directory ROOT, default "
-                "./dataset) or synthetic[:N[:SEED[:SHAPE]]]: a synthetic graph of N nodes (default 2000) drawn with SEED "
-                "(default 0) in SHAPE 'default' or 'products' (shaped like ogbn-products), e.g. synthetic:1000000 or "
-                "synthetic:2000000:0:products")
 
 
 def _repo_ppr_configs(repo: str, dataset_fp: str) -> list[Any]:
