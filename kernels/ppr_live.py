@@ -114,13 +114,16 @@ per changed row (at most ``1 / (a eps_u)`` edge updates, capped); the recomputat
 flagged source (``<= 1 / (alpha eps)`` edge updates each, parallel on the numba threads), which
 dominates: everything else is about 2 ms per single-edge update on Amazon Computers.
 
-Memory of one :meth:`apply`: ``O(N)`` scratch (the reverse push's dense state, the per-source
-sums of ``B_s``, a memo of the lists' last scores), the holders, the changed rows' entries, one
-chunk of ``push_chunk`` padded ``[B, K]`` push results, the recomputed lists themselves (kept in
-the overlay) and, at a merge, the new copy of every list (filled chunk by chunk). Nothing is
-proportional to (changed rows) x (sources a reverse push touches): each reverse push's terms are
-added into the per-source sums as the push ends (:func:`_reverse_accumulate`), in the order the
-earlier implementation added them, so the sums are the same to the last bit. That product is what
+Memory of one :meth:`apply`: ``O(T N)`` scratch for ``T`` numba workers (the reverse pushes' dense
+state, which is the graph's pooled push scratch, and the per-source sums of ``B_s``), the holders, the
+changed rows' entries, one chunk of ``push_chunk`` padded ``[B, K]`` push results, the recomputed lists
+themselves (kept in the overlay) and, at a merge, the new copy of every list (filled chunk by chunk).
+Nothing is proportional to (changed rows) x (sources a reverse push touches): each reverse push's terms
+are added into its worker's per-source sums as the push ends (:func:`_reverse_accumulate`). The sums
+count whole quanta of ``tol / 2^32``, each term rounded up (a bound stays a bound; a source touched by
+every push of a 2,000-row edit gains at most ``5e-7 tol``): integer sums do not depend on the order of
+the terms, so the pushes run on every worker and the result is the same on any number of them, to the
+last bit (``tests/test_ppr_live_memory.py``). That product is what
 a bulk edit makes large: the 2,000 added edges of a QA report (4,000 changed rows, 500 pushes each
 under ``reverse_total_pushes``) touch 1.1e8 (push, source) pairs on a 200,000-node products-shaped
 graph, which were materialised (24 bytes each in the kernel) and then run through a dozen NumPy
@@ -192,6 +195,7 @@ never patched); :meth:`ensure_induced` after edits rebuilds the table from the c
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -216,6 +220,16 @@ _TINY = 1e-300  # a pushed node keeps this residue: r == 0 means "never touched"
 _RULES = ("node", "l1")
 _LOOKUP_CHUNK = 1 << 20  # list entries gathered at a time when all lists are copied (a merge)
 _HANDED_MAX = 1 << 22  # list entries lookups' pushes may hold for install_handed (about 50 MB)
+# An edit's per-source bound is an integer count of quanta, tol / 2**_QUANTUM_BITS each, every term rounded up
+# (never below its value): integer sums are the same in any order, so the reverse pushes run on every worker
+# and the result does not depend on how many there are. A term counts at most _UNIT_MAX quanta and a sum
+# stops at _SUM_MAX (2**30 tol, far past any tolerance): no overflow.
+_QUANTUM_BITS = 32
+# the reverse pushes read every list's last score from one gathered array when their work cap allows them this
+# many times the node count in pushes (the gather costs one pass over the lists; the same scores either way)
+_GATHER_LAST = 0.25
+_UNIT_MAX = 1 << 53
+_SUM_MAX = 1 << 62
 
 
 def _spare(cap: int, n: int) -> int:
@@ -235,142 +249,183 @@ def _room(a: np.ndarray, n: int, fill: Any) -> np.ndarray:
 
 # ============================================================================ compiled kernels
 @numba.njit(cache=True, nogil=True)
+def _units(term, quantum):  # pragma: no cover - compiled
+    """``term`` (> 0) in whole ``quantum``, rounded up, at most ``_UNIT_MAX``: the integer a sum counts."""
+    u = np.ceil(term / quantum)  # a float: inf (an infinite coefficient) or past 2**63 is never converted
+    return _UNIT_MAX if u >= _UNIT_MAX else np.int64(u)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
 def _reverse_accumulate(
-    indptr, indices, weights, wdeg, srcs, eps_rs, alpha, lazy, max_pushes, r, p, queue, touched,
-    w_src, coef_src, hptr, hsrc, mark, lp, ls, ostart, olen, a_scores, last, acc, seen, seen_list, last_list, counts,
+    indptr, indices, weights, wdeg, srcs, eps_rs, alpha, lazy, max_pushes, rw, p, queue, touched,
+    w_src, coef_src, hptr, hsrc, lp, ls, ostart, olen, a_scores, last, quantum, mark, acc, seen_list, counts, capped,
 ):  # pragma: no cover - compiled
     """ACL push from each ``srcs[i]`` with threshold ``eps_rs[i] * w(v)`` (``eps_rs[i]`` where
     ``w(v) = 0``), the walk of :func:`kernels.ppr._push_dense`, each push's terms added up at once:
-    memory ``O(N)`` however many sources and however far their pushes reach.
+    memory ``O(T N)`` (``T`` workers) however many sources and however far their pushes reach.
 
-    For every node ``s`` touched by push ``i`` (in the order it touched them, pushes in order) whose
-    list does not hold ``srcs[i]`` (``hsrc[hptr[i]:hptr[i + 1]]`` are the sources whose list does):
-    ``est`` = ``p + alpha r`` (a lower bound of ``pi_{srcs[i]}(s)``), the term
-    ``min(est * w_src[i] / hat w(s), last score of s's list) * coef_src[i]`` and, when it is
-    positive, ``acc[s] += term``, ``seen[s] = True`` (``hat w(s) = w(s)``, 1 where ``w(s) = 0``; the
-    last score from the merged lists ``lp``, ``ls`` or, where ``ostart[s] >= 0``, the overlay
-    ``a_scores``, memoized in ``last``, float64 ``[N]``, NaN where not yet read). Each operation is
-    the one :meth:`LivePPRIndex._reverse_terms` ran in NumPy on the materialised
-    ``(push, node, est)`` entries before: same terms, added in the same order.
-
-    ``r``, ``p`` (float64 ``[N]``) and ``mark`` (bool ``[N]``) are zero on entry and on return;
-    ``queue``, ``touched`` int64 ``[N + 1]``. Every ``s`` whose ``seen[s]`` this sets is appended to
-    ``seen_list`` (at ``counts[0]``, advanced), every ``s`` whose ``last[s]`` it fills to ``last_list``
-    (at ``counts[1]``): the caller resets those entries instead of allocating ``O(N)`` arrays per edit.
-    Returns the number of pushes stopped by ``max_pushes``.
+    Worker ``t`` runs pushes ``t, t + T, ...`` on its rows of the dense scratch (``rw[t, :, 0]`` the
+    residues, ``p[t]``, ``queue[t]``, ``touched[t]``; :class:`kernels.ppr_push._DenseScratch`). For every
+    node ``s`` a push touched whose list does not hold ``srcs[i]`` (``hsrc[hptr[i]:hptr[i + 1]]`` are the
+    sources whose list does, marked in ``mark[t]`` meanwhile): ``est`` = ``p + alpha r`` (a lower bound of
+    ``pi_{srcs[i]}(s)``), the term ``min(est * w_src[i] / hat w(s), last score of s's list) * coef_src[i]``
+    (``hat w(s) = w(s)``, 1 where ``w(s) = 0``; the last score from the merged lists ``lp``, ``ls`` or,
+    where ``ostart[s] >= 0``, the overlay ``a_scores``) and, when it is positive, ``acc[t, s] +=``
+    :func:`_units` of it (saturating at ``_SUM_MAX``). Integer sums: the result is the same whatever the
+    number of workers and the order of the pushes. Every ``s`` whose ``acc[t, s]`` leaves 0 is appended to
+    ``seen_list[t]`` at ``counts[t]`` (advanced); ``capped[t]`` counts worker ``t``'s pushes stopped by
+    ``max_pushes``. ``rw[:, :, 0]``, ``p`` and ``mark`` are zero on entry and on return.
     """
     has_w = weights.shape[0] > 0
-    qcap = queue.shape[0]
-    capped = 0
-    for i in range(srcs.shape[0]):
-        src = srcs[i]
-        eps = eps_rs[i]
-        r[src] = 1.0
-        touched[0] = src
-        nt = 1
-        queue[0] = src
-        head = 0
-        tail = 1
-        qlen = 1
-        pushes = 0
-        while qlen > 0:
-            u = queue[head]
-            head += 1
-            if head == qcap:
-                head = 0
-            qlen -= 1
-            ru = r[u]
-            pushes += 1
-            wu = wdeg[u]
-            if wu <= 0.0:
-                p[u] += ru
-                r[u] = _TINY
-            else:
-                p[u] += alpha * ru
-                r[u] = _TINY
-                spread = (1.0 - alpha) * ru
-                if lazy:
-                    spread *= 0.5
-                c = spread / wu
-                for e in range(indptr[u], indptr[u + 1]):
-                    v = indices[e]
-                    old = r[v]
-                    new = old + (c * weights[e] if has_w else c)
-                    r[v] = new
-                    if old == 0.0 and new != 0.0:  # weight 0: still untouched (listed once at most)
-                        touched[nt] = v
-                        nt += 1
-                    wv = wdeg[v]
-                    thr = eps * wv if wv > 0.0 else eps
-                    if old < thr and new >= thr:
-                        queue[tail] = v
-                        tail += 1
-                        if tail == qcap:
-                            tail = 0
-                        qlen += 1
-                if lazy:
-                    old = r[u]
-                    new = old + spread
-                    r[u] = new
-                    thr = eps * wu
-                    if old < thr and new >= thr:
-                        queue[tail] = u
-                        tail += 1
-                        if tail == qcap:
-                            tail = 0
-                        qlen += 1
-            if max_pushes > 0 and pushes >= max_pushes and qlen > 0:
-                capped += 1
-                break
-        for h in range(hptr[i], hptr[i + 1]):
-            mark[hsrc[h]] = True
-        wsrc = w_src[i]
-        cf = coef_src[i]
-        for j in range(nt):
-            v = touched[j]
-            est = p[v] + alpha * r[v]
-            r[v] = 0.0
-            p[v] = 0.0
-            if mark[v]:
-                continue
-            wv = wdeg[v]
-            term = est * wsrc
-            term = term / (wv if wv > 0.0 else 1.0)
-            lv = last[v]
-            if np.isnan(lv):
-                o = ostart[v]
-                if o < 0:
-                    lv = np.float64(ls[max(lp[v + 1] - 1, lp[v])])
+    has_last = last.shape[0] > 0
+    nthreads = acc.shape[0]
+    nb = srcs.shape[0]
+    for t in prange(nthreads):
+        rw_t = rw[t]
+        p_t = p[t]
+        q_t = queue[t]
+        tt = touched[t]
+        mark_t = mark[t]
+        acc_t = acc[t]
+        sl_t = seen_list[t]
+        qcap = q_t.shape[0]
+        ns = counts[t]
+        nc = 0
+        for i in range(t, nb, nthreads):
+            src = srcs[i]
+            eps = eps_rs[i]
+            rw_t[src, 0] = 1.0
+            tt[0] = src
+            nt = 1
+            q_t[0] = src
+            head = 0
+            tail = 1
+            qlen = 1
+            pushes = 0
+            while qlen > 0:
+                u = q_t[head]
+                head += 1
+                if head == qcap:
+                    head = 0
+                qlen -= 1
+                ru = rw_t[u, 0]
+                pushes += 1
+                wu = wdeg[u]
+                if wu <= 0.0:
+                    p_t[u] += ru
+                    rw_t[u, 0] = _TINY
                 else:
-                    lv = np.float64(a_scores[o + max(olen[v] - 1, 0)])
-                last[v] = lv
-                last_list[counts[1]] = v
-                counts[1] += 1
-            if lv < term:
-                term = lv
-            term = term * cf
-            if term > 0.0:
-                acc[v] += term
-                if not seen[v]:
-                    seen[v] = True
-                    seen_list[counts[0]] = v
-                    counts[0] += 1
-        for h in range(hptr[i], hptr[i + 1]):
-            mark[hsrc[h]] = False
-    return capped
+                    p_t[u] += alpha * ru
+                    rw_t[u, 0] = _TINY
+                    spread = (1.0 - alpha) * ru
+                    if lazy:
+                        spread *= 0.5
+                    c = spread / wu
+                    for e in range(indptr[u], indptr[u + 1]):
+                        v = indices[e]
+                        old = rw_t[v, 0]
+                        new = old + (c * weights[e] if has_w else c)
+                        rw_t[v, 0] = new
+                        if old == 0.0 and new != 0.0:  # weight 0: still untouched (listed once at most)
+                            tt[nt] = v
+                            nt += 1
+                        wv = wdeg[v]
+                        thr = eps * wv if wv > 0.0 else eps
+                        if old < thr and new >= thr:
+                            q_t[tail] = v
+                            tail += 1
+                            if tail == qcap:
+                                tail = 0
+                            qlen += 1
+                    if lazy:
+                        old = rw_t[u, 0]
+                        new = old + spread
+                        rw_t[u, 0] = new
+                        thr = eps * wu
+                        if old < thr and new >= thr:
+                            q_t[tail] = u
+                            tail += 1
+                            if tail == qcap:
+                                tail = 0
+                            qlen += 1
+                if max_pushes > 0 and pushes >= max_pushes and qlen > 0:
+                    nc += 1
+                    break
+            for h in range(hptr[i], hptr[i + 1]):
+                mark_t[hsrc[h]] = True
+            wsrc = w_src[i]
+            cf = coef_src[i]
+            for j in range(nt):
+                v = tt[j]
+                est = p_t[v] + alpha * rw_t[v, 0]
+                rw_t[v, 0] = 0.0
+                p_t[v] = 0.0
+                if mark_t[v]:
+                    continue
+                wv = wdeg[v]
+                term = est * wsrc
+                term = term / (wv if wv > 0.0 else 1.0)
+                if has_last:
+                    lv = last[v]
+                else:
+                    o = ostart[v]
+                    if o < 0:
+                        lv = np.float64(ls[max(lp[v + 1] - 1, lp[v])])
+                    else:
+                        lv = np.float64(a_scores[o + max(olen[v] - 1, 0)])
+                if lv < term:
+                    term = lv
+                term = term * cf
+                if term > 0.0:
+                    a0 = acc_t[v]
+                    if a0 == 0:
+                        sl_t[ns] = v
+                        ns += 1
+                    a1 = a0 + _units(term, quantum)
+                    acc_t[v] = _SUM_MAX if a1 > _SUM_MAX else a1
+            for h in range(hptr[i], hptr[i + 1]):
+                mark_t[hsrc[h]] = False
+        counts[t] = ns
+        capped[t] = nc
 
 
 @numba.njit(cache=True, nogil=True)
-def _accumulate(acc, seen, s, w, seen_list, counts):  # pragma: no cover - compiled
-    """``acc[s[j]] += w[j]`` for ``j`` in order (the order ``np.bincount`` adds in) and ``seen[s[j]] = True``,
-    appending each newly seen ``s[j]`` to ``seen_list`` at ``counts[0]``."""
+def _accumulate(acc, s, w, quantum, seen_list, counts):  # pragma: no cover - compiled
+    """``acc[s[j]] +=`` :func:`_units` of ``w[j]`` (> 0; saturating at ``_SUM_MAX``), appending each ``s[j]``
+    whose ``acc`` leaves 0 to ``seen_list`` at ``counts[0]`` (advanced)."""
     for j in range(s.shape[0]):
+        if not w[j] > 0.0:
+            continue
         v = s[j]
-        acc[v] += w[j]
-        if not seen[v]:
-            seen[v] = True
+        a0 = acc[v]
+        if a0 == 0:
             seen_list[counts[0]] = v
             counts[0] += 1
+        a1 = a0 + _units(w[j], quantum)
+        acc[v] = _SUM_MAX if a1 > _SUM_MAX else a1
+
+
+@numba.njit(cache=True, nogil=True)
+def _merge_sums(acc, seen_list, counts):  # pragma: no cover - compiled
+    """Add every worker's sums into worker 0's (``acc[0]``, ``seen_list[0]``, ``counts[0]``), saturating at
+    ``_SUM_MAX``; the other workers' sums and counts back to 0."""
+    sl0 = seen_list[0]
+    acc0 = acc[0]
+    n0 = counts[0]
+    for t in range(1, acc.shape[0]):
+        acc_t = acc[t]
+        sl_t = seen_list[t]
+        for j in range(counts[t]):
+            v = sl_t[j]
+            a0 = acc0[v]
+            if a0 == 0:
+                sl0[n0] = v
+                n0 += 1
+            a1 = a0 + acc_t[v]
+            acc0[v] = _SUM_MAX if a1 > _SUM_MAX else a1
+            acc_t[v] = 0
+        counts[t] = 0
+    counts[0] = n0
 
 
 @numba.njit(cache=True, parallel=True)
@@ -528,31 +583,22 @@ def row_change_peaks(
 
 
 class _Sums:
-    """The scratch of one :meth:`LivePPRIndex.prepare` for ``n`` nodes, kept between edits: the per-source
-    sums ``acc`` (float64, zero), ``seen`` and ``mark`` (bool, False), ``last`` (float64, NaN: the lists' last
-    scores, memoized), ``seen_list`` and ``last_list`` (the entries an edit set, ``counts`` of each), and the
-    reverse push's dense state ``r``, ``p`` (float64, zero), ``queue``, ``touched`` (int64 ``[n + 1]``)."""
+    """The per-source sums of one :meth:`LivePPRIndex.prepare`, for ``n`` nodes and ``threads`` workers, kept
+    between edits: ``acc`` (int64 ``[threads, n]``, quanta: :func:`_reverse_accumulate`, zero), ``mark`` (bool,
+    False), ``seen_list`` (``[threads, n]``, the sources each worker's sum left 0 at, ``counts`` of each).
+    The reverse pushes' dense state is the graph's pooled push scratch (:func:`kernels.ppr_push._take_dense`)."""
 
-    def __init__(self, n: int) -> None:
-        idt = index_dtype_for(n)
+    def __init__(self, n: int, threads: int) -> None:
         self.n = n
-        self.r = np.zeros(n)
-        self.p = np.zeros(n)
-        self.queue = np.zeros(n + 1, dtype=np.int64)
-        self.touched = np.zeros(n + 1, dtype=np.int64)
-        self.acc = np.zeros(n)
-        self.seen = np.zeros(n, dtype=np.bool_)
-        self.mark = np.zeros(n, dtype=np.bool_)
-        self.last = np.full(n, np.nan)
-        self.seen_list = np.empty(n, dtype=idt)
-        self.last_list = np.empty(n, dtype=idt)
-        self.counts = np.zeros(2, dtype=np.int64)
+        self.threads = threads
+        self.acc = np.zeros((threads, n), dtype=np.int64)
+        self.mark = np.zeros((threads, n), dtype=np.bool_)
+        self.seen_list = np.empty((threads, n), dtype=index_dtype_for(n))
+        self.counts = np.zeros(threads, dtype=np.int64)
 
     def reset(self, seen: np.ndarray) -> None:
-        """Back to the state above, given the sorted entries of ``seen_list`` (what the caller read)."""
-        self.acc[seen] = 0.0
-        self.seen[seen] = False
-        self.last[self.last_list[: self.counts[1]]] = np.nan
+        """Back to the state above, given the merged sums' entries (``seen_list[0]``, what the caller read)."""
+        self.acc[0, seen] = 0
         self.counts[:] = 0
 
 
@@ -937,19 +983,22 @@ class LivePPRIndex:
             coef = self._coefficients(old_graph, new_graph, rows)
             hs, hx, hsc = self._holders(rows)
             holders = hs
-            # B_s summed per source in a dense accumulator, term by term in a fixed order (the holders,
-            # then the reverse terms push by push): O(N) memory however many terms, and the same float
-            # sums, term for term, as one np.bincount over all the terms (what this code did before).
-            # The accumulator and its masks are kept from edit to edit (_Sums): only their touched
-            # entries are reset, no O(N) array is allocated or scanned per edit.
-            sc = self._sums_for(n_old)
+            # B_s summed per source in dense accumulators, one per worker, in whole quanta (the holders' terms,
+            # then the reverse pushes' on every worker, then the workers' sums added): O(T N) memory however many
+            # terms, and integer sums, the same whatever the order and the number of workers. The accumulators
+            # are kept from edit to edit (_Sums): only their touched entries are reset, no O(N) array is
+            # allocated or scanned per edit.
+            threads = numba_threads()
+            sc = self._sums_for(n_old, threads)
             self._sums = None  # held by this edit; given back once reset (an exception drops it)
-            _accumulate(sc.acc, sc.seen, hs, hsc.astype(np.float64) * coef[hx], sc.seen_list, sc.counts)
-            capped = self._reverse_terms(old_graph, rows, coef, hs, hx, sc)
-            uniq = np.sort(sc.seen_list[: sc.counts[0]]).astype(np.int64)
+            quantum = math.ldexp(self.tol_factor * cfg.eps, -_QUANTUM_BITS)
+            _accumulate(sc.acc[0], hs, hsc.astype(np.float64) * coef[hx], quantum, sc.seen_list[0], sc.counts)
+            capped = self._reverse_terms(old_graph, new_graph, rows, coef, hs, hx, sc, quantum)
+            _merge_sums(sc.acc, sc.seen_list, sc.counts)
+            uniq = np.sort(sc.seen_list[0, : sc.counts[0]]).astype(np.int64)
             if len(uniq):
                 # the bound of this edit on top of what earlier edits already moved the list
-                drift = self._drift[uniq] + sc.acc[uniq]
+                drift = self._drift[uniq] + sc.acc[0, uniq].astype(np.float64) * quantum
                 self._drift[uniq] = drift
                 candidates = len(uniq)
                 # an already stale list stays so (lookups push it; the refresh stores it), outside the choice
@@ -1106,10 +1155,10 @@ class LivePPRIndex:
         if self._a_fill > max(64 * self.k_max, self.merge_fraction * len(self._lists[1])):
             self._merge()
 
-    def _sums_for(self, n: int) -> _Sums:
+    def _sums_for(self, n: int, threads: int) -> _Sums:
         sc = self._sums
-        if sc is None or sc.n < n:  # spare room once nodes come: not an O(N) allocation per new node
-            sc = _Sums(n if sc is None else _spare(sc.n, n))
+        if sc is None or sc.n < n or sc.threads != threads:  # spare room once nodes come: not O(N) per new node
+            sc = _Sums(n if sc is None else _spare(sc.n, n), threads)
         return sc
 
     def _coefficients(self, old_graph: CSRGraph, new_graph: CSRGraph, rows: np.ndarray) -> np.ndarray:
@@ -1259,16 +1308,17 @@ class LivePPRIndex:
         return out
 
     def _reverse_terms(
-        self, old_graph: CSRGraph, rows: np.ndarray, coef: np.ndarray, hs: np.ndarray, hx: np.ndarray,
-        sc: _Sums,
+        self, old_graph: CSRGraph, new_graph: CSRGraph, rows: np.ndarray, coef: np.ndarray, hs: np.ndarray,
+        hx: np.ndarray, sc: _Sums, quantum: float,
     ) -> int:
         """Sources whose list lacks a changed row ``u``, with the term ``coef_u * est_s(u)`` from a
-        reverse push from ``u`` on the old graph (module docstring), added to ``sc.acc[s]`` (``sc.seen[s]``
-        set) push by push. Returns the number of capped pushes.
+        reverse push from ``u`` on the old graph (module docstring), added to ``sc.acc[t, s]`` in quanta
+        (:func:`_reverse_accumulate`, on every numba worker ``t``). Returns the number of capped pushes.
 
         The terms (one per source touched per push: changed rows x reverse reach, 10^8 on a bulk
-        edit of a large graph) are consumed as each push ends (:func:`_reverse_accumulate`), never
-        held: the memory is ``O(N + holders)`` whatever the size of the edit."""
+        edit of a large graph) are consumed as each push ends, never held: the memory is the workers'
+        ``O(T N)`` scratch (the dense one pooled on ``new_graph``, which has room for the old graph's
+        nodes) plus ``O(holders)``, whatever the size of the edit."""
         cfg = self.config
         wd = _weighted_degree(old_graph)
         tol = self.tol_factor * cfg.eps
@@ -1294,12 +1344,23 @@ class LivePPRIndex:
         np.cumsum(np.bincount(hi[sel], minlength=len(act)), out=hptr[1:])
         del push_of, hi, sel
         lp, _, ls = self._lists
-        capped = _reverse_accumulate(
-            old_graph.indptr, old_graph.indices, w, wd, u, eps_r, cfg.alpha, cfg.lazy, cap, sc.r, sc.p, sc.queue,
-            sc.touched, wd[u], coef[act], hptr, hsrc, sc.mark, lp, ls, self._ostart, self._olen, self._a_scores, sc.last,
-            sc.acc, sc.seen, sc.seen_list, sc.last_list, sc.counts,
-        )  # fmt: skip
-        return int(capped)
+        # every list's last score, gathered at once, where the pushes may touch a good part of the graph: one
+        # read per term instead of three scattered ones (the kernel reads the lists itself otherwise)
+        n_old = old_graph.num_nodes
+        reach = len(act) * (cap if cap > 0 else n_old)
+        gather = reach >= _GATHER_LAST * n_old
+        last = self._last_scores(np.arange(n_old, dtype=np.int64)) if gather else np.zeros(0)
+        capped = np.zeros(sc.threads, dtype=np.int64)
+        dense = _take_dense(new_graph, sc.threads, cfg.eps)
+        try:
+            _reverse_accumulate(
+                old_graph.indptr, old_graph.indices, w, wd, u, eps_r, cfg.alpha, cfg.lazy, cap, dense.rw, dense.p,
+                dense.queue, dense.touched, wd[u], coef[act], hptr, hsrc, lp, ls, self._ostart, self._olen,
+                self._a_scores, last, quantum, sc.mark, sc.acc, sc.seen_list, sc.counts, capped,
+            )  # fmt: skip
+        finally:
+            _give_dense(new_graph, dense)
+        return int(capped.sum())
 
     def _push(self, graph: CSRGraph, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:func:`kernels.ppr.ppr_topk` of ``targets`` in chunks of ``push_chunk`` targets (its padded

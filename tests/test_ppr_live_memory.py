@@ -19,6 +19,7 @@ up as each push ends. These tests check:
 
 from __future__ import annotations
 
+import math
 import tracemalloc
 
 import numba
@@ -29,7 +30,7 @@ import kernels.ppr_live as pl
 from kernels.datasets import synthetic_sbm
 from kernels.graph import CSRGraph
 from kernels.graph_edit import GraphEdit, apply_edit, edit_from_pairs
-from kernels.ppr import PPRConfig, PPRIndex, _weighted_degree, ppr_topk
+from kernels.ppr import _SCRATCH_KEY, PPRConfig, PPRIndex, _weighted_degree, ppr_topk
 from kernels.ppr_live import LivePPRIndex
 from kernels.subgraph import _grow
 
@@ -183,11 +184,18 @@ def old_update(live: LivePPRIndex, old_graph: CSRGraph, new_graph: CSRGraph, cha
                 node, term = node[~dup], term[~dup]
             s_rev, c_rev = node, term
         # the old accumulation
+        # the sums, in whole quanta of tol / 2**32 (each positive term rounded up): integers, in any order
         s_all = np.concatenate([hs, s_rev])
         contrib = np.concatenate([hsc.astype(np.float64) * coef[hx], c_rev])
+        pos = contrib > 0
+        s_all, contrib = s_all[pos], contrib[pos]
         if len(s_all):
+            q = math.ldexp(live.tol_factor * cfg.eps, -32)
+            units = np.minimum(np.ceil(contrib / q), 2.0**53).astype(np.int64)
             uniq, inv = np.unique(s_all, return_inverse=True)
-            d = drift[uniq] + np.bincount(inv, weights=contrib, minlength=len(uniq))
+            sums = np.zeros(len(uniq), dtype=np.int64)
+            np.add.at(sums, inv, units)
+            d = drift[uniq] + sums.astype(np.float64) * q
             drift[uniq] = d
             candidates = len(uniq)
             recompute = uniq[d > live.tol_factor * cfg.eps]
@@ -254,17 +262,19 @@ def check_sequence(live: LivePPRIndex, g: CSRGraph, rng, sizes, cfg) -> dict[str
         if len(targets):
             assert_fresh_lists(live, g, targets, cfg)
         sc = live._sums  # prepare's scratch, back to its resting state
-        assert not sc.r.any() and not sc.p.any()
-        assert not sc.acc.any() and not sc.seen.any() and not sc.mark.any() and not sc.counts.any()
-        assert np.isnan(sc.last).all()
+        assert not sc.acc.any() and not sc.mark.any() and not sc.counts.any()
+        for dense in g.cache().get(_SCRATCH_KEY, []):  # the pooled push scratch the reverse pushes borrowed
+            assert not dense.rw[:, :, 0].any() and not dense.p.any()
         seen["recomputed"] += st["recomputed"]
         seen["capped"] += capped
     return seen
 
 
 # ============================================================================ (1) same results as before
+@pytest.mark.parametrize("gather", [0.0, float("inf")], ids=["gathered-last-scores", "scores-read-per-term"])
 @pytest.mark.parametrize(("tol_factor", "merge_fraction"), [(1.0, 0.25), (100.0, 0.5), (30.0, 0.02)])
-def test_drift_and_recomputation_equal_the_old_algorithm(sbm, tol_factor, merge_fraction):
+def test_drift_and_recomputation_equal_the_old_algorithm(sbm, tol_factor, merge_fraction, gather, monkeypatch):
+    monkeypatch.setattr(pl, "_GATHER_LAST", gather)
     g, base = sbm
     live = LivePPRIndex(base, tol_factor=tol_factor, merge_fraction=merge_fraction, push_chunk=7)
     sizes = [(1, 0, 0), (3, 2, 1), (40, 10, 0), (1, 1, 0), (200, 30, 2), (5, 5, 0), (2, 0, 0), (8, 1, 0)]
@@ -293,6 +303,32 @@ def test_drift_equals_the_old_algorithm_on_a_weighted_lazy_graph(rule):
         live, g, np.random.default_rng(5), [(4, 2, 1), (60, 10, 0), (3, 3, 0), (1, 0, 0)], cfg
     )
     assert seen["recomputed"] > 0
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two numba threads")
+def test_drift_is_the_same_on_any_number_of_workers(sbm):
+    """The reverse pushes run on every numba worker, each summing into its own accumulator: the sums are
+    integers (quanta), so one worker and several give the same drift, recomputed set and counts, bit for bit."""
+    g, base = sbm
+    runs = []
+    for threads in (1, 2, numba.config.NUMBA_NUM_THREADS):
+        before = numba.get_num_threads()
+        numba.set_num_threads(threads)
+        try:
+            live = LivePPRIndex(base, reverse_max_pushes=80, reverse_total_pushes=5_000, tol_factor=2.0)
+            rng, cur, out = np.random.default_rng(9), g, []
+            for adds, rems, new in [(120, 15, 1), (3, 1, 0), (40, 40, 2)]:
+                eff = apply_edit(cur, random_edit(rng, cur, adds=adds, rems=rems, new=new))
+                st = live.apply(cur, eff.graph, eff.changed_rows, eff.new_ids)
+                assert live._sums.threads == threads
+                st.pop("microseconds")
+                out.append((live._drift[: live.num_nodes].tobytes(), live.last_recomputed.tolist(), st))
+                cur = eff.graph
+        finally:
+            numba.set_num_threads(before)
+        runs.append(out)
+    assert runs[0][0][2]["reverse_capped"] > 0 and runs[0][0][2]["recomputed"] > 0
+    assert runs[1] == runs[0] and runs[2] == runs[0]
 
 
 def test_push_chunk_and_chunked_list_copy_change_nothing(sbm, monkeypatch):
