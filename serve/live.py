@@ -843,13 +843,32 @@ class LiveGraph:
             for t in tickets:
                 t.fail(Unavailable(self.broken))
             return
+        from .update_log import UpdateLogError, UpdateLogUnavailable
+
         try:
-            self.catch_up()
-        except GnnServeError as exc:
+            try:
+                self.catch_up()
+            except GnnServeError as exc:
+                for t in tickets:
+                    t.fail(exc)
+                return
+            except UpdateLogError as exc:
+                if isinstance(exc, UpdateLogUnavailable):
+                    raise
+                # the log lost records this server applied (a Redis flushed or restarted without persistence),
+                # or was compacted past them: what the follower does when it sees it first
+                self._out_of_service(f"its update log no longer holds what this server applied ({exc})",
+                                     trace=False)
+                for t in tickets:
+                    t.fail(Unavailable(self.broken or str(exc)))
+                return
+            rest = self._commit_group(tickets)
+        except BaseException as exc:  # whatever went wrong, no caller is left waiting for an answer
             for t in tickets:
-                t.fail(exc)
-            return
-        rest = self._commit_group(tickets)
+                if not t.done:
+                    t.fail(exc if isinstance(exc, GnnServeError)
+                           else Unavailable(self._unavailable("the update could not be applied", exc)))
+            raise
         if rest:
             with self._pending_lock:
                 self._pending[:0] = rest

@@ -672,6 +672,32 @@ def test_two_replicas_over_one_redis_see_each_others_updates(redis_factory, base
             s.stop()
 
 
+def test_an_update_after_redis_lost_the_log_is_answered_at_once(redis_factory, base_repo, tiny_dataset, tmp_path):
+    """Redis loses the update log while a server runs (a FLUSHDB, a restart without persistence) and the next
+    UpdateGraph comes before anything else noticed: it is answered UNAVAILABLE at once (the graph has forked from
+    its log: the server takes it out of service, as its follower would), not left waiting for its deadline."""
+    from serve.features import load_features
+
+    redis = redis_factory()
+    load_features(tiny_dataset, redis.url, progress=False)
+    srv = ServerThread(fresh_repo(base_repo, tmp_path / "r"), {"feature_url": redis.url}).start()
+    try:
+        with GnnClient(srv.address) as c:
+            f = tiny_dataset.num_features
+            assert c.update_graph("gcn", features={1: np.zeros(f)}).graph_version == 1
+            r = redis.client()
+            r.flushdb()
+            r.close()
+            for node in (2, 3):  # the first one met the lost log itself; the second finds the graph out of service
+                t0 = time.monotonic()
+                with pytest.raises(clients.UnavailableError) as info:
+                    c.update_graph("gcn", features={node: np.zeros(f)}, timeout=60)
+                assert time.monotonic() - t0 < 20, "the update waited for its deadline"
+                assert "update log" in str(info.value), str(info.value)
+    finally:
+        srv.stop()
+
+
 def test_update_metrics(base_repo, tmp_path, tiny_dataset):
     """Updates applied, rows invalidated per cache, update-to-visible time and the log size are exported."""
     from .serving import free_port, metric_samples
