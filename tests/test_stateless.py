@@ -6,6 +6,7 @@ A replica started with only a Redis URL and a copy of the model repository *with
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 
@@ -293,3 +294,55 @@ def test_graph_cli_load_and_verify(redis_factory, tiny_repo, tiny_dataset, capsy
     meta = {k.decode(): v.decode() for k, v in c.hgetall(f"gnnserve:graph:{tiny_dataset.graph.fingerprint()}:v1:meta").items()}
     assert meta["state"] == "live" and len(json.loads(meta["ppr"])) == 1
     c.close()
+
+
+def test_a_replica_pushes_the_lists_structural_updates_may_have_changed(redis_factory, tiny_repo, tiny_dataset,
+                                                                         tmp_path):
+    """A stateless replica kept answering shaDow requests from the PPR lists loaded into Redis after updates had
+    changed the graph (QA: a node stripped of its edges still had a 16-node list and answered as before). Every
+    list a structural update may have changed is now pushed again on the current graph before it is used: after
+    the updates every list equals a push on the edited graph, and the answers are the offline model's on those
+    lists' subgraphs (also for targets whose subgraph was cached before the updates)."""
+    from clients import GnnClient
+    from kernels.ppr import ppr_topk
+    from serve.features import load_features
+    from serve.graph_store import load_graph
+
+    from .test_live import _Mirror, _reference
+
+    ds, g = tiny_dataset, tiny_dataset.graph
+    url = redis_factory().url
+    load_features(ds, url, progress=False)
+    cfg = repo_ppr_configs(tiny_repo)[0]
+    load_graph(ds, url, ppr=[cfg], ppr_cache_dir=str(tiny_repo / "_ppr"), progress=False)
+    srv = ServerThread(models_only(tiny_repo, tmp_path / "r"), {"feature_url": url, "runtime_kw": {"graph_url": url}})
+    srv.start()
+    try:
+        mirror = _Mirror(ds)
+        t = int(np.flatnonzero(g.degrees >= 3)[0])
+        nodes = np.arange(0, ds.num_nodes, 9)
+        with GnnClient(srv.address) as c:
+            before = c.predict("shadow", np.r_[t, nodes], sampling_width=0, ppr_budget=16)  # caches warm
+            rem = [(t, int(b)) for b in g.neighbors(t)]
+            c.update_graph("shadow", remove_edges=rem)
+            mirror.update(remove=rem)
+            u, v = next((int(a), int(b)) for a, b in itertools.pairwise(nodes[1:])
+                        if int(b) not in set(g.neighbors(int(a)).tolist()) and t not in (a, b))
+            up = c.update_graph("shadow", add_edges=[(u, v)])
+            mirror.update(add=[(u, v)])
+            edited = mirror.graph()
+            checked = np.r_[t, u, v, nodes]
+            got = c.predict("shadow", checked, sampling_width=0, ppr_budget=16, min_graph_version=up.graph_version)
+        assert got.graph_version == up.graph_version == 2
+        lists = ppr_topk(edited, checked, cfg, k=16)[:2]
+        want = _reference(tiny_repo, "shadow", edited, mirror.x, checked, 0, lists=lists)
+        np.testing.assert_allclose(got.probabilities, want, atol=2e-5)
+        assert not np.allclose(before.probabilities[0], got.probabilities[0], atol=1e-4)  # t's answer moved
+        every = np.arange(ds.num_nodes)
+        want_ptr, want_nodes, _ = ppr_topk(edited, every, cfg)
+        got_ptr, got_nodes = srv.server.registry.get("shadow").ppr_index.lookup(every, cfg.topk)
+        np.testing.assert_array_equal(got_ptr, want_ptr)
+        np.testing.assert_array_equal(got_nodes, want_nodes)
+        assert got_nodes[got_ptr[t]:got_ptr[t + 1]].tolist() == [t]
+    finally:
+        srv.stop()

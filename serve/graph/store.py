@@ -21,8 +21,8 @@ How a replica uses it (per batch, :class:`RedisGraphStore`)
   so a warm batch neither reads lists and rows nor builds a local CSR: it concatenates its
   targets' entries, cut to the budget K, as :class:`kernels.subgraph.InducedTable` does for an
   in-memory index. Only the targets without an entry take the two rounds above.
-* New nodes (``new_nodes`` in a request) need the push or BFS over the whole graph: a replica
-  in this mode refuses them with INVALID_ARGUMENT (run a single-process server for those).
+* New nodes (``new_nodes`` in a request, or an update's while a PPR model serves the graph): a
+  replica in this mode refuses them with INVALID_ARGUMENT (run a single-process server for those).
 
 Live updates: the overlay
 -------------------------
@@ -43,7 +43,16 @@ shrank. A weighted row on an unweighted snapshot makes the graph weighted (``is_
 row without weights then weighs 1 per edge, in the batches' weights and the GCN degrees alike.
 The overlay is changed only under the caller's write lock: no read of the store may run while
 ``apply_*`` does (reads need no lock of their own); :meth:`RedisGraphStore.overlay_stats` is safe
-from any thread.
+from any thread. The one exception is :meth:`RedisGraphStore.refresh_lists`, below.
+
+PPR lists after a structural update: a replica holds neither the whole graph nor the inverse of the lists,
+with which :class:`kernels.ppr_live.LivePPRIndex` bounds which lists an edit moved, so once any row changed
+(:attr:`RedisGraphStore.structure_gen`) every list stored before is outdated: :class:`RedisPPRIndex` pushes
+each one again on the current graph the first time a lookup or an induced batch needs it
+(:func:`pushed_lists`, one round of row fetches per hop the push reaches) and hands it to
+:meth:`RedisGraphStore.refresh_lists`, which stores it when it differs from the held one and otherwise only
+marks it current (the cached subgraphs built on it stay). That runs during reads, under the caller's read
+lock: the pushed list is a function of the graph those reads see, so concurrent reads store equal lists.
 """
 
 from __future__ import annotations
@@ -259,8 +268,13 @@ class RedisGraphStore(PinnedVersion):
         # what the cached induced subgraphs are checked against (_valid): the overlay's generation, one
         # step per apply_* call, and the generation at which each overlay row / list last changed
         self._gen = 0
+        #: the overlay generation of the last structural change (apply_rows); 0: the snapshot's structure. A PPR list
+        #: stored before it (the snapshot's, or one pushed earlier) may be outdated: RedisPPRIndex pushes it again
+        self.structure_gen = 0
         self._ov_row_gen: dict[int, int] = {}
         self._ov_list_gen: dict[tuple[str, int], int] = {}
+        #: the structure generation at which a held list was found equal to a push on the graph (refresh_lists)
+        self._list_checked: dict[tuple[str, int], int] = {}
         log.info("graph store: %s (N=%d, E=%d, PPR configs %s)", where, self.num_nodes, self.num_edges,
                  sorted(self.ppr_meta) or "none")
 
@@ -394,6 +408,7 @@ class RedisGraphStore(PinnedVersion):
             if any(row[1] is not None for row in clean.values()):
                 self.is_weighted = True
             self._gen += 1
+            self.structure_gen = self._gen
             for v in clean:
                 self._ov_row_gen[v] = self._gen
 
@@ -430,6 +445,37 @@ class RedisGraphStore(PinnedVersion):
             self._gen += 1
             for v in clean:
                 self._ov_list_gen[(config_key, v)] = self._gen
+
+    def outdated_lists(self, config_key: str, ids: np.ndarray) -> np.ndarray:
+        """The distinct ``ids`` whose PPR list (configuration ``config_key``) was stored before the last structural
+        change of the overlay (:attr:`structure_gen`): the snapshot's lists once any row changed, a list given to
+        :meth:`apply_lists` before a later :meth:`apply_rows`. Empty while the structure is the snapshot's."""
+        ids = np.unique(np.asarray(ids, dtype=np.int64))
+        sgen = self.structure_gen
+        if not sgen or not len(ids):
+            return ids[:0]
+        lg, ck = self._ov_list_gen, self._list_checked
+        return np.fromiter((v for v in ids.tolist()
+                            if lg.get((config_key, v), 0) < sgen and ck.get((config_key, v), 0) < sgen), dtype=np.int64)
+
+    def refresh_lists(self, config_key: str, lists: dict[int, tuple[np.ndarray, np.ndarray | None]]) -> int:
+        """Lists pushed on the current graph for nodes :meth:`outdated_lists` named: each that differs from the
+        list held now (its ids) goes to :meth:`apply_lists`; the others are only marked current, so the cached
+        induced subgraphs built on them stay valid. Returns how many lists changed. Runs beside reads (under the
+        caller's read lock): a list it stores is the push on the graph every such read sees."""
+        lay = self._ov_lists.get(config_key) or {}
+        held_ids = [v for v in lists if v < self.base_num_nodes or v in lay]
+        held = self.ppr_lists(config_key, np.asarray(held_ids, dtype=np.int64)) if held_ids else {}
+        changed = {v: row for v, row in lists.items()
+                   if v not in held or not np.array_equal(held[v][0], np.asarray(row[0]))}
+        if changed:
+            self.apply_lists(config_key, changed)
+        with self._ov_lock:
+            sgen = self.structure_gen
+            for v in lists:
+                if v not in changed:
+                    self._list_checked[(config_key, int(v))] = sgen
+        return len(changed)
 
     def overlay_stats(self) -> dict[str, int]:
         """What the overlay holds: ``rows``/``row_bytes`` (adjacency), ``lists``/``list_bytes``
@@ -822,7 +868,25 @@ class RedisPPRIndex:
         k = self.k_max if k is None else int(k)
         if not 1 <= k <= self.k_max:
             raise ValueError(f"k must lie in [1, k_max={self.k_max}], got {k}")
-        return self.store.ppr_induced_batch(self.config_key, targets, k)
+        t = np.asarray(targets, dtype=np.int64).reshape(-1)
+        if len(t) and (int(t.min()) < 0 or int(t.max()) >= self.num_nodes):
+            raise ValueError(f"targets must lie in [0, {self.num_nodes})")
+        self._refresh(t)
+        return self.store.ppr_induced_batch(self.config_key, t, k)
+
+    def _refresh(self, targets: np.ndarray) -> None:
+        """Push again every list of ``targets`` that a structural update may have changed (the store's
+        :meth:`~RedisGraphStore.outdated_lists`) and put it in the overlay (:meth:`RedisGraphStore.apply_lists`).
+
+        A replica cannot bound which lists an edit moved, as :class:`kernels.ppr_live.LivePPRIndex` does on a
+        graph in memory (that takes the inverse of every list and reverse pushes over the whole graph), so after
+        a structural change every list is pushed once on the current graph before it is used, and kept until the
+        next one (a pushed list equal to the one held only marks it current: the subgraphs cached on it stay).
+        Concurrent batches may push the same list: the push is a function of the graph, the copies are equal. Runs
+        under the graph's read lock (no structural change meanwhile)."""
+        stale = self.store.outdated_lists(self.config_key, targets)
+        if len(stale):
+            self.store.refresh_lists(self.config_key, pushed_lists(self.store, stale, self.config))
 
     def lookup(self, targets: Any, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """First ``k`` entries of each target's list: ``(ptr int64 [B + 1], nodes int64)``."""
@@ -832,12 +896,67 @@ class RedisPPRIndex:
         t = np.asarray(targets, dtype=np.int64).reshape(-1)
         if len(t) and (int(t.min()) < 0 or int(t.max()) >= self.num_nodes):
             raise ValueError(f"targets must lie in [0, {self.num_nodes})")
+        self._refresh(t)
         lists = self.store.ppr_lists(self.config_key, np.unique(t))
         parts = [lists[int(i)][0][:k] for i in t]
         ptr = np.zeros(len(t) + 1, dtype=np.int64)
         np.cumsum([len(p) for p in parts], out=ptr[1:])
         nodes = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         return ptr, nodes
+
+
+def pushed_lists(store: RedisGraphStore, targets: np.ndarray, cfg: Any) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """The top-K PPR list of each of the distinct ``targets`` pushed on the store's current graph (snapshot rows and
+    overlay): ``{target: (ids int64, scores float32)}``, what :func:`kernels.ppr.ppr_topk` gives on the same graph in
+    memory (to the bit on an unweighted graph; on a weighted one a node's weighted degree is summed over its row
+    alone, which may differ in the last bits from the in-memory graph's running sum).
+
+    The push reads the rows of the nodes it touches and the degrees of their neighbours. It runs on a local CSR of
+    the rows fetched so far (relabelled by rank: a monotone map, so the push visits rows, breaks ties and orders the
+    list as on the whole graph); while it touches a node whose row is not fetched (whose degree it therefore did
+    not know), that row is fetched and the push run again. Once every node it touched has its row, the push made
+    exactly the steps it makes on the whole graph. One round of fetches per hop the push reaches."""
+    from kernels.graph import CSRGraph
+    from kernels.ppr import ppr_topk
+    from kernels.ppr_push import _DenseScratch, _push_dense, _weighted_degree
+
+    t = np.unique(np.asarray(targets, dtype=np.int64))
+    rows: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+    need = t
+    while True:
+        fetch = [v for v in need.tolist() if v not in rows]
+        if fetch:
+            rows.update(store.adjacency(np.asarray(fetch, dtype=np.int64)))
+        known = np.fromiter(rows.keys(), dtype=np.int64, count=len(rows))
+        known.sort()
+        parts = [rows[int(v)] for v in known]
+        cols = np.concatenate([p[0] for p in parts]).astype(np.int64) if parts else _EMPTY_IDS
+        uniq = np.union1d(known, cols)
+        deg = np.zeros(len(uniq), dtype=np.int64)
+        deg[np.searchsorted(uniq, known)] = [len(p[0]) for p in parts]
+        indptr = np.zeros(len(uniq) + 1, dtype=np.int64)
+        np.cumsum(deg, out=indptr[1:])
+        w = np.concatenate([_weights(p) for p in parts]).astype(np.float32) if store.is_weighted and parts else None
+        g = CSRGraph(indptr=indptr, indices=np.searchsorted(uniq, cols).astype(np.int32), weights=w,
+                     num_nodes=len(uniq))
+        local = np.searchsorted(uniq, t)
+        wd = _weighted_degree(g)
+        sc = _DenseScratch(wd, 1, cfg.eps)
+        ww = g.weights if g.weights is not None else np.zeros(0, dtype=np.float32)
+        reached = []
+        for src in local.tolist():
+            nt = _push_dense(g.indptr, g.indices, ww, wd, src, cfg.alpha, cfg.lazy, 0, sc.rw[0], sc.p[0], sc.queue[0],
+                             sc.touched[0])
+            touched = sc.touched[0, :nt].astype(np.int64)
+            sc.rw[0, touched, 0] = 0.0
+            sc.p[0, touched] = 0.0
+            reached.append(touched)
+        touched = uniq[np.unique(np.concatenate(reached))] if reached else _EMPTY_IDS
+        need = np.setdiff1d(touched, known, assume_unique=True)
+        if not len(need):
+            break
+    ptr, nodes, scores = ppr_topk(g, local, cfg)
+    return {int(v): (uniq[nodes[ptr[i]:ptr[i + 1]]], scores[ptr[i]:ptr[i + 1]]) for i, v in enumerate(t.tolist())}
 
 
 def _assemble_induced(entries: list[_Induced], k: int, weighted: bool) -> Any:
