@@ -19,7 +19,7 @@ sort over every entry: 4.4 s for the 128 M entries of a 2 M-node index on 2 core
 memory-mapped, so a server's first update neither waits for it nor holds it in its own memory.
 """
 
-# numba cache key: datasets bc5af1e8dd73, ppr_push 95b2935dcf9e, subgraph 7484546ef9d8
+# numba cache key: datasets bc5af1e8dd73, ppr_push 95b2935dcf9e, subgraph 3bbc08ee7020
 
 from __future__ import annotations
 
@@ -235,24 +235,23 @@ class PPRIndex:
                             *((t.eptr, t.src, t.dst, t.weights) if t is not None else ())])
 
     def ensure_induced(
-        self, graph: CSRGraph, *, max_bytes: int = 1 << 30, k: int | None = None, progress: bool = False
+        self, graph: CSRGraph, *, max_bytes: int = 1 << 30, k: int | None = None, progress: bool = False,
+        stop: threading.Event | None = None,
     ) -> bool:
         """Attach the induced subgraph of every node's top-``k`` list (default ``k_max``), building it if needed.
 
         A saved index keeps the table beside its lists (``induced_*`` files, recorded in
         ``meta.json``) and memory-maps it on later calls. Refused (``False``, logged) when the
         estimate from 256 sampled nodes exceeds ``max_bytes``: batches are then induced from the
-        graph as before. Returns whether a table is attached.
+        graph as before. Returns whether a table is attached. ``stop`` (set from another thread)
+        abandons a build between chunks (:class:`kernels.subgraph.BuildStopped`); lookups may run
+        meanwhile: the table is attached in one assignment once complete.
         """
         self.check_graph(graph)
         k = self.k_max if k is None else int(k)
-        if self.induced is not None and self.induced.k >= k:
-            return True
         if not 1 <= k <= min(self.k_max, InducedTable.MAX_K):
             raise ValueError(f"k must lie in [1, {min(self.k_max, InducedTable.MAX_K)}], got {k}")
-        loaded = self._open_induced()
-        if loaded is not None and loaded.k >= k:
-            self.induced = loaded
+        if self.open_saved_induced(k):
             return True
         n = self.num_nodes
         if n == 0:
@@ -268,7 +267,7 @@ class PPRIndex:
         t0 = time.perf_counter()
         log.info("building the induced table for k=%d of %d nodes (about %.0f MiB; saved beside the index)", k, n,
                  est / 2**20)
-        table = InducedTable.build(graph, self.lookup, k, progress=progress)
+        table = InducedTable.build(graph, self.lookup, k, progress=progress, stop=stop)
         log.info("induced table for k=%d: %d edges, %.0f MiB in %.1f s", k, len(table.src), table.nbytes / 2**20,
                  time.perf_counter() - t0)  # fmt: skip
         if self.path is not None:
@@ -321,6 +320,18 @@ class PPRIndex:
             return None
 
     _INDUCED_FILES = ("induced_src.bin", "induced_dst.bin", "induced_w.bin")
+
+    def open_saved_induced(self, k: int | None = None) -> bool:
+        """Attach the induced table saved beside the lists when it covers ``k`` (default ``k_max``), without building
+        one; whether a table covering ``k`` is attached."""
+        k = self.k_max if k is None else int(k)
+        if self.induced is not None and self.induced.k >= k:
+            return True
+        loaded = self._open_induced()
+        if loaded is not None and loaded.k >= k:
+            self.induced = loaded
+            return True
+        return False
 
     def _save_induced(self, table: InducedTable) -> None:
         d = self.path

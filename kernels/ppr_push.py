@@ -15,7 +15,7 @@ users import (it re-exports these names). Here:
 The on-disk index of every node's list is :mod:`kernels.ppr_index`.
 """
 
-# numba cache key: subgraph 7484546ef9d8
+# numba cache key: subgraph 3bbc08ee7020
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ import numpy as np
 
 from .graph import CSRGraph
 
-__all__ = ["ExtraEdges", "InducedTable", "SubgraphBatch", "in_global_order", "induced_batch", "lhop_nodes"]
+__all__ = ["BuildStopped", "ExtraEdges", "InducedTable", "SubgraphBatch", "in_global_order", "induced_batch", "lhop_nodes"]
 
 _SCRATCH_KEY = "_subgraph_scratch_pool"
 _SCRATCH_LOCK = threading.Lock()
@@ -708,6 +708,10 @@ def _assemble(ptr, nodes, row_ptr, cols, ws, first, r2f) -> SubgraphBatch:
     )
 
 
+class BuildStopped(Exception):
+    """:meth:`InducedTable.build` was stopped (its ``stop`` event set) before it finished."""
+
+
 class InducedTable:
     r"""Precomputed induced subgraph of every node's top-K list: batches without touching the graph.
 
@@ -767,13 +771,15 @@ class InducedTable:
         chunk: int = 4096,
         progress: bool = False,
         workers: int | None = None,
+        stop: threading.Event | None = None,
     ) -> InducedTable:
         """Induce every node's list ``lookup(targets, k) -> (ptr, nodes)`` with :func:`induced_batch`.
 
         Runs chunk by chunk on ``workers`` threads (default: the machine's cores, at most 8; the numba
         kernel releases the GIL, each thread takes its own scratch), the chunks' pairs concatenated
         in node order, so the table is the same whatever the thread count. Memory: the result plus
-        O(chunk) per thread and chunks finished ahead of the one being appended.
+        O(chunk) per thread and chunks finished ahead of the one being appended. Once ``stop`` is set
+        the chunks not started are skipped and :class:`BuildStopped` is raised.
         """
         import os
         from concurrent.futures import ThreadPoolExecutor
@@ -786,7 +792,9 @@ class InducedTable:
         dsts: list[np.ndarray] = []
         wss: list[np.ndarray] = []
 
-        def one(lo: int) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        def one(lo: int) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None:
+            if stop is not None and stop.is_set():
+                return None
             hi = min(n, lo + chunk)
             ptr, nodes = lookup(np.arange(lo, hi, dtype=np.int64), k)
             b = induced_batch(graph, ptr, nodes)
@@ -800,7 +808,10 @@ class InducedTable:
         workers = max(1, min(os.cpu_count() or 1, 8) if workers is None else int(workers))
         with tqdm(total=n, desc="induced table", unit="node", disable=not progress) as bar, \
                 ThreadPoolExecutor(workers, thread_name_prefix="induced-table") as pool:
-            for lo, hi, per_sub, src, dst, w in pool.map(one, range(0, n, chunk)):  # in node order
+            for got in pool.map(one, range(0, n, chunk)):  # in node order
+                if got is None:
+                    raise BuildStopped("the induced table's build was stopped")
+                lo, hi, per_sub, src, dst, w = got
                 eptr[lo + 1 : hi + 1] = eptr[lo] + np.cumsum(per_sub)
                 srcs.append(src)
                 dsts.append(dst)

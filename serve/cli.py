@@ -184,6 +184,11 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--induced-table-bytes", type=int, default=1 << 30,
                     help="precompute every node's induced top-K subgraph beside the PPR index when its "
                          "estimated size fits in this many bytes (0: induce per batch; default: %(default)s = 1 GiB)")
+    ap.add_argument("--induced-table-wait", action=argparse.BooleanOptionalAction, default=None,
+                    help="build a missing induced table before the model is served (--induced-table-wait) or on a "
+                         "thread while it serves, its batches induced from the graph until the table is ready "
+                         "(--no-induced-table-wait; minutes at millions of nodes); default: wait where shaDow models are "
+                         "resident (a GPU, or --resident), whose path needs the table at load, else build beside serving")
     ap.add_argument("--graph-cache-bytes", type=int, default=64 << 20,
                     help="LRU budget in bytes for adjacency rows and PPR lists fetched from Redis with --graph (0 = off; "
                          "default: %(default)s = 64 MiB)")
@@ -447,6 +452,7 @@ def _serve(argv: Sequence[str]) -> int:
             graph_version=args.graph_version,
             graph_cache_bytes=args.graph_cache_bytes,
             induced_table_bytes=args.induced_table_bytes,
+            induced_table_wait=args.induced_table_wait,
             warm_projections=args.warm_projections,
             read_only=args.read_only,
             max_update_size=args.max_update_size,

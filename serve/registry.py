@@ -238,6 +238,8 @@ class ModelRegistry:
         self._held: set[tuple[str, int | None]] = set()
         self._loaded: dict[tuple[str, int], tuple[int, int, float]] = {}  # served version -> its directory's identity
         self._control = asyncio.Lock()  # one repository change at a time: the poller, load, unload
+        self._induced_builds: list[threading.Thread] = []  # induced tables built beside serving (_induced_table)
+        self._stop_builds = threading.Event()
 
     # ------------------------------------------------------------------ lookup
     def get(self, name: str, version: str | int = "") -> ModelRuntime:
@@ -517,6 +519,8 @@ class ModelRegistry:
 
     async def close(self, grace_s: float | None = None) -> None:
         self._closing = True
+        self._stop_builds.set()  # a build beside serving stops at its next chunk
+        await asyncio.to_thread(self.wait_for_induced_tables, 30.0)
         runtimes = [rt for vs in self._models.values() for rt in vs.values()]
         await asyncio.gather(*(rt.close(grace_s) for rt in runtimes), return_exceptions=True)
         for bundle in self._data.values():
@@ -600,11 +604,57 @@ class ModelRegistry:
             # fingerprint): built now, then kept up to date with the graph like the others
             idx = PPRIndex.open_or_build(self._ppr_cache_dir, data.graph, cfg)
             if self.options.induced_table_bytes > 0:
-                idx.ensure_induced(data.graph, max_bytes=self.options.induced_table_bytes)
+                self._induced_table(idx, data.graph)
         if data.live is not None:
             idx = data.live.wrap_index(idx)
         data.ppr_indexes[key] = idx
         return idx
+
+    def _induced_table(self, idx: Any, graph: Any) -> None:
+        """Attach ``idx``'s induced table: the saved one; else build it now where ``induced_table_wait`` says so (by
+        default on a CUDA device or with ``resident``), otherwise on a thread beside serving (a build takes minutes at millions of nodes:
+        231 s at 2 M on 2 cores). Until it is attached, the index's batches are induced from the graph (same answers;
+        :meth:`kernels.ppr.PPRIndex.induced_batch` reads the table at each call, and a live index's dirty marks
+        hold against the base lists the table is built from). The build saves it beside the lists."""
+        import torch
+
+        max_bytes = self.options.induced_table_bytes
+        if idx.open_saved_induced():
+            return
+        wait = self.options.induced_table_wait
+        if wait is None:  # a resident shaDow path is chosen at load and needs the table then
+            wait = torch.device(self.options.device).type != "cpu" or bool(self.options.resident)
+        if wait:
+            idx.ensure_induced(graph, max_bytes=max_bytes)
+            return
+        th = threading.Thread(target=self._build_induced, args=(idx, graph, max_bytes),
+                              name="gnnserve-induced-table", daemon=True)
+        self._induced_builds.append(th)
+        th.start()
+
+    def _build_induced(self, idx: Any, graph: Any, max_bytes: int) -> None:
+        from kernels.subgraph import BuildStopped
+
+        name = getattr(getattr(idx, "path", None), "name", "in memory")
+        log.info("PPR index %s: its induced table is built beside serving; until it is ready, shaDow batches are "
+                 "induced from the graph (same answers, more work per batch; --induced-table-wait waits instead)", name)
+        t0 = time.perf_counter()
+        try:
+            if idx.ensure_induced(graph, max_bytes=max_bytes, progress=True, stop=self._stop_builds):
+                log.info("PPR index %s: induced table ready after %.1f s; shaDow batches read it from now on", name,
+                         time.perf_counter() - t0)
+        except BuildStopped:
+            log.info("PPR index %s: induced table build stopped (the server closes)", name)
+        except Exception:
+            log.exception("PPR index %s: the induced table could not be built; shaDow batches stay induced from "
+                          "the graph", name)
+
+    def wait_for_induced_tables(self, timeout: float | None = None) -> bool:
+        """Wait for the induced tables being built beside serving; whether every build has ended."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for th in list(self._induced_builds):
+            th.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(th.is_alive() for th in self._induced_builds)
 
     @staticmethod
     def _replay_pending(live: Any) -> bool:

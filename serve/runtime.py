@@ -178,6 +178,10 @@ class RuntimeOptions:
     graph_cache_bytes: int = 64 << 20
     #: precompute each node's induced top-K subgraph next to the PPR index when it fits (0: never)
     induced_table_bytes: int = 1 << 30
+    #: build a missing induced table before the model is served (True) or on a thread beside serving, batches induced
+    #: from the graph until it is attached (False); None = wait on a CUDA device or with ``resident`` (the resident
+    #: shaDow path is chosen at load and needs the table), otherwise build beside serving
+    induced_table_wait: bool | None = None
     #: fill the projection cache for every node while a model warms up (before it is served), and a plain
     #: model's activation table at its default width, so the first request for a node costs what later ones
     #: cost; startup then reads every node's features once

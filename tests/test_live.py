@@ -698,6 +698,56 @@ def test_an_update_after_redis_lost_the_log_is_answered_at_once(redis_factory, b
         srv.stop()
 
 
+def test_a_missing_induced_table_is_built_beside_serving(base_repo, tmp_path, tiny_dataset, monkeypatch):
+    """A shaDow model whose PPR index has no saved induced table is served at once on the CPU: the table is built on a
+    thread (minutes at millions of nodes) and batches are induced from the graph meanwhile. An update before the
+    table is attached marks its targets dirty against the lists the table is built from: the answers before, with
+    and after the table are the same. A server closing stops a build (nothing saved)."""
+    from kernels.subgraph import InducedTable
+
+    real, gate, entered = InducedTable.build.__func__, threading.Event(), threading.Event()
+
+    def gated(cls, *a, **kw):
+        entered.set()
+        assert gate.wait(60), "the test never opened the gate"
+        return real(cls, *a, **kw)
+
+    monkeypatch.setattr(InducedTable, "build", classmethod(gated))
+    nodes = np.arange(0, tiny_dataset.num_nodes, 5)
+    srv = ServerThread(fresh_repo(base_repo, tmp_path / "a")).start()  # returns once the models are served
+    try:
+        assert entered.wait(30)
+        rt = srv.server.registry.get("shadow")
+        assert rt.ppr_index.induced is None
+        with GnnClient(srv.address) as c:
+            first = c.predict("shadow", nodes, sampling_width=2, ppr_budget=16)
+            u, v = _non_neighbours(tiny_dataset, np.random.default_rng(3))
+            up = c.update_graph("shadow", add_edges=[(u, v)])
+            before = c.predict("shadow", nodes, sampling_width=2, ppr_budget=16, min_graph_version=up.graph_version)
+            gate.set()
+            assert srv.server.registry.wait_for_induced_tables(60)
+            assert rt.ppr_index.induced is not None and rt.ppr_index.base.meta.get("induced")
+            after = c.predict("shadow", nodes, sampling_width=2, ppr_budget=16)
+        assert first.graph_version == 0 and before.graph_version == after.graph_version == up.graph_version
+        np.testing.assert_array_equal(before.probabilities, after.probabilities)
+        assert not np.array_equal(first.probabilities, before.probabilities)  # the update moved some answer
+    finally:
+        gate.set()
+        srv.stop()
+
+    gate.clear()
+    entered.clear()
+    srv = ServerThread(fresh_repo(base_repo, tmp_path / "b")).start()
+    try:
+        assert entered.wait(30)
+        base = srv.server.registry.get("shadow").ppr_index.base
+    finally:
+        threading.Timer(1.0, gate.set).start()  # the build goes on only after the server began to close
+        srv.stop()
+    assert base.induced is None and not base.meta.get("induced")
+    assert not list(base.path.glob("induced_*"))
+
+
 def test_update_metrics(base_repo, tmp_path, tiny_dataset):
     """Updates applied, rows invalidated per cache, update-to-visible time and the log size are exported."""
     from .serving import free_port, metric_samples
