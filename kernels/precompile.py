@@ -421,7 +421,12 @@ def at_start(jobs: int | None, widths: Iterable[int] = ()) -> Result | None:
         log.info("precompiled %d kernel signatures in %.1f s in %d processes%s", res.compiled, res.seconds,
                  res.processes, f"; {len(res.failed)} failed (compiled on first use instead)" if res.failed else "")
         for e, why in res.failed[:5]:
-            log.warning("precompile: %s.%s failed: %s", e.module, e.qualname, why)
+            first = why.strip().splitlines()[0] if why.strip() else why
+            if why.startswith("TypingError"):  # a signature recorded before the kernel's arguments changed
+                log.info("precompile: a recorded signature of %s.%s no longer fits the kernel (it changed since it "
+                         "was recorded); skipped and not tried again: %s", e.module, e.qualname, first)
+            else:
+                log.warning("precompile: %s.%s failed: %s", e.module, e.qualname, first)
         return res
     except Exception:
         log.exception("precompiling the kernels failed; they compile on first use instead")
