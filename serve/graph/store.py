@@ -923,6 +923,8 @@ def pushed_lists(store: RedisGraphStore, targets: np.ndarray, cfg: Any) -> dict[
     t = np.unique(np.asarray(targets, dtype=np.int64))
     rows: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
     need = t
+    seen = np.zeros(store.num_nodes, dtype=bool)  # the local node set, as a mask: linear, no sort of the columns
+    rank = np.zeros(store.num_nodes, dtype=np.int32)  # calloc: only the pages of the nodes reached are touched
     while True:
         fetch = [v for v in need.tolist() if v not in rows]
         if fetch:
@@ -931,15 +933,17 @@ def pushed_lists(store: RedisGraphStore, targets: np.ndarray, cfg: Any) -> dict[
         known.sort()
         parts = [rows[int(v)] for v in known]
         cols = np.concatenate([p[0] for p in parts]).astype(np.int64) if parts else _EMPTY_IDS
-        uniq = np.union1d(known, cols)
+        seen[known] = True
+        seen[cols] = True
+        uniq = np.flatnonzero(seen)  # sorted: local id = rank
+        rank[uniq] = np.arange(len(uniq), dtype=np.int32)
         deg = np.zeros(len(uniq), dtype=np.int64)
-        deg[np.searchsorted(uniq, known)] = [len(p[0]) for p in parts]
+        deg[rank[known]] = [len(p[0]) for p in parts]
         indptr = np.zeros(len(uniq) + 1, dtype=np.int64)
         np.cumsum(deg, out=indptr[1:])
         w = np.concatenate([_weights(p) for p in parts]).astype(np.float32) if store.is_weighted and parts else None
-        g = CSRGraph(indptr=indptr, indices=np.searchsorted(uniq, cols).astype(np.int32), weights=w,
-                     num_nodes=len(uniq))
-        local = np.searchsorted(uniq, t)
+        g = CSRGraph(indptr=indptr, indices=rank[cols].astype(np.int32), weights=w, num_nodes=len(uniq))
+        local = rank[t].astype(np.int64)
         wd = _weighted_degree(g)
         sc = _DenseScratch(wd, 1, cfg.eps)
         ww = g.weights if g.weights is not None else np.zeros(0, dtype=np.float32)
