@@ -640,7 +640,6 @@ class LiveGraph:
         if self._may_take_over:
             self.take_over()
         self._check_writable()
-        self._check_new_nodes(request)
         ticket = _Ticket(request)
         self._enqueue(ticket)
         ticket.settled.wait()
@@ -656,7 +655,6 @@ class LiveGraph:
         if self._may_take_over:  # file IO and a catch-up: off the event loop
             await asyncio.get_running_loop().run_in_executor(None, self.take_over)
         self._check_writable()
-        self._check_new_nodes(request)
         fut: asyncio.Future[UpdateResult] = asyncio.get_running_loop().create_future()
         self._enqueue(_Ticket(request, fut))
         return await fut
@@ -773,19 +771,6 @@ class LiveGraph:
         incident = f"incident {uuid.uuid4().hex[:12]}"
         log.warning("graph %s: %s (%s): %s", self.label, what, incident, exc)
         return f"{what} ({incident}: the server log has the details)"
-
-    def _check_new_nodes(self, request: Any) -> None:
-        """A replica that reads the graph from Redis places no new node where a PPR model serves the
-        graph: the node's PPR list needs the whole graph, so every shaDow model on every replica would
-        then answer UNAVAILABLE for it (Predict's new nodes are refused the same way)."""
-        if not (self.remote and len(request.new_nodes)):
-            return
-        ppr = sorted({rt.name for rt in list(self._runtimes) if getattr(rt, "extractor", None) == "ppr"})
-        if ppr or self.data.ppr_indexes:
-            raise InvalidArgument(
-                f"new_nodes: this replica reads the graph from Redis (--graph), and the PPR model(s) "
-                f"{', '.join(ppr) or 'on it'} would have no PPR list for a node it places (that needs the whole "
-                "graph in memory); add nodes through a server started without --graph, which stores their lists")
 
     def take_over(self) -> bool:
         """A server that follows another's file log (not ``--read-only``) and is asked for an update: when that

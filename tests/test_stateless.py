@@ -182,23 +182,57 @@ def test_warm_replica_follows_an_update_like_a_cold_one(redis_factory, tiny_repo
             cold.stop()
 
 
-def test_stateless_replica_refuses_new_nodes(stateless):
+def test_stateless_replica_refuses_predict_new_nodes(stateless):
+    """A Predict's own new nodes need a push over the whole graph with the request's edges: refused on a replica."""
     req = pb.PredictRequest(model="shadow", new_nodes=[pb.NewNode(features=[0.1] * 16, neighbors=[1, 2])])
     with grpc.insecure_channel(stateless.address) as ch, pytest.raises(grpc.RpcError) as ei:
         pbg.GnnServiceStub(ch).Predict(req, timeout=60)
     assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "--graph" in ei.value.details()
-    # an update that places a node is refused too (it was applied, and every shaDow model then answered
-    # UNAVAILABLE for the node, on every replica, and a restarted replica refused the model); nothing lands
-    upd = pb.UpdateGraphRequest(model="shadow", new_nodes=[pb.NewNode(features=[0.1] * 16, neighbors=[1, 2])])
-    with grpc.insecure_channel(stateless.address) as ch:
-        stub = pbg.GnnServiceStub(ch)
-        before = stub.GetModel(pb.GetModelRequest(name="shadow"), timeout=60).graph_version
-        with pytest.raises(grpc.RpcError) as ei:
-            stub.UpdateGraph(upd, timeout=60)
-        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "new_nodes" in ei.value.details() and "shadow" in ei.value.details()
-        assert stub.GetModel(pb.GetModelRequest(name="shadow"), timeout=60).graph_version == before
+
+
+def test_a_replica_places_new_nodes_and_pushes_their_lists(redis_factory, tiny_repo, tiny_dataset, tmp_path):
+    """An update's new nodes on a replica that serves a shaDow model (refused before: the node had no PPR list, so
+    every shaDow model answered UNAVAILABLE for it and a restarted replica refused the model). Its list, and every
+    other the update may have moved, is pushed on the edited graph: the answers are the offline model's there, on
+    this replica and on one started after the update (it replays the log)."""
+    from clients import GnnClient, NewNode
+    from kernels.ppr import ppr_topk
+    from serve.features import load_features
+    from serve.graph_store import load_graph
+
+    from .test_live import _Mirror, _reference
+
+    ds = tiny_dataset
+    url = redis_factory().url
+    load_features(ds, url, progress=False)
+    cfg = repo_ppr_configs(tiny_repo)[0]
+    load_graph(ds, url, ppr=[cfg], ppr_cache_dir=str(tiny_repo / "_ppr"), progress=False)
+    opts = {"feature_url": url, "runtime_kw": {"graph_url": url}}
+    srv = ServerThread(models_only(tiny_repo, tmp_path / "a"), opts).start()
+    later = None
+    try:
+        mirror = _Mirror(ds)
+        rng = np.random.default_rng(5)
+        feats = rng.normal(size=(2, ds.num_features)).astype(np.float32)
+        nn = [NewNode(features=feats[0], neighbors=[1, 2, 40]), NewNode(features=feats[1], neighbors=[7, ds.num_nodes])]
+        with GnnClient(srv.address) as c:
+            up = c.update_graph("shadow", new_nodes=nn)
+        assert up.graph_version == 1 and list(up.new_node_ids) == [ds.num_nodes, ds.num_nodes + 1]
+        mirror.update(new_nodes=nn)
+        edited = mirror.graph()
+        targets = np.r_[ds.num_nodes, ds.num_nodes + 1, 1, 2, 7, 40, np.arange(0, ds.num_nodes, 40)]
+        lists = ppr_topk(edited, targets, cfg, k=16)[:2]
+        want = _reference(tiny_repo, "shadow", edited, mirror.x, targets, 0, lists=lists)
+        later = ServerThread(models_only(tiny_repo, tmp_path / "b"), opts).start()
+        for s in (srv, later):
+            with GnnClient(s.address) as c:
+                got = c.predict("shadow", targets, sampling_width=0, ppr_budget=16, min_graph_version=1)
+            np.testing.assert_allclose(got.probabilities, want, atol=2e-5)
+    finally:
+        srv.stop()
+        if later is not None:
+            later.stop()
 
 
 def test_induced_and_lhop_batches_equal_in_memory(loaded, tiny_dataset, tiny_repo):

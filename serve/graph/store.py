@@ -21,8 +21,9 @@ How a replica uses it (per batch, :class:`RedisGraphStore`)
   so a warm batch neither reads lists and rows nor builds a local CSR: it concatenates its
   targets' entries, cut to the budget K, as :class:`kernels.subgraph.InducedTable` does for an
   in-memory index. Only the targets without an entry take the two rounds above.
-* New nodes (``new_nodes`` in a request, or an update's while a PPR model serves the graph): a
-  replica in this mode refuses them with INVALID_ARGUMENT (run a single-process server for those).
+* A Predict's own new nodes (``new_nodes`` in the request) need the push or BFS over the whole graph
+  with the request's edges: a replica in this mode refuses them with INVALID_ARGUMENT (run a
+  single-process server for those). An update's new nodes are placed in the overlay like any edit.
 
 Live updates: the overlay
 -------------------------
