@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from .loops import EVENT_LOOPS, resolve_event_loop
 from .loops import run as run_on_loop
@@ -66,8 +67,26 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A stream handler on ``sys.stderr`` as it is when each record is written, not as it was when logging was
+    set up: a caller that replaced ``sys.stderr`` for a while (a test's capture, a wrapper) and closed its stream
+    leaves no handler writing into a closed file (found: server threads still logging after an in-process
+    ``main`` returned printed "--- Logging error ---" tracebacks into later output)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # logging.StreamHandler.__init__ assigns it: ignored
+        pass
+
+
 def setup_logging(level: str = "INFO", json_logs: bool = False) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     if json_logs:
         handler.setFormatter(JsonFormatter())
     else:

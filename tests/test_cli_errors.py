@@ -402,3 +402,29 @@ def test_the_sdk_gives_a_bare_host_gnnserves_port(tiny_repo):
         res = c.predict("gcn", [1, 2])
         assert res.served_by == str(os.getpid())  # the process that answered, in the SDK's result
         assert res.to_dict()["served_by"] == res.served_by and res.to_dict()["graph_version"] == 0
+
+
+def test_the_servers_log_handler_follows_sys_stderr(monkeypatch):
+    """setup_logging's handler writes to sys.stderr as it is at each record: a stream that was sys.stderr when
+    logging was set up and has been closed since (a test's capture around an in-process main) is never written."""
+    import io
+    import logging
+    import sys
+
+    from serve.cli import setup_logging
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    try:
+        first = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", first)
+        setup_logging("INFO")
+        first.close()
+        now = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", now)
+        logging.getLogger("gnnserve.test").info("after the first stream closed")
+        out = now.getvalue()
+        assert "INFO gnnserve.test: after the first stream closed" in out and "Logging error" not in out, out
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
