@@ -223,7 +223,8 @@ _HANDED_MAX = 1 << 22  # list entries lookups' pushes may hold for install_hande
 # An edit's per-source bound is an integer count of quanta, tol / 2**_QUANTUM_BITS each, every term rounded up
 # (never below its value): integer sums are the same in any order, so the reverse pushes run on every worker
 # and the result does not depend on how many there are. A term counts at most _UNIT_MAX quanta and a sum
-# stops at _SUM_MAX (2**30 tol, far past any tolerance): no overflow.
+# stops at _SUM_MAX (2**30 tol, far past any tolerance): a worker adds a term to a sum below it, and the merge
+# of two workers' sums checks before it adds (2 * _SUM_MAX would wrap).
 _QUANTUM_BITS = 32
 # the reverse pushes read every list's last score from one gathered array when their work cap allows them this
 # many times the node count in pushes (the gather costs one pass over the lists; the same scores either way)
@@ -421,8 +422,8 @@ def _merge_sums(acc, seen_list, counts):  # pragma: no cover - compiled
             if a0 == 0:
                 sl0[n0] = v
                 n0 += 1
-            a1 = a0 + acc_t[v]
-            acc0[v] = _SUM_MAX if a1 > _SUM_MAX else a1
+            at = acc_t[v]
+            acc0[v] = _SUM_MAX if at > _SUM_MAX - a0 else a0 + at  # both up to _SUM_MAX: their sum would wrap
             acc_t[v] = 0
         counts[t] = 0
     counts[0] = n0

@@ -305,8 +305,23 @@ def test_drift_equals_the_old_algorithm_on_a_weighted_lazy_graph(rule):
     assert seen["recomputed"] > 0
 
 
+def test_merged_sums_saturate():
+    """Two workers' sums, each at the cap, merge into the cap (their plain sum wraps int64: QA found a bound of
+    -2**31 tol, which hid the source from every later edit, at a tiny tolerance)."""
+    acc = np.zeros((3, 4), dtype=np.int64)
+    acc[0, 1] = acc[1, 1] = acc[2, 1] = pl._SUM_MAX
+    acc[1, 2], acc[2, 3] = 5, pl._SUM_MAX - 1
+    acc[0, 3] = 7
+    seen = np.array([[1, 3, 0, 0], [1, 2, 0, 0], [1, 3, 0, 0]], dtype=np.int32)
+    counts = np.array([2, 2, 2], dtype=np.int64)
+    pl._merge_sums(acc, seen, counts)
+    assert acc[0].tolist() == [0, pl._SUM_MAX, 5, pl._SUM_MAX] and not acc[1:].any()
+    assert counts.tolist() == [3, 0, 0] and sorted(seen[0, :3].tolist()) == [1, 2, 3]
+
+
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two numba threads")
-def test_drift_is_the_same_on_any_number_of_workers(sbm):
+@pytest.mark.parametrize("tol_factor", [2.0, 1e-8])  # 1e-8: terms of 2**53 quanta, workers' sums at the cap
+def test_drift_is_the_same_on_any_number_of_workers(sbm, tol_factor):
     """The reverse pushes run on every numba worker, each summing into its own accumulator: the sums are
     integers (quanta), so one worker and several give the same drift, recomputed set and counts, bit for bit."""
     g, base = sbm
@@ -315,7 +330,7 @@ def test_drift_is_the_same_on_any_number_of_workers(sbm):
         before = numba.get_num_threads()
         numba.set_num_threads(threads)
         try:
-            live = LivePPRIndex(base, reverse_max_pushes=80, reverse_total_pushes=5_000, tol_factor=2.0)
+            live = LivePPRIndex(base, reverse_max_pushes=80, reverse_total_pushes=5_000, tol_factor=tol_factor)
             rng, cur, out = np.random.default_rng(9), g, []
             for adds, rems, new in [(120, 15, 1), (3, 1, 0), (40, 40, 2)]:
                 eff = apply_edit(cur, random_edit(rng, cur, adds=adds, rems=rems, new=new))
@@ -329,6 +344,7 @@ def test_drift_is_the_same_on_any_number_of_workers(sbm):
         runs.append(out)
     assert runs[0][0][2]["reverse_capped"] > 0 and runs[0][0][2]["recomputed"] > 0
     assert runs[1] == runs[0] and runs[2] == runs[0]
+    assert all(np.frombuffer(d, dtype=np.float64).min() >= 0 for d, _, _ in runs[0])  # never a negative bound
 
 
 def test_push_chunk_and_chunked_list_copy_change_nothing(sbm, monkeypatch):

@@ -274,8 +274,9 @@ class RedisGraphStore(PinnedVersion):
         self.structure_gen = 0
         self._ov_row_gen: dict[int, int] = {}
         self._ov_list_gen: dict[tuple[str, int], int] = {}
-        #: the structure generation at which a held list was found equal to a push on the graph (refresh_lists)
-        self._list_checked: dict[tuple[str, int], int] = {}
+        #: per PPR configuration, the structure generation at which each node's held list was last found equal to a
+        #: push on the graph (refresh_lists): an int64 array over the nodes (8 bytes a node, not a dict entry)
+        self._list_checked: dict[str, np.ndarray] = {}
         log.info("graph store: %s (N=%d, E=%d, PPR configs %s)", where, self.num_nodes, self.num_edges,
                  sorted(self.ppr_meta) or "none")
 
@@ -455,9 +456,14 @@ class RedisGraphStore(PinnedVersion):
         sgen = self.structure_gen
         if not sgen or not len(ids):
             return ids[:0]
-        lg, ck = self._ov_list_gen, self._list_checked
-        return np.fromiter((v for v in ids.tolist()
-                            if lg.get((config_key, v), 0) < sgen and ck.get((config_key, v), 0) < sgen), dtype=np.int64)
+        ck = self._list_checked.get(config_key)
+        if ck is not None:  # found current since the last change: the common case, vectorized
+            inside = ids < len(ck)
+            current = np.zeros(len(ids), dtype=bool)
+            current[inside] = ck[ids[inside]] >= sgen
+            ids = ids[~current]
+        lg = self._ov_list_gen
+        return np.fromiter((v for v in ids.tolist() if lg.get((config_key, v), 0) < sgen), dtype=np.int64)
 
     def refresh_lists(self, config_key: str, lists: dict[int, tuple[np.ndarray, np.ndarray | None]]) -> int:
         """Lists pushed on the current graph for nodes :meth:`outdated_lists` named: each that differs from the
@@ -471,11 +477,15 @@ class RedisGraphStore(PinnedVersion):
                    if v not in held or not np.array_equal(held[v][0], np.asarray(row[0]))}
         if changed:
             self.apply_lists(config_key, changed)
+        same = np.fromiter((v for v in lists if v not in changed), dtype=np.int64)
         with self._ov_lock:
-            sgen = self.structure_gen
-            for v in lists:
-                if v not in changed:
-                    self._list_checked[(config_key, int(v))] = sgen
+            ck = self._list_checked.get(config_key)
+            if ck is None or len(ck) < self.num_nodes:
+                grown = np.zeros(self.num_nodes + self.num_nodes // 8 + 64, dtype=np.int64)  # new nodes: spare room
+                if ck is not None:
+                    grown[: len(ck)] = ck
+                ck = self._list_checked[config_key] = grown
+            ck[same] = self.structure_gen
         return len(changed)
 
     def overlay_stats(self) -> dict[str, int]:
