@@ -223,8 +223,8 @@ _HANDED_MAX = 1 << 22  # list entries lookups' pushes may hold for install_hande
 # An edit's per-source bound is an integer count of quanta, tol / 2**_QUANTUM_BITS each, every term rounded up
 # (never below its value): integer sums are the same in any order, so the reverse pushes run on every worker
 # and the result does not depend on how many there are. A term counts at most _UNIT_MAX quanta and a sum
-# stops at _SUM_MAX (2**30 tol, far past any tolerance): a worker adds a term to a sum below it, and the merge
-# of two workers' sums checks before it adds (2 * _SUM_MAX would wrap).
+# stops at _SUM_MAX (2**30 tol, far past any tolerance): every addition checks before it adds (_add_units; two
+# workers' sums at the cap would wrap).
 _QUANTUM_BITS = 32
 # the reverse pushes read every list's last score from one gathered array when their work cap allows them this
 # many times the node count in pushes (the gather costs one pass over the lists; the same scores either way)
@@ -254,6 +254,19 @@ def _units(term, quantum):  # pragma: no cover - compiled
     """``term`` (> 0) in whole ``quantum``, rounded up, at most ``_UNIT_MAX``: the integer a sum counts."""
     u = np.ceil(term / quantum)  # a float: inf (an infinite coefficient) or past 2**63 is never converted
     return _UNIT_MAX if u >= _UNIT_MAX else np.int64(u)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _add_units(acc, v, units, seen_list, n):  # pragma: no cover - compiled
+    """``acc[v] += units`` (both in ``[0, _SUM_MAX]``), saturating at ``_SUM_MAX`` (checked before adding: two
+    sums at the cap would wrap); ``v`` appended to ``seen_list`` at ``n`` when its sum leaves 0. Returns the new
+    count. The one rule of every per-source sum: a term, the holders' terms, a worker's sum merged."""
+    a0 = acc[v]
+    if a0 == 0:
+        seen_list[n] = v
+        n += 1
+    acc[v] = _SUM_MAX if units > _SUM_MAX - a0 else a0 + units
+    return n
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -378,12 +391,7 @@ def _reverse_accumulate(
                     term = lv
                 term = term * cf
                 if term > 0.0:
-                    a0 = acc_t[v]
-                    if a0 == 0:
-                        sl_t[ns] = v
-                        ns += 1
-                    a1 = a0 + _units(term, quantum)
-                    acc_t[v] = _SUM_MAX if a1 > _SUM_MAX else a1
+                    ns = _add_units(acc_t, v, _units(term, quantum), sl_t, ns)
             for h in range(hptr[i], hptr[i + 1]):
                 mark_t[hsrc[h]] = False
         counts[t] = ns
@@ -395,15 +403,8 @@ def _accumulate(acc, s, w, quantum, seen_list, counts):  # pragma: no cover - co
     """``acc[s[j]] +=`` :func:`_units` of ``w[j]`` (> 0; saturating at ``_SUM_MAX``), appending each ``s[j]``
     whose ``acc`` leaves 0 to ``seen_list`` at ``counts[0]`` (advanced)."""
     for j in range(s.shape[0]):
-        if not w[j] > 0.0:
-            continue
-        v = s[j]
-        a0 = acc[v]
-        if a0 == 0:
-            seen_list[counts[0]] = v
-            counts[0] += 1
-        a1 = a0 + _units(w[j], quantum)
-        acc[v] = _SUM_MAX if a1 > _SUM_MAX else a1
+        if w[j] > 0.0:
+            counts[0] = _add_units(acc, s[j], _units(w[j], quantum), seen_list, counts[0])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -418,12 +419,7 @@ def _merge_sums(acc, seen_list, counts):  # pragma: no cover - compiled
         sl_t = seen_list[t]
         for j in range(counts[t]):
             v = sl_t[j]
-            a0 = acc0[v]
-            if a0 == 0:
-                sl0[n0] = v
-                n0 += 1
-            at = acc_t[v]
-            acc0[v] = _SUM_MAX if at > _SUM_MAX - a0 else a0 + at  # both up to _SUM_MAX: their sum would wrap
+            n0 = _add_units(acc0, v, acc_t[v], sl0, n0)
             acc_t[v] = 0
         counts[t] = 0
     counts[0] = n0
