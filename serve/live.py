@@ -746,6 +746,18 @@ class LiveGraph:
                 self._observe_refreshed(stats, idx.refresh_stats)
                 self._observe_stale()
 
+    def _forked(self, exc: BaseException, what: str) -> bool:
+        """Whether ``exc``, from reading the update log, says the log no longer holds what this graph applied (it
+        lost records, a Redis flushed or restarted without persistence, or was compacted past them): answering on
+        would be answering from a forked graph, so the graph is then taken out of service, ``what (exc)`` saying
+        why. A log that cannot be reached for now (:class:`UpdateLogUnavailable`) is not that."""
+        from .update_log import UpdateLogError, UpdateLogUnavailable
+
+        if not isinstance(exc, UpdateLogError) or isinstance(exc, UpdateLogUnavailable):
+            return False
+        self._out_of_service(f"{what} ({exc})", trace=False)
+        return True
+
     def _out_of_service(self, what: str, *, trace: bool = True) -> None:
         """Take the graph out of service after ``what`` left it half-changed or forked: every later request
         for it is UNAVAILABLE with this message (``broken``), logged with the traceback being handled."""
@@ -828,8 +840,6 @@ class LiveGraph:
             for t in tickets:
                 t.fail(Unavailable(self.broken))
             return
-        from .update_log import UpdateLogError, UpdateLogUnavailable
-
         try:
             try:
                 self.catch_up()
@@ -837,13 +847,9 @@ class LiveGraph:
                 for t in tickets:
                     t.fail(exc)
                 return
-            except UpdateLogError as exc:
-                if isinstance(exc, UpdateLogUnavailable):
+            except Exception as exc:
+                if not self._forked(exc, "its update log no longer holds what this server applied"):
                     raise
-                # the log lost records this server applied (a Redis flushed or restarted without persistence),
-                # or was compacted past them: what the follower does when it sees it first
-                self._out_of_service(f"its update log no longer holds what this server applied ({exc})",
-                                     trace=False)
                 for t in tickets:
                     t.fail(Unavailable(self.broken or str(exc)))
                 return
@@ -1195,8 +1201,6 @@ class LiveGraph:
         if self.log is None or self._follower is not None:
             return
 
-        from .update_log import UpdateLogError, UpdateLogUnavailable
-
         file_follower = self.follows_writer
 
         def run() -> None:
@@ -1209,10 +1213,7 @@ class LiveGraph:
                 except Exception as exc:
                     if file_follower and not self.follows_writer:  # the old log, closed by take_over
                         return
-                    if isinstance(exc, UpdateLogError) and not isinstance(exc, UpdateLogUnavailable):
-                        # the log lost records this server applied, or was compacted past them: answering
-                        # on would be answering from a forked graph
-                        self._out_of_service(f"following its update log failed ({exc})", trace=False)
+                    if self._forked(exc, "following its update log failed"):
                         return
                     # Redis down: keep trying; requests needing newer versions fail loudly
                     log.warning("graph %s: following the update log failed (%s); retrying", self.label, exc)
