@@ -876,6 +876,12 @@ class RedisPPRIndex:
         ``graph`` must be this index's store."""
         if graph is not self.store:
             raise ValueError("a Redis PPR index induces its batches on its own graph store")
+        t, k = self._current(targets, k)
+        return self.store.ppr_induced_batch(self.config_key, t, k)
+
+    def _current(self, targets: Any, k: int | None) -> tuple[np.ndarray, int]:
+        """``(targets as int64 [B], k)`` checked (``k`` in ``[1, k_max]``, default ``k_max``; targets node ids), once
+        every list of the targets is current (:meth:`_refresh`): what :meth:`lookup` and :meth:`induced_batch` read."""
         k = self.k_max if k is None else int(k)
         if not 1 <= k <= self.k_max:
             raise ValueError(f"k must lie in [1, k_max={self.k_max}], got {k}")
@@ -883,11 +889,11 @@ class RedisPPRIndex:
         if len(t) and (int(t.min()) < 0 or int(t.max()) >= self.num_nodes):
             raise ValueError(f"targets must lie in [0, {self.num_nodes})")
         self._refresh(t)
-        return self.store.ppr_induced_batch(self.config_key, t, k)
+        return t, k
 
     def _refresh(self, targets: np.ndarray) -> None:
         """Push again every list of ``targets`` that a structural update may have changed (the store's
-        :meth:`~RedisGraphStore.outdated_lists`) and put it in the overlay (:meth:`RedisGraphStore.apply_lists`).
+        :meth:`~RedisGraphStore.outdated_lists`) and hand it to :meth:`RedisGraphStore.refresh_lists`.
 
         A replica cannot bound which lists an edit moved, as :class:`kernels.ppr_live.LivePPRIndex` does on a
         graph in memory (that takes the inverse of every list and reverse pushes over the whole graph), so after
@@ -901,13 +907,7 @@ class RedisPPRIndex:
 
     def lookup(self, targets: Any, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """First ``k`` entries of each target's list: ``(ptr int64 [B + 1], nodes int64)``."""
-        k = self.k_max if k is None else int(k)
-        if not 1 <= k <= self.k_max:
-            raise ValueError(f"k must lie in [1, k_max={self.k_max}], got {k}")
-        t = np.asarray(targets, dtype=np.int64).reshape(-1)
-        if len(t) and (int(t.min()) < 0 or int(t.max()) >= self.num_nodes):
-            raise ValueError(f"targets must lie in [0, {self.num_nodes})")
-        self._refresh(t)
+        t, k = self._current(targets, k)
         lists = self.store.ppr_lists(self.config_key, np.unique(t))
         parts = [lists[int(i)][0][:k] for i in t]
         ptr = np.zeros(len(t) + 1, dtype=np.int64)
