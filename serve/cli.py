@@ -226,7 +226,8 @@ def _serve(argv: Sequence[str]) -> int:
                     help="--device cuda: batches of fewer targets run the compiled CPU paths (a CPU copy of the "
                          "model), where the GPU's launch and copy costs outweigh its arithmetic (0 = all on GPU; "
                          "default: where the model's GPU path was measured to win: 0 for plain models with the "
-                         "fused last layer, 2 for shaDow with its one-launch kernel, 8 with CUDA graphs; 64 and 512 for plain models with and "
+                         "fused last layer, 2 for shaDow with its one-launch kernel (1 at the exact width), 8 with CUDA graphs; 64 and "
+                         "512 for plain models with and "
                          "without CUDA graphs (--no-fused-head), 32 for shaDow without; on the torch path never "
                          "for plain models, 32 for shaDow: serve.runtime.GPU_MIN_TARGETS_AUTO)")
     ap.add_argument("--resident", action=argparse.BooleanOptionalAction, default=None,

@@ -107,10 +107,12 @@ def _compiled_fits(rt: ModelRuntime, targets: int, new_nodes: bool) -> bool:
     return not new_nodes and targets <= rt.fused_max_targets
 
 
-def _small_on_gpu(rt: ModelRuntime, targets: int) -> bool:
+def _small_on_gpu(rt: ModelRuntime, targets: int, width: int) -> bool:
     """A batch a GPU runtime's resident paths leave to its compiled CPU paths (fewer than its
-    ``gpu_min_targets``: ``--gpu-min-targets``, or the measured crossover of its resident path)."""
-    return rt.device.type == "cuda" and rt._fused_params is not None and targets < rt.gpu_min_targets
+    ``gpu_min_targets``: ``--gpu-min-targets``, or the measured crossover of its resident path, at the exact
+    width ``gpu_min_targets_exact``)."""
+    least = rt.gpu_min_targets_exact if width == 0 else rt.gpu_min_targets
+    return rt.device.type == "cuda" and rt._fused_params is not None and targets < least
 
 
 def _stateless_edges(rt: ModelRuntime, kept: np.ndarray, ids: np.ndarray, plan: Any, layers: int,
@@ -158,7 +160,7 @@ class ResidentPath(ServingPath):
 
     def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
         # a width without its table starts its build in the background and takes the next path meanwhile
-        return not new_nodes and not _small_on_gpu(self.rt, targets) and self.rt._resident.request(width)
+        return not new_nodes and not _small_on_gpu(self.rt, targets, width) and self.rt._resident.request(width)
 
     def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
         from .runtime import _torch_threads_for
@@ -194,7 +196,7 @@ class ShadowResidentPath(ServingPath):
         return rt._resident_shadow is not None
 
     def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
-        return not new_nodes and not _small_on_gpu(self.rt, targets)
+        return not new_nodes and not _small_on_gpu(self.rt, targets, width)
 
     def takes(self, targets: np.ndarray, budget: int) -> bool:
         return bool(self.rt._resident_shadow.takes(targets, budget))

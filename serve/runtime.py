@@ -95,6 +95,14 @@ GPU_MIN_TARGETS_AUTO: dict[str, int | None] = {"plain-fused": 0, "shadow-fused":
                                                "shadow-torch": 32}
 
 
+#: at the exact width (sampling width 0) a path in this table takes smaller batches than
+#: :data:`GPU_MIN_TARGETS_AUTO` gives it: shaDow's one-launch kernel answered one exact-width target in 0.61x
+#: (H100, 2026-11-27) and 0.74x (H200, 2026-11-28) of the compiled CPU path's time, where one target at the
+#: default width took 1.12x and 0.96x (docs/BENCHMARKS.md, "GPU: an H200 machine, 2026-11-28"): an exact
+#: row of the dense block costs the kernel about what a sampled one does, the CPU path twice as much
+GPU_MIN_TARGETS_EXACT_AUTO: dict[str, int] = {"shadow-fused": 1}
+
+
 def gpu_min_targets_auto(shadow: bool, resident: bool, graphs: bool, fused: bool = False) -> int | None:
     """:data:`GPU_MIN_TARGETS_AUTO`'s entry for a GPU model (``shadow``: a shaDow model; ``resident`` /
     ``graphs`` / ``fused``: whether it took a resident path, captures CUDA graphs, answers in one kernel
@@ -412,7 +420,10 @@ class ModelRuntime:
                      (", whole batch in one kernel" if self._resident_shadow is not None else
                       ", last layer in one kernel") if fused_head else
                      ", CUDA graphs" if self._captured is not None else "",
-                     "every batch on the GPU" if least <= 0 else f"batches under {least} targets on the compiled CPU paths")
+                     "every batch on the GPU" if least <= 0 else
+                     f"batches under {least} targets on the compiled CPU paths" + (
+                         f" (at the exact width under {self.gpu_min_targets_exact})"
+                         if resident_now and self.gpu_min_targets_exact < least else ""))
         if options.cuda_graphs and fused_head and self._resident is not None:
             log.warning("model %s v%s: --cuda-graphs not used: it answers with one kernel launch, which a CUDA "
                         "graph would not shorten (--no-fused-head replays CUDA graphs of the torch operators)",
@@ -462,8 +473,15 @@ class ModelRuntime:
         self.gpu_min_targets, self.fused_max_targets = gpu_thresholds(
             self.options, self.extractor == "ppr", resident, self._captured is not None, self.device.type == "cuda",
             self._fused_head)
+        #: the same at the exact width: lower where :data:`GPU_MIN_TARGETS_EXACT_AUTO` says so and the one-launch
+        #: kernel's block fits at the exact width for every budget the model serves
+        self.gpu_min_targets_exact = self.gpu_min_targets
+        block = self._resident_shadow.block if self._resident_shadow is not None else None
+        if (self.device.type == "cuda" and self.options.gpu_min_targets is None and block is not None
+                and block.fits(0, self._resident_shadow.k)):
+            self.gpu_min_targets_exact = min(self.gpu_min_targets, GPU_MIN_TARGETS_EXACT_AUTO["shadow-fused"])
         if self.lost_device:  # nothing runs on the device any more: the compiled CPU paths take all they can
-            self.gpu_min_targets = self.fused_max_targets = math.inf
+            self.gpu_min_targets = self.gpu_min_targets_exact = self.fused_max_targets = math.inf
 
     @property
     def _fused_head(self) -> bool:

@@ -661,7 +661,7 @@ def test_cuda_server_with_resident_paths_answers_like_the_cpu_server(tiny_repo):
                 assert (got.edges_kept, got.edges_total) == (want.edges_kept, want.edges_total)
 
 
-def _process(rt, nodes, width):
+def _process(rt, nodes, width, path=None):
     import time
 
     from serve.batcher import WorkItem
@@ -670,7 +670,7 @@ def _process(rt, nodes, width):
 
     call = PredictCall("t", np.asarray(nodes, np.int64), [], width, rt.limits.default_ppr_budget, "request", 0.0,
                        True, True)
-    res = rt.process([WorkItem(call, len(nodes), None, None, time.monotonic(), _WarmupFuture())])[0]
+    res = rt.process([WorkItem(call, len(nodes), None, None, time.monotonic(), _WarmupFuture())], path=path)[0]
     assert not isinstance(res, BaseException), res
     return res
 

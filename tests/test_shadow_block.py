@@ -376,7 +376,8 @@ def test_the_server_answers_through_the_block(harness, tmp_path, tiny_repo, capl
     serve from then on, and the GPU threshold goes back to theirs; a failure that lost the device's context
     switches the resident path off and the batch takes the next one."""
     from kernels import resident as resident_mod
-    from serve.runtime import GPU_MIN_TARGETS_AUTO
+    from serve.paths import _small_on_gpu
+    from serve.runtime import GPU_MIN_TARGETS_AUTO, GPU_MIN_TARGETS_EXACT_AUTO
 
     real_device_lost = resident_mod.device_lost
 
@@ -390,6 +391,25 @@ def test_the_server_answers_through_the_block(harness, tmp_path, tiny_repo, capl
         want = [_process(rt, nodes, w) for w in (0, 4)]
         res.block = EmulatedBlock(harness, tmp_path, res)
         assert rt._fused_head
+        # the thresholds a GPU runtime derives from them (no launch here): the kernel from 2 targets, from 1 at
+        # the exact width, unless its block would not fit the exact width at the table's largest budget
+        monkeypatch.setattr(rt, "device", torch.device("cuda", 0))
+        rt._set_thresholds()
+        assert (rt.gpu_min_targets, rt.gpu_min_targets_exact) == (
+            GPU_MIN_TARGETS_AUTO["shadow-fused"], GPU_MIN_TARGETS_EXACT_AUTO["shadow-fused"]) == (2, 1)
+        assert _small_on_gpu(rt, 1, 4) and not _small_on_gpu(rt, 1, 0) and not _small_on_gpu(rt, 2, 4)
+        fits = res.block.fits
+        monkeypatch.setattr(res.block, "fits", lambda width, budget: width != 0 or budget < res.k)
+        rt._set_thresholds()
+        assert rt.gpu_min_targets_exact == rt.gpu_min_targets == 2 and _small_on_gpu(rt, 1, 0)
+        monkeypatch.setattr(res.block, "fits", fits)
+        rt.options.gpu_min_targets = 4  # an explicit threshold is the one threshold at every width
+        rt._set_thresholds()
+        assert rt.gpu_min_targets_exact == rt.gpu_min_targets == 4 and _small_on_gpu(rt, 3, 0)
+        rt.options.gpu_min_targets = None
+        monkeypatch.setattr(rt, "device", torch.device("cpu"))
+        rt._set_thresholds()
+        assert rt.gpu_min_targets == rt.gpu_min_targets_exact == float("inf")
         got = [_process(rt, nodes, w) for w in (0, 4)]
         assert res.block is not None and res.block.launches == 2
         for g, w in zip(got, want, strict=True):
@@ -491,6 +511,25 @@ def test_answer_takes_the_block_and_the_torch_operators_beyond_its_shared_memory
     assert not res.block.fits(3, 24)
     assert_same(res.answer(t, 3, 24, True), want)
     assert res.block.launches == before + 1
+
+
+@pytest.mark.gpu
+def test_one_exact_width_target_takes_the_kernel_on_the_gpu(tiny_repo):
+    """On its default thresholds a GPU server answers one shaDow target at the exact width with the one-launch
+    kernel (GPU_MIN_TARGETS_EXACT_AUTO), one at a sampled width on the compiled CPU path, two with the kernel;
+    the answers agree with the compiled CPU path's."""
+    _cuda()
+    from .serving import ServerThread
+
+    with ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda"}}) as srv:
+        rt = srv.server.registry.get("shadow")
+        assert rt._fused_head and rt.gpu_min_targets_exact == 1 < rt.gpu_min_targets == 2
+        one_exact, one_sampled, two = (_process(rt, [5], 0), _process(rt, [5], 4), _process(rt, [5, 9], 4))
+        assert (one_exact.path, one_sampled.path, two.path) == ("shadow-resident", "shadow-compiled",
+                                                                "shadow-resident")
+        on_cpu = _process(rt, [5], 0, path=next(p for p in rt.paths if p.name == "shadow-compiled"))
+        assert on_cpu.path == "shadow-compiled"
+        np.testing.assert_allclose(one_exact.probabilities, on_cpu.probabilities, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.gpu
