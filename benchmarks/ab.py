@@ -16,6 +16,11 @@ side, so that one revision can be compared under two settings:
 
     python benchmarks/ab.py --repo DIR --base HEAD --base-args "--blas-threads 0"
 
+``--base-tree DIR`` runs the base side from a tree exported before (``git archive REV | tar -x -C DIR``), for a
+machine whose copy of the project has no git history (the lent GPU machines: ``benchmarks/gpu_session.sh
+prepare`` exports one into ``.gpu/base``); ``--args`` adds server options to both sides (``--args="--device
+cuda"``).
+
 (one word that starts with ``--`` needs the ``=`` form: ``--base-args=--no-resident``; the base revision
 must know the options it is given).
 """
@@ -87,6 +92,39 @@ def train_repo(dataset: Path, cache: Path, models: list[str], epochs: int) -> Pa
     return repo
 
 
+def compare(args: argparse.Namespace, repo: Path, models: list[str], base_tree: Path) -> list[str]:
+    """One table row per model: the base side (a server from ``base_tree``) against this tree's."""
+    common = ("--poll-s", "0", "--warm-projections", *[a for d in args.data for a in ("--data", str(d))],
+              *shlex.split(args.args))
+    with ServerProcess(repo, *common, *shlex.split(args.base_args), tree=base_tree) as base, \
+            ServerProcess(repo, *common, *shlex.split(args.new_args)) as new:
+        rows = []
+        for model in models:
+            with grpc.insecure_channel(base.address) as cb, grpc.insecure_channel(new.address) as cn:
+                sb, sn = pbg.GnnServiceStub(cb), pbg.GnnServiceStub(cn)
+                num_nodes = sn.GetModel(pb.GetModelRequest(name=model), timeout=30).num_nodes
+                rng = np.random.default_rng(0)
+                lat = {"base": [], "new": []}
+                for stub in (sb, sn):  # warm both
+                    one_node_block(stub, model, rng.integers(0, num_nodes, 20), [])
+                for r in range(args.rounds):
+                    nodes = rng.integers(0, num_nodes, args.block)
+                    order = (("base", sb), ("new", sn)) if r % 2 == 0 else (("new", sn), ("base", sb))
+                    for side, stub in order:
+                        one_node_block(stub, model, nodes, lat[side])
+            tput = {"base": [], "new": []}
+            abba = (("base", base), ("new", new), ("new", new), ("base", base))
+            for side, srv in [abba[i % 4] for i in range(2 * args.phases)]:
+                tput[side].append(load_phase(srv.address, model, num_nodes, args.clients, args.batch,
+                                             args.seconds))
+            p = {s: (np.percentile(v, 50), np.percentile(v, 99)) for s, v in lat.items()}
+            t = {s: float(np.mean(v)) for s, v in tput.items()}
+            rows.append(f"| {model} | {p['base'][0]:.3f} / {p['base'][1]:.3f} | {p['new'][0]:.3f} / "
+                        f"{p['new'][1]:.3f} | {p['new'][0] / p['base'][0]:.2f} | {t['base']:,.0f} | "
+                        f"{t['new']:,.0f} | {t['new'] / t['base']:.2f} |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repo", type=Path, default=None)
@@ -101,6 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=3.0, help="per batched-load phase")
     ap.add_argument("--phases", type=int, default=2, help="batched-load phases per side (alternated ABBA)")
+    ap.add_argument("--base-tree", type=Path, default=None,
+                    help="an exported source tree to run as the base side instead of a git worktree of --base "
+                         "(its revision from --base, or a REVISION file in it)")
+    ap.add_argument("--data", action="append", default=[], type=Path,
+                    help="a dataset the checkpoints were trained on, for both servers (gnnserve serve --data: where "
+                         "the path they recorded does not exist)")
+    ap.add_argument("--args", default="", help="extra gnnserve serve options of both sides (shell words)")
     ap.add_argument("--base-args", default="", help="extra gnnserve serve options of the base side (shell words)")
     ap.add_argument("--new-args", default="", help="extra gnnserve serve options of the new side (shell words)")
     args = ap.parse_args(argv)
@@ -108,41 +153,24 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--phases must be >= 1")
     models = [m for m in args.models.split(",") if m]
     repo = args.repo or train_repo(args.dataset, args.cache_dir, models, args.epochs)
-    base_rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+    if args.base_tree is not None:
+        if not (args.base_tree / "serve" / "cli.py").is_file():
+            ap.error(f"--base-tree {args.base_tree}: not a gnnserve source tree (no serve/cli.py)")
+        rev_file = args.base_tree / "REVISION"
+        base_rev = rev_file.read_text().strip() if rev_file.is_file() else args.base
+    else:
+        base_rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True,
+                                  text=True, check=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="gnnserve-ab-") as tmpd:
-        base_tree = Path(tmpd) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base_tree), base_rev], cwd=ROOT, check=True)
+        base_tree = args.base_tree.resolve() if args.base_tree is not None else Path(tmpd) / "base"
+        if args.base_tree is None:
+            subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base_tree), base_rev], cwd=ROOT,
+                           check=True)
         try:
-            common = ("--poll-s", "0", "--warm-projections")
-            with ServerProcess(repo, *common, *shlex.split(args.base_args), tree=base_tree) as base, \
-                    ServerProcess(repo, *common, *shlex.split(args.new_args)) as new:
-                rows = []
-                for model in models:
-                    with grpc.insecure_channel(base.address) as cb, grpc.insecure_channel(new.address) as cn:
-                        sb, sn = pbg.GnnServiceStub(cb), pbg.GnnServiceStub(cn)
-                        num_nodes = sn.GetModel(pb.GetModelRequest(name=model), timeout=30).num_nodes
-                        rng = np.random.default_rng(0)
-                        lat = {"base": [], "new": []}
-                        for stub in (sb, sn):  # warm both
-                            one_node_block(stub, model, rng.integers(0, num_nodes, 20), [])
-                        for r in range(args.rounds):
-                            nodes = rng.integers(0, num_nodes, args.block)
-                            order = (("base", sb), ("new", sn)) if r % 2 == 0 else (("new", sn), ("base", sb))
-                            for side, stub in order:
-                                one_node_block(stub, model, nodes, lat[side])
-                    tput = {"base": [], "new": []}
-                    abba = (("base", base), ("new", new), ("new", new), ("base", base))
-                    for side, srv in [abba[i % 4] for i in range(2 * args.phases)]:
-                        tput[side].append(load_phase(srv.address, model, num_nodes, args.clients, args.batch,
-                                                     args.seconds))
-                    p = {s: (np.percentile(v, 50), np.percentile(v, 99)) for s, v in lat.items()}
-                    t = {s: float(np.mean(v)) for s, v in tput.items()}
-                    rows.append(f"| {model} | {p['base'][0]:.3f} / {p['base'][1]:.3f} | {p['new'][0]:.3f} / "
-                                f"{p['new'][1]:.3f} | {p['new'][0] / p['base'][0]:.2f} | {t['base']:,.0f} | "
-                                f"{t['new']:,.0f} | {t['new'] / t['base']:.2f} |")
+            rows = compare(args, repo, models, base_tree)
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, check=False)
+            if args.base_tree is None:
+                subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, check=False)
     print(f"\n`python benchmarks/ab.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
     print(f"{datetime.date.today()}, {platform.machine()}, {len(os.sched_getaffinity(0))} CPUs; base {base_rev}, "
           f"new = this tree; {args.rounds} alternating blocks of {args.block} one-node calls per side, batched load "

@@ -21,7 +21,9 @@
 #   bash benchmarks/gpu_session.sh verify         # tests, tune, the kernel table, the paper's experiment (short rows)
 #   bash benchmarks/gpu_session.sh ab             # kernel tests; the paper's small graphs, short-rows rule vs 3 blocks
 #   bash benchmarks/gpu_session.sh shadow         # tests, sanitize, tune (the C++ launcher), shaDow's one-launch kernel per batch
-#   bash benchmarks/gpu_session.sh next           # tests (2026-11-27's defaults), BLAS threads on 16 cores, one shaDow target, shaDow inline
+#   bash benchmarks/gpu_session.sh defaults       # tests (2026-11-27's defaults), BLAS threads on 16 cores, one shaDow target, shaDow inline
+#   bash benchmarks/gpu_session.sh next           # tests, then this tree against 4d28057 on the GPU (abgpu)
+#   bash benchmarks/gpu_session.sh second         # 4 GPU server processes against PyG (ceiling), throughput
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
 #
@@ -39,19 +41,23 @@
 #   bash benchmarks/gpu_session.sh paper          # the ES-SpMM paper's experiment, CUDA events
 #   bash benchmarks/gpu_session.sh ceiling        # ceiling.py on its cores: CPU servers, GPU servers beside PyG twins
 #   bash benchmarks/gpu_session.sh throughput     # serve.py --quick --device cuda: floor, knobs, PyG twin
+#   bash benchmarks/gpu_session.sh abgpu          # ab.py --device cuda: .gpu/base (AB_BASE, 4d28057) against this tree
 #   bash benchmarks/gpu_session.sh inline         # inline.py --device cuda: batches on the event loop off (the GPU
 #                                                 # default since 2026-11-27), 8, 64 and 256, single-node clients at 1 and 16
 #
 # Steps print a short summary last; full output is in $OUT/<step>.log or .md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?"usage: $0 prepare|core|scale|more|fused|tuning|verify|ab|shadow|next|tune|kerneltests|sanitize|tests|kernels|reddit|serving|onenode|blas|coldstart|paper|ceiling|throughput|inline"}
+step=${1:?"usage: $0 prepare|core|scale|more|fused|tuning|verify|ab|shadow|defaults|next|second|abgpu|tune|kerneltests|sanitize|tests|kernels|reddit|serving|onenode|blas|coldstart|paper|ceiling|throughput|inline"}
 DATASETS="amazon_computers coauthor_physics cora citeseer"
 # grpcio and protobuf too: the image has both, at versions nobody has read, and clients/_gen needs
 # grpcio >= 1.78 and protobuf 6
 # ninja: torch.utils.cpp_extension builds the C++ launcher (kernels/launcher.cpp) with it
 # uvloop: the servers' default event loop (serve/loops.py; without it they run on asyncio's own)
 # threadpoolctl: a server sets its BLAS pools with it (kernels/threads.py)
+# abgpu's base: the tree of the H200 run of 2026-11-26 02:05-02:20 UTC (GCN 100,434-102,145 node predictions/s in
+# `throughput`, one process; 53,251-66,157 on 2026-11-28 with PyG 0.78x of its own figure beside)
+AB_BASE=${AB_BASE:-4d28057}
 WHEELS="redis==8.1.0 grpcio==1.85.3 protobuf==6.33.6 grpcio-health-checking==1.78.0 grpcio-reflection==1.78.0 pytest-asyncio==1.5.0 ninja==1.13.2 uvloop==0.23.0 threadpoolctl==3.8.0"
 
 if [ "$step" = prepare ]; then
@@ -65,6 +71,9 @@ if [ "$step" = prepare ]; then
     PY=${PYTHON:-.venv/bin/python}
     "$PY" benchmarks/serve.py --datasets amazon_computers --models gcn,shadow-gcn,sage --cache-dir "$cache" --train-only
     for m in gcn shadow-gcn sage; do rm -rf ".gpu/repo/$m"; cp -r "$cache/amazon_computers/repo/$m" .gpu/repo/; done
+    # the base side of `abgpu` (benchmarks/ab.py --base-tree): the device's copy of the project has no git history
+    rm -rf .gpu/base && mkdir -p .gpu/base && git archive "$AB_BASE" | tar -x -C .gpu/base
+    git rev-parse --short "$AB_BASE" > .gpu/base/REVISION
     du -sh .gpu
     exit 0
 fi
@@ -191,6 +200,14 @@ step_throughput() {
     timeout "$1" python3 benchmarks/serve.py --quick --device cuda --data-dir "$data" --cache-dir /tmp/gpu-cache \
         ${SERVE_FLAGS:-} | tee "$OUT/${OUT_NAME:-throughput}.md" | tail -60
 }
+step_abgpu() {  # benchmarks/ab.py on the GPU: .gpu/base (AB_BASE) against this tree, one server each, both
+    # --device cuda, one-node blocks and batched load interleaved; AB_ARGS: options of this tree's side alone
+    rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
+    timeout "$1" python3 benchmarks/ab.py --repo /tmp/gpu-repo --base-tree .gpu/base --data "$data/amazon_computers.npz" \
+        --args="--device cuda" \
+        ${AB_ARGS:+--new-args="$AB_ARGS"} --models "${MODELS:-gcn,shadow-gcn}" --clients "${CLIENTS:-8}" \
+        --phases "${PHASES:-3}" | tee "$OUT/${OUT_NAME:-abgpu}.md" | tail -12
+}
 step_inline() {  # the GPU's inline bound (serve.runtime.INLINE_MAX_TARGETS["cuda"]: 0 since an H100 run on 2026-11-27)
     rm -rf /tmp/gpu-repo && cp -r .gpu/repo /tmp/gpu-repo
     timeout "$1" python3 benchmarks/inline.py --repo /tmp/gpu-repo --data "$data/amazon_computers.npz" \
@@ -207,7 +224,7 @@ part() {
 }
 
 case "$step" in
-tests|kerneltests|sanitize|kernels|tune|reddit|serving|onenode|blas|coldstart|paper|ceiling|throughput|inline)
+tests|kerneltests|sanitize|kernels|tune|reddit|serving|onenode|blas|coldstart|paper|ceiling|throughput|inline|abgpu)
     "step_$step" 570
     ;;
 core)
@@ -268,16 +285,27 @@ ab)
     GRAPHS=cora,citeseer,pubmed-like OUT_NAME=paper-rule2 part paper 60
     ;;
 next)
-    # planned first call of the next GPU session (written 2026-11-27): the GPU tests on the defaults set from
-    # the H100 run of `shadow` (shaDow's one-launch kernel on, from 2 targets; no inline batches on a GPU) and
-    # two tests mended after it; the compiled CPU forwards' BLAS pool on 16 cores (shaDow took 7.9 ms for 16
-    # targets there against 0.82 for 8; the server sets 1 thread since, from the 2-vCPU VM's figures), idle
-    # and beside 2 busy processes; the inline bound for shaDow-GCN in 2 rounds (one round was even)
+    # planned first call of the next GPU session (written 2026-11-28): the GPU tests (the exact width's one
+    # shaDow target on the GPU), then this tree against 4d28057 on the GPU: on the H200 of 2026-11-28 one GCN
+    # process served 53,251-66,157 node predictions/s in `throughput` against 100,434-102,145 on 2026-11-26
+    # (PyG 0.78x of its figure there, the no-op floor moving 0.83 -> 0.65 ms within the run); on the 2-vCPU VM
+    # the same A/B on the CPU gave 1.32x (GCN) and 1.22x (shaDow-GCN) for this tree
+    part tests 180
+    part abgpu 260
+    ;;
+second)
+    # the second call: whether 4 GPU server processes still serve >= 10x one PyG process (11x on 2026-11-26),
+    # then the one-process throughput again
+    ROUNDS=2 GPU_PROCS=pyg1,1,4 CPU_LIMIT=0 part ceiling 230
+    part throughput 120
+    ;;
+defaults)
+    # the first call of 2026-11-28 (an H200; docs/BENCHMARKS.md, "GPU: an H200 machine, 2026-11-28"): the GPU
+    # tests on 2026-11-27's defaults (shaDow's one-launch kernel on, from 2 targets; no inline batches on a GPU)
+    # and two tests mended after the H100 run; the compiled CPU forwards' BLAS pool on 16 cores, idle and beside
+    # 2 busy processes; one shaDow target at the default and the exact width; the inline bound for shaDow-GCN
     part tests 200
     part blas 120
-    # one shaDow target at the default and the exact width, 7 rounds: in the H100 table the 1-target row (the
-    # first measured) had the kernel slower than at 2 targets (0.266 ms against 0.157), so whether one target
-    # belongs on the GPU (and whether the threshold should look at the width) is still open
     ROUNDS=7 BATCHES=2,1 MODELS=shadow-gcn VARIANTS=cpu,cuda-fused OUT_NAME=one-target part serving 45
     WIDTH=0 ROUNDS=7 BATCHES=2,1 MODELS=shadow-gcn VARIANTS=cpu,cuda-fused OUT_NAME=one-target-exact part serving 45
     MODELS=shadow-gcn INLINE=0,8,64 CONC=1,16 ROUNDS=2 part inline 100

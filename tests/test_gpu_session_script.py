@@ -48,7 +48,7 @@ def test_each_composite_fits_one_device_call():
     # one device call runs at most 600 s: a composite's parts must end inside it, with room for the
     # start (the wheels' install, the CUDA context), and every part must be a step that exists
     _, functions, composites = _steps()
-    assert set(composites) == {"core", "scale", "more", "fused", "tuning", "verify", "ab", "shadow", "next"}, composites
+    assert set(composites) == {"core", "scale", "more", "fused", "tuning", "verify", "ab", "shadow", "defaults", "next", "second"}, composites
     for name, parts in composites.items():
         assert parts and all(p in functions for p, _ in parts), (name, parts)
         assert sum(t for _, t in parts) <= 560, (name, parts)
