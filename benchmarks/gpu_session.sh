@@ -22,8 +22,8 @@
 #   bash benchmarks/gpu_session.sh ab             # kernel tests; the paper's small graphs, short-rows rule vs 3 blocks
 #   bash benchmarks/gpu_session.sh shadow         # tests, sanitize, tune (the C++ launcher), shaDow's one-launch kernel per batch
 #   bash benchmarks/gpu_session.sh defaults       # tests (2026-11-27's defaults), BLAS threads on 16 cores, one shaDow target, shaDow inline
-#   bash benchmarks/gpu_session.sh next           # tests, then this tree against 4d28057 on the GPU (abgpu)
-#   bash benchmarks/gpu_session.sh second         # 4 GPU server processes against PyG (ceiling), throughput
+#   bash benchmarks/gpu_session.sh next           # this tree against 4d28057 on the GPU (abgpu; uvloop and asyncio), shaDow kernel tests
+#   bash benchmarks/gpu_session.sh second         # 4 GPU server processes against PyG (ceiling), every GPU test
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
 #
@@ -98,10 +98,10 @@ data="$PWD/.gpu/data"
 gpu_test_files() {  # every test file with GPU tests (a list written by hand missed tests/test_shadow_block.py)
     grep -l -E "mark\.gpu|pytestmark *= *pytest\.mark\.gpu" tests/test_*.py
 }
-step_tests() {
+step_tests() {  # TESTS: test files instead of every file with GPU tests
     # shellcheck disable=SC2046
-    timeout "$1" python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 300 $(gpu_test_files) 2>&1 \
-        | tee "$OUT/tests.log" | tail -40
+    timeout "$1" python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 300 ${TESTS:-$(gpu_test_files)} 2>&1 \
+        | tee "$OUT/${OUT_NAME:-tests}.log" | tail -40
 }
 step_kernels() {
     timeout "$1" python3 benchmarks/kernels.py --device cuda --data-dir "$data" \
@@ -285,19 +285,21 @@ ab)
     GRAPHS=cora,citeseer,pubmed-like OUT_NAME=paper-rule2 part paper 60
     ;;
 next)
-    # planned first call of the next GPU session (written 2026-11-28): the GPU tests (the exact width's one
-    # shaDow target on the GPU), then this tree against 4d28057 on the GPU: on the H200 of 2026-11-28 one GCN
-    # process served 53,251-66,157 node predictions/s in `throughput` against 100,434-102,145 on 2026-11-26
-    # (PyG 0.78x of its figure there, the no-op floor moving 0.83 -> 0.65 ms within the run); on the 2-vCPU VM
-    # the same A/B on the CPU gave 1.32x (GCN) and 1.22x (shaDow-GCN) for this tree
-    part tests 180
-    part abgpu 260
+    # planned first call of the next GPU session (written 2026-11-28): this tree against 4d28057 on the GPU, as
+    # it is and with asyncio's event loop instead of uvloop (the default since 2026-11-26 13:23, after 4d28057):
+    # on the H200 of 2026-11-28 one GCN process served 53,251-66,157 node predictions/s in `throughput` against
+    # 100,434-102,145 on 2026-11-26 (PyG 0.78x of its figure there, the no-op floor moving 0.83 -> 0.65 ms within
+    # the run); on the 2-vCPU VM this tree is 1.32x (GCN) and 1.22x (shaDow-GCN) of 4d28057 batched. Then the GPU
+    # tests of shaDow's kernel (one exact-width target on the kernel, new since the last GPU run)
+    part abgpu 230
+    AB_ARGS="--event-loop asyncio" OUT_NAME=abgpu-asyncio MODELS=gcn part abgpu 170
+    TESTS=tests/test_shadow_block.py OUT_NAME=tests-shadow part tests 120
     ;;
 second)
     # the second call: whether 4 GPU server processes still serve >= 10x one PyG process (11x on 2026-11-26),
-    # then the one-process throughput again
+    # then every GPU test
     ROUNDS=2 GPU_PROCS=pyg1,1,4 CPU_LIMIT=0 part ceiling 230
-    part throughput 120
+    part tests 200
     ;;
 defaults)
     # the first call of 2026-11-28 (an H200; docs/BENCHMARKS.md, "GPU: an H200 machine, 2026-11-28"): the GPU
