@@ -232,6 +232,24 @@ class ExtraEdges:
             src, dst = me, nb
         return cls.from_edges(num_nodes, src, dst, w, num_virtual=vid - num_nodes + 1)
 
+    def relabelled(self, uniq: np.ndarray) -> ExtraEdges:
+        """These edges on the graph of the sorted distinct stored ids ``uniq`` (local id = rank; every stored end
+        of an edge must be one of them), the virtual ids following as ``len(uniq) ..``: a monotone map, so the
+        canonical order stays."""
+        n, u = self.num_nodes, len(uniq)
+
+        def move(ids: np.ndarray) -> np.ndarray:
+            out = ids - n + u
+            stored = ids < n
+            pos = np.searchsorted(uniq, ids[stored])
+            if len(pos) and (int(pos.max()) >= u or not np.array_equal(uniq[pos], ids[stored])):
+                raise ValueError("every stored end of an extra edge must be one of the given ids")
+            out[stored] = pos
+            return out
+
+        return ExtraEdges(num_nodes=u, num_virtual=self.num_virtual, src=move(self.src), dst=move(self.dst),
+                          weights=self.weights)
+
     def kernel_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(keys int64 [S] sorted distinct sources, kptr int64 [S+1], dst int64 [M], w float32 [M])."""
         keys, starts = np.unique(self.src, return_index=True)

@@ -30,6 +30,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -696,10 +697,6 @@ class ModelRuntime:
     async def submit(self, call: PredictCall, deadline: float | None = None) -> PredictResult:
         if not self.ready:
             raise Unavailable(f"model {self.name} v{self.version} is still loading")
-        if self.remote_graph and call.new_nodes:
-            raise InvalidArgument(
-                f"model {self.name}: this replica reads the graph from Redis (--graph) and cannot place new "
-                "nodes (that needs the whole graph in memory); send them to a server started without --graph")
         work = self.estimate_work(call)
         if work > self.options.max_request_work:
             raise Overloaded(
@@ -1040,27 +1037,33 @@ class ModelRuntime:
 
     # ------------------------------------------------------------------ pipeline stages
     def _subgraphs(self, targets: np.ndarray, new_specs: list, budget: int) -> SubgraphBatch:
+        # on a replica (remote_graph) lists and rows come from Redis (serve.graph.store), each existing target's
+        # PPR subgraph cached there; a plain model's batches without new nodes take the plan paths
         g = self.graph
-        if self.remote_graph:  # lists and rows from Redis, each target's subgraph cached by the store
-            # (serve.graph_store); PPR models only: plain models take the plan path, and a remote replica
-            # refuses new nodes
-            return self.ppr_index.induced_batch(g, targets, budget)
         if self.extractor == "ppr":
             if not new_specs:  # the precomputed induced table when there is one (same result)
                 return self.ppr_index.induced_batch(g, targets, budget)
             ptr, nodes = self.ppr_index.lookup(targets, budget)
+        elif self.remote_graph:
+            ptr, nodes = g.lhop_lists(targets, self.num_layers)
         else:
             ptr, nodes = lhop_nodes(g, targets, self.num_layers)
         extra = None
         if new_specs:
             extra = self._extra_edges(new_specs)
-            lists = [self._new_node_list(j, spec, budget, extra) for j, spec in enumerate(new_specs)]
+            lists = [self._new_node_list(j, spec, budget) for j, spec in enumerate(new_specs)]
             sizes = np.array([len(x) for x in lists], dtype=np.int64)
             ptr = np.concatenate([ptr, ptr[-1] + np.cumsum(sizes)])
             nodes = np.concatenate([nodes, *lists])
-        batch = induced_batch(g, ptr, nodes, extra=extra)
+        batch = g.induced_batch(ptr, nodes, extra=extra) if self.remote_graph else induced_batch(
+            g, ptr, nodes, extra=extra)
         # a plain model's rows in the graph's own order: sampled widths pick what the whole graph's forward does
-        return batch if self.extractor == "ppr" else in_global_order(batch)
+        if self.extractor == "ppr":
+            return batch
+        ordered = in_global_order(batch)  # the same rows: a replica's full-graph degrees per row stay
+        if self.remote_graph:
+            ordered.gcn_degrees = batch.gcn_degrees  # type: ignore[attr-defined]
+        return ordered
 
     def _extra_edges(self, specs: list) -> ExtraEdges:
         n = self.graph.num_nodes
@@ -1075,18 +1078,23 @@ class ModelRuntime:
             n, np.concatenate([src, dst]), np.concatenate([dst, src]), w, num_virtual=len(specs)
         )
 
-    def _new_node_list(self, j: int, spec: Any, budget: int, extra: ExtraEdges) -> np.ndarray:
+    def _new_node_list(self, j: int, spec: Any, budget: int) -> np.ndarray:
+        """The node list of the batch's ``j``-th new node (virtual id ``N + j``, first): its top ``budget`` PPR
+        entries on the graph plus it, or itself and its neighbours' ``L - 1``-hop balls."""
         n = self.graph.num_nodes
         v = n + j
         if self.extractor == "ppr":
             from kernels.ppr import ppr_new_node
+            from serve.graph.store import pushed_new_node
 
-            nodes, _scores = ppr_new_node(self.graph, spec.neighbors, spec.weights, self.ppr_index.config)
+            push = pushed_new_node if self.remote_graph else ppr_new_node
+            nodes, _scores = push(self.graph, spec.neighbors, spec.weights, self.ppr_index.config)
             nodes = np.asarray(nodes, dtype=np.int64)[:budget]
             return np.where(nodes == n, v, nodes) if j else nodes
         if self.num_layers == 0 or len(spec.neighbors) == 0:
             return np.array([v], dtype=np.int64)
-        _, scope = lhop_nodes(self.graph, spec.neighbors, self.num_layers - 1)
+        lists = self.graph.lhop_lists if self.remote_graph else partial(lhop_nodes, self.graph)
+        _, scope = lists(spec.neighbors, self.num_layers - 1)
         return np.concatenate([[v], np.unique(scope)]).astype(np.int64)
 
     def _projections(self, batch: SubgraphBatch, new_specs: list) -> torch.Tensor:
@@ -1108,8 +1116,9 @@ class ModelRuntime:
 
             if type(self.model).norm_degrees_for is GNNModel.norm_degrees_for:
                 return None
-            return batch.gcn_degrees  # type: ignore[attr-defined]  # full-graph degrees from Redis
-        base = self.model.norm_degrees_for(self.graph, np.minimum(batch.node_ids, n - 1))
+            base = batch.gcn_degrees  # type: ignore[attr-defined]  # full-graph degrees from Redis (1 for new nodes)
+        else:
+            base = self.model.norm_degrees_for(self.graph, np.minimum(batch.node_ids, n - 1))
         if base is None or not new_specs:
             return base
         d = np.asarray(base, dtype=np.float64).copy()

@@ -40,8 +40,12 @@ def test_replica_updates_benchmark_small(tiny_repo, tiny_dataset, redis_server):
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "replica_updates.py"), "--repo", str(tiny_repo), "--model",
          "shadow", "--dataset", str(tiny_repo / "_data" / tiny_dataset.fingerprint()), "--targets", "20",
-         "--redis-server", redis_server.binary],
+         "--redis-server", redis_server.binary, "--new-nodes", "6"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "| first after a single-edge update (each list pushed again) | p50" in proc.stdout
     assert "| one batch of them after a second update / again |" in proc.stdout
+    assert "| 6 Predicts of one new node (5 neighbours): replica | p50" in proc.stdout
+    # a replica's answers for new nodes are the in-memory server's
+    worst = float(proc.stdout.split("largest probability difference | ")[1].split("; ")[1].split(" |")[0])
+    assert worst <= 1e-6, proc.stdout

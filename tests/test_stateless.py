@@ -182,13 +182,77 @@ def test_warm_replica_follows_an_update_like_a_cold_one(redis_factory, tiny_repo
             cold.stop()
 
 
-def test_stateless_replica_refuses_predict_new_nodes(stateless):
-    """A Predict's own new nodes need a push over the whole graph with the request's edges: refused on a replica."""
-    req = pb.PredictRequest(model="shadow", new_nodes=[pb.NewNode(features=[0.1] * 16, neighbors=[1, 2])])
-    with grpc.insecure_channel(stateless.address) as ch, pytest.raises(grpc.RpcError) as ei:
-        pbg.GnnServiceStub(ch).Predict(req, timeout=60)
-    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "--graph" in ei.value.details()
+@pytest.mark.parametrize(("model", "width", "budget"), [("shadow", 0, 16), ("shadow", 4, 32), ("gcn", 0, 0),
+                                                     ("gcn", 2, 0)])
+def test_a_replica_answers_predict_new_nodes_like_single_process(stateless, served, model, width, budget):
+    """A Predict's own new nodes on a replica (refused before: the push and the scopes read the graph in memory):
+    the push from a new node and the L-hop scopes of its neighbours read their rows from Redis, round by round,
+    and the answers are the in-memory server's: weighted and unweighted edges, a node without neighbours, a
+    neighbour of high degree, existing targets in the same request."""
+    rng = np.random.default_rng(11)
+    hub = int(np.argmax(np.diff(np.asarray(served.server.registry.get(model).graph.indptr))))
+    new = [pb.NewNode(features=rng.normal(size=16).tolist(), neighbors=[1, 2, 40]),
+           pb.NewNode(features=rng.normal(size=16).tolist(), neighbors=[hub, 7], edge_weights=[0.5, 2.0]),
+           pb.NewNode(features=rng.normal(size=16).tolist(), neighbors=[]),
+           pb.NewNode(features=rng.normal(size=16).tolist(), neighbors=[799, 3])]
+    kw = {"sampling_width": width, "new_nodes": new} | ({"ppr_budget": budget} if budget else {})
+    for nodes in ([], [5, 700, 5]):
+        want = predict(served.address, model, nodes, **kw)
+        for _ in range(2):  # second round: rows from the replica's LRU
+            got = predict(stateless.address, model, nodes, **kw)
+            assert list(got.labels) == list(want.labels)
+            np.testing.assert_allclose(np.asarray(got.probabilities), np.asarray(want.probabilities), rtol=1e-6,
+                                       atol=1e-7)
+            assert (got.settings.edges_kept, got.settings.edges_total) == (want.settings.edges_kept,
+                                                                             want.settings.edges_total)
+
+
+def test_a_replica_pushes_a_new_nodes_list_like_the_graph_in_memory(loaded, tiny_dataset, tiny_repo):
+    """serve.graph.store.pushed_new_node against kernels.ppr.ppr_new_node, and the store's induced batch with new
+    nodes' edges against kernels.subgraph.induced_batch on the graph in memory: equal to the bit."""
+    from kernels.ppr import ppr_new_node
+    from kernels.subgraph import ExtraEdges
+    from serve.graph.store import pushed_new_node
+    from serve.graph_store import RedisGraphStore
+
+    g = tiny_dataset.graph
+    n = g.num_nodes
+    store = RedisGraphStore(loaded, g.fingerprint(), cache_bytes=0)
+    try:
+        cfg = repo_ppr_configs(tiny_repo)[0]
+        rng = np.random.default_rng(3)
+        specs = [(rng.choice(n, size=d, replace=True), None if d % 2 else rng.uniform(0.1, 3.0, d))
+                 for d in (1, 2, 5, 9, 0)]
+        lists = []
+        for nb, w in specs:
+            want_nodes, want_scores = ppr_new_node(g, nb, w, cfg)
+            got_nodes, got_scores = pushed_new_node(store, nb, w, cfg)
+            np.testing.assert_array_equal(got_nodes, want_nodes)
+            np.testing.assert_array_equal(got_scores, want_scores)
+            lists.append(want_nodes)
+        # every new node's list under its own virtual id, beside two existing targets' lists
+        src, dst, ws = [], [], []
+        for j, (nb, w) in enumerate(specs):
+            src += [np.full(len(nb), n + j), nb]
+            dst += [nb, np.full(len(nb), n + j)]
+            ws += [w if w is not None else np.ones(len(nb))] * 2
+        extra = ExtraEdges.from_edges(n, np.concatenate(src), np.concatenate(dst), np.concatenate(ws),
+                                      num_virtual=len(specs))
+        parts = [np.array([5, 6, 9]), np.array([700])] + [np.where(x == n, n + j, x) for j, x in enumerate(lists)]
+        ptr = np.r_[0, np.cumsum([len(x) for x in parts])]
+        nodes = np.concatenate(parts)
+        a, b = induced_batch(g, ptr, nodes, extra=extra), store.induced_batch(ptr, nodes, extra=extra)
+        for f in ("node_ids", "ptr", "unique_ids", "row_to_unique"):
+            np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+        for f in ("indptr", "indices", "weights"):
+            np.testing.assert_array_equal(getattr(a.graph, f), getattr(b.graph, f))
+        stored = nodes < n
+        np.testing.assert_array_equal(b.gcn_degrees[stored], g.degrees[nodes[stored]] + 1.0)
+        assert (b.gcn_degrees[~stored] == 1.0).all()
+        with pytest.raises(ValueError, match="node ids must lie in"):
+            store.induced_batch(ptr, nodes)  # virtual ids without their edges
+    finally:
+        store.close()
 
 
 def test_a_replica_places_new_nodes_and_pushes_their_lists(redis_factory, tiny_repo, tiny_dataset, tmp_path):
@@ -293,6 +357,23 @@ def test_weighted_graph_rows_and_corruption_checks(redis_factory):
     np.testing.assert_array_equal(a.graph.indices, b.graph.indices)
     wdeg = np.bincount(g.row_ids(), weights=g.weights, minlength=300) + 1.0
     np.testing.assert_allclose(b.gcn_degrees, wdeg[n])
+    # pushes on the weighted rows read from Redis: the lists of the graph in memory (a weighted degree summed
+    # over its row may differ in the last bits from the running sum in memory)
+    from kernels.ppr import ppr_new_node, ppr_topk
+    from serve.graph.store import pushed_lists, pushed_new_node
+
+    fresh = RedisGraphStore(srv.url, g.fingerprint(), cache_bytes=0)  # the tampering below reads Redis itself
+    want_p, want_n, want_s = ppr_topk(g, t, cfg)
+    got = pushed_lists(fresh, t, cfg)
+    for i, v in enumerate(t.tolist()):
+        np.testing.assert_array_equal(got[v][0], want_n[want_p[i]:want_p[i + 1]])
+        np.testing.assert_allclose(got[v][1], want_s[want_p[i]:want_p[i + 1]], rtol=1e-5)
+    for nb, w in (([3, 250], [0.5, 4.0]), ([17], None)):
+        want_nodes, want_scores = ppr_new_node(g, nb, w, cfg)
+        got_nodes, got_scores = pushed_new_node(fresh, np.array(nb), None if w is None else np.array(w), cfg)
+        np.testing.assert_array_equal(got_nodes, want_nodes)
+        np.testing.assert_allclose(got_scores, want_scores, rtol=1e-5)
+    fresh.close()
     # tampering: a blob copied under another node's key, a truncated blob, a deleted key
     c = srv.client()
     k = store.keys.adj.node_keys([40, 41])

@@ -762,26 +762,46 @@ class RedisGraphStore(PinnedVersion):
                      weights=w[keep] if w is not None else None, num_nodes=u)
         return g, wsum + 1.0
 
-    def induced_batch(self, ptr: np.ndarray, nodes: np.ndarray) -> Any:
-        """:func:`kernels.subgraph.induced_batch` over the stored graph, rows fetched from Redis.
+    def induced_batch(self, ptr: np.ndarray, nodes: np.ndarray, *, extra: Any = None) -> Any:
+        """:func:`kernels.subgraph.induced_batch` over the stored graph, rows fetched from Redis; ``extra``
+        (:class:`kernels.subgraph.ExtraEdges` for this graph's node count): new nodes' edges, whose virtual ids
+        ``num_nodes ..`` the lists may then hold.
 
         The returned batch carries ``gcn_degrees`` (float64 ``[R]``): full-graph GCN degrees of
-        its rows, what ``GCN.norm_degrees_for`` gives on the in-memory graph.
+        its rows, what ``GCN.norm_degrees_for`` gives on the in-memory graph (1 for a new node's rows: its
+        degree and its neighbours' share of it are the caller's, ``serve.runtime``'s ``_norm_degrees``).
         """
         nodes = np.asarray(nodes, dtype=np.int64)
-        if len(nodes) and (int(nodes.min()) < 0 or int(nodes.max()) >= self.num_nodes):
-            raise ValueError(f"node ids must lie in [0, {self.num_nodes})")
-        uniq = np.unique(nodes)
-        return self._batch_from(uniq, self.adjacency(uniq), ptr, nodes)
+        n = self.num_nodes
+        top = n + (extra.num_virtual if extra is not None else 0)
+        if extra is not None and extra.num_nodes != n:
+            raise ValueError(f"extra edges were built for a graph of {extra.num_nodes} nodes, this one has {n}")
+        if len(nodes) and (int(nodes.min()) < 0 or int(nodes.max()) >= top):
+            raise ValueError(f"node ids must lie in [0, {top})")
+        stored = [nodes[nodes < n]]
+        if extra is not None:  # the new nodes' neighbours: their local ids carry the extra edges
+            stored += [extra.src[extra.src < n], extra.dst[extra.dst < n]]
+        uniq = np.unique(np.concatenate(stored))
+        return self._batch_from(uniq, self.adjacency(uniq), ptr, nodes, extra)
 
-    def _batch_from(self, uniq: np.ndarray, rows: dict[int, Any], ptr: np.ndarray, nodes: np.ndarray) -> Any:
+    def _batch_from(self, uniq: np.ndarray, rows: dict[int, Any], ptr: np.ndarray, nodes: np.ndarray,
+                    extra: Any = None) -> Any:
         from kernels.subgraph import induced_batch
 
         g, gdeg = self.local_graph(uniq, rows)
+        n, u = self.num_nodes, len(uniq)
+        virtual = nodes >= n
         local = np.searchsorted(uniq, nodes)
-        b = induced_batch(g, ptr, local)
-        out = replace(b, node_ids=nodes, unique_ids=uniq[b.unique_ids])
-        out.gcn_degrees = gdeg[local]  # type: ignore[attr-defined]
+        local[virtual] = nodes[virtual] - n + u  # virtual ids follow the local graph's nodes, in order
+        b = induced_batch(g, ptr, local, extra=extra.relabelled(uniq) if extra is not None else None)
+        ids = b.unique_ids.astype(np.int64)
+        glob = ids - u + n
+        kept = ids < u
+        glob[kept] = uniq[ids[kept]]
+        out = replace(b, node_ids=nodes, unique_ids=glob)
+        degrees = np.ones(len(nodes), dtype=np.float64)
+        degrees[~virtual] = gdeg[local[~virtual]]
+        out.gcn_degrees = degrees  # type: ignore[attr-defined]
         return out
 
     def _lhop_rows(self, targets: np.ndarray, hops: int) -> tuple[np.ndarray, np.ndarray, dict[int, Any]]:
@@ -805,15 +825,23 @@ class RedisGraphStore(PinnedVersion):
         uniq = np.fromiter(sorted(rows), dtype=np.int64, count=len(rows))
         return t, uniq, rows
 
-    def lhop_batch(self, targets: np.ndarray, hops: int) -> tuple[Any, np.ndarray, np.ndarray]:
-        """``(batch, ptr, nodes)``: the exact L-hop lists (as :func:`kernels.subgraph.lhop_nodes`)
-        and their induced batch; ``hops + 1`` fetch rounds, fewer with the LRU."""
+    def lhop_lists(self, targets: np.ndarray, hops: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(ptr, nodes)``: :func:`kernels.subgraph.lhop_nodes` on the stored graph (each target's nodes within
+        ``hops``, target first); ``hops + 1`` fetch rounds, fewer with the LRU."""
+        lptr, nodes, _, _ = self._lhop(targets, hops)
+        return lptr, nodes
+
+    def _lhop(self, targets: np.ndarray, hops: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, Any]]:
         from kernels.subgraph import lhop_nodes
 
         t, uniq, rows = self._lhop_rows(targets, hops)
         g, _ = self.local_graph(uniq, rows)
         lptr, lnodes = lhop_nodes(g, np.searchsorted(uniq, t), hops)
-        nodes = uniq[lnodes]
+        return lptr, uniq[lnodes], uniq, rows
+
+    def lhop_batch(self, targets: np.ndarray, hops: int) -> tuple[Any, np.ndarray, np.ndarray]:
+        """``(batch, ptr, nodes)``: the exact L-hop lists (:meth:`lhop_lists`) and their induced batch."""
+        lptr, nodes, uniq, rows = self._lhop(targets, hops)
         return self._batch_from(uniq, rows, lptr, nodes), lptr, nodes
 
     # ---------------------------------------------------------------- misc
@@ -927,33 +955,16 @@ def pushed_lists(store: RedisGraphStore, targets: np.ndarray, cfg: Any) -> dict[
     list as on the whole graph); while it touches a node whose row is not fetched (whose degree it therefore did
     not know), that row is fetched and the push run again. Once every node it touched has its row, the push made
     exactly the steps it makes on the whole graph. One round of fetches per hop the push reaches."""
-    from kernels.graph import CSRGraph
     from kernels.ppr import ppr_topk
     from kernels.ppr_push import _DenseScratch, _push_dense, _weighted_degree
 
     t = np.unique(np.asarray(targets, dtype=np.int64))
-    rows: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+    grown = _Fetched(store)
     need = t
-    seen = np.zeros(store.num_nodes, dtype=bool)  # the local node set, as a mask: linear, no sort of the columns
-    rank = np.zeros(store.num_nodes, dtype=np.int32)  # calloc: only the pages of the nodes reached are touched
     while True:
-        fetch = [v for v in need.tolist() if v not in rows]
-        if fetch:
-            rows.update(store.adjacency(np.asarray(fetch, dtype=np.int64)))
-        known = np.fromiter(rows.keys(), dtype=np.int64, count=len(rows))
-        known.sort()
-        parts = [rows[int(v)] for v in known]
-        cols = np.concatenate([p[0] for p in parts]).astype(np.int64) if parts else _EMPTY_IDS
-        seen[known] = True
-        seen[cols] = True
-        uniq = np.flatnonzero(seen)  # sorted: local id = rank
-        rank[uniq] = np.arange(len(uniq), dtype=np.int32)
-        deg = np.zeros(len(uniq), dtype=np.int64)
-        deg[rank[known]] = [len(p[0]) for p in parts]
-        indptr = np.zeros(len(uniq) + 1, dtype=np.int64)
-        np.cumsum(deg, out=indptr[1:])
-        w = np.concatenate([_weights(p) for p in parts]).astype(np.float32) if store.is_weighted and parts else None
-        g = CSRGraph(indptr=indptr, indices=rank[cols].astype(np.int32), weights=w, num_nodes=len(uniq))
+        grown.fetch(need)
+        g, uniq, known = grown.graph()
+        rank = grown.rank
         local = rank[t].astype(np.int64)
         wd = _weighted_degree(g)
         sc = _DenseScratch(wd, 1, cfg.eps)
@@ -972,6 +983,100 @@ def pushed_lists(store: RedisGraphStore, targets: np.ndarray, cfg: Any) -> dict[
             break
     ptr, nodes, scores = ppr_topk(g, local, cfg)
     return {int(v): (uniq[nodes[ptr[i]:ptr[i + 1]]], scores[ptr[i]:ptr[i + 1]]) for i, v in enumerate(t.tolist())}
+
+
+class _Fetched:
+    """Rows of a store fetched round by round, and the local CSR over them for a push that grows until it has the
+    row of every node it reached (:func:`pushed_lists`, :func:`pushed_new_node`)."""
+
+    def __init__(self, store: RedisGraphStore) -> None:
+        self.store = store
+        # each round's rows, concatenated once when fetched (fetch order): ids, lengths, columns, weights
+        self._ids: list[np.ndarray] = []
+        self._lens: list[np.ndarray] = []
+        self._cols: list[np.ndarray] = []
+        self._ws: list[np.ndarray] = []
+        self.fetched = np.zeros(store.num_nodes, dtype=bool)
+        self.seen = np.zeros(store.num_nodes, dtype=bool)  # the local node set, as a mask: no sort of the columns
+        self.rank = np.zeros(store.num_nodes, dtype=np.int32)  # calloc: only the pages of the nodes reached are touched
+
+    def fetch(self, ids: np.ndarray) -> None:
+        """Fetch the rows of ``ids`` not fetched yet."""
+        ids = np.unique(np.asarray(ids, dtype=np.int64))
+        ids = ids[~self.fetched[ids]]
+        if not len(ids):
+            return
+        rows = self.store.adjacency(ids)
+        parts = [rows[v] for v in ids.tolist()]
+        self.fetched[ids] = True
+        self._ids.append(ids)
+        self._lens.append(np.fromiter((len(r[0]) for r in parts), dtype=np.int64, count=len(parts)))
+        self._cols.append(np.concatenate([r[0] for r in parts]).astype(np.int64))
+        if self.store.is_weighted:
+            self._ws.append(np.concatenate([_weights(r) for r in parts]).astype(np.float32))
+
+    def graph(self) -> tuple[Any, np.ndarray, np.ndarray]:
+        """``(graph, uniq, known)``: the CSR of every fetched row in full, over the fetched nodes and their columns
+        relabelled by rank in the sorted ``uniq`` (:attr:`rank` maps a global id to it: a monotone map, so a push
+        visits rows, breaks ties and orders its list as on the whole graph); ``known``: the fetched nodes, sorted.
+        The other nodes of ``uniq`` have empty rows. Weighted rows weigh as stored (1 per edge without weights).
+        Array operations over the rows fetched so far: no Python work per row (that was fetch's, once)."""
+        from kernels.graph import CSRGraph
+
+        seen, rank = self.seen, self.rank
+        ids = np.concatenate(self._ids) if self._ids else _EMPTY_IDS
+        lens = np.concatenate(self._lens) if self._lens else _EMPTY_IDS
+        cols = np.concatenate(self._cols) if self._cols else _EMPTY_IDS
+        order = np.argsort(ids, kind="stable")
+        known = ids[order]
+        # the rows' edges in id order: row order[i]'s edges start at starts[order[i]] in fetch order
+        starts = np.cumsum(lens) - lens
+        slens = lens[order]
+        gather = np.repeat(starts[order] - (np.cumsum(slens) - slens), slens) + np.arange(int(slens.sum()))
+        cols = cols[gather]
+        seen[known] = True
+        seen[cols] = True
+        uniq = np.flatnonzero(seen)  # sorted: local id = rank
+        rank[uniq] = np.arange(len(uniq), dtype=np.int32)
+        deg = np.zeros(len(uniq), dtype=np.int64)
+        deg[rank[known]] = slens
+        indptr = np.zeros(len(uniq) + 1, dtype=np.int64)
+        np.cumsum(deg, out=indptr[1:])
+        w = np.concatenate(self._ws)[gather] if self._ws else (np.zeros(0, np.float32) if self.store.is_weighted
+                                                               else None)
+        g = CSRGraph(indptr=indptr, indices=rank[cols].astype(np.int32), weights=w, num_nodes=len(uniq))
+        return g, uniq, known
+
+
+def pushed_new_node(store: RedisGraphStore, neighbors: np.ndarray, weights: np.ndarray | None,
+                    cfg: Any) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`kernels.ppr.ppr_new_node` on the store's current graph: the top-K PPR list of a node that is not in it,
+    with edges (both ways) to the existing ``neighbors``: ``(nodes int64, scores float32)``, the new node first
+    under the virtual id ``store.num_nodes``; the same list as on the graph in memory (to the bit on an unweighted
+    graph, as :func:`pushed_lists`).
+
+    The push runs on a local CSR of the rows fetched so far and again, after their rows are fetched, while it gives
+    a residue to a node whose row (and so degree) it did not have: once it has them all, it made exactly the steps
+    it makes on the whole graph. One round of fetches per hop the push reaches."""
+    from kernels.ppr_push import new_node_push
+
+    n = store.num_nodes
+    nb = np.asarray(neighbors, dtype=np.int64).reshape(-1)
+    if len(nb) and (int(nb.min()) < 0 or int(nb.max()) >= n):
+        raise ValueError(f"neighbors of a new node must be existing ids in [0, {n})")
+    grown = _Fetched(store)
+    need = np.unique(nb)
+    while True:
+        grown.fetch(need)
+        g, uniq, known = grown.graph()
+        nodes, scores, reached = new_node_push(g, grown.rank[nb].astype(np.int64), weights, cfg)
+        need = np.setdiff1d(uniq[reached], known, assume_unique=True)
+        if not len(need):
+            break
+    out = np.full(len(nodes), n, dtype=np.int64)  # the virtual node: local id len(uniq), global n
+    stored = nodes < len(uniq)
+    out[stored] = uniq[nodes[stored]]
+    return out, scores
 
 
 def _assemble_induced(entries: list[_Induced], k: int, weighted: bool) -> Any:
