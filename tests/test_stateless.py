@@ -461,3 +461,44 @@ def test_a_replica_pushes_the_lists_structural_updates_may_have_changed(redis_fa
         assert got_nodes[got_ptr[t]:got_ptr[t + 1]].tolist() == [t]
     finally:
         srv.stop()
+
+
+def test_a_replica_checks_a_predicts_new_nodes(stateless):
+    """A replica validates a Predict's new nodes as the in-memory server does: a neighbour that is no node of the
+    graph, or a feature vector of the wrong length, is INVALID_ARGUMENT naming the field."""
+    n = stateless.server.registry.get("shadow").graph.num_nodes
+    bad = {"new_nodes[0]": pb.NewNode(features=[0.1] * 16, neighbors=[1, n]),
+           "features": pb.NewNode(features=[0.1] * 3, neighbors=[1])}
+    for what, node in bad.items():
+        for model in ("shadow", "gcn"):
+            with grpc.insecure_channel(stateless.address) as ch, pytest.raises(grpc.RpcError) as ei:
+                pbg.GnnServiceStub(ch).Predict(pb.PredictRequest(model=model, new_nodes=[node]), timeout=60)
+            assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (what, model)
+            assert what in ei.value.details(), ei.value.details()
+
+
+def test_a_replica_with_redis_down_answers_new_nodes_unavailable(redis_factory, tiny_repo, tiny_dataset, tmp_path):
+    """Redis gone when a replica places a Predict's new node (the rows its push or scope reads are not cached):
+    UNAVAILABLE naming Redis and saying to retry, for a shaDow and a plain model; never a crash, a hang or an
+    answer from partial rows."""
+    from serve.features import load_features
+    from serve.graph_store import load_graph
+
+    srv = redis_factory()
+    load_features(tiny_dataset, srv.url, progress=False)
+    load_graph(tiny_dataset, srv.url, ppr=repo_ppr_configs(tiny_repo), ppr_cache_dir=str(tiny_repo / "_ppr"),
+               progress=False)
+    server = ServerThread(models_only(tiny_repo, tmp_path / "repo"),
+                          {"feature_url": srv.url, "runtime_kw": {"graph_url": srv.url}}).start()
+    try:
+        node = pb.NewNode(features=[0.1] * 16, neighbors=[300, 301, 302])
+        assert len(predict(server.address, "shadow", [], new_nodes=[node]).labels) == 1
+        srv.stop()
+        fresh = pb.NewNode(features=[0.2] * 16, neighbors=[600, 601])  # rows not in the replica's caches
+        for model in ("shadow", "gcn"):
+            with grpc.insecure_channel(server.address) as ch, pytest.raises(grpc.RpcError) as ei:
+                pbg.GnnServiceStub(ch).Predict(pb.PredictRequest(model=model, new_nodes=[fresh]), timeout=60)
+            assert ei.value.code() == grpc.StatusCode.UNAVAILABLE, (model, ei.value.details())
+            assert "Redis" in ei.value.details() and "retry" in ei.value.details(), ei.value.details()
+    finally:
+        server.stop()
