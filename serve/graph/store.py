@@ -21,9 +21,12 @@ How a replica uses it (per batch, :class:`RedisGraphStore`)
   so a warm batch neither reads lists and rows nor builds a local CSR: it concatenates its
   targets' entries, cut to the budget K, as :class:`kernels.subgraph.InducedTable` does for an
   in-memory index. Only the targets without an entry take the two rounds above.
-* A Predict's own new nodes (``new_nodes`` in the request) need the push or BFS over the whole graph
-  with the request's edges: a replica in this mode refuses them with INVALID_ARGUMENT (run a
-  single-process server for those). An update's new nodes are placed in the overlay like any edit.
+* A Predict's own new nodes (``new_nodes`` in the request): a shaDow model's push from the new node
+  (:func:`pushed_new_node`) runs on the rows fetched so far and again once it has the row of every node
+  it reached (a round of fetches per hop), a plain model's scope fetches the neighbours' ``L - 1``-hop
+  balls (:meth:`RedisGraphStore.lhop_lists`), and the batch is induced over the fetched rows with the
+  request's edges (:meth:`RedisGraphStore.induced_batch` with ``extra``): the in-memory server's
+  answers. An update's new nodes are placed in the overlay like any edit.
 
 Live updates: the overlay
 -------------------------
