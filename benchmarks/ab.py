@@ -28,6 +28,7 @@ must know the options it is given).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -90,6 +92,25 @@ def train_repo(dataset: Path, cache: Path, models: list[str], epochs: int) -> Pa
         make_repo(repo, load_dataset(str(dataset)), todo, hidden=64, epochs=epochs, patience=epochs,
                   knob_widths=[0, 8, 16, 32], knob_budgets=[16, 32, 64], ppr_k=64)
     return repo
+
+
+@contextlib.contextmanager
+def base_side(args: argparse.Namespace) -> Iterator[tuple[Path, str]]:
+    """``(tree, revision)`` of the base side: ``--base-tree`` as it is (its revision from a REVISION file in it, or
+    ``--base``), or a git worktree of ``--base``, removed afterwards."""
+    if args.base_tree is not None:
+        rev_file = args.base_tree / "REVISION"
+        yield args.base_tree.resolve(), rev_file.read_text().strip() if rev_file.is_file() else args.base
+        return
+    rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="gnnserve-ab-") as tmpd:
+        tree = Path(tmpd) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), rev], cwd=ROOT, check=True)
+        try:
+            yield tree, rev
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
 
 
 def compare(args: argparse.Namespace, repo: Path, models: list[str], base_tree: Path) -> list[str]:
@@ -153,24 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--phases must be >= 1")
     models = [m for m in args.models.split(",") if m]
     repo = args.repo or train_repo(args.dataset, args.cache_dir, models, args.epochs)
-    if args.base_tree is not None:
-        if not (args.base_tree / "serve" / "cli.py").is_file():
-            ap.error(f"--base-tree {args.base_tree}: not a gnnserve source tree (no serve/cli.py)")
-        rev_file = args.base_tree / "REVISION"
-        base_rev = rev_file.read_text().strip() if rev_file.is_file() else args.base
-    else:
-        base_rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True,
-                                  text=True, check=True).stdout.strip()
-    with tempfile.TemporaryDirectory(prefix="gnnserve-ab-") as tmpd:
-        base_tree = args.base_tree.resolve() if args.base_tree is not None else Path(tmpd) / "base"
-        if args.base_tree is None:
-            subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base_tree), base_rev], cwd=ROOT,
-                           check=True)
-        try:
-            rows = compare(args, repo, models, base_tree)
-        finally:
-            if args.base_tree is None:
-                subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, check=False)
+    if args.base_tree is not None and not (args.base_tree / "serve" / "cli.py").is_file():
+        ap.error(f"--base-tree {args.base_tree}: not a gnnserve source tree (no serve/cli.py)")
+    with base_side(args) as (base_tree, base_rev):
+        rows = compare(args, repo, models, base_tree)
     print(f"\n`python benchmarks/ab.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
     print(f"{datetime.date.today()}, {platform.machine()}, {len(os.sched_getaffinity(0))} CPUs; base {base_rev}, "
           f"new = this tree; {args.rounds} alternating blocks of {args.block} one-node calls per side, batched load "
