@@ -388,8 +388,8 @@ def _ppr_virtual(
     ``nb`` sorted distinct existing ids; with ``bidir`` each ``nb[j]`` also links back to ``N``
     with weight ``nbw[j]``. State lives in compact slots (``ids``, ``r``, ``p``, ``wd``) found
     through an open-addressing hash map ``key -> slot``. Returns (nodes int64 [c], scores
-    float64 [c], pushes, converged, reached int64 [ns]: every node the push gave a residue, the
-    virtual node first, whose degrees it read).
+    float64 [c], pushes, converged). :mod:`kernels.ppr_partial` makes the same steps on rows that
+    arrive on demand.
     """
     n = indptr.shape[0] - 1
     has_w = weights.shape[0] > 0
@@ -545,7 +545,7 @@ def _ppr_virtual(
     out_nodes = np.empty(max(k, 1), dtype=np.int64)
     out_scores = np.empty(max(k, 1), dtype=np.float64)
     c = _select_topk(ids, scores, ns, n, scores[0], k, threshold * scores[0], out_nodes, out_scores)
-    return out_nodes[:c], out_scores[:c], pushes, converged, ids[:ns].copy()
+    return out_nodes[:c], out_scores[:c], pushes, converged
 
 
 # ============================================================================ Python API
@@ -642,29 +642,27 @@ def ppr_new_node(
     Returns:
         ``(nodes int64 [c], scores float32 [c])`` with ``nodes[0] == N``, ``c <= k``.
     """
-    nodes, scores, _reached = new_node_push(graph, neighbors, weights, cfg, k=k, max_pushes=max_pushes,
-                                            bidirectional=bidirectional)
-    return nodes, scores
-
-
-def new_node_push(
-    graph: CSRGraph,
-    neighbors: np.ndarray | Sequence[int],
-    weights: np.ndarray | Sequence[float] | None = None,
-    cfg: PPRConfig | None = None,
-    *,
-    k: int | None = None,
-    max_pushes: int = 200_000,
-    bidirectional: bool = True,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`ppr_new_node`'s ``(nodes, scores)`` and ``reached`` (int64, sorted): every existing node the
-    push gave a residue, whose degree it read. A caller that holds part of a graph (a replica's rows
-    fetched from Redis, ``serve.graph.store.pushed_new_node``) runs it again once it has their rows."""
     cfg = cfg or PPRConfig()
     k = cfg.topk if k is None else int(k)
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    n = graph.num_nodes
+    uniq, wsum = new_node_edges(graph.num_nodes, neighbors, weights)
+    wdeg = _weighted_degree(graph) if graph.is_weighted else np.zeros(0, dtype=np.float64)
+    gw = graph.weights if graph.weights is not None else _NO_F32
+    nodes, scores, _pushes, converged = _ppr_virtual(
+        graph.indptr, graph.indices, gw, wdeg, uniq, wsum, bool(bidirectional),
+        cfg.alpha, cfg.eps, cfg.lazy, k, cfg.threshold, int(max_pushes),
+    )  # fmt: skip
+    if not converged:
+        log.debug("ppr_new_node stopped at max_pushes=%d before the eps bound was reached", max_pushes)
+    return nodes, scores.astype(np.float32)
+
+
+def new_node_edges(n: int, neighbors: np.ndarray | Sequence[int],
+                   weights: np.ndarray | Sequence[float] | None) -> tuple[np.ndarray, np.ndarray]:
+    """A new node's edges to the existing nodes ``[0, n)``, checked: ``(sorted distinct neighbours int64,
+    their summed weights float64)``, as the pushes from a virtual node take them (ValueError on a bad id or
+    weight)."""
     nb = np.asarray(neighbors, dtype=np.int64).reshape(-1)
     if len(nb) and (int(nb.min()) < 0 or int(nb.max()) >= n):
         raise ValueError(f"neighbors of a new node must be existing ids in [0, {n})")
@@ -675,16 +673,7 @@ def new_node_push(
         raise ValueError("edge weights of a new node must be finite and >= 0")
     uniq, inv = np.unique(nb, return_inverse=True)
     wsum = np.bincount(inv, weights=w, minlength=len(uniq)) if len(nb) else np.zeros(0)
-    wdeg = _weighted_degree(graph) if graph.is_weighted else np.zeros(0, dtype=np.float64)
-    gw = graph.weights if graph.weights is not None else _NO_F32
-    nodes, scores, _pushes, converged, reached = _ppr_virtual(
-        graph.indptr, graph.indices, gw, wdeg, uniq, wsum.astype(np.float64), bool(bidirectional),
-        cfg.alpha, cfg.eps, cfg.lazy, k, cfg.threshold, int(max_pushes),
-    )  # fmt: skip
-    if not converged:
-        log.debug("ppr_new_node stopped at max_pushes=%d before the eps bound was reached", max_pushes)
-    reached = np.sort(reached[reached < n])
-    return nodes, scores.astype(np.float32), reached
+    return uniq, wsum.astype(np.float64)
 
 
 def ppr_exact(

@@ -22,8 +22,8 @@ How a replica uses it (per batch, :class:`RedisGraphStore`)
   targets' entries, cut to the budget K, as :class:`kernels.subgraph.InducedTable` does for an
   in-memory index. Only the targets without an entry take the two rounds above.
 * A Predict's own new nodes (``new_nodes`` in the request): a shaDow model's push from the new node
-  (:func:`pushed_new_node`) runs on the rows fetched so far and again once it has the row of every node
-  it reached (a round of fetches per hop), a plain model's scope fetches the neighbours' ``L - 1``-hop
+  (:func:`pushed_new_node`) pauses where the next node to push has no row and resumes once the queue's
+  missing rows are fetched (a round per wave; :mod:`kernels.ppr_partial`), a plain model's scope fetches the neighbours' ``L - 1``-hop
   balls (:meth:`RedisGraphStore.lhop_lists`), and the batch is induced over the fetched rows with the
   request's edges (:meth:`RedisGraphStore.induced_batch` with ``extra``): the in-memory server's
   answers. An update's new nodes are placed in the overlay like any edit.
@@ -53,7 +53,7 @@ PPR lists after a structural update: a replica holds neither the whole graph nor
 with which :class:`kernels.ppr_live.LivePPRIndex` bounds which lists an edit moved, so once any row changed
 (:attr:`RedisGraphStore.structure_gen`) every list stored before is outdated: :class:`RedisPPRIndex` pushes
 each one again on the current graph the first time a lookup or an induced batch needs it
-(:func:`pushed_lists`, one round of row fetches per hop the push reaches) and hands it to
+(:func:`pushed_lists`, one round of row fetches per wave of the push's queue) and hands it to
 :meth:`RedisGraphStore.refresh_lists`, which stores it when it differs from the held one and otherwise only
 marks it current (the cached subgraphs built on it stay). That runs during reads, under the caller's read
 lock: the pushed list is a function of the graph those reads see, so concurrent reads store equal lists.
@@ -600,6 +600,25 @@ class RedisGraphStore(PinnedVersion):
         rows = self.adjacency(np.unique(nodes))
         return np.concatenate([np.asarray(rows[int(v)][0], dtype=np.int64) for v in nodes.tolist()])
 
+    def rows_csr(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The adjacency rows of the distinct ``ids`` (overlay included), in that order, as arrays: ``(ptr int64
+        [len(ids) + 1], columns int64, weights float64 or None on an unweighted graph)``."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        rows = self.adjacency(ids)
+        parts = [rows[v] for v in ids.tolist()]
+        ptr = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter((len(x[0]) for x in parts), dtype=np.int64, count=len(parts)), out=ptr[1:])
+        cols = np.concatenate([x[0] for x in parts]).astype(np.int64) if parts else _EMPTY_IDS
+        ws = (np.concatenate([_weights(x) for x in parts]).astype(np.float64) if parts else np.zeros(0)) \
+            if self.is_weighted else None
+        return ptr, cols, ws
+
+    def push_degrees(self, ids: np.ndarray) -> np.ndarray:
+        """float64: the weighted degree (row length on an unweighted graph) of each of ``ids`` that a PPR push
+        divides by, overlay included, without fetching the rows where the version stores degree chunks."""
+        lengths, wsums = self._degrees(ids)
+        return lengths.astype(np.float64) if wsums is None else wsums
+
     def gcn_dinv32(self, ids: np.ndarray) -> np.ndarray:
         """float32 :math:`D^{-1/2}` of :meth:`gcn_degrees` at ``ids``: what ``models.base.gcn_dinv32``
         gives at those ids on the in-memory graph, to the bit."""
@@ -621,14 +640,16 @@ class RedisGraphStore(PinnedVersion):
         wsums = np.zeros(len(ids), dtype=np.float64) if weighted else None
         stored = ids < self.base_num_nodes
         ov = self._ov_rows
-        if ov:
-            for j, v in enumerate(ids.tolist()):
-                row = ov.get(v)
-                if row is not None:
-                    stored[j] = False
-                    lengths[j] = len(row[0])
-                    if wsums is not None:
-                        wsums[j] = _weight_sum(row)
+        if ov:  # only the ids with an overlay row, found with one array test
+            ov_ids = np.array(list(ov), dtype=np.int64)  # list(): one C-level pass, no thread runs in between
+            for j in np.flatnonzero(np.isin(ids, ov_ids)).tolist():
+                row = ov.get(int(ids[j]))
+                if row is None:
+                    continue
+                stored[j] = False
+                lengths[j] = len(row[0])
+                if wsums is not None:
+                    wsums[j] = _weight_sum(row)
         pos = np.flatnonzero(stored)  # ids >= base_num_nodes without an overlay row: no edges
         if not len(pos):
             return lengths, wsums
@@ -950,105 +971,20 @@ class RedisPPRIndex:
 def pushed_lists(store: RedisGraphStore, targets: np.ndarray, cfg: Any) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """The top-K PPR list of each of the distinct ``targets`` pushed on the store's current graph (snapshot rows and
     overlay): ``{target: (ids int64, scores float32)}``, what :func:`kernels.ppr.ppr_topk` gives on the same graph in
-    memory (to the bit on an unweighted graph; on a weighted one a node's weighted degree is summed over its row
-    alone, which may differ in the last bits from the in-memory graph's running sum).
+    memory (to the bit on an unweighted graph; on a weighted one the stored weighted degrees may differ in the last
+    bits from the running sums in memory).
 
-    The push reads the rows of the nodes it touches and the degrees of their neighbours. It runs on a local CSR of
-    the rows fetched so far (relabelled by rank: a monotone map, so the push visits rows, breaks ties and orders the
-    list as on the whole graph); while it touches a node whose row is not fetched (whose degree it therefore did
-    not know), that row is fetched and the push run again. Once every node it touched has its row, the push made
-    exactly the steps it makes on the whole graph. One round of fetches per hop the push reaches."""
-    from kernels.ppr import ppr_topk
-    from kernels.ppr_push import _DenseScratch, _push_dense, _weighted_degree
+    Each push (:class:`kernels.ppr_partial.PartialPush`) reads the rows of the nodes it pushes and the degrees of the
+    nodes those rows reach (the version's degree chunks: an array gather, no row): it pauses where the next node to
+    push has no row, and every push's missing rows are fetched in one round (:meth:`RedisGraphStore.adjacency`:
+    the row cache, then Redis), one round per wave of the queue."""
+    from kernels.ppr_partial import PartialPush, run_partial
 
     t = np.unique(np.asarray(targets, dtype=np.int64))
-    grown = _Fetched(store)
-    need = t
-    while True:
-        grown.fetch(need)
-        g, uniq, known = grown.graph()
-        rank = grown.rank
-        local = rank[t].astype(np.int64)
-        wd = _weighted_degree(g)
-        sc = _DenseScratch(wd, 1, cfg.eps)
-        ww = g.weights if g.weights is not None else np.zeros(0, dtype=np.float32)
-        reached = []
-        for src in local.tolist():
-            nt = _push_dense(g.indptr, g.indices, ww, wd, src, cfg.alpha, cfg.lazy, 0, sc.rw[0], sc.p[0], sc.queue[0],
-                             sc.touched[0])
-            touched = sc.touched[0, :nt].astype(np.int64)
-            sc.rw[0, touched, 0] = 0.0
-            sc.p[0, touched] = 0.0
-            reached.append(touched)
-        touched = uniq[np.unique(np.concatenate(reached))] if reached else _EMPTY_IDS
-        need = np.setdiff1d(touched, known, assume_unique=True)
-        if not len(need):
-            break
-    ptr, nodes, scores = ppr_topk(g, local, cfg)
-    return {int(v): (uniq[nodes[ptr[i]:ptr[i + 1]]], scores[ptr[i]:ptr[i + 1]]) for i, v in enumerate(t.tolist())}
-
-
-class _Fetched:
-    """Rows of a store fetched round by round, and the local CSR over them for a push that grows until it has the
-    row of every node it reached (:func:`pushed_lists`, :func:`pushed_new_node`)."""
-
-    def __init__(self, store: RedisGraphStore) -> None:
-        self.store = store
-        # each round's rows, concatenated once when fetched (fetch order): ids, lengths, columns, weights
-        self._ids: list[np.ndarray] = []
-        self._lens: list[np.ndarray] = []
-        self._cols: list[np.ndarray] = []
-        self._ws: list[np.ndarray] = []
-        self.fetched = np.zeros(store.num_nodes, dtype=bool)
-        self.seen = np.zeros(store.num_nodes, dtype=bool)  # the local node set, as a mask: no sort of the columns
-        self.rank = np.zeros(store.num_nodes, dtype=np.int32)  # calloc: only the pages of the nodes reached are touched
-
-    def fetch(self, ids: np.ndarray) -> None:
-        """Fetch the rows of ``ids`` not fetched yet."""
-        ids = np.unique(np.asarray(ids, dtype=np.int64))
-        ids = ids[~self.fetched[ids]]
-        if not len(ids):
-            return
-        rows = self.store.adjacency(ids)
-        parts = [rows[v] for v in ids.tolist()]
-        self.fetched[ids] = True
-        self._ids.append(ids)
-        self._lens.append(np.fromiter((len(r[0]) for r in parts), dtype=np.int64, count=len(parts)))
-        self._cols.append(np.concatenate([r[0] for r in parts]).astype(np.int64))
-        if self.store.is_weighted:
-            self._ws.append(np.concatenate([_weights(r) for r in parts]).astype(np.float32))
-
-    def graph(self) -> tuple[Any, np.ndarray, np.ndarray]:
-        """``(graph, uniq, known)``: the CSR of every fetched row in full, over the fetched nodes and their columns
-        relabelled by rank in the sorted ``uniq`` (:attr:`rank` maps a global id to it: a monotone map, so a push
-        visits rows, breaks ties and orders its list as on the whole graph); ``known``: the fetched nodes, sorted.
-        The other nodes of ``uniq`` have empty rows. Weighted rows weigh as stored (1 per edge without weights).
-        Array operations over the rows fetched so far: no Python work per row (that was fetch's, once)."""
-        from kernels.graph import CSRGraph
-
-        seen, rank = self.seen, self.rank
-        ids = np.concatenate(self._ids) if self._ids else _EMPTY_IDS
-        lens = np.concatenate(self._lens) if self._lens else _EMPTY_IDS
-        cols = np.concatenate(self._cols) if self._cols else _EMPTY_IDS
-        order = np.argsort(ids, kind="stable")
-        known = ids[order]
-        # the rows' edges in id order: row order[i]'s edges start at starts[order[i]] in fetch order
-        starts = np.cumsum(lens) - lens
-        slens = lens[order]
-        gather = np.repeat(starts[order] - (np.cumsum(slens) - slens), slens) + np.arange(int(slens.sum()))
-        cols = cols[gather]
-        seen[known] = True
-        seen[cols] = True
-        uniq = np.flatnonzero(seen)  # sorted: local id = rank
-        rank[uniq] = np.arange(len(uniq), dtype=np.int32)
-        deg = np.zeros(len(uniq), dtype=np.int64)
-        deg[rank[known]] = slens
-        indptr = np.zeros(len(uniq) + 1, dtype=np.int64)
-        np.cumsum(deg, out=indptr[1:])
-        w = np.concatenate(self._ws)[gather] if self._ws else (np.zeros(0, np.float32) if self.store.is_weighted
-                                                               else None)
-        g = CSRGraph(indptr=indptr, indices=rank[cols].astype(np.int32), weights=w, num_nodes=len(uniq))
-        return g, uniq, known
+    deg = store.push_degrees(t)
+    pushes = [PartialPush.target(v, d, cfg) for v, d in zip(t.tolist(), deg.tolist(), strict=True)]
+    run_partial(pushes, store.rows_csr, store.push_degrees)
+    return {v: ps.result() for v, ps in zip(t.tolist(), pushes, strict=True)}
 
 
 def pushed_new_node(store: RedisGraphStore, neighbors: np.ndarray, weights: np.ndarray | None,
@@ -1056,30 +992,12 @@ def pushed_new_node(store: RedisGraphStore, neighbors: np.ndarray, weights: np.n
     """:func:`kernels.ppr.ppr_new_node` on the store's current graph: the top-K PPR list of a node that is not in it,
     with edges (both ways) to the existing ``neighbors``: ``(nodes int64, scores float32)``, the new node first
     under the virtual id ``store.num_nodes``; the same list as on the graph in memory (to the bit on an unweighted
-    graph, as :func:`pushed_lists`).
+    graph), its rows read as :func:`pushed_lists` reads them."""
+    from kernels.ppr_partial import PartialPush, run_partial
 
-    The push runs on a local CSR of the rows fetched so far and again, after their rows are fetched, while it gives
-    a residue to a node whose row (and so degree) it did not have: once it has them all, it made exactly the steps
-    it makes on the whole graph. One round of fetches per hop the push reaches."""
-    from kernels.ppr_push import new_node_push
-
-    n = store.num_nodes
-    nb = np.asarray(neighbors, dtype=np.int64).reshape(-1)
-    if len(nb) and (int(nb.min()) < 0 or int(nb.max()) >= n):
-        raise ValueError(f"neighbors of a new node must be existing ids in [0, {n})")
-    grown = _Fetched(store)
-    need = np.unique(nb)
-    while True:
-        grown.fetch(need)
-        g, uniq, known = grown.graph()
-        nodes, scores, reached = new_node_push(g, grown.rank[nb].astype(np.int64), weights, cfg)
-        need = np.setdiff1d(uniq[reached], known, assume_unique=True)
-        if not len(need):
-            break
-    out = np.full(len(nodes), n, dtype=np.int64)  # the virtual node: local id len(uniq), global n
-    stored = nodes < len(uniq)
-    out[stored] = uniq[nodes[stored]]
-    return out, scores
+    ps = PartialPush.new_node(store.num_nodes, neighbors, weights, store.push_degrees, cfg)
+    run_partial([ps], store.rows_csr, store.push_degrees)
+    return ps.result()
 
 
 def _assemble_induced(entries: list[_Induced], k: int, weighted: bool) -> Any:

@@ -1,0 +1,356 @@
+"""PPR pushes over a graph whose rows arrive on demand (a stateless replica's rows in Redis).
+
+A :class:`PartialPush` holds the rows it has been given and the degrees of every node those rows reach. It runs
+the push until the next node to push has no row, and pauses there: :meth:`PartialPush.missing` lists every node
+in its queue without a row (each of them will be pushed: a queued residue only grows until its node is pushed),
+the caller fetches them all in one round trip, hands them over with the degrees of their columns
+(:meth:`PartialPush.add_rows`) and resumes. The steps are the whole graph's push's, in the same FIFO order with
+the same arithmetic, so the list equals :func:`kernels.ppr.ppr_topk`'s (an existing target) or
+:func:`kernels.ppr.ppr_new_node`'s (a virtual node with edges to existing ones) to the bit, given the same
+degrees. Only the rows of the nodes the push pushes are read (on Amazon Computers about 400 to 1,400 of the
+2,000 to 6,500 nodes it reaches), one round trip per wave of the queue, and the push runs once.
+
+State is keyed by global ids in an open-addressing hash map; a row's columns get their slots (and degrees) when
+the row arrives, so the push loop follows slot indices and never hashes. :func:`run_partial` drives several
+pushes in lockstep, one fetch per round for all of them.
+"""
+
+# numba cache key: ppr_push eec306425cce, subgraph 92774e480fc4
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numba
+import numpy as np
+
+from .ppr_push import PPRConfig, _hash_slot, _select_topk, new_node_edges
+
+__all__ = ["PartialPush", "run_partial"]
+
+_DONE, _PAUSED, _QUEUE_FULL, _CAPPED = 0, 1, 2, 3
+_NO_NB = np.zeros(0, dtype=np.int64)
+_NO_W = np.zeros(0, dtype=np.float64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _find(keys, v):  # pragma: no cover - compiled
+    """The hash position of ``v``: where it is, or the free position it would take."""
+    mask = keys.shape[0] - 1
+    h = _hash_slot(v, mask)
+    while keys[h] != -1 and keys[h] != v:
+        h = (h + 1) & mask
+    return h
+
+
+@numba.njit(cache=True, nogil=True)
+def _position(nb, v):  # pragma: no cover - compiled
+    """Index of ``v`` in the sorted ``nb``, or -1."""
+    a = 0
+    z = nb.shape[0]
+    while a < z:
+        mid = (a + z) >> 1
+        if nb[mid] < v:
+            a = mid + 1
+        else:
+            z = mid
+    if a < nb.shape[0] and nb[a] == v:
+        return a
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _rehash(keys, vals, ids, ns):  # pragma: no cover - compiled
+    keys[:] = -1
+    for s in range(ns):
+        h = _find(keys, ids[s])
+        keys[h] = ids[s]
+        vals[h] = s
+
+
+@numba.njit(cache=True, nogil=True)
+def _add_rows(
+    keys, vals, ids, r, p, wd, rs, rl, aslot, aw, meta, sel, rnodes, rptr, cols, ws, cdeg, nb, nbw
+):  # pragma: no cover - compiled
+    """Give the rows ``sel`` of the batch (``rnodes[i]``'s columns ``cols[rptr[i]:rptr[i + 1]]``, weights ``ws``
+    or 1, the columns' degrees ``cdeg``) to their slots; every column gets a slot (r = p = 0) with its degree, plus
+    the new edge's weight where it is one of the virtual node's neighbours ``nb``, whose rows end with the edge back
+    to the virtual node (slot 0), as :func:`kernels.ppr_push._ppr_virtual` walks them. Rows a slot has are kept."""
+    ns = meta[0]
+    used = meta[3]
+    has_w = ws.shape[0] > 0
+    for i in sel:
+        u = rnodes[i]
+        su = vals[_find(keys, u)]
+        if rl[su] >= 0:
+            continue
+        rs[su] = used
+        for e in range(rptr[i], rptr[i + 1]):
+            v = cols[e]
+            h = _find(keys, v)
+            if keys[h] == v:
+                sv = vals[h]
+            else:
+                sv = ns
+                ns += 1
+                keys[h] = v
+                vals[h] = sv
+                ids[sv] = v
+                r[sv] = 0.0
+                p[sv] = 0.0
+                rs[sv] = -1
+                rl[sv] = -1
+                wv = cdeg[e]
+                a = _position(nb, v)
+                if a >= 0:
+                    wv += nbw[a]
+                wd[sv] = wv
+            aslot[used] = sv
+            aw[used] = ws[e] if has_w else 1.0
+            used += 1
+        a = _position(nb, u)
+        if a >= 0:
+            aslot[used] = 0
+            aw[used] = nbw[a]
+            used += 1
+        rl[su] = used - rs[su]
+    meta[0] = ns
+    meta[3] = used
+
+
+@numba.njit(cache=True, nogil=True)
+def _run(r, p, wd, rs, rl, aslot, aw, queue, meta, alpha, eps, lazy, max_pushes):  # pragma: no cover - compiled
+    """Push from the queue ``queue[meta[1]:meta[2]]`` until it is empty (0), the next node to push has no row (1,
+    the queue's head left at it), the queue has no room for the next push (2) or ``max_pushes`` pushes were made
+    (3). The steps and arithmetic of :func:`kernels.ppr_push._ppr_virtual`."""
+    head = meta[1]
+    tail = meta[2]
+    pushes = meta[4]
+    status = _DONE
+    while head < tail:
+        su = queue[head]
+        ru = r[su]
+        if ru <= 0.0:
+            head += 1
+            continue
+        if max_pushes > 0 and pushes >= max_pushes:
+            status = _CAPPED
+            break
+        if rl[su] < 0:
+            status = _PAUSED
+            break
+        need = rl[su] + 1
+        if tail + need > queue.shape[0]:
+            if head > 0:  # move the live part to the front (forward copy: the source is ahead)
+                for j in range(tail - head):
+                    queue[j] = queue[head + j]
+                tail -= head
+                head = 0
+            if tail + need > queue.shape[0]:
+                status = _QUEUE_FULL
+                break
+        head += 1
+        pushes += 1
+        wu = wd[su]
+        p[su] += ru if wu <= 0.0 else alpha * ru
+        r[su] = 0.0
+        if wu <= 0.0:
+            continue
+        spread = (1.0 - alpha) * ru
+        if lazy:
+            spread *= 0.5
+        c = spread / wu
+        for e in range(rs[su], rs[su] + rl[su]):
+            sv = aslot[e]
+            old = r[sv]
+            new = old + c * aw[e]
+            r[sv] = new
+            wv = wd[sv]
+            thr = eps * wv if wv > 0.0 else eps
+            if old < thr and new >= thr:
+                queue[tail] = sv
+                tail += 1
+        if lazy:
+            old = r[su]
+            new = old + spread
+            r[su] = new
+            thr = eps * wu
+            if old < thr and new >= thr:
+                queue[tail] = su
+                tail += 1
+    meta[1] = head
+    meta[2] = tail
+    meta[4] = pushes
+    return status
+
+
+@numba.njit(cache=True, nogil=True)
+def _missing(ids, r, rl, queue, head, tail):  # pragma: no cover - compiled
+    out = np.empty(tail - head, dtype=np.int64)
+    m = 0
+    for j in range(head, tail):
+        s = queue[j]
+        if r[s] > 0.0 and rl[s] < 0:
+            out[m] = ids[s]
+            m += 1
+    return out[:m]
+
+
+@numba.njit(cache=True, nogil=True)
+def _top(ids, r, p, ns, alpha, k, threshold):  # pragma: no cover - compiled
+    scores = np.empty(ns, dtype=np.float64)
+    for s in range(ns):
+        scores[s] = p[s] + alpha * r[s]
+    out_nodes = np.empty(max(k, 1), dtype=np.int64)
+    out_scores = np.empty(max(k, 1), dtype=np.float64)
+    c = _select_topk(ids, scores, ns, ids[0], scores[0], k, threshold * scores[0], out_nodes, out_scores)
+    return out_nodes[:c], out_scores[:c]
+
+
+class PartialPush:
+    """One push from an existing node (:meth:`target`) or a virtual new one (:meth:`new_node`) over rows handed in
+    as it needs them (see the module docstring). ``missing()``, ``add_rows(...)``, ``run()`` until ``missing()``
+    is empty after a run; then :meth:`result`."""
+
+    def __init__(self, source: int, degree: float, cfg: PPRConfig, nb: np.ndarray = _NO_NB, nbw: np.ndarray = _NO_W,
+                 *, max_pushes: int = 0) -> None:
+        self.cfg = cfg
+        self.max_pushes = int(max_pushes)
+        self.nb, self.nbw = nb, nbw
+        cap = 256
+        self.keys = np.full(4 * cap, -1, dtype=np.int64)
+        self.vals = np.zeros(4 * cap, dtype=np.int64)
+        self.ids = np.zeros(cap, dtype=np.int64)
+        self.r = np.zeros(cap, dtype=np.float64)
+        self.p = np.zeros(cap, dtype=np.float64)
+        self.wd = np.zeros(cap, dtype=np.float64)
+        self.rs = np.full(cap, -1, dtype=np.int64)
+        self.rl = np.full(cap, -1, dtype=np.int64)
+        self.aslot = np.zeros(4 * cap, dtype=np.int64)
+        self.aw = np.zeros(4 * cap, dtype=np.float64)
+        self.queue = np.zeros(cap, dtype=np.int64)
+        self.meta = np.array([1, 0, 1, 0, 0], dtype=np.int64)  # slots, head, tail, arena used, pushes
+        self.status = _PAUSED
+        self.ids[0] = source
+        self.r[0] = 1.0
+        self.wd[0] = degree
+        h = _find(self.keys, source)
+        self.keys[h] = source
+        self.vals[h] = 0
+
+    @classmethod
+    def target(cls, node: int, degree: float, cfg: PPRConfig) -> PartialPush:
+        """The push of :func:`kernels.ppr.ppr_topk` from the existing ``node`` (its weighted degree ``degree``)."""
+        return cls(int(node), float(degree), cfg)
+
+    @classmethod
+    def new_node(cls, num_nodes: int, neighbors: np.ndarray | Sequence[int], weights: Any,
+                 neighbor_degrees: Callable[[np.ndarray], np.ndarray], cfg: PPRConfig, *,
+                 max_pushes: int = 200_000) -> PartialPush:
+        """The push of :func:`kernels.ppr.ppr_new_node` (bidirectional edges) from the virtual node ``num_nodes``
+        with edges to ``neighbors``; ``neighbor_degrees(ids)`` gives their weighted degrees in the graph."""
+        nb, nbw = new_node_edges(num_nodes, neighbors, weights)
+        w_self = 0.0
+        for x in nbw.tolist():  # summed in order, as the kernel sums them
+            w_self += x
+        self = cls(int(num_nodes), w_self, cfg, nb, nbw, max_pushes=max_pushes)
+        self.add_rows(np.array([num_nodes], dtype=np.int64), np.array([0, len(nb)], dtype=np.int64), nb, nbw,
+                      np.asarray(neighbor_degrees(nb), dtype=np.float64))
+        return self
+
+    @property
+    def pushes(self) -> int:
+        return int(self.meta[4])
+
+    @property
+    def done(self) -> bool:
+        return self.status != _PAUSED
+
+    def missing(self) -> np.ndarray:
+        """int64, sorted distinct: the nodes in the queue without their row (empty once :meth:`run` finished)."""
+        if self.done:
+            return _NO_NB
+        return np.unique(_missing(self.ids, self.r, self.rl, self.queue, int(self.meta[1]), int(self.meta[2])))
+
+    def add_rows(self, nodes: np.ndarray, ptr: np.ndarray, cols: np.ndarray, weights: np.ndarray | None,
+                 col_degrees: np.ndarray, sel: np.ndarray | None = None) -> None:
+        """Give the rows ``sel`` (default: all) of a batch: node ``nodes[i]``'s columns ``cols[ptr[i]:ptr[i + 1]]``
+        (int64, in the graph's row order) with ``weights`` (float64, or None: 1 each) and ``col_degrees`` (float64,
+        each column's weighted degree in the graph). A node must be in the push (queued) to take a row."""
+        sel = np.arange(len(nodes), dtype=np.int64) if sel is None else np.asarray(sel, dtype=np.int64)
+        if not len(sel):
+            return
+        lens = ptr[sel + 1] - ptr[sel]
+        n_cols = int(lens.sum())
+        self._reserve(n_cols, n_cols + len(sel))
+        _add_rows(self.keys, self.vals, self.ids, self.r, self.p, self.wd, self.rs, self.rl, self.aslot, self.aw,
+                  self.meta, sel, nodes, ptr, cols, _NO_W if weights is None else weights, col_degrees, self.nb,
+                  self.nbw)
+
+    def run(self) -> None:
+        """Push until done or paused at a node without its row."""
+        c = self.cfg
+        while True:
+            self.status = _run(self.r, self.p, self.wd, self.rs, self.rl, self.aslot, self.aw, self.queue, self.meta,
+                               c.alpha, c.eps, c.lazy, self.max_pushes)
+            if self.status != _QUEUE_FULL:
+                return
+            self.queue = _grown(self.queue, 2 * len(self.queue) + int(self.rl.max()) + 1)
+
+    def result(self, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(nodes int64, scores float32)``: the source first, then the best ``k - 1`` by decreasing score."""
+        if not self.done:
+            raise RuntimeError("the push still waits for rows (missing())")
+        k = self.cfg.topk if k is None else int(k)
+        nodes, scores = _top(self.ids, self.r, self.p, int(self.meta[0]), self.cfg.alpha, k, self.cfg.threshold)
+        return nodes, scores.astype(np.float32)
+
+    def _reserve(self, slots: int, arena: int) -> None:
+        ns, used = int(self.meta[0]), int(self.meta[3])
+        if ns + slots > len(self.ids):
+            cap = max(2 * len(self.ids), ns + slots)
+            for name in ("ids", "r", "p", "wd"):
+                setattr(self, name, _grown(getattr(self, name), cap))
+            for name in ("rs", "rl"):
+                setattr(self, name, _grown(getattr(self, name), cap, fill=-1))
+        if 2 * (ns + slots) > len(self.keys):  # at most half full
+            size = 1 << int(np.ceil(np.log2(4 * (ns + slots))))
+            self.keys = np.full(size, -1, dtype=np.int64)
+            self.vals = np.zeros(size, dtype=np.int64)
+            _rehash(self.keys, self.vals, self.ids, ns)
+        if used + arena > len(self.aslot):
+            cap = max(2 * len(self.aslot), used + arena)
+            self.aslot = _grown(self.aslot, cap)
+            self.aw = _grown(self.aw, cap)
+
+
+def _grown(a: np.ndarray, size: int, fill: int = 0) -> np.ndarray:
+    out = np.full(size, fill, dtype=a.dtype) if fill else np.zeros(size, dtype=a.dtype)
+    out[: len(a)] = a
+    return out
+
+
+def run_partial(pushes: Sequence[PartialPush],
+                rows: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray | None]],
+                degrees: Callable[[np.ndarray], np.ndarray]) -> int:
+    """Run ``pushes`` to the end in lockstep: each round runs every push until it pauses, fetches the rows all of
+    them miss with one call ``rows(ids)`` (``ids`` sorted distinct; returns ``(ptr int64 [len + 1], cols int64,
+    weights float64 or None)`` in that order) and the degrees of their columns with one ``degrees(cols)``, and
+    hands each push the rows it asked for. Returns the number of rounds that fetched."""
+    rounds = 0
+    live = list(pushes)
+    while True:
+        for ps in live:
+            ps.run()
+        live = [ps for ps in live if not ps.done]
+        if not live:
+            return rounds
+        wants = [ps.missing() for ps in live]
+        need = np.unique(np.concatenate(wants))
+        ptr, cols, ws = rows(need)
+        cdeg = np.asarray(degrees(cols), dtype=np.float64)
+        cols = np.asarray(cols, dtype=np.int64)
+        for ps, want in zip(live, wants, strict=True):
+            ps.add_rows(need, ptr, cols, ws, cdeg, np.searchsorted(need, want))
+        rounds += 1
