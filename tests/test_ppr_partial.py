@@ -83,8 +83,10 @@ def test_partial_pushes_equal_the_whole_graphs_lists(case, ci):
         got_n, got_s = ps.result()
         np.testing.assert_array_equal(got_n, nodes[ptr[i]:ptr[i + 1]])
         np.testing.assert_array_equal(got_s, scores[ptr[i]:ptr[i + 1]])
-    # one fetch per round for every push; each row asked for once per round, and only rows of pushed nodes
+    # one fetch per round for every push, each row fetched once in the run
     assert rounds == len(rows.asked)
+    asked = np.concatenate(rows.asked)
+    assert len(np.unique(asked)) == len(asked)
     held = reached = 0
     for ps in pushes:  # each push holds the rows of the nodes it pushed, a part of the nodes it reached
         ns = int(ps.meta[0])
