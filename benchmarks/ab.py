@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--base-tree {args.base_tree}: not a gnnserve source tree (no serve/cli.py)")
     with base_side(args) as (base_tree, base_rev):
         rows = compare(args, repo, models, base_tree)
-    print(f"\n`python benchmarks/ab.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
+    print(f"\n`python benchmarks/ab.py {shlex.join(argv if argv is not None else sys.argv[1:])}`\n")
     print(f"{datetime.date.today()}, {platform.machine()}, {len(os.sched_getaffinity(0))} CPUs; base {base_rev}, "
           f"new = this tree; {args.rounds} alternating blocks of {args.block} one-node calls per side, batched load "
           f"{args.clients} clients x {args.batch} nodes, {args.phases} x {args.seconds:.0f} s per side\n")

@@ -22,7 +22,7 @@
 #   bash benchmarks/gpu_session.sh ab             # kernel tests; the paper's small graphs, short-rows rule vs 3 blocks
 #   bash benchmarks/gpu_session.sh shadow         # tests, sanitize, tune (the C++ launcher), shaDow's one-launch kernel per batch
 #   bash benchmarks/gpu_session.sh defaults       # tests (2026-11-27's defaults), BLAS threads on 16 cores, one shaDow target, shaDow inline
-#   bash benchmarks/gpu_session.sh next           # this tree against 4d28057 on the GPU (abgpu; uvloop and asyncio), shaDow kernel tests
+#   bash benchmarks/gpu_session.sh next           # this tree against 4d28057 on the GPU (abgpu; as is and with 4d28057's defaults), shaDow kernel tests
 #   bash benchmarks/gpu_session.sh second         # 4 GPU server processes against PyG (ceiling), every GPU test
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
@@ -286,13 +286,16 @@ ab)
     ;;
 next)
     # planned first call of the next GPU session (written 2026-11-28): this tree against 4d28057 on the GPU, as
-    # it is and with asyncio's event loop instead of uvloop (the default since 2026-11-26 13:23, after 4d28057):
+    # it is and with the three serving defaults that changed since 4d28057 set back as they were there (asyncio's
+    # event loop instead of uvloop, batches of up to 8 targets inline on the event loop, the BLAS pools left as
+    # the process starts them), so that a regression is told apart as the defaults' or the code's:
     # on the H200 of 2026-11-28 one GCN process served 53,251-66,157 node predictions/s in `throughput` against
     # 100,434-102,145 on 2026-11-26 (PyG 0.78x of its figure there, the no-op floor moving 0.83 -> 0.65 ms within
     # the run); on the 2-vCPU VM this tree is 1.32x (GCN) and 1.22x (shaDow-GCN) of 4d28057 batched. Then the GPU
     # tests of shaDow's kernel (one exact-width target on the kernel, new since the last GPU run)
     part abgpu 230
-    AB_ARGS="--event-loop asyncio" OUT_NAME=abgpu-asyncio MODELS=gcn part abgpu 170
+    AB_ARGS="--event-loop asyncio --inline-max-targets 8 --blas-threads 0" OUT_NAME=abgpu-olddefaults MODELS=gcn \
+        part abgpu 170
     TESTS=tests/test_shadow_block.py OUT_NAME=tests-shadow part tests 120
     ;;
 second)
