@@ -49,3 +49,19 @@ def test_replica_updates_benchmark_small(tiny_repo, tiny_dataset, redis_server):
     # a replica's answers for new nodes are the in-memory server's
     worst = float(proc.stdout.split("largest probability difference | ")[1].split("; ")[1].split(" |")[0])
     assert worst <= 1e-6, proc.stdout
+
+
+def test_replica_push_benchmark_small(tiny_repo, tiny_dataset, redis_server):
+    """benchmarks/replica_push.py, with this tree as its own base (the child process path): every push it times is
+    checked equal to the in-memory one inside the script, so a zero exit means equal lists."""
+    _shadow_index(tiny_repo, tiny_dataset)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "replica_push.py"), "--repo", str(tiny_repo), "--model", "shadow",
+         "--dataset", str(tiny_repo / "_data" / tiny_dataset.fingerprint()), "--new-nodes", "5", "--batches", "1,8",
+         "--rounds", "2", "--redis-server", redis_server.binary, "--base-tree", str(REPO)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith(("| base", "| this tree"))]
+    assert len(rows) == 6, proc.stdout
+    assert sum("| new node (5 calls) |" in r for r in rows) == 2
+    assert sum("| 8 existing targets (2 batches) |" in r for r in rows) == 2
