@@ -7,6 +7,9 @@ in-memory push on the same graph to the bit (an unweighted graph; on a weighted 
 to 1e-5): ``serve.graph.store.pushed_new_node`` (a new node with ``--new-degree`` random neighbours) against
 ``kernels.ppr.ppr_new_node``, and ``serve.graph.store.pushed_lists`` for batches of ``--batches`` random existing
 targets (the lists a replica pushes again after a structural update) against ``kernels.ppr.ppr_topk``.
+Then ``--edits`` single-edge updates applied to the replica and to a copy in memory, each followed by a lookup of
+the same ``--edit-targets`` lists through the replica's PPR index (a list a structural update may have moved is
+pushed again; one whose push read no changed row is kept), checked against a fresh ``ppr_topk``.
 ``--base-tree DIR`` runs the same measurement from another source tree (an exported or checked-out revision) in a
 child process first, for a before / after table.
 
@@ -86,10 +89,54 @@ def measure(args: argparse.Namespace) -> dict:
                     for j, v in enumerate(t_.tolist()):
                         same(got[v][0], got[v][1], nodes[ptr[j]:ptr[j + 1]], scores[ptr[j]:ptr[j + 1]])
                 out[f"lists_{size}"] = {"replica_ms": [1e3 * x for x in rep], "memory_ms": [1e3 * x for x in mem]}
+            if args.edits:
+                out["edits"] = edits(args, store, g, cfg, rng, same)
         finally:
             store.close()
     out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
+
+
+def edits(args: argparse.Namespace, store, g, cfg, rng, same) -> dict:
+    """Single-edge additions applied to the replica (``apply_rows``, as its update follower does) and to a copy in
+    memory (:func:`kernels.graph_edit.apply_edit`); after each, one lookup of the same ``--edit-targets`` lists
+    through the replica's PPR index (each list it must push again is pushed then), checked against ``ppr_topk`` on
+    the edited graph. The first edit is not timed: the snapshot's lists are pushed once after any change."""
+    import numpy as np
+
+    from kernels.graph_edit import GraphEdit, apply_edit
+    from kernels.ppr import ppr_topk
+
+    idx = store.ppr_index(cfg)
+    hot = np.sort(rng.choice(g.num_nodes, args.edit_targets, replace=False))
+    cur = g
+    rep, mem, kept = [], [], []
+    for i in range(args.edits + 1):
+        while True:
+            u, v = (int(x) for x in rng.choice(cur.num_nodes, 2, replace=False))
+            if v not in set(cur.neighbors(u).tolist()):
+                break
+        eff = apply_edit(cur, GraphEdit.make(add_src=[u], add_dst=[v]))
+        cur = eff.graph
+        rows = {}
+        for x in eff.changed_rows.tolist():
+            a, b = int(cur.indptr[x]), int(cur.indptr[x + 1])
+            rows[x] = (cur.indices[a:b].astype(np.int64), None if cur.weights is None else cur.weights[a:b])
+        store.apply_rows(rows, cur.num_nodes)
+        k0 = getattr(store, "lists_kept", 0)
+        t = time.perf_counter()
+        got_ptr, got_nodes = idx.lookup(hot)
+        dt = time.perf_counter() - t
+        t = time.perf_counter()
+        ptr, nodes, _ = ppr_topk(cur, hot, cfg)
+        dm = time.perf_counter() - t
+        np.testing.assert_array_equal(got_ptr, ptr)
+        np.testing.assert_array_equal(got_nodes, nodes)
+        if i:
+            rep.append(1e3 * dt)
+            mem.append(1e3 * dm)
+            kept.append(getattr(store, "lists_kept", 0) - k0)
+    return {"replica_ms": rep, "memory_ms": mem, "kept": kept}
 
 
 def table(label: str, res: dict, batches: list[int]) -> list[str]:
@@ -107,6 +154,11 @@ def table(label: str, res: dict, batches: list[int]) -> list[str]:
         rows.append(f"| {label} | {size} existing targets ({len(r['replica_ms'])} batches) | "
                     f"{p50(r['replica_ms']):.2f} | {p50(r['memory_ms']):.2f} | "
                     f"{p50(r['replica_ms']) / p50(r['memory_ms']):.1f}x | |")
+    if "edits" in res:
+        e = res["edits"]
+        rows.append(f"| {label} | the same lists after each of {len(e['replica_ms'])} single-edge updates (lists "
+                    f"kept without a push: p50 {p50(e['kept']):.0f}) | {p50(e['replica_ms']):.2f} | "
+                    f"{p50(e['memory_ms']):.2f} | {p50(e['replica_ms']) / p50(e['memory_ms']):.1f}x | |")
     return rows
 
 
@@ -120,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,64", help="sizes of the batches of existing targets (default: %(default)s)")
     ap.add_argument("--rounds", type=int, default=6, help="batches of each size (default: %(default)s)")
     ap.add_argument("--cache-mib", type=int, default=256, help="the replica's row cache (default: %(default)s)")
+    ap.add_argument("--edits", type=int, default=10,
+                    help="single-edge updates, each followed by a lookup of --edit-targets lists (default: %(default)s)")
+    ap.add_argument("--edit-targets", type=int, default=64, help="(default: %(default)s)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--redis-server", default=None, help="a redis-server binary (default: the tests' choice)")
     ap.add_argument("--base-tree", type=Path, default=None, help="measure this source tree first, in a child process")
@@ -138,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                    args.model, "--dataset", str(Path(args.dataset).resolve()) if Path(args.dataset).exists()
                    else args.dataset, "--new-nodes", str(args.new_nodes), "--new-degree", str(args.new_degree),
                    "--batches", ",".join(map(str, args.batches)), "--rounds", str(args.rounds), "--cache-mib",
-                   str(args.cache_mib), "--seed", str(args.seed), "--source-tree", str(base), "--json-out",
+                   str(args.cache_mib), "--seed", str(args.seed), "--edits", str(args.edits), "--edit-targets",
+                   str(args.edit_targets), "--source-tree", str(base), "--json-out",
                    str(child_out)] + (["--redis-server", args.redis_server] if args.redis_server else [])
             subprocess.run(cmd, cwd=str(base), env={**os.environ, "PYTHONPATH": str(base)}, check=True)
             results.append((f"base ({args.base_tree})", json.loads(child_out.read_text())))

@@ -322,6 +322,12 @@ class PartialPush:
                 return
             self.queue = _grown(self.queue, 2 * len(self.queue) + int(self.rl[: int(self.meta[0])].max()) + 1)
 
+    def reached(self) -> np.ndarray:
+        """int64, sorted: every node whose degree or row the push read (the source, the pushed nodes and every
+        column of their rows). A push from the same source on a graph whose rows and degrees differ only at nodes
+        outside this set makes the same steps: the same list, to the bit."""
+        return np.sort(self.ids[: int(self.meta[0])])
+
     def result(self, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(nodes int64, scores float32)``: the source first, then the best ``k - 1`` by decreasing score."""
         if not self.done:

@@ -52,16 +52,20 @@ def test_replica_updates_benchmark_small(tiny_repo, tiny_dataset, redis_server):
 
 
 def test_replica_push_benchmark_small(tiny_repo, tiny_dataset, redis_server):
-    """benchmarks/replica_push.py, with this tree as its own base (the child process path): every push it times is
-    checked equal to the in-memory one inside the script, so a zero exit means equal lists."""
+    """benchmarks/replica_push.py, with this tree as its own base (the child process path): every push and every
+    lookup after an edit it times is checked equal to the in-memory one inside the script, so a zero exit means
+    equal lists."""
     _shadow_index(tiny_repo, tiny_dataset)
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "replica_push.py"), "--repo", str(tiny_repo), "--model", "shadow",
          "--dataset", str(tiny_repo / "_data" / tiny_dataset.fingerprint()), "--new-nodes", "5", "--batches", "1,8",
-         "--rounds", "2", "--redis-server", redis_server.binary, "--base-tree", str(REPO)],
+         "--rounds", "2", "--edits", "3", "--edit-targets", "20", "--redis-server", redis_server.binary,
+         "--base-tree", str(REPO)],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith(("| base", "| this tree"))]
-    assert len(rows) == 6, proc.stdout
+    assert len(rows) == 8, proc.stdout
+    assert sum("| the same lists after each of 3 single-edge updates (lists kept without a push: p50" in r
+               for r in rows) == 2
     assert sum("| new node (5 calls) |" in r for r in rows) == 2
     assert sum("| 8 existing targets (2 batches) |" in r for r in rows) == 2

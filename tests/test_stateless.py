@@ -502,3 +502,80 @@ def test_a_replica_with_redis_down_answers_new_nodes_unavailable(redis_factory, 
             assert "Redis" in ei.value.details() and "retry" in ei.value.details(), ei.value.details()
     finally:
         server.stop()
+
+
+def _two_components(n_half: int, m: int, seed: int) -> CSRGraph:
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, n_half, size=(2, m))
+    b = rng.integers(n_half, 2 * n_half, size=(2, m))
+    return CSRGraph.from_edge_index(np.concatenate([a, b], axis=1), 2 * n_half, symmetrize=True,
+                                    remove_self_loops=True)
+
+
+def test_a_replica_keeps_the_lists_a_structural_update_cannot_reach(redis_factory):
+    """After a structural update a replica pushed every list again before using it. A list it pushed itself now
+    carries the nodes its push read; while no row among them changed, the list is exact as held and is not pushed
+    again. On a graph of two components, edits in one leave the other's lists kept; through a random sequence of
+    edits anywhere every lookup equals a fresh push on the edited graph, to the bit."""
+    from kernels.ppr import ppr_topk
+    from serve.graph_store import RedisGraphStore, load_graph
+
+    half = 150
+    g = _two_components(half, 700, seed=5)
+
+    class DS:  # the loader needs .graph, .fingerprint(), .name
+        graph, name = g, "two-components"
+
+        def fingerprint(self):
+            return "ds-" + g.fingerprint()[:8]
+
+    srv = redis_factory()
+    cfg = PPRConfig(topk=16, eps=1e-4)
+    load_graph(DS(), srv.url, ppr=[cfg], chunk_size=64, progress=False)
+    store = RedisGraphStore(srv.url, g.fingerprint(), cache_bytes=1 << 24)
+    try:
+        idx = store.ppr_index(cfg)
+        edges = {(int(u), int(v)) for u in range(g.num_nodes) for v in g.neighbors(u) if u < v}
+        rng = np.random.default_rng(1)
+        every = np.arange(g.num_nodes)
+
+        def edit(add=(), remove=()) -> CSRGraph:
+            touched = set()
+            for u, v in remove:
+                edges.discard((min(u, v), max(u, v)))
+                touched |= {u, v}
+            for u, v in add:
+                edges.add((min(u, v), max(u, v)))
+                touched |= {u, v}
+            ei = np.array(sorted(edges)).T
+            cur = CSRGraph.from_edge_index(ei, g.num_nodes, symmetrize=True)
+            store.apply_rows({x: (cur.neighbors(x).astype(np.int64), None) for x in touched}, g.num_nodes)
+            return cur
+
+        def check(cur: CSRGraph) -> None:
+            ptr, nodes, _ = ppr_topk(cur, every, cfg)
+            got_ptr, got_nodes = idx.lookup(every)
+            np.testing.assert_array_equal(got_ptr, ptr)
+            np.testing.assert_array_equal(got_nodes, nodes)
+
+        cur = edit(add=[(3, 77)])  # the snapshot's lists carry no reach: every one is pushed once
+        check(cur)
+        assert store.lists_kept == 0
+        cur = edit(add=[(5, 90)], remove=[next(e for e in sorted(edges) if e[0] < half and e != (3, 77))])
+        check(cur)
+        assert store.lists_kept >= half  # the other component's lists, whose pushes never read component A
+        kept = store.lists_kept
+        cur = edit(add=[(half + 4, half + 60)])
+        check(cur)
+        assert store.lists_kept - kept >= half
+        for _ in range(12):  # edits anywhere, additions and removals, each followed by every lookup
+            if rng.random() < 0.5:
+                u, v = (int(x) for x in rng.choice(g.num_nodes, 2, replace=False))
+                cur = edit(add=[(u, v)])
+            else:
+                u, v = sorted(edges)[int(rng.integers(len(edges)))]
+                cur = edit(remove=[(u, v)])
+            check(cur)
+        assert store.stats()["lists_kept_by_reach"] == store.lists_kept > kept
+    finally:
+        store.close()

@@ -57,10 +57,16 @@ each one again on the current graph the first time a lookup or an induced batch 
 :meth:`RedisGraphStore.refresh_lists`, which stores it when it differs from the held one and otherwise only
 marks it current (the cached subgraphs built on it stay). That runs during reads, under the caller's read
 lock: the pushed list is a function of the graph those reads see, so concurrent reads store equal lists.
+A list the replica pushed itself keeps the set of nodes its push read (whose rows or degrees it used:
+:meth:`kernels.ppr_partial.PartialPush.reached`, within half the row cache's budget); a later structural
+change that changed no row among them leaves the push's every step as it was, so the list stays current
+without a push, exactly (:meth:`RedisGraphStore.outdated_lists`). Only the snapshot's lists, lists whose reach
+was evicted and lists near an edit are pushed again.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import threading
@@ -82,6 +88,7 @@ __all__ = ["DEFAULT_GRAPH_CACHE", "RedisGraphStore", "RedisPPRIndex"]
 log = logging.getLogger(__name__)
 
 DEFAULT_GRAPH_CACHE = 64 << 20
+_CHANGE_LOG_IDS = 1 << 21  # changed-row ids remembered for the reach test (16 MiB at most)
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)
 _EMPTY_IDS.setflags(write=False)
 
@@ -243,6 +250,15 @@ class RedisGraphStore(PinnedVersion):
             self._ppr_dec[ck] = RowDecoder(b"gp", big | (code << 1), self.index_dtype, SCORE_DTYPES.get(code),
                                          self.num_nodes, True, f"PPR list ({ck})")
         self.cache = _RowCache(cache_bytes)
+        #: per PPR list this replica pushed itself, the nodes the push read (PartialPush.reached, int32 where the ids
+        #: fit): while no row among them changes, the list is exact without a push (outdated_lists)
+        self._reach = _RowCache(cache_bytes // 2)
+        #: the nodes whose rows each structural change gave (generation, sorted ids), oldest first, at most
+        #: _CHANGE_LOG_IDS ids in all; a list last found exact before _changes_floor is pushed again
+        self._changes: list[tuple[int, np.ndarray]] = []
+        self._changes_ids = 0
+        self._changes_floor = 0
+        self.lists_kept = 0  # lists found exact by their reach after a structural change (no push)
         self.round_trips = 0
         # degrees (row length, weight sum) by chunk of degree_chunk nodes, fetched on first use and kept
         # for the version's life (12 bytes per node at most); 0 = a version without them (rows instead)
@@ -416,6 +432,13 @@ class RedisGraphStore(PinnedVersion):
             self.structure_gen = self._gen
             for v in clean:
                 self._ov_row_gen[v] = self._gen
+            changed = np.fromiter(sorted(clean), dtype=np.int64, count=len(clean))
+            self._changes.append((self._gen, changed))
+            self._changes_ids += len(changed)
+            while self._changes_ids > _CHANGE_LOG_IDS and len(self._changes) > 1:
+                g, old = self._changes.pop(0)
+                self._changes_ids -= len(old)
+                self._changes_floor = g
 
     def apply_lists(self, config_key: str, lists: dict[int, tuple[np.ndarray, np.ndarray | None]]) -> None:
         """From now on the top-K PPR list of each node in ``lists`` (under configuration
@@ -454,7 +477,11 @@ class RedisGraphStore(PinnedVersion):
     def outdated_lists(self, config_key: str, ids: np.ndarray) -> np.ndarray:
         """The distinct ``ids`` whose PPR list (configuration ``config_key``) was stored before the last structural
         change of the overlay (:attr:`structure_gen`): the snapshot's lists once any row changed, a list given to
-        :meth:`apply_lists` before a later :meth:`apply_rows`. Empty while the structure is the snapshot's."""
+        :meth:`apply_lists` before a later :meth:`apply_rows`. Empty while the structure is the snapshot's.
+
+        Not among them: a list this replica pushed itself (:meth:`refresh_lists` with its reach) when no row among
+        the nodes its push read changed since; such a push on the current graph makes the same steps, so the list
+        is exact as held (marked current here, counted in :attr:`lists_kept`)."""
         ids = np.unique(np.asarray(ids, dtype=np.int64))
         sgen = self.structure_gen
         if not sgen or not len(ids):
@@ -466,13 +493,52 @@ class RedisGraphStore(PinnedVersion):
             current[inside] = ck[ids[inside]] >= sgen
             ids = ids[~current]
         lg = self._ov_list_gen
-        return np.fromiter((v for v in ids.tolist() if lg.get((config_key, v), 0) < sgen), dtype=np.int64)
+        out = np.fromiter((v for v in ids.tolist() if lg.get((config_key, v), 0) < sgen), dtype=np.int64)
+        if len(out) and ck is not None and self._changes:
+            kept = self._kept_by_reach(config_key, out, ck)
+            if len(kept):
+                out = np.setdiff1d(out, kept, assume_unique=True)
+        return out
 
-    def refresh_lists(self, config_key: str, lists: dict[int, tuple[np.ndarray, np.ndarray | None]]) -> int:
+    def _kept_by_reach(self, config_key: str, ids: np.ndarray, ck: np.ndarray) -> np.ndarray:
+        """Of ``ids`` (outdated by generation), those whose held list this replica pushed and whose push read no
+        node whose row changed since the list was last found exact; marked current."""
+        found, _ = self._reach.get_many("r" + config_key, [v for v in ids.tolist() if v < len(ck)])
+        if not found:
+            return _EMPTY_IDS
+        lg = self._ov_list_gen
+        since: dict[int, np.ndarray] = {}
+        kept = []
+        for v, (reach, _) in found.items():
+            g = int(ck[v])
+            if g < self._changes_floor or lg.get((config_key, v), 0) > g:  # changes lost, or a list not ours since
+                continue
+            u = since.get(g)
+            if u is None:
+                at = bisect.bisect_right(self._changes, g, key=lambda c: c[0])
+                parts = [c[1] for c in self._changes[at:]]
+                u = since[g] = np.unique(np.concatenate(parts)) if parts else _EMPTY_IDS
+            pos = np.searchsorted(reach, u)
+            np.minimum(pos, len(reach) - 1, out=pos)
+            if not len(u) or not np.any(reach[pos] == u):
+                kept.append(v)
+        if not kept:
+            return _EMPTY_IDS
+        kept_a = np.asarray(kept, dtype=np.int64)
+        with self._ov_lock:
+            ck[kept_a] = np.maximum(ck[kept_a], self.structure_gen)
+            self.lists_kept += len(kept_a)
+        return kept_a
+
+    def refresh_lists(self, config_key: str, lists: dict[int, tuple[np.ndarray, np.ndarray | None]],
+                      reach: dict[int, np.ndarray] | None = None) -> int:
         """Lists pushed on the current graph for nodes :meth:`outdated_lists` named: each that differs from the
         list held now (its ids) goes to :meth:`apply_lists`; the others are only marked current, so the cached
-        induced subgraphs built on them stay valid. Returns how many lists changed. Runs beside reads (under the
-        caller's read lock): a list it stores is the push on the graph every such read sees."""
+        induced subgraphs built on them stay valid. ``reach``: per list, the nodes its push read (sorted;
+        :meth:`kernels.ppr_partial.PartialPush.reached`), kept (within half the row cache's budget) so that a later
+        structural change away from them leaves the list current without a push. Returns how many lists changed.
+        Runs beside reads (under the caller's read lock): a list it stores is the push on the graph every such
+        read sees."""
         lay = self._ov_lists.get(config_key) or {}
         held_ids = [v for v in lists if v < self.base_num_nodes or v in lay]
         held = self.ppr_lists(config_key, np.asarray(held_ids, dtype=np.int64)) if held_ids else {}
@@ -480,7 +546,13 @@ class RedisGraphStore(PinnedVersion):
                    if v not in held or not np.array_equal(held[v][0], np.asarray(row[0]))}
         if changed:
             self.apply_lists(config_key, changed)
-        same = np.fromiter((v for v in lists if v not in changed), dtype=np.int64)
+        if reach:
+            small = self.num_nodes < 2**31
+            self._reach.put_many("r" + config_key, {v: (r.astype(np.int32) if small else r, None)
+                                                     for v, r in reach.items() if v in lists}, replace=True)
+        # every list given is exact now: its generation is the one after its own apply_lists (a later apply_lists
+        # from elsewhere leaves the list's generation above it, and its reach unused)
+        same = np.fromiter(lists, dtype=np.int64, count=len(lists))
         with self._ov_lock:
             ck = self._list_checked.get(config_key)
             if ck is None or len(ck) < self.num_nodes:
@@ -488,7 +560,7 @@ class RedisGraphStore(PinnedVersion):
                 if ck is not None:
                     grown[: len(ck)] = ck
                 ck = self._list_checked[config_key] = grown
-            ck[same] = self.structure_gen
+            ck[same] = self._gen
         return len(changed)
 
     def overlay_stats(self) -> dict[str, int]:
@@ -881,6 +953,7 @@ class RedisGraphStore(PinnedVersion):
                 "digest": self.digest, "cluster": self._target.cluster, "cache_rows": len(self.cache), "cache_bytes": self.cache.nbytes,
                 "cache_hits": self.cache.hits, "cache_misses": self.cache.misses, "round_trips": self.round_trips,
                 "degree_chunks": int(np.count_nonzero(self._deg_loaded)),
+                "lists_kept_by_reach": self.lists_kept, "reach_bytes": self._reach.nbytes,
                 "overlay": self.overlay_stats()}
 
     def close(self) -> None:
@@ -947,15 +1020,19 @@ class RedisPPRIndex:
         """Push again every list of ``targets`` that a structural update may have changed (the store's
         :meth:`~RedisGraphStore.outdated_lists`) and hand it to :meth:`RedisGraphStore.refresh_lists`.
 
-        A replica cannot bound which lists an edit moved, as :class:`kernels.ppr_live.LivePPRIndex` does on a
-        graph in memory (that takes the inverse of every list and reverse pushes over the whole graph), so after
-        a structural change every list is pushed once on the current graph before it is used, and kept until the
-        next one (a pushed list equal to the one held only marks it current: the subgraphs cached on it stay).
+        A replica cannot bound how far an edit moved a list, as :class:`kernels.ppr_live.LivePPRIndex` does on a
+        graph in memory (that takes the inverse of every list and reverse pushes over the whole graph). It keeps
+        instead, for each list it pushed, the nodes the push read: a list whose push read no changed row is
+        current as held; every other list is pushed once on the current graph before it is used, and kept until
+        the next change (a pushed list equal to the one held only marks it current: the subgraphs cached on it
+        stay).
         Concurrent batches may push the same list: the push is a function of the graph, the copies are equal. Runs
         under the graph's read lock (no structural change meanwhile)."""
         stale = self.store.outdated_lists(self.config_key, targets)
         if len(stale):
-            self.store.refresh_lists(self.config_key, pushed_lists(self.store, stale, self.config))
+            reach: dict[int, np.ndarray] = {}
+            lists = pushed_lists(self.store, stale, self.config, reach=reach)
+            self.store.refresh_lists(self.config_key, lists, reach=reach)
 
     def lookup(self, targets: Any, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """First ``k`` entries of each target's list: ``(ptr int64 [B + 1], nodes int64)``."""
@@ -968,7 +1045,8 @@ class RedisPPRIndex:
         return ptr, nodes
 
 
-def pushed_lists(store: RedisGraphStore, targets: np.ndarray, cfg: Any) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def pushed_lists(store: RedisGraphStore, targets: np.ndarray, cfg: Any, *,
+                 reach: dict[int, np.ndarray] | None = None) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """The top-K PPR list of each of the distinct ``targets`` pushed on the store's current graph (snapshot rows and
     overlay): ``{target: (ids int64, scores float32)}``, what :func:`kernels.ppr.ppr_topk` gives on the same graph in
     memory (to the bit on an unweighted graph; on a weighted one the stored weighted degrees may differ in the last
@@ -984,6 +1062,8 @@ def pushed_lists(store: RedisGraphStore, targets: np.ndarray, cfg: Any) -> dict[
     deg = store.push_degrees(t)
     pushes = [PartialPush.target(v, d, cfg) for v, d in zip(t.tolist(), deg.tolist(), strict=True)]
     run_partial(pushes, store.rows_csr, store.push_degrees)
+    if reach is not None:  # what each push read: RedisGraphStore.refresh_lists keeps it
+        reach.update({v: ps.reached() for v, ps in zip(t.tolist(), pushes, strict=True)})
     return {v: ps.result() for v, ps in zip(t.tolist(), pushes, strict=True)}
 
 
