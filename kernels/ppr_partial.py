@@ -74,7 +74,8 @@ def _add_rows(
     keys, vals, ids, rw, p, wd, rs, rl, aslot, aw, meta, sel, rnodes, rstart, rlen, cols, ws, cdeg, nb, nbw, eps
 ):  # pragma: no cover - compiled
     """Give the rows ``sel`` of the batch (``rnodes[i]``'s columns ``cols[rstart[i]:rstart[i] + rlen[i]]``, weights
-    ``ws`` or 1, the columns' degrees ``cdeg``) to their slots; every column gets a slot (r = p = 0) with its degree,
+    ``ws`` or 1, the columns' degrees ``cdeg``) to their slots (rows of nodes the push has not reached are left
+    out); every column gets a slot (r = p = 0) with its degree,
     plus the new edge's weight where it is one of the virtual node's neighbours ``nb``, whose rows end with the edge
     back to the virtual node (slot 0), as :func:`kernels.ppr_push._ppr_virtual` walks them; and its push threshold
     (``eps`` times its degree, ``eps`` without one). Rows a slot has are kept. Returns how many of ``sel`` it took:
@@ -87,7 +88,10 @@ def _add_rows(
     for j in range(sel.shape[0]):
         i = sel[j]
         u = rnodes[i]
-        su = vals[_find(keys, u)]
+        h = _find(keys, u)
+        if keys[h] != u:  # not reached (yet): the push asks for the row again if it ever pushes u
+            continue
+        su = vals[h]
         if rl[su] >= 0:
             continue
         m = rlen[i]
@@ -295,7 +299,8 @@ class PartialPush:
                  col_degrees: np.ndarray, sel: np.ndarray | None = None) -> None:
         """Give the rows ``sel`` (default: all) of a batch: node ``nodes[i]``'s columns ``cols[ptr[i]:ptr[i + 1]]``
         (int64, in the graph's row order) with ``weights`` (float64, or None: 1 each) and ``col_degrees`` (float64,
-        each column's weighted degree in the graph). A node must be in the push (queued) to take a row."""
+        each column's weighted degree in the graph). Rows the push holds already, or of nodes it has not reached,
+        are left out."""
         sel = np.arange(len(nodes), dtype=np.int64) if sel is None else np.asarray(sel, dtype=np.int64)
         ptr = np.asarray(ptr, dtype=np.int64)
         self._give(nodes, ptr[:-1], np.diff(ptr), cols, weights, col_degrees, sel)

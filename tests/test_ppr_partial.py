@@ -140,3 +140,22 @@ def test_partial_push_checks_its_input():
     np.testing.assert_array_equal(ps.missing(), [3])  # paused before its first push: the source's row
     with pytest.raises(RuntimeError, match="waits for rows"):
         ps.result()
+
+
+def test_rows_of_nodes_not_reached_are_left_out():
+    """A row handed in for a node the push has not reached (or twice) changes nothing: the list is the same."""
+    g = _graph(300, 900, 7, weighted=False)
+    rows = _Rows(g)
+    cfg = PPRConfig(topk=12, eps=1e-4)
+    ps = PartialPush.target(5, rows.degrees(np.array([5]))[0], cfg)
+    far = np.array([7, 123, 299])
+    ptr, cols, ws = rows(far)
+    ps.add_rows(far, ptr, cols, ws, rows.degrees(cols))  # none reached yet: ignored
+    assert int(ps.meta[0]) == 1
+    run_partial([ps], rows, rows.degrees)
+    ptr, cols, ws = rows(np.array([5]))
+    ps.add_rows(np.array([5]), ptr, cols, ws, rows.degrees(cols))  # held already
+    _, want_n, want_s = ppr_topk(g, [5], cfg)
+    got_n, got_s = ps.result()
+    np.testing.assert_array_equal(got_n, want_n)
+    np.testing.assert_array_equal(got_s, want_s)
