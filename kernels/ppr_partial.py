@@ -15,7 +15,7 @@ the row arrives, so the push loop follows slot indices and never hashes. :func:`
 pushes in lockstep, one fetch per round for all of them.
 """
 
-# numba cache key: ppr_push eec306425cce, subgraph 92774e480fc4
+# numba cache key: ppr_push cc532d18b733, subgraph 22abd6553247
 
 from __future__ import annotations
 
@@ -25,39 +25,14 @@ from typing import Any
 import numba
 import numpy as np
 
-from .ppr_push import PPRConfig, _hash_slot, _select_topk, new_node_edges
+from .ppr_push import PPRConfig, _find, _select_topk, new_node_edges
+from .subgraph import _position
 
 __all__ = ["PartialPush", "run_partial"]
 
 _DONE, _PAUSED, _QUEUE_FULL, _CAPPED = 0, 1, 2, 3
 _NO_NB = np.zeros(0, dtype=np.int64)
 _NO_W = np.zeros(0, dtype=np.float64)
-
-
-@numba.njit(cache=True, nogil=True)
-def _find(keys, v):  # pragma: no cover - compiled
-    """The hash position of ``v``: where it is, or the free position it would take."""
-    mask = keys.shape[0] - 1
-    h = _hash_slot(v, mask)
-    while keys[h] != -1 and keys[h] != v:
-        h = (h + 1) & mask
-    return h
-
-
-@numba.njit(cache=True, nogil=True)
-def _position(nb, v):  # pragma: no cover - compiled
-    """Index of ``v`` in the sorted ``nb``, or -1."""
-    a = 0
-    z = nb.shape[0]
-    while a < z:
-        mid = (a + z) >> 1
-        if nb[mid] < v:
-            a = mid + 1
-        else:
-            z = mid
-    if a < nb.shape[0] and nb[a] == v:
-        return a
-    return -1
 
 
 @numba.njit(cache=True, nogil=True)

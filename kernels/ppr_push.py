@@ -15,7 +15,7 @@ users import (it re-exports these names). Here:
 The on-disk index of every node's list is :mod:`kernels.ppr_index`.
 """
 
-# numba cache key: subgraph 92774e480fc4
+# numba cache key: subgraph 22abd6553247
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import numpy as np
 from numba import prange
 
 from .graph import CSRGraph, index_dtype_for
-from .subgraph import _grow, copy_run
+from .subgraph import _grow, _position, copy_run
 from .threads import numba_threads
 
 __all__ = ["PPRConfig", "ppr_exact", "ppr_new_node", "ppr_topk"]
@@ -380,6 +380,17 @@ def _hash_slot(key, mask):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
+def _find(keys, v):  # pragma: no cover - compiled
+    """The position of ``v`` in the open-addressing map ``keys`` (-1 = free): where it is, or the free position it
+    would take."""
+    mask = keys.shape[0] - 1
+    h = _hash_slot(v, mask)
+    while keys[h] != -1 and keys[h] != v:
+        h = (h + 1) & mask
+    return h
+
+
+@numba.njit(cache=True, nogil=True)
 def _ppr_virtual(
     indptr, indices, weights, wdeg, nb, nbw, bidir, alpha, eps, lazy, k, threshold, max_pushes
 ):  # pragma: no cover
@@ -444,18 +455,7 @@ def _ppr_virtual(
         else:
             e0 = indptr[u]
             e1 = indptr[u + 1]
-            back = -1
-            if bidir:
-                a = 0
-                z = nb.shape[0]
-                while a < z:
-                    mid = (a + z) >> 1
-                    if nb[mid] < u:
-                        a = mid + 1
-                    else:
-                        z = mid
-                if a < nb.shape[0] and nb[a] == u:
-                    back = a
+            back = _position(nb, u) if bidir else -1
         last = e1 + (1 if back >= 0 else 0)
         for e in range(e0, last):
             if u == n:
@@ -467,11 +467,7 @@ def _ppr_virtual(
             else:
                 v = n
                 we = nbw[back]
-            # find or insert v's slot
-            mask = keys.shape[0] - 1
-            h = _hash_slot(v, mask)
-            while keys[h] != -1 and keys[h] != v:
-                h = (h + 1) & mask
+            h = _find(keys, v)  # v's slot, or where it goes
             if keys[h] == v:
                 sv = vals[h]
             else:
@@ -486,15 +482,8 @@ def _ppr_virtual(
                 p[sv] = 0.0
                 wv = wdeg[v] if wdeg.shape[0] > 0 else np.float64(indptr[v + 1] - indptr[v])
                 if bidir:
-                    a = 0
-                    z = nb.shape[0]
-                    while a < z:
-                        mid = (a + z) >> 1
-                        if nb[mid] < v:
-                            a = mid + 1
-                        else:
-                            z = mid
-                    if a < nb.shape[0] and nb[a] == v:
+                    a = _position(nb, v)
+                    if a >= 0:
                         wv += nbw[a]
                 wd[sv] = wv
                 keys[h] = v

@@ -336,6 +336,22 @@ def copy_run(dst, o, src, a, n):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
+def _position(keys, v):  # pragma: no cover - compiled
+    """Index of ``v`` in the sorted ``keys``, or -1."""
+    a = 0
+    z = keys.shape[0]
+    while a < z:
+        mid = (a + z) >> 1
+        if keys[mid] < v:
+            a = mid + 1
+        else:
+            z = mid
+    if a < keys.shape[0] and keys[a] == v:
+        return a
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
 def _grow(a, need):  # pragma: no cover - compiled
     if need <= a.shape[0]:
         return a
@@ -441,15 +457,8 @@ def _induced_kernel(
                         cols[nnz] = off + (t & low)
                         nnz += (t >> 32) == ep
             if has_extra:
-                s = 0
-                z = ex_keys.shape[0]
-                while s < z:
-                    mid = (s + z) >> 1
-                    if ex_keys[mid] < u:
-                        s = mid + 1
-                    else:
-                        z = mid
-                if s < ex_keys.shape[0] and ex_keys[s] == u:
+                s = _position(ex_keys, u)
+                if s >= 0:
                     e0 = ex_ptr[s]
                     e1 = ex_ptr[s + 1]
                     if nnz + (e1 - e0) > cols.shape[0]:
