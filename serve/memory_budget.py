@@ -13,8 +13,9 @@ no torch):
     table per sampling width; with ``--resident`` the resident tables, which replace that cache),
     the budget as given;
   - ``--induced-table-bytes``, per distinct PPR configuration served from a local graph;
-  - ``--graph-cache-bytes``, with ``--graph`` (stateless replica), and its degree chunks (12 bytes per
-    node at most: row lengths and weight sums, kept once fetched);
+  - ``--graph-cache-bytes``, with ``--graph`` (stateless replica), half of it again for the nodes each list the
+    replica pushed read (kept so an update elsewhere leaves the list current), 16 MiB for the log of changed
+    rows, and its degree chunks (12 bytes per node at most: row lengths and weight sums, kept once fetched);
   - ``--hot-bytes``, with features in Redis;
 
 * the **resident data** estimated from each distinct dataset's sizes (``config.json["dataset"]``):
@@ -165,6 +166,10 @@ def estimate(args: Any) -> MemoryEstimate:
                     len(ppr_indexes) * int(args.induced_table_bytes))
     else:
         est.add("graph row cache (--graph-cache-bytes)", int(args.graph_cache_bytes))
+        # serve.graph.store: what the pushes of the lists it pushed itself read (half the row cache's budget), and
+        # the rows each structural update changed (16 MiB at most)
+        est.add("PPR list reach sets (--graph-cache-bytes / 2) and the changed-row log",
+                int(args.graph_cache_bytes) // 2 + (16 << 20))
         for d in datasets.values():  # serve.graph.store: row lengths (and weight sums) kept per node
             n = int(d.get("num_nodes", 0))
             est.add(f"graph degree chunks of {d.get('name', '?')} ({n:,} nodes x 12 bytes)", 12 * n)

@@ -120,3 +120,4 @@ def test_estimate_terms(repo: Path) -> None:
     assert not any(w.startswith(("graph of", "features of")) for w in names)
     assert any(w.startswith("graph row cache") for w in names) and any(w.startswith("feature hot tier") for w in names)
     assert [b for w, b in st.items if w.startswith("graph degree chunks")] == [12 * n]
+    assert [b for w, b in st.items if w.startswith("PPR list reach sets")] == [(32 << 20) + (16 << 20)]
