@@ -127,7 +127,9 @@ class CacheCollector:
       have waited for the live graph's lock (``DynamicBatcher.batches_deferred``).
 
     ``cache`` is ``projection`` (first-layer projections), ``projection_cpu`` (a GPU model's CPU
-    copy) or ``activation`` (a plain model's first-layer output per width). ``snapshot`` returns
+    copy), ``activation`` (a plain model's first-layer output per width), ``resident``, and on a stateless
+    replica ``graph_rows`` (rows and lists read from Redis) and ``ppr_reach`` (a hit: an outdated PPR list whose
+    push's reach was held; the graph's, repeated under each of its models). ``snapshot`` returns
     ``{name: {version: runtime}}``; a runtime gives ``cache_stats()``.
     """
 

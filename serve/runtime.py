@@ -860,7 +860,8 @@ class ModelRuntime:
     def cache_stats(self) -> dict[str, dict[str, float]]:
         """The per-node caches' statistics by cache: ``projection`` (and ``projection_cpu``, a GPU
         model's CPU table), ``activation`` for a plain model that keeps one, ``resident`` for one on the
-        plain-resident path (kernels.resident)."""
+        plain-resident path (kernels.resident); on a replica ``graph_rows`` and ``ppr_reach``
+        (:meth:`serve.graph.store.RedisGraphStore.cache_stats`, shared by the models of one graph)."""
         out = {"projection": self.projections.stats()}
         if self._cpu_projections is not self.projections:
             out["projection_cpu"] = self._cpu_projections.stats()
@@ -870,6 +871,8 @@ class ModelRuntime:
             out["resident"] = self._resident.stats()
         if self._resident_shadow is not None:
             out["resident"] = self._resident_shadow.stats()
+        if self.remote_graph:  # a replica: its row cache and the reach of the PPR lists it pushed (the graph's)
+            out.update(self.graph.cache_stats())
         return out
 
     def observe(self, res: PredictResult) -> None:

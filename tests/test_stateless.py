@@ -599,3 +599,44 @@ def test_a_replica_keeps_the_lists_a_structural_update_cannot_reach(redis_factor
         assert store.stats()["lists_kept_by_reach"] == store.lists_kept > kept
     finally:
         store.close()
+
+
+def test_a_replicas_caches_in_the_metrics(redis_factory, tiny_repo, tiny_dataset, tmp_path):
+    """A replica's row cache and the reach of the PPR lists it pushed are scraped like the per-node caches
+    (``cache="graph_rows"``, ``cache="ppr_reach"``): after two structural updates far apart, the lists pushed after
+    the first are found with their reach after the second."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from clients import GnnClient
+    from serve.features import load_features
+    from serve.graph_store import load_graph
+
+    ds = tiny_dataset
+    url = redis_factory().url
+    load_features(ds, url, progress=False)
+    load_graph(ds, url, ppr=repo_ppr_configs(tiny_repo), ppr_cache_dir=str(tiny_repo / "_ppr"), progress=False)
+    srv = ServerThread(models_only(tiny_repo, tmp_path / "r"),
+                       {"feature_url": url, "metrics_port": 0, "runtime_kw": {"graph_url": url}})
+    srv.start()
+    try:
+        targets = np.arange(0, ds.num_nodes, 37)
+        with GnnClient(srv.address) as c:
+            c.update_graph("shadow", add_edges=[(1, 2)])
+            c.predict("shadow", targets, sampling_width=0, ppr_budget=16)  # every list pushed, with its reach
+            up = c.update_graph("shadow", add_edges=[(3, 4)])
+            c.predict("shadow", targets, sampling_width=0, ppr_budget=16, min_graph_version=up.graph_version)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{srv.server.metrics_port}/metrics", timeout=10).read().decode()
+    finally:
+        srv.stop()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    def sample(name, **labels):
+        return samples[(name, tuple(sorted({"model": "shadow", "version": "1", **labels}.items())))]
+
+    assert sample("gnnserve_cache_lookups_total", cache="graph_rows", result="hit") > 0
+    assert sample("gnnserve_cache_rows", cache="graph_rows") > 0
+    assert sample("gnnserve_cache_lookups_total", cache="ppr_reach", result="hit") >= len(targets)
+    assert sample("gnnserve_cache_rows", cache="ppr_reach") >= len(targets)

@@ -948,6 +948,13 @@ class RedisGraphStore(PinnedVersion):
         except GraphUnavailable:
             return False
 
+    def cache_stats(self) -> dict[str, dict[str, float]]:
+        """The replica's own caches as the metrics report per-node caches: ``graph_rows`` (decoded rows, lists and
+        induced subgraphs) and ``ppr_reach`` (what the pushes of the lists it pushed read; a hit is an outdated list
+        whose reach was held, so it could be kept without a push: :attr:`lists_kept` says how many were)."""
+        return {name: {"hits": c.hits, "misses": c.misses, "rows": len(c), "bytes": c.nbytes}
+                for name, c in (("graph_rows", self.cache), ("ppr_reach", self._reach))}
+
     def stats(self) -> dict[str, Any]:
         return {"url": self._target.masked, "fingerprint": self.fingerprint, "version": self.version,
                 "digest": self.digest, "cluster": self._target.cluster, "cache_rows": len(self.cache), "cache_bytes": self.cache.nbytes,
