@@ -30,7 +30,6 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -1047,10 +1046,8 @@ class ModelRuntime:
             if not new_specs:  # the precomputed induced table when there is one (same result)
                 return self.ppr_index.induced_batch(g, targets, budget)
             ptr, nodes = self.ppr_index.lookup(targets, budget)
-        elif self.remote_graph:
-            ptr, nodes = g.lhop_lists(targets, self.num_layers)
         else:
-            ptr, nodes = lhop_nodes(g, targets, self.num_layers)
+            ptr, nodes = self._lhop_lists(targets, self.num_layers)
         extra = None
         if new_specs:
             extra = self._extra_edges(new_specs)
@@ -1096,9 +1093,14 @@ class ModelRuntime:
             return np.where(nodes == n, v, nodes) if j else nodes
         if self.num_layers == 0 or len(spec.neighbors) == 0:
             return np.array([v], dtype=np.int64)
-        lists = self.graph.lhop_lists if self.remote_graph else partial(lhop_nodes, self.graph)
-        _, scope = lists(spec.neighbors, self.num_layers - 1)
+        _, scope = self._lhop_lists(spec.neighbors, self.num_layers - 1)
         return np.concatenate([[v], np.unique(scope)]).astype(np.int64)
+
+    def _lhop_lists(self, nodes: np.ndarray, hops: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(ptr, nodes)``: each node's nodes within ``hops``, it first, on the graph in memory or a replica's."""
+        if self.remote_graph:
+            return self.graph.lhop_lists(nodes, hops)
+        return lhop_nodes(self.graph, nodes, hops)
 
     def _projections(self, batch: SubgraphBatch, new_specs: list) -> torch.Tensor:
         n = self.graph.num_nodes

@@ -678,9 +678,9 @@ class RedisGraphStore(PinnedVersion):
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         rows = self.adjacency(ids)
         parts = [rows[v] for v in ids.tolist()]
+        lens, cols = _row_arrays(parts)
         ptr = np.zeros(len(ids) + 1, dtype=np.int64)
-        np.cumsum(np.fromiter((len(x[0]) for x in parts), dtype=np.int64, count=len(parts)), out=ptr[1:])
-        cols = np.concatenate([x[0] for x in parts]).astype(np.int64) if parts else _EMPTY_IDS
+        np.cumsum(lens, out=ptr[1:])
         ws = (np.concatenate([_weights(x) for x in parts]).astype(np.float64) if parts else np.zeros(0)) \
             if self.is_weighted else None
         return ptr, cols, ws
@@ -713,11 +713,9 @@ class RedisGraphStore(PinnedVersion):
         stored = ids < self.base_num_nodes
         ov = self._ov_rows
         if ov:  # only the ids with an overlay row, found with one array test
-            ov_ids = np.array(list(ov), dtype=np.int64)  # list(): one C-level pass, no thread runs in between
+            ov_ids = np.fromiter(ov, dtype=np.int64, count=len(ov))  # reads never overlap apply_rows
             for j in np.flatnonzero(np.isin(ids, ov_ids)).tolist():
-                row = ov.get(int(ids[j]))
-                if row is None:
-                    continue
+                row = ov[int(ids[j])]
                 stored[j] = False
                 lengths[j] = len(row[0])
                 if wsums is not None:
@@ -839,8 +837,7 @@ class RedisGraphStore(PinnedVersion):
 
         u = len(uniq)
         parts = [rows[int(i)] for i in uniq]
-        deg = np.fromiter((len(p[0]) for p in parts), dtype=np.int64, count=u)
-        cols = np.concatenate([p[0] for p in parts]).astype(np.int64) if u else np.zeros(0, np.int64)
+        deg, cols = _row_arrays(parts)
         if self.is_weighted:  # rows without weights (unweighted snapshot or overlay row) weigh 1 per edge
             ws = [_weights(p) for p in parts]
             w = np.concatenate(ws).astype(np.float32) if u else np.zeros(0, np.float32)
@@ -1175,6 +1172,13 @@ def _count_degree(hist: dict[int, int], degree: int, step: int) -> None:
 
 
 
+
+
+def _row_arrays(parts: list[tuple[np.ndarray, np.ndarray | None]]) -> tuple[np.ndarray, np.ndarray]:
+    """``(lengths int64, columns int64)``: decoded rows ``(ids, weights)`` laid end to end."""
+    lens = np.fromiter((len(x[0]) for x in parts), dtype=np.int64, count=len(parts))
+    cols = np.concatenate([x[0] for x in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
+    return lens, cols
 
 
 def _weights(row: tuple[np.ndarray, np.ndarray | None]) -> np.ndarray:
