@@ -89,12 +89,48 @@ def measure(args: argparse.Namespace) -> dict:
                     for j, v in enumerate(t_.tolist()):
                         same(got[v][0], got[v][1], nodes[ptr[j]:ptr[j + 1]], scores[ptr[j]:ptr[j + 1]])
                 out[f"lists_{size}"] = {"replica_ms": [1e3 * x for x in rep], "memory_ms": [1e3 * x for x in mem]}
+            if args.new_batch:
+                out["new_batch"] = new_batch(args, red.url, g, cfg, rng, same)
             if args.edits:
                 out["edits"] = edits(args, store, g, cfg, rng, same)
         finally:
             store.close()
     out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
+
+
+def new_batch(args: argparse.Namespace, url: str, g, cfg, rng, same) -> dict | None:
+    """``--rounds`` requests of ``--new-batch`` new nodes each: ``pushed_new_nodes`` (the pushes in lockstep, as a
+    Predict's new nodes are pushed since 2026-11-28) against ``pushed_new_node`` once per node, interleaved, each on
+    a fresh replica store (its row cache empty, the degree chunks loaded before the clock starts), checked equal to
+    ``ppr_new_node``. None on a tree without ``pushed_new_nodes``."""
+    import numpy as np
+
+    from kernels.ppr import ppr_new_node
+    from serve.graph import store as st
+
+    if not hasattr(st, "pushed_new_nodes"):
+        return None
+    times: dict[str, list[float]] = {"together": [], "each": []}
+    trips: dict[str, list[int]] = {"together": [], "each": []}
+    for i in range(args.rounds):
+        specs = [(rng.choice(g.num_nodes, args.new_degree, replace=False), None) for _ in range(args.new_batch)]
+        want = [ppr_new_node(g, nb, w, cfg) for nb, w in specs]
+        for mode in ("together", "each")[:: 1 if i % 2 else -1]:
+            store = st.RedisGraphStore(url, g.fingerprint(), cache_bytes=int(args.cache_mib) << 20)
+            try:
+                store.push_degrees(np.arange(g.num_nodes, dtype=np.int64))
+                r0 = store.round_trips
+                t = time.perf_counter()
+                got = (st.pushed_new_nodes(store, specs, cfg) if mode == "together"
+                       else [st.pushed_new_node(store, nb, w, cfg) for nb, w in specs])
+                times[mode].append(1e3 * (time.perf_counter() - t))
+                trips[mode].append(store.round_trips - r0)
+            finally:
+                store.close()
+            for a, b in zip(got, want, strict=True):
+                same(a[0], a[1], b[0], b[1])
+    return {"size": args.new_batch, "ms": times, "round_trips": trips}
 
 
 def edits(args: argparse.Namespace, store, g, cfg, rng, same) -> dict:
@@ -154,6 +190,11 @@ def table(label: str, res: dict, batches: list[int]) -> list[str]:
         rows.append(f"| {label} | {size} existing targets ({len(r['replica_ms'])} batches) | "
                     f"{p50(r['replica_ms']):.2f} | {p50(r['memory_ms']):.2f} | "
                     f"{p50(r['replica_ms']) / p50(r['memory_ms']):.1f}x | |")
+    if res.get("new_batch"):
+        nb = res["new_batch"]
+        for mode, what in (("together", "in lockstep"), ("each", "one after another")):
+            rows.append(f"| {label} | {nb['size']} new nodes of one request, {what} ({len(nb['ms'][mode])} requests, "
+                        f"fresh row cache) | {p50(nb['ms'][mode]):.2f} | | | {p50(nb['round_trips'][mode]):.0f} |")
     if "edits" in res:
         e = res["edits"]
         rows.append(f"| {label} | the same lists after each of {len(e['replica_ms'])} single-edge updates (lists "
@@ -172,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,64", help="sizes of the batches of existing targets (default: %(default)s)")
     ap.add_argument("--rounds", type=int, default=6, help="batches of each size (default: %(default)s)")
     ap.add_argument("--cache-mib", type=int, default=256, help="the replica's row cache (default: %(default)s)")
+    ap.add_argument("--new-batch", type=int, default=8,
+                    help="new nodes per request in the lockstep comparison (0: skip; default: %(default)s)")
     ap.add_argument("--edits", type=int, default=10,
                     help="single-edge updates, each followed by a lookup of --edit-targets lists (default: %(default)s)")
     ap.add_argument("--edit-targets", type=int, default=64, help="(default: %(default)s)")
@@ -192,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--repo", str(args.repo.resolve()), "--model",
                    args.model, "--dataset", str(Path(args.dataset).resolve()) if Path(args.dataset).exists()
                    else args.dataset, "--new-nodes", str(args.new_nodes), "--new-degree", str(args.new_degree),
+                   "--new-batch", str(args.new_batch),
                    "--batches", ",".join(map(str, args.batches)), "--rounds", str(args.rounds), "--cache-mib",
                    str(args.cache_mib), "--seed", str(args.seed), "--edits", str(args.edits), "--edit-targets",
                    str(args.edit_targets), "--source-tree", str(base), "--json-out",

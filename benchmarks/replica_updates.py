@@ -6,8 +6,9 @@ process on a copy of the repository holding only the model's checkpoint. Measure
 random targets one at a time: warm before any update; the first ones after a single-edge update (each target's
 list is pushed again on the edited graph: ``serve.graph.store.pushed_lists``); the same again (lists held); then
 one batch of all the targets right after a second update, and again. Before the updates, ``--new-nodes``
-Predicts of one new node each (random features, ``--new-degree`` random neighbours: ``PredictRequest.new_nodes``),
-on the replica and on a server with the graph in memory, interleaved, their answers compared.
+Predicts of ``--new-per-request`` new nodes each (random features, ``--new-degree`` random neighbours:
+``PredictRequest.new_nodes``), on the replica and on a server with the graph in memory, interleaved, their answers
+compared.
 
     python benchmarks/replica_updates.py --repo /path/to/repo --model shadow-gcn --dataset amazon_computers.npz
 """
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0, help="targets and edited edge (default: %(default)s)")
     ap.add_argument("--new-nodes", type=int, default=50, help="Predicts of one new node each (default: %(default)s)")
     ap.add_argument("--new-degree", type=int, default=5, help="each new node's neighbours (default: %(default)s)")
+    ap.add_argument("--new-per-request", type=int, default=1,
+                    help="new nodes in each of the --new-nodes Predicts (default: %(default)s)")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -89,8 +92,9 @@ def main(argv: list[str] | None = None) -> None:
                 new_times: dict[str, list[float]] = {"replica": [], "memory": []}
                 worst = 0.0
                 for i in range(args.new_nodes):
-                    node = NewNode(features=rng.normal(size=ds.num_features).astype(np.float32),
-                                   neighbors=rng.choice(ds.num_nodes, args.new_degree, replace=False).tolist())
+                    node = [NewNode(features=rng.normal(size=ds.num_features).astype(np.float32),
+                                    neighbors=rng.choice(ds.num_nodes, args.new_degree, replace=False).tolist())
+                            for _ in range(args.new_per_request)]
                     got = {}
                     for side, client in (("replica", c), ("memory", cm))[:: 1 if i % 2 else -1]:
                         t1 = time.perf_counter()
@@ -115,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| one batch of them after a second update / again | {b_cold:.1f} ms / {b_warm:.1f} ms |")
         if args.new_nodes:
             rep, mem_t = (np.array(new_times[k]) for k in ("replica", "memory"))
-            print(f"| {args.new_nodes} Predicts of one new node ({args.new_degree} neighbours): replica | {f(rep)} |")
+            what = "one new node" if args.new_per_request == 1 else f"{args.new_per_request} new nodes"
+            print(f"| {args.new_nodes} Predicts of {what} ({args.new_degree} neighbours each): replica | {f(rep)} |")
             print(f"| the same on a server with the graph in memory | {f(mem_t)} |")
             print(f"| replica / memory p50; largest probability difference | {np.median(rep) / np.median(mem_t):.2f}x; "
                   f"{worst:.1e} |")

@@ -1051,7 +1051,7 @@ class ModelRuntime:
         extra = None
         if new_specs:
             extra = self._extra_edges(new_specs)
-            lists = [self._new_node_list(j, spec, budget) for j, spec in enumerate(new_specs)]
+            lists = self._new_node_lists(new_specs, budget)
             sizes = np.array([len(x) for x in lists], dtype=np.int64)
             ptr = np.concatenate([ptr, ptr[-1] + np.cumsum(sizes)])
             nodes = np.concatenate([nodes, *lists])
@@ -1078,23 +1078,37 @@ class ModelRuntime:
             n, np.concatenate([src, dst]), np.concatenate([dst, src]), w, num_virtual=len(specs)
         )
 
-    def _new_node_list(self, j: int, spec: Any, budget: int) -> np.ndarray:
-        """The node list of the batch's ``j``-th new node (virtual id ``N + j``, first): its top ``budget`` PPR
-        entries on the graph plus it, or itself and its neighbours' ``L - 1``-hop balls."""
+    def _new_node_lists(self, specs: list, budget: int) -> list[np.ndarray]:
+        """The node list of each new node of the batch (the ``j``-th under virtual id ``N + j``, first): its top
+        ``budget`` PPR entries on the graph plus it alone, or itself and its neighbours' ``L - 1``-hop balls. On a
+        replica all of them are found together (the pushes in lockstep, the balls in one walk): one fetch round
+        per wave or hop for the whole batch, not per node."""
         n = self.graph.num_nodes
-        v = n + j
         if self.extractor == "ppr":
             from kernels.ppr import ppr_new_node
-            from serve.graph.store import pushed_new_node
+            from serve.graph.store import pushed_new_nodes
 
-            push = pushed_new_node if self.remote_graph else ppr_new_node
-            nodes, _scores = push(self.graph, spec.neighbors, spec.weights, self.ppr_index.config)
-            nodes = np.asarray(nodes, dtype=np.int64)[:budget]
-            return np.where(nodes == n, v, nodes) if j else nodes
-        if self.num_layers == 0 or len(spec.neighbors) == 0:
-            return np.array([v], dtype=np.int64)
-        _, scope = self._lhop_lists(spec.neighbors, self.num_layers - 1)
-        return np.concatenate([[v], np.unique(scope)]).astype(np.int64)
+            cfg = self.ppr_index.config
+            if self.remote_graph:
+                found = pushed_new_nodes(self.graph, [(s.neighbors, s.weights) for s in specs], cfg)
+            else:
+                found = [ppr_new_node(self.graph, s.neighbors, s.weights, cfg) for s in specs]
+            lists = []
+            for j, (nodes, _scores) in enumerate(found):
+                nodes = np.asarray(nodes, dtype=np.int64)[:budget]
+                lists.append(np.where(nodes == n, n + j, nodes) if j else nodes)
+            return lists
+        lists = [np.array([n + j], dtype=np.int64) for j in range(len(specs))]
+        nbs = [np.asarray(s.neighbors, dtype=np.int64) for s in specs]
+        if self.num_layers == 0 or not any(len(nb) for nb in nbs):
+            return lists
+        ptr, scope = self._lhop_lists(np.concatenate(nbs), self.num_layers - 1)
+        ends = np.cumsum([len(nb) for nb in nbs])
+        for j, (nb, end) in enumerate(zip(nbs, ends.tolist(), strict=True)):
+            if len(nb):
+                ball = np.unique(scope[ptr[end - len(nb)] : ptr[end]])
+                lists[j] = np.concatenate([lists[j], ball]).astype(np.int64)
+        return lists
 
     def _lhop_lists(self, nodes: np.ndarray, hops: int) -> tuple[np.ndarray, np.ndarray]:
         """``(ptr, nodes)``: each node's nodes within ``hops``, it first, on the graph in memory or a replica's."""

@@ -40,12 +40,12 @@ def test_replica_updates_benchmark_small(tiny_repo, tiny_dataset, redis_server):
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "replica_updates.py"), "--repo", str(tiny_repo), "--model",
          "shadow", "--dataset", str(tiny_repo / "_data" / tiny_dataset.fingerprint()), "--targets", "20",
-         "--redis-server", redis_server.binary, "--new-nodes", "6"],
+         "--redis-server", redis_server.binary, "--new-nodes", "6", "--new-per-request", "3"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "| first after a single-edge update (each list pushed again) | p50" in proc.stdout
     assert "| one batch of them after a second update / again |" in proc.stdout
-    assert "| 6 Predicts of one new node (5 neighbours): replica | p50" in proc.stdout
+    assert "| 6 Predicts of 3 new nodes (5 neighbours each): replica | p50" in proc.stdout
     # a replica's answers for new nodes are the in-memory server's
     worst = float(proc.stdout.split("largest probability difference | ")[1].split("; ")[1].split(" |")[0])
     assert worst <= 1e-6, proc.stdout
@@ -59,12 +59,13 @@ def test_replica_push_benchmark_small(tiny_repo, tiny_dataset, redis_server):
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "replica_push.py"), "--repo", str(tiny_repo), "--model", "shadow",
          "--dataset", str(tiny_repo / "_data" / tiny_dataset.fingerprint()), "--new-nodes", "5", "--batches", "1,8",
-         "--rounds", "2", "--edits", "3", "--edit-targets", "20", "--redis-server", redis_server.binary,
+         "--rounds", "2", "--new-batch", "4", "--edits", "3", "--edit-targets", "20", "--redis-server", redis_server.binary,
          "--base-tree", str(REPO)],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith(("| base", "| this tree"))]
-    assert len(rows) == 8, proc.stdout
+    assert len(rows) == 12, proc.stdout
+    assert sum("| 4 new nodes of one request, in lockstep (2 requests, fresh row cache) |" in r for r in rows) == 2
     assert sum("| the same lists after each of 3 single-edge updates (lists kept without a push: p50" in r
                for r in rows) == 2
     assert sum("| new node (5 calls) |" in r for r in rows) == 2

@@ -212,7 +212,7 @@ def test_a_replica_pushes_a_new_nodes_list_like_the_graph_in_memory(loaded, tiny
     nodes' edges against kernels.subgraph.induced_batch on the graph in memory: equal to the bit."""
     from kernels.ppr import ppr_new_node
     from kernels.subgraph import ExtraEdges
-    from serve.graph.store import pushed_new_node
+    from serve.graph.store import pushed_new_node, pushed_new_nodes
     from serve.graph_store import RedisGraphStore
 
     g = tiny_dataset.graph
@@ -230,6 +230,21 @@ def test_a_replica_pushes_a_new_nodes_list_like_the_graph_in_memory(loaded, tiny
             np.testing.assert_array_equal(got_nodes, want_nodes)
             np.testing.assert_array_equal(got_scores, want_scores)
             lists.append(want_nodes)
+        # all of them in lockstep: the same lists, one fetch round per wave for the whole batch, not per node
+        one, each = (RedisGraphStore(loaded, g.fingerprint(), cache_bytes=0) for _ in range(2))
+        try:
+            together = pushed_new_nodes(one, specs, cfg)
+            for nb, w in specs:
+                pushed_new_node(each, nb, w, cfg)
+            trips, singles = one.round_trips, each.round_trips
+        finally:
+            one.close()
+            each.close()
+        for (got_nodes, got_scores), (nb, w) in zip(together, specs, strict=True):
+            want_nodes, want_scores = ppr_new_node(g, nb, w, cfg)
+            np.testing.assert_array_equal(got_nodes, want_nodes)
+            np.testing.assert_array_equal(got_scores, want_scores)
+        assert 0 < trips < singles, (trips, singles)
         # every new node's list under its own virtual id, beside two existing targets' lists
         src, dst, ws = [], [], []
         for j, (nb, w) in enumerate(specs):

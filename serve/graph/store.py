@@ -71,6 +71,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -1077,11 +1078,19 @@ def pushed_new_node(store: RedisGraphStore, neighbors: np.ndarray, weights: np.n
     with edges (both ways) to the existing ``neighbors``: ``(nodes int64, scores float32)``, the new node first
     under the virtual id ``store.num_nodes``; the same list as on the graph in memory (to the bit on an unweighted
     graph), its rows read as :func:`pushed_lists` reads them."""
+    return pushed_new_nodes(store, [(neighbors, weights)], cfg)[0]
+
+
+def pushed_new_nodes(store: RedisGraphStore, specs: Sequence[tuple[np.ndarray, np.ndarray | None]],
+                     cfg: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`pushed_new_node` for each ``(neighbors, weights)`` of ``specs`` (each new node alone on the graph,
+    under the virtual id ``store.num_nodes``), the pushes run in lockstep (:func:`kernels.ppr_partial.run_partial`):
+    one fetch round per wave for all of them, each row fetched once."""
     from kernels.ppr_partial import PartialPush, run_partial
 
-    ps = PartialPush.new_node(store.num_nodes, neighbors, weights, store.push_degrees, cfg)
-    run_partial([ps], store.rows_csr, store.push_degrees)
-    return ps.result()
+    pushes = [PartialPush.new_node(store.num_nodes, nb, w, store.push_degrees, cfg) for nb, w in specs]
+    run_partial(pushes, store.rows_csr, store.push_degrees)
+    return [ps.result() for ps in pushes]
 
 
 def _assemble_induced(entries: list[_Induced], k: int, weighted: bool) -> Any:
