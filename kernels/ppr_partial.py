@@ -98,12 +98,19 @@ def _add_rows(
                 wd[sv] = wv
                 rw[sv, 1] = eps * wv if wv > 0.0 else eps
             aslot[used] = sv
-            aw[used] = ws[e] if has_w else 1.0
+            if has_w:
+                aw[used] = ws[e]
+                if ws[e] != 1.0:
+                    meta[5] = 1
+            else:
+                aw[used] = 1.0
             used += 1
         a = _position(nb, u)
         if a >= 0:
             aslot[used] = 0
             aw[used] = nbw[a]
+            if nbw[a] != 1.0:
+                meta[5] = 1
             used += 1
         rl[su] = used - rs[su]
     meta[0] = ns
@@ -121,6 +128,7 @@ def _run(rw, p, wd, rs, rl, aslot, aw, queue, meta, alpha, lazy, max_pushes):  #
     head = meta[1]
     tail = meta[2]
     pushes = meta[4]
+    weighted = meta[5] != 0  # an arena weight other than 1 (else c * 1.0: the same bits without the load)
     status = _DONE
     while head < tail:
         su = queue[head]
@@ -158,7 +166,7 @@ def _run(rw, p, wd, rs, rl, aslot, aw, queue, meta, alpha, lazy, max_pushes):  #
         for e in range(rs[su], rs[su] + rl[su]):
             sv = aslot[e]
             old = rw[sv, 0]
-            new = old + c * aw[e]
+            new = old + (c * aw[e] if weighted else c)
             rw[sv, 0] = new
             thr = rw[sv, 1]
             queue[tail] = sv
@@ -221,10 +229,11 @@ class PartialPush:
         self.wd = np.empty(cap, dtype=np.float64)
         self.rs = np.empty(cap, dtype=np.int64)
         self.rl = np.empty(cap, dtype=np.int64)
-        self.aslot = np.empty(8 * cap, dtype=np.int64)  # the rows' columns as slots, and their weights
+        self.aslot = np.empty(8 * cap, dtype=np.int32)  # the rows' columns as slots, and their weights
         self.aw = np.empty(8 * cap, dtype=np.float64)
         self.queue = np.empty(cap, dtype=np.int64)
-        self.meta = np.array([1, 0, 1, 0, 0], dtype=np.int64)  # slots, head, tail, arena used, pushes
+        # slots, head, tail, arena used, pushes, an arena weight other than 1
+        self.meta = np.array([1, 0, 1, 0, 0, 0], dtype=np.int64)
         self.status = _PAUSED
         self.ids[0] = source
         self.rw[0] = (1.0, cfg.eps * degree if degree > 0.0 else cfg.eps)
