@@ -108,11 +108,25 @@ def _weighted_degree(graph: CSRGraph) -> np.ndarray:
         else:
             if graph.num_edges and float(graph.weights.min()) < 0:
                 raise ValueError("PPR needs non-negative edge weights")
-            cs = np.zeros(graph.num_edges + 1, dtype=np.float64)
-            np.cumsum(graph.weights, dtype=np.float64, out=cs[1:])
-            wd = cs[graph.indptr[1:]] - cs[graph.indptr[:-1]]
+            wd = _row_sums(graph.indptr, graph.weights)
         graph.cache()["_ppr_wdeg"] = wd
     return wd
+
+
+@numba.njit(cache=True, nogil=True)
+def _row_sums(indptr, weights):  # pragma: no cover - compiled
+    """Each row's weight sum in float64, added in the row's order: the bits of ``np.bincount(rows, weights)`` (the
+    graph loader's degree chunks, ``models.base.full_gcn_degrees``) and of a replica's sum of one row
+    (``serve.graph.store._weight_sum``). A difference of one running sum over all edges (what this was) loses
+    every weight below the running total's last bit: after an edge of weight 1e15, up to 6.6% of a degree."""
+    n = indptr.shape[0] - 1
+    out = np.zeros(n, dtype=np.float64)
+    for v in range(n):
+        s = 0.0
+        for e in range(indptr[v], indptr[v + 1]):
+            s += np.float64(weights[e])
+        out[v] = s
+    return out
 
 
 _NO_F32 = np.zeros(0, dtype=np.float32)

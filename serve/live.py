@@ -899,10 +899,13 @@ class LiveGraph:
             self._commit(accepted, group)
         return []
 
-    def _edit_fn(self, graph: Any, edit: GraphEdit) -> Any:
+    def _edit_fn(self, graph: Any, edit: GraphEdit, replay: bool = False) -> Any:
         from kernels.graph_edit import apply_edit
 
-        return _remote_edit(graph, edit) if self.remote else apply_edit(graph, edit)
+        return _remote_edit(graph, edit, replay=replay) if self.remote else apply_edit(graph, edit)
+
+    def _replay_fn(self, graph: Any, edit: GraphEdit) -> Any:
+        return self._edit_fn(graph, edit, replay=True)
 
     def _commit(self, accepted: list[tuple[_Ticket, ParsedUpdate]], group: _Group) -> None:
         """Log the group as one record and make it visible; settle its tickets."""
@@ -990,11 +993,8 @@ class LiveGraph:
         if parsed.num_new:
             self.features.write(new_ids, parsed.new_features)
         if effect is not None and self.remote:  # the replica's overlay of the Redis snapshot
-            g = effect.graph
-            self.data.graph.apply_rows(
-                {int(v): (g.indices[g.indptr[v]:g.indptr[v + 1]].astype(np.int64),
-                          None if g.weights is None else g.weights[g.indptr[v]:g.indptr[v + 1]])
-                 for v in changed}, g.num_nodes)
+            g = effect.graph  # a _ReplicaEdit: every row the group changed
+            self.data.graph.apply_rows({int(v): g.rows[int(v)] for v in changed}, g.num_nodes)
         elif effect is not None:
             self.data.graph = effect.graph
             for idx, prep in lists:
@@ -1097,8 +1097,8 @@ class LiveGraph:
         updates = pb.UpdateLogRecord.FromString(payload).updates
         for req in updates:  # accepted when written: valid again on the same state
             group.add(parse_update(req, group.num_nodes, self.features.num_features, max_size=1 << 62),
-                      self._edit_fn)
-        inv = self._apply(group.parsed(), group.effect(self._edit_fn), version)
+                      self._replay_fn)
+        inv = self._apply(group.parsed(), group.effect(self._replay_fn), version)
         self._observe(inv, [1e3 * (time.perf_counter() - t0)] * len(updates))
 
     def compact(self, directory: str | Path, ppr_cache_dir: str | Path | None = None) -> dict[str, Any]:
@@ -1249,17 +1249,50 @@ def _api_names(message: str, edit: GraphEdit | None, new_ptr: np.ndarray | None 
     return re.sub(r"\b(new_nbrs|new_weights)\[(\d+)\]", name, message)
 
 
-def _remote_edit(store: Any, edit: GraphEdit) -> Any:
-    """:func:`kernels.graph_edit.apply_edit` on a replica's Redis graph: the rows the edit touches are
-    fetched (overlay first) into a graph of the store's node count whose other rows are empty, so the
-    same validation and the same new rows come out; only ``changed_rows`` of the result are used."""
-    from kernels.graph import CSRGraph, index_dtype_for
-    from kernels.graph_edit import apply_edit
+class _ReplicaEdit:
+    """A replica's graph while a group of updates is validated: the rows the group changed so far (``rows``:
+    ``{node: (ids int64, weights or None)}``) over the store's (Redis and its overlay), the node count and the
+    self-loop count after them. The group's next update reads its rows through it (:func:`_remote_edit`), so it
+    sees the earlier updates' edges and new nodes; the group's effect carries every row it changed, which
+    :meth:`LiveGraph._apply_locked` gives the store's overlay."""
 
-    n = int(store.num_nodes)
+    def __init__(self, store: Any, rows: dict[int, tuple[np.ndarray, np.ndarray | None]], num_nodes: int,
+                 self_loops: int | None) -> None:
+        self.store = store
+        self.rows = rows
+        self.num_nodes = int(num_nodes)
+        self.self_loops = self_loops
+
+    def adjacency(self, ids: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
+        out = {int(v): self.rows[int(v)] for v in ids if int(v) in self.rows}
+        stored = np.array([v for v in ids if int(v) not in out and v < self.store.num_nodes], dtype=np.int64)
+        if len(stored):
+            out.update(self.store.adjacency(stored))
+        for v in ids:  # a node the group added without edges
+            out.setdefault(int(v), (np.zeros(0, np.int64), None))
+        return out
+
+    def neighbors(self, v: int) -> np.ndarray:
+        return self.adjacency(np.array([v], dtype=np.int64))[int(v)][0]
+
+
+def _remote_edit(base: Any, edit: GraphEdit, *, replay: bool = False) -> Any:
+    """:func:`kernels.graph_edit.apply_edit` on a replica's Redis graph (``base``: the store, or the
+    :class:`_ReplicaEdit` of the updates of the group before this one): the rows the edit touches are fetched
+    (the group's rows, then the overlay, then Redis) into a graph of the current node count whose other rows are
+    empty, so the same validation and the same new rows come out. A self-loop is taken iff the graph has one, as
+    in memory (the store's count, ``RedisGraphStore.self_loops``; a graph loaded without that count refuses
+    them, except in a logged update being replayed: ``replay``, accepted when it was written). Returns an
+    ``EditEffect`` whose graph is a :class:`_ReplicaEdit` holding every row the group changed so far."""
+    from kernels.graph import CSRGraph, index_dtype_for
+    from kernels.graph_edit import _SELF_LOOPS_KEY, EditEffect, _self_loop_count, apply_edit
+
+    prior = base if isinstance(base, _ReplicaEdit) else _ReplicaEdit(base, {}, base.num_nodes,
+                                                                     getattr(base, "self_loops", None))
+    n = prior.num_nodes
     touched = np.unique(np.concatenate([edit.new_nbrs, edit.add_src, edit.add_dst, edit.rem_src, edit.rem_dst]))
     touched = touched[(touched >= 0) & (touched < n)]  # out-of-range ids: apply_edit names them
-    rows = store.adjacency(touched) if len(touched) else {}
+    rows = prior.adjacency(touched) if len(touched) else {}
     counts = np.zeros(n + 1, dtype=np.int64)
     for v in touched:
         counts[v + 1] = len(rows[int(v)][0])
@@ -1272,7 +1305,19 @@ def _remote_edit(store: Any, edit: GraphEdit) -> Any:
         weights = np.concatenate([rows[int(v)][1] if rows[int(v)][1] is not None
                                   else np.ones(len(rows[int(v)][0]), np.float32) for v in touched]).astype(np.float32)
     local = CSRGraph(indptr, indices, weights, num_nodes=n)
-    return apply_edit(local, edit, allow_self_loops=False)
+    loops = prior.self_loops
+    if loops is None:
+        eff = apply_edit(local, edit, allow_self_loops=replay)
+    else:  # the whole graph's count, as apply_edit reads (and carries over) it in memory: the same check and words
+        local.cache()[_SELF_LOOPS_KEY] = int(loops)
+        eff = apply_edit(local, edit)
+    g = eff.graph
+    changed = {int(v): (g.indices[g.indptr[v]:g.indptr[v + 1]].astype(np.int64),
+                        None if g.weights is None else g.weights[g.indptr[v]:g.indptr[v + 1]].copy())
+               for v in eff.changed_rows.tolist()}
+    after = _ReplicaEdit(prior.store, {**prior.rows, **changed}, g.num_nodes,
+                         None if loops is None else _self_loop_count(g))
+    return EditEffect(after, eff.changed_rows, eff.new_ids)
 
 
 SNAPSHOT_META = "snapshot.json"

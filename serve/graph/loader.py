@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from kernels.graph_edit import _self_loop_count
+
 from ..features.base import summarize_ids
 from ..redisdata.connection import RedisTarget, connect, parse_redis_url
 from ..redisdata.errors import GRAPH_ERRORS, GraphCorrupt
@@ -119,6 +121,7 @@ def load_graph(dataset: Any, redis_url: str, *, version: int = 1, ppr: Sequence[
             "format": GRAPH_FORMAT, "fingerprint": fp, "version": version,
             "num_nodes": n, "num_edges": graph.num_edges,
             "max_degree": int(graph.degrees.max()) if n else 0, "weighted": int(graph.weights is not None),
+            "self_loops": _self_loop_count(graph),
             "index_dtype": idt.str, "shards": shards, "chunk_size": chunk_size, "degree_chunk": chunk_size,
             "ppr": json.dumps(ppr_meta, sort_keys=True),
             "dataset_fingerprint": dataset.fingerprint(), "dataset_name": getattr(dataset, "name", "") or "",

@@ -233,6 +233,9 @@ class RedisGraphStore(PinnedVersion):
             self.num_edges = int(meta["num_edges"])
             self.max_degree = int(meta["max_degree"])
             self.is_weighted = meta["weighted"] == "1"
+            #: self-loop slots of the graph (an update may add one iff there is one, as in memory); None: loaded by a
+            #: gnnserve that did not count them
+            self.self_loops: int | None = int(meta["self_loops"]) if "self_loops" in meta else None
             self.index_dtype = np.dtype(meta["index_dtype"]).newbyteorder("<")
             self.ppr_meta: dict[str, dict[str, Any]] = json.loads(meta.get("ppr") or "{}")
             self.keys = GraphKeys(fingerprint, version, int(meta["shards"]))
@@ -410,11 +413,12 @@ class RedisGraphStore(PinnedVersion):
             return
         replaced = [v for v in clean if v < self.base_num_nodes and v not in self._ov_rows]
         stored = self._snapshot_rows("a", replaced, self.keys.adj, self._adj) if replaced else {}
-        delta = 0
+        delta = loops = 0
         for v, row in clean.items():
             old = self._ov_rows.get(v)
-            old_len = len(old[0]) if old is not None else len(stored[v][0]) if v in stored else 0
-            delta += len(row[0]) - old_len
+            old_ids = old[0] if old is not None else stored[v][0] if v in stored else _EMPTY_IDS
+            delta += len(row[0]) - len(old_ids)
+            loops += int(np.any(row[0] == v)) - int(np.any(old_ids == v))
         with self._ov_lock:
             for v, row in clean.items():
                 old = self._ov_rows.get(v)
@@ -426,6 +430,8 @@ class RedisGraphStore(PinnedVersion):
                 _count_degree(self._ov_degrees, len(row[0]), +1)
             self.num_nodes = n
             self.num_edges += delta
+            if self.self_loops is not None:
+                self.self_loops += loops
             self.max_degree = max(self._base_max_degree, max(self._ov_degrees, default=0))
             if any(row[1] is not None for row in clean.values()):
                 self.is_weighted = True
@@ -1196,8 +1202,11 @@ def _weights(row: tuple[np.ndarray, np.ndarray | None]) -> np.ndarray:
 
 
 def _weight_sum(row: tuple[np.ndarray, np.ndarray | None]) -> float:
-    """The weight sum of an adjacency row ``(ids, weights or None)``: 1 per edge without weights."""
-    return float(row[1].sum(dtype=np.float64)) if row[1] is not None else float(len(row[0]))
+    """The weight sum of an adjacency row ``(ids, weights or None)``: 1 per edge without weights; float64, added in
+    the row's order, as the degree chunks and the graph in memory sum it (``kernels.ppr_push._row_sums``)."""
+    if row[1] is None:
+        return float(len(row[0]))
+    return float(np.cumsum(row[1], dtype=np.float64)[-1]) if len(row[1]) else 0.0
 
 def _kept_edges_of(rows: list[np.ndarray], width: int, fastrand: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(ids, lengths, edges)``: the rows concatenated (int64), their lengths, and the positions in
