@@ -1060,8 +1060,7 @@ def pushed_lists(store: RedisGraphStore, targets: np.ndarray, cfg: Any, *,
                  reach: dict[int, np.ndarray] | None = None) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """The top-K PPR list of each of the distinct ``targets`` pushed on the store's current graph (snapshot rows and
     overlay): ``{target: (ids int64, scores float32)}``, what :func:`kernels.ppr.ppr_topk` gives on the same graph in
-    memory (to the bit on an unweighted graph; on a weighted one the stored weighted degrees may differ in the last
-    bits from the running sums in memory).
+    memory, to the bit (weighted degrees are summed over each row in order on both sides: ``_weight_sum``).
 
     Each push (:class:`kernels.ppr_partial.PartialPush`) reads the rows of the nodes it pushes and the degrees of the
     nodes those rows reach (the version's degree chunks: an array gather, no row): it pauses where the next node to
@@ -1082,8 +1081,8 @@ def pushed_new_node(store: RedisGraphStore, neighbors: np.ndarray, weights: np.n
                     cfg: Any) -> tuple[np.ndarray, np.ndarray]:
     """:func:`kernels.ppr.ppr_new_node` on the store's current graph: the top-K PPR list of a node that is not in it,
     with edges (both ways) to the existing ``neighbors``: ``(nodes int64, scores float32)``, the new node first
-    under the virtual id ``store.num_nodes``; the same list as on the graph in memory (to the bit on an unweighted
-    graph), its rows read as :func:`pushed_lists` reads them."""
+    under the virtual id ``store.num_nodes``; the same list as on the graph in memory (to the bit), its rows read
+    as :func:`pushed_lists` reads them."""
     return pushed_new_nodes(store, [(neighbors, weights)], cfg)[0]
 
 
