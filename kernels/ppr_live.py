@@ -190,7 +190,7 @@ sources + holders of any changed row + new nodes. A dirty target stays dirty (th
 never patched); :meth:`ensure_induced` after edits rebuilds the table from the current lists.
 """
 
-# numba cache key: datasets bc5af1e8dd73, graph_edit c75c424bb6d7, ppr_index 4f1fc5bf44f2, ppr_push 40808393d55c, subgraph 22abd6553247
+# numba cache key: datasets bc5af1e8dd73, graph_edit c75c424bb6d7, ppr_index 4f1fc5bf44f2, ppr_push ff3bcfdae619, subgraph 22abd6553247
 
 from __future__ import annotations
 
@@ -436,13 +436,16 @@ def _push_peaks(
     The scratch is zero on entry and on return (the push thresholds in ``rw[:, :, 1]`` untouched)."""
     nthreads = rw.shape[0]
     nb = srcs.shape[0]
+    no_nb = np.zeros(0, dtype=np.int64)
+    no_w = np.zeros(0, dtype=np.float64)
     for w in prange(nthreads):
         rw_w = rw[w]
         p_w = p[w]
         t_w = touched[w]
         for i in range(w, nb, nthreads):
             src = srcs[i]
-            nt = _push_dense(indptr, indices, weights, wdeg, src, alpha, lazy, 0, rw_w, p_w, queue[w], t_w)
+            nt, _ = _push_dense(indptr, indices, weights, wdeg, src, alpha, lazy, 0, rw_w, p_w, queue[w], t_w, no_nb,
+                                no_w, 0.0)
             mp = 0.0
             mo = 0.0
             for j in range(nt):

@@ -167,13 +167,23 @@ class _DenseScratch:
         return sum(a.nbytes for a in (self.rw, self.p, self.queue, self.touched, self.cand))
 
 
-def _take_dense(graph: CSRGraph, threads: int, eps: float) -> _DenseScratch:
+#: the most nodes a new node's push (:func:`ppr_new_node`) gives dense state of its own (40 bytes a node); on a
+#: larger graph it takes a pooled scratch with room (a live graph's) or pushes on sparse state
+DENSE_NEW_NODE_MAX = 1 << 22
+
+
+def _take_dense(graph: CSRGraph, threads: int, eps: float, capacity: int = 0) -> _DenseScratch | None:
+    """A scratch of the graph's pool for ``threads`` workers (at least; with ``capacity``, any number of threads and
+    room for that many nodes) and ``eps``, or a new one. With ``capacity`` past :data:`DENSE_NEW_NODE_MAX` and none
+    pooled: None."""
     with _SCRATCH_LOCK:
         pool = graph.cache().setdefault(_SCRATCH_KEY, [])
         for i, sc in enumerate(pool):
-            if sc.threads == threads and sc.eps == eps:
+            if sc.eps == eps and (sc.threads == threads if not capacity else sc.capacity >= capacity):
                 return pool.pop(i)
-    return _DenseScratch(_weighted_degree(graph), threads, eps)
+    if capacity > DENSE_NEW_NODE_MAX:
+        return None
+    return _DenseScratch(_weighted_degree(graph), threads, eps, capacity)
 
 
 def _give_dense(graph: CSRGraph, sc: _DenseScratch) -> None:
@@ -266,9 +276,9 @@ def _select_topk(
 
 @numba.njit(cache=True, nogil=True)
 def _push_dense(
-    indptr, indices, weights, wdeg, src, alpha, lazy, max_pushes, rw, p, queue, touched
+    indptr, indices, weights, wdeg, src, alpha, lazy, max_pushes, rw, p, queue, touched, nb, nbw, w_self
 ):  # pragma: no cover
-    """ACL push from ``src`` on dense per-thread state; returns the number of touched nodes.
+    """ACL push from ``src`` on dense per-thread state; returns ``(touched nodes, pushes)``.
 
     ``rw[v] = (r(v), threshold(v))``, ``p[v]``: all residues and estimates are zero on entry except
     those this call sets; ``touched[:T]`` lists every node with ``r > 0`` or ``p > 0`` on return.
@@ -281,9 +291,17 @@ def _push_dense(
     reach overran ``touched``, QA 2026-11-27). ``_TINY`` (1e-300)
     is below every threshold and vanishes in ``p + alpha r``; the caller resets touched residues
     to 0.
+
+    With ``nb`` (sorted distinct existing ids, edge weights ``nbw``) the push runs on the graph plus the virtual
+    node ``N = len(indptr) - 1`` linked both ways to ``nb``, of weighted degree ``w_self`` (the steps and
+    arithmetic of :func:`_ppr_virtual`): ``src`` is then ``N``, the state has room for it, and the push
+    thresholds of ``nb`` and ``N`` count those edges (:func:`_ppr_virtual_dense` sets them).
     """
     qcap = queue.shape[0]
     has_w = weights.shape[0] > 0
+    n = indptr.shape[0] - 1
+    nnb = nb.shape[0]
+    virtual = src == n
     rw[src, 0] = 1.0
     touched[0] = src
     nt = 1
@@ -300,7 +318,14 @@ def _push_dense(
         qlen -= 1
         ru = rw[u, 0]
         pushes += 1
-        wu = wdeg[u]
+        back = -1
+        if not virtual:
+            wu = wdeg[u]
+        elif u == n:
+            wu = w_self
+        else:
+            back = _position(nb, u)
+            wu = wdeg[u] + nbw[back] if back >= 0 else wdeg[u]
         if wu <= 0.0:
             p[u] += ru
             rw[u, 0] = _TINY
@@ -311,7 +336,13 @@ def _push_dense(
             if lazy:
                 spread *= 0.5
             c = spread / wu
-            for e in range(indptr[u], indptr[u + 1]):
+            if u == n:  # the virtual node's edges are all in nb
+                e0 = 0
+                e1 = 0
+            else:
+                e0 = indptr[u]
+                e1 = indptr[u + 1]
+            for e in range(e0, e1):
                 v = indices[e]
                 old = rw[v, 0]
                 new = old + (c * weights[e] if has_w else c)
@@ -325,6 +356,23 @@ def _push_dense(
                 qlen += hit
                 if tail == qcap:
                     tail = 0
+            if virtual:  # the edges to or from the virtual node, after the row's (as _ppr_virtual walks them)
+                j0 = 0 if u == n else back
+                j1 = nnb if u == n else (back + 1 if back >= 0 else back)
+                for j in range(j0, j1):
+                    v = nb[j] if u == n else n
+                    old = rw[v, 0]
+                    new = old + c * nbw[j]
+                    rw[v, 0] = new
+                    touched[nt] = v
+                    nt += (old == 0.0) & (new != 0.0)
+                    thr = rw[v, 1]
+                    hit = (old < thr) & (new >= thr)
+                    queue[tail] = v
+                    tail += hit
+                    qlen += hit
+                    if tail == qcap:
+                        tail = 0
             if lazy:
                 old = rw[u, 0]
                 new = old + spread
@@ -338,7 +386,7 @@ def _push_dense(
                     qlen += 1
         if max_pushes > 0 and pushes >= max_pushes:
             break
-    return nt
+    return nt, pushes
 
 
 @numba.njit(cache=True, parallel=True)
@@ -365,6 +413,8 @@ def _ppr_batch(
     """Top-K lists of ``targets`` (rows of ``out_*``), worker ``w`` taking targets ``w, w + T, ...``."""
     nthreads = rw.shape[0]
     nb = targets.shape[0]
+    no_nb = np.zeros(0, dtype=np.int64)
+    no_w = np.zeros(0, dtype=np.float64)
     for w in prange(nthreads):
         rw_w = rw[w]
         p_w = p[w]
@@ -372,8 +422,9 @@ def _ppr_batch(
         c_w = cand[w]
         for i in range(w, nb, nthreads):
             src = targets[i]
-            nt = _push_dense(
-                indptr, indices, weights, wdeg, src, alpha, lazy, max_pushes, rw_w, p_w, queue[w], t_w
+            nt, _ = _push_dense(
+                indptr, indices, weights, wdeg, src, alpha, lazy, max_pushes, rw_w, p_w, queue[w], t_w, no_nb,
+                no_w, 0.0,
             )
             for j in range(nt):
                 v = t_w[j]
@@ -551,6 +602,45 @@ def _ppr_virtual(
     return out_nodes[:c], out_scores[:c], pushes, converged
 
 
+@numba.njit(cache=True, nogil=True)
+def _ppr_virtual_dense(
+    indptr, indices, weights, wdeg, nb, nbw, alpha, eps, lazy, k, threshold, max_pushes, rw, p, queue, touched, cand
+):  # pragma: no cover
+    """:func:`_ppr_virtual` (bidirectional) on one worker's dense scratch (``rw``, ``p``, ... of one thread, room
+    for ``N + 1`` nodes, thresholds for ``eps``): the same steps and arithmetic, so the same list and scores, at
+    the dense push's cost per edge instead of a hash map's. The neighbours' and the virtual node's thresholds are
+    set for the push and restored, and the touched state zeroed: the scratch is as it was on return."""
+    n = indptr.shape[0] - 1
+    nnb = nb.shape[0]
+    w_self = 0.0
+    for j in range(nnb):
+        w_self += nbw[j]
+    saved = np.empty(nnb + 1, dtype=np.float64)
+    for j in range(nnb):
+        v = nb[j]
+        saved[j] = rw[v, 1]
+        wv = wdeg[v] + nbw[j]
+        rw[v, 1] = eps * wv if wv > 0.0 else eps
+    saved[nnb] = rw[n, 1]
+    rw[n, 1] = eps * w_self if w_self > 0.0 else eps
+    nt, pushes = _push_dense(indptr, indices, weights, wdeg, n, alpha, lazy, max_pushes, rw, p, queue, touched, nb,
+                             nbw, w_self)
+    for j in range(nt):
+        v = touched[j]
+        cand[j] = p[v] + alpha * rw[v, 0]
+    out_nodes = np.empty(max(k, 1), dtype=np.int64)
+    out_scores = np.empty(max(k, 1), dtype=np.float64)
+    c = _select_topk(touched, cand, nt, n, cand[0], k, threshold * cand[0], out_nodes, out_scores)
+    for j in range(nt):
+        v = touched[j]
+        rw[v, 0] = 0.0
+        p[v] = 0.0
+    for j in range(nnb):
+        rw[nb[j], 1] = saved[j]
+    rw[n, 1] = saved[nnb]
+    return out_nodes[:c], out_scores[:c], pushes
+
+
 # ============================================================================ Python API
 def _check_targets(graph: CSRGraph, targets: np.ndarray | Sequence[int] | int) -> np.ndarray:
     t = np.ascontiguousarray(np.asarray(targets, dtype=np.int64).reshape(-1))
@@ -650,12 +740,23 @@ def ppr_new_node(
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     uniq, wsum = new_node_edges(graph.num_nodes, neighbors, weights)
-    wdeg = _weighted_degree(graph) if graph.is_weighted else np.zeros(0, dtype=np.float64)
     gw = graph.weights if graph.weights is not None else _NO_F32
-    nodes, scores, _pushes, converged = _ppr_virtual(
-        graph.indptr, graph.indices, gw, wdeg, uniq, wsum, bool(bidirectional),
-        cfg.alpha, cfg.eps, cfg.lazy, k, cfg.threshold, int(max_pushes),
-    )  # fmt: skip
+    sc = _take_dense(graph, 1, cfg.eps, capacity=graph.num_nodes + 1) if bidirectional else None
+    if sc is not None:  # the dense push (the same steps), on a scratch pooled with the graph's
+        try:
+            nodes, scores, pushes = _ppr_virtual_dense(
+                graph.indptr, graph.indices, gw, _weighted_degree(graph), uniq, wsum, cfg.alpha, cfg.eps, cfg.lazy,
+                k, cfg.threshold, int(max_pushes), sc.rw[0], sc.p[0], sc.queue[0], sc.touched[0], sc.cand[0],
+            )  # fmt: skip
+        finally:
+            _give_dense(graph, sc)
+        converged = not max_pushes or pushes < max_pushes
+    else:
+        wdeg = _weighted_degree(graph) if graph.is_weighted else np.zeros(0, dtype=np.float64)
+        nodes, scores, _pushes, converged = _ppr_virtual(
+            graph.indptr, graph.indices, gw, wdeg, uniq, wsum, bool(bidirectional),
+            cfg.alpha, cfg.eps, cfg.lazy, k, cfg.threshold, int(max_pushes),
+        )  # fmt: skip
     if not converged:
         log.debug("ppr_new_node stopped at max_pushes=%d before the eps bound was reached", max_pushes)
     return nodes, scores.astype(np.float32)

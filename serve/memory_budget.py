@@ -138,6 +138,7 @@ def estimate(args: Any) -> MemoryEstimate:
     features_local = not stateless and str(getattr(args, "features", "memory")) == "memory"
     datasets: dict[str, dict[str, Any]] = {}
     ppr_indexes: dict[str, tuple[int, int]] = {}  # (graph fp, PPR config) -> (N, K)
+    ppr_graphs: dict[str, int] = {}  # graph fp -> N, of the graphs with a PPR model
     for tag, conf in _checkpoints(Path(args.repo)):
         d = conf["dataset"]
         n = int(d.get("num_nodes", 0))
@@ -152,6 +153,7 @@ def estimate(args: Any) -> MemoryEstimate:
         if conf.get("extractor") == "ppr" and not stateless:
             key = fp + json.dumps(conf.get("ppr"), sort_keys=True)
             ppr_indexes[key] = (n, int(conf.get("max_ppr_budget") or (conf.get("ppr") or {}).get("topk", 0)))
+            ppr_graphs[fp] = n
     if not stateless:
         for d in datasets.values():
             n, e, f = int(d.get("num_nodes", 0)), int(d.get("num_edges", 0)), int(d.get("num_features", 0))
@@ -161,6 +163,11 @@ def estimate(args: Any) -> MemoryEstimate:
                 est.add(f"features of {d.get('name', '?')} ({n:,} x {f} float32)", n * f * 4)
         for n, k in ppr_indexes.values():
             est.add(f"PPR top-{k} index ({n:,} nodes)", n * k * 8 + (n + 1) * 8)
+        from kernels.ppr_push import DENSE_NEW_NODE_MAX
+
+        for n in ppr_graphs.values():  # kernels.ppr_push._DenseScratch, one worker's, per graph
+            if n + 1 <= DENSE_NEW_NODE_MAX:
+                est.add(f"PPR push state for new nodes ({n + 1:,} nodes x 40 bytes)", 40 * (n + 1))
         if ppr_indexes:
             est.add(f"induced-table budget x {len(ppr_indexes)} PPR index(es) (--induced-table-bytes)",
                     len(ppr_indexes) * int(args.induced_table_bytes))

@@ -121,3 +121,23 @@ def test_estimate_terms(repo: Path) -> None:
     assert any(w.startswith("graph row cache") for w in names) and any(w.startswith("feature hot tier") for w in names)
     assert [b for w, b in st.items if w.startswith("graph degree chunks")] == [12 * n]
     assert [b for w, b in st.items if w.startswith("PPR list reach sets")] == [(32 << 20) + (16 << 20)]
+
+
+def test_estimate_counts_a_ppr_models_push_state(repo: Path, tmp_path: Path) -> None:
+    """A shaDow model served from a local graph: its top-K index and the dense push state a new node's push takes
+    (kernels.ppr_push._DenseScratch of one worker, N + 1 nodes x 40 bytes; none past DENSE_NEW_NODE_MAX)."""
+    from kernels.ppr_push import DENSE_NEW_NODE_MAX
+
+    conf = json.loads((repo / "m" / "1" / "config.json").read_text())
+    n = conf["dataset"]["num_nodes"]
+    for name, nodes in (("s", n), ("big", DENSE_NEW_NODE_MAX)):
+        d = tmp_path / name / "repo" / "s" / "1"
+        d.mkdir(parents=True)
+        ds = dict(conf["dataset"], num_nodes=nodes, graph_fingerprint=f"fp-{name}")
+        d.joinpath("config.json").write_text(json.dumps({"dataset": ds, "extractor": "ppr",
+                                                          "ppr": {"topk": 16, "eps": 1e-4},
+                                                          "model": {"hidden": 8}}))
+        items = estimate(_args(d.parent.parent)).items
+        state = [b for w, b in items if w.startswith("PPR push state for new nodes")]
+        assert any(w.startswith("PPR top-16 index") for w, _ in items)
+        assert state == ([40 * (nodes + 1)] if nodes + 1 <= DENSE_NEW_NODE_MAX else [])

@@ -142,8 +142,8 @@ def test_edges_of_weight_zero(lazy):
     wd = _weighted_degree(g)
     sc = _DenseScratch(wd, 1, cfg.eps, capacity=10_000)
     for src in (1, 6):
-        nt = _push_dense(g.indptr, g.indices, g.weights, wd, src, cfg.alpha, lazy, 0, sc.rw[0], sc.p[0], sc.queue[0],
-                         sc.touched[0])
+        nt, _ = _push_dense(g.indptr, g.indices, g.weights, wd, src, cfg.alpha, lazy, 0, sc.rw[0], sc.p[0],
+                            sc.queue[0], sc.touched[0], np.zeros(0, np.int64), np.zeros(0), 0.0)
         reached = np.flatnonzero((sc.rw[0, :, 0] > 0) | (sc.p[0] > 0))
         assert nt == len(reached) and sorted(sc.touched[0, :nt].tolist()) == reached.tolist()
         sc.rw[0, :, 0] = 0.0
@@ -378,6 +378,51 @@ def test_new_node_weighted_one_directional_and_capped(weighted_sym):
     est3 = np.zeros(n + 1)
     est3[few] = few_s
     assert np.all(est3 <= ex + 1e-6)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_new_node_dense_push_equals_the_sparse_one_to_the_bit(weighted):
+    """ppr_new_node pushes on the graph's dense scratch (kernels.ppr_push._ppr_virtual_dense, 3.5x-4x faster); the
+    sparse push (_ppr_virtual) is its specification: the same list and scores to the bit on random graphs, weighted
+    (edges of weight 0 too) and not, lazy walks, a relative threshold, repeated and high-degree neighbours, a
+    neighbour without edges, the push cap; and the pooled scratch is left clean for ppr_topk."""
+    from kernels.graph import CSRGraph
+    from kernels.ppr_push import _NO_F32, _ppr_virtual, new_node_edges
+
+    rng = np.random.default_rng(7 + weighted)
+    for trial in range(12):
+        n = int(rng.integers(50, 400))
+        m = int(rng.integers(n, 6 * n))
+        src, dst = rng.integers(0, n, m), rng.integers(0, n, m)
+        keep = src != dst
+        w = rng.choice([0.0, 0.5, 1.0, 2.5], size=int(keep.sum())).astype(np.float32) if weighted else None
+        g = CSRGraph.from_edge_index(np.stack([src[keep], dst[keep]]), n, w, symmetrize=True)
+        cfg = PPRConfig(alpha=float(rng.choice([0.1, 0.15, 0.25])), eps=float(rng.choice([1e-3, 1e-4, 1e-5])),
+                        topk=int(rng.choice([8, 32, n + 1])), lazy=bool(trial % 3 == 1),
+                        threshold=0.01 if trial % 4 == 2 else 0.0)
+        deg = np.diff(g.indptr)
+        nb = rng.choice(n, int(rng.integers(0, 7)), replace=True)
+        if trial % 2:
+            nb = np.r_[nb, np.argmax(deg)]  # a hub
+        if (deg == 0).any() and trial % 3 == 0:
+            nb = np.r_[nb, np.flatnonzero(deg == 0)[0]]  # a neighbour without edges
+        nw = rng.uniform(0.0, 3.0, len(nb)) if weighted and trial % 2 else None
+        cap = 5 if trial == 11 else 200_000
+        got_nodes, got_scores = ppr_new_node(g, nb, nw, cfg, max_pushes=cap)
+        uniq, wsum = new_node_edges(n, nb, nw)
+        wdeg = _weighted_degree(g) if g.is_weighted else np.zeros(0)
+        want_nodes, want_scores, _, _ = _ppr_virtual(g.indptr, g.indices, g.weights if weighted else _NO_F32, wdeg,
+                                                     uniq, wsum, True, cfg.alpha, cfg.eps, cfg.lazy, cfg.topk,
+                                                     cfg.threshold, cap)
+        np.testing.assert_array_equal(got_nodes, want_nodes, err_msg=f"trial {trial}")
+        np.testing.assert_array_equal(got_scores, want_scores.astype(np.float32), err_msg=f"trial {trial}")
+        # the scratch went back clean: a batch of existing targets on it equals one on fresh state
+        t = rng.choice(n, 5, replace=False)
+        a = ppr_topk(g, t, cfg)
+        g.cache().clear()
+        b = ppr_topk(g, t, cfg)
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
 
 
 def test_new_node_without_edges_and_validation(sbm):
