@@ -274,6 +274,25 @@ def _select_topk(
     return 1 + hs
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _spread(rw, touched, queue, v, add, nt, tail, qlen, qcap):  # pragma: no cover - compiled
+    """One edge of a push: ``add`` onto ``v``'s residue, ``v`` listed as touched and queued where the residue
+    crossed its threshold, without a data-dependent branch (see :func:`_push_dense`); the new counts."""
+    old = rw[v, 0]
+    new = old + add
+    rw[v, 0] = new
+    touched[nt] = v
+    nt += (old == 0.0) & (new != 0.0)  # an edge of weight 0 leaves v untouched: listed once at most
+    thr = rw[v, 1]
+    hit = (old < thr) & (new >= thr)
+    queue[tail] = v
+    tail += hit
+    qlen += hit
+    if tail == qcap:
+        tail = 0
+    return nt, tail, qlen
+
+
 @numba.njit(cache=True, nogil=True)
 def _push_dense(
     indptr, indices, weights, wdeg, src, alpha, lazy, max_pushes, rw, p, queue, touched, nb, nbw, w_self
@@ -343,36 +362,14 @@ def _push_dense(
                 e0 = indptr[u]
                 e1 = indptr[u + 1]
             for e in range(e0, e1):
-                v = indices[e]
-                old = rw[v, 0]
-                new = old + (c * weights[e] if has_w else c)
-                rw[v, 0] = new
-                touched[nt] = v
-                nt += (old == 0.0) & (new != 0.0)  # an edge of weight 0 leaves v untouched: listed once at most
-                thr = rw[v, 1]
-                hit = (old < thr) & (new >= thr)
-                queue[tail] = v
-                tail += hit
-                qlen += hit
-                if tail == qcap:
-                    tail = 0
+                nt, tail, qlen = _spread(rw, touched, queue, indices[e], c * weights[e] if has_w else c, nt, tail,
+                                         qlen, qcap)
             if virtual:  # the edges to or from the virtual node, after the row's (as _ppr_virtual walks them)
                 j0 = 0 if u == n else back
                 j1 = nnb if u == n else (back + 1 if back >= 0 else back)
                 for j in range(j0, j1):
-                    v = nb[j] if u == n else n
-                    old = rw[v, 0]
-                    new = old + c * nbw[j]
-                    rw[v, 0] = new
-                    touched[nt] = v
-                    nt += (old == 0.0) & (new != 0.0)
-                    thr = rw[v, 1]
-                    hit = (old < thr) & (new >= thr)
-                    queue[tail] = v
-                    tail += hit
-                    qlen += hit
-                    if tail == qcap:
-                        tail = 0
+                    nt, tail, qlen = _spread(rw, touched, queue, nb[j] if u == n else n, c * nbw[j], nt, tail, qlen,
+                                             qcap)
             if lazy:
                 old = rw[u, 0]
                 new = old + spread

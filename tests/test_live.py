@@ -836,6 +836,21 @@ def test_an_update_holding_the_lock_never_holds_the_event_loop(server):
     assert f'gnnserve_batches_total{{model="gcn",version="1",where="inline"}} {inline + 1}.0' in scraped
 
 
+def queue_behind_the_writer(live, calls, timeout: float = 30.0) -> None:
+    """Start each of ``calls`` in a thread while ``live``'s writer is held, release the writer once all of them wait
+    behind it (one group), and join them."""
+    with live._writer:
+        threads = [threading.Thread(target=call) for call in calls]
+        for th in threads:
+            th.start()
+        t_end = time.monotonic() + timeout
+        while len(live._pending) < len(calls):
+            assert time.monotonic() < t_end
+            time.sleep(0.005)
+    for th in threads:
+        th.join(2 * timeout)
+
+
 def test_updates_waiting_for_the_writer_share_one_version(server, tiny_dataset):
     """Updates that arrive while the writer is busy are applied together: one version, one log record."""
     from clients._gen import gnnserve_pb2 as pb
@@ -848,16 +863,7 @@ def test_updates_waiting_for_the_writer_share_one_version(server, tiny_dataset):
         req.features.add(node=v, features=[float(v)] * tiny_dataset.num_features)
         results.append(live.update(req))
 
-    with live._writer:  # the writer is busy: five updates queue up behind it
-        threads = [threading.Thread(target=send, args=(v,)) for v in range(5)]
-        for th in threads:
-            th.start()
-        t_end = time.monotonic() + 30
-        while len(live._pending) < 5:
-            assert time.monotonic() < t_end
-            time.sleep(0.005)
-    for th in threads:
-        th.join(30)
+    queue_behind_the_writer(live, [lambda v=v: send(v) for v in range(5)])  # five updates wait for the writer
     assert sorted(r.version for r in results) == [1] * 5 and all(r.group_size == 5 for r in results)
     assert live.log.head() == 1
     np.testing.assert_array_equal(live.features.get(np.arange(5))[:, 0], np.arange(5, dtype=np.float32))

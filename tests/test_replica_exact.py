@@ -15,6 +15,7 @@ grouped into one version.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -125,6 +126,20 @@ def _load(url: str, g: CSRGraph, cfg: PPRConfig, name: str) -> None:
             return "ds-" + g.fingerprint()[:8] + name
 
     load_graph(DS(), url, ppr=[cfg], chunk_size=32, progress=False)
+
+
+@contextlib.contextmanager
+def _store_of(redis_factory, g: CSRGraph, cfg: PPRConfig, name: str, **kw):
+    """A replica's store over ``g`` (with ``cfg``'s lists) loaded into a fresh Redis; closed on exit."""
+    from serve.graph_store import RedisGraphStore
+
+    srv = redis_factory()
+    _load(srv.url, g, cfg, name)
+    store = RedisGraphStore(srv.url, g.fingerprint(), **kw)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def _check_lists(idx, g: CSRGraph, cfg: PPRConfig, targets: np.ndarray, k: int, what: str) -> None:
@@ -359,7 +374,6 @@ def test_a_list_whose_push_only_read_a_changed_nodes_degree_is_pushed_again(redi
     """A node the push reached but never pushed (its degree read, not its row) changes degree: the list must not
     be kept (it is in the push's reach). Built so that the far end of a path is reached but stays below the
     threshold, then given many edges to nodes the push never saw."""
-    from serve.graph_store import RedisGraphStore
 
     cfg = PPRConfig(topk=8, eps=2e-2)
     n = 60
@@ -367,10 +381,7 @@ def test_a_list_whose_push_only_read_a_changed_nodes_degree_is_pushed_again(redi
     edges.update({(20 + i, 21 + i): 1.0 for i in range(30)})  # elsewhere
     mirror = Mirror(n, edges, False)
     g = mirror.graph()
-    srv = redis_factory()
-    _load(srv.url, g, cfg, "degree-only")
-    store = RedisGraphStore(srv.url, g.fingerprint())
-    try:
+    with _store_of(redis_factory, g, cfg, "degree-only") as store:
         idx = store.ppr_index(cfg)
         g, _ = mirror.edit([store], add=[(40, 45)])
         _check_lists(idx, g, cfg, np.arange(10), idx.k_max, "first")
@@ -384,25 +395,19 @@ def test_a_list_whose_push_only_read_a_changed_nodes_degree_is_pushed_again(redi
         _check_lists(idx, g, cfg, np.arange(10), idx.k_max, "after the far node's degree grew")
         g, _ = mirror.edit([store], remove=[(far, 20 + j) for j in range(0, 30, 2)] + [(far - 1, far)])
         _check_lists(idx, g, cfg, np.arange(10), idx.k_max, "after the far node lost its last edges")
-    finally:
-        store.close()
 
 
 def test_lists_checked_before_the_log_floor_are_pushed_again(redis_factory, monkeypatch):
     """The changes log drops its oldest generations: a list last found exact before the floor cannot be judged
     by its reach and must be pushed (an edit to its reach in the lost part would otherwise go unseen)."""
     import serve.graph.store as store_mod
-    from serve.graph_store import RedisGraphStore
 
     monkeypatch.setattr(store_mod, "_CHANGE_LOG_IDS", 3)
     cfg = PPRConfig(topk=12, eps=4e-3)
     n, edges = _ring_and_random(False, 8, loops=False)
     mirror = Mirror(n, edges, False)
     g = mirror.graph()
-    srv = redis_factory()
-    _load(srv.url, g, cfg, "floor")
-    store = RedisGraphStore(srv.url, g.fingerprint())
-    try:
+    with _store_of(redis_factory, g, cfg, "floor") as store:
         idx = store.ppr_index(cfg)
         g, _ = mirror.edit([store], add=[(160, 170)])
         _check_lists(idx, g, cfg, np.arange(mirror.n), idx.k_max, "first")  # every list pushed with its reach
@@ -412,8 +417,6 @@ def test_lists_checked_before_the_log_floor_are_pushed_again(redis_factory, monk
         assert store._changes_floor > 0 and all(gen > store._changes_floor for gen, _ in store._changes)
         _check_lists(idx, g, cfg, np.arange(0, 30), idx.k_max, "near the edit lost from the log")
         _check_lists(idx, g, cfg, np.arange(mirror.n), idx.k_max, "all")
-    finally:
-        store.close()
 
 
 def test_weighted_lists_with_a_heavy_edge_equal_the_graph_in_memory(redis_factory):
@@ -422,7 +425,6 @@ def test_weighted_lists_with_a_heavy_edge_equal_the_graph_in_memory(redis_factor
     same graph in memory (ids and order). ppr_topk's weighted degrees are differences of one running float64 sum
     over all edges (kernels.ppr_push._weighted_degree), which after 1e15 keeps no bit below 0.125; the replica sums
     each row (degree chunks: bincount; overlay rows: _weight_sum)."""
-    from serve.graph_store import RedisGraphStore
 
     rng = np.random.default_rng(0)
     n = 200
@@ -435,18 +437,13 @@ def test_weighted_lists_with_a_heavy_edge_equal_the_graph_in_memory(redis_factor
     mirror._snap_weighted = True
     g = mirror.graph()
     cfg = PPRConfig(topk=12, eps=1e-3)
-    srv = redis_factory()
-    _load(srv.url, g, cfg, "heavy")
-    store = RedisGraphStore(srv.url, g.fingerprint())
-    try:
+    with _store_of(redis_factory, g, cfg, "heavy") as store:
         idx = store.ppr_index(cfg)
         _check_lists(idx, g, cfg, np.arange(n), idx.k_max, "the snapshot's lists")  # built by ppr_topk: equal
         u, v = next((a, b) for a, b in rng.integers(0, n, (100, 2)).tolist()
                     if a != b and (min(a, b), max(a, b)) not in mirror.edges)
         g, _ = mirror.edit([store], add=[(u, v)], weight=lambda a, b: 1.5)
         _check_lists(idx, g, cfg, np.arange(n), idx.k_max, "pushed again after an update")
-    finally:
-        store.close()
 
 
 # ============================================================================ the replica's own update path
@@ -463,17 +460,13 @@ def test_a_replica_groups_two_structural_updates_into_one_version(redis_factory)
     graph is the previous _remote_edit's local CSR, which holds only the touched rows and has no ``adjacency``:
     the second update must still apply, with full rows."""
     from kernels.graph_edit import GraphEdit
-    from serve.graph_store import RedisGraphStore
     from serve.live import _Group, _remote_edit
 
     cfg = PPRConfig(topk=8, eps=1e-2)
     n, edges = _ring_and_random(False, 2, loops=False)
     mirror = Mirror(n, edges, False)
     g = mirror.graph()
-    srv = redis_factory()
-    _load(srv.url, g, cfg, "group")
-    store = RedisGraphStore(srv.url, g.fingerprint())
-    try:
+    with _store_of(redis_factory, g, cfg, "group") as store:
         group = _Group(store, n, chain_only=True)
         group.add(_group_parsed(GraphEdit.make(add_src=[0], add_dst=[10])), _remote_edit)
         group.add(_group_parsed(GraphEdit.make(add_src=[40], add_dst=[60])), _remote_edit)
@@ -482,8 +475,14 @@ def test_a_replica_groups_two_structural_updates_into_one_version(redis_factory)
         for v in (0, 10, 40, 60):
             assert v in eff.changed_rows.tolist()
             assert eff.graph.rows[v][0].tolist() == want.neighbors(v).tolist(), v
-    finally:
-        store.close()
+
+
+def _edited(g: CSRGraph, pairs: list[tuple[int, int]]) -> CSRGraph:
+    """``g`` with the undirected edges ``pairs`` added."""
+    mirror = {(int(a), int(b)) for a in range(g.num_nodes) for b in g.neighbors(a).tolist()}
+    for u, v in pairs:
+        mirror |= {(u, v), (v, u)}
+    return CSRGraph.from_edge_index(np.array(sorted(mirror)).T, g.num_nodes)
 
 
 def test_a_replica_server_takes_updates_that_queue_behind_its_writer(redis_factory, tiny_repo, tiny_dataset,
@@ -492,20 +491,12 @@ def test_a_replica_server_takes_updates_that_queue_behind_its_writer(redis_facto
     one version, as on the in-memory server (test_live.test_updates_waiting_for_the_writer_share_one_version),
     and the replica's lists are then ppr_topk's on the edited graph."""
     from clients._gen import gnnserve_pb2 as pb
-    from serve.features import load_features
-    from serve.graph_store import load_graph
 
-    from .serving import ServerThread
-    from .test_stateless import models_only, repo_ppr_configs
+    from .test_live import queue_behind_the_writer
+    from .test_stateless import assert_lists_are_pushes_on, replica_server
 
-    ds, g = tiny_dataset, tiny_dataset.graph
-    url = redis_factory().url
-    load_features(ds, url, progress=False)
-    cfg = repo_ppr_configs(tiny_repo)[0]
-    load_graph(ds, url, ppr=[cfg], ppr_cache_dir=str(tiny_repo / "_ppr"), progress=False)
-    srv = ServerThread(models_only(tiny_repo, tmp_path / "r"), {"feature_url": url, "runtime_kw": {"graph_url": url}})
-    srv.start()
-    try:
+    g = tiny_dataset.graph
+    with replica_server(redis_factory, tiny_repo, tiny_dataset, tmp_path) as (srv, cfg):
         rt = srv.server.registry.get("shadow")
         live = rt.data.live
         pairs = []
@@ -525,29 +516,10 @@ def test_a_replica_server_takes_updates_that_queue_behind_its_writer(redis_facto
             except Exception as exc:  # asserted below
                 errors.append(exc)
 
-        with live._writer:
-            threads = [threading.Thread(target=send, args=p) for p in pairs]
-            for th in threads:
-                th.start()
-            t_end = time.monotonic() + 30
-            while len(live._pending) < 2:
-                assert time.monotonic() < t_end
-                time.sleep(0.005)
-        for th in threads:
-            th.join(60)
+        queue_behind_the_writer(live, [lambda p=p: send(*p) for p in pairs])
         assert not errors, [str(e) for e in errors]
         assert sorted(r.version for r in results) == [1, 1]
-        mirror = {(int(a), int(b)) for a in range(g.num_nodes) for b in g.neighbors(a).tolist()}
-        for u, v in pairs:
-            mirror |= {(u, v), (v, u)}
-        edited = CSRGraph.from_edge_index(np.array(sorted(mirror)).T, g.num_nodes)
-        every = np.arange(g.num_nodes)
-        want_ptr, want_nodes, _ = ppr_topk(edited, every, cfg)
-        got_ptr, got_nodes = rt.ppr_index.lookup(every, cfg.topk)
-        np.testing.assert_array_equal(got_ptr, want_ptr)
-        np.testing.assert_array_equal(got_nodes, want_nodes)
-    finally:
-        srv.stop()
+        assert_lists_are_pushes_on(rt.ppr_index, _edited(g, pairs), cfg)
 
 
 def test_a_replica_replays_a_log_record_of_two_structural_updates(redis_factory, tiny_repo, tiny_dataset, tmp_path):
@@ -556,21 +528,12 @@ def test_a_replica_replays_a_log_record_of_two_structural_updates(redis_factory,
     the replica must reach the record's version with both edits (not go out of service) and serve ppr_topk's
     lists on the edited graph."""
     from clients._gen import gnnserve_pb2 as pb
-    from serve.features import load_features
-    from serve.graph_store import load_graph
     from serve.live import _log_payload
 
-    from .serving import ServerThread
-    from .test_stateless import models_only, repo_ppr_configs
+    from .test_stateless import assert_lists_are_pushes_on, replica_server
 
-    ds, g = tiny_dataset, tiny_dataset.graph
-    url = redis_factory().url
-    load_features(ds, url, progress=False)
-    cfg = repo_ppr_configs(tiny_repo)[0]
-    load_graph(ds, url, ppr=[cfg], ppr_cache_dir=str(tiny_repo / "_ppr"), progress=False)
-    srv = ServerThread(models_only(tiny_repo, tmp_path / "r"), {"feature_url": url, "runtime_kw": {"graph_url": url}})
-    srv.start()
-    try:
+    g = tiny_dataset.graph
+    with replica_server(redis_factory, tiny_repo, tiny_dataset, tmp_path) as (srv, cfg):
         rt = srv.server.registry.get("shadow")
         live = rt.data.live
         pairs = [(3, next(x for x in range(400, 800) if x not in set(g.neighbors(3).tolist()))),
@@ -586,17 +549,7 @@ def test_a_replica_replays_a_log_record_of_two_structural_updates(redis_factory,
             assert time.monotonic() < t_end, "the replica never replayed the record"
             time.sleep(0.02)
         assert live.broken is None, live.broken
-        mirror = {(int(a), int(b)) for a in range(g.num_nodes) for b in g.neighbors(a).tolist()}
-        for u, v in pairs:
-            mirror |= {(u, v), (v, u)}
-        edited = CSRGraph.from_edge_index(np.array(sorted(mirror)).T, g.num_nodes)
-        every = np.arange(g.num_nodes)
-        want_ptr, want_nodes, _ = ppr_topk(edited, every, cfg)
-        got_ptr, got_nodes = rt.ppr_index.lookup(every, cfg.topk)
-        np.testing.assert_array_equal(got_ptr, want_ptr)
-        np.testing.assert_array_equal(got_nodes, want_nodes)
-    finally:
-        srv.stop()
+        assert_lists_are_pushes_on(rt.ppr_index, _edited(g, pairs), cfg)
 
 
 def test_a_replica_validates_a_self_loop_as_the_graph_in_memory_does(redis_factory):
@@ -605,23 +558,17 @@ def test_a_replica_validates_a_self_loop_as_the_graph_in_memory_does(redis_facto
     replica following a log that such a server wrote cannot replay it (and answers differently to the same
     UpdateGraph)."""
     from kernels.graph_edit import GraphEdit, apply_edit
-    from serve.graph_store import RedisGraphStore
     from serve.live import _remote_edit
 
     n, edges = _ring_and_random(False, 4, loops=True)
     g = Mirror(n, edges, False).graph()
     cfg = PPRConfig(topk=8, eps=1e-2)
-    srv = redis_factory()
-    _load(srv.url, g, cfg, "loops")
-    store = RedisGraphStore(srv.url, g.fingerprint())
-    try:
+    with _store_of(redis_factory, g, cfg, "loops") as store:
         edit = GraphEdit.make(add_src=[20], add_dst=[20])
         want = apply_edit(g, edit)  # the in-memory server's
         got = _remote_edit(store, edit)
         assert got.changed_rows.tolist() == want.changed_rows.tolist() == [20]
         assert got.graph.neighbors(20).tolist() == want.graph.neighbors(20).tolist()
-    finally:
-        store.close()
 
 
 def test_a_replicas_predictions_follow_a_sequence_of_updates(redis_factory, tiny_repo, tiny_dataset, tmp_path):
@@ -629,22 +576,13 @@ def test_a_replicas_predictions_follow_a_sequence_of_updates(redis_factory, tiny
     linked to each other and to a hub, a feature update, a re-added edge), predictions asked only after some of
     them (lists skip versions), each compared with the offline model on ppr_topk's lists of the edited graph."""
     from clients import GnnClient, NewNode
-    from serve.features import load_features
-    from serve.graph_store import load_graph
 
-    from .serving import ServerThread
     from .test_live import _Mirror, _reference
-    from .test_stateless import models_only, repo_ppr_configs
+    from .test_stateless import replica_server
 
     ds, g = tiny_dataset, tiny_dataset.graph
-    url = redis_factory().url
-    load_features(ds, url, progress=False)
-    cfg = repo_ppr_configs(tiny_repo)[0]
-    load_graph(ds, url, ppr=[cfg], ppr_cache_dir=str(tiny_repo / "_ppr"), progress=False)
-    srv = ServerThread(models_only(tiny_repo, tmp_path / "r"), {"feature_url": url, "runtime_kw": {"graph_url": url}})
-    srv.start()
     rng = np.random.default_rng(21)
-    try:
+    with replica_server(redis_factory, tiny_repo, ds, tmp_path) as (srv, cfg):
         mirror = _Mirror(ds)
         hub = int(np.argmax(g.degrees))
         strip = int(np.flatnonzero(g.degrees >= 2)[5])
@@ -680,24 +618,18 @@ def test_a_replicas_predictions_follow_a_sequence_of_updates(redis_factory, tiny
                 lists = ppr_topk(edited, t, cfg, k=16)[:2]
                 want = _reference(tiny_repo, "shadow", edited, mirror.x, t, 0, lists=lists)
                 np.testing.assert_allclose(got.probabilities, want, atol=2e-5, err_msg=f"after step {i}")
-    finally:
-        srv.stop()
 
 
 def test_a_replica_counts_self_loops_through_updates_as_the_graph_in_memory(redis_factory):
     """The store's self-loop count (written by the loader, kept by apply_rows) decides as apply_edit does in memory:
     a loop may be added while the graph has one; once every loop is removed one is refused, with the same words."""
     from kernels.graph_edit import GraphEdit, GraphEditError, apply_edit
-    from serve.graph_store import RedisGraphStore
     from serve.live import _remote_edit
 
     n, edges = _ring_and_random(False, 5, loops=True)
     g = Mirror(n, edges, False).graph()
     cfg = PPRConfig(topk=8, eps=1e-2)
-    srv = redis_factory()
-    _load(srv.url, g, cfg, "loopcount")
-    store = RedisGraphStore(srv.url, g.fingerprint())
-    try:
+    with _store_of(redis_factory, g, cfg, "loopcount") as store:
         assert store.self_loops == 3
         mem = g
         steps = [GraphEdit.make(add_src=[30], add_dst=[30]),                      # allowed: the graph has loops
@@ -724,24 +656,18 @@ def test_a_replica_counts_self_loops_through_updates_as_the_graph_in_memory(redi
             _remote_edit(store, GraphEdit.make(add_src=[8], add_dst=[8]))
         eff = _remote_edit(store, GraphEdit.make(add_src=[8], add_dst=[8]), replay=True)
         assert 8 in eff.graph.rows[8][0].tolist()
-    finally:
-        store.close()
 
 
 def test_a_group_of_updates_on_a_replica_sees_the_earlier_ones(redis_factory):
     """The second update of a group reads the first's rows and new nodes: it removes an edge the first added and
     links the first's new node; the group's effect holds every row it changed, equal to apply_edit's in memory."""
     from kernels.graph_edit import GraphEdit, apply_edit
-    from serve.graph_store import RedisGraphStore
     from serve.live import _Group, _remote_edit
 
     n, edges = _ring_and_random(False, 6, loops=False)
     g = Mirror(n, edges, False).graph()
     cfg = PPRConfig(topk=8, eps=1e-2)
-    srv = redis_factory()
-    _load(srv.url, g, cfg, "group2")
-    store = RedisGraphStore(srv.url, g.fingerprint())
-    try:
+    with _store_of(redis_factory, g, cfg, "group2") as store:
         e1 = GraphEdit.make(new_count=1, new_ptr=[0, 2], new_nbrs=[3, 160], add_src=[0], add_dst=[100])
         e2 = GraphEdit.make(rem_src=[100], rem_dst=[0], add_src=[n], add_dst=[4])
         group = _Group(store, n, chain_only=True)
@@ -753,5 +679,3 @@ def test_a_group_of_updates_on_a_replica_sees_the_earlier_ones(redis_factory):
         for v in sorted({0, 100, 3, 160, 4, n}):
             assert v in eff.changed_rows.tolist() or want.neighbors(v).tolist() == g.neighbors(v).tolist()
             assert eff.graph.neighbors(v).tolist() == want.neighbors(v).tolist(), v
-    finally:
-        store.close()

@@ -6,6 +6,7 @@ A replica started with only a Redis URL and a copy of the model repository *with
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import shutil
@@ -40,6 +41,37 @@ def models_only(repo, dest):
     for name in ("shadow", "gcn"):
         shutil.copytree(repo / name, dest / name)
     return dest
+
+
+@contextlib.contextmanager
+def replica_server(redis_factory, repo, ds, tmp_path):
+    """A started replica of ``repo``'s checkpoints, its graph (with the first PPR configuration's lists) and features
+    loaded into a fresh Redis: ``(server, PPR config)``; stopped on exit."""
+    from serve.features import load_features
+    from serve.graph_store import load_graph
+
+    url = redis_factory().url
+    load_features(ds, url, progress=False)
+    cfg = repo_ppr_configs(repo)[0]
+    load_graph(ds, url, ppr=[cfg], ppr_cache_dir=str(repo / "_ppr"), progress=False)
+    srv = ServerThread(models_only(repo, tmp_path / "r"), {"feature_url": url, "runtime_kw": {"graph_url": url}})
+    srv.start()
+    try:
+        yield srv, cfg
+    finally:
+        srv.stop()
+
+
+def assert_lists_are_pushes_on(index, graph, cfg):
+    """Every node's list served by ``index`` is ``ppr_topk``'s on ``graph``."""
+    from kernels.ppr import ppr_topk
+
+    every = np.arange(graph.num_nodes)
+    want_ptr, want_nodes, _ = ppr_topk(graph, every, cfg)
+    got_ptr, got_nodes = index.lookup(every, cfg.topk)
+    np.testing.assert_array_equal(got_ptr, want_ptr)
+    np.testing.assert_array_equal(got_nodes, want_nodes)
+    return got_ptr, got_nodes
 
 
 @pytest.fixture(scope="module")
@@ -435,19 +467,11 @@ def test_a_replica_pushes_the_lists_structural_updates_may_have_changed(redis_fa
     lists' subgraphs (also for targets whose subgraph was cached before the updates)."""
     from clients import GnnClient
     from kernels.ppr import ppr_topk
-    from serve.features import load_features
-    from serve.graph_store import load_graph
 
     from .test_live import _Mirror, _reference
 
     ds, g = tiny_dataset, tiny_dataset.graph
-    url = redis_factory().url
-    load_features(ds, url, progress=False)
-    cfg = repo_ppr_configs(tiny_repo)[0]
-    load_graph(ds, url, ppr=[cfg], ppr_cache_dir=str(tiny_repo / "_ppr"), progress=False)
-    srv = ServerThread(models_only(tiny_repo, tmp_path / "r"), {"feature_url": url, "runtime_kw": {"graph_url": url}})
-    srv.start()
-    try:
+    with replica_server(redis_factory, tiny_repo, ds, tmp_path) as (srv, cfg):
         mirror = _Mirror(ds)
         t = int(np.flatnonzero(g.degrees >= 3)[0])
         nodes = np.arange(0, ds.num_nodes, 9)
@@ -468,14 +492,8 @@ def test_a_replica_pushes_the_lists_structural_updates_may_have_changed(redis_fa
         want = _reference(tiny_repo, "shadow", edited, mirror.x, checked, 0, lists=lists)
         np.testing.assert_allclose(got.probabilities, want, atol=2e-5)
         assert not np.allclose(before.probabilities[0], got.probabilities[0], atol=1e-4)  # t's answer moved
-        every = np.arange(ds.num_nodes)
-        want_ptr, want_nodes, _ = ppr_topk(edited, every, cfg)
-        got_ptr, got_nodes = srv.server.registry.get("shadow").ppr_index.lookup(every, cfg.topk)
-        np.testing.assert_array_equal(got_ptr, want_ptr)
-        np.testing.assert_array_equal(got_nodes, want_nodes)
+        got_ptr, got_nodes = assert_lists_are_pushes_on(srv.server.registry.get("shadow").ppr_index, edited, cfg)
         assert got_nodes[got_ptr[t]:got_ptr[t + 1]].tolist() == [t]
-    finally:
-        srv.stop()
 
 
 def test_a_replica_checks_a_predicts_new_nodes(stateless):
