@@ -227,11 +227,21 @@ def _range_text(n: int, m: int) -> str:
 
 
 def _self_loop_count(graph: CSRGraph) -> int:
-    """Number of self-loop slots (memoized on the graph; O(E) once)."""
+    """Number of self-loop slots (memoized on the graph; one pass over the edges once, no array of them: the
+    loader counts a graph of half a billion edges)."""
     c = graph.cache().get(_SELF_LOOPS_KEY)
     if c is None:
-        c = int(np.count_nonzero(graph.row_ids() == graph.indices)) if graph.num_edges else 0
+        c = int(_count_loops(graph.indptr, graph.indices)) if graph.num_edges else 0
         graph.cache()[_SELF_LOOPS_KEY] = c
+    return c
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_loops(indptr, indices):  # pragma: no cover - compiled
+    c = 0
+    for v in range(indptr.shape[0] - 1):
+        for e in range(indptr[v], indptr[v + 1]):
+            c += indices[e] == v
     return c
 
 

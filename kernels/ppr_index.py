@@ -436,6 +436,7 @@ class PPRIndex:
             "config": cfg.to_dict(),
             "config_key": cfg.key(),
             "algorithm_version": _ALGO_VERSION,
+            "weighted_degrees": _DEGREE_SUMS,
             "nodes_dtype": np.dtype(idt).str,
             "scores_dtype": np.dtype(np.float32).str,
             "build_seconds": round(seconds, 3),
@@ -469,6 +470,7 @@ class PPRIndex:
             "config": self.config.to_dict(),
             "config_key": self.config.key(),
             "algorithm_version": _ALGO_VERSION,
+            "weighted_degrees": _DEGREE_SUMS,
             "nodes_dtype": np.dtype(self.nodes.dtype).str,
             "scores_dtype": np.dtype(np.float32).str,
         }
@@ -517,6 +519,11 @@ class PPRIndex:
         )
         if graph is not None:
             idx.check_graph(graph)
+            if _stale_degrees(meta, graph):
+                raise PPRIndexError(
+                    f"{d}: built on weighted degrees summed as one running sum (before 2026-11-28), which differ from "
+                    "the per-row sums the pushes use now where weights span a wide range; build it again "
+                    "(PPRIndex.open_or_build does)")
         return idx
 
     @staticmethod
@@ -542,6 +549,9 @@ class PPRIndex:
         """
         cfg = cfg or PPRConfig()
         final = cls.path_for(cache_dir, graph, cfg)
+        if (final / "meta.json").exists() and _stale_degrees(_read_meta(final), graph):
+            log.info("%s: built on the weighted degrees of an earlier version; building it again", final)
+            shutil.rmtree(final, ignore_errors=True)  # readers that mapped it keep their mapping
         if not (final / "meta.json").exists():
             _publish(final, lambda tmp: cls.build(graph, cfg, directory=tmp, progress=progress, quiet=quiet))
         return cls.open(final, graph)
@@ -553,6 +563,24 @@ class PPRIndex:
         if not (final / "meta.json").exists():
             _publish(final, self.save)
         return final
+
+
+#: how the push's weighted degrees are summed (kernels.ppr_push._row_sums: each row in order); an index of a weighted
+#: graph built without this mark summed them as one running sum over every edge, whose bits can differ
+_DEGREE_SUMS = "rows"
+
+
+def _read_meta(d: Path) -> dict[str, Any]:
+    try:
+        return json.loads((d / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _stale_degrees(meta: dict[str, Any], graph: Any) -> bool:
+    """Whether an index's lists were pushed on weighted degrees summed otherwise than the pushes sum them now (an
+    unweighted graph's degrees are counts: the same either way)."""
+    return getattr(graph, "weights", None) is not None and meta.get("weighted_degrees") != _DEGREE_SUMS
 
 
 def _publish(final: Path, write: Any) -> None:
