@@ -168,18 +168,18 @@ class _DenseScratch:
 
 
 #: the most nodes a new node's push (:func:`ppr_new_node`) gives dense state of its own (40 bytes a node); on a
-#: larger graph it takes a pooled scratch with room (a live graph's) or pushes on sparse state
+#: larger graph it pushes on sparse state (unless such a scratch with room is pooled)
 DENSE_NEW_NODE_MAX = 1 << 22
 
 
 def _take_dense(graph: CSRGraph, threads: int, eps: float, capacity: int = 0) -> _DenseScratch | None:
-    """A scratch of the graph's pool for ``threads`` workers (at least; with ``capacity``, any number of threads and
-    room for that many nodes) and ``eps``, or a new one. With ``capacity`` past :data:`DENSE_NEW_NODE_MAX` and none
-    pooled: None."""
+    """A scratch of the graph's pool for ``threads`` workers and ``eps`` (with room for ``capacity`` nodes), or a new
+    one. With ``capacity`` past :data:`DENSE_NEW_NODE_MAX` and none pooled: None. (A new node's push never takes a
+    live index's scratch of several workers: held across an update, it would not move to the new graph.)"""
     with _SCRATCH_LOCK:
         pool = graph.cache().setdefault(_SCRATCH_KEY, [])
         for i, sc in enumerate(pool):
-            if sc.eps == eps and (sc.threads == threads if not capacity else sc.capacity >= capacity):
+            if sc.eps == eps and sc.threads == threads and sc.capacity >= capacity:
                 return pool.pop(i)
     if capacity > DENSE_NEW_NODE_MAX:
         return None

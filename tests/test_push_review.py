@@ -191,9 +191,10 @@ def test_an_index_cached_before_the_row_sum_degrees_is_not_reused(tmp_path):
 
 @pytest.mark.parametrize("weighted", [False, True])
 def test_new_node_push_on_a_live_graphs_spare_scratch_equals_the_sparse_push(weighted):
-    """After live updates that add nodes (the pooled scratch carried with spare rows, their thresholds set by
-    LivePPRIndex), ppr_new_node takes that scratch: its lists equal the sparse _ppr_virtual's to the bit, and
-    ppr_topk afterwards (on the same pool) equals ppr_topk on a fresh copy of the graph."""
+    """After live updates that add nodes (the pooled scratches carried with spare rows, their thresholds set by
+    LivePPRIndex; ppr_new_node's own one-worker scratch among them once it has pushed), ppr_new_node's lists equal
+    the sparse _ppr_virtual's to the bit, and ppr_topk afterwards (on the same pool) equals ppr_topk on a fresh
+    copy of the graph."""
     from kernels.graph_edit import GraphEdit, apply_edit
     from kernels.ppr import PPRIndex, ppr_new_node
     from kernels.ppr_live import LivePPRIndex
