@@ -219,7 +219,10 @@ def node_array(nodes: int | Iterable[int] | np.ndarray) -> np.ndarray:
     if isinstance(nodes, (bool, np.bool_)):
         raise InvalidArgumentError("nodes must be integer node ids, got a bool")
     if isinstance(nodes, Integral):
-        return np.array([int(nodes)], dtype=np.int64)
+        v = int(nodes)
+        if not -(2**63) <= v < 2**63:
+            raise InvalidArgumentError(f"node id {v} does not fit int64")
+        return np.array([v], dtype=np.int64)
     if isinstance(nodes, range):
         return np.arange(nodes.start, nodes.stop, nodes.step, dtype=np.int64)
     if isinstance(nodes, (str, bytes)):
@@ -686,6 +689,10 @@ class PredictPlan:
 
 
 # --------------------------------------------------------------------------- retries and deadlines
+#: the longest deadline an RPC is sent with (about 3 years); a longer SDK or CLI timeout, infinity included, means
+#: no practical deadline (gRPC fails a deadline past about 3e9 s at once with DEADLINE_EXCEEDED)
+MAX_RPC_TIMEOUT_S = 1e8
+
 @dataclass
 class RetryState:
     """Retry bookkeeping for one SDK call: its RPCs share the deadline; each RPC gets ``max_retries``."""
@@ -716,7 +723,8 @@ class RetryState:
                 method=self.method,
                 attempts=self.attempts,
             )
-        return left
+        # gRPC turns a deadline past about 3e9 s (or infinity) into one already passed: a longer one is as good as none
+        return min(left, MAX_RPC_TIMEOUT_S)
 
     def failed(self, err: grpc.RpcError) -> float:
         """Record a failed attempt: the delay before retrying, or raise the typed error."""

@@ -434,6 +434,21 @@ def sc_labels(addr: str, model: str, nodes) -> list[int]:
 
 
 # --------------------------------------------------------------------------- CLI
+def test_timeouts_past_grpcs_limit_answer(addr, client, capsys):
+    """A timeout past what gRPC takes (about 3e9 s) or infinity means no practical deadline: the call is answered
+    (it failed at once with DEADLINE_EXCEEDED, never sent), through the SDK and the CLI."""
+    from clients import GnnClient
+    from serve.cli import main
+
+    ref = client.predict(GCN, [7, 8])
+    for t in (1e12, float("inf")):
+        with GnnClient(addr, timeout=t) as c:
+            assert c.predict(GCN, [7, 8]).labels.tolist() == ref.labels.tolist()
+        assert client.predict(GCN, [7, 8], timeout=t).labels.tolist() == ref.labels.tolist()
+    assert main(["predict", "--server", addr, "--model", GCN, "--nodes", "7,8", "--timeout", "1e12", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["labels"] == ref.labels.tolist()
+
+
 def test_cli_predict_json_and_table(addr, client, capsys):
     from serve.cli import main
 

@@ -212,7 +212,7 @@ def test_node_array_accepts_common_inputs():
     assert node_array([-1]).tolist() == [-1]  # ranges are the server's to check (it names the id)
 
 
-@pytest.mark.parametrize("bad", [[1.5], ["1"], "12", [[1, 2]], True, np.array([True]), [2**70]])
+@pytest.mark.parametrize("bad", [[1.5], ["1"], "12", [[1, 2]], True, np.array([True]), [2**70], 2**70, -(2**64)])
 def test_node_array_rejects_non_ids(bad):
     with pytest.raises(InvalidArgumentError) as ei:
         node_array(bad)
@@ -291,6 +291,16 @@ def test_backoff_delays_are_bounded_and_grow():
 def _state(codes=(grpc.StatusCode.UNAVAILABLE,), retries=3, timeout=None):
     return RetryState(method="Predict", timeout=timeout, max_retries=retries, backoff=Backoff(0.01, 0.04),
                       retry_codes=frozenset(codes))
+
+
+def test_a_deadline_past_grpcs_limit_is_sent_as_the_longest_it_takes():
+    """gRPC fails a deadline past about 3e9 s (or infinity) at once with DEADLINE_EXCEEDED without sending the call:
+    a longer SDK timeout is sent as MAX_RPC_TIMEOUT_S (a QA audit: --timeout 1e12 failed every call at once)."""
+    from clients._core import MAX_RPC_TIMEOUT_S
+
+    for t in (1e12, float("inf"), 1e300):
+        assert _state(timeout=t).remaining() == MAX_RPC_TIMEOUT_S
+    assert 0 < _state(timeout=5.0).remaining() <= 5.0
 
 
 def test_clients_retry_a_server_side_cancel():
