@@ -573,6 +573,13 @@ def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress:
     """
     from tqdm.auto import tqdm
 
+    for part, what in (("train", "training nodes (train_mask)"),
+                       ("val", "validation nodes (val_mask): the checkpoint kept is the epoch of best validation "
+                        "accuracy"),
+                       ("test", "test nodes (test_mask): the checkpoint records its test accuracy")):
+        if not len(ds.split(part)):
+            raise ValueError(f"dataset {getattr(ds, 'name', '') or '?'} has no {what}; give it a non-empty "
+                             f"{part}_mask (a synthetic:N graph has all three splits from N = 150)")
     device = torch.device(cfg.device)
     _seed_all(cfg.seed)
     norm = FeatureNorm(ds.num_features, cfg.feature_norm, cfg.binarize).fit(ds.x, ds.split("train"))

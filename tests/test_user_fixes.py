@@ -85,6 +85,21 @@ def test_demo_in_a_subprocess_exits_2_without_a_traceback(tmp_path):
         assert _one_line(proc.stderr).startswith("gnnserve demo: "), proc.stderr
 
 
+def test_train_on_a_dataset_without_a_split_is_one_line(tmp_path, capsys):
+    """A new-user audit: `gnnserve train --dataset synthetic:50` trained with val=nan and ended in an
+    AssertionError traceback (no validation nodes to choose the checkpoint by); synthetic:100 (no test nodes) in
+    "Out of range float values are not JSON compliant". Now exit 2 and a last line naming the empty split."""
+    for n, part in ((50, "validation"), (100, "test")):
+        out = tmp_path / f"ck{n}"
+        rc = gnnserve(["train", "--dataset", f"synthetic:{n}", "--model", "gcn", "--epochs", "2", "--out", str(out),
+                       "--no-progress"])
+        err = capsys.readouterr().err
+        no_traceback(err)  # the stage log lines before it, then one line
+        line = err.strip().splitlines()[-1]
+        assert rc == 2 and line.startswith("error: dataset ") and f"has no {part} nodes" in line, line
+        assert not out.exists()
+
+
 # --------------------------------------------------------------------------- 2. gnnserve train --device
 def _train_device(device: str, out: Path) -> list[str]:
     return ["train", "--dataset", "synthetic:300", "--model", "gcn", "--out", str(out), "--device", device,
