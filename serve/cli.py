@@ -141,6 +141,36 @@ def _metrics_host(args: argparse.Namespace) -> str:
     return host if host is not None else args.host
 
 
+def _flag_problem(args: argparse.Namespace) -> str | None:
+    """The first numeric flag of ``gnnserve serve`` out of its range (or the log level not one), as a message; the
+    models would otherwise be refused one by one after the server had started, in the components' own names."""
+    import math
+
+    def ok(x: float | None, lo: float, hi: float = math.inf, *, low_open: bool = False) -> bool:
+        return x is not None and math.isfinite(x) and (x > lo if low_open else x >= lo) and x <= hi
+
+    at_least_1 = ("--max-batch-targets", "--max-queue-targets", "--max-nodes-per-request", "--max-queue-work",
+                  "--max-request-work", "--max-concurrent-rpcs", "--workers", "--max-update-size")
+    at_least_0 = ("--max-delay-ms", "--inline-max-work", "--hot-bytes", "--induced-table-bytes",
+                  "--graph-cache-bytes", "--projection-cache-bytes", "--activation-cache-bytes", "--poll-s",
+                  "--grace-s", "--drain-s", "--read-your-writes-timeout-s", "--compact-log-bytes",
+                  "--max-new-node-edges")
+    for flag in at_least_1 + at_least_0:
+        x = getattr(args, flag[2:].replace("-", "_"), None)
+        if x is not None and not ok(x, 1 if flag in at_least_1 else 0):
+            return f"{flag} must be {'>= 1' if flag in at_least_1 else '>= 0'} and finite, got {x}"
+    if args.inline_max_targets is not None and args.inline_max_targets < 0:
+        return f"--inline-max-targets must be >= 0 (0: every batch in the worker thread), got {args.inline_max_targets}"
+    if not ok(args.hot_fraction, 0.0, 1.0):
+        return f"--hot-fraction must lie in [0, 1], got {args.hot_fraction}"
+    if not ok(args.ppr_refresh_tolerance, 0.0, low_open=True):
+        return f"--ppr-refresh-tolerance must be > 0 and finite (1e-9: every list an update reaches), got " \
+               f"{args.ppr_refresh_tolerance}"
+    if not isinstance(logging.getLevelName(str(args.log_level).upper()), int):
+        return f"--log-level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got {args.log_level!r}"
+    return None
+
+
 def _port_problem(args: argparse.Namespace) -> str | None:
     """Before anything loads: a gRPC or metrics port that cannot be bound, as one line (None when both can).
     Port 0 (any free port) always can; a child of --processes shares its port with its siblings (its parent
@@ -373,6 +403,9 @@ def _serve(argv: Sequence[str]) -> int:
                          "dataset generation): their start and end are logged either way, and a bar written to a "
                          "log file is one long line")
     args = ap.parse_args(argv)
+    if (problem := _flag_problem(args)) is not None:  # before anything binds or loads (a new-user audit)
+        print(f"gnnserve serve: {problem}", file=sys.stderr)
+        return 2
     if args.no_progress:  # tqdm reads TQDM_* environment variables as its defaults (--processes children too)
         os.environ["TQDM_DISABLE"] = "1"
     setup_logging(args.log_level, args.log_json)

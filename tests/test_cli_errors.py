@@ -303,6 +303,30 @@ def test_serve_missing_repository_is_one_line(tmp_path):
             "checkpoints, written by 'gnnserve train --out REPO/<name>/<version>')"], proc.stderr
 
 
+@pytest.mark.parametrize(("flags", "msg"), [
+    (["--max-batch-targets", "0"], "--max-batch-targets must be >= 1 and finite, got 0"),
+    (["--max-delay-ms", "-5"], "--max-delay-ms must be >= 0 and finite, got -5.0"),
+    (["--ppr-refresh-tolerance", "-1"], "--ppr-refresh-tolerance must be > 0 and finite"),
+    (["--hot-bytes", "-1"], "--hot-bytes must be >= 0 and finite, got -1"),
+    (["--workers", "0"], "--workers must be >= 1 and finite, got 0"),
+    (["--max-concurrent-rpcs", "0"], "--max-concurrent-rpcs must be >= 1 and finite, got 0"),
+    (["--max-nodes-per-request", "0"], "--max-nodes-per-request must be >= 1 and finite, got 0"),
+    (["--grace-s", "-1"], "--grace-s must be >= 0 and finite, got -1.0"),
+    (["--poll-s", "-1"], "--poll-s must be >= 0 and finite, got -1.0"),
+    (["--hot-fraction", "2"], "--hot-fraction must lie in [0, 1], got 2.0"),
+    (["--read-your-writes-timeout-s", "nan"], "--read-your-writes-timeout-s must be >= 0 and finite, got nan"),
+    (["--log-level", "BOGUS"], "--log-level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got 'BOGUS'"),
+])
+def test_serve_flags_out_of_range_are_one_line_before_anything_starts(tmp_path, capsys, flags, msg):
+    """A new-user audit: these started a server whose every model was then refused in the components' own names
+    (max_delay_s, tol_factor, budget_bytes), kept it running NOT_SERVING, or ended in a traceback (--log-level)."""
+    from serve.cli import main
+
+    rc = main(["serve", "--repo", str(tmp_path), "--port", "0", *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"gnnserve serve: {msg}"), err
+
+
 def test_serve_busy_ports_are_one_line_naming_the_port(repo):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
