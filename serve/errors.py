@@ -61,6 +61,14 @@ class Unavailable(GnnServeError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class ModelRefused(GnnServeError):
+    """A model version on disk whose load failed for a reason retrying cannot mend (a damaged or mis-configured
+    checkpoint, a dataset not found): out of service until its files change. Not UNAVAILABLE, which clients
+    retry."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
 class DeadlineExceeded(GnnServeError):
     """The request's deadline passed before its batch ran; its work was dropped."""
 

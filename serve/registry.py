@@ -48,7 +48,7 @@ from typing import Any
 
 from kernels.datasets import GraphDataset, load_dataset
 
-from .errors import ModelNotFound, Unavailable
+from .errors import ModelNotFound, ModelRefused, Unavailable
 from .metrics import ServerMetrics
 from .runtime import DataBundle, ModelRuntime, RuntimeOptions
 
@@ -176,8 +176,12 @@ def find_dataset(fingerprint: str, source: str | None, ckpt_path: Path, data_pat
 
 def _for_client(reason: str) -> str:
     """A load failure's reason as a client may see it: no paths of the server (docs/RELIABILITY.md, "status
-    messages": file names only), at most 300 characters."""
-    reason = re.sub(r"(?<![\w.])(?:/[^\s'\"/]+)+/?", lambda m: os.path.basename(m.group(0).rstrip("/")) or "/",
+    messages": file names only) and no addresses of its infrastructure (a URL keeps its scheme, a host its
+    place), at most 300 characters."""
+    reason = re.sub(r"\b([A-Za-z][A-Za-z0-9+.-]*)://[^\s'\",;)]*", r"\1://...", reason)
+    reason = re.sub(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b|\blocalhost:\d+\b|\[[0-9A-Fa-f:.]+\](?::\d+)?",
+                    "<host>", reason)
+    reason = re.sub(r"(?<![\w.:/])(?:/[^\s'\"/]+)+/?", lambda m: os.path.basename(m.group(0).rstrip("/")) or "/",
                     reason)
     return reason if len(reason) <= 300 else reason[:297] + "..."
 
@@ -273,17 +277,23 @@ class ModelRegistry:
         return rt
 
     def _check_refused(self, name: str, version: str | int = "") -> None:
-        """Raise UNAVAILABLE with the cause when a version of ``name`` (``version``, or the newest) is on disk
-        but was refused at load: such a model exists, it is out of service, not "not found"."""
-        failed = self._failed_reason(name, version)
-        if failed is not None:
+        """Raise with the cause when a version of ``name`` (``version``, or the newest) is on disk but was refused
+        at load: such a model exists, it is out of service, not "not found". UNAVAILABLE while the cause may pass
+        (Redis unreachable: the load is tried again at every look at the repository), FAILED_PRECONDITION when
+        only new files can mend it (clients do not retry that)."""
+        found = self._failed_reason(name, version)
+        if found is not None:
+            failed, transient = found
             which = f"model {name!r}" + (f" v{version}" if version not in ("", None) else "")
-            raise Unavailable(f"{which} is on disk but out of service: its load failed ({failed}); the server log "
-                              "has the details, and the server retries when the model's files change")
+            what = f"{which} is on disk but out of service: its load failed ({failed}); the server log has the details"
+            if transient:
+                raise Unavailable(f"{what}, and the server tries the load again at each look at the repository")
+            raise ModelRefused(f"{what}; the server loads it again when the model's files change")
 
-    def _failed_reason(self, name: str, version: str | int = "") -> str | None:
+    def _failed_reason(self, name: str, version: str | int = "") -> tuple[str, bool] | None:
         """Why the load of a version of ``name`` on disk failed (the newest such version, or ``version``),
-        cut to 300 characters for a client's message; None when none failed."""
+        cut to 300 characters for a client's message, and whether the cause may pass by itself; None when none
+        failed."""
         want = None
         if version not in ("", None):
             try:
@@ -291,14 +301,15 @@ class ModelRegistry:
             except (TypeError, ValueError):
                 return None
         hits = []
-        for path, (_, reason) in list(self._failed.items()):
+        for path, (stamp, reason) in list(self._failed.items()):
             if path.parent.name != name or not path.name.isdigit():
                 continue
             if want is None or int(path.name) == want:
-                hits.append((int(path.name), reason))
+                hits.append((int(path.name), reason, stamp == -1.0))
         if not hits:
             return None
-        return _for_client(max(hits)[1])
+        _, reason, transient = max(hits)
+        return _for_client(reason), transient
 
     def _known_names(self) -> str:
         """The served model names for a NOT_FOUND message: the first few (the message travels to any

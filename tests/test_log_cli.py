@@ -15,7 +15,7 @@ import pytest
 from clients import GnnClient
 from clients._gen import gnnserve_pb2 as pb
 from clients.cli import read_updates
-from clients.errors import UnavailableError
+from clients.errors import FailedPreconditionError
 from serve.log_cli import main as log_main
 from serve.update_log import FileUpdateLog, UpdateLogError
 
@@ -46,7 +46,7 @@ def test_a_poisoned_record_is_named_listed_and_dropped(repo: Path, capsys, caplo
     with caplog.at_level("ERROR"), ServerThread(repo, {"poll_s": 0}) as srv:
         # no model on that graph loaded: out of service, with the cause (a model on disk is not "not found")
         with GnnClient(srv.address, max_retries=0) as c, \
-                pytest.raises(UnavailableError, match=r"out of service.*logged update 3 cannot be applied again"):
+                pytest.raises(FailedPreconditionError, match=r"out of service.*logged update 3 cannot be applied again"):
             c.predict("gcn", [1])
         # a server holds the log: truncating is refused
         assert log_main(["truncate", "--repo", str(repo), "--graph", label, "--after", "2", "--yes"]) == 1

@@ -440,11 +440,12 @@ def test_bad_checkpoints_refused_and_new_version_swapped_in_under_load(tiny_repo
         with grpc.insecure_channel(srv.address) as ch:
             s2 = pbg.GnnServiceStub(ch)
             assert call(s2, {"model": "gcn", "nodes": [1]})[0].version == "2"  # v3 is not served
-            # on disk but refused at load: UNAVAILABLE with the cause, not NOT_FOUND (the model exists)
+            # on disk but refused at load: FAILED_PRECONDITION with the cause (retrying cannot mend a damaged
+            # checkpoint), not NOT_FOUND (the model exists)
             for fields, words in (({"model": "trunc", "nodes": [1]}, "truncated"),
                                   ({"model": "gcn", "version": "3", "nodes": [1]}, "shapes do not match")):
                 _, e = call(s2, fields)
-                assert e is not None and e.code() == grpc.StatusCode.UNAVAILABLE, e
+                assert e is not None and e.code() == grpc.StatusCode.FAILED_PRECONDITION, e
                 assert "out of service: its load failed" in e.details() and words in e.details(), e.details()
             _, e = call(s2, {"model": "nothere", "nodes": [1]})
             assert e is not None and e.code() == grpc.StatusCode.NOT_FOUND

@@ -457,7 +457,7 @@ def test_fused_head_required_where_the_configuration_rules_it_out(tiny_repo, cap
     """fused_head=True (--fused-head) on a plain model that cannot be resident (here: no first-layer table
     budget) fails that model loudly instead of serving it silently on other paths; a shaDow model beside it
     is not concerned (its kernel is --fused-shadow)."""
-    from serve.errors import Unavailable
+    from serve.errors import ModelRefused
     from serve.runtime import RuntimeOptions
 
     from .serving import ServerThread
@@ -465,7 +465,7 @@ def test_fused_head_required_where_the_configuration_rules_it_out(tiny_repo, cap
     opts = {"device": "cpu", "resident": True, "fused_head": True, "activation_budget_bytes": 0}
     with caplog.at_level(logging.ERROR), ServerThread(tiny_repo, {"runtime_kw": opts}) as srv:
         assert srv.server.registry.get("shadow") is not None
-        with pytest.raises(Unavailable, match=r"out of service: its load failed .*fused_head"):  # it did not load
+        with pytest.raises(ModelRefused, match=r"out of service: its load failed .*fused_head"):  # it did not load
             srv.server.registry.get("gcn")
     assert "fused_head (--fused-head) needs the model resident, and --activation-cache-bytes is 0" in caplog.text
     assert RuntimeOptions().fused_head is None

@@ -325,8 +325,9 @@ def test_new_version_swaps_in_and_bad_checkpoint_is_refused(tiny_repo, tmp_path)
         assert "broken" in "".join(srv.server.registry.failures())
         with pytest.raises(grpc.RpcError) as ei:
             predict(st, "broken", [1])
-        # on disk, refused at load: out of service with the cause (no server path in it), not "not found"
-        assert ei.value.code() == grpc.StatusCode.UNAVAILABLE, ei.value
+        # on disk, refused at load: out of service with the cause (no server path in it), not "not found"; only new
+        # files mend it, so FAILED_PRECONDITION (clients do not retry it)
+        assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION, ei.value
         assert "out of service: its load failed (CheckpointError: config.json: not valid JSON" in ei.value.details()
 
 
@@ -467,3 +468,17 @@ def test_inline_targets_by_device():
     assert inline_targets_for(torch.device("meta"), None) == 0
     assert inline_targets_for(torch.device("cpu"), 0) == 0
     assert inline_targets_for(torch.device("cuda"), 64) == 64
+
+
+def test_a_load_failures_reason_reaches_clients_without_paths_or_addresses():
+    """A new-user audit: the reason of a refused load mangled URLs (redis://127.0.0.1:1/3 became redis:/3) and
+    passed the Redis host on to clients. Paths keep their file name, URLs their scheme, hosts their place."""
+    from serve.registry import _for_client
+
+    got = _for_client("FeatureUnavailable: Redis at redis://u:***@10.1.2.3:6379/3 unreachable (ConnectionError: "
+                      "Error 111 connecting to 10.1.2.3:6379. Connection refused.) [::1]:7000 localhost:6380")
+    assert got == ("FeatureUnavailable: Redis at redis://... unreachable (ConnectionError: Error 111 connecting to "
+                   "<host>. Connection refused.) <host> <host>"), got
+    assert _for_client("CheckpointError: /srv/repo/m/1/config.json: not valid JSON") == \
+        "CheckpointError: config.json: not valid JSON"
+    assert len(_for_client("x" * 500)) == 300
