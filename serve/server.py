@@ -222,8 +222,16 @@ class GnnServer:
         await self.registry.refresh()
         if not self.registry.ready:
             failures = self.registry.failures()
-            log.error("no model could be loaded from %s%s", cfg.repo,
-                      "".join(f"\n  {p}: {r}" for p, r in failures.items()))
+            # a checkpoint written straight into REPO/<name> (train --out REPO/<name>) is no version of anything
+            stray = sorted(d.name for d in Path(cfg.repo).iterdir() if (d / "config.json").is_file()) \
+                if Path(cfg.repo).is_dir() else []
+            hint = "".join(f"\n  {Path(cfg.repo) / name}: a checkpoint without a version directory; move it to "
+                           f"{Path(cfg.repo) / name / '1'} (gnnserve train --out REPO/<name>/<version>)"
+                           for name in stray)
+            also = "" if cfg.poll_s > 0 else ("\n  --poll-s 0: the repository is not looked at again; the server "
+                                              "stays NOT_SERVING until it is restarted")
+            log.error("no model could be loaded from %s%s%s%s", cfg.repo,
+                      "".join(f"\n  {p}: {r}" for p, r in failures.items()), hint, also)
         await self._update_health_async()
         if cfg.poll_s > 0:
             self._watch_task = asyncio.get_running_loop().create_task(self.registry.watch(cfg.poll_s))

@@ -482,3 +482,23 @@ def test_a_load_failures_reason_reaches_clients_without_paths_or_addresses():
     assert _for_client("CheckpointError: /srv/repo/m/1/config.json: not valid JSON") == \
         "CheckpointError: config.json: not valid JSON"
     assert len(_for_client("x" * 500)) == 300
+
+
+def test_a_checkpoint_without_a_version_directory_is_named_at_start(tiny_repo, tmp_path, caplog):
+    """A new-user audit: `gnnserve train --out REPO/x` (no version directory) succeeded, and `serve --repo REPO`
+    said only "no model could be loaded". The start now names the stray checkpoint and where to move it, and says
+    that with --poll-s 0 the server stays NOT_SERVING."""
+    import logging
+    import shutil
+
+    from .serving import ServerThread
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copytree(tiny_repo / "gcn" / "1", repo / "x")
+    with caplog.at_level(logging.ERROR), ServerThread(repo, {"poll_s": 0}):
+        pass
+    text = caplog.text
+    assert "no model could be loaded from" in text
+    assert f"{repo / 'x'}: a checkpoint without a version directory; move it to {repo / 'x' / '1'}" in text, text
+    assert "--poll-s 0: the repository is not looked at again" in text
