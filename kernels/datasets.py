@@ -199,6 +199,15 @@ def load_npz(path: str | os.PathLike[str], *, name: str | None = None) -> GraphD
         raise DatasetError(f"dataset file {p} does not exist")
     t0 = time.perf_counter()
     try:
+        with open(p, "rb") as f:
+            head = f.read(6)
+    except OSError as exc:
+        raise DatasetError(f"{p}: not a readable .npz archive ({exc})") from exc
+    if not head.startswith(b"PK"):  # np.load takes anything else for a pickle and says so, which misleads
+        what = "a single .npy array" if head.startswith(b"\x93NUMPY") else f"a file starting {head!r}"
+        raise DatasetError(f"{p}: not a readable .npz archive (a .npz is a zip of the dataset's arrays; this is "
+                           f"{what})")
+    try:
         z = np.load(p, allow_pickle=False)
     except Exception as exc:  # zipfile.BadZipFile, ValueError, OSError: all mean "not an npz"
         raise DatasetError(f"{p}: not a readable .npz archive ({exc})") from exc

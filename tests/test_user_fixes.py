@@ -62,6 +62,7 @@ def test_demo_unloadable_dataset_is_one_line_exit_2(tmp_path, capsys):
         rc = gnnserve(["demo", "--dataset", str(path)])
         line = _one_line(capsys.readouterr().err)
         assert rc == 2 and line.startswith(f"gnnserve demo: cannot load --dataset {str(path)!r}: ") and why in line, line
+        assert "pickled" not in line  # np.load's word for any file that is not an array (a new-user audit)
 
 
 def test_demo_dataset_without_test_nodes_is_refused_before_training(tmp_path, capsys):
