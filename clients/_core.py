@@ -689,6 +689,10 @@ class PredictPlan:
 
 
 # --------------------------------------------------------------------------- retries and deadlines
+#: what an UNAVAILABLE over TLS adds: a plaintext server fails the handshake, which gRPC reports as unreachable
+TLS_HINT = ("this client uses TLS: a server that serves plaintext fails the handshake and looks unreachable; "
+            "connect to such a server without TLS")
+
 #: the longest deadline an RPC is sent with (about 3 years); a longer SDK or CLI timeout, infinity included, means
 #: no practical deadline (gRPC fails a deadline past about 3e9 s at once with DEADLINE_EXCEEDED)
 MAX_RPC_TIMEOUT_S = 1e8
@@ -706,6 +710,7 @@ class RetryState:
     attempts: int = 0
     retries: int = 0
     started: float = field(default_factory=time.monotonic)
+    unavailable_hint: str = ""  # said after an UNAVAILABLE's details (TLS_HINT on a TLS channel)
 
     @property
     def deadline(self) -> float | None:
@@ -746,4 +751,6 @@ class RetryState:
         raise self.error(code, details)
 
     def error(self, code: grpc.StatusCode, details: str) -> GnnServeError:
+        if code == grpc.StatusCode.UNAVAILABLE and self.unavailable_hint:
+            details = f"{details} ({self.unavailable_hint})"
         return error_for_code(code, details, method=self.method, attempts=self.attempts)

@@ -25,6 +25,7 @@ import numpy as np
 
 from ._core import (
     SAFE_UNCHUNKED,
+    TLS_HINT,
     ChannelConfig,
     ChunkLimits,
     PredictPlan,
@@ -102,7 +103,8 @@ class _ClientBase:
         if t is not None and not t > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {t}")
         return RetryState(method=method, timeout=t, max_retries=self.max_retries if retries else 0,
-                          backoff=self.backoff, retry_codes=self.retry_codes)
+                          backoff=self.backoff, retry_codes=self.retry_codes,
+                          unavailable_hint=TLS_HINT if self._config.credentials is not None else "")
 
     def _check_open(self) -> None:
         if self._closed:

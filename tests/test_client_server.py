@@ -449,6 +449,20 @@ def test_timeouts_past_grpcs_limit_answer(addr, client, capsys):
     assert json.loads(capsys.readouterr().out)["labels"] == ref.labels.tolist()
 
 
+def test_a_tls_client_to_a_plaintext_server_is_told_so(addr):
+    """A new-user audit: --tls against a plaintext server ended in "Connection refused" after the retries, never
+    naming TLS. An UNAVAILABLE over a TLS channel now says that a plaintext server looks unreachable to it."""
+    from clients import GnnClient
+    from clients._core import TLS_HINT
+    from clients.errors import UnavailableError
+
+    with GnnClient(addr, tls=True, max_retries=0, timeout=10) as c, pytest.raises(UnavailableError) as ei:
+        c.predict(GCN, [1])
+    assert TLS_HINT in str(ei.value), ei.value
+    with GnnClient(addr, max_retries=0, timeout=10) as c:  # plaintext to plaintext: answered, and no hint anywhere
+        assert len(c.predict(GCN, [1]).labels) == 1
+
+
 def test_cli_predict_json_and_table(addr, client, capsys):
     from serve.cli import main
 
