@@ -386,6 +386,21 @@ def _push_dense(
     return nt, pushes
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _top_and_clear(rw, p, touched, cand, nt, src, alpha, k, threshold, out_nodes, out_scores):  # pragma: no cover
+    """After a dense push from ``src``: its top-K list into ``out_*`` (:func:`_select_topk` on ``p + alpha r`` of
+    the ``nt`` touched nodes), then the touched residues and estimates back to zero; the list's length."""
+    for j in range(nt):
+        v = touched[j]
+        cand[j] = p[v] + alpha * rw[v, 0]
+    c = _select_topk(touched, cand, nt, src, cand[0], k, threshold * cand[0], out_nodes, out_scores)
+    for j in range(nt):
+        v = touched[j]
+        rw[v, 0] = 0.0
+        p[v] = 0.0
+    return c
+
+
 @numba.njit(cache=True, parallel=True)
 def _ppr_batch(
     indptr,
@@ -423,16 +438,8 @@ def _ppr_batch(
                 indptr, indices, weights, wdeg, src, alpha, lazy, max_pushes, rw_w, p_w, queue[w], t_w, no_nb,
                 no_w, 0.0,
             )
-            for j in range(nt):
-                v = t_w[j]
-                c_w[j] = p_w[v] + alpha * rw_w[v, 0]
-            out_count[i] = _select_topk(
-                t_w, c_w, nt, src, c_w[0], k, threshold * c_w[0], out_nodes[i], out_scores[i]
-            )
-            for j in range(nt):
-                v = t_w[j]
-                rw_w[v, 0] = 0.0
-                p_w[v] = 0.0
+            out_count[i] = _top_and_clear(rw_w, p_w, t_w, c_w, nt, src, alpha, k, threshold, out_nodes[i],
+                                          out_scores[i])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -622,16 +629,9 @@ def _ppr_virtual_dense(
     rw[n, 1] = eps * w_self if w_self > 0.0 else eps
     nt, pushes = _push_dense(indptr, indices, weights, wdeg, n, alpha, lazy, max_pushes, rw, p, queue, touched, nb,
                              nbw, w_self)
-    for j in range(nt):
-        v = touched[j]
-        cand[j] = p[v] + alpha * rw[v, 0]
     out_nodes = np.empty(max(k, 1), dtype=np.int64)
     out_scores = np.empty(max(k, 1), dtype=np.float64)
-    c = _select_topk(touched, cand, nt, n, cand[0], k, threshold * cand[0], out_nodes, out_scores)
-    for j in range(nt):
-        v = touched[j]
-        rw[v, 0] = 0.0
-        p[v] = 0.0
+    c = _top_and_clear(rw, p, touched, cand, nt, n, alpha, k, threshold, out_nodes, out_scores)
     for j in range(nnb):
         rw[nb[j], 1] = saved[j]
     rw[n, 1] = saved[nnb]
