@@ -44,7 +44,7 @@ memory, 25 ms). The graph's memoized largest degree is carried over (recomputed 
 when a row of that degree lost edges).
 """
 
-# numba cache key: subgraph 22abd6553247
+# numba cache key: subgraph 5bdf4173fc3c
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ users import (it re-exports these names). Here:
 The on-disk index of every node's list is :mod:`kernels.ppr_index`.
 """
 
-# numba cache key: subgraph 22abd6553247
+# numba cache key: subgraph 5bdf4173fc3c
 
 from __future__ import annotations
 

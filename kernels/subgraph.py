@@ -710,12 +710,60 @@ def in_global_order(batch: SubgraphBatch) -> SubgraphBatch:
     g = batch.graph
     if g.num_edges == 0:
         return batch
-    rows = np.repeat(np.arange(g.num_nodes, dtype=np.int64), np.diff(g.indptr))
-    order = np.lexsort((batch.node_ids[g.indices], rows))
-    sub = CSRGraph(indptr=g.indptr, indices=g.indices[order],
-                   weights=None if g.weights is None else g.weights[order], num_nodes=g.num_nodes)
+    weighted = g.weights is not None
+    cols, ws = _global_order_kernel(g.indptr, np.ascontiguousarray(g.indices, dtype=np.int32),
+                                    g.weights if weighted else _NO_F32, weighted,
+                                    np.ascontiguousarray(batch.node_ids, dtype=np.int64),
+                                    np.ascontiguousarray(batch.ptr, dtype=np.int64))
+    sub = CSRGraph(indptr=g.indptr, indices=cols, weights=ws if weighted else None, num_nodes=g.num_nodes)
     return SubgraphBatch(graph=sub, node_ids=batch.node_ids, ptr=batch.ptr, target_rows=batch.target_rows,
                          unique_ids=batch.unique_ids, row_to_unique=batch.row_to_unique)
+
+
+@numba.njit(cache=True, nogil=True)
+def _global_order_kernel(indptr, indices, weights, weighted, node_ids, ptr):  # pragma: no cover - compiled
+    """A batch's columns (and weights) with each row in ascending ``node_ids[col]``, in O(R log m + E) without a
+    comparison per edge: each list's rows are ranked by global id once (a row's columns lie in its own list, their
+    ids distinct), the edges are bucketed by their column's rank, then dealt back to their rows in that order
+    (two counting passes). Returns ``(cols, ws)`` (``ws`` empty when not ``weighted``)."""
+    R = indptr.shape[0] - 1
+    E = indices.shape[0]
+    rank = np.empty(R, dtype=np.int64)  # row r's position in its list's global order, as a batch row
+    row_at = np.empty(R, dtype=np.int64)  # its inverse
+    for b in range(ptr.shape[0] - 1):
+        off = ptr[b]
+        order = np.argsort(node_ids[off : ptr[b + 1]])
+        for i in range(order.shape[0]):
+            rank[off + order[i]] = off + i
+            row_at[off + i] = off + order[i]
+    start = np.zeros(R + 1, dtype=np.int64)
+    for e in range(E):
+        start[rank[indices[e]] + 1] += 1
+    for r in range(R):
+        start[r + 1] += start[r]
+    src = np.empty(E, dtype=np.int64)  # the edges' rows, bucketed by their column's rank
+    src_w = np.empty(E if weighted else 0, dtype=np.float32)
+    for r in range(R):
+        for e in range(indptr[r], indptr[r + 1]):
+            k = rank[indices[e]]
+            src[start[k]] = r
+            if weighted:
+                src_w[start[k]] = weights[e]
+            start[k] += 1
+    cols = np.empty(E, dtype=indices.dtype)
+    ws = np.empty(E if weighted else 0, dtype=np.float32)
+    cursor = indptr[:-1].copy()
+    s = 0
+    for k in range(R):  # ranks ascending: each row's columns arrive in global order
+        c = row_at[k]
+        while s < start[k]:  # start[k] is now the end of rank k's bucket
+            r = src[s]
+            cols[cursor[r]] = c
+            if weighted:
+                ws[cursor[r]] = src_w[s]
+            cursor[r] += 1
+            s += 1
+    return cols, ws
 
 
 def _assemble(ptr, nodes, row_ptr, cols, ws, first, r2f) -> SubgraphBatch:

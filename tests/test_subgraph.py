@@ -16,6 +16,7 @@ from kernels.subgraph import (
     ExtraEdges,
     SubgraphBatch,
     _take_scratch,
+    in_global_order,
     induced_batch,
     lhop_nodes,
 )
@@ -213,6 +214,53 @@ def test_extra_edges_for_new_node_match_graph_with_node_added(sbm_graph):
     assert batch.unique_ids[-1] == n  # the virtual id is fetched like any other (features from the request)
     # the stored graph is untouched
     assert sbm_graph.num_nodes == n and not (sbm_graph.indices >= n).any()
+
+
+def _global_order_spec(batch: SubgraphBatch) -> tuple[np.ndarray, np.ndarray | None]:
+    """What in_global_order computes, as one lexsort over (row, global id of the column)."""
+    g = batch.graph
+    rows = np.repeat(np.arange(g.num_nodes), np.diff(g.indptr))
+    order = np.lexsort((batch.node_ids[g.indices], rows))
+    return g.indices[order], None if g.weights is None else g.weights[order]
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_in_global_order_equals_a_lexsort(weighted):
+    """Rows in global-id order on random graphs: L-hop lists (nearly sorted rows), random lists, a hub's binary
+    search rows, virtual nodes' extra edges (ids N.. last), weights carried with their columns; nothing else
+    of the batch changes."""
+    rng = np.random.default_rng(7 + weighted)
+    n = 1500
+    star = np.stack([np.zeros(n - 1, dtype=np.int64), np.arange(1, n)])  # node 0 a hub of degree n - 1
+    ei = np.concatenate([star, rng.integers(0, n, size=(2, 12_000))], axis=1)
+    w = rng.uniform(0.1, 3.0, size=ei.shape[1]) if weighted else None
+    g = CSRGraph.from_edge_index(ei, num_nodes=n, weights=w, symmetrize=True)
+    specs = [rng.choice(n, size=k, replace=False) for k in (1, 5, 40)]
+    extra = ExtraEdges.from_edges(
+        n, np.concatenate([np.full(len(s), n + j) for j, s in enumerate(specs)] + list(specs)),
+        np.concatenate(list(specs) + [np.full(len(s), n + j) for j, s in enumerate(specs)]),
+        None if not weighted else rng.uniform(0.1, 2.0, size=2 * sum(len(s) for s in specs)).astype(np.float32),
+        num_virtual=len(specs))
+    lp, ln = lhop_nodes(g, np.array([0, 3, 700, 1499]), 2)
+    rp, rn = random_lists(n, [1, 90, 300, 7], rng, targets=[0, 9, 0, 11])
+    lists = [ln[lp[b]:lp[b + 1]] for b in range(4)] + [rn[rp[b]:rp[b + 1]] for b in range(4)]
+    lists += [np.concatenate([[n + j], rng.permutation(np.concatenate([s, rng.choice(n, 30)]))]) for j, s in
+              enumerate(specs)]
+    lists = [np.asarray(list(dict.fromkeys(x.tolist())), dtype=np.int64) for x in lists]  # distinct per list
+    ptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
+    batch = induced_batch(g, ptr, np.concatenate(lists), extra=extra)
+    got = in_global_order(batch)
+    cols, ws = _global_order_spec(batch)
+    assert batch.graph.num_edges > 10_000
+    assert not np.array_equal(cols, batch.graph.indices)  # the order did change
+    np.testing.assert_array_equal(got.graph.indices, cols)
+    np.testing.assert_array_equal(got.graph.indptr, batch.graph.indptr)
+    if weighted:
+        np.testing.assert_array_equal(got.graph.weights, ws)
+    else:
+        assert got.graph.weights is None
+    for name in ("node_ids", "ptr", "target_rows", "unique_ids", "row_to_unique"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(batch, name))
 
 
 def test_extra_edges_weighted_one_directional():
