@@ -166,6 +166,20 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
     if not ok(args.ppr_refresh_tolerance, 0.0, low_open=True):
         return f"--ppr-refresh-tolerance must be > 0 and finite (1e-9: every list an update reaches), got " \
                f"{args.ppr_refresh_tolerance}"
+    for flag, x, lo, meaning in (("--processes", args.processes, 1, None),
+                                 ("--precompile-jobs", args.precompile_jobs, 0, "0: never"),
+                                 ("--blas-threads", args.blas_threads, 0, "0: leave the BLAS pools as they are"),
+                                 ("--gpu-min-targets", args.gpu_min_targets, 0, "0: every batch on the GPU")):
+        if x is not None and x < lo:
+            return f"{flag} must be >= {lo}" + (f" ({meaning})" if meaning else "") + f", got {x}"
+    if args.ppr_eager_lists < -1:
+        return f"--ppr-eager-lists must be >= 0, or -1 (every list in the update), got {args.ppr_eager_lists}"
+    if args.resident is False and args.serving_path in ("plain-resident", "shadow-resident"):
+        return (f"--serving-path {args.serving_path} needs the resident state that --no-resident turns off: drop "
+                "one of them")
+    for flag, on in (("--fused-head", args.fused_head), ("--fused-shadow", args.fused_shadow)):
+        if on and (args.device != "cuda" or args.resident is False):
+            return f"{flag} is a kernel for models resident on the GPU: it needs --device cuda without --no-resident"
     if not isinstance(logging.getLevelName(str(args.log_level).upper()), int):
         return f"--log-level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got {args.log_level!r}"
     return None
@@ -415,35 +429,11 @@ def _serve(argv: Sequence[str]) -> int:
         print(f"gnnserve serve: model repository {args.repo!r} {why} (--repo: a directory of <name>/<version>/ "
               "checkpoints, written by 'gnnserve train --out REPO/<name>/<version>')", file=sys.stderr)
         return 2
-    if args.processes < 1:
-        print("gnnserve serve: --processes must be >= 1", file=sys.stderr)
-        return 2
-    if args.precompile_jobs is not None and args.precompile_jobs < 0:
-        print("gnnserve serve: --precompile-jobs must be >= 0 (0: never)", file=sys.stderr)
-        return 2
-    if args.blas_threads is not None and args.blas_threads < 0:
-        print("gnnserve serve: --blas-threads must be >= 0 (0: leave the BLAS pools as they are)", file=sys.stderr)
-        return 2
     try:
         resolve_event_loop(args.event_loop)
     except ValueError as exc:
         print(f"gnnserve serve: {exc}", file=sys.stderr)
         return 2
-    if args.ppr_eager_lists < -1:
-        print("gnnserve serve: --ppr-eager-lists must be >= 0, or -1 (every list in the update)", file=sys.stderr)
-        return 2
-    if args.gpu_min_targets is not None and args.gpu_min_targets < 0:
-        print("gnnserve serve: --gpu-min-targets must be >= 0 (0: every batch on the GPU)", file=sys.stderr)
-        return 2
-    if args.resident is False and args.serving_path in ("plain-resident", "shadow-resident"):
-        print(f"gnnserve serve: --serving-path {args.serving_path} needs the resident state that --no-resident "
-              "turns off: drop one of them", file=sys.stderr)
-        return 2
-    for flag, on in (("--fused-head", args.fused_head), ("--fused-shadow", args.fused_shadow)):
-        if on and (args.device != "cuda" or args.resident is False):
-            print(f"gnnserve serve: {flag} is a kernel for models resident on the GPU: it needs --device "
-                  "cuda without --no-resident", file=sys.stderr)
-            return 2
     if args.gpu_min_targets is not None and args.device != "cuda":
         logging.getLogger("serve").warning("--gpu-min-targets has no effect without --device cuda")
     if (problem := _port_problem(args)) is not None:

@@ -316,6 +316,10 @@ def test_serve_missing_repository_is_one_line(tmp_path):
     (["--hot-fraction", "2"], "--hot-fraction must lie in [0, 1], got 2.0"),
     (["--read-your-writes-timeout-s", "nan"], "--read-your-writes-timeout-s must be >= 0 and finite, got nan"),
     (["--log-level", "BOGUS"], "--log-level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got 'BOGUS'"),
+    (["--processes", "0"], "--processes must be >= 1, got 0"),
+    (["--precompile-jobs", "-1"], "--precompile-jobs must be >= 0 (0: never), got -1"),
+    (["--ppr-eager-lists", "-2"], "--ppr-eager-lists must be >= 0, or -1 (every list in the update), got -2"),
+    (["--serving-path", "plain-resident", "--no-resident"], "--serving-path plain-resident needs the resident state"),
 ])
 def test_serve_flags_out_of_range_are_one_line_before_anything_starts(tmp_path, capsys, flags, msg):
     """A new-user audit: these started a server whose every model was then refused in the components' own names
