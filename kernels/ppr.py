@@ -71,8 +71,10 @@ Implementations
   estimate; FIFO ring; touched list) reset through the touched list, and an O(T log K) heap
   selection of the top K among the T touched nodes.
 * :func:`ppr_new_node`: a node that is not in the graph (virtual id ``N``) given its edges; the
-  same push on the graph with that node added, with sparse state (an open-addressing hash map
-  from node id to a compact slot; no array of length ``N``), at most ``max_pushes`` pushes.
+  same push on the graph with that node added, at most ``max_pushes`` pushes, on a dense scratch
+  with room for ``N + 1`` nodes (past ``DENSE_NEW_NODE_MAX`` nodes on sparse state: an
+  open-addressing hash map from node id to a compact slot, no array of length ``N``).
+  :func:`ppr_new_nodes` pushes several such nodes (each alone on the graph) on parallel threads.
 
 The index file (``PPRIndex``) is a directory ``ppr-<graph fingerprint>-<config key>`` holding
 ``meta.json``, ``ptr.npy`` (int64 ``[N + 1]``), ``nodes.bin`` (int32 or int64 ``[nnz]``) and
@@ -81,7 +83,7 @@ The index file (``PPRIndex``) is a directory ``ppr-<graph fingerprint>-<config k
 Modules
 -------
 The push lives in :mod:`kernels.ppr_push` (:class:`PPRConfig`, the compiled kernels and their
-per-thread scratch, :func:`ppr_topk`, :func:`ppr_new_node`, :func:`ppr_exact`), the on-disk index
+per-thread scratch, :func:`ppr_topk`, :func:`ppr_new_node`, :func:`ppr_new_nodes`, :func:`ppr_exact`), the on-disk index
 in :mod:`kernels.ppr_index` (:class:`PPRIndex`, :class:`PPRIndexError`, the file format, the
 induced-table files). This module re-exports their public names and the private ones other modules
 use: import from here. A test that patches one of them patches it in the module that defines it
@@ -93,7 +95,7 @@ from __future__ import annotations
 from .ppr_index import PPRIndex, PPRIndexError
 from .ppr_push import _SCRATCH_KEY as _SCRATCH_KEY
 from .ppr_push import _SCRATCH_LOCK as _SCRATCH_LOCK
-from .ppr_push import PPRConfig, ppr_exact, ppr_new_node, ppr_topk
+from .ppr_push import PPRConfig, ppr_exact, ppr_new_node, ppr_new_nodes, ppr_topk
 from .ppr_push import _DenseScratch as _DenseScratch
 from .ppr_push import _give_dense as _give_dense
 from .ppr_push import _push_dense as _push_dense
@@ -106,5 +108,6 @@ __all__ = [
     "PPRIndexError",
     "ppr_exact",
     "ppr_new_node",
+    "ppr_new_nodes",
     "ppr_topk",
 ]

@@ -15,7 +15,7 @@ the row arrives, so the push loop follows slot indices and never hashes. :func:`
 pushes in lockstep, one fetch per round for all of them.
 """
 
-# numba cache key: ppr_push 99f132fd7070, subgraph 5bdf4173fc3c
+# numba cache key: ppr_push 769c30e35baf, subgraph 5bdf4173fc3c
 
 from __future__ import annotations
 

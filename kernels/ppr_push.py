@@ -35,7 +35,7 @@ from .graph import CSRGraph, index_dtype_for
 from .subgraph import _grow, _position, copy_run
 from .threads import numba_threads
 
-__all__ = ["PPRConfig", "ppr_exact", "ppr_new_node", "ppr_topk"]
+__all__ = ["PPRConfig", "ppr_exact", "ppr_new_node", "ppr_new_nodes", "ppr_topk"]
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +170,9 @@ class _DenseScratch:
 #: the most nodes a new node's push (:func:`ppr_new_node`) gives dense state of its own (40 bytes a node); on a
 #: larger graph it pushes on sparse state (unless such a scratch with room is pooled)
 DENSE_NEW_NODE_MAX = 1 << 22
+#: what the one-worker scratches of :func:`ppr_new_nodes`' parallel workers may hold beyond the first worker's, per
+#: graph (40 bytes a node each: on a 2 M-node graph three more workers, on 10 M none)
+NEW_NODE_PARALLEL_BYTES = 256 << 20
 
 
 def _take_dense(graph: CSRGraph, threads: int, eps: float, capacity: int = 0) -> _DenseScratch | None:
@@ -186,10 +189,12 @@ def _take_dense(graph: CSRGraph, threads: int, eps: float, capacity: int = 0) ->
     return _DenseScratch(_weighted_degree(graph), threads, eps, capacity)
 
 
-def _give_dense(graph: CSRGraph, sc: _DenseScratch) -> None:
+def _give_dense(graph: CSRGraph, sc: _DenseScratch, keep: int = 2) -> None:
+    """Put ``sc`` back into the graph's pool, which keeps ``keep`` scratches at most (2: a batch push's and a new
+    node's; :func:`ppr_new_nodes` keeps one per worker)."""
     with _SCRATCH_LOCK:
         pool = graph.cache().setdefault(_SCRATCH_KEY, [])
-        if len(pool) < 2:
+        if len(pool) < keep:
             pool.append(sc)
 
 
@@ -757,6 +762,87 @@ def ppr_new_node(
     if not converged:
         log.debug("ppr_new_node stopped at max_pushes=%d before the eps bound was reached", max_pushes)
     return nodes, scores.astype(np.float32)
+
+
+def new_node_workers(num_nodes: int, count: int, threads: int | None = None) -> int:
+    """How many workers :func:`ppr_new_nodes` pushes ``count`` new nodes of a graph of ``num_nodes`` nodes on: one
+    per numba thread (``threads``) and node at most, each beyond the first while their scratches stay within
+    :data:`NEW_NODE_PARALLEL_BYTES`; 1 where the push is not dense (past :data:`DENSE_NEW_NODE_MAX`)."""
+    if num_nodes + 1 > DENSE_NEW_NODE_MAX or count < 2:
+        return 1
+    per = 40 * (num_nodes + 1)  # _DenseScratch of one worker with room for N + 1 nodes
+    return max(1, min(count, numba_threads() if threads is None else int(threads), 1 + NEW_NODE_PARALLEL_BYTES // per))
+
+
+_NEW_NODE_POOL: list[Any] = [None, 0]  # ppr_new_nodes' extra workers: a ThreadPoolExecutor made on first use, its size
+_NEW_NODE_POOL_LOCK = threading.Lock()
+
+
+def _new_node_pool(workers: int) -> Any:
+    """The shared thread pool of :func:`ppr_new_nodes` (at least ``workers`` threads; it only grows)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _NEW_NODE_POOL_LOCK:
+        old, size = _NEW_NODE_POOL
+        if old is None or size < workers:
+            _NEW_NODE_POOL[:] = [ThreadPoolExecutor(workers, thread_name_prefix="ppr-new-node"), workers]
+            if old is not None:
+                old.shutdown(wait=False)  # its running pushes finish
+        return _NEW_NODE_POOL[0]
+
+
+def ppr_new_nodes(
+    graph: CSRGraph,
+    nodes: Sequence[tuple[np.ndarray | Sequence[int], np.ndarray | Sequence[float] | None]],
+    cfg: PPRConfig | None = None,
+    *,
+    k: int | None = None,
+    max_pushes: int = 200_000,
+    threads: int | None = None,
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`ppr_new_node` of each ``(neighbors, weights)`` of ``nodes``, each new node alone on ``graph`` (not
+    linked to the others), on :func:`new_node_workers` threads at once, each with a dense scratch of its own
+    (pooled with the graph): the same lists and scores as one call each, in the order given.
+
+    Returns:
+        ``[(nodes int64 [c], scores float32 [c]), ...]``, each list's first node the virtual id ``N``.
+    """
+    cfg = cfg or PPRConfig()
+    k = cfg.topk if k is None else int(k)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    n = graph.num_nodes
+    workers = new_node_workers(n, len(nodes), threads)
+    if workers < 2:
+        return [ppr_new_node(graph, nb, w, cfg, k=k, max_pushes=max_pushes) for nb, w in nodes]
+    edges = [new_node_edges(n, nb, w) for nb, w in nodes]  # checked here: a bad node raises before any push
+    gw = graph.weights if graph.weights is not None else _NO_F32
+    wdeg = _weighted_degree(graph)
+    out: list[Any] = [None] * len(edges)
+
+    def push(part: int) -> None:
+        sc = _take_dense(graph, 1, cfg.eps, capacity=n + 1)
+        try:
+            for i in range(part, len(edges), workers):  # dealt round-robin: neighbouring requests differ in cost
+                uniq, wsum = edges[i]
+                got, scores, pushes = _ppr_virtual_dense(
+                    graph.indptr, graph.indices, gw, wdeg, uniq, wsum, cfg.alpha, cfg.eps, cfg.lazy, k,
+                    cfg.threshold, int(max_pushes), sc.rw[0], sc.p[0], sc.queue[0], sc.touched[0], sc.cand[0],
+                )  # fmt: skip
+                if max_pushes and pushes >= max_pushes:
+                    log.debug("ppr_new_nodes: node %d stopped at max_pushes=%d before the eps bound", i, max_pushes)
+                out[i] = (got, scores.astype(np.float32))
+        finally:
+            _give_dense(graph, sc, keep=workers + 1)
+
+    pool = _new_node_pool(workers - 1)
+    futures = [pool.submit(push, part) for part in range(1, workers)]
+    try:
+        push(0)  # the calling thread is the first worker
+    finally:
+        for f in futures:
+            f.result()  # every worker's scratch back in the pool, and its error raised, before returning
+    return out
 
 
 def new_node_edges(n: int, neighbors: np.ndarray | Sequence[int],

@@ -163,11 +163,12 @@ def estimate(args: Any) -> MemoryEstimate:
                 est.add(f"features of {d.get('name', '?')} ({n:,} x {f} float32)", n * f * 4)
         for n, k in ppr_indexes.values():
             est.add(f"PPR top-{k} index ({n:,} nodes)", n * k * 8 + (n + 1) * 8)
-        from kernels.ppr_push import DENSE_NEW_NODE_MAX
+        from kernels.ppr_push import DENSE_NEW_NODE_MAX, new_node_workers
 
-        for n in ppr_graphs.values():  # kernels.ppr_push._DenseScratch, one worker's, per graph
+        for n in ppr_graphs.values():  # kernels.ppr_push._DenseScratch of one worker, per parallel worker and graph
             if n + 1 <= DENSE_NEW_NODE_MAX:
-                est.add(f"PPR push state for new nodes ({n + 1:,} nodes x 40 bytes)", 40 * (n + 1))
+                w = new_node_workers(n, 1 << 30)
+                est.add(f"PPR push state for new nodes ({w} worker(s) x {n + 1:,} nodes x 40 bytes)", w * 40 * (n + 1))
         if ppr_indexes:
             est.add(f"induced-table budget x {len(ppr_indexes)} PPR index(es) (--induced-table-bytes)",
                     len(ppr_indexes) * int(args.induced_table_bytes))

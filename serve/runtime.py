@@ -1082,17 +1082,16 @@ class ModelRuntime:
         """The node list of each new node of the batch (the ``j``-th under virtual id ``N + j``, first): its top
         ``budget`` PPR entries on the graph plus it alone, or itself and its neighbours' ``L - 1``-hop balls. On a
         replica all of them are found together (the pushes in lockstep, the balls in one walk): one fetch round
-        per wave or hop for the whole batch, not per node."""
+        per wave or hop for the whole batch, not per node; in memory the pushes run on parallel threads."""
         n = self.graph.num_nodes
         if self.extractor == "ppr":
-            from kernels.ppr import ppr_new_node
+            from kernels.ppr import ppr_new_nodes
             from serve.graph.store import pushed_new_nodes
 
             cfg = self.ppr_index.config
-            if self.remote_graph:
-                found = pushed_new_nodes(self.graph, [(s.neighbors, s.weights) for s in specs], cfg)
-            else:
-                found = [ppr_new_node(self.graph, s.neighbors, s.weights, cfg) for s in specs]
+            edges = [(s.neighbors, s.weights) for s in specs]
+            push = pushed_new_nodes if self.remote_graph else ppr_new_nodes  # Redis rounds / parallel threads
+            found = push(self.graph, edges, cfg)
             lists = []
             for j, (nodes, _scores) in enumerate(found):
                 nodes = np.asarray(nodes, dtype=np.int64)[:budget]

@@ -125,8 +125,10 @@ def test_estimate_terms(repo: Path) -> None:
 
 def test_estimate_counts_a_ppr_models_push_state(repo: Path, tmp_path: Path) -> None:
     """A shaDow model served from a local graph: its top-K index and the dense push state a new node's push takes
-    (kernels.ppr_push._DenseScratch of one worker, N + 1 nodes x 40 bytes; none past DENSE_NEW_NODE_MAX)."""
-    from kernels.ppr_push import DENSE_NEW_NODE_MAX
+    (kernels.ppr_push._DenseScratch of one worker, N + 1 nodes x 40 bytes, per parallel worker of ppr_new_nodes;
+    none past DENSE_NEW_NODE_MAX)."""
+    from kernels.ppr_push import DENSE_NEW_NODE_MAX, NEW_NODE_PARALLEL_BYTES, new_node_workers
+    from kernels.threads import numba_threads
 
     conf = json.loads((repo / "m" / "1" / "config.json").read_text())
     n = conf["dataset"]["num_nodes"]
@@ -140,4 +142,6 @@ def test_estimate_counts_a_ppr_models_push_state(repo: Path, tmp_path: Path) -> 
         items = estimate(_args(d.parent.parent)).items
         state = [b for w, b in items if w.startswith("PPR push state for new nodes")]
         assert any(w.startswith("PPR top-16 index") for w, _ in items)
-        assert state == ([40 * (nodes + 1)] if nodes + 1 <= DENSE_NEW_NODE_MAX else [])
+        workers = new_node_workers(nodes, 1 << 30)
+        assert 1 <= workers <= numba_threads() and (workers - 1) * 40 * (nodes + 1) <= NEW_NODE_PARALLEL_BYTES
+        assert state == ([workers * 40 * (nodes + 1)] if nodes + 1 <= DENSE_NEW_NODE_MAX else [])

@@ -425,6 +425,67 @@ def test_new_node_dense_push_equals_the_sparse_one_to_the_bit(weighted):
             np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_new_nodes_on_parallel_threads_equal_one_call_each(weighted):
+    """ppr_new_nodes deals a batch of new nodes over worker threads, each on a one-worker dense scratch of the
+    graph's pool: every list and score equals ppr_new_node's for that node alone, in the order given, on 1 to 5
+    workers (more workers than nodes too), with nodes without edges, repeated neighbours, hubs, weights and the
+    push cap; several callers at once agree; the pool keeps a scratch per worker, and they come back clean."""
+    import threading
+
+    from kernels.ppr import ppr_new_nodes
+    from kernels.ppr_push import _SCRATCH_KEY, new_node_workers
+
+    rng = np.random.default_rng(11 + weighted)
+    n = 500
+    src, dst = rng.integers(0, n, 4000), rng.integers(0, n, 4000)
+    keep = src != dst
+    w = rng.choice([0.0, 0.5, 1.0, 2.5], size=int(keep.sum())).astype(np.float32) if weighted else None
+    g = CSRGraph.from_edge_index(np.stack([src[keep], dst[keep]]), n, w, symmetrize=True)
+    hub = int(np.argmax(np.diff(g.indptr)))
+    nbs = [np.r_[rng.choice(n, int(rng.integers(0, 6))), [hub] * (i % 3 == 0)].astype(np.int64) for i in range(13)]
+    nbs[4] = np.array([3, 9, 3, hub], dtype=np.int64)  # a repeated neighbour (its weights add up)
+    nodes = [(nb, rng.uniform(0.0, 3.0, len(nb)) if weighted else None) for nb in nbs]
+    assert any(len(nb) == 0 for nb in nbs) and any(len(np.unique(nb)) < len(nb) for nb in nbs if len(nb))
+    cfg = PPRConfig(eps=1e-4, topk=32, lazy=weighted)
+    for cap in (200_000, 7):
+        want = [ppr_new_node(g, nb, nw, cfg, max_pushes=cap) for nb, nw in nodes]
+        for threads in (1, 2, 3, 5, 40):
+            got = ppr_new_nodes(g, nodes, cfg, max_pushes=cap, threads=threads)
+            assert len(got) == len(want)
+            for i, ((a, sa), (b, sb)) in enumerate(zip(got, want, strict=True)):
+                np.testing.assert_array_equal(a, b, err_msg=f"node {i}, {threads} threads, cap {cap}")
+                np.testing.assert_array_equal(sa, sb, err_msg=f"node {i}, {threads} threads, cap {cap}")
+            assert len(g.cache()[_SCRATCH_KEY]) <= new_node_workers(n, len(nodes), threads) + 1
+    assert new_node_workers(n, len(nodes), 40) == len(nodes)  # one node per worker at most
+    assert new_node_workers(n, 1, 8) == 1 and new_node_workers(n, 5, 1) == 1
+    # callers at once (model workers of one server): each gets its own scratches
+    results: list = [None] * 4
+
+    def call(i: int) -> None:
+        results[i] = ppr_new_nodes(g, nodes[i:] + nodes[:i], cfg, threads=3)
+
+    threads_ = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for t in threads_:
+        t.start()
+    for t in threads_:
+        t.join()
+    for i, res in enumerate(results):
+        ref = [ppr_new_node(g, nb, nw, cfg) for nb, nw in nodes[i:] + nodes[:i]]
+        for (a, sa), (b, sb) in zip(res, ref, strict=True):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(sa, sb)
+    # the pooled scratches came back clean: a batch of existing targets on them equals one on fresh state
+    t = rng.choice(n, 7, replace=False)
+    a = ppr_topk(g, t, cfg)
+    g.cache().clear()
+    for x, y in zip(a, ppr_topk(g, t, cfg), strict=True):
+        np.testing.assert_array_equal(x, y)
+    # a bad node is refused before any push
+    with pytest.raises(ValueError, match="existing ids"):
+        ppr_new_nodes(g, [*nodes[:3], ([n], None)], cfg, threads=2)
+
+
 def test_new_node_without_edges_and_validation(sbm):
     nodes, scores = ppr_new_node(sbm, [], None, PPRConfig())
     assert nodes.tolist() == [sbm.num_nodes] and scores[0] == pytest.approx(1.0)
