@@ -67,3 +67,29 @@ def test_new_node_equals_the_node_added_to_the_graph(served, tiny_repo, tiny_dat
         with torch.no_grad():
             want = torch.softmax(gk.model.eval()(g2, x2, w, gk.strategy), 1).numpy()[n]
         np.testing.assert_allclose(got.probabilities[0], want, rtol=1e-4, atol=1e-5, err_msg=f"S={w}")
+
+
+def test_new_nodes_benchmark_runs_both_push_variants(tiny_repo):
+    """benchmarks/new_nodes.py at a small size: a plain model's row and a shaDow model's two push variants per count
+    (their answers are checked equal inside), positive times."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "new_nodes.py"), "--repo", str(tiny_repo),
+                           "--models", "gcn,shadow", "--counts", "1,3", "--reps", "2"],
+                          capture_output=True, text=True, timeout=600, cwd=root,
+                          env=dict(os.environ, PYTHONPATH=str(root)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
+            if line.startswith(("| gcn", "| shadow"))]
+    assert {(r[0], int(r[1]), r[2]) for r in rows} == {
+        ("gcn", 1, "-"), ("gcn", 3, "-"),
+        *(("shadow", k, v) for k in (1, 3) for v in ("1-thread", "parallel"))}
+    assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows), rows
+    bad = subprocess.run([sys.executable, str(root / "benchmarks" / "new_nodes.py"), "--repo", str(tiny_repo),
+                          "--models", "gcn", "--counts", "0"], capture_output=True, text=True, timeout=120, cwd=root,
+                         env=dict(os.environ, PYTHONPATH=str(root)))
+    assert bad.returncode == 2 and "--counts" in bad.stderr
