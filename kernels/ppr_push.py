@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -776,6 +777,17 @@ def new_node_workers(num_nodes: int, count: int, threads: int | None = None) -> 
 
 _NEW_NODE_POOL: list[Any] = [None, 0]  # ppr_new_nodes' extra workers: a ThreadPoolExecutor made on first use, its size
 _NEW_NODE_POOL_LOCK = threading.Lock()
+
+
+def _forget_new_node_pool() -> None:
+    """In a forked child: the parent's pool threads do not exist there (a submit would wait for ever)."""
+    global _NEW_NODE_POOL_LOCK
+    _NEW_NODE_POOL[:] = [None, 0]
+    _NEW_NODE_POOL_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_new_node_pool)
 
 
 def _new_node_pool(workers: int) -> Any:

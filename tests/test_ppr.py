@@ -679,3 +679,21 @@ def test_a_build_killed_mid_write_leaves_nothing_the_next_build_keeps(sbm, tmp_p
     assert not stale.exists() and live.exists() and other.exists() and recent.exists()
     assert all(p.exists() for p in odd)
     assert any("interrupted PPR index build" in r.getMessage() for r in caplog.records)
+
+
+def test_new_nodes_in_a_forked_child_start_their_own_threads():
+    """A process forked after ppr_new_nodes ran (a user's multiprocessing pool): the parent's worker threads do not
+    exist in the child, whose call must start its own instead of waiting for them for ever."""
+    import multiprocessing as mp
+
+    from kernels.ppr import ppr_new_nodes
+
+    g = synthetic_sbm(300, num_classes=3, avg_degree=8, num_features=2, seed=1).graph
+    nodes = [(np.array([1, 2, 3]), None), (np.array([7, 9]), None), (np.array([11]), None)]
+    want = ppr_new_nodes(g, nodes, PPRConfig(), threads=3)  # the parent's pool exists now
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(ppr_new_nodes, (g, nodes, PPRConfig()), {"threads": 3}).get(timeout=60)
+    for (a, sa), (b, sb) in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(sa, sb)
