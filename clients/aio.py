@@ -148,8 +148,10 @@ class AsyncGnnClient(_ClientBase):
         timeout: float | None = None,
         request_id: str | None = None,
         min_graph_version: int | None = None,
+        new_nodes: Sequence[NewNode] | NewNode | None = None,
     ) -> PredictResult:
-        """Classify existing nodes; see :meth:`clients.GnnClient.predict` (the same arguments).
+        """Classify existing nodes (and ``new_nodes``, rows after theirs); see :meth:`clients.GnnClient.predict` (the
+        same arguments).
 
         ``min_graph_version``: read-your-writes: answer from the model's graph at this version or newer
         (an :meth:`update_graph` result's ``graph_version``; None or 0: any). A server still behind waits
@@ -165,10 +167,11 @@ class AsyncGnnClient(_ClientBase):
         self._ensure_channel()
         model, ver = self._model_args(model, version)
         ids = node_array(nodes)
+        msgs = [] if new_nodes is None else new_node_messages(new_nodes)
         knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss, min_graph_version)
         state = self._state("Predict", timeout)
-        limits = await self._chunk_limits(model, ver, len(ids), state)
-        plan = self._plan(model, ver, ids, [], knobs, return_probabilities, return_embeddings, request_id, limits)
+        limits = await self._chunk_limits(model, ver, len(ids) + len(msgs), state)
+        plan = self._plan(model, ver, ids, msgs, knobs, return_probabilities, return_embeddings, request_id, limits)
         return await self._run(plan, state, t0, model, ver)
 
     async def predict_new_node(

@@ -29,7 +29,7 @@ import numpy as np
 from ._core import DEFAULT_PORT, server_address
 from .client import GnnClient
 from .errors import GnnServeError, InvalidArgumentError
-from .types import ModelInfo, PredictResult
+from .types import ModelInfo, NewNode, PredictResult
 
 __all__ = ["NodeSpecError", "models_main", "parse_nodes", "predict_main", "read_updates", "server_address",
            "update_main"]
@@ -206,10 +206,15 @@ def _predict_parser() -> argparse.ArgumentParser:
         prog="gnnserve predict",
         description="Classify nodes with a model on a gnnserve server.",
         epilog="--nodes takes ids, inclusive ranges and @FILE (one id or range per line), comma-separated: "
-               "e.g. --nodes 0-9,42,@more.txt",
+               "e.g. --nodes 0-9,42,@more.txt. --new-nodes FILE: nodes that are not in the graph, one JSON object "
+               'per line or a JSON array, e.g. {"features": [0.3, 0.1], "neighbors": [1, 2], "edge_weights": '
+               "[1.0, 0.5]} (weights optional); they are classified with the graph as it is, which they do not "
+               "change ('gnnserve update' adds nodes), and printed after --nodes' rows as new[0], new[1], ...",
     )
     ap.add_argument("--model", required=True, help="model name (see 'gnnserve models')")
-    ap.add_argument("--nodes", required=True, help="node ids: 1,2,3 / 0-99 / @FILE (combinable)")
+    ap.add_argument("--nodes", default=None, help="node ids: 1,2,3 / 0-99 / @FILE (combinable)")
+    ap.add_argument("--new-nodes", default=None, metavar="FILE",
+                    help="new nodes to classify (JSON lines or a JSON array, '-' for stdin); with or without --nodes")
     ap.add_argument("--version", default=None, help="model version (default: latest)")
     ap.add_argument("--width", type=int, default=None, metavar="S", help="sampling width S (0 = exact)")
     ap.add_argument("--budget", type=int, default=None, metavar="K", help="PPR budget K (subgraph size)")
@@ -280,7 +285,13 @@ def result_dict(res: PredictResult, *, probabilities: bool = False) -> dict[str,
 
 
 def _predict(args: argparse.Namespace, out: TextIO) -> int:
-    nodes = parse_nodes(args.nodes)
+    if args.nodes is None and args.new_nodes is None:
+        raise _UsageError("give --nodes (ids in the graph), --new-nodes FILE (nodes not in it), or both")
+    nodes = parse_nodes(args.nodes) if args.nodes is not None else np.zeros(0, dtype=np.int64)
+    new = None
+    if args.new_nodes is not None:
+        text, where = _read_input(args.new_nodes)
+        new = [_json_new_node(node, place) for place, node in _json_objects(text, where, "a new node", _NEW_NODE_KEYS)]
     if args.max_nodes_per_call is not None and args.max_nodes_per_call < 1:
         raise _UsageError(f"--max-nodes-per-call must be >= 1, got {args.max_nodes_per_call}")
     with _client(args, max_nodes_per_call=args.max_nodes_per_call) as client:
@@ -294,6 +305,7 @@ def _predict(args: argparse.Namespace, out: TextIO) -> int:
             version=args.version,
             request_id=args.request_id,
             min_graph_version=args.min_graph_version,
+            new_nodes=new,
         )
     if args.json:
         json.dump(result_dict(res, probabilities=args.probabilities), out)
@@ -412,6 +424,13 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _parse_updates(text: str, where: str) -> list[tuple[str, dict[str, Any]]]:
     """``(place, object)`` per update of an update file; ``place`` is ``FILE:LINE`` (JSON lines) or
     ``FILE: item I`` (a JSON array)."""
+    return _json_objects(text, where, "an update", _UPDATE_KEYS)
+
+
+def _json_objects(text: str, where: str, kind: str, keys: set[str]) -> list[tuple[str, dict[str, Any]]]:
+    """``(place, object)`` per object of a file of ``kind`` objects (one per line, blank lines and ``#`` comments
+    skipped, or one JSON array), each with fields of ``keys`` only; ``place`` is ``FILE:LINE`` or ``FILE: item
+    I``."""
     stripped = text.strip()
     if stripped.startswith("["):
         try:
@@ -435,12 +454,12 @@ def _parse_updates(text: str, where: str) -> list[tuple[str, dict[str, Any]]]:
             places.append(f"{where}:{n}")
     for item, place in zip(items, places, strict=True):
         if not isinstance(item, dict):
-            raise _UsageError(f"{place}: an update is a JSON object, got {type(item).__name__}")
-        unknown = set(item) - _UPDATE_KEYS
+            raise _UsageError(f"{place}: {kind} is a JSON object, got {type(item).__name__}")
+        unknown = set(item) - keys
         if unknown:
-            raise _UsageError(f"{place}: unknown field(s) {sorted(unknown)}; an update has {sorted(_UPDATE_KEYS)}")
+            raise _UsageError(f"{place}: unknown field(s) {sorted(unknown)}; {kind} has {sorted(keys)}")
     if not items:
-        raise _UsageError(f"{where}: no updates in it")
+        raise _UsageError(f"{where}: no {kind.split(' ', 1)[1]}s in it")
     return list(zip(places, items, strict=True))
 
 
@@ -509,12 +528,25 @@ def _json_edges(value: Any, what: str, *, weights: bool) -> list[tuple[Any, ...]
     return out
 
 
+def _json_new_node(node: Any, what: str) -> NewNode:
+    """A :class:`~clients.types.NewNode` from a JSON object ``{"features": [numbers], "neighbors": [ids],
+    "edge_weights": [numbers]}`` (neighbours and weights optional), each value checked for its JSON type."""
+    if not isinstance(node, dict) or "features" not in node:
+        raise _UsageError(f'{what}: a new node is an object {{"features": [numbers], "neighbors": [ids], '
+                          f'"edge_weights": [numbers]}}, got {_shown(node)}')
+    unknown = set(node) - _NEW_NODE_KEYS
+    if unknown:
+        raise _UsageError(f"{what}: unknown field(s) {sorted(unknown)}; a new node has {sorted(_NEW_NODE_KEYS)}")
+    weights = node.get("edge_weights")
+    return NewNode(features=_json_numbers(node["features"], f"{what}.features"),
+                   neighbors=_json_ids(node.get("neighbors", []), f"{what}.neighbors"),
+                   edge_weights=None if weights is None else _json_numbers(weights, f"{what}.edge_weights"))
+
+
 def _update_args(item: dict[str, Any], place: str) -> dict[str, Any]:
     """The keyword arguments of :meth:`GnnClient.update_graph` for one update object, every value
     checked for its JSON type here (a usage error naming ``place`` and the entry) before anything
     is sent; the server checks the rest (ids in range, edges present or absent, row lengths)."""
-    from .types import NewNode
-
     kw: dict[str, Any] = {}
     feats = item.get("features")
     if feats is not None:
@@ -536,19 +568,7 @@ def _update_args(item: dict[str, Any], place: str) -> dict[str, Any]:
     if nodes is not None:
         if not isinstance(nodes, list):
             raise _UsageError(f"{place}: new_nodes must be a list of objects, got {_shown(nodes)}")
-        new: list[NewNode] = []
-        for j, node in enumerate(nodes):
-            what = f"{place}: new_nodes[{j}]"
-            if not isinstance(node, dict) or "features" not in node:
-                raise _UsageError(f'{what}: a new node is an object {{"features": [numbers], "neighbors": [ids], '
-                                  f'"edge_weights": [numbers]}}, got {_shown(node)}')
-            unknown = set(node) - _NEW_NODE_KEYS
-            if unknown:
-                raise _UsageError(f"{what}: unknown field(s) {sorted(unknown)}; a new node has {sorted(_NEW_NODE_KEYS)}")
-            weights = node.get("edge_weights")
-            new.append(NewNode(features=_json_numbers(node["features"], f"{what}.features"),
-                               neighbors=_json_ids(node.get("neighbors", []), f"{what}.neighbors"),
-                               edge_weights=None if weights is None else _json_numbers(weights, f"{what}.edge_weights")))
+        new = [_json_new_node(node, f"{place}: new_nodes[{j}]") for j, node in enumerate(nodes)]
         if new:
             kw["new_nodes"] = new
     if item.get("add_edges") is not None:
@@ -588,6 +608,17 @@ def _update_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _read_input(path: str) -> tuple[str, str]:
+    """``(text, where)`` of a file argument ('-': stdin), a usage error naming it when it cannot be read."""
+    if path == "-":
+        return sys.stdin.read(), "<stdin>"
+    try:
+        return Path(path).read_text(), path
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise _UsageError(f"cannot read {path!r}: {why}") from None
+
+
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
@@ -611,14 +642,7 @@ def _stopped_at(place: str, index: int, total: int, applied_version: int | None,
 
 def _update(args: argparse.Namespace, out: TextIO) -> int:
     prog = "gnnserve update"
-    if args.file == "-":
-        text, where = sys.stdin.read(), "<stdin>"
-    else:
-        try:
-            text, where = Path(args.file).read_text(), args.file
-        except (OSError, UnicodeDecodeError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise _UsageError(f"cannot read {args.file!r}: {why}") from None
+    text, where = _read_input(args.file)
     calls = [(place, _update_args(item, place)) for place, item in _parse_updates(text, where)]
     version: int | None = None
     with _client(args) as client:

@@ -257,6 +257,7 @@ class GnnClient(_ClientBase):
         timeout: float | None = None,
         request_id: str | None = None,
         min_graph_version: int | None = None,
+        new_nodes: Sequence[NewNode] | NewNode | None = None,
     ) -> PredictResult:
         """Classify existing nodes of the model's graph.
 
@@ -279,6 +280,10 @@ class GnnClient(_ClientBase):
                 ``UNAVAILABLE``; a version the graph's update log has never written is refused at once
                 (:class:`FailedPreconditionError`, not retried). A negative value raises
                 :class:`InvalidArgumentError`.
+            new_nodes: nodes that are not in the graph (:class:`~clients.types.NewNode`: features, neighbours,
+                optional weights), classified in the same call as ``nodes`` (as :meth:`predict_new_node` does,
+                the graph unchanged): their rows follow the existing nodes' rows in the result (``result.nodes``
+                holds the existing ids only). ``nodes`` may then be empty.
 
         Returns:
             :class:`~clients.types.PredictResult` (labels, probabilities, embeddings, settings, timing).
@@ -294,14 +299,17 @@ class GnnClient(_ClientBase):
             res = client.predict("cora-sage", [0, 5, 7], sampling_width=8, ppr_budget=32)
             res.labels                  # array([3, 1, 3])
             res.settings.sampling_width # 8
+            res = client.predict("cora-sage", [0, 5], new_nodes=[NewNode(x, neighbors=[12, 40])])
+            res.labels[2]               # the new node's label
         """
         t0 = time.perf_counter()
         model, ver = self._model_args(model, version)
         ids = node_array(nodes)
+        msgs = [] if new_nodes is None else new_node_messages(new_nodes)
         knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss, min_graph_version)
         state = self._state("Predict", timeout)
-        limits = self._chunk_limits(model, ver, len(ids), state)
-        plan = self._plan(model, ver, ids, [], knobs, return_probabilities, return_embeddings, request_id, limits)
+        limits = self._chunk_limits(model, ver, len(ids) + len(msgs), state)
+        plan = self._plan(model, ver, ids, msgs, knobs, return_probabilities, return_embeddings, request_id, limits)
         return self._run(plan, state, t0, model, ver)
 
     def predict_new_node(

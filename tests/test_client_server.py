@@ -267,6 +267,72 @@ def test_predict_new_nodes(client, tiny_dataset):
         client.predict_new_node(SHADOW, x[5], [1, tiny_dataset.num_nodes + 5])
 
 
+def test_predict_existing_and_new_nodes_in_one_call(client, tiny_dataset):
+    """GnnClient.predict(nodes, new_nodes=...) (and the asyncio client's): existing nodes' rows first, then the new
+    nodes', each equal to the calls made separately; chunked across requests too; new nodes alone with empty nodes."""
+    g, x = tiny_dataset.graph, np.asarray(tiny_dataset.x)
+    picks = [5, 17, 123]
+    new = [NewNode(x[v], g.indices[g.indptr[v]:g.indptr[v + 1]]) for v in picks]
+    for model in (SHADOW, GCN):
+        both = client.predict(model, [3, 9, 3], new_nodes=new, sampling_width=0)
+        assert both.nodes.tolist() == [3, 9, 3] and both.num_new_nodes == 3 and len(both) == 6
+        old = client.predict(model, [3, 9, 3], sampling_width=0)
+        fresh = client.predict_new_node(model, new, sampling_width=0)
+        assert both.labels.tolist() == old.labels.tolist() + fresh.labels.tolist()
+        np.testing.assert_allclose(both.probabilities, np.vstack([old.probabilities, fresh.probabilities]), atol=1e-5)
+        with GnnClient(client.address, max_nodes_per_call=2, timeout=120) as c2:
+            chunked = c2.predict(model, [3, 9, 3], new_nodes=new, sampling_width=0)
+        assert chunked.timing.chunks == 4 and chunked.labels.tolist() == both.labels.tolist()  # 2 + 2 requests
+        alone = client.predict(model, [], new_nodes=new[0], sampling_width=0)
+        assert alone.nodes.size == 0 and alone.labels.tolist() == fresh.labels[:1].tolist()
+
+    async def run():
+        async with AsyncGnnClient(client.address, timeout=120) as c:
+            return await c.predict(SHADOW, [3, 9, 3], new_nodes=new, sampling_width=0)
+
+    res = asyncio.run(run())
+    ref = client.predict(SHADOW, [3, 9, 3], new_nodes=new, sampling_width=0)
+    assert res.labels.tolist() == ref.labels.tolist()
+    np.testing.assert_allclose(res.probabilities, ref.probabilities, atol=1e-5)
+
+
+def test_cli_predict_new_nodes_from_a_file(addr, client, tiny_dataset, capsys, tmp_path, monkeypatch):
+    """gnnserve predict --new-nodes FILE (JSON lines or an array, '-' for stdin), with and without --nodes; the rows
+    equal the SDK's; a malformed file is one line naming the entry, exit 2, before anything is sent."""
+    import io
+
+    from serve.cli import main
+
+    g, x = tiny_dataset.graph, np.asarray(tiny_dataset.x)
+    objs = [{"features": x[v].tolist(), "neighbors": g.indices[g.indptr[v]:g.indptr[v + 1]].tolist()} for v in (5, 17)]
+    objs[1]["edge_weights"] = [0.5] * len(objs[1]["neighbors"])
+    lines = tmp_path / "new.jsonl"
+    lines.write_text("# two new nodes\n" + "\n".join(json.dumps(o) for o in objs) + "\n")
+    ref = client.predict(SHADOW, [7], new_nodes=[NewNode(o["features"], o["neighbors"], o.get("edge_weights"))
+                                                 for o in objs], sampling_width=0)
+    rc = main(["predict", "--server", addr, "--model", SHADOW, "--nodes", "7", "--new-nodes", str(lines),
+               "--width", "0", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["nodes"] == [7] and doc["labels"] == ref.labels.tolist()
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(objs)))
+    rc = main(["predict", "--server", addr, "--model", SHADOW, "--new-nodes", "-", "--width", "0"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 0
+    assert [row.split()[:2] for row in out[2:4]] == [["new[0]", str(ref.labels[1])], ["new[1]", str(ref.labels[2])]]
+    bad = tmp_path / "bad.jsonl"
+    for text, msg in (('{"features": [1.0], "neighbours": [1]}', "unknown field(s) ['neighbours']"),
+                      ('{"neighbors": [1]}', "a new node is an object"),
+                      ('{"features": [1.0, "x"]}', "features"),
+                      ("", "no new nodes in it")):
+        bad.write_text(text + "\n")
+        rc = main(["predict", "--server", addr, "--model", SHADOW, "--new-nodes", str(bad)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and msg in err[0] and str(bad) in err[0], err
+    rc = main(["predict", "--server", addr, "--model", SHADOW])
+    err = capsys.readouterr().err
+    assert rc == 2 and "give --nodes" in err and "--new-nodes" in err
+
+
 # --------------------------------------------------------------------------- typed errors
 def test_typed_errors_carry_the_server_message(client, tiny_dataset):
     n = tiny_dataset.num_nodes

@@ -476,7 +476,8 @@ def test_parse_nodes(tmp_path):
 
 
 @pytest.mark.parametrize("argv,msg", [
-    (["--model", "m"], "required: --nodes"),
+    (["--model", "m"], "give --nodes (ids in the graph), --new-nodes FILE (nodes not in it), or both"),
+    (["--model", "m", "--new-nodes", "/nonexistent/new.jsonl"], "cannot read '/nonexistent/new.jsonl'"),
     (["--model", "m", "--nodes", "1,x"], "'x' is not a node id"),
     (["--model", "m", "--nodes", "1", "--width", "abc"], "invalid int value"),
     (["--model", "m", "--nodes", "1", "--token-file", "/nonexistent/token"], "cannot read --token-file"),
