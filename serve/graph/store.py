@@ -1071,7 +1071,7 @@ def pushed_lists(store: RedisGraphStore, targets: np.ndarray, cfg: Any, *,
     t = np.unique(np.asarray(targets, dtype=np.int64))
     deg = store.push_degrees(t)
     pushes = [PartialPush.target(v, d, cfg) for v, d in zip(t.tolist(), deg.tolist(), strict=True)]
-    run_partial(pushes, store.rows_csr, store.push_degrees)
+    run_partial(pushes, store.rows_csr, store.push_degrees, num_nodes=store.num_nodes)
     if reach is not None:  # what each push read: RedisGraphStore.refresh_lists keeps it
         reach.update({v: ps.reached() for v, ps in zip(t.tolist(), pushes, strict=True)})
     return {v: ps.result() for v, ps in zip(t.tolist(), pushes, strict=True)}
@@ -1094,7 +1094,7 @@ def pushed_new_nodes(store: RedisGraphStore, specs: Sequence[tuple[np.ndarray, n
     from kernels.ppr_partial import PartialPush, run_partial
 
     pushes = [PartialPush.new_node(store.num_nodes, nb, w, store.push_degrees, cfg) for nb, w in specs]
-    run_partial(pushes, store.rows_csr, store.push_degrees)
+    run_partial(pushes, store.rows_csr, store.push_degrees, num_nodes=store.num_nodes)
     return [ps.result() for ps in pushes]
 
 

@@ -1,0 +1,199 @@
+"""kernels.ppr_partial's dense engine (run_partial with ``num_nodes``): the same lists as the whole graph's push.
+
+``run_partial(..., num_nodes=N)`` runs the pushes on dense state indexed by node id over the rows fetched for all
+of them, a group at a time. Each list must equal :func:`kernels.ppr.ppr_topk`'s or
+:func:`kernels.ppr.ppr_new_node`'s to the bit (the graphs, walks and thresholds of ``tests/test_ppr_partial.py``),
+with one group or several, new nodes and existing targets in one group, and the push cap; the rows fetched are
+those of pushed nodes, each once; what a push reached is what the hash-map engine reports. Pushes the engine may
+not take (handed rows by hand, mixed configurations, a graph past ``DENSE_PUSH_BYTES``) keep the hash-map engine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernels.ppr_partial as pp
+from kernels.ppr import PPRConfig, ppr_new_node, ppr_topk
+from kernels.ppr_partial import PartialPush, dense_group, run_partial
+from tests.test_ppr_partial import CASES, CONFIGS, _graph, _Rows
+
+
+@pytest.fixture
+def engines(monkeypatch):
+    """Counts the runs of each engine."""
+    count = {"dense": 0, "hash": 0}
+    dense, run = pp._run_dense, PartialPush.run
+
+    def counted_dense(*a, **k):
+        count["dense"] += 1
+        return dense(*a, **k)
+
+    def counted_run(self):
+        count["hash"] += 1
+        return run(self)
+
+    monkeypatch.setattr(pp, "_run_dense", counted_dense)
+    monkeypatch.setattr(PartialPush, "run", counted_run)
+    return count
+
+
+def _pushed(pushes):
+    """Every node some push pushed (its estimate > 0)."""
+    return np.unique(np.concatenate([ps.ids[: int(ps.meta[0])][ps.p[: int(ps.meta[0])] > 0] for ps in pushes]))
+
+
+def _check_rows(rows, rounds, pushes):
+    assert rounds == len(rows.asked)
+    asked = np.concatenate(rows.asked) if rows.asked else np.zeros(0, dtype=np.int64)
+    assert len(np.unique(asked)) == len(asked), "each row fetched once"
+    assert np.isin(asked, _pushed(pushes)).all(), "only rows of pushed nodes"
+
+
+@pytest.mark.parametrize("small_groups", [False, True])
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("ci", range(len(CONFIGS)))
+def test_dense_lists_equal_the_whole_graphs(case, ci, small_groups, engines, monkeypatch):
+    spec, cfg = CASES[case], CONFIGS[ci]
+    n = 900
+    g = _graph(n, 3 * n, seed=case * 10 + ci, **spec)
+    if small_groups:  # groups of 8: a later group pushes over rows an earlier one fetched
+        monkeypatch.setattr(pp, "DENSE_GROUP_BYTES", 1)
+    rows = _Rows(g)
+    rng = np.random.default_rng(ci)
+    targets = np.unique(np.r_[rng.choice(n, 20, replace=False), 0, n - 1])
+    pushes = [PartialPush.target(t, rows.degrees(np.array([t]))[0], cfg) for t in targets.tolist()]
+    asked_degrees = []
+
+    def degrees(ids):
+        asked_degrees.append(ids)
+        return rows.degrees(ids)
+
+    rounds = run_partial(pushes, rows, degrees, num_nodes=n)
+    assert engines == {"dense": 1, "hash": 0}
+    asked_degrees = np.concatenate(asked_degrees)
+    assert len(np.unique(asked_degrees)) == len(asked_degrees), "each degree asked once in the run"
+    if not small_groups:  # the sources' degrees came with the pushes
+        assert not np.isin(targets, asked_degrees).any()
+    ptr, nodes, scores = ppr_topk(g, targets, cfg)
+    for i, ps in enumerate(pushes):
+        assert ps.done and not len(ps.missing())
+        got_n, got_s = ps.result()
+        np.testing.assert_array_equal(got_n, nodes[ptr[i]:ptr[i + 1]])
+        np.testing.assert_array_equal(got_s, scores[ptr[i]:ptr[i + 1]])
+        k_n, k_s = ps.result(5)  # another k from the same state
+        np.testing.assert_array_equal(k_n, nodes[ptr[i]:ptr[i + 1]][:5])
+        np.testing.assert_array_equal(k_s, scores[ptr[i]:ptr[i + 1]][:5])
+    _check_rows(rows, rounds, pushes)
+    # what each push reached (read) and how many pushes it made: as the hash-map engine reports them
+    hashed = [PartialPush.target(t, rows.degrees(np.array([t]))[0], cfg) for t in targets.tolist()]
+    run_partial(hashed, _Rows(g), rows.degrees)
+    for a, b in zip(pushes, hashed, strict=True):
+        np.testing.assert_array_equal(a.reached(), b.reached())
+        assert a.pushes == b.pushes
+
+
+@pytest.mark.parametrize("case", [0, 1, 2, 4])
+@pytest.mark.parametrize("lazy", [False, True])
+def test_dense_new_nodes_and_targets_in_one_group(case, lazy, engines):
+    """New nodes (each with its own edges and its neighbours' thresholds counting them) pushed in lockstep with
+    existing targets whose pushes reach the same neighbours (which must keep the graph's thresholds)."""
+    spec = CASES[case]
+    n = 700
+    g = _graph(n, 3 * n, seed=40 + case, **spec)
+    cfg = PPRConfig(topk=30, eps=5e-5, lazy=lazy)
+    rng = np.random.default_rng(case)
+    specs = [([3], None), (rng.choice(n, 6), None), (rng.choice(n, 4), rng.uniform(0.0, 3.0, 4)), ([], None),
+             ([5, 5, 9], [1.0, 2.0, 0.5]), (np.arange(0, 60, 3), None)]
+    rows = _Rows(g)
+    news = [PartialPush.new_node(n, nb, w, rows.degrees, cfg) for nb, w in specs]
+    targets = np.array([3, 5, 9, 27, 400])  # neighbours of the new nodes
+    olds = [PartialPush.target(t, rows.degrees(np.array([t]))[0], cfg) for t in targets.tolist()]
+    mixed = [x for pair in zip(news[: len(olds)], olds, strict=True) for x in pair] + news[len(olds):]
+    rounds = run_partial(mixed, rows, rows.degrees, num_nodes=n)
+    assert engines == {"dense": 1, "hash": 0}
+    for ps, (nb, w) in zip(news, specs, strict=True):
+        want_n, want_s = ppr_new_node(g, nb, w, cfg)
+        got_n, got_s = ps.result()
+        np.testing.assert_array_equal(got_n, want_n)
+        np.testing.assert_array_equal(got_s, want_s)
+    ptr, nodes, scores = ppr_topk(g, targets, cfg)
+    for i, ps in enumerate(olds):
+        got_n, got_s = ps.result()
+        np.testing.assert_array_equal(got_n, nodes[ptr[i]:ptr[i + 1]])
+        np.testing.assert_array_equal(got_s, scores[ptr[i]:ptr[i + 1]])
+    _check_rows(rows, rounds, mixed)
+
+
+def test_dense_push_cap_stops_at_the_same_step(engines):
+    g = _graph(700, 2100, 41, weighted=True)
+    cfg = PPRConfig(topk=30, eps=5e-5)
+    rng = np.random.default_rng(3)
+    specs = [rng.choice(700, 5) for _ in range(3)]
+    rows = _Rows(g)
+    pushes = [PartialPush.new_node(700, nb, None, rows.degrees, cfg, max_pushes=25) for nb in specs]
+    run_partial(pushes, rows, rows.degrees, num_nodes=700)
+    assert engines == {"dense": 1, "hash": 0}
+    for ps, nb in zip(pushes, specs, strict=True):
+        assert ps.pushes == 25
+        want_n, want_s = ppr_new_node(g, nb, None, cfg, max_pushes=25)
+        got_n, got_s = ps.result()
+        np.testing.assert_array_equal(got_n, want_n)
+        np.testing.assert_array_equal(got_s, want_s)
+
+
+def test_pushes_the_dense_engine_may_not_take_keep_their_state(engines, monkeypatch):
+    g = _graph(300, 900, 7, weighted=False)
+    rows = _Rows(g)
+    cfg = PPRConfig(topk=12, eps=1e-4)
+    deg = rows.degrees
+
+    def check(pushes):
+        ptr, nodes, scores = ppr_topk(g, [int(ps.ids[0]) for ps in pushes], pushes[0].cfg)
+        for i, ps in enumerate(pushes):
+            if ps.cfg == pushes[0].cfg:
+                np.testing.assert_array_equal(ps.result()[0], nodes[ptr[i]:ptr[i + 1]])
+                np.testing.assert_array_equal(ps.result()[1], scores[ptr[i]:ptr[i + 1]])
+
+    # a push handed a row by hand
+    by_hand = [PartialPush.target(t, deg(np.array([t]))[0], cfg) for t in (5, 17)]
+    ptr, cols, ws = rows(np.array([5]))
+    by_hand[0].add_rows(np.array([5]), ptr, cols, ws, deg(cols))
+    run_partial(by_hand, rows, deg, num_nodes=300)
+    check(by_hand)
+    # a push run by hand
+    ran = [PartialPush.target(t, deg(np.array([t]))[0], cfg) for t in (5, 17)]
+    ran[1].run()
+    run_partial(ran, rows, deg, num_nodes=300)
+    check(ran)
+    # two configurations
+    two = [PartialPush.target(5, deg(np.array([5]))[0], cfg),
+           PartialPush.target(17, deg(np.array([17]))[0], PPRConfig(topk=12, eps=2e-4))]
+    run_partial(two, rows, deg, num_nodes=300)
+    check(two)
+    # no num_nodes, or a graph past DENSE_PUSH_BYTES
+    plain = [PartialPush.target(t, deg(np.array([t]))[0], cfg) for t in (5, 17)]
+    run_partial(plain, rows, deg)
+    check(plain)
+    monkeypatch.setattr(pp, "DENSE_PUSH_BYTES", 25 * 301)
+    big = [PartialPush.target(t, deg(np.array([t]))[0], cfg) for t in (5, 17)]
+    run_partial(big, rows, deg, num_nodes=300)
+    check(big)
+    assert engines["dense"] == 0 and engines["hash"] > 0
+    # one more node of room: dense
+    monkeypatch.setattr(pp, "DENSE_PUSH_BYTES", 25 * 302)
+    fits = [PartialPush.target(t, deg(np.array([t]))[0], cfg) for t in (5, 17)]
+    run_partial(fits, rows, deg, num_nodes=300)
+    check(fits)
+    assert engines["dense"] == 1
+
+
+def test_dense_group_sizes(monkeypatch):
+    per = 25 * (13752 + 2)
+    assert dense_group(100, 13752) == min(100, (8 << 20) // per)
+    assert dense_group(3, 13752) == 3
+    assert dense_group(0, 13752) == 0
+    assert dense_group(100, 2_000_000) == 0  # past DENSE_PUSH_BYTES: the hash-map engine
+    assert dense_group(100, 150_000) == 8  # a group of 8 at least
+    monkeypatch.setattr(pp, "DENSE_GROUP_BYTES", 1 << 40)
+    assert dense_group(100, 13752) == 100
