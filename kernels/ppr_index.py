@@ -568,6 +568,7 @@ class PPRIndex:
 #: how the push's weighted degrees are summed (kernels.ppr_push._row_sums: each row in order); an index of a weighted
 #: graph built without this mark summed them as one running sum over every edge, whose bits can differ
 _DEGREE_SUMS = "rows"
+DEGREE_SUMS = _DEGREE_SUMS  # the mark other stores of lists record too (serve.graph.loader, RedisGraphStore)
 
 
 def _read_meta(d: Path) -> dict[str, Any]:

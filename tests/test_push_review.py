@@ -230,3 +230,70 @@ def test_new_node_push_on_a_live_graphs_spare_scratch_equals_the_sparse_push(wei
                          num_nodes=g.num_nodes)
         for x, y in zip(ppr_topk(g, t, cfg), ppr_topk(fresh, t, cfg), strict=True):
             np.testing.assert_array_equal(x, y, err_msg=f"step {step}")
+
+
+def test_a_weighted_graph_loaded_without_the_degree_mark_has_its_lists_pushed_again(redis_factory):
+    """The loader marks a weighted graph's PPR configurations with how the pushes summed weighted degrees
+    (kernels.ppr_index.DEGREE_SUMS; not an unweighted graph's, whose degrees are counts). A graph loaded before that
+    mark existed may hold lists that differ from a push's now: a replica then treats every stored list as outdated
+    from the start (each pushed on first use, equal to ppr_topk), while a marked graph's lists are used as stored;
+    loading the unmarked live version again is refused (a new --version is what mends it)."""
+    import redis
+
+    from serve.graph.schema import GraphKeys
+    from serve.graph_store import RedisGraphStore, load_graph
+    from serve.redisdata.errors import GraphCorrupt
+
+    from .test_replica_exact import _load
+
+    n, edges = _ring_and_random(True, 7)
+    mirror = Mirror(n, edges, True)
+    mirror._snap_weighted = True
+    g = mirror.graph()
+    cfg = PPRConfig(topk=10, eps=1e-3)
+    targets = np.arange(n)
+    srv = redis_factory()
+    _load(srv.url, g, cfg, "marked")
+    cl = redis.Redis.from_url(srv.url)
+    key = GraphKeys(g.fingerprint(), 1).meta
+    ppr = json.loads(cl.hget(key, "ppr"))
+    assert all(pm["weighted_degrees"] == "rows" for pm in ppr.values())
+    store = RedisGraphStore(srv.url, g.fingerprint())  # marked: the stored lists are current
+    assert not store.stale_lists and store.structure_gen == 0
+    assert len(store.outdated_lists(cfg.key(), targets)) == 0
+    store.close()
+    for pm in ppr.values():  # what a loader before the mark wrote
+        del pm["weighted_degrees"]
+    cl.hset(key, "ppr", json.dumps(ppr, sort_keys=True))
+    store = RedisGraphStore(srv.url, g.fingerprint())
+    try:
+        assert store.stale_lists
+        assert store.outdated_lists(cfg.key(), targets).tolist() == targets.tolist()
+        idx = store.ppr_index(cfg)
+        got_ptr, got = idx.lookup(targets)
+        ptr, want, _ = ppr_topk(g, targets, cfg, k=idx.k_max)
+        np.testing.assert_array_equal(got_ptr, ptr)
+        np.testing.assert_array_equal(got, want)
+        assert len(store.outdated_lists(cfg.key(), targets)) == 0  # pushed once, then current
+    finally:
+        store.close()
+    with pytest.raises(GraphCorrupt, match="new --version"):
+        load_graph(_DS(g, "marked"), srv.url, ppr=[cfg], chunk_size=32, progress=False)
+    # an unweighted graph's configurations carry no mark and its lists stay current
+    n2, edges2 = _ring_and_random(False, 8)
+    g2 = Mirror(n2, edges2, False).graph()
+    srv2 = redis_factory()
+    _load(srv2.url, g2, cfg, "plain")
+    ppr2 = json.loads(redis.Redis.from_url(srv2.url).hget(GraphKeys(g2.fingerprint(), 1).meta, "ppr"))
+    assert all("weighted_degrees" not in pm for pm in ppr2.values())
+    store = RedisGraphStore(srv2.url, g2.fingerprint())
+    assert not store.stale_lists and len(store.outdated_lists(cfg.key(), np.arange(n2))) == 0
+    store.close()
+
+
+class _DS:
+    def __init__(self, g: CSRGraph, name: str) -> None:
+        self.graph, self.name = g, name
+
+    def fingerprint(self) -> str:
+        return "ds-" + self.graph.fingerprint()[:8] + self.name

@@ -85,6 +85,7 @@ def load_graph(dataset: Any, redis_url: str, *, version: int = 1, ppr: Sequence[
     from tqdm.auto import tqdm
 
     from kernels.ppr import PPRIndex
+    from kernels.ppr_index import DEGREE_SUMS
 
     if scores not in SCORE_CODES:
         raise ValueError(f"scores must be one of {sorted(SCORE_CODES)}, got {scores!r}")
@@ -104,6 +105,8 @@ def load_graph(dataset: Any, redis_url: str, *, version: int = 1, ppr: Sequence[
         indexes[cfg.key()] = (idx, scores)
         ppr_meta[cfg.key()] = {"config": cfg.to_dict(), "k_max": int(idx.k_max), "nnz": len(idx.nodes),
                                "scores": scores}
+        if graph.weights is not None:  # how the pushes summed weighted degrees (RedisGraphStore checks it)
+            ppr_meta[cfg.key()]["weighted_degrees"] = DEGREE_SUMS
     try:
         old = read_meta(cl, target, keys)
         live = old.get("state") == "live"

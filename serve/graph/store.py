@@ -238,6 +238,12 @@ class RedisGraphStore(PinnedVersion):
             self.self_loops: int | None = int(meta["self_loops"]) if "self_loops" in meta else None
             self.index_dtype = np.dtype(meta["index_dtype"]).newbyteorder("<")
             self.ppr_meta: dict[str, dict[str, Any]] = json.loads(meta.get("ppr") or "{}")
+            from kernels.ppr_index import DEGREE_SUMS
+
+            #: a weighted graph whose stored lists lack the loader's mark of per-row degree sums
+            #: (kernels.ppr_index.DEGREE_SUMS): they may differ from a push's now, so none is used as stored
+            self.stale_lists = self.is_weighted and any(
+                pm.get("weighted_degrees") != DEGREE_SUMS for pm in self.ppr_meta.values())
             self.keys = GraphKeys(fingerprint, version, int(meta["shards"]))
         except (KeyError, ValueError, TypeError) as exc:
             raise GraphCorrupt(f"graph metadata of {where} is incomplete ({exc})") from None
@@ -295,6 +301,13 @@ class RedisGraphStore(PinnedVersion):
         #: the overlay generation of the last structural change (apply_rows); 0: the snapshot's structure. A PPR list
         #: stored before it (the snapshot's, or one pushed earlier) may be outdated: RedisPPRIndex pushes it again
         self.structure_gen = 0
+        if self.stale_lists:  # the snapshot's lists are outdated from the start: each is pushed again on first use
+            self._gen = self.structure_gen = 1
+            log.warning("graph %s v%d at %s is weighted and its PPR lists were pushed on weighted degrees summed "
+                        "otherwise than the pushes sum them now (loaded before 2026-11-28): this replica pushes each "
+                        "list again the first time it is used (slower first answers, the same lists as a graph in "
+                        "memory); load the graph again with a new --version", fingerprint, self.version,
+                        self._target.masked)
         self._ov_row_gen: dict[int, int] = {}
         self._ov_list_gen: dict[tuple[str, int], int] = {}
         #: per PPR configuration, the structure generation at which each node's held list was last found equal to a
