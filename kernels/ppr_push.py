@@ -191,11 +191,12 @@ def _take_dense(graph: CSRGraph, threads: int, eps: float, capacity: int = 0) ->
 
 
 def _give_dense(graph: CSRGraph, sc: _DenseScratch, keep: int = 2) -> None:
-    """Put ``sc`` back into the graph's pool, which keeps ``keep`` scratches at most (2: a batch push's and a new
-    node's; :func:`ppr_new_nodes` keeps one per worker)."""
+    """Put ``sc`` back into the graph's pool, which keeps ``keep`` scratches at most of its number of workers (2;
+    :func:`ppr_new_nodes` keeps one-worker scratches for each of its workers): the one-worker scratches of new
+    nodes never crowd out a batch push's."""
     with _SCRATCH_LOCK:
         pool = graph.cache().setdefault(_SCRATCH_KEY, [])
-        if len(pool) < keep:
+        if sum(x.threads == sc.threads for x in pool) < keep:
             pool.append(sc)
 
 

@@ -434,7 +434,7 @@ def test_new_nodes_on_parallel_threads_equal_one_call_each(weighted):
     import threading
 
     from kernels.ppr import ppr_new_nodes
-    from kernels.ppr_push import _SCRATCH_KEY, new_node_workers
+    from kernels.ppr_push import _SCRATCH_KEY, _DenseScratch, _give_dense, new_node_workers
 
     rng = np.random.default_rng(11 + weighted)
     n = 500
@@ -484,6 +484,17 @@ def test_new_nodes_on_parallel_threads_equal_one_call_each(weighted):
     # a bad node is refused before any push
     with pytest.raises(ValueError, match="existing ids"):
         ppr_new_nodes(g, [*nodes[:3], ([n], None)], cfg, threads=2)
+    # the new nodes' one-worker scratches do not crowd a batch push's (several workers) out of the pool: it stays
+    g.cache().clear()
+    for _ in range(4):  # what 4 workers of ppr_new_nodes leave in the pool
+        _give_dense(g, _DenseScratch(_weighted_degree(g), 1, cfg.eps, capacity=n + 1), keep=5)
+    batch = _DenseScratch(_weighted_degree(g), 4, cfg.eps)
+    _give_dense(g, batch)
+    assert any(sc is batch for sc in g.cache()[_SCRATCH_KEY])
+    assert sum(sc.threads == 1 for sc in g.cache()[_SCRATCH_KEY]) == 4
+    ppr_new_nodes(g, nodes, cfg, threads=5)
+    assert any(sc is batch for sc in g.cache()[_SCRATCH_KEY])
+    assert sum(sc.threads == 1 for sc in g.cache()[_SCRATCH_KEY]) <= new_node_workers(n, len(nodes), 5) + 1
 
 
 def test_new_node_without_edges_and_validation(sbm):
