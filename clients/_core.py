@@ -365,6 +365,16 @@ def _float_list(values: Any, what: str) -> list[float]:
     return arr.astype(np.float32).tolist()
 
 
+def has_new_nodes(new_nodes: Any) -> bool:
+    """Whether a ``new_nodes`` argument names any node (None and an empty sequence do not)."""
+    if new_nodes is None or isinstance(new_nodes, (NewNode, pb.NewNode)):
+        return new_nodes is not None
+    try:
+        return len(new_nodes) > 0
+    except TypeError:  # not a sequence: new_node_messages says what it takes
+        return True
+
+
 def new_node_messages(
     features: Any, neighbors: Any = None, edge_weights: Any = None
 ) -> list[pb.NewNode]:
@@ -555,6 +565,9 @@ class PredictPlan:
         self.limits = limits
         self._next_node = 0
         self._next_new = 0
+        #: the index (in the call) of the first new node of the request in flight: the server numbers a request's
+        #: new nodes from 0, and :meth:`located` puts its error messages back in the call's numbering
+        self.new_offset = 0
         self._pending = 0  # rows of the request in flight
         self._responses: list[pb.PredictResponse] = []
         self._arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # decoded per response
@@ -603,8 +616,11 @@ class PredictPlan:
             self._next_node += len(chunk)
             self._pending = len(chunk)
         elif self._next_new < len(self.new_nodes):
+            # never beside existing ids: the server batches requests with new nodes apart, on the path that builds
+            # induced subgraphs, where existing nodes would lose their faster paths
             end = self._new_chunk_end()
             req.new_nodes.extend(self.new_nodes[self._next_new : end])
+            self.new_offset = self._next_new
             self._pending = end - self._next_new
             self._next_new = end
         elif self._sent_any:
@@ -614,6 +630,15 @@ class PredictPlan:
         req.request_id = self.request_id if i == 0 else f"{self.request_id}/{i}"
         self._sent_any = True
         return req
+
+    def located(self, exc: GnnServeError) -> GnnServeError:
+        """``exc`` (the failure of the request in flight) with the new nodes its message names (``new_nodes[i]``, in
+        the request's numbering) renumbered as in the call; ``exc`` itself when there is nothing to renumber."""
+        if not self.new_offset or "new_nodes[" not in exc.details:
+            return exc
+        off = self.new_offset
+        details = re.sub(r"new_nodes\[(\d+)\]", lambda m: f"new_nodes[{int(m.group(1)) + off}]", exc.details)
+        return type(exc)(details, code=exc.code, method=exc.method, attempts=exc.attempts)
 
     def add(self, resp: pb.PredictResponse) -> None:
         """Record the reply to the last request from :meth:`next_request`."""

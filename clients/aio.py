@@ -31,6 +31,7 @@ from ._core import (
     ChunkLimits,
     PredictPlan,
     RetryState,
+    has_new_nodes,
     knob_fields,
     model_info_from_pb,
     new_node_messages,
@@ -130,7 +131,11 @@ class AsyncGnnClient(_ClientBase):
     async def _run(self, plan: PredictPlan, state: RetryState, t0: float, model: str, version: str) -> PredictResult:
         stub = self._ensure_channel()
         while (req := plan.next_request()) is not None:
-            plan.add(await self._invoke(state, stub.Predict, req))
+            try:
+                resp = await self._invoke(state, stub.Predict, req)
+            except GnnServeError as exc:
+                raise plan.located(exc) from None
+            plan.add(resp)
         self._learn(model, version, plan)
         return plan.result(1e3 * (time.perf_counter() - t0))
 
@@ -167,7 +172,7 @@ class AsyncGnnClient(_ClientBase):
         self._ensure_channel()
         model, ver = self._model_args(model, version)
         ids = node_array(nodes)
-        msgs = [] if new_nodes is None else new_node_messages(new_nodes)
+        msgs = new_node_messages(new_nodes) if has_new_nodes(new_nodes) else []
         knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss, min_graph_version)
         state = self._state("Predict", timeout)
         limits = await self._chunk_limits(model, ver, len(ids) + len(msgs), state)

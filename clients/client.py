@@ -30,6 +30,7 @@ from ._core import (
     ChunkLimits,
     PredictPlan,
     RetryState,
+    has_new_nodes,
     knob_fields,
     model_info_from_pb,
     new_node_messages,
@@ -239,7 +240,11 @@ class GnnClient(_ClientBase):
 
     def _run(self, plan: PredictPlan, state: RetryState, t0: float, model: str, version: str) -> PredictResult:
         while (req := plan.next_request()) is not None:
-            plan.add(self._invoke(state, self._stub.Predict, req))
+            try:
+                resp = self._invoke(state, self._stub.Predict, req)
+            except GnnServeError as exc:
+                raise plan.located(exc) from None
+            plan.add(resp)
         self._learn(model, version, plan)
         return plan.result(1e3 * (time.perf_counter() - t0))
 
@@ -283,7 +288,9 @@ class GnnClient(_ClientBase):
             new_nodes: nodes that are not in the graph (:class:`~clients.types.NewNode`: features, neighbours,
                 optional weights), classified in the same call as ``nodes`` (as :meth:`predict_new_node` does,
                 the graph unchanged): their rows follow the existing nodes' rows in the result (``result.nodes``
-                holds the existing ids only). ``nodes`` may then be empty.
+                holds the existing ids only). ``nodes`` may then be empty. They travel in requests of their own
+                (the server answers them on the path that builds induced subgraphs, where existing nodes would
+                lose their faster paths), answered on the first request's graph version or a newer one.
 
         Returns:
             :class:`~clients.types.PredictResult` (labels, probabilities, embeddings, settings, timing).
@@ -305,7 +312,7 @@ class GnnClient(_ClientBase):
         t0 = time.perf_counter()
         model, ver = self._model_args(model, version)
         ids = node_array(nodes)
-        msgs = [] if new_nodes is None else new_node_messages(new_nodes)
+        msgs = new_node_messages(new_nodes) if has_new_nodes(new_nodes) else []
         knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss, min_graph_version)
         state = self._state("Predict", timeout)
         limits = self._chunk_limits(model, ver, len(ids) + len(msgs), state)

@@ -792,15 +792,15 @@ if hasattr(os, "register_at_fork"):
 
 
 def _new_node_pool(workers: int) -> Any:
-    """The shared thread pool of :func:`ppr_new_nodes` (at least ``workers`` threads; it only grows)."""
+    """The shared thread pool of :func:`ppr_new_nodes` (at least ``workers`` threads). A larger one replaces it when
+    needed; the old one is never shut down (a caller that took it a moment before still submits to it) and its
+    threads idle: pools only grow, to the numba thread count at most."""
     from concurrent.futures import ThreadPoolExecutor
 
     with _NEW_NODE_POOL_LOCK:
-        old, size = _NEW_NODE_POOL
-        if old is None or size < workers:
+        pool, size = _NEW_NODE_POOL
+        if pool is None or size < workers:
             _NEW_NODE_POOL[:] = [ThreadPoolExecutor(workers, thread_name_prefix="ppr-new-node"), workers]
-            if old is not None:
-                old.shutdown(wait=False)  # its running pushes finish
         return _NEW_NODE_POOL[0]
 
 
@@ -846,15 +846,24 @@ def ppr_new_nodes(
                     log.debug("ppr_new_nodes: node %d stopped at max_pushes=%d before the eps bound", i, max_pushes)
                 out[i] = (got, scores.astype(np.float32))
         finally:
-            _give_dense(graph, sc, keep=workers + 1)
+            _give_dense(graph, sc, keep=workers)
+
+    from concurrent.futures import wait
 
     pool = _new_node_pool(workers - 1)
-    futures = [pool.submit(push, part) for part in range(1, workers)]
+    futures, mine = [], [0]  # the calling thread is the first worker
+    for part in range(1, workers):
+        try:
+            futures.append(pool.submit(push, part))
+        except RuntimeError:  # the interpreter is shutting down (no new threads): the calling thread pushes it
+            mine.append(part)
     try:
-        push(0)  # the calling thread is the first worker
+        for part in mine:
+            push(part)
     finally:
-        for f in futures:
-            f.result()  # every worker's scratch back in the pool, and its error raised, before returning
+        wait(futures)  # every worker done and its scratch back in the pool before this returns or raises
+    for f in futures:
+        f.result()  # a worker's error
     return out
 
 

@@ -165,9 +165,18 @@ def estimate(args: Any) -> MemoryEstimate:
             est.add(f"PPR top-{k} index ({n:,} nodes)", n * k * 8 + (n + 1) * 8)
         from kernels.ppr_push import DENSE_NEW_NODE_MAX, new_node_workers
 
+        procs = int(getattr(args, "processes", 1) or 1)
+        threads = None  # this process's numba threads; a child of --processes N gets its share (serve.processes)
+        if procs > 1:
+            from .processes import child_env
+
+            try:
+                threads = max(1, int(child_env(procs).get("NUMBA_NUM_THREADS", "1")))
+            except ValueError:  # a NUMBA_NUM_THREADS numba itself will refuse: count this process's
+                threads = None
         for n in ppr_graphs.values():  # kernels.ppr_push._DenseScratch of one worker, per parallel worker and graph
             if n + 1 <= DENSE_NEW_NODE_MAX:
-                w = new_node_workers(n, 1 << 30)
+                w = new_node_workers(n, 1 << 30, threads)
                 est.add(f"PPR push state for new nodes ({w} worker(s) x {n + 1:,} nodes x 40 bytes)", w * 40 * (n + 1))
         if ppr_indexes:
             est.add(f"induced-table budget x {len(ppr_indexes)} PPR index(es) (--induced-table-bytes)",
