@@ -99,14 +99,32 @@ def test_read_only_processes_all_replay_a_local_update_log(tiny_repo, tmp_path):
 
 
 def test_memory_check_counts_every_process(tiny_repo):
+    import re
+
+    from kernels.ppr_push import new_node_workers
     from serve.memory_budget import estimate
+    from serve.processes import child_env
 
     base = dict(repo=str(tiny_repo), projection_cache_bytes=2 << 30, activation_cache_bytes=256 << 20,
                 induced_table_bytes=1 << 30, graph_cache_bytes=64 << 20, hot_bytes=0, graph=None, features="memory")
     one = estimate(Namespace(**base, processes=1))
     three = estimate(Namespace(**base, processes=3))
-    assert three.total == 3 * one.total
     assert all("x 3 processes" in what for what, _ in three.items)
+    ones = dict(one.items)
+    push_terms = 0
+    for what, b in three.items:
+        what = what.removesuffix(", x 3 processes")
+        if what.startswith("PPR push state for new nodes"):
+            # each child pushes new nodes on its share of the cores' threads (serve.processes.child_env), not on this
+            # process's: its own count of workers, times 3
+            workers, nodes = (int(x.replace(",", "")) for x in re.findall(r"\((\d+) worker\(s\) x ([\d,]+) nodes", what)[0])
+            share = int(child_env(3)["NUMBA_NUM_THREADS"])
+            assert workers == new_node_workers(nodes - 1, 1 << 30, share)
+            assert b == 3 * workers * 40 * nodes
+            push_terms += 1
+        else:
+            assert b == 3 * ones[what], what
+    assert push_terms == 1  # the shaDow model's graph
 
 
 def test_reserved_port_refuses_a_taken_port():
