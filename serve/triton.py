@@ -2,11 +2,29 @@
 
 Tensor mapping (so ``tritonclient.grpc.InferenceServerClient`` works unchanged):
 
-* input ``NODE_IDS``: INT64, shape ``[n]`` (or ``[n, 1]``), raw little-endian or ``int64_contents``,
-  not both: ``raw_input_contents`` holds one entry per input, in order (more entries than inputs is
-  INVALID_ARGUMENT), and an input sent raw must have empty ``contents`` (INVALID_ARGUMENT naming the
-  input, as Triton refuses it);
-* outputs ``LABELS`` (INT64 ``[n]``), ``PROBABILITIES`` (FP32 ``[n, C]``), ``EMBEDDINGS``
+* inputs, all optional (at least one node in all), each at most once:
+
+  - ``NODE_IDS``: INT64, shape ``[n]`` (or ``[n, 1]``): nodes of the graph;
+  - ``NEW_NODE_FEATURES``: FP32 ``[m, F]`` (F = the model's features per node): new nodes, not in the graph,
+    classified with the graph unchanged, as native ``Predict``'s ``new_nodes``;
+  - ``NEW_NODE_NEIGHBOR_COUNTS``: INT64 ``[m]`` (or ``[m, 1]``): how many of ``NEW_NODE_NEIGHBORS`` belong to
+    each new node, in order (each >= 0, adding up to its length);
+  - ``NEW_NODE_NEIGHBORS``: INT64 ``[e]``: the new nodes' neighbours (existing node ids), flattened;
+  - ``NEW_NODE_EDGE_WEIGHTS``: FP32 ``[e]``, optional: one weight per neighbour (default 1).
+
+  Counts and neighbours come together, and need features; weights need neighbours. Features without counts
+  and neighbours are new nodes without edges (classified from their own features). Each input's values are
+  raw little-endian or in the ``contents`` field of its datatype (``int64_contents`` / ``fp32_contents``),
+  not both: ``raw_input_contents`` is empty or holds one entry per input, in the order of ``inputs`` (any
+  other number of entries is INVALID_ARGUMENT), and an input sent raw must have empty ``contents``
+  (INVALID_ARGUMENT naming the input, as Triton refuses it). Unknown or repeated input names, another
+  datatype or shape, counts that do not add up and lengths that disagree are INVALID_ARGUMENT naming the
+  input, before any model work; the values (ids in range, finite features, weights >= 0, the limits) are
+  checked by the native ``Predict``'s :func:`serve.validation.validate_predict` on the request built from
+  them. :func:`serve.wire.check_infer` counts each input against its own limit on the request's bytes
+  (ids and counts: nodes per request; neighbours and weights: new-node edges per request);
+* outputs: one row per ``NODE_IDS`` entry, then one per new node (as native ``Predict``): ``LABELS``
+  (INT64 ``[n]``), ``PROBABILITIES`` (FP32 ``[n, C]``), ``EMBEDDINGS``
   (FP32 ``[n, H]``); ``LABELS`` and ``PROBABILITIES`` when the request names none. A request that
   names an output twice, names one the model does not have, or names more outputs than there are is
   refused with INVALID_ARGUMENT before any work (each named output is built once per request: a
@@ -28,8 +46,9 @@ Triton's extensions of the service, and what gnnserve does with each:
   stream goes on. Up to :data:`STREAM_WINDOW` requests of one stream run at once (they batch
   together); answers still leave in order.
 * ``ModelConfig``: a Triton model configuration (platform and backend ``gnnserve``, every version
-  served, ``max_batch_size`` = the node limit per request, ``NODE_IDS`` dims ``[1]`` reshaped to a
-  scalar per node, the outputs with their dims, the batcher's queue delay, and ``parameters`` with
+  served, ``max_batch_size`` = the node limit per request, the inputs, each ``optional``: ``NODE_IDS`` and
+  ``NEW_NODE_NEIGHBOR_COUNTS`` dims ``[1]`` reshaped to a scalar per node, ``NEW_NODE_FEATURES`` ``[F]``,
+  ``NEW_NODE_NEIGHBORS`` and ``NEW_NODE_EDGE_WEIGHTS`` ``[-1]``; the outputs with their dims, the batcher's queue delay, and ``parameters`` with
   the knobs and their ranges as JSON strings, plus the architecture and the knob table). A knob's
   ``min`` is the lowest value a request may send and ``max`` the largest one served (a larger value
   runs at it); a plain model's ``ppr_budget`` is ``{"min": 0, "max": 0, "default": 0}``, and 0 is
@@ -38,8 +57,9 @@ Triton's extensions of the service, and what gnnserve does with each:
 * ``ModelStatistics``: :mod:`serve.stats` (native ``Predict`` and KServe requests alike). As in
   Triton, a ``ModelInfer`` / stream request counts in ``inference_stats.fail`` (with its duration)
   once it names a served version and passes the checks Triton makes before a model sees a request
-  (outputs, input name, datatype, shape, size and data layout): a refused parameter or node id, a
-  graph version not reached, a full queue, a passed deadline or a failed batch all count. Refused
+  (outputs, input names, datatypes, shapes, sizes, data layout and the new-node inputs' agreement): a
+  refused parameter, node id or new node's value, a graph version not reached, a full queue, a passed
+  deadline or a failed batch all count. Refused
   before that (an unknown output, a bad input tensor, an unknown model), it counts nowhere.
 * ``RepositoryIndex`` / ``RepositoryModelLoad`` / ``RepositoryModelUnload``: the model repository
   through :class:`serve.registry.ModelRegistry` (its docstring has the unload rule: an unloaded
@@ -66,6 +86,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -86,6 +107,7 @@ if TYPE_CHECKING:
     from .interceptors import DrainGate
     from .registry import ModelRegistry
     from .runtime import ModelRuntime
+    from .validation import ModelLimits
 
 __all__ = ["EXTENSIONS", "TritonServicer", "Unimplemented"]
 
@@ -95,6 +117,12 @@ SERVER_NAME = "gnnserve"
 SERVER_VERSION = "0.1.0"
 PLATFORM = "gnnserve"
 INPUT = "NODE_IDS"
+#: new nodes (not in the graph), all optional: features [m, F], neighbour counts [m], the neighbours flattened [e],
+#: their weights [e]
+NEW_FEATURES = "NEW_NODE_FEATURES"
+NEW_COUNTS = "NEW_NODE_NEIGHBOR_COUNTS"
+NEW_NEIGHBORS = "NEW_NODE_NEIGHBORS"
+NEW_WEIGHTS = "NEW_NODE_EDGE_WEIGHTS"
 OUTPUTS = ("LABELS", "PROBABILITIES", "EMBEDDINGS")
 DEFAULT_OUTPUTS = ("LABELS", "PROBABILITIES")
 KNOBS = ("sampling_width", "ppr_budget", "max_accuracy_loss")
@@ -262,48 +290,159 @@ def _refuse_tensor_param(kind: str, name: str, key: str) -> None:
                           + (" (outputs take classification only)" if kind == "output" else ""))
 
 
-def _node_ids(request: pb.ModelInferRequest, max_nodes: int) -> np.ndarray:
-    """The request's ``NODE_IDS``, refusing what Triton refuses before a model sees a request: another
-    input, another datatype or shape, too many nodes, data that does not fit the shape, and ambiguous
-    data. ``raw_input_contents`` holds one entry per input, in the order of ``inputs`` (so at most one
-    here); an input whose data is in ``raw_input_contents`` must have empty ``contents`` (Triton: "contents
-    field must not be specified when using raw_input_contents"); without raw data, the values are in
-    ``contents.int64_contents`` (the field of INT64), no other ``contents`` field."""
-    if len(request.inputs) != 1 or request.inputs[0].name != INPUT:
-        names = [i.name[:64] for i in request.inputs[:8]]
-        raise InvalidArgument(f"expected exactly one input named {INPUT!r} (INT64, shape [n]), got {names}")
-    raw_entries = len(request.raw_input_contents)
-    if raw_entries > len(request.inputs):
-        raise InvalidArgument(f"request has {raw_entries} raw_input_contents entries for 1 input ({INPUT}): "
-                              "raw_input_contents holds one entry per input, in the order of inputs")
-    tensor = request.inputs[0]
+@dataclass(frozen=True)
+class _InputSpec:
+    """One input tensor: its datatype, the ``contents`` field of that type, the raw element type, and its
+    shape rule (``"ids"``: ``[n]`` or ``[n, 1]``; ``"rows"``: ``[m, F]``; ``"flat"``: ``[e]``)."""
+
+    datatype: str
+    field: str
+    dtype: str
+    shape: str
+
+
+#: the inputs ModelInfer takes (all optional; at least one node in all), in the order ModelConfig lists them
+INPUT_SPECS = {
+    INPUT: _InputSpec("INT64", "int64_contents", "<i8", "ids"),
+    NEW_FEATURES: _InputSpec("FP32", "fp32_contents", "<f4", "rows"),
+    NEW_COUNTS: _InputSpec("INT64", "int64_contents", "<i8", "ids"),
+    NEW_NEIGHBORS: _InputSpec("INT64", "int64_contents", "<i8", "flat"),
+    NEW_WEIGHTS: _InputSpec("FP32", "fp32_contents", "<f4", "flat"),
+}
+_SHAPE_TEXT = {"ids": "[n] or [n, 1]", "rows": "[m, F]", "flat": "[e]"}
+
+
+def _tensor(request: pb.ModelInferRequest, index: int, spec: _InputSpec, max_elements: int,
+            num_features: int) -> np.ndarray:
+    """Input ``index``'s values, refusing what Triton refuses before a model sees a request: another
+    datatype or shape, more elements than ``max_elements``, data that does not fit the shape, and
+    ambiguous data (an input in ``raw_input_contents`` must have empty ``contents``; without raw data the
+    values are in the ``contents`` field of its datatype, no other one). ``"rows"`` come back ``[m, F]``."""
+    tensor = request.inputs[index]
+    name = tensor.name
     for key in tensor.parameters:  # first: an input in shared memory has no values here at all
-        _refuse_tensor_param("input", INPUT, key)
-    if tensor.datatype != "INT64":
-        raise InvalidArgument(f"input {INPUT} must be INT64, got {tensor.datatype[:32] or 'no datatype'}")
+        _refuse_tensor_param("input", name, key)
+    if tensor.datatype != spec.datatype:
+        raise InvalidArgument(f"input {name} must be {spec.datatype}, got {tensor.datatype[:32] or 'no datatype'}")
     shape = list(tensor.shape)
-    if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1) or any(d < 0 for d in shape):
-        raise InvalidArgument(f"input {INPUT} must have shape [n] or [n, 1], got {shape[:4]}")
-    n = shape[0]
-    if n > max_nodes:
-        raise InvalidArgument(f"request has {n} nodes, more than the limit of {max_nodes} per request; split it")
+    if spec.shape == "ids":
+        ok = len(shape) in (1, 2) and (len(shape) == 1 or shape[1] == 1)
+    elif spec.shape == "rows":
+        ok = len(shape) == 2 and shape[1] == num_features
+    else:
+        ok = len(shape) == 1
+    if not ok or any(d < 0 for d in shape):
+        extra = f" with F = {num_features}, the model's features per node" if spec.shape == "rows" else ""
+        raise InvalidArgument(f"input {name} must have shape {_SHAPE_TEXT[spec.shape]}{extra}, got {shape[:4]}")
+    count = 1
+    for d in shape:
+        count *= d
+    if count > max_elements:
+        what = "nodes" if spec.shape == "ids" else "values"
+        raise InvalidArgument(f"input {name} has {count} {what}, more than the limit of {max_elements} per request; "
+                              "split it")
     given = [f.name for f, _ in tensor.contents.ListFields()]  # the non-empty contents fields
-    if raw_entries:
+    if request.raw_input_contents:
         if given:
-            raise InvalidArgument(f"input {INPUT} has both contents ({', '.join(given)}) and raw_input_contents: "
+            raise InvalidArgument(f"input {name} has both contents ({', '.join(given)}) and raw_input_contents: "
                                   "send its values in one of them (an input with raw data must have empty contents)")
-        raw = request.raw_input_contents[0]
-        if len(raw) != 8 * n:
-            raise InvalidArgument(f"input {INPUT}: {len(raw)} raw bytes for shape {shape} (need {8 * n})")
-        return np.frombuffer(raw, dtype="<i8").astype(np.int64)
-    other = [g for g in given if g != "int64_contents"]
-    if other:
-        raise InvalidArgument(f"input {INPUT} (INT64) has its values in contents.{', contents.'.join(other)}; "
-                              "INT64 values go in contents.int64_contents (or raw_input_contents)")
-    ids = np.asarray(tensor.contents.int64_contents, dtype=np.int64)
-    if len(ids) != n:
-        raise InvalidArgument(f"input {INPUT}: {len(ids)} values for shape {shape}")
-    return ids
+        raw = request.raw_input_contents[index]
+        width = np.dtype(spec.dtype).itemsize
+        if len(raw) != width * count:
+            raise InvalidArgument(f"input {name}: {len(raw)} raw bytes for shape {shape} (need {width * count})")
+        values = np.frombuffer(raw, dtype=spec.dtype).astype(spec.dtype[1:])
+    else:
+        other = [g for g in given if g != spec.field]
+        if other:
+            raise InvalidArgument(f"input {name} ({spec.datatype}) has its values in contents.{', contents.'.join(other)}; "
+                                  f"{spec.datatype} values go in contents.{spec.field} (or raw_input_contents)")
+        values = np.asarray(getattr(tensor.contents, spec.field), dtype=spec.dtype[1:])
+        if len(values) != count:
+            raise InvalidArgument(f"input {name}: {len(values)} values for shape {shape}")
+    return values.reshape(-1, num_features) if spec.shape == "rows" else values
+
+
+def _input_tensors(request: pb.ModelInferRequest, limits: ModelLimits) -> dict[str, np.ndarray]:
+    """The request's input tensors by name (:data:`INPUT_SPECS`), each checked by :func:`_tensor`: unknown and
+    repeated names, a ``raw_input_contents`` that is neither empty nor one entry per input (in the order of
+    ``inputs``), and a request without inputs are refused, naming the inputs."""
+    names = [i.name for i in request.inputs]
+    if not names:
+        raise InvalidArgument(f"request has no inputs: send {INPUT} (INT64, shape [n]) and/or {NEW_FEATURES} "
+                              f"(FP32, shape [m, {limits.num_features}]) with its NEW_NODE_* inputs")
+    unknown = [n[:64] for n in names if n not in INPUT_SPECS]
+    if unknown:
+        raise InvalidArgument(f"unknown inputs {unknown[:8]}; this model takes {list(INPUT_SPECS)} (all optional)")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise InvalidArgument(f"input {', '.join(repeated)} given more than once; send each input at most once")
+    raw_entries = len(request.raw_input_contents)
+    if raw_entries and raw_entries != len(names):
+        plural = "input" if len(names) == 1 else "inputs"
+        raise InvalidArgument(f"request has {raw_entries} raw_input_contents entries for {len(names)} {plural} "
+                              f"({', '.join(names)}): raw_input_contents holds one entry per input, in the order "
+                              "of inputs (all inputs raw, or none)")
+    caps = {INPUT: limits.max_nodes_per_request, NEW_COUNTS: limits.max_nodes_per_request,
+            NEW_FEATURES: limits.max_nodes_per_request * limits.num_features,
+            NEW_NEIGHBORS: limits.max_new_node_edges, NEW_WEIGHTS: limits.max_new_node_edges}
+    return {name: _tensor(request, i, INPUT_SPECS[name], caps[name], limits.num_features)
+            for i, name in enumerate(names)}
+
+
+def _infer_inputs(request: pb.ModelInferRequest, limits: ModelLimits) -> tuple[np.ndarray, list[gpb.NewNode]]:
+    """The request's node ids and new nodes (``NewNode`` messages for :func:`serve.validation.validate_predict`,
+    which checks their values: ids in range, feature values, weights, neighbour limits), after the checks of
+    the inputs' agreement: counts need features (one count per new node, each >= 0, adding up to the
+    neighbours given), neighbours need counts, weights need neighbours (one weight per neighbour). Features
+    without counts and neighbours are new nodes without edges. At least one node in all."""
+    t = _input_tensors(request, limits)
+    ids = t.get(INPUT, np.zeros(0, np.int64))
+    feats = t.get(NEW_FEATURES)
+    counts, nbrs, weights = t.get(NEW_COUNTS), t.get(NEW_NEIGHBORS), t.get(NEW_WEIGHTS)
+    if feats is None:
+        given = [n for n in (NEW_COUNTS, NEW_NEIGHBORS, NEW_WEIGHTS) if n in t]
+        if given:
+            raise InvalidArgument(f"input {given[0]} needs {NEW_FEATURES} (FP32, shape [m, {limits.num_features}]): "
+                                  "new nodes are given by their features")
+        feats = np.zeros((0, limits.num_features), np.float32)
+    m = len(feats)
+    if len(ids) + m == 0:
+        raise InvalidArgument(f"request has no nodes: give at least one node id ({INPUT}) or a new node "
+                              f"({NEW_FEATURES})")
+    if len(ids) + m > limits.max_nodes_per_request:
+        raise InvalidArgument(f"request has {len(ids) + m} nodes ({INPUT} and {NEW_FEATURES} rows), more than the "
+                              f"limit of {limits.max_nodes_per_request} per request; split it")
+    if (counts is None) != (nbrs is None):
+        have, lack = (NEW_COUNTS, NEW_NEIGHBORS) if nbrs is None else (NEW_NEIGHBORS, NEW_COUNTS)
+        raise InvalidArgument(f"input {have} needs {lack}: {NEW_COUNTS} says how many of {NEW_NEIGHBORS} belong "
+                              "to each new node (leave both out for new nodes without edges)")
+    if counts is None:
+        if weights is not None:
+            raise InvalidArgument(f"input {NEW_WEIGHTS} needs {NEW_NEIGHBORS} (one weight per neighbour)")
+        counts = np.zeros(m, np.int64)
+        nbrs = np.zeros(0, np.int64)
+    if len(counts) != m:
+        raise InvalidArgument(f"input {NEW_COUNTS} has {len(counts)} counts for {m} new nodes ({NEW_FEATURES} "
+                              "rows): give one count per new node")
+    if (counts < 0).any():
+        i = int(np.flatnonzero(counts < 0)[0])
+        raise InvalidArgument(f"input {NEW_COUNTS}[{i}] is {int(counts[i])}: a neighbour count must be >= 0")
+    total = int(counts.sum()) if m else 0  # each count <= len(nbrs) <= the edge limit: no overflow below
+    if (counts > len(nbrs)).any() or total != len(nbrs):
+        raise InvalidArgument(f"input {NEW_COUNTS} adds up to {total if (counts <= len(nbrs)).all() else 'more'} "
+                              f"neighbours, but {NEW_NEIGHBORS} has {len(nbrs)}: the counts split it, in order")
+    if weights is not None and len(weights) != len(nbrs):
+        raise InvalidArgument(f"input {NEW_WEIGHTS} has {len(weights)} weights for {len(nbrs)} neighbours "
+                              f"({NEW_NEIGHBORS}): give one weight per neighbour, or leave it out")
+    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    new_nodes = []
+    for i in range(m):
+        a, b = bounds[i], bounds[i + 1]
+        nn = gpb.NewNode(features=feats[i].tolist(), neighbors=nbrs[a:b].tolist())
+        if weights is not None:
+            nn.edge_weights.extend(weights[a:b].tolist())
+        new_nodes.append(nn)
+    return ids, new_nodes
 
 
 def _repository_param(name: str, p: pb.ModelRepositoryParameter) -> Any:
@@ -357,7 +496,13 @@ def model_config(rt: ModelRuntime) -> pb.ModelConfig:
         backend=PLATFORM,
         version_policy=pb.ModelVersionPolicy(all=pb.ModelVersionPolicy.All()),
         max_batch_size=lim.max_nodes_per_request,
-        input=[pb.ModelInput(name=INPUT, data_type=pb.TYPE_INT64, dims=[1], reshape=scalar)],
+        input=[
+            pb.ModelInput(name=INPUT, data_type=pb.TYPE_INT64, dims=[1], reshape=scalar, optional=True),
+            pb.ModelInput(name=NEW_FEATURES, data_type=pb.TYPE_FP32, dims=[lim.num_features], optional=True),
+            pb.ModelInput(name=NEW_COUNTS, data_type=pb.TYPE_INT64, dims=[1], reshape=scalar, optional=True),
+            pb.ModelInput(name=NEW_NEIGHBORS, data_type=pb.TYPE_INT64, dims=[-1], optional=True),
+            pb.ModelInput(name=NEW_WEIGHTS, data_type=pb.TYPE_FP32, dims=[-1], optional=True),
+        ],
         output=[
             pb.ModelOutput(name="LABELS", data_type=pb.TYPE_INT64, dims=[1], reshape=scalar),
             pb.ModelOutput(name="PROBABILITIES", data_type=pb.TYPE_FP32, dims=[rt.num_classes]),
@@ -532,7 +677,13 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
             name=rt.name,
             versions=[str(v) for v in self.registry.versions(rt.name)],
             platform=PLATFORM,  # as ModelConfig.platform; the architecture is ModelConfig's parameter
-            inputs=[T(name=INPUT, datatype="INT64", shape=[-1])],
+            inputs=[
+                T(name=INPUT, datatype="INT64", shape=[-1]),
+                T(name=NEW_FEATURES, datatype="FP32", shape=[-1, rt.limits.num_features]),
+                T(name=NEW_COUNTS, datatype="INT64", shape=[-1]),
+                T(name=NEW_NEIGHBORS, datatype="INT64", shape=[-1]),
+                T(name=NEW_WEIGHTS, datatype="FP32", shape=[-1]),
+            ],
             outputs=[
                 T(name="LABELS", datatype="INT64", shape=[-1]),
                 T(name="PROBABILITIES", datatype="FP32", shape=[-1, rt.num_classes]),
@@ -550,10 +701,10 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         wanted = requested_outputs(request)
         classes = class_counts(request)
         rt = self.registry.get(request.model_name, request.model_version)
-        nodes = _node_ids(request, rt.limits.max_nodes_per_request)
+        nodes, new_nodes = _infer_inputs(request, rt.limits)
         try:  # the model's part (a Triton backend's): a failure here counts in inference_stats.fail
             deadline = _request_deadline(request, deadline)
-            call = await self._model_call(rt, request, nodes, wanted, deadline)
+            call = await self._model_call(rt, request, nodes, new_nodes, wanted, deadline)
         except BaseException:  # cancellation too, as in ModelRuntime.submit; the time since the request came
             rt.stats.failed(round(1e9 * (time.perf_counter() - t0)))
             raise
@@ -594,9 +745,10 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         return resp
 
     @staticmethod
-    async def _model_call(rt: ModelRuntime, request: pb.ModelInferRequest, nodes: np.ndarray, wanted: list[str],
-                          deadline: float | None) -> Any:
-        """The request's parameters and node ids checked against the model: a validated PredictCall."""
+    async def _model_call(rt: ModelRuntime, request: pb.ModelInferRequest, nodes: np.ndarray,
+                          new_nodes: list[gpb.NewNode], wanted: list[str], deadline: float | None) -> Any:
+        """The request's parameters, node ids and new nodes checked against the model (the native Predict's
+        checks, :func:`serve.validation.validate_predict`): a validated PredictCall."""
         unknown_params = sorted(set(request.parameters) - set(REQUEST_PARAMS))
         if unknown_params:
             raise InvalidArgument(f"unknown request parameters {[u[:64] for u in unknown_params[:8]]}; "
@@ -605,6 +757,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
             model=rt.name,
             version=str(rt.version),
             nodes=nodes.tolist(),
+            new_nodes=new_nodes,
             request_id=request.id[:MAX_REQUEST_ID],  # for the logs; the answer echoes the whole id, as Triton does
             return_probabilities="PROBABILITIES" in wanted,
             return_embeddings="EMBEDDINGS" in wanted,

@@ -37,6 +37,7 @@ class WireLimits:
     max_new_node_edges: int = 100_000  # neighbours over all new nodes of one request
     max_outputs: int = 3  # distinct KServe outputs (LABELS, PROBABILITIES, EMBEDDINGS)
     max_parameters: int = 64  # KServe request parameters
+    max_features: int = 1 << 16  # features per new node a KServe request may carry (NEW_NODE_FEATURES [m, F])
 
     def needs_scan(self, size: int) -> bool:
         """Whether a message of ``size`` bytes could declare more than a limit allows (every element
@@ -160,30 +161,75 @@ def _predict(w: _Walk, end: int, limits: WireLimits) -> None:
 
 
 def check_infer(buf: bytes, limits: WireLimits) -> None:
-    """Refuse a KServe ``ModelInferRequest`` that declares more input elements than ``limits.max_nodes``,
-    more requested outputs than exist, or more parameters than ``limits.max_parameters``."""
+    """Refuse a KServe ``ModelInferRequest`` that declares more input elements than their limits allow (see
+    :func:`_infer`), more requested outputs than exist, or more parameters than ``limits.max_parameters``."""
     _walk(_infer, buf, limits)
 
 
 # InferTensorContents: field number -> element width on the wire when packed (0 = varint)
 _CONTENT_WIDTH = {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 4, 7: 8}
 
+#: KServe input name -> (what its elements count against, bytes per element in raw_input_contents). Any other
+#: name (refused after the parse) and a raw entry without an input count as node ids, the strictest limit.
+_INPUT_KINDS = {
+    b"NODE_IDS": ("nodes", 8),
+    b"NEW_NODE_NEIGHBOR_COUNTS": ("nodes", 8),  # one count per new node
+    b"NEW_NODE_FEATURES": ("features", 4),
+    b"NEW_NODE_NEIGHBORS": ("neighbors", 8),
+    b"NEW_NODE_EDGE_WEIGHTS": ("weights", 4),
+}
+_OTHER = ("nodes", 8)
+
 
 def _infer(w: _Walk, end: int, limits: WireLimits) -> None:
-    elements = outputs = params = 0
+    """Each input's elements (in ``contents`` or its ``raw_input_contents`` entry, matched by position) count
+    against the limit of its name: ``NODE_IDS`` and ``NEW_NODE_NEIGHBOR_COUNTS`` (one per new node) against
+    ``max_nodes``, ``NEW_NODE_NEIGHBORS`` and ``NEW_NODE_EDGE_WEIGHTS`` each against ``max_new_node_edges``,
+    ``NEW_NODE_FEATURES`` against ``max_nodes * max_features`` (the message size bounds it first); other
+    names against ``max_nodes``. Totals are per kind over every input of that kind (a repeated name adds)."""
+    caps = {"nodes": limits.max_nodes, "features": limits.max_nodes * limits.max_features,
+            "neighbors": limits.max_new_node_edges, "weights": limits.max_new_node_edges}
+    biggest = max(caps.values())
+    totals = dict.fromkeys(caps, 0)
+    kinds: list[tuple[str, int]] = []  # per input, in order
+    raw: list[int] = []  # bytes of each raw_input_contents entry, in order
+    outputs = params = 0
+
+    def add(kind: str, n: int) -> None:
+        totals[kind] += n
+        if totals[kind] > caps[kind]:
+            raise _over(kind, totals[kind], limits)
+
     for number, wtype, s, e in w.fields(0, end):
         if number == 5 and wtype == 2:  # repeated InferInputTensor inputs
+            name = b""
+            elements = 0
             for n2, t2, s2, e2 in w.fields(s, e):
-                if n2 == 5 and t2 == 2:  # InferTensorContents contents
+                if n2 == 1 and t2 == 2:  # string name (the last one wins, as in protobuf's parse)
+                    name = w.buf[s2:e2].tobytes() if e2 - s2 <= 64 else b"?"
+                elif n2 == 5 and t2 == 2:  # InferTensorContents contents
                     for n3, t3, s3, e3 in w.fields(s2, e2):
                         if n3 in _CONTENT_WIDTH:
-                            elements += w.count(t3, s3, e3, _CONTENT_WIDTH[n3], cap=limits.max_nodes)
+                            elements += w.count(t3, s3, e3, _CONTENT_WIDTH[n3], cap=biggest)
                         elif n3 == 8:  # repeated bytes: one element each
                             elements += 1
-                        if elements > limits.max_nodes:
-                            raise _too_many_nodes(elements, limits)
-        elif number == 7 and wtype == 2:  # repeated bytes raw_input_contents: int64 ids
-            elements += (e - s) // 8
+                        if name:  # its name came first (as protobuf writes it): stop at its own limit
+                            kind = _INPUT_KINDS.get(name, _OTHER)[0]
+                            if totals[kind] + elements > caps[kind]:
+                                raise _over(kind, totals[kind] + elements, limits)
+                        elif elements > biggest:
+                            raise InvalidArgument(f"an input has at least {elements} values, more than any "
+                                                  "input's limit per request")
+            kind, width = _INPUT_KINDS.get(name, _OTHER)
+            kinds.append((kind, width))
+            add(kind, elements)
+            if len(raw) >= len(kinds):  # its raw entry came first on the wire
+                add(kind, raw[len(kinds) - 1] // width)
+        elif number == 7 and wtype == 2:  # repeated bytes raw_input_contents: one entry per input, in order
+            raw.append(e - s)
+            if len(raw) <= len(kinds):  # its input came first
+                kind, width = kinds[len(raw) - 1]
+                add(kind, (e - s) // width)
         elif number == 6:
             outputs += 1
             if outputs > limits.max_outputs:
@@ -193,5 +239,18 @@ def _infer(w: _Walk, end: int, limits: WireLimits) -> None:
             params += 1
             if params > limits.max_parameters:
                 raise InvalidArgument(f"request has more than {limits.max_parameters} parameters")
-        if elements > limits.max_nodes:
-            raise _too_many_nodes(elements, limits)
+    for size in raw[len(kinds):]:  # entries without an input: as node ids
+        add(_OTHER[0], size // _OTHER[1])
+
+
+def _over(kind: str, n: int, limits: WireLimits) -> InvalidArgument:
+    if kind == "nodes":
+        return _too_many_nodes(n, limits)
+    if kind == "features":
+        return InvalidArgument(
+            f"input NEW_NODE_FEATURES has at least {n} values, more than the limit of {limits.max_nodes} new nodes "
+            f"x {limits.max_features} features per request; send fewer new nodes or split the request")
+    name = "NEW_NODE_NEIGHBORS" if kind == "neighbors" else "NEW_NODE_EDGE_WEIGHTS"
+    return InvalidArgument(
+        f"input {name} has at least {n} values, more than the limit of {limits.max_new_node_edges} new-node "
+        "neighbours per request; send fewer or split the request")

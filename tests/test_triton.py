@@ -33,7 +33,8 @@ def test_liveness_readiness_metadata(probe):
     assert probe["live"] and probe["ready"]
     assert probe["model_ready"] == [True, True, False]
     assert probe["server_name"] == "gnnserve"
-    assert probe["inputs"] == [["NODE_IDS", "INT64"]]
+    assert probe["inputs"] == [["NODE_IDS", "INT64"], ["NEW_NODE_FEATURES", "FP32"], ["NEW_NODE_NEIGHBOR_COUNTS", "INT64"],
+                               ["NEW_NODE_NEIGHBORS", "INT64"], ["NEW_NODE_EDGE_WEIGHTS", "FP32"]]
     assert set(probe["outputs"]) == {"LABELS", "PROBABILITIES", "EMBEDDINGS"}
     assert probe["outputs"]["PROBABILITIES"][1] == [-1, 4]
 

@@ -572,7 +572,13 @@ def test_model_config_values(server, native):
     assert out["shadow_aio"] == cfg
     assert cfg["name"] == "shadow" and cfg["platform"] == "gnnserve" and cfg["backend"] == "gnnserve"
     assert int(cfg["max_batch_size"]) == info.max_nodes_per_request
-    assert cfg["input"] == [{"name": "NODE_IDS", "data_type": "TYPE_INT64", "dims": ["1"], "reshape": {}}]
+    assert cfg["input"] == [  # every input optional: existing nodes, new nodes (features, neighbours), or both
+        {"name": "NODE_IDS", "data_type": "TYPE_INT64", "dims": ["1"], "reshape": {}, "optional": True},
+        {"name": "NEW_NODE_FEATURES", "data_type": "TYPE_FP32", "dims": [str(info.num_features)], "optional": True},
+        {"name": "NEW_NODE_NEIGHBOR_COUNTS", "data_type": "TYPE_INT64", "dims": ["1"], "reshape": {}, "optional": True},
+        {"name": "NEW_NODE_NEIGHBORS", "data_type": "TYPE_INT64", "dims": ["-1"], "optional": True},
+        {"name": "NEW_NODE_EDGE_WEIGHTS", "data_type": "TYPE_FP32", "dims": ["-1"], "optional": True},
+    ]
     outputs = {o["name"]: o for o in cfg["output"]}
     assert list(outputs) == ["LABELS", "PROBABILITIES", "EMBEDDINGS"]
     assert outputs["LABELS"]["data_type"] == "TYPE_INT64" and outputs["LABELS"]["dims"] == ["1"]

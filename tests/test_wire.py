@@ -60,3 +60,74 @@ def test_new_node_neighbours_are_counted_exactly():
     over = pb.PredictRequest(model="m", new_nodes=[pb.NewNode(neighbors=[*nbrs, 5])]).SerializeToString()
     with pytest.raises(InvalidArgument, match="more than the limit of 1000"):
         check_predict(over, limits)
+
+
+def _infer_request(tensors: list[tuple[str, str, np.ndarray]], raw: bool, raw_first: bool = False) -> bytes:
+    """A serialised ModelInferRequest of ``(name, datatype, values)`` inputs; ``raw_first``: the raw entries
+    come before the inputs on the wire (protobuf accepts fields in any order)."""
+    req = ipb.ModelInferRequest(model_name="m")
+    for name, datatype, values in tensors:
+        t = req.inputs.add(name=name, datatype=datatype, shape=list(values.shape))
+        if raw:
+            req.raw_input_contents.append(values.tobytes())
+        elif datatype == "FP32":
+            t.contents.fp32_contents.extend(values.ravel().tolist())
+        else:
+            t.contents.int64_contents.extend(values.ravel().tolist())
+    if not raw_first:
+        return req.SerializeToString()
+    rest = ipb.ModelInferRequest(model_name="m", inputs=req.inputs).SerializeToString()
+    return ipb.ModelInferRequest(raw_input_contents=req.raw_input_contents).SerializeToString() + rest
+
+
+@pytest.mark.parametrize("raw, raw_first", [(True, False), (True, True), (False, False)])
+def test_infer_inputs_count_against_their_own_limits(raw, raw_first):
+    limits = WireLimits(max_new_node_edges=1000)
+    m = 2000  # new nodes of 64 features: 128,000 floats, none of them node ids
+    feats = np.ones((m, 64), "<f4")
+    ids = np.arange(LIMITS.max_nodes - m, dtype="<i8")
+    counts = np.full(m, 0, "<i8")
+    counts[:10] = 100
+    nbrs = np.arange(1000, dtype="<i8")
+    ok = [("NODE_IDS", "INT64", ids), ("NEW_NODE_FEATURES", "FP32", feats), ("NEW_NODE_NEIGHBOR_COUNTS", "INT64", counts),
+          ("NEW_NODE_NEIGHBORS", "INT64", nbrs), ("NEW_NODE_EDGE_WEIGHTS", "FP32", np.ones(1000, "<f4"))]
+    check_infer(_infer_request(ok, raw, raw_first), limits)
+    # ids + one count per new node: the node limit
+    over = [("NODE_IDS", "INT64", np.arange(LIMITS.max_nodes - m + 1, dtype="<i8")), *ok[1:]]
+    with pytest.raises(InvalidArgument, match="at least 4097 nodes, more than the limit of 4096"):
+        check_infer(_infer_request(over, raw, raw_first), limits)
+    # neighbours and weights: the new-node edge limit, each
+    for i, name in ((3, "NEW_NODE_NEIGHBORS"), (4, "NEW_NODE_EDGE_WEIGHTS")):
+        over = list(ok)
+        over[i] = (name, ok[i][1], np.ones(1001, ok[i][2].dtype))
+        with pytest.raises(InvalidArgument, match=f"input {name} has at least 1001 values, more than the limit of 1000"):
+            check_infer(_infer_request(over, raw, raw_first), limits)
+    # features: max_nodes x max_features
+    small = WireLimits(max_nodes=4096, max_features=16)
+    with pytest.raises(InvalidArgument, match="input NEW_NODE_FEATURES has at least"):
+        check_infer(_infer_request(ok[1:2], raw, raw_first), small)
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_unknown_inputs_count_as_node_ids(raw):
+    # an unknown name (refused after the parse) or a repeated one cannot carry more than the node limit
+    big = np.ones(LIMITS.max_nodes + 1, "<i8")
+    for name in ("OTHER", "x" * 100, ""):
+        with pytest.raises(InvalidArgument, match="more than the limit of 4096"):
+            check_infer(_infer_request([(name, "INT64", big)], raw), LIMITS)
+    half = np.ones(LIMITS.max_nodes // 2 + 1, "<i8")
+    with pytest.raises(InvalidArgument, match="more than the limit of 4096"):
+        check_infer(_infer_request([("NODE_IDS", "INT64", half), ("NODE_IDS", "INT64", half)], raw), LIMITS)
+    # raw entries without an input count as ids too
+    extra = ipb.ModelInferRequest(model_name="m", raw_input_contents=[big.tobytes()]).SerializeToString()
+    with pytest.raises(InvalidArgument, match="more than the limit of 4096"):
+        check_infer(extra, LIMITS)
+
+
+def test_infer_walk_stays_bounded_on_many_inputs():
+    # a message of many tiny inputs hits the field budget, not memory or time
+    req = ipb.ModelInferRequest(model_name="m", inputs=[ipb.ModelInferRequest.InferInputTensor(name="A")] * 1)
+    one = req.inputs[0].SerializeToString()
+    buf = b"".join(b"\x2a" + bytes([len(one)]) + one for _ in range(LIMITS.max_fields))
+    with pytest.raises(InvalidArgument, match="fields"):
+        check_infer(buf, LIMITS)
