@@ -134,6 +134,7 @@ def _projection_dim(model: dict[str, Any]) -> int:
 def estimate(args: Any) -> MemoryEstimate:
     """The memory a ``gnnserve serve`` configuration (its parsed ``args``) may use (module docstring)."""
     est = MemoryEstimate(machine_bytes=machine_memory_bytes())
+    procs = int(getattr(args, "processes", 1) or 1)  # each holds its own copy of everything (serve.processes)
     stateless = bool(getattr(args, "graph", None))
     features_local = not stateless and str(getattr(args, "features", "memory")) == "memory"
     datasets: dict[str, dict[str, Any]] = {}
@@ -165,7 +166,6 @@ def estimate(args: Any) -> MemoryEstimate:
             est.add(f"PPR top-{k} index ({n:,} nodes)", n * k * 8 + (n + 1) * 8)
         from kernels.ppr_push import DENSE_NEW_NODE_MAX, new_node_workers
 
-        procs = int(getattr(args, "processes", 1) or 1)
         threads = None  # this process's numba threads; a child of --processes N gets its share (serve.processes)
         if procs > 1:
             from .processes import child_env
@@ -192,8 +192,7 @@ def estimate(args: Any) -> MemoryEstimate:
             est.add(f"graph degree chunks of {d.get('name', '?')} ({n:,} nodes x 12 bytes)", 12 * n)
     if not features_local:  # features in Redis: the hot tier in front of it
         est.add("feature hot tier (--hot-bytes)", int(getattr(args, "hot_bytes", 0) or 0))
-    procs = int(getattr(args, "processes", 1) or 1)
-    if procs > 1:  # each process holds its own copy of everything (serve.processes)
+    if procs > 1:
         est.items = [(f"{what}, x {procs} processes", b * procs) for what, b in est.items]
     return est
 

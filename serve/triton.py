@@ -84,6 +84,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -334,9 +335,7 @@ def _tensor(request: pb.ModelInferRequest, index: int, spec: _InputSpec, max_ele
     if not ok or any(d < 0 for d in shape):
         extra = f" with F = {num_features}, the model's features per node" if spec.shape == "rows" else ""
         raise InvalidArgument(f"input {name} must have shape {_SHAPE_TEXT[spec.shape]}{extra}, got {shape[:4]}")
-    count = 1
-    for d in shape:
-        count *= d
+    count = math.prod(shape)
     if count > max_elements:
         what = "nodes" if spec.shape == "ids" else "values"
         raise InvalidArgument(f"input {name} has {count} {what}, more than the limit of {max_elements} per request; "
@@ -496,12 +495,11 @@ def model_config(rt: ModelRuntime) -> pb.ModelConfig:
         backend=PLATFORM,
         version_policy=pb.ModelVersionPolicy(all=pb.ModelVersionPolicy.All()),
         max_batch_size=lim.max_nodes_per_request,
-        input=[
-            pb.ModelInput(name=INPUT, data_type=pb.TYPE_INT64, dims=[1], reshape=scalar, optional=True),
-            pb.ModelInput(name=NEW_FEATURES, data_type=pb.TYPE_FP32, dims=[lim.num_features], optional=True),
-            pb.ModelInput(name=NEW_COUNTS, data_type=pb.TYPE_INT64, dims=[1], reshape=scalar, optional=True),
-            pb.ModelInput(name=NEW_NEIGHBORS, data_type=pb.TYPE_INT64, dims=[-1], optional=True),
-            pb.ModelInput(name=NEW_WEIGHTS, data_type=pb.TYPE_FP32, dims=[-1], optional=True),
+        input=[  # per node: an id or count is a scalar, a new node's features [F]; neighbours, weights: [-1]
+            pb.ModelInput(name=name, data_type=getattr(pb, f"TYPE_{spec.datatype}"), optional=True,
+                          **({"dims": [1], "reshape": scalar} if spec.shape == "ids" else
+                             {"dims": [lim.num_features] if spec.shape == "rows" else [-1]}))
+            for name, spec in INPUT_SPECS.items()
         ],
         output=[
             pb.ModelOutput(name="LABELS", data_type=pb.TYPE_INT64, dims=[1], reshape=scalar),
@@ -677,13 +675,9 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
             name=rt.name,
             versions=[str(v) for v in self.registry.versions(rt.name)],
             platform=PLATFORM,  # as ModelConfig.platform; the architecture is ModelConfig's parameter
-            inputs=[
-                T(name=INPUT, datatype="INT64", shape=[-1]),
-                T(name=NEW_FEATURES, datatype="FP32", shape=[-1, rt.limits.num_features]),
-                T(name=NEW_COUNTS, datatype="INT64", shape=[-1]),
-                T(name=NEW_NEIGHBORS, datatype="INT64", shape=[-1]),
-                T(name=NEW_WEIGHTS, datatype="FP32", shape=[-1]),
-            ],
+            inputs=[T(name=name, datatype=spec.datatype,
+                      shape=[-1, rt.limits.num_features] if spec.shape == "rows" else [-1])
+                    for name, spec in INPUT_SPECS.items()],
             outputs=[
                 T(name="LABELS", datatype="INT64", shape=[-1]),
                 T(name="PROBABILITIES", datatype="FP32", shape=[-1, rt.num_classes]),
