@@ -32,7 +32,7 @@ loop (:mod:`serve.batcher`), where the torch path's per-operation cost dominates
 count, another busy thread stalls a product; docs/BENCHMARKS.md, "The compiled forwards' BLAS pool").
 """
 
-# numba cache key: lanes f04d5b26c67e, plan e950ddb94c27, spmm_cpu 08eccef46b96, subgraph 5bdf4173fc3c
+# numba cache key: lanes f04d5b26c67e, plan e950ddb94c27, spmm_cpu 08eccef46b96, subgraph d57197b42f98
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ users import (it re-exports these names). Here:
 The on-disk index of every node's list is :mod:`kernels.ppr_index`.
 """
 
-# numba cache key: subgraph 5bdf4173fc3c
+# numba cache key: subgraph d57197b42f98
 
 from __future__ import annotations
 

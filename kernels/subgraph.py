@@ -59,7 +59,8 @@ import numpy as np
 
 from .graph import CSRGraph
 
-__all__ = ["BuildStopped", "ExtraEdges", "InducedTable", "SubgraphBatch", "in_global_order", "induced_batch", "lhop_nodes"]
+__all__ = ["BuildStopped", "ExtraEdges", "InducedTable", "SubgraphBatch", "in_global_order", "induced_batch", "lhop_nodes",
+           "local_csr"]
 
 _SCRATCH_KEY = "_subgraph_scratch_pool"
 _SCRATCH_LOCK = threading.Lock()
@@ -642,6 +643,109 @@ def _lhop_kernel(indptr, indices, targets, hops, fanouts, seed, tag, epoch0):  #
 
 
 # ============================================================================ public API
+#: :func:`local_csr` maps a global id to its rank through a dense ``int32`` table of ``uniq[-1] + 1`` entries
+#: when that is at most this many, or ``_LOCAL_DENSE_PER_NODE`` per node of ``uniq`` (a few MiB at the most),
+#: else through an open-addressing hash table of about 2-4 entries per node. On the 2-vCPU VM
+#: (2026-11-28, 400k columns over 10k nodes) the dense table took 1.1 ms, the hash table 1.4 ms and
+#: ``np.searchsorted`` with its mask and bincount, what the replica did before, 37 ms.
+_LOCAL_DENSE_MIN = 1 << 20
+_LOCAL_DENSE_PER_NODE = 32
+_FIB = np.uint64(0x9E3779B97F4A7C15)
+
+
+@numba.njit(cache=True, nogil=True)
+def _local_csr_kernel(uniq, lens, cols, ws, weighted, dense):  # pragma: no cover - compiled
+    """Rows ``cols`` (row ``r`` holds ``lens[r]`` global ids, rows in ``uniq``'s order) restricted to the sorted
+    distinct ``uniq`` and relabelled by rank: ``(indptr, indices, kept weights, weight sums)``; each row's
+    weight sum is float64, added in the row's order (every column, kept or not)."""
+    u = uniq.shape[0]
+    top = uniq[u - 1] + 1 if u else 0
+    if dense:
+        table = np.full(top, -1, dtype=np.int32)
+        for i in range(u):
+            table[uniq[i]] = i
+        keys = np.zeros(0, dtype=np.int64)
+        shift = np.uint64(0)
+        mask = 0
+    else:
+        bits = 4
+        while (1 << bits) < 2 * u:
+            bits += 1
+        mask = (1 << bits) - 1
+        shift = np.uint64(64 - bits)
+        keys = np.full(mask + 1, -1, dtype=np.int64)
+        table = np.empty(mask + 1, dtype=np.int32)
+        for i in range(u):
+            k = uniq[i]
+            h = np.int64((np.uint64(k) * _FIB) >> shift)
+            while keys[h] != -1:
+                h = (h + 1) & mask
+            keys[h] = k
+            table[h] = i
+    m = cols.shape[0]
+    indptr = np.zeros(u + 1, dtype=np.int64)
+    indices = np.empty(m, dtype=np.int32)
+    kept_w = np.empty(m if weighted else 0, dtype=np.float32)
+    wsum = np.empty(u, dtype=np.float64)
+    e = 0
+    o = 0
+    for r in range(u):
+        s = 0.0
+        for j in range(e, e + lens[r]):
+            k = cols[j]
+            if weighted:
+                s += np.float64(ws[j])
+            at = -1
+            if k >= 0 and k < top:
+                if dense:
+                    at = table[k]
+                else:
+                    h = np.int64((np.uint64(k) * _FIB) >> shift)
+                    while True:
+                        kk = keys[h]
+                        if kk == k:
+                            at = table[h]
+                            break
+                        if kk == -1:
+                            break
+                        h = (h + 1) & mask
+            if at >= 0:
+                indices[o] = at
+                if weighted:
+                    kept_w[o] = ws[j]
+                o += 1
+        wsum[r] = s if weighted else np.float64(lens[r])
+        e += lens[r]
+        indptr[r + 1] = o
+    return indptr, indices[:o], kept_w[:o], wsum
+
+
+def local_csr(uniq: np.ndarray, lens: np.ndarray, cols: np.ndarray,
+              weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+    """The graph of the rows of ``uniq`` (sorted distinct global ids; row ``r`` is ``cols[sum(lens[:r]):]
+    [:lens[r]]``, with ``weights`` alongside when given) restricted to ``uniq`` and relabelled by rank.
+
+    Returns ``(indptr int64 [U + 1], indices int32, kept weights float32 or None, sums float64 [U])``:
+    rank order is monotone, so a row that was sorted stays sorted; ``sums`` is each row's weight sum over
+    all its columns, kept or not (its length without ``weights``), added in the row's order as
+    :func:`kernels.ppr_push._row_sums` and ``models.base.full_gcn_degrees`` add it. One pass over the
+    columns, each looked up in a table of ``uniq`` (dense, or hashed for ids spread far beyond ``U``)
+    instead of a binary search."""
+    uniq = np.ascontiguousarray(uniq, dtype=np.int64)
+    lens = np.ascontiguousarray(lens, dtype=np.int64)
+    cols = np.ascontiguousarray(cols, dtype=np.int64)
+    if int(lens.sum()) != len(cols) or len(lens) != len(uniq):
+        raise ValueError(f"{len(uniq)} rows with lengths adding up to {int(lens.sum())}, and {len(cols)} columns")
+    weighted = weights is not None
+    ws = np.ascontiguousarray(weights, dtype=np.float32) if weighted else _NO_F32
+    if weighted and len(ws) != len(cols):
+        raise ValueError(f"{len(ws)} weights for {len(cols)} columns")
+    top = int(uniq[-1]) + 1 if len(uniq) else 0
+    dense = top <= max(_LOCAL_DENSE_MIN, _LOCAL_DENSE_PER_NODE * len(uniq))
+    indptr, indices, kept, sums = _local_csr_kernel(uniq, lens, cols, ws, weighted, dense)
+    return indptr, indices, (kept if weighted else None), sums
+
+
 def _check_lists(ptr: np.ndarray, nodes: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
     ptr = np.ascontiguousarray(ptr, dtype=np.int64)
     nodes = np.ascontiguousarray(nodes, dtype=np.int64)

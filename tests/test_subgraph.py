@@ -19,6 +19,7 @@ from kernels.subgraph import (
     in_global_order,
     induced_batch,
     lhop_nodes,
+    local_csr,
 )
 
 from .conftest import dataset_path
@@ -261,6 +262,53 @@ def test_in_global_order_equals_a_lexsort(weighted):
         assert got.graph.weights is None
     for name in ("node_ids", "ptr", "target_rows", "unique_ids", "row_to_unique"):
         np.testing.assert_array_equal(getattr(got, name), getattr(batch, name))
+
+
+def _local_reference(uniq, lens, cols, weights):
+    """What a replica's local graph was before kernels.subgraph.local_csr: a binary search per column."""
+    u = len(uniq)
+    pos = np.searchsorted(uniq, cols)
+    np.minimum(pos, max(u - 1, 0), out=pos)
+    keep = uniq[pos] == cols if u else np.zeros(0, bool)
+    row = np.repeat(np.arange(u, dtype=np.int64), lens)
+    indptr = np.zeros(u + 1, dtype=np.int64)
+    np.cumsum(np.bincount(row[keep], minlength=u), out=indptr[1:])
+    ends = np.cumsum(lens)
+    sums = (np.array([np.cumsum(weights[e - n:e], dtype=np.float64)[-1] if n else 0.0 for e, n in zip(ends, lens, strict=True)])
+            if weights is not None else lens.astype(np.float64))
+    return indptr, pos[keep].astype(np.int32), (weights[keep] if weights is not None else None), sums
+
+
+@pytest.mark.parametrize("spread", [1, 5, 10_000])  # ids far beyond U: the hash table instead of the dense one
+@pytest.mark.parametrize("weighted", [False, True])
+def test_local_csr_equals_a_binary_search(spread, weighted):
+    """kernels.subgraph.local_csr (a replica's local graph) against the searchsorted reference: the kept columns
+    by rank, their weights, each row's weight sum over all of its columns in the row's order (bits equal),
+    rows of length 0, columns outside uniq on both sides of it, and an empty uniq."""
+    rng = np.random.default_rng(spread)
+    for u in (0, 1, 7, 300, 5_000):
+        n = max(u, 1) * spread + 50
+        uniq = np.sort(rng.choice(n, u, replace=False)).astype(np.int64)
+        lens = rng.integers(0, 40, u) * (rng.random(u) > 0.1)
+        cols = rng.integers(0, n + 100, int(lens.sum())).astype(np.int64)
+        if u:
+            half = rng.random(len(cols)) < 0.5
+            cols[half] = uniq[rng.integers(0, u, int(half.sum()))]
+        w = (rng.random(len(cols)) * 3).astype(np.float32) if weighted else None
+        got = local_csr(uniq, lens, cols, w)
+        want = _local_reference(uniq, lens, cols, w)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        assert got[1].dtype == np.int32
+        if weighted:
+            np.testing.assert_array_equal(got[2], want[2])
+        else:
+            assert got[2] is None
+        np.testing.assert_array_equal(got[3], want[3])  # bits: the same order of additions
+    with pytest.raises(ValueError, match="lengths adding up"):
+        local_csr(np.array([1, 2]), np.array([1, 1]), np.array([1]))
+    with pytest.raises(ValueError, match="weights for"):
+        local_csr(np.array([1]), np.array([1]), np.array([1]), np.ones(2, np.float32))
 
 
 def test_extra_edges_weighted_one_directional():

@@ -854,26 +854,16 @@ class RedisGraphStore(PinnedVersion):
         """CSR over the sorted distinct ``uniq`` (local id = rank) keeping edges inside ``uniq``,
         and the full-graph GCN degree ``1 + sum_j w_ij`` of each node (float64 ``[U]``)."""
         from kernels.graph import CSRGraph
+        from kernels.subgraph import local_csr
 
         u = len(uniq)
         parts = [rows[int(i)] for i in uniq]
         deg, cols = _row_arrays(parts)
+        w = None
         if self.is_weighted:  # rows without weights (unweighted snapshot or overlay row) weigh 1 per edge
-            ws = [_weights(p) for p in parts]
-            w = np.concatenate(ws).astype(np.float32) if u else np.zeros(0, np.float32)
-            wsum = np.fromiter((float(x.sum(dtype=np.float64)) for x in ws), dtype=np.float64, count=u)
-        else:
-            w = None
-            wsum = deg.astype(np.float64)
-        pos = np.searchsorted(uniq, cols)
-        np.minimum(pos, max(u - 1, 0), out=pos)
-        keep = uniq[pos] == cols if u else np.zeros(0, bool)
-        row = np.repeat(np.arange(u, dtype=np.int64), deg)
-        indptr = np.zeros(u + 1, dtype=np.int64)
-        np.cumsum(np.bincount(row[keep], minlength=u), out=indptr[1:])
-        g = CSRGraph(indptr=indptr, indices=pos[keep].astype(np.int32),
-                     weights=w[keep] if w is not None else None, num_nodes=u)
-        return g, wsum + 1.0
+            w = np.concatenate([_weights(p) for p in parts]) if u else np.zeros(0, np.float32)
+        indptr, indices, kept_w, wsum = local_csr(uniq, deg, cols, w)
+        return CSRGraph(indptr=indptr, indices=indices, weights=kept_w, num_nodes=u), wsum + 1.0
 
     def induced_batch(self, ptr: np.ndarray, nodes: np.ndarray, *, extra: Any = None) -> Any:
         """:func:`kernels.subgraph.induced_batch` over the stored graph, rows fetched from Redis; ``extra``
