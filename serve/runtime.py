@@ -1042,20 +1042,21 @@ class ModelRuntime:
         # on a replica (remote_graph) lists and rows come from Redis (serve.graph.store), each existing target's
         # PPR subgraph cached there; a plain model's batches without new nodes take the plan paths
         g = self.graph
+        held: list = []  # a replica's local graphs of the rows the L-hop lists fetched: the batch is induced on them
         if self.extractor == "ppr":
             if not new_specs:  # the precomputed induced table when there is one (same result)
                 return self.ppr_index.induced_batch(g, targets, budget)
             ptr, nodes = self.ppr_index.lookup(targets, budget)
         else:
-            ptr, nodes = self._lhop_lists(targets, self.num_layers)
+            ptr, nodes = self._lhop_lists(targets, self.num_layers, held if len(targets) else None)
         extra = None
         if new_specs:
             extra = self._extra_edges(new_specs)
-            lists = self._new_node_lists(new_specs, budget)
+            lists = self._new_node_lists(new_specs, budget, held)
             sizes = np.array([len(x) for x in lists], dtype=np.int64)
             ptr = np.concatenate([ptr, ptr[-1] + np.cumsum(sizes)])
             nodes = np.concatenate([nodes, *lists])
-        batch = g.induced_batch(ptr, nodes, extra=extra) if self.remote_graph else induced_batch(
+        batch = g.induced_batch(ptr, nodes, extra=extra, held=held) if self.remote_graph else induced_batch(
             g, ptr, nodes, extra=extra)
         # a plain model's rows in the graph's own order: sampled widths pick what the whole graph's forward does
         if self.extractor == "ppr":
@@ -1078,11 +1079,12 @@ class ModelRuntime:
             n, np.concatenate([src, dst]), np.concatenate([dst, src]), w, num_virtual=len(specs)
         )
 
-    def _new_node_lists(self, specs: list, budget: int) -> list[np.ndarray]:
+    def _new_node_lists(self, specs: list, budget: int, held: list | None = None) -> list[np.ndarray]:
         """The node list of each new node of the batch (the ``j``-th under virtual id ``N + j``, first): its top
         ``budget`` PPR entries on the graph plus it alone, or itself and its neighbours' ``L - 1``-hop balls. On a
         replica all of them are found together (the pushes in lockstep, the balls in one walk): one fetch round
-        per wave or hop for the whole batch, not per node; in memory the pushes run on parallel threads."""
+        per wave or hop for the whole batch, not per node; in memory the pushes run on parallel threads. ``held``: a
+        replica's local graph of the balls' rows is appended to it (``_lhop_lists``)."""
         n = self.graph.num_nodes
         if self.extractor == "ppr":
             from kernels.ppr import ppr_new_nodes
@@ -1101,7 +1103,7 @@ class ModelRuntime:
         nbs = [np.asarray(s.neighbors, dtype=np.int64) for s in specs]
         if self.num_layers == 0 or not any(len(nb) for nb in nbs):
             return lists
-        ptr, scope = self._lhop_lists(np.concatenate(nbs), self.num_layers - 1)
+        ptr, scope = self._lhop_lists(np.concatenate(nbs), self.num_layers - 1, held)
         ends = np.cumsum([len(nb) for nb in nbs])
         for j, (nb, end) in enumerate(zip(nbs, ends.tolist(), strict=True)):
             if len(nb):
@@ -1109,10 +1111,14 @@ class ModelRuntime:
                 lists[j] = np.concatenate([lists[j], ball]).astype(np.int64)
         return lists
 
-    def _lhop_lists(self, nodes: np.ndarray, hops: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(ptr, nodes)``: each node's nodes within ``hops``, it first, on the graph in memory or a replica's."""
+    def _lhop_lists(self, nodes: np.ndarray, hops: int, held: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(ptr, nodes)``: each node's nodes within ``hops``, it first, on the graph in memory or a replica's; there
+        the local graph of the rows fetched for them is appended to ``held`` when given."""
         if self.remote_graph:
-            return self.graph.lhop_lists(nodes, hops)
+            ptr, found, local = self.graph.lhop_local(nodes, hops)
+            if held is not None:
+                held.append(local)
+            return ptr, found
         return lhop_nodes(self.graph, nodes, hops)
 
     def _projections(self, batch: SubgraphBatch, new_specs: list) -> torch.Tensor:

@@ -19,7 +19,7 @@ from clients._gen import gnnserve_pb2 as pb
 from clients._gen import gnnserve_pb2_grpc as pbg
 from kernels.graph import CSRGraph
 from kernels.ppr import PPRConfig, PPRIndex
-from kernels.subgraph import induced_batch, lhop_nodes
+from kernels.subgraph import ExtraEdges, induced_batch, lhop_nodes
 
 from .serving import ServerThread
 
@@ -374,6 +374,52 @@ def test_induced_and_lhop_batches_equal_in_memory(loaded, tiny_dataset, tiny_rep
             np.testing.assert_array_equal(ln, rn)
             np.testing.assert_array_equal(induced_batch(g, lp, ln).graph.indices, batch.graph.indices)
         assert store.round_trips >= 2
+    finally:
+        store.close()
+
+
+def test_a_batch_induced_on_the_rows_its_lists_fetched(loaded, tiny_dataset):
+    """A plain model's new nodes on a replica: the batch is induced on the local graph the neighbours' balls were
+    fetched into (RedisGraphStore.lhop_local, then induced_batch(held=...)) with no fetch and no second local graph,
+    and equals the batch built from the rows fetched again, and the in-memory one; a held graph that does not cover
+    the batch's nodes is passed over."""
+    from serve.graph_store import RedisGraphStore
+
+    g = tiny_dataset.graph
+    n = g.num_nodes
+    store = RedisGraphStore(loaded, g.fingerprint(), cache_bytes=0)  # no LRU: every row read is a round trip
+    try:
+        nbs = [np.array([5, 700, 9]), np.array([123])]
+        for hops in (0, 1):
+            ptr, scope, local = store.lhop_local(np.concatenate(nbs), hops)
+            lists = [np.array([n]), np.array([n + 1])]
+            ends = np.cumsum([len(x) for x in nbs])
+            for j, (nb, end) in enumerate(zip(nbs, ends.tolist(), strict=True)):
+                lists[j] = np.concatenate([lists[j], np.unique(scope[ptr[end - len(nb)]:ptr[end]])])
+            lp = np.concatenate([[0], np.cumsum([len(x) for x in lists])])
+            nodes = np.concatenate(lists).astype(np.int64)
+            src = np.concatenate([np.full(len(nb), n + j) for j, nb in enumerate(nbs)])
+            dst = np.concatenate(nbs)
+            extra = ExtraEdges.from_edges(n, np.concatenate([src, dst]), np.concatenate([dst, src]), None,
+                                          num_virtual=len(nbs))
+            trips = store.round_trips
+            got = store.induced_batch(lp, nodes, extra=extra, held=[local])
+            assert store.round_trips == trips  # no row fetched again
+            again = store.induced_batch(lp, nodes, extra=extra)
+            assert store.round_trips == trips + 1
+            small = store.lhop_local(np.array([5]), 0)[2]  # covers node 5 alone: passed over
+            other = store.induced_batch(lp, nodes, extra=extra, held=[small])
+            want = induced_batch(g, lp, nodes, extra=extra)
+            for b in (got, again, other):
+                for f in ("node_ids", "ptr", "unique_ids", "row_to_unique", "target_rows"):
+                    np.testing.assert_array_equal(getattr(b, f), getattr(want, f))
+                np.testing.assert_array_equal(b.graph.indptr, want.graph.indptr)
+                np.testing.assert_array_equal(b.graph.indices, want.graph.indices)
+                np.testing.assert_array_equal(b.gcn_degrees, got.gcn_degrees)
+            stored = nodes < n
+            np.testing.assert_array_equal(got.gcn_degrees[stored], g.degrees[nodes[stored]] + 1.0)
+            assert np.all(got.gcn_degrees[~stored] == 1.0)
+            assert small.covers(np.array([5])) and not small.covers(np.array([5, 9]))
     finally:
         store.close()
 

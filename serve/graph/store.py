@@ -95,6 +95,28 @@ _EMPTY_IDS.setflags(write=False)
 
 
 # =========================================================================== hot rows
+@dataclass(frozen=True)
+class LocalGraph:
+    """The rows a batch fetched, as a graph: ``ids`` the sorted distinct nodes whose rows it holds, ``graph`` those
+    rows restricted to ``ids`` (local id = rank), ``gcn_degrees`` each node's full-graph GCN degree (float64).
+    :meth:`RedisGraphStore.lhop_local` returns one; :meth:`RedisGraphStore.induced_batch` given it builds a batch whose
+    nodes it covers without fetching or relabelling their rows again (a subgraph induced on some of ``ids`` keeps
+    the edges among them, all of which ``graph`` holds)."""
+
+    ids: np.ndarray
+    graph: Any
+    gcn_degrees: np.ndarray
+
+    def covers(self, ids: np.ndarray) -> bool:
+        """Whether every one of the sorted distinct ``ids`` has its row here."""
+        if not len(ids):
+            return True
+        if not len(self.ids):
+            return False
+        pos = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+        return bool(np.array_equal(self.ids[pos], ids))
+
+
 class _Induced:
     """One target's cached induced subgraph: its list's first ``m`` entries (``nodes``), the edges of
     ``A[nodes, nodes]`` as local pairs ``(src, dst)`` in row-major order (columns ascending in a row,
@@ -865,7 +887,8 @@ class RedisGraphStore(PinnedVersion):
         indptr, indices, kept_w, wsum = local_csr(uniq, deg, cols, w)
         return CSRGraph(indptr=indptr, indices=indices, weights=kept_w, num_nodes=u), wsum + 1.0
 
-    def induced_batch(self, ptr: np.ndarray, nodes: np.ndarray, *, extra: Any = None) -> Any:
+    def induced_batch(self, ptr: np.ndarray, nodes: np.ndarray, *, extra: Any = None,
+                      held: Sequence[LocalGraph] = ()) -> Any:
         """:func:`kernels.subgraph.induced_batch` over the stored graph, rows fetched from Redis; ``extra``
         (:class:`kernels.subgraph.ExtraEdges` for this graph's node count): new nodes' edges, whose virtual ids
         ``num_nodes ..`` the lists may then hold.
@@ -873,6 +896,9 @@ class RedisGraphStore(PinnedVersion):
         The returned batch carries ``gcn_degrees`` (float64 ``[R]``): full-graph GCN degrees of
         its rows, what ``GCN.norm_degrees_for`` gives on the in-memory graph (1 for a new node's rows: its
         degree and its neighbours' share of it are the caller's, ``serve.runtime``'s ``_norm_degrees``).
+
+        ``held``: local graphs this batch already fetched (:meth:`lhop_local`); the first that covers the batch's
+        nodes (the extra edges' stored ends included) is used as it is: no fetch, no second local graph.
         """
         nodes = np.asarray(nodes, dtype=np.int64)
         n = self.num_nodes
@@ -885,25 +911,31 @@ class RedisGraphStore(PinnedVersion):
         if extra is not None:  # the new nodes' neighbours: their local ids carry the extra edges
             stored += [extra.src[extra.src < n], extra.dst[extra.dst < n]]
         uniq = np.unique(np.concatenate(stored))
-        return self._batch_from(uniq, self.adjacency(uniq), ptr, nodes, extra)
+        local = next((x for x in held if x.covers(uniq)), None)
+        if local is None:
+            local = self._local(uniq, self.adjacency(uniq))
+        return self._batch_on(local, ptr, nodes, extra)
 
-    def _batch_from(self, uniq: np.ndarray, rows: dict[int, Any], ptr: np.ndarray, nodes: np.ndarray,
-                    extra: Any = None) -> Any:
+    def _local(self, uniq: np.ndarray, rows: dict[int, Any]) -> LocalGraph:
+        g, gdeg = self.local_graph(uniq, rows)
+        return LocalGraph(uniq, g, gdeg)
+
+    def _batch_on(self, local: LocalGraph, ptr: np.ndarray, nodes: np.ndarray, extra: Any = None) -> Any:
         from kernels.subgraph import induced_batch
 
-        g, gdeg = self.local_graph(uniq, rows)
+        uniq = local.ids
         n, u = self.num_nodes, len(uniq)
         virtual = nodes >= n
-        local = np.searchsorted(uniq, nodes)
-        local[virtual] = nodes[virtual] - n + u  # virtual ids follow the local graph's nodes, in order
-        b = induced_batch(g, ptr, local, extra=extra.relabelled(uniq) if extra is not None else None)
+        at = np.searchsorted(uniq, nodes)
+        at[virtual] = nodes[virtual] - n + u  # virtual ids follow the local graph's nodes, in order
+        b = induced_batch(local.graph, ptr, at, extra=extra.relabelled(uniq) if extra is not None else None)
         ids = b.unique_ids.astype(np.int64)
         glob = ids - u + n
         kept = ids < u
         glob[kept] = uniq[ids[kept]]
         out = replace(b, node_ids=nodes, unique_ids=glob)
         degrees = np.ones(len(nodes), dtype=np.float64)
-        degrees[~virtual] = gdeg[local[~virtual]]
+        degrees[~virtual] = local.gcn_degrees[at[~virtual]]
         out.gcn_degrees = degrees  # type: ignore[attr-defined]
         return out
 
@@ -931,21 +963,23 @@ class RedisGraphStore(PinnedVersion):
     def lhop_lists(self, targets: np.ndarray, hops: int) -> tuple[np.ndarray, np.ndarray]:
         """``(ptr, nodes)``: :func:`kernels.subgraph.lhop_nodes` on the stored graph (each target's nodes within
         ``hops``, target first); ``hops + 1`` fetch rounds, fewer with the LRU."""
-        lptr, nodes, _, _ = self._lhop(targets, hops)
+        lptr, nodes, _ = self.lhop_local(targets, hops)
         return lptr, nodes
 
-    def _lhop(self, targets: np.ndarray, hops: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, Any]]:
+    def lhop_local(self, targets: np.ndarray, hops: int) -> tuple[np.ndarray, np.ndarray, LocalGraph]:
+        """:meth:`lhop_lists` and the local graph of the rows fetched for them, which holds every node of the lists
+        (give it to :meth:`induced_batch` as ``held``)."""
         from kernels.subgraph import lhop_nodes
 
         t, uniq, rows = self._lhop_rows(targets, hops)
-        g, _ = self.local_graph(uniq, rows)
-        lptr, lnodes = lhop_nodes(g, np.searchsorted(uniq, t), hops)
-        return lptr, uniq[lnodes], uniq, rows
+        local = self._local(uniq, rows)
+        lptr, lnodes = lhop_nodes(local.graph, np.searchsorted(uniq, t), hops)
+        return lptr, uniq[lnodes], local
 
     def lhop_batch(self, targets: np.ndarray, hops: int) -> tuple[Any, np.ndarray, np.ndarray]:
         """``(batch, ptr, nodes)``: the exact L-hop lists (:meth:`lhop_lists`) and their induced batch."""
-        lptr, nodes, uniq, rows = self._lhop(targets, hops)
-        return self._batch_from(uniq, rows, lptr, nodes), lptr, nodes
+        lptr, nodes, local = self.lhop_local(targets, hops)
+        return self._batch_on(local, lptr, nodes), lptr, nodes
 
     # ---------------------------------------------------------------- misc
     def ping(self) -> bool:
