@@ -169,6 +169,8 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
     for flag, x, lo, meaning in (("--processes", args.processes, 1, None),
                                  ("--precompile-jobs", args.precompile_jobs, 0, "0: never"),
                                  ("--blas-threads", args.blas_threads, 0, "0: leave the BLAS pools as they are"),
+                                 ("--torch-path-threads", args.torch_path_threads, 0,
+                                  "0: torch's own count for large batches"),
                                  ("--gpu-min-targets", args.gpu_min_targets, 0, "0: every batch on the GPU")):
         if x is not None and x < lo:
             return f"{flag} must be >= {lo}" + (f" ({meaning})" if meaning else "") + f", got {x}"
@@ -371,6 +373,11 @@ def _serve(argv: Sequence[str]) -> int:
                          "(OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, else every core). With the pool at the core "
                          "count, another busy thread stalls a product: 4.4x slower at 16 shaDow targets on the "
                          "2-vCPU VM beside one busy process; idle, one thread costs up to 13%% (docs/BENCHMARKS.md)")
+    ap.add_argument("--torch-path-threads", type=int, default=None,
+                    help="torch threads of a batch on the torch operator paths (a CPU batch with new nodes). Default 1: "
+                         "with two, one descheduled thread holds the whole forward (p90 58 ms against 2.4 beside one "
+                         "busy process on the 2-vCPU VM, 64 new nodes; idle, the second thread saved 0.7 ms of 20: "
+                         "docs/BENCHMARKS.md); 0 = torch's own count from 4,096 rows, one below")
     ap.add_argument("--precompile-jobs", type=int, default=None,
                     help="when numba's disk cache lacks the CPU kernels (a first start on a machine, new kernels), "
                          "compile them in this many processes before the models load (default: the cores, at "
@@ -488,6 +495,7 @@ def _serve(argv: Sequence[str]) -> int:
             max_request_work=args.max_request_work,
             max_queue_work=args.max_queue_work,
             inline_max_work=args.inline_max_work,
+            **({} if args.torch_path_threads is None else {"torch_path_threads": args.torch_path_threads}),
             serving_path=args.serving_path,
             projection_budget_bytes=args.projection_cache_bytes,
             activation_budget_bytes=args.activation_cache_bytes,

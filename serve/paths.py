@@ -123,10 +123,11 @@ def _stateless_edges(rt: ModelRuntime, kept: np.ndarray, ids: np.ndarray, plan: 
 
 
 def _torch_answers(rt: ModelRuntime, rows: int, forward: Any, want_emb: bool) -> tuple[Any, ...]:
-    """Run ``forward() -> (logits, emb, t_feat)`` under the batch's torch thread count; NumPy answers."""
+    """Run ``forward() -> (logits, emb, t_feat)`` on ``RuntimeOptions.torch_path_threads`` torch threads; NumPy
+    answers."""
     from .runtime import _torch_threads_for
 
-    with _torch_threads_for(rows, rt._torch_threads), torch.inference_mode():
+    with _torch_threads_for(rows, rt._torch_threads, rt.options.torch_path_threads), torch.inference_mode():
         logits, emb, t_feat = forward()
         probs = torch.softmax(logits.float(), dim=1)
         labels = probs.argmax(dim=1)

@@ -74,6 +74,12 @@ EXACT_EDGES_EAGER_NODES = 1 << 20
 #: than a small operation saves, while large batches keep every thread (docs/BENCHMARKS.md, "Serving
 #: over gRPC", SMALL_BATCH_ROWS)
 SMALL_BATCH_ROWS = 4096
+#: the default ``RuntimeOptions.torch_path_threads``: the torch operator paths (a batch with new nodes, on a CPU)
+#: run on one thread. A forward there is some fifty small operators, each a parallel region whose threads meet at
+#: a barrier, so one descheduled thread holds the batch: on the 2-vCPU VM (2026-11-28, shaDow-GCN, Predicts of 64
+#: new nodes, docs/BENCHMARKS.md) the forward's p90 was 58 ms on two threads against 2.4 on one beside one busy
+#: process, while idle the second thread saved 0.7 ms of a 20 ms request (512 new nodes: 5.8 of 142)
+TORCH_PATH_THREADS = 1
 #: ``RuntimeOptions.gpu_min_targets`` left unset, by the GPU path a model takes: the smallest batch at which
 #: that path beat the compiled CPU path in ``benchmarks/device_split.py`` on an H200 machine (16 CPU cores;
 #: Amazon Computers, docs/BENCHMARKS.md, "GPU: an H200 machine, 2026-11-25"). With CUDA graphs a plain GCN
@@ -140,12 +146,14 @@ FUSED_MAX_TARGETS = 4096
 
 
 @contextlib.contextmanager
-def _torch_threads_for(rows: int, configured: int):
-    """One torch thread for a small batch, ``configured`` (the count at startup) restored after."""
-    if rows >= SMALL_BATCH_ROWS or configured <= 1:
+def _torch_threads_for(rows: int, configured: int, fixed: int = 0):
+    """One torch thread for a small batch (``fixed`` threads for any, when given), ``configured`` (the count at
+    startup) restored after."""
+    want = min(fixed, configured) if fixed > 0 else (configured if rows >= SMALL_BATCH_ROWS else 1)
+    if want == configured:
         yield
         return
-    torch.set_num_threads(1)
+    torch.set_num_threads(want)
     try:
         yield
     finally:
@@ -207,6 +215,9 @@ class RuntimeOptions:
     inline_max_work: int = 20_000
     #: batches of at most this many targets take a compiled path (serve.paths); larger ones the torch paths
     fused_max_targets: int = FUSED_MAX_TARGETS
+    #: torch threads of a batch on the torch operator paths (:data:`TORCH_PATH_THREADS`); 0 = the process's count
+    #: for batches of :data:`SMALL_BATCH_ROWS` rows or more, one below (the rule of the compiled paths)
+    torch_path_threads: int = TORCH_PATH_THREADS
     #: a path name of serve.paths.PATH_NAMES to prefer for every batch it can take (tests, benchmarks);
     #: None = the runtime's own order
     serving_path: str | None = None

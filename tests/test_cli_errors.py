@@ -318,6 +318,8 @@ def test_serve_missing_repository_is_one_line(tmp_path):
     (["--log-level", "BOGUS"], "--log-level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got 'BOGUS'"),
     (["--processes", "0"], "--processes must be >= 1, got 0"),
     (["--precompile-jobs", "-1"], "--precompile-jobs must be >= 0 (0: never), got -1"),
+    (["--torch-path-threads", "-1"], "--torch-path-threads must be >= 0 (0: torch's own count for large batches), "
+                                     "got -1"),
     (["--ppr-eager-lists", "-2"], "--ppr-eager-lists must be >= 0, or -1 (every list in the update), got -2"),
     (["--serving-path", "plain-resident", "--no-resident"], "--serving-path plain-resident needs the resident state"),
 ])

@@ -435,6 +435,44 @@ def test_small_batches_run_torch_on_one_thread_and_restore_the_count():
         with pytest.raises(RuntimeError), _torch_threads_for(10, configured):
             raise RuntimeError("a failing forward pass restores the count too")
         assert torch.get_num_threads() == configured
+        with _torch_threads_for(10 * SMALL_BATCH_ROWS, configured, fixed=1):  # a count given: any batch
+            assert torch.get_num_threads() == 1
+        with _torch_threads_for(1, configured, fixed=2):
+            assert torch.get_num_threads() == 2
+        with _torch_threads_for(1, configured, fixed=configured + 5):  # never above the process's count
+            assert torch.get_num_threads() == configured
+        assert torch.get_num_threads() == configured
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("option, large, small", [(None, 1, 1), (0, "configured", 1), (2, 2, 2)])
+def test_the_torch_operator_paths_run_on_torch_path_threads(option, large, small):
+    """RuntimeOptions.torch_path_threads (--torch-path-threads): by default a batch on the torch operator paths (new
+    nodes on a CPU) runs on one torch thread however large it is (a descheduled thread of two stalls every
+    operator's barrier); 0 keeps the rule of the compiled paths; the count is restored after."""
+    import types
+
+    from serve.paths import _torch_answers
+    from serve.runtime import SMALL_BATCH_ROWS, RuntimeOptions
+
+    before = torch.get_num_threads()
+    configured = max(3, before)
+    torch.set_num_threads(configured)
+    opts = RuntimeOptions() if option is None else RuntimeOptions(torch_path_threads=option)
+    rt = types.SimpleNamespace(options=opts, _torch_threads=configured)  # what _torch_answers reads of a runtime
+    seen = []
+
+    def forward():
+        seen.append(torch.get_num_threads())
+        return torch.zeros(2, 3), None, 0.0
+
+    try:
+        for rows in (10 * SMALL_BATCH_ROWS, 10):
+            probs, labels, emb, _ = _torch_answers(rt, rows, forward, False)
+            assert probs.shape == (2, 3) and list(labels) == [0, 0] and emb is None
+            assert torch.get_num_threads() == configured
+        assert seen == [configured if large == "configured" else large, small]
     finally:
         torch.set_num_threads(before)
 
