@@ -9,8 +9,9 @@ Tensor mapping (so ``tritonclient.grpc.InferenceServerClient`` works unchanged):
     classified with the graph unchanged, as native ``Predict``'s ``new_nodes``;
   - ``NEW_NODE_NEIGHBOR_COUNTS``: INT64 ``[m]`` (or ``[m, 1]``): how many of ``NEW_NODE_NEIGHBORS`` belong to
     each new node, in order (each >= 0, adding up to its length);
-  - ``NEW_NODE_NEIGHBORS``: INT64 ``[e]``: the new nodes' neighbours (existing node ids), flattened;
-  - ``NEW_NODE_EDGE_WEIGHTS``: FP32 ``[e]``, optional: one weight per neighbour (default 1).
+  - ``NEW_NODE_NEIGHBORS``: INT64 ``[e]`` (or ``[1, e]``, a batch dimension first): the new nodes' neighbours
+    (existing node ids), flattened;
+  - ``NEW_NODE_EDGE_WEIGHTS``: FP32 ``[e]`` (or ``[1, e]``), optional: one weight per neighbour (default 1).
 
   Counts and neighbours come together, and need features; weights need neighbours. Features without counts
   and neighbours are new nodes without edges (classified from their own features). Each input's values are
@@ -48,7 +49,8 @@ Triton's extensions of the service, and what gnnserve does with each:
 * ``ModelConfig``: a Triton model configuration (platform and backend ``gnnserve``, every version
   served, ``max_batch_size`` = the node limit per request, the inputs, each ``optional``: ``NODE_IDS`` and
   ``NEW_NODE_NEIGHBOR_COUNTS`` dims ``[1]`` reshaped to a scalar per node, ``NEW_NODE_FEATURES`` ``[F]``,
-  ``NEW_NODE_NEIGHBORS`` and ``NEW_NODE_EDGE_WEIGHTS`` ``[-1]``; the outputs with their dims, the batcher's queue delay, and ``parameters`` with
+  ``NEW_NODE_NEIGHBORS`` and ``NEW_NODE_EDGE_WEIGHTS`` ``[-1]`` with ``allow_ragged_batch`` (their length is the
+  request's edge count, not its node count); the outputs with their dims, the batcher's queue delay, and ``parameters`` with
   the knobs and their ranges as JSON strings, plus the architecture and the knob table). A knob's
   ``min`` is the lowest value a request may send and ``max`` the largest one served (a larger value
   runs at it); a plain model's ``ppr_budget`` is ``{"min": 0, "max": 0, "default": 0}``, and 0 is
@@ -294,7 +296,7 @@ def _refuse_tensor_param(kind: str, name: str, key: str) -> None:
 @dataclass(frozen=True)
 class _InputSpec:
     """One input tensor: its datatype, the ``contents`` field of that type, the raw element type, and its
-    shape rule (``"ids"``: ``[n]`` or ``[n, 1]``; ``"rows"``: ``[m, F]``; ``"flat"``: ``[e]``)."""
+    shape rule (``"ids"``: ``[n]`` or ``[n, 1]``; ``"rows"``: ``[m, F]``; ``"flat"``: ``[e]`` or ``[1, e]``)."""
 
     datatype: str
     field: str
@@ -310,7 +312,7 @@ INPUT_SPECS = {
     NEW_NEIGHBORS: _InputSpec("INT64", "int64_contents", "<i8", "flat"),
     NEW_WEIGHTS: _InputSpec("FP32", "fp32_contents", "<f4", "flat"),
 }
-_SHAPE_TEXT = {"ids": "[n] or [n, 1]", "rows": "[m, F]", "flat": "[e]"}
+_SHAPE_TEXT = {"ids": "[n] or [n, 1]", "rows": "[m, F]", "flat": "[e] or [1, e]"}
 
 
 def _tensor(request: pb.ModelInferRequest, index: int, spec: _InputSpec, max_elements: int,
@@ -330,8 +332,8 @@ def _tensor(request: pb.ModelInferRequest, index: int, spec: _InputSpec, max_ele
         ok = len(shape) in (1, 2) and (len(shape) == 1 or shape[1] == 1)
     elif spec.shape == "rows":
         ok = len(shape) == 2 and shape[1] == num_features
-    else:
-        ok = len(shape) == 1
+    else:  # [1, e]: a client that reads dims [-1] of a batching model sends a batch dimension first
+        ok = len(shape) == 1 or (len(shape) == 2 and shape[0] == 1)
     if not ok or any(d < 0 for d in shape):
         extra = f" with F = {num_features}, the model's features per node" if spec.shape == "rows" else ""
         raise InvalidArgument(f"input {name} must have shape {_SHAPE_TEXT[spec.shape]}{extra}, got {shape[:4]}")
@@ -495,10 +497,13 @@ def model_config(rt: ModelRuntime) -> pb.ModelConfig:
         backend=PLATFORM,
         version_policy=pb.ModelVersionPolicy(all=pb.ModelVersionPolicy.All()),
         max_batch_size=lim.max_nodes_per_request,
-        input=[  # per node: an id or count is a scalar, a new node's features [F]; neighbours, weights: [-1]
+        # per node: an id or count is a scalar, a new node's features [F]; neighbours and weights [-1], ragged (their
+        # length is the request's edge count, not its node count: sent as [e] or [1, e])
+        input=[
             pb.ModelInput(name=name, data_type=getattr(pb, f"TYPE_{spec.datatype}"), optional=True,
                           **({"dims": [1], "reshape": scalar} if spec.shape == "ids" else
-                             {"dims": [lim.num_features] if spec.shape == "rows" else [-1]}))
+                             {"dims": [lim.num_features]} if spec.shape == "rows" else
+                             {"dims": [-1], "allow_ragged_batch": True}))
             for name, spec in INPUT_SPECS.items()
         ],
         output=[

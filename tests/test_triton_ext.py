@@ -576,8 +576,11 @@ def test_model_config_values(server, native):
         {"name": "NODE_IDS", "data_type": "TYPE_INT64", "dims": ["1"], "reshape": {}, "optional": True},
         {"name": "NEW_NODE_FEATURES", "data_type": "TYPE_FP32", "dims": [str(info.num_features)], "optional": True},
         {"name": "NEW_NODE_NEIGHBOR_COUNTS", "data_type": "TYPE_INT64", "dims": ["1"], "reshape": {}, "optional": True},
-        {"name": "NEW_NODE_NEIGHBORS", "data_type": "TYPE_INT64", "dims": ["-1"], "optional": True},
-        {"name": "NEW_NODE_EDGE_WEIGHTS", "data_type": "TYPE_FP32", "dims": ["-1"], "optional": True},
+        # ragged: their length is the request's edge count (tritonclient's own ModelInput reads field 7 so)
+        {"name": "NEW_NODE_NEIGHBORS", "data_type": "TYPE_INT64", "dims": ["-1"], "allow_ragged_batch": True,
+         "optional": True},
+        {"name": "NEW_NODE_EDGE_WEIGHTS", "data_type": "TYPE_FP32", "dims": ["-1"], "allow_ragged_batch": True,
+         "optional": True},
     ]
     outputs = {o["name"]: o for o in cfg["output"]}
     assert list(outputs) == ["LABELS", "PROBABILITIES", "EMBEDDINGS"]

@@ -121,6 +121,19 @@ def test_new_nodes_answer_as_native_predict(stub, native, tiny_dataset, model, r
             np.testing.assert_allclose(probs, expected.probabilities, atol=1e-5, err_msg=f"{with_ids=} {weighted=}")
 
 
+def test_neighbours_and_weights_with_a_batch_dimension(stub, native, tiny_dataset):
+    """NEW_NODE_NEIGHBORS and NEW_NODE_EDGE_WEIGHTS as [1, e]: what a client reading their dims [-1] in a batching
+    model's configuration sends (a batch dimension first); the same answers as [e]."""
+    new = _new_nodes(tiny_dataset, True, seed=5)
+    expected = native.predict("shadow", [], new_nodes=new, sampling_width=0)
+    inputs = [(name, dt, [1, *shape] if name in ("NEW_NODE_NEIGHBORS", "NEW_NODE_EDGE_WEIGHTS") else shape, v)
+              for name, dt, shape, v in _new_node_inputs(new)]
+    for raw in (True, False):
+        labels, probs = _outputs(stub.ModelInfer(_request("shadow", inputs, raw=raw, sampling_width=0), timeout=60))
+        np.testing.assert_array_equal(labels, expected.labels)
+        np.testing.assert_allclose(probs, expected.probabilities, atol=1e-5)
+
+
 def test_weights_change_the_answer(stub, tiny_dataset):
     # the weights reach the model: the same new node with other weights gets other probabilities
     new = [NewNode(tiny_dataset.x[3], [1, 2, 3, 4], [1.0, 1.0, 1.0, 1.0])]
@@ -185,7 +198,9 @@ MALFORMED = {
     "counts shape": (_base(NEW_NODE_NEIGHBOR_COUNTS=("INT64", [1, 2], [2, 1])),
                      "input NEW_NODE_NEIGHBOR_COUNTS must have shape [n] or [n, 1]"),
     "neighbors shape": (_base(NEW_NODE_NEIGHBORS=("INT64", [3, 1], [4, 5, 6])),
-                        "input NEW_NODE_NEIGHBORS must have shape [e]"),
+                        "input NEW_NODE_NEIGHBORS must have shape [e] or [1, e]"),
+    "neighbors batch of 2": (_base(NEW_NODE_NEIGHBORS=("INT64", [2, 3], [4, 5, 6, 4, 5, 6])),
+                             "input NEW_NODE_NEIGHBORS must have shape [e] or [1, e]"),
     "weights datatype": (_base(NEW_NODE_EDGE_WEIGHTS=("INT64", [3], [1, 1, 1])),
                          "input NEW_NODE_EDGE_WEIGHTS must be FP32, got INT64"),
     "counts too few": (_base(NEW_NODE_NEIGHBOR_COUNTS=("INT64", [2], [1, 1])),
@@ -320,13 +335,15 @@ INPUT_NAMES = ["NODE_IDS", "NEW_NODE_FEATURES", "NEW_NODE_NEIGHBOR_COUNTS", "NEW
 @pytest.mark.parametrize("model", ["shadow", "gcn"])
 def test_config_and_metadata_list_the_inputs(stub, model):
     cfg = stub.ModelConfig(pb.ModelConfigRequest(name=model), timeout=60).config
-    got = {i.name: (pb.DataType.Name(i.data_type), list(i.dims), i.HasField("reshape"), i.optional)
-           for i in cfg.input}
+    got = {i.name: (pb.DataType.Name(i.data_type), list(i.dims), i.HasField("reshape"), i.optional,
+                    i.allow_ragged_batch) for i in cfg.input}
     assert list(got) == INPUT_NAMES
-    assert got == {"NODE_IDS": ("TYPE_INT64", [1], True, True), "NEW_NODE_FEATURES": ("TYPE_FP32", [F], False, True),
-                   "NEW_NODE_NEIGHBOR_COUNTS": ("TYPE_INT64", [1], True, True),
-                   "NEW_NODE_NEIGHBORS": ("TYPE_INT64", [-1], False, True),
-                   "NEW_NODE_EDGE_WEIGHTS": ("TYPE_FP32", [-1], False, True)}
+    # neighbours and weights: ragged (their length is the request's edge count, not its node count)
+    assert got == {"NODE_IDS": ("TYPE_INT64", [1], True, True, False),
+                   "NEW_NODE_FEATURES": ("TYPE_FP32", [F], False, True, False),
+                   "NEW_NODE_NEIGHBOR_COUNTS": ("TYPE_INT64", [1], True, True, False),
+                   "NEW_NODE_NEIGHBORS": ("TYPE_INT64", [-1], False, True, True),
+                   "NEW_NODE_EDGE_WEIGHTS": ("TYPE_FP32", [-1], False, True, True)}
     meta = stub.ModelMetadata(pb.ModelMetadataRequest(name=model), timeout=60)
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
         ("NODE_IDS", "INT64", [-1]), ("NEW_NODE_FEATURES", "FP32", [-1, F]), ("NEW_NODE_NEIGHBOR_COUNTS", "INT64", [-1]),
