@@ -424,6 +424,51 @@ def test_a_batch_induced_on_the_rows_its_lists_fetched(loaded, tiny_dataset):
         store.close()
 
 
+def _stored_rows(g: CSRGraph, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
+    lens = (g.indptr[ids + 1] - g.indptr[ids]).astype(np.int64)
+    return lens, np.concatenate([g.indices[g.indptr[v]:g.indptr[v + 1]] for v in ids]), None
+
+
+def test_a_replicas_rows_csr_through_the_arena(loaded, tiny_dataset):
+    """RedisGraphStore.rows_csr gives the graph's rows whether the arena holds them or not (a store whose budget
+    leaves no arena reads the LRU), rows an update replaced come from the overlay, and a live-added node's row
+    is its overlay row."""
+    from kernels.row_arena import RowArena
+    from serve.graph_store import RedisGraphStore
+
+    g = tiny_dataset.graph
+    with_arena = RedisGraphStore(loaded, g.fingerprint())
+    without = RedisGraphStore(loaded, g.fingerprint(), cache_bytes=4 * RowArena.INDEX_BYTES * g.num_nodes - 4)
+    try:
+        assert with_arena._arena is not None and without._arena is None
+        rng = np.random.default_rng(0)
+        for _ in range(3):
+            ids = rng.choice(g.num_nodes, 120, replace=False)
+            for store in (with_arena, without):
+                ptr, cols, ws = store.rows_csr(ids)
+                lens, want, _ = _stored_rows(g, ids)
+                np.testing.assert_array_equal(np.diff(ptr), lens)
+                np.testing.assert_array_equal(cols, want.astype(np.int64))
+                assert ws is None
+        assert with_arena.stats()["arena_rows"] >= 120
+        trips = with_arena.round_trips
+        with_arena.rows_csr(ids[::-1].copy())  # all held: no Redis round trip
+        assert with_arena.round_trips == trips
+        # an overlay row (an update's) and a live-added node: theirs, not the stored rows
+        v = int(ids[0])
+        n = g.num_nodes
+        new_row = (np.array([1, 2, n], dtype=np.int64), None)
+        with_arena.apply_rows({v: new_row, n: (np.array([v], dtype=np.int64), None)}, n + 1)
+        for probe in (np.array([v, int(ids[1])]), np.array([int(ids[1]), n])):
+            ptr, cols, _ = with_arena.rows_csr(probe)
+            want = [new_row[0] if x == v else (np.array([v]) if x == n else g.indices[g.indptr[x]:g.indptr[x + 1]])
+                    for x in probe.tolist()]
+            np.testing.assert_array_equal(cols, np.concatenate(want).astype(np.int64))
+    finally:
+        with_arena.close()
+        without.close()
+
+
 def test_weighted_graph_rows_and_corruption_checks(redis_factory):
     from serve.graph_store import GraphCorrupt, GraphNotFound, RedisGraphStore, load_graph, verify_graph
 

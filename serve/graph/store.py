@@ -283,7 +283,14 @@ class RedisGraphStore(PinnedVersion):
             code = SCORE_CODES[pm.get("scores", "none")]
             self._ppr_dec[ck] = RowDecoder(b"gp", big | (code << 1), self.index_dtype, SCORE_DTYPES.get(code),
                                          self.num_nodes, True, f"PPR list ({ck})")
-        self.cache = _RowCache(cache_bytes)
+        from kernels.row_arena import RowArena
+
+        #: the stored adjacency rows end to end (kernels.row_arena), for the rows a push asks for as arrays
+        #: (rows_csr): a quarter of the cache budget, taken out of the LRU's, on graphs whose per-node index fits it
+        arena_bytes = int(cache_bytes) // 4
+        self._arena = (RowArena(self.num_nodes, arena_bytes, self.is_weighted)
+                       if RowArena.fits(self.num_nodes, arena_bytes) else None)
+        self.cache = _RowCache(int(cache_bytes) - (arena_bytes if self._arena is not None else 0))
         #: per PPR list this replica pushed itself, the nodes the push read (PartialPush.reached, int32 where the ids
         #: fit): while no row among them changes, the list is exact without a push (outdated_lists)
         self._reach = _RowCache(cache_bytes // 2)
@@ -718,8 +725,12 @@ class RedisGraphStore(PinnedVersion):
 
     def rows_csr(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The adjacency rows of the distinct ``ids`` (overlay included), in that order, as arrays: ``(ptr int64
-        [len(ids) + 1], columns int64, weights float64 or None on an unweighted graph)``."""
+        [len(ids) + 1], columns int64, weights float64 or None on an unweighted graph)``. Stored rows come from the
+        row arena when it holds them all (:meth:`_arena_rows`), else from the LRU."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        got = self._arena_rows(ids)
+        if got is not None:
+            return got
         rows = self.adjacency(ids)
         parts = [rows[v] for v in ids.tolist()]
         lens, cols = _row_arrays(parts)
@@ -727,6 +738,33 @@ class RedisGraphStore(PinnedVersion):
         np.cumsum(lens, out=ptr[1:])
         ws = (np.concatenate([_weights(x) for x in parts]).astype(np.float64) if parts else np.zeros(0)) \
             if self.is_weighted else None
+        return ptr, cols, ws
+
+    def _arena_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+        """:meth:`rows_csr` from the row arena: the rows it lacks are read as before (LRU, Redis) and added to it
+        first. None (the caller reads the LRU) without an arena, when it is full and lacks a row, or when an id has
+        an overlay row or was added live (its row is not a stored one)."""
+        arena = self._arena
+        if arena is None or not len(ids) or int(ids.min()) < 0 or int(ids.max()) >= self.base_num_nodes:
+            return None
+        ov = self._ov_rows
+        if ov and np.isin(ids, np.fromiter(ov, dtype=np.int64, count=len(ov))).any():
+            return None
+        miss = arena.missing(ids)
+        if len(miss):
+            if arena.full:
+                return None
+            rows = self._snapshot_rows("a", miss.tolist(), self.keys.adj, self._adj)
+            parts = [rows[v] for v in miss.tolist()]
+            lens, cols = _row_arrays(parts)
+            ws = np.concatenate([_weights(x) for x in parts]) if arena.weighted else None
+            arena.add(miss, lens, cols, ws)
+        got = arena.gather(ids)
+        if got is None:
+            return None
+        ptr, cols, ws = got
+        if ws is None and self.is_weighted:  # an unweighted snapshot made weighted by updates: 1 per stored edge
+            ws = np.ones(len(cols), dtype=np.float64)
         return ptr, cols, ws
 
     def push_degrees(self, ids: np.ndarray) -> np.ndarray:
@@ -1003,6 +1041,8 @@ class RedisGraphStore(PinnedVersion):
                 "digest": self.digest, "cluster": self._target.cluster, "cache_rows": len(self.cache), "cache_bytes": self.cache.nbytes,
                 "cache_hits": self.cache.hits, "cache_misses": self.cache.misses, "round_trips": self.round_trips,
                 "degree_chunks": int(np.count_nonzero(self._deg_loaded)),
+                "arena_rows": self._arena.rows if self._arena is not None else 0,
+                "arena_bytes": self._arena.nbytes if self._arena is not None else 0,
                 "lists_kept_by_reach": self.lists_kept, "reach_bytes": self._reach.nbytes,
                 "overlay": self.overlay_stats()}
 
