@@ -367,12 +367,20 @@ def test_induced_and_lhop_batches_equal_in_memory(loaded, tiny_dataset, tiny_rep
             np.testing.assert_array_equal(a.graph.indptr, b.graph.indptr)
             np.testing.assert_array_equal(a.graph.indices, b.graph.indices)
             np.testing.assert_array_equal(b.gcn_degrees, g.degrees[n1] + 1.0)
+        arena = RedisGraphStore(loaded, g.fingerprint())  # its L-hop lists from the row arena's arrays
+        assert arena._arena is not None and store._arena is None
         for hops in (0, 1, 2):
             lp, ln = lhop_nodes(g, t, hops)
-            batch, rp, rn = store.lhop_batch(t, hops)
-            np.testing.assert_array_equal(lp, rp)
-            np.testing.assert_array_equal(ln, rn)
-            np.testing.assert_array_equal(induced_batch(g, lp, ln).graph.indices, batch.graph.indices)
+            for s in (store, arena, arena):  # the second time every row is in the arena
+                batch, rp, rn = s.lhop_batch(t, hops)
+                np.testing.assert_array_equal(lp, rp)
+                np.testing.assert_array_equal(ln, rn)
+                want = induced_batch(g, lp, ln)
+                np.testing.assert_array_equal(want.graph.indptr, batch.graph.indptr)
+                np.testing.assert_array_equal(want.graph.indices, batch.graph.indices)
+                np.testing.assert_array_equal(batch.gcn_degrees, g.degrees[ln] + 1.0)
+        assert arena.stats()["arena_rows"] > 0
+        arena.close()
         assert store.round_trips >= 2
     finally:
         store.close()

@@ -1011,10 +1011,38 @@ class RedisGraphStore(PinnedVersion):
         (give it to :meth:`induced_batch` as ``held``)."""
         from kernels.subgraph import lhop_nodes
 
-        t, uniq, rows = self._lhop_rows(targets, hops)
-        local = self._local(uniq, rows)
-        lptr, lnodes = lhop_nodes(local.graph, np.searchsorted(uniq, t), hops)
-        return lptr, uniq[lnodes], local
+        t = np.asarray(targets, dtype=np.int64)
+        local = self._lhop_arena(t, hops)
+        if local is None:
+            t, uniq, rows = self._lhop_rows(t, hops)
+            local = self._local(uniq, rows)
+        lptr, lnodes = lhop_nodes(local.graph, np.searchsorted(local.ids, t), hops)
+        return lptr, local.ids[lnodes], local
+
+    def _lhop_arena(self, t: np.ndarray, hops: int) -> LocalGraph | None:
+        """:meth:`_lhop_rows` and :meth:`_local` on the row arena's arrays (no row taken out of the LRU one by one);
+        None where the arena cannot give every row (see :meth:`_arena_rows`)."""
+        from kernels.graph import CSRGraph
+        from kernels.subgraph import local_csr
+
+        if self._arena is None or not len(t):
+            return None
+        seen = np.unique(t)
+        frontier = seen
+        for _ in range(max(int(hops), 0)):
+            got = self._arena_rows(frontier)
+            if got is None:
+                return None
+            frontier = np.setdiff1d(np.unique(got[1]), seen, assume_unique=True)
+            if not len(frontier):
+                break
+            seen = np.union1d(seen, frontier)
+        got = self._arena_rows(seen)
+        if got is None:
+            return None
+        ptr, cols, ws = got
+        indptr, indices, kept_w, wsum = local_csr(seen, np.diff(ptr), cols, ws)
+        return LocalGraph(seen, CSRGraph(indptr=indptr, indices=indices, weights=kept_w, num_nodes=len(seen)), wsum + 1.0)
 
     def lhop_batch(self, targets: np.ndarray, hops: int) -> tuple[Any, np.ndarray, np.ndarray]:
         """``(batch, ptr, nodes)``: the exact L-hop lists (:meth:`lhop_lists`) and their induced batch."""
