@@ -105,6 +105,7 @@ from .interceptors import bounded, error_status, unparsed_reason
 from .registry import RepositoryError
 from .servicer import deadline_of, reach_version
 from .validation import MAX_REQUEST_ID, knob_range_error, knob_rule, validate_predict
+from .wire import INPUT, NEW_COUNTS, NEW_FEATURES, NEW_NEIGHBORS, NEW_WEIGHTS  # the input names
 
 if TYPE_CHECKING:
     from .interceptors import DrainGate
@@ -119,13 +120,6 @@ log = logging.getLogger(__name__)
 SERVER_NAME = "gnnserve"
 SERVER_VERSION = "0.1.0"
 PLATFORM = "gnnserve"
-INPUT = "NODE_IDS"
-#: new nodes (not in the graph), all optional: features [m, F], neighbour counts [m], the neighbours flattened [e],
-#: their weights [e]
-NEW_FEATURES = "NEW_NODE_FEATURES"
-NEW_COUNTS = "NEW_NODE_NEIGHBOR_COUNTS"
-NEW_NEIGHBORS = "NEW_NODE_NEIGHBORS"
-NEW_WEIGHTS = "NEW_NODE_EDGE_WEIGHTS"
 OUTPUTS = ("LABELS", "PROBABILITIES", "EMBEDDINGS")
 DEFAULT_OUTPUTS = ("LABELS", "PROBABILITIES")
 KNOBS = ("sampling_width", "ppr_budget", "max_accuracy_loss")

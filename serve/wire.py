@@ -169,15 +169,24 @@ def check_infer(buf: bytes, limits: WireLimits) -> None:
 # InferTensorContents: field number -> element width on the wire when packed (0 = varint)
 _CONTENT_WIDTH = {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 4, 7: 8}
 
+#: the KServe / Triton inputs a model takes (serve.triton's INPUT_SPECS gives their types and shapes): existing
+#: nodes, and new nodes (not in the graph), all optional: features [m, F], neighbour counts [m], the neighbours
+#: flattened [e], their weights [e]. Named here, below serve.triton, for the wire's limits
+INPUT = "NODE_IDS"
+NEW_FEATURES = "NEW_NODE_FEATURES"
+NEW_COUNTS = "NEW_NODE_NEIGHBOR_COUNTS"
+NEW_NEIGHBORS = "NEW_NODE_NEIGHBORS"
+NEW_WEIGHTS = "NEW_NODE_EDGE_WEIGHTS"
+
 #: KServe input name -> (what its elements count against, bytes per element in raw_input_contents). Any other
 #: name (refused after the parse) and a raw entry without an input count as node ids, the strictest limit.
-_INPUT_KINDS = {
-    b"NODE_IDS": ("nodes", 8),
-    b"NEW_NODE_NEIGHBOR_COUNTS": ("nodes", 8),  # one count per new node
-    b"NEW_NODE_FEATURES": ("features", 4),
-    b"NEW_NODE_NEIGHBORS": ("neighbors", 8),
-    b"NEW_NODE_EDGE_WEIGHTS": ("weights", 4),
-}
+_INPUT_KINDS = {name.encode(): kind for name, kind in (
+    (INPUT, ("nodes", 8)),
+    (NEW_COUNTS, ("nodes", 8)),  # one count per new node
+    (NEW_FEATURES, ("features", 4)),
+    (NEW_NEIGHBORS, ("neighbors", 8)),
+    (NEW_WEIGHTS, ("weights", 4)),
+)}
 _OTHER = ("nodes", 8)
 
 
