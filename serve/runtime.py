@@ -1059,7 +1059,7 @@ class ModelRuntime:
                 return self.ppr_index.induced_batch(g, targets, budget)
             ptr, nodes = self.ppr_index.lookup(targets, budget)
         else:
-            ptr, nodes = self._lhop_lists(targets, self.num_layers, held if len(targets) else None)
+            ptr, nodes = self._lhop_lists(targets, self.num_layers, held)
         extra = None
         if new_specs:
             extra = self._extra_edges(new_specs)

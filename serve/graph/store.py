@@ -736,8 +736,7 @@ class RedisGraphStore(PinnedVersion):
         lens, cols = _row_arrays(parts)
         ptr = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum(lens, out=ptr[1:])
-        ws = (np.concatenate([_weights(x) for x in parts]).astype(np.float64) if parts else np.zeros(0)) \
-            if self.is_weighted else None
+        ws = _row_weights(parts).astype(np.float64) if self.is_weighted else None
         return ptr, cols, ws
 
     def _arena_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
@@ -757,7 +756,7 @@ class RedisGraphStore(PinnedVersion):
             rows = self._snapshot_rows("a", miss.tolist(), self.keys.adj, self._adj)
             parts = [rows[v] for v in miss.tolist()]
             lens, cols = _row_arrays(parts)
-            ws = np.concatenate([_weights(x) for x in parts]) if arena.weighted else None
+            ws = _row_weights(parts) if arena.weighted else None
             arena.add(miss, lens, cols, ws)
         got = arena.gather(ids)
         if got is None:
@@ -884,8 +883,7 @@ class RedisGraphStore(PinnedVersion):
         indices[edges] = np.searchsorted(uniq, kept)
         weights = None
         if self.is_weighted:  # rows without weights (unweighted snapshot or overlay row) weigh 1 per edge
-            ws = [_weights(rows[v]) for v in fetched.tolist()]
-            weights = np.concatenate(ws).astype(np.float32) if ws else np.zeros(0, np.float32)
+            weights = _row_weights([rows[v] for v in fetched.tolist()])
         from kernels.graph import CSRGraph
 
         return CSRGraph(indptr=indptr, indices=indices, weights=weights, num_nodes=dummy + 1), uniq
@@ -923,7 +921,7 @@ class RedisGraphStore(PinnedVersion):
         deg, cols = _row_arrays(parts)
         w = None
         if self.is_weighted:  # rows without weights (unweighted snapshot or overlay row) weigh 1 per edge
-            w = np.concatenate([_weights(p) for p in parts]) if u else np.zeros(0, np.float32)
+            w = _row_weights(parts)
         indptr, indices, kept_w, wsum = local_csr(uniq, deg, cols, w)
         return CSRGraph(indptr=indptr, indices=indices, weights=kept_w, num_nodes=u), wsum + 1.0
 
@@ -1301,6 +1299,12 @@ def _row_arrays(parts: list[tuple[np.ndarray, np.ndarray | None]]) -> tuple[np.n
     lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     cols = np.concatenate(ids).astype(np.int64, copy=False) if ids else np.zeros(0, np.int64)
     return lens, cols
+
+
+def _row_weights(parts: list[tuple[np.ndarray, np.ndarray | None]]) -> np.ndarray:
+    """float32: the weights of decoded rows ``(ids, weights)`` laid end to end as :func:`_row_arrays` lays their ids
+    (1 per edge of a row without weights)."""
+    return np.concatenate([_weights(x) for x in parts]).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)
 
 
 def _weights(row: tuple[np.ndarray, np.ndarray | None]) -> np.ndarray:
