@@ -97,16 +97,22 @@ def test_partial_pushes_equal_the_whole_graphs_lists(case, ci):
     assert held < reached
 
 
-@pytest.mark.parametrize("case", [0, 1, 2, 4])
-@pytest.mark.parametrize("lazy", [False, True])
-def test_partial_new_node_equals_ppr_new_node(case, lazy):
-    spec = CASES[case]
+def _new_node_case(case: int, lazy: bool):
+    """``(n, graph, cfg, rng, specs)`` of the new-node tests: a 700-node graph of ``CASES[case]`` and new nodes'
+    ``(neighbours, weights)``: one neighbour, random ones, weighted ones, none, a repeated neighbour."""
     n = 700
-    g = _graph(n, 3 * n, seed=40 + case, **spec)
+    g = _graph(n, 3 * n, seed=40 + case, **CASES[case])
     cfg = PPRConfig(topk=30, eps=5e-5, lazy=lazy)
     rng = np.random.default_rng(case)
     specs = [([3], None), (rng.choice(n, 6), None), (rng.choice(n, 4), rng.uniform(0.0, 3.0, 4)), ([], None),
              ([5, 5, 9], [1.0, 2.0, 0.5])]
+    return n, g, cfg, rng, specs
+
+
+@pytest.mark.parametrize("case", [0, 1, 2, 4])
+@pytest.mark.parametrize("lazy", [False, True])
+def test_partial_new_node_equals_ppr_new_node(case, lazy):
+    n, g, cfg, rng, specs = _new_node_case(case, lazy)
     for nb, w in specs:
         want_n, want_s = ppr_new_node(g, nb, w, cfg)
         rows = _Rows(g)

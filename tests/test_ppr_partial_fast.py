@@ -16,7 +16,7 @@ import pytest
 import kernels.ppr_partial as pp
 from kernels.ppr import PPRConfig, ppr_new_node, ppr_topk
 from kernels.ppr_partial import PartialPush, dense_group, run_partial
-from tests.test_ppr_partial import CASES, CONFIGS, _graph, _Rows
+from tests.test_ppr_partial import CASES, CONFIGS, _graph, _new_node_case, _Rows
 
 
 @pytest.fixture
@@ -98,13 +98,8 @@ def test_dense_lists_equal_the_whole_graphs(case, ci, small_groups, engines, mon
 def test_dense_new_nodes_and_targets_in_one_group(case, lazy, engines):
     """New nodes (each with its own edges and its neighbours' thresholds counting them) pushed in lockstep with
     existing targets whose pushes reach the same neighbours (which must keep the graph's thresholds)."""
-    spec = CASES[case]
-    n = 700
-    g = _graph(n, 3 * n, seed=40 + case, **spec)
-    cfg = PPRConfig(topk=30, eps=5e-5, lazy=lazy)
-    rng = np.random.default_rng(case)
-    specs = [([3], None), (rng.choice(n, 6), None), (rng.choice(n, 4), rng.uniform(0.0, 3.0, 4)), ([], None),
-             ([5, 5, 9], [1.0, 2.0, 0.5]), (np.arange(0, 60, 3), None)]
+    n, g, cfg, _, specs = _new_node_case(case, lazy)
+    specs = [*specs, (np.arange(0, 60, 3), None)]  # and twenty neighbours
     rows = _Rows(g)
     news = [PartialPush.new_node(n, nb, w, rows.degrees, cfg) for nb, w in specs]
     targets = np.array([3, 5, 9, 27, 400])  # neighbours of the new nodes
