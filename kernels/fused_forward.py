@@ -23,16 +23,17 @@ layer before; shaDow: ReLU after every layer, the readout (target row, then mean
 the subgraph's rows) and the classifier. Softmax and arg-max of the probabilities last. Layer 1
 reads ``P`` through global ids (no gathered copy).
 
-Results equal the torch forwards up to rounding: the dense products go through NumPy's BLAS here
-and MKL in torch, and the row scale multiplies at another point of the sum (tests compare them on
-random graphs). The loops run on the calling thread: meant for the small batches that run on the event
-loop (:mod:`serve.batcher`), where the torch path's per-operation cost dominates. The dense products
-(numba's ``np.dot``) run in SciPy's OpenBLAS, whose pool a server sets to one thread
-(``gnnserve serve --blas-threads``, :data:`kernels.threads.SERVER_BLAS_THREADS`: with the pool at the core
-count, another busy thread stalls a product; docs/BENCHMARKS.md, "The compiled forwards' BLAS pool").
+Results equal the torch forwards up to rounding: the aggregation-first order of a plan's later layers and
+the softmax's ``exp`` differ from the torch operators' (tests compare them on random graphs). The dense
+products are :func:`kernels.dense.rows_matmul_new`, as on the torch paths: each row's bits independent of the
+batch, so a target gets the same answer alone and in any batch (docs/RELIABILITY.md, "Batch-invariant
+answers"); until 2026-11-28 they were numba's ``np.dot`` (SciPy's OpenBLAS, whose blocking moved with the
+batch). The loops run on the calling thread: meant for the small batches that run on the event loop
+(:mod:`serve.batcher`), where the torch path's per-operation cost dominates, and for every other CPU batch
+(a shaDow batch in chunks, :data:`serve.runtime.COMPILED_CHUNK_TARGETS`).
 """
 
-# numba cache key: lanes f04d5b26c67e, plan e950ddb94c27, spmm_cpu 08eccef46b96, subgraph d57197b42f98
+# numba cache key: dense c10caf500b42, lanes f04d5b26c67e, plan e950ddb94c27, spmm_cpu 08eccef46b96, subgraph d57197b42f98
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
+from .dense import rows_matmul_new
 from .lanes import LANE_BYTES, add4_lanes
 from .plan import ExecutionPlan
 from .spmm_cpu import walk_start, walk_step
@@ -259,9 +261,9 @@ def _aggregate_first(src, rows, n_out, ptr, cols, ew, rs, width, fastrand, agg, 
             for c in range(fin):
                 acc[c] *= inv
     if agg == AGG_GCN:
-        out = np.dot(z, m)
+        out = rows_matmul_new(z, m)
     else:  # [x W_r^T | x W_n^T]: the root half of the row itself, the neighbour half of the mean
-        out = np.dot(xt, m[:, :o].copy()) + np.dot(z, m[:, o:].copy())
+        out = rows_matmul_new(xt, m[:, :o].copy()) + rows_matmul_new(z, m[:, o:].copy())
     bv = bias[b0:b0 + o]
     for i in range(n_out):
         row = out[i]
@@ -300,7 +302,7 @@ def _layers(sizes, ptr, cols, ew, rs, width, fastrand, node_ids, table, agg, dl,
             h, _ = _aggregate_first(h, ident, sizes[layer + 1], ptr, cols, ew, rs, width, fastrand, agg, dl, m, o,
                                     bias, bias_off[layer])
         else:
-            t = np.dot(h, m)
+            t = rows_matmul_new(h, m)
             h = np.empty((sizes[layer + 1], o), dtype=np.float32)
             _aggregate(t, ident, sizes[layer + 1], o, ptr, cols, ew, rs, width, fastrand, agg, dl, bias,
                        bias_off[layer], h)
@@ -439,7 +441,7 @@ def _shadow(indptr, indices, ew, width, fastrand, node_ids, bptr, table, agg, di
                     for c in range(hd):
                         if hu[c] > e[c]:
                             e[c] = hu[c]
-    logits = np.dot(emb, cls_w)
+    logits = rows_matmul_new(emb, cls_w)
     for s in range(nb):
         for c in range(logits.shape[1]):
             logits[s, c] += cls_b[c]

@@ -20,8 +20,10 @@ import torch
 __all__ = ["SERVER_BLAS_THREADS", "BlasPool", "blas_pools", "numba_threads", "per_thread_pools",
            "server_blas_threads", "set_blas_threads"]
 
-#: a server's BLAS pools unless told otherwise (``gnnserve serve --blas-threads``). The compiled CPU forwards
-#: (every CPU batch) do their dense products in SciPy's OpenBLAS, which splits a product over more of its
+#: a server's BLAS pools unless told otherwise (``gnnserve serve --blas-threads``). Since 2026-11-28 the serving
+#: paths' dense products are :mod:`kernels.dense`'s own (batch-invariant, no BLAS); what follows is why the pools
+#: were set to one thread when the compiled CPU forwards (every CPU batch) did their dense products in SciPy's
+#: OpenBLAS, which a pool still serves for anything else. OpenBLAS splits a product over more of its
 #: pool's threads as the product grows (a shaDow layer of 4 targets, 256 x 64 x 64, already takes several:
 #: with the pool set to 4 threads on the 2-vCPU VM three such products took 24 ms against 0.11 on one). With
 #: the pool at the core count (its own default) a batch of a few targets takes every core, and one other

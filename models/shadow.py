@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from kernels.fused_forward import AGG_GCN, AGG_SAGE, StackParams
 
-from .base import BatchLike, GNNModel, conv_stack_arrays, dropout_any, numpy32, segment_ids
+from .base import BatchLike, GNNModel, conv_stack_arrays, dropout_any, linear_any, numpy32, segment_ids
 from .gcn import GCNConv
 from .norm import FeatureNorm
 from .sage import SAGEConv
@@ -146,7 +146,8 @@ class ShadowGNN(GNNModel):
             for kind in self.pools:
                 parts.append(segment_mean(h, seg, nseg) if kind == "mean" else segment_max(h, seg, nseg))
         r = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-        return self.classifier(F.dropout(r, self.dropout, self.training)), r
+        logits = linear_any(F.dropout(r, self.dropout, self.training), self.classifier.weight)  # nn.Linear's product
+        return (logits + self.classifier.bias if self.classifier.bias is not None else logits), r
 
     def fused_params(self) -> StackParams:
         """Weights after the projection, readout and classifier, packed for

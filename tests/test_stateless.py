@@ -112,7 +112,8 @@ def test_stateless_replica_answers_like_single_process(stateless, served, model,
     for _ in range(2):  # second round: rows and lists come from the replica's LRU
         got = predict(stateless.address, model, nodes, **kw)
         assert list(got.labels) == list(want.labels)
-        np.testing.assert_allclose(np.asarray(got.probabilities), np.asarray(want.probabilities), rtol=1e-6, atol=1e-7)
+        # the same bits: every product row by row in one order (kernels.dense), whatever batch filled a cache
+        np.testing.assert_array_equal(np.asarray(got.probabilities), np.asarray(want.probabilities))
         assert (got.settings.edges_kept, got.settings.edges_total) == (want.settings.edges_kept,
                                                                          want.settings.edges_total)
     if model == "gcn":  # a stateless plain model keeps first-layer rows per node too: the second round hit them
@@ -155,9 +156,9 @@ def test_warm_gcn_replica_follows_updates_like_a_cold_one(redis_factory, tiny_re
         for a, f in zip(after, fresh, strict=True):
             assert a.graph_version == f.graph_version == up.graph_version
             np.testing.assert_array_equal(a.labels, f.labels)
-            # to rounding: a projection computed alone (the changed row) or inside a larger matmul
-            # (the cold replica's batches) may differ in its last bits; a stale row would differ by far more
-            np.testing.assert_allclose(a.probabilities, f.probabilities, rtol=1e-6, atol=1e-7)
+            # to the bit: a projection computed alone (the changed row) or inside the cold replica's larger batches
+            # has the same bits (kernels.dense); a stale row would differ by far more
+            np.testing.assert_array_equal(a.probabilities, f.probabilities)
         # both updates moved answers (so the comparison above could fail)
         assert not np.allclose(before[0].probabilities[3], after[0].probabilities[3], rtol=0, atol=1e-7)
         assert not np.allclose(before[0].probabilities[10], after[0].probabilities[10], rtol=0, atol=1e-7)
@@ -233,8 +234,7 @@ def test_a_replica_answers_predict_new_nodes_like_single_process(stateless, serv
         for _ in range(2):  # second round: rows from the replica's LRU
             got = predict(stateless.address, model, nodes, **kw)
             assert list(got.labels) == list(want.labels)
-            np.testing.assert_allclose(np.asarray(got.probabilities), np.asarray(want.probabilities), rtol=1e-6,
-                                       atol=1e-7)
+            np.testing.assert_array_equal(np.asarray(got.probabilities), np.asarray(want.probabilities))
             assert (got.settings.edges_kept, got.settings.edges_total) == (want.settings.edges_kept,
                                                                              want.settings.edges_total)
 

@@ -1,0 +1,353 @@
+r"""Dense products whose rows do not depend on the batch: ``x @ w`` one row at a time, in one fixed order.
+
+A BLAS product picks its blocking, its kernel and its split over threads from the whole matrix's shape,
+so a row's bits depend on how many rows came with it: torch's CPU matmul gave ``X[:m] @ W`` other bits
+than ``(X @ W)[:m]`` for ``m < 64`` (6e-5 apart at ``m = 1, 2, 7`` for 767 x 64 inputs), and OpenBLAS's
+blocking moves with the batch as well. A server that answers a node alone and inside a batch then gives
+two answers a few ulps apart, and a cache of per-node rows (the first-layer projections, a plain model's
+first-layer outputs) keeps whichever bits the batch that first computed a row gave, so two servers whose
+caches filled in other batches disagree (docs/RELIABILITY.md, "batch-invariant answers").
+
+:func:`rows_matmul` computes each output element as one chain of fused multiply-adds in the order of the
+input columns, whatever the batch:
+
+.. math::
+
+    y_{ij} = \operatorname{fma}\big(x_{i,K-1}, w_{K-1,j}, \dots \operatorname{fma}(x_{i,1}, w_{1,j},
+    \operatorname{fma}(x_{i,0}, w_{0,j}, 0))\big)
+
+(each ``fma`` rounded once, IEEE 754: the same bits on every machine; LLVM's ``llvm.fma``, which a CPU
+without the instruction computes in software). The specification, :func:`rows_matmul_reference`, is the
+same chain in torch, each ``fma`` emulated exactly in float64 (:func:`fma_reference`), so tests compare bits.
+Every element goes through its own chain however the rows are grouped, so the kernel blocks across rows and
+columns as a BLAS micro-kernel does: :func:`rows_matmul_into` keeps a tile of 4 rows x 2 vectors of columns
+in registers through the whole ``k`` loop and loads each weight vector once per tile (64-byte vectors where
+the CPU has AVX-512, 32-byte ones otherwise; the choice moves no bit). What the order costs is the BLAS's
+freedom to split the ``k`` sum: about 1.5x OpenBLAS's time on large products, less than it on small ones
+(docs/BENCHMARKS.md, "Batch-invariant products").
+
+Rows are independent, so a large product splits its rows over threads (:func:`rows_matmul` with
+``threads > 1``) with the same bits. Used wherever the serving paths multiply on a CPU: the compiled
+forwards (:mod:`kernels.fused_forward`), the models' transforms outside autograd (:func:`models.base.linear_any`),
+and through them the projection cache and the torch paths.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numba
+import numpy as np
+import torch
+from llvmlite import ir
+from numba import prange
+from numba import types as nbtypes
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .threads import numba_threads
+
+__all__ = ["PARALLEL_WORK", "TILE_BYTES", "fma", "fma_reference", "rows_matmul", "rows_matmul_into", "rows_matmul_new",
+           "rows_matmul_reference", "transposed"]
+
+#: products of at least this many multiply-adds (rows x K x N) split their rows over torch's threads
+PARALLEL_WORK = 1 << 22
+
+
+def _fma_fn(builder, ty):
+    """``llvm.fma`` for a float or float vector type."""
+    name = f"llvm.fma.v{ty.count}{ty.element}" if isinstance(ty, ir.VectorType) else f"llvm.fma.{ty}"
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty, ty, ty]), name)
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """``a * b + c`` rounded once (``llvm.fma``) for three floats of one type."""
+    if not (isinstance(a, nbtypes.Float) and a == b == c):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.call(_fma_fn(builder, args[0].type), list(args))
+
+    return a(a, a, a), codegen
+
+
+def _tile(rows: int, vectors: int, lane_bytes: int):
+    """An intrinsic ``tile(out, x, w, i0, c0)``: ``out[i0:i0 + rows, c0:c0 + vectors L]`` (``L`` elements in
+    ``lane_bytes``), each element one chain of fused multiply-adds over ``k = 0 .. K - 1`` (module
+    docstring), the accumulators held in registers across the whole ``k`` loop: each step loads ``vectors``
+    weight vectors once for all ``rows`` rows. ``x``, ``w`` and ``out`` are C-contiguous 2-D arrays of one
+    float type (anything else does not type); bounds are the caller's."""
+
+    def typer(typingctx, out, x, w, i0, c0):
+        arrays = (out, x, w)
+        if not all(isinstance(a, nbtypes.Array) and a.ndim == 2 and a.layout == "C" for a in arrays):
+            return None
+        dt = out.dtype
+        if dt not in (nbtypes.float32, nbtypes.float64) or x.dtype != dt or w.dtype != dt or not out.mutable:
+            return None
+        if not all(isinstance(v, nbtypes.Integer) for v in (i0, c0)):
+            return None
+        lanes = lane_bytes // (dt.bitwidth // 8)
+        sig = nbtypes.void(out, x, w, nbtypes.intp, nbtypes.intp)
+
+        def codegen(context, builder, signature, args):
+            et = context.get_value_type(dt)
+            vt = ir.VectorType(et, lanes)
+            esize = dt.bitwidth // 8
+            fma_v = _fma_fn(builder, vt)
+            o_a, x_a, w_a = (context.make_array(signature.args[j])(context, builder, args[j]) for j in range(3))
+            i0v, c0v = args[3], args[4]
+            kk = cgutils.unpack_tuple(builder, x_a.shape, 2)[1]
+            n = cgutils.unpack_tuple(builder, w_a.shape, 2)[1]
+            it = kk.type
+            acc = [[cgutils.alloca_once(builder, vt) for _ in range(vectors)] for _ in range(rows)]
+            zero = ir.Constant(vt, [ir.Constant(et, 0.0)] * lanes)
+            for r in range(rows):
+                for v in range(vectors):
+                    builder.store(zero, acc[r][v])
+            x_rows = [builder.mul(builder.add(i0v, ir.Constant(it, r)), kk) for r in range(rows)]
+
+            def vec_at(data, off):
+                return builder.bitcast(builder.gep(data, [off]), vt.as_pointer())
+
+            def splat(scalar):
+                one = builder.insert_element(ir.Constant(vt, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
+                return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
+                                              ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+
+            with cgutils.for_range(builder, kk) as loop:
+                k = loop.index
+                base = builder.add(builder.mul(k, n), c0v)
+                wv = [builder.load(vec_at(w_a.data, builder.add(base, ir.Constant(it, v * lanes))), align=esize)
+                      for v in range(vectors)]
+                for r in range(rows):
+                    xk = splat(builder.load(builder.gep(x_a.data, [builder.add(x_rows[r], k)])))
+                    for v in range(vectors):
+                        builder.store(builder.call(fma_v, [xk, wv[v], builder.load(acc[r][v])]), acc[r][v])
+            for r in range(rows):
+                row_base = builder.add(builder.mul(builder.add(i0v, ir.Constant(it, r)), n), c0v)
+                for v in range(vectors):
+                    builder.store(builder.load(acc[r][v]), vec_at(o_a.data, builder.add(row_base, ir.Constant(it, v * lanes))),
+                                  align=esize)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    typer.__name__ = f"tile_{rows}x{vectors}_{lane_bytes}"
+    return intrinsic(typer)
+
+
+def _host_has_avx512() -> bool:
+    try:
+        import llvmlite.binding as llvm
+
+        return bool(llvm.get_host_cpu_features().get("avx512f"))
+    except Exception:  # pragma: no cover - a platform llvmlite cannot ask
+        return False
+
+
+#: bytes per vector of the widest tiles: 64 where the CPU has AVX-512 (its 32 registers hold a 4 x 2 tile and
+#: the weights), else 32. Rows narrower than one such vector take 32- or 16-byte tiles, rows narrower than
+#: 16 bytes a plain loop of scalar ``fma``. No bit depends on the choice.
+TILE_BYTES = 64 if _host_has_avx512() else 32
+#: rows per register tile
+TILE_ROWS = 4
+_TILES = tuple((_tile(TILE_ROWS, 2, nb), _tile(TILE_ROWS, 1, nb), _tile(1, 2, nb), _tile(1, 1, nb))
+               for nb in (TILE_BYTES, 32, 16))
+_t0r2, _t0r1, _t012, _t011 = _TILES[0]
+_t1r2, _t1r1, _t112, _t111 = _TILES[1]
+_t2r2, _t2r1, _t212, _t211 = _TILES[2]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _tile_at(out, x, w, i, c, four, two, size):  # pragma: no cover - compiled
+    """One tile of the vector set ``size`` (0: :data:`TILE_BYTES`, 1: 32 bytes, 2: 16 bytes)."""
+    if size == 0:
+        if four:
+            if two:
+                _t0r2(out, x, w, i, c)
+            else:
+                _t0r1(out, x, w, i, c)
+        elif two:
+            _t012(out, x, w, i, c)
+        else:
+            _t011(out, x, w, i, c)
+    elif size == 1:
+        if four:
+            if two:
+                _t1r2(out, x, w, i, c)
+            else:
+                _t1r1(out, x, w, i, c)
+        elif two:
+            _t112(out, x, w, i, c)
+        else:
+            _t111(out, x, w, i, c)
+    elif four:
+        if two:
+            _t2r2(out, x, w, i, c)
+        else:
+            _t2r1(out, x, w, i, c)
+    elif two:
+        _t212(out, x, w, i, c)
+    else:
+        _t211(out, x, w, i, c)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _tiles(out, x, w, i, lanes, four, size):  # pragma: no cover - compiled
+    """Rows ``i .. i + (4 if four else 1) - 1``, every column, in tiles of ``lanes``-element vectors."""
+    n = w.shape[1]
+    c = 0
+    while c + 2 * lanes <= n:
+        _tile_at(out, x, w, i, c, four, True, size)
+        c += 2 * lanes
+    while c + lanes <= n:
+        _tile_at(out, x, w, i, c, four, False, size)
+        c += lanes
+    if c < n:  # the last vector ends at column n: it overlaps the one before, with the same bits
+        _tile_at(out, x, w, i, n - lanes, four, False, size)
+
+
+@numba.njit(cache=True, nogil=True)
+def rows_matmul_into(x, w, out, r0, r1):  # pragma: no cover - compiled
+    """``out[i] = x[i] @ w`` for ``r0 <= i < r1`` in the module's order; ``x`` ``[M, K]``, ``w`` ``[K, N]``,
+    ``out`` ``[M, N]``: C-contiguous, one float type. Callable from numba code. Rows run in register tiles
+    of :data:`TILE_ROWS`, then one by one; rows narrower than one vector in a plain loop of scalar ``fma``:
+    every way computes each element with the same chain."""
+    kk = w.shape[0]
+    n = w.shape[1]
+    size = -1
+    lanes = 0
+    if n >= TILE_BYTES // w.itemsize:
+        size, lanes = 0, TILE_BYTES // w.itemsize
+    elif n >= 32 // w.itemsize:
+        size, lanes = 1, 32 // w.itemsize
+    elif n >= 16 // w.itemsize:
+        size, lanes = 2, 16 // w.itemsize
+    if size >= 0:
+        i = r0
+        while i + TILE_ROWS <= r1:
+            _tiles(out, x, w, i, lanes, True, size)
+            i += TILE_ROWS
+        while i < r1:
+            _tiles(out, x, w, i, lanes, False, size)
+            i += 1
+        return
+    z = w.dtype.type(0)
+    for i in range(r0, r1):
+        row = out[i]
+        xi = x[i]
+        for c in range(n):
+            row[c] = z
+        for k in range(kk):
+            a = xi[k]
+            wk = w[k]
+            for c in range(n):
+                row[c] = fma(a, wk[c], row[c])
+
+
+@numba.njit(cache=True, nogil=True)
+def rows_matmul_new(x, w):  # pragma: no cover - compiled
+    """``x @ w`` into a new array (numba code's replacement for ``np.dot``)."""
+    out = np.empty((x.shape[0], w.shape[1]), dtype=w.dtype)
+    rows_matmul_into(x, w, out, 0, x.shape[0])
+    return out
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _rows_matmul_parallel(x, w, out, threads):  # pragma: no cover - compiled
+    """:func:`rows_matmul_into` on ``threads`` contiguous ranges of rows, one per thread."""
+    m = x.shape[0]
+    per = (m + threads - 1) // threads
+    for t in prange(threads):
+        rows_matmul_into(x, w, out, min(m, t * per), min(m, (t + 1) * per))
+
+
+_TRANSPOSED: dict[int, tuple[weakref.ref, tuple, np.ndarray]] = {}
+
+
+def transposed(w: torch.Tensor) -> np.ndarray:
+    """``w.T`` as a C-contiguous NumPy array, kept per tensor until the tensor changes (its version counter,
+    which every in-place update such as an optimiser step moves): a layer's weight ``[out, in]`` is used as
+    ``[in, out]`` by :func:`rows_matmul` on every call, and copying it each time cost more than a one-row
+    product."""
+    if w.is_inference():  # made under inference_mode (a weight assembled per call): no version counter to key on
+        return np.ascontiguousarray(w.t().numpy())
+    key = (w._version, w.data_ptr(), tuple(w.shape), w.dtype)
+    hit = _TRANSPOSED.get(id(w))
+    if hit is not None and hit[0]() is w and hit[1] == key:
+        return hit[2]
+    t = np.ascontiguousarray(w.detach().t().numpy())
+    wid = id(w)
+    _TRANSPOSED[wid] = (weakref.ref(w, lambda _r: _TRANSPOSED.pop(wid, None)), key, t)
+    return t
+
+
+def _as_numpy(a: torch.Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(a, torch.Tensor):
+        a = (a.detach() if a.requires_grad else a).numpy()
+    return np.ascontiguousarray(a)
+
+
+def rows_matmul(x: torch.Tensor | np.ndarray, w: torch.Tensor | np.ndarray, threads: int | None = None):
+    """``x @ w`` (``x`` ``[M, K]``, ``w`` ``[K, N]``, float32 or float64 on the CPU, one dtype) with each row's
+    bits independent of the other rows (module docstring). Returns what ``x`` is (a tensor or an array).
+
+    ``threads``: rows split over this many threads; None = torch's thread count
+    (``torch.get_num_threads()``, capped by numba's) when the product has :data:`PARALLEL_WORK`
+    multiply-adds or more, else one. Any count gives the same bits."""
+    is_tensor = isinstance(x, torch.Tensor)
+    xn, wn = _as_numpy(x), _as_numpy(w)
+    if xn.ndim != 2 or wn.ndim != 2 or xn.shape[1] != wn.shape[0]:
+        raise ValueError(f"rows_matmul: shapes {xn.shape} and {wn.shape} do not multiply")
+    if xn.dtype != wn.dtype or xn.dtype not in (np.float32, np.float64):
+        raise ValueError(f"rows_matmul: float32 or float64 operands of one dtype, not {xn.dtype} and {wn.dtype}")
+    m = xn.shape[0]
+    out = np.empty((m, wn.shape[1]), dtype=wn.dtype)
+    if threads is None:
+        threads = 1
+        if m * xn.shape[1] * wn.shape[1] >= PARALLEL_WORK:
+            threads = max(1, min(torch.get_num_threads(), numba_threads()))
+    threads = max(1, min(int(threads), m))
+    if threads > 1:
+        before = numba_threads()
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        try:
+            _rows_matmul_parallel(xn, wn, out, min(threads, numba.config.NUMBA_NUM_THREADS))
+        finally:
+            numba.set_num_threads(before)
+    elif m:
+        rows_matmul_into(xn, wn, out, 0, m)
+    return torch.from_numpy(out) if is_tensor else out
+
+
+def fma_reference(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``a * b + c`` rounded once, for float32 tensors (broadcast), computed in float64: the product of two
+    float32 is exact there; the sum is made round-to-odd (its exact error by Knuth's two-sum, and an inexact
+    sum with an even last bit moved one ulp toward the error), and a round-to-odd value with at least two more
+    bits than the target rounds to the target correctly (Boldo and Melquiond, "Emulation of FMA and
+    correctly rounded sums: proved algorithms using rounding to odd", IEEE TC 2008). Non-finite values pass
+    through as IEEE arithmetic gives them."""
+    if not (a.dtype == b.dtype == c.dtype == torch.float32):
+        raise ValueError("fma_reference: float32 operands")
+    p = a.double() * b.double()
+    cd = c.double()
+    s = p + cd
+    bb = s - p
+    err = (p - (s - bb)) + (cd - bb)
+    bits = s.view(torch.int64)
+    fix = torch.isfinite(s) & (err != 0) & ((bits & 1) == 0)
+    away = (err > 0) == (s > 0)  # toward the error: away from zero when they share a sign
+    bits = torch.where(fix, bits + torch.where(away, 1, -1), bits)
+    return bits.view(torch.float64).float()
+
+
+def rows_matmul_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The specification of :func:`rows_matmul` for float32 in torch: each element's chain of
+    :func:`fma_reference` over the input columns in order, so the same bits. Slow: ``K`` passes over the
+    rows."""
+    acc = x.new_zeros(x.shape[0], w.shape[1])
+    for k in range(x.shape[1]):
+        acc = fma_reference(x[:, k:k + 1], w[k:k + 1], acc)
+    return acc

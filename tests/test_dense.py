@@ -1,0 +1,160 @@
+"""kernels.dense: row-wise products with the same bits as their torch specification and as the same rows in
+any other batch."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import dense
+from kernels.dense import fma_reference, rows_matmul, rows_matmul_reference, transposed
+from models.base import linear_any
+
+
+def _operands(rng, m, k, n, dtype=np.float32, zeros=0.3):
+    x = rng.standard_normal((m, k)).astype(dtype)
+    x[rng.random((m, k)) < zeros] = 0
+    return x, rng.standard_normal((k, n)).astype(dtype)
+
+
+SHAPES = [(1, 767, 64), (7, 64, 64), (64, 129, 10), (300, 5, 130), (3, 1, 1), (2, 3, 7), (33, 8, 128), (5, 4, 200),
+          (9, 6, 3), (6, 11, 12), (4, 2, 16), (13, 40, 47)]
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_matmul_equals_its_torch_specification_bit_for_bit(m, k, n, dtype):
+    rng = np.random.default_rng(m * 1000 + k + n)
+    x, w = _operands(rng, m, k, n, dtype)
+    got = rows_matmul(x, w)
+    assert got.dtype == dtype and got.shape == (m, n)
+    if dtype == np.float32:  # the specification is float32's (float64's would need wider arithmetic)
+        assert np.array_equal(got, rows_matmul_reference(torch.from_numpy(x), torch.from_numpy(w)).numpy())
+    else:
+        assert np.array_equal(got, rows_matmul(x[::-1].copy(), w)[::-1])
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(got, x.astype(np.float64) @ w.astype(np.float64), rtol=tol, atol=tol * np.sqrt(k))
+
+
+def test_a_row_has_the_same_bits_in_every_batch_and_on_any_thread_count():
+    rng = np.random.default_rng(1)
+    x, w = _operands(rng, 700, 767, 64)
+    whole = rows_matmul(x, w, threads=1)
+    assert np.array_equal(rows_matmul(x, w, threads=2), whole)
+    assert np.array_equal(rows_matmul(x, w, threads=7), whole)
+    for lo, hi in [(0, 1), (5, 6), (3, 10), (100, 164), (0, 63), (650, 700)]:
+        assert np.array_equal(rows_matmul(x[lo:hi], w), whole[lo:hi]), (lo, hi)
+    perm = rng.permutation(700)
+    assert np.array_equal(rows_matmul(x[perm], w), whole[perm])
+
+
+def test_the_fma_specification_rounds_once():
+    """fma_reference against exact rational arithmetic on cases where rounding twice (float64, then float32)
+    goes wrong, and on random ones; and the compiled kernel's scalar fma against it."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal(4000).astype(np.float32)
+    b = rng.standard_normal(4000).astype(np.float32)
+    c = (rng.standard_normal(4000) * 10.0 ** rng.integers(-12, 3, 4000)).astype(np.float32)
+    # products exactly halfway between two float32 plus a tiny c: the float64 sum rounds to the halfway point,
+    # and rounding that to float32 (ties to even) goes the wrong way
+    h = np.float32(1 + 2.0 ** -12)
+    a[:3] = [h, h, -h]
+    b[:3] = [h, np.float32(1 + 3 * 2.0 ** -12), h]  # 1 + 2^-11 + 2^-24; 1 + 2^-10 + 2^-23 + 2^-24
+    c[:3] = [np.float32(2.0 ** -70), np.float32(-(2.0 ** -70)), np.float32(-(2.0 ** -80))]
+    naive = (a[:3].astype(np.float64) * b[:3] + c[:3]).astype(np.float32)
+    got = fma_reference(torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(c)).numpy()
+    exact = [np.float32(float(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))) for x, y, z in zip(a, b, c, strict=True)]
+    # float() of a Fraction rounds correctly to float64, and float64 -> float32 rounds again: recheck the
+    # float32 candidates around it by exact distance instead
+    for i, (x, y, z) in enumerate(zip(a, b, c, strict=True)):
+        t = Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))
+        cands = [exact[i], np.nextafter(exact[i], np.float32(np.inf)), np.nextafter(exact[i], np.float32(-np.inf))]
+        best = min(cands, key=lambda v: (abs(Fraction(float(v)) - t), int(np.float32(v).view(np.int32)) & 1))
+        assert got[i] == best, (i, x, y, z, got[i], best)
+    assert (naive != got[:3]).all()  # the cases do need the single rounding
+    for i in range(0, 4000, 400):  # the kernel's scalar path (rows narrower than a vector)
+        xs = np.array([[a[i]]], np.float32)
+        ws = np.array([[b[i]]], np.float32)
+        assert rows_matmul(xs, ws)[0, 0] == fma_reference(torch.tensor([a[i]]), torch.tensor([b[i]]),
+                                                          torch.zeros(1))[0]
+
+
+def test_special_values_propagate_like_a_product():
+    w = np.ones((4, 3), dtype=np.float32)
+    x = np.array([[np.nan, 0, 0, 0], [np.inf, 1, 0, 0], [0, 0, 0, 0]], dtype=np.float32)
+    got = rows_matmul(x, w)
+    assert np.isnan(got[0]).all() and np.isinf(got[1]).all() and (got[2] == 0).all()
+
+
+def test_tensors_in_tensors_out_and_bad_operands_refused():
+    x = torch.randn(3, 5)
+    w = torch.randn(5, 2)
+    out = rows_matmul(x, w)
+    assert isinstance(out, torch.Tensor) and out.shape == (3, 2)
+    torch.testing.assert_close(out, x @ w)
+    assert rows_matmul(np.zeros((0, 5), np.float32), w.numpy()).shape == (0, 2)
+    with pytest.raises(ValueError, match="do not multiply"):
+        rows_matmul(x, torch.randn(4, 2))
+    with pytest.raises(ValueError, match="one dtype"):
+        rows_matmul(x, w.double())
+    with pytest.raises(ValueError, match="one dtype"):
+        rows_matmul(x.half(), w.half())
+
+
+def test_linear_any_serves_batch_invariant_rows_and_trains_with_torch():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(767, 64)
+    x = torch.randn(200, 767)
+    with torch.inference_mode():
+        whole = linear_any(x, lin.weight)
+        assert all(torch.equal(linear_any(x[i:i + 1], lin.weight), whole[i:i + 1]) for i in range(0, 200, 17))
+        torch.testing.assert_close(whole, x @ lin.weight.t())
+    # autograd: torch's product, with a gradient
+    y = linear_any(x, lin.weight)
+    y.sum().backward()
+    assert lin.weight.grad is not None and lin.weight.grad.shape == lin.weight.shape
+
+
+def test_the_transposed_weight_follows_in_place_updates_and_is_released():
+    w = torch.nn.Parameter(torch.randn(6, 4))
+    a = transposed(w)
+    assert transposed(w) is a
+    with torch.no_grad():
+        w.mul_(2)  # an optimiser step: in place
+    b = transposed(w)
+    assert b is not a and np.array_equal(b, w.detach().t().numpy())
+    wid = id(w)
+    assert wid in dense._TRANSPOSED
+    del w
+    gc.collect()
+    assert wid not in dense._TRANSPOSED
+
+
+def test_a_weight_made_under_inference_mode_is_used_as_it_is():
+    """An inference tensor has no version counter (a weight assembled per call, as GraphSAGE's
+    ``[W_r; W_n]``): it is transposed afresh, not cached."""
+    with torch.inference_mode():
+        w = torch.randn(5, 3)
+        x = torch.randn(4, 3)
+        assert np.array_equal(transposed(w), w.t().numpy())
+        torch.testing.assert_close(linear_any(x, w), x @ w.t())
+
+
+def test_the_benchmark_times_every_product_and_checks_the_rows_bits(capsys):
+    """benchmarks/dense.py end to end on two small shapes: one row each, positive times, and this kernel's row
+    alone equal to the same row in the batch."""
+    from .test_fused_forward import _benchmark
+
+    mod = _benchmark("dense")
+    assert mod.main(["--shapes", "3x20x9,17x33x70", "--rounds", "1", "--work", "1e4"]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 3 x") or ln.startswith("| 17 x")]
+    assert len(rows) == 2
+    for r in rows:
+        cells = [c.strip() for c in r.strip(" |").split("|")]
+        assert all(float(c) > 0 for c in cells[1:7]), r
+        assert cells[7].split(", ")[0] == "yes", r
