@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from .runtime import ModelRuntime
 
-__all__ = ["PATH_NAMES", "PathOutput", "ServingPath", "paths_for"]
+__all__ = ["PATH_NAMES", "PathOutput", "ServingPath", "joined", "paths_for"]
 
 
 @dataclass
@@ -72,6 +72,17 @@ class PathOutput:
     t_sub: float  # perf_counter marks: subgraph done, rows ready, forward done
     t_feat: float
     t_fwd: float
+
+
+def joined(a: PathOutput, b: PathOutput) -> PathOutput:
+    """One batch's answers from two paths run one after the other (``a``'s rows first): the rows concatenated,
+    each stage's mark moved so that its duration is the sum of both runs' (the last mark is ``b``'s)."""
+    t_sub = a.t_sub + (b.t_sub - a.t_fwd)
+    t_feat = t_sub + (a.t_feat - a.t_sub) + (b.t_feat - b.t_sub)
+    t_fwd = t_feat + (a.t_fwd - a.t_feat) + (b.t_fwd - b.t_feat)
+    emb = None if a.emb is None or b.emb is None else np.concatenate([a.emb, b.emb])
+    return PathOutput(np.concatenate([a.probs, b.probs]), np.concatenate([a.labels, b.labels]), emb,
+                      np.concatenate([a.kept, b.kept]), np.concatenate([a.total, b.total]), t_sub, t_feat, t_fwd)
 
 
 class ServingPath:

@@ -53,7 +53,7 @@ from .batcher import DynamicBatcher, WorkItem, WouldBlock
 from .errors import InvalidArgument, NonFiniteOutput, Overloaded, Unavailable
 from .features.memory import MemoryFeatureStore
 from .metrics import ServerMetrics
-from .paths import PATH_NAMES, ServingPath, paths_for
+from .paths import PATH_NAMES, ServingPath, joined, paths_for
 from .projection import ActivationCache, ProjectionCache
 from .stats import ModelStats
 from .validation import ModelLimits, PredictCall, knob_rows, resolve_knobs
@@ -139,10 +139,20 @@ def gpu_thresholds(options: RuntimeOptions, shadow: bool, resident: bool, graphs
 
 
 #: the default RuntimeOptions.fused_max_targets: a batch of at most this many targets on a CPU takes a
-#: compiled path (serve.paths; one call instead of a dozen tensor operations per layer). benchmarks/fused.py
-#: found it faster than the torch path at every batch size the server forms (docs/BENCHMARKS.md,
-#: "Serving over gRPC"), so by default every batch (--max-batch-targets, 1024) takes it
-FUSED_MAX_TARGETS = 4096
+#: compiled path (serve.paths; one call instead of a dozen tensor operations per layer): by default every batch,
+#: whatever its size. benchmarks/fused.py found the compiled paths faster than the torch paths at every batch
+#: size the server forms (docs/BENCHMARKS.md, "Serving over gRPC"); with the torch paths on one thread
+#: (TORCH_PATH_THREADS) and large shaDow batches run in chunks (COMPILED_CHUNK_TARGETS), at the sizes above that too
+#: (2026-11-28, "Batch-invariant products"). One path for every batch is also what keeps a node's answer the
+#: same, to the bit, whatever batch it comes in (the torch paths' bits differ in the last places).
+FUSED_MAX_TARGETS = 1 << 40
+#: a batch of more targets than this on the compiled shaDow path runs in chunks of this many (each target's
+#: subgraph is its own, so the answers are the same bits): its rows beyond a few thousand subgraphs left the
+#: caches (2026-11-28 on the 2-vCPU VM, shaDow-GCN at K = 64: 74 us per target at 4,096 targets in one call, 35
+#: in chunks, against 33 at 512; docs/BENCHMARKS.md, "Batch-invariant products"). A plain model's plan shares
+#: the rows of neighbouring targets, which chunks would compute again: its compiled paths take a batch whole
+CHUNKED_PATHS = frozenset({"shadow-compiled"})
+COMPILED_CHUNK_TARGETS = 512
 
 
 @contextlib.contextmanager
@@ -432,6 +442,7 @@ class ModelRuntime:
                       ", last layer in one kernel") if fused_head else
                      ", CUDA graphs" if self._captured is not None else "",
                      "every batch on the GPU" if least <= 0 else
+                     "every batch on the compiled CPU paths" if least > FUSED_MAX_TARGETS else
                      f"batches under {least} targets on the compiled CPU paths" + (
                          f" (at the exact width under {self.gpu_min_targets_exact})"
                          if resident_now and self.gpu_min_targets_exact < least else ""))
@@ -728,6 +739,33 @@ class ModelRuntime:
             self.server_metrics.set_queue(self.name, self.batcher.queued_targets)
         return res
 
+    def _run_batch(self, blocking: bool, path: ServingPath | None, targets: np.ndarray, new_specs: list, width: int,
+                   budget: int, want_emb: bool) -> tuple[str, Any]:
+        """The batch's answers and the name of the path (or paths) that gave them. A batch of existing targets and
+        new nodes (``path`` not forced) answers the targets on the path they take without new nodes and the new
+        nodes on theirs: a request's new nodes are in no existing target's subgraph, so the targets get the same
+        answers, to the bit, as asked without them (the path a batch takes moves an answer's last bits:
+        docs/RELIABILITY.md, "Batch-invariant answers"); the name is then both paths', joined by ``+``. A batch of
+        more than :data:`COMPILED_CHUNK_TARGETS` targets on a path of :data:`CHUNKED_PATHS` runs in chunks of that many."""
+        if path is None and new_specs and len(targets):
+            own = self._path_for(targets, False, width, budget)
+            if own.name != self._path_for(targets, True, width, budget).name:
+                n1, o1 = self._run_batch(blocking, None, targets, [], width, budget, want_emb)
+                p2, o2 = self._run_path_waiting(blocking, None, targets[:0], new_specs, width, budget, want_emb)
+                return f"{n1}+{p2.name}", joined(o1, o2)
+        step = COMPILED_CHUNK_TARGETS
+        if path is None and not new_specs and len(targets) > step and \
+                self._path_for(targets, False, width, budget).name in CHUNKED_PATHS:
+            names: list[str] = []
+            o = None
+            for i in range(0, len(targets), step):
+                p, part = self._run_path_waiting(blocking, None, targets[i:i + step], [], width, budget, want_emb)
+                names += [p.name] if p.name not in names else []
+                o = part if o is None else joined(o, part)
+            return "+".join(names), o
+        p, o = self._run_path_waiting(blocking, path, targets, new_specs, width, budget, want_emb)
+        return p.name, o
+
     def _run_path_waiting(self, blocking: bool, path: ServingPath | None, targets: np.ndarray, new_specs: list,
                           width: int, budget: int, want_emb: bool) -> tuple[ServingPath, Any]:
         """:meth:`_run_path`; with ``blocking=False`` (an inline batch on the event loop) a resident model whose
@@ -973,7 +1011,7 @@ class ModelRuntime:
         live = self.data.live
         if live is None:
             graph_version = 0
-            path, o = self._run_path_waiting(blocking, path, targets, new_specs, width, budget, want_emb)
+            path_name, o = self._run_batch(blocking, path, targets, new_specs, width, budget, want_emb)
         else:  # one graph version for the whole batch (serve.live: an update waits for it)
             graph_version = live.begin_read(blocking)
             if graph_version is None:  # an update holds or waits for the lock: the worker waits, not the loop
@@ -981,7 +1019,7 @@ class ModelRuntime:
             try:
                 # the path is chosen under the read lock too: a path's accepts() may allocate per-graph
                 # state (the activation cache's table of a new width), which an update must not interleave with
-                path, o = self._run_path_waiting(blocking, path, targets, new_specs, width, budget, want_emb)
+                path_name, o = self._run_batch(blocking, path, targets, new_specs, width, budget, want_emb)
             finally:
                 live.end_read()
         probs_np, labels_np, emb_np, kept, total = o.probs, o.labels, o.emb, o.kept, o.total
@@ -1027,7 +1065,7 @@ class ModelRuntime:
                     batch_size=len(labels_np),
                     edges_kept=int(kept[rows].sum()),
                     edges_total=int(total[rows].sum()),
-                    path=path.name,
+                    path=path_name,
                     graph_version=graph_version,
                 )
             )

@@ -175,7 +175,8 @@ def test_fused_benchmark_runs_on_a_repository(tiny_repo, capsys):
     cells = [[c.strip() for c in r.strip(" |").split("|")] for r in rows]
     assert all(float(c[6]) > 0 for c in cells)  # torch / compiled
     # a plain 2-layer model also without its activation cache (whole plan / cached); shaDow has none
-    assert all(float(c[8]) > 0 if c[0] == "gcn" else c[7:] == ["-", "-"] for c in cells)
+    assert all(float(c[8]) > 0 if c[0] == "gcn" else c[7:9] == ["-", "-"] for c in cells)
+    assert all(len(c) == 11 and float(c[9]) > 0 and float(c[10]) > 0 for c in cells)  # served, torch / served
 
 
 def test_fused_benchmark_times_a_base_revision_beside_this_tree(tiny_repo, capsys):
@@ -199,7 +200,7 @@ def test_fused_benchmark_times_a_base_revision_beside_this_tree(tiny_repo, capsy
     assert len(rows) == 4
     for r in rows:
         cells = [c.strip() for c in r.strip(" |").split("|")]
-        assert len(cells) == 11 and float(cells[9]) > 0 and float(cells[10]) > 0, r
+        assert len(cells) == 13 and float(cells[11]) > 0 and float(cells[12]) > 0, r
     assert (paths.plan_forward_cpu, paths.plan_outer_cpu, paths.shadow_forward_cpu) == before
     assert sys.modules["kernels._fused_forward_at_base"].shadow_forward_cpu is not before[2]
 

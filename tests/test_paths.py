@@ -111,18 +111,35 @@ def test_every_path_meets_the_specification_on_cora(cora_repo, cora):
 
 
 def test_batches_with_new_nodes_take_the_subgraph_path(four_repo):
+    """New nodes take the subgraph path; a batch's existing targets take their own path beside it (the new nodes
+    are in none of their subgraphs), with the answers they get without new nodes, to the bit."""
     from serve.batcher import WorkItem
     from serve.runtime import _WarmupFuture
     from serve.validation import NewNodeSpec, PredictCall
+
+    def ask(rt, nodes, specs):
+        call = PredictCall("n", np.array(nodes, np.int64), specs, 2, rt.limits.default_ppr_budget, "request",
+                           0.0, True, True)
+        res = rt.process([WorkItem(call, len(nodes) + len(specs), None, None, time.monotonic(), _WarmupFuture())])[0]
+        assert not isinstance(res, BaseException), res
+        return res
 
     with ServerThread(four_repo, {"poll_s": 0}) as srv:
         for model in KINDS:
             rt = srv.server.registry.get(model)
             spec = NewNodeSpec(np.ones(16, np.float32), np.array([1, 2, 3], np.int64), None)
-            call = PredictCall("n", np.array([4, 5], np.int64), [spec], 2, rt.limits.default_ppr_budget, "request",
-                               0.0, True, False)
-            res = rt.process([WorkItem(call, 3, None, None, time.monotonic(), _WarmupFuture())])[0]
-            assert res.path == "subgraph-torch" and len(res.labels) == 3
+            alone = ask(rt, [], [spec])
+            assert alone.path == "subgraph-torch" and len(alone.labels) == 1
+            without = ask(rt, [4, 5, 1], [])
+            mixed = ask(rt, [4, 5, 1], [spec])
+            assert mixed.path == f"{without.path}+subgraph-torch", (model, mixed.path)
+            assert without.path != "subgraph-torch"
+            assert len(mixed.labels) == 4
+            assert np.array_equal(mixed.probabilities[:3], without.probabilities), model
+            assert np.array_equal(mixed.embeddings[:3], without.embeddings), model
+            assert np.array_equal(mixed.probabilities[3:], alone.probabilities), model
+            assert (mixed.edges_kept, mixed.edges_total) == (without.edges_kept + alone.edges_kept,
+                                                               without.edges_total + alone.edges_total)
 
 
 @pytest.mark.parametrize("variant", ["inline", "worker", "forced-torch"])
