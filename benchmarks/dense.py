@@ -46,6 +46,16 @@ def _blas(x, w, reps):  # pragma: no cover - compiled
     return s
 
 
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
 def _best(fn, reps: int, rounds: int) -> float:
     best = float("inf")
     for _ in range(rounds):
@@ -68,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     print("## Batch-invariant products (`benchmarks/dense.py`)\n")
     print(f"`python benchmarks/dense.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n")
-    print(f"{datetime.date.today()}, {platform.machine()} ({platform.processor() or 'cpu'}), one thread, "
+    print(f"{datetime.date.today()}, {platform.machine()} ({_cpu_name()}), one thread, "
           f"{TILE_BYTES}-byte tiles; us per product, best of {args.rounds} alternating rounds\n")
     print("| M x K x N | rows_matmul (numba) | np.dot (numba, OpenBLAS) | torch matmul | rows_matmul (Python) "
           "| BLAS / rows | torch / rows | a row's bits alone = in the batch: rows, OpenBLAS, torch |")

@@ -153,45 +153,40 @@ def _host_has_avx512() -> bool:
 TILE_BYTES = 64 if _host_has_avx512() else 32
 #: rows per register tile
 TILE_ROWS = 4
-_TILES = tuple((_tile(TILE_ROWS, 2, nb), _tile(TILE_ROWS, 1, nb), _tile(1, 2, nb), _tile(1, 1, nb))
-               for nb in (TILE_BYTES, 32, 16))
-_t0r2, _t0r1, _t012, _t011 = _TILES[0]
-_t1r2, _t1r1, _t112, _t111 = _TILES[1]
-_t2r2, _t2r1, _t212, _t211 = _TILES[2]
+
+
+def _tile_set(lane_bytes: int):
+    """``at(out, x, w, i, c, four, two)``: one tile of ``lane_bytes`` vectors, 4 rows or 1, 2 vectors or 1."""
+    t_r2, t_r1, t_12, t_11 = (_tile(TILE_ROWS, 2, lane_bytes), _tile(TILE_ROWS, 1, lane_bytes), _tile(1, 2, lane_bytes),
+                              _tile(1, 1, lane_bytes))
+
+    def at(out, x, w, i, c, four, two):  # pragma: no cover - compiled
+        if four:
+            if two:
+                t_r2(out, x, w, i, c)
+            else:
+                t_r1(out, x, w, i, c)
+        elif two:
+            t_12(out, x, w, i, c)
+        else:
+            t_11(out, x, w, i, c)
+
+    at.__name__ = at.__qualname__ = f"tile_at_{lane_bytes}"
+    return numba.njit(nogil=True, inline="always")(at)
+
+
+_at_0, _at_1, _at_2 = (_tile_set(nb) for nb in (TILE_BYTES, 32, 16))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _tile_at(out, x, w, i, c, four, two, size):  # pragma: no cover - compiled
     """One tile of the vector set ``size`` (0: :data:`TILE_BYTES`, 1: 32 bytes, 2: 16 bytes)."""
     if size == 0:
-        if four:
-            if two:
-                _t0r2(out, x, w, i, c)
-            else:
-                _t0r1(out, x, w, i, c)
-        elif two:
-            _t012(out, x, w, i, c)
-        else:
-            _t011(out, x, w, i, c)
+        _at_0(out, x, w, i, c, four, two)
     elif size == 1:
-        if four:
-            if two:
-                _t1r2(out, x, w, i, c)
-            else:
-                _t1r1(out, x, w, i, c)
-        elif two:
-            _t112(out, x, w, i, c)
-        else:
-            _t111(out, x, w, i, c)
-    elif four:
-        if two:
-            _t2r2(out, x, w, i, c)
-        else:
-            _t2r1(out, x, w, i, c)
-    elif two:
-        _t212(out, x, w, i, c)
+        _at_1(out, x, w, i, c, four, two)
     else:
-        _t211(out, x, w, i, c)
+        _at_2(out, x, w, i, c, four, two)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
