@@ -6,8 +6,10 @@ Models loaded as the server loads them (``serve.server.BackgroundServer``, the i
 neighbours and random normal features, new ones per batch. For a PPR model the variants run interleaved
 in one loop (which goes first alternates): ``1-thread`` pushes the batch's new nodes one after another
 (``kernels.ppr.ppr_new_nodes`` with ``threads=1``), ``parallel`` on its default workers; their answers are checked
-equal. A plain model has one variant (its new nodes take L-hop scopes, no push). Reported: p50 of the whole batch and
-the p50 of the runtime's own stages (subgraph, features, forward).
+equal; ``torch path`` is ``parallel`` with the batch forced onto the torch subgraph path (``subgraph-torch``, where
+a shaDow model's new nodes ran until 2026-11-28; the compiled shaDow path takes them since), its answers checked
+equal to rounding. A plain model has one variant (its new nodes take L-hop scopes, no push). Reported: p50 of the
+whole batch and the p50 of the runtime's own stages (subgraph, features, forward).
 
     python benchmarks/new_nodes.py --repo REPO --data amazon_computers.npz --models gcn,shadow-gcn
 """
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
                                            runtime=RuntimeOptions())).start()
     rng = np.random.default_rng(args.seed)
     parallel = kppr.ppr_new_nodes
-    variants_of = {"1-thread": functools.partial(parallel, threads=1), "parallel": parallel}
+    variants_of = {"1-thread": functools.partial(parallel, threads=1), "parallel": parallel, "torch path": parallel}
     print(f"numba threads {numba_threads()}; {args.neighbours} neighbours per new node, {args.reps} batches per cell")
     print("| model | new nodes | variant | p50 ms | per node ms | subgraph ms | features ms | forward ms |")
     print("|---|---:|---|---:|---:|---:|---:|---:|")
@@ -83,19 +85,24 @@ def main(argv: list[str] | None = None) -> None:
                             kppr.ppr_new_nodes = variants_of[v]
                         call = PredictCall("bench", np.zeros(0, np.int64), specs, 0, rt.limits.default_ppr_budget,
                                            "default", 0.0, True, False)
+                        path = next(p for p in rt.paths if p.name == "subgraph-torch") if v == "torch path" else None
                         t0 = time.perf_counter()
                         res = rt.process([WorkItem(call, k, None, None, time.monotonic(),
-                                                   bench_runtime._Pending())])[0]
+                                                   bench_runtime._Pending())], path=path)[0]
                         dt = time.perf_counter() - t0
                         if isinstance(res, BaseException):
                             raise res
-                        answers.append(res.probabilities)
+                        answers.append((v, res.probabilities))
                         if rep:
                             times[v].append(dt)
                             stages[v].append([res.timing[s] for s in ("subgraph", "features", "forward")])
-                    for a in answers[1:]:
-                        if not np.array_equal(a, answers[0]):
+                    same = [a for v, a in answers if v != "torch path"]
+                    for a in same[1:]:
+                        if not np.array_equal(a, same[0]):
                             raise SystemExit(f"{model}: the variants' answers differ at {k} new nodes")
+                    for v, a in answers:
+                        if v == "torch path" and not np.allclose(a, same[0], rtol=1e-4, atol=1e-5):
+                            raise SystemExit(f"{model}: the torch path's answers differ at {k} new nodes")
                 for v in names:
                     p50 = 1e3 * float(np.median(times[v]))
                     sub, feat, fwd = np.median(np.array(stages[v]), axis=0)

@@ -506,18 +506,24 @@ def plan_outer_cpu(plan: ExecutionPlan, params: StackParams, acts: np.ndarray,
 
 
 def shadow_forward_cpu(batch, params: StackParams, table: np.ndarray, width: int | None,
-                       strategy: str = "fastrand") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                       strategy: str = "fastrand", rows: np.ndarray | None = None,
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A shaDow model on a :class:`~kernels.subgraph.SubgraphBatch` at sampling ``width``:
     ``(logits [B, C], probabilities [B, C], labels [B], readout embeddings [B, (1 + n_pool) H])``.
 
-    ``table``: float32 ``[N, P]`` projections by global id, valid at ``batch.node_ids`` (no virtual ids).
+    ``table``: float32 ``[N, P]`` projections by global id, valid at ``batch.node_ids`` (no virtual ids); or,
+    with ``rows`` (int64, one per batch row), any table whose row ``rows[i]`` is batch row ``i``'s projection
+    (a batch with new nodes: the projections of ``batch.unique_ids``, ``rows = batch.row_to_unique``).
     """
     if params.cls_w.shape[0] == 0:
         raise ValueError("these parameters have no readout and classifier (a plain model's)")
     _check_table(table, int(params.dims[0, 1]))
     g = batch.graph
     ew = g.weights if g.weights is not None else _NO_W
+    ids = batch.node_ids if rows is None else np.asarray(rows, dtype=np.int64)
+    if len(ids) != len(batch.node_ids) or (len(ids) and (ids.min() < 0 or ids.max() >= table.shape[0])):
+        raise ValueError(f"rows: one table row per batch row, within the table's {table.shape[0]} rows")
     return _shadow(g.indptr, g.indices, ew.astype(np.float32, copy=False), int(width or 0), strategy == "fastrand",
-                   batch.node_ids, np.asarray(batch.ptr, dtype=np.int64), table, params.agg, params.dims,
+                   ids, np.asarray(batch.ptr, dtype=np.int64), table, params.agg, params.dims,
                    params.mats, params.mat_off, params.bias, params.bias_off, params.pools, params.cls_w,
                    params.cls_b)

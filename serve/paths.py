@@ -28,11 +28,13 @@ plain-compiled      plain model on a local graph, compiled forward, no new   fir
                     nodes, at most ``fused_max_targets`` targets
 plain-torch         plain model, no new nodes (larger batches, a remote      first-layer projections per node
                     graph, or no projection table)
-shadow-compiled     shaDow model, compiled forward, no new nodes, at most    projections; the induced top-K
-                    ``fused_max_targets`` targets                            table beside the PPR index
-subgraph-torch      shaDow batches beyond the compiled forward, and every    projections; the induced table
-                    batch with new nodes (PPR push or L-hop scope on the     when there are no new nodes
-                    graph plus their edges)
+shadow-compiled     shaDow model, compiled forward, at most                  projections; the induced top-K
+                    ``fused_max_targets`` targets; new nodes too on a CPU    table beside the PPR index
+                    runtime (their lists pushed on the graph plus their
+                    edges, their projections from their features)
+subgraph-torch      shaDow batches beyond the compiled forward, a plain      projections; the induced table
+                    model's new nodes (L-hop scopes on the graph plus        when there are no new nodes
+                    their edges), a GPU runtime's new nodes
 ==================  =====================================================  ====================================
 
 The torch paths (``plain-torch``, ``subgraph-torch``) are the specification: ``tests/test_paths.py``
@@ -360,15 +362,24 @@ class CompiledShadowPath(ServingPath):
         return rt._fused_params is not None and rt.extractor == "ppr"
 
     def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
-        return _compiled_fits(self.rt, targets, new_nodes)
+        # new nodes on a CPU runtime too: their subgraphs are the push's lists on the graph plus their edges, read
+        # like any other (a GPU runtime's CPU copy has no projection of new features: the torch path takes them)
+        return _compiled_fits(self.rt, targets, new_nodes and self.rt.device.type == "cuda")
 
     def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
         rt = self.rt
-        batch = rt._subgraphs(targets, [], budget)
+        batch = rt._subgraphs(targets, new_specs, budget)
         t_sub = time.perf_counter()
-        table = rt._cpu_projections.table_for(batch.unique_ids).numpy()
+        rows = None
+        if new_specs:  # the unique rows' projections, new nodes' from their features; each batch row reads its own
+            table = rt._unique_projections(batch, new_specs, rt._cpu_projections).numpy()
+            rows = batch.row_to_unique
+        else:
+            table = rt._cpu_projections.table_for(batch.unique_ids).numpy()
         t_feat = time.perf_counter()
-        _, probs, labels, emb = shadow_forward_cpu(batch, rt._fused_params, table, width or None, rt.strategy)
+        args = (batch, rt._fused_params, table, width or None, rt.strategy)
+        # ``rows`` only where needed: benchmarks/fused.py --base calls an older shadow_forward_cpu here
+        _, probs, labels, emb = shadow_forward_cpu(*args) if rows is None else shadow_forward_cpu(*args, rows=rows)
         t_fwd = time.perf_counter()
         kept, total = rt._edges_per_subgraph(batch, width)
         return PathOutput(probs, labels, emb if want_emb else None, kept, total, t_sub, t_feat, t_fwd)
@@ -376,7 +387,8 @@ class CompiledShadowPath(ServingPath):
 
 class TorchSubgraphPath(ServingPath):
     """Induced subgraphs (PPR top-K or L-hop scopes, new nodes placed on the graph plus their edges)
-    through the model's torch layers: the shaDow specification, and every batch with new nodes."""
+    through the model's torch layers: the shaDow specification, and the batches with new nodes the compiled
+    shaDow path does not take (a plain model's, a GPU runtime's)."""
 
     name = "subgraph-torch"
 

@@ -1171,15 +1171,21 @@ class ModelRuntime:
         return lhop_nodes(self.graph, nodes, hops)
 
     def _projections(self, batch: SubgraphBatch, new_specs: list) -> torch.Tensor:
+        """The projection of every row of ``batch`` (new nodes' projected from their features)."""
+        p_unique = self._unique_projections(batch, new_specs)
+        return p_unique[torch.from_numpy(batch.row_to_unique).to(p_unique.device)]
+
+    def _unique_projections(self, batch: SubgraphBatch, new_specs: list, projections: Any = None) -> torch.Tensor:
+        """The projections of ``batch.unique_ids`` (``projections``: the cache to read, default the model's)."""
+        cache = self.projections if projections is None else projections
         n = self.graph.num_nodes
         uniq = batch.unique_ids
         n_stored = int(np.searchsorted(uniq, n))  # unique ids are sorted; virtual ids come last
-        parts = [self.projections.get(uniq[:n_stored])]
+        parts = [cache.get(uniq[:n_stored])]
         if n_stored < len(uniq):
             feats = np.stack([s.features for s in new_specs])[uniq[n_stored:] - n]
-            parts.append(self.projections.project_raw(feats))
-        p_unique = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return p_unique[torch.from_numpy(batch.row_to_unique).to(p_unique.device)]
+            parts.append(cache.project_raw(feats))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _norm_degrees(self, batch: SubgraphBatch, new_specs: list) -> np.ndarray | None:
         """Full-graph GCN degrees of every row; inside a new node's subgraph, of the graph plus that node."""

@@ -70,8 +70,9 @@ def test_new_node_equals_the_node_added_to_the_graph(served, tiny_repo, tiny_dat
 
 
 def test_new_nodes_benchmark_runs_both_push_variants(tiny_repo):
-    """benchmarks/new_nodes.py at a small size: a plain model's row and a shaDow model's two push variants per count
-    (their answers are checked equal inside), positive times."""
+    """benchmarks/new_nodes.py at a small size: a plain model's row and a shaDow model's two push variants and its
+    torch path per count (their answers are checked inside: equal, to rounding for the torch path), positive
+    times."""
     import os
     import subprocess
     import sys
@@ -87,7 +88,7 @@ def test_new_nodes_benchmark_runs_both_push_variants(tiny_repo):
             if line.startswith(("| gcn", "| shadow"))]
     assert {(r[0], int(r[1]), r[2]) for r in rows} == {
         ("gcn", 1, "-"), ("gcn", 3, "-"),
-        *(("shadow", k, v) for k in (1, 3) for v in ("1-thread", "parallel"))}
+        *(("shadow", k, v) for k in (1, 3) for v in ("1-thread", "parallel", "torch path"))}
     assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows), rows
     bad = subprocess.run([sys.executable, str(root / "benchmarks" / "new_nodes.py"), "--repo", str(tiny_repo),
                           "--models", "gcn", "--counts", "0"], capture_output=True, text=True, timeout=120, cwd=root,

@@ -110,29 +110,34 @@ def test_every_path_meets_the_specification_on_cora(cora_repo, cora):
             "subgraph-torch"} <= seen
 
 
-def test_batches_with_new_nodes_take_the_subgraph_path(four_repo):
-    """New nodes take the subgraph path; a batch's existing targets take their own path beside it (the new nodes
-    are in none of their subgraphs), with the answers they get without new nodes, to the bit."""
+def test_batches_with_new_nodes_take_their_paths(four_repo):
+    """A plain model's new nodes take the subgraph path, a shaDow model's the compiled one (held to the subgraph
+    path, the specification, on the same batches); a batch's existing targets take their own path beside a plain
+    model's new nodes (the new nodes are in none of their subgraphs), with the answers they get without new nodes,
+    to the bit."""
     from serve.batcher import WorkItem
     from serve.runtime import _WarmupFuture
     from serve.validation import NewNodeSpec, PredictCall
 
-    def ask(rt, nodes, specs):
-        call = PredictCall("n", np.array(nodes, np.int64), specs, 2, rt.limits.default_ppr_budget, "request",
+    def ask(rt, nodes, specs, path=None, width=2):
+        call = PredictCall("n", np.array(nodes, np.int64), specs, width, rt.limits.default_ppr_budget, "request",
                            0.0, True, True)
-        res = rt.process([WorkItem(call, len(nodes) + len(specs), None, None, time.monotonic(), _WarmupFuture())])[0]
+        res = rt.process([WorkItem(call, len(nodes) + len(specs), None, None, time.monotonic(), _WarmupFuture())],
+                         path=path)[0]
         assert not isinstance(res, BaseException), res
         return res
 
+    rng = np.random.default_rng(9)
     with ServerThread(four_repo, {"poll_s": 0}) as srv:
-        for model in KINDS:
+        for model, kind in KINDS.items():
             rt = srv.server.registry.get(model)
+            shadow = kind.startswith("shadow")
             spec = NewNodeSpec(np.ones(16, np.float32), np.array([1, 2, 3], np.int64), None)
             alone = ask(rt, [], [spec])
-            assert alone.path == "subgraph-torch" and len(alone.labels) == 1
+            assert alone.path == ("shadow-compiled" if shadow else "subgraph-torch") and len(alone.labels) == 1
             without = ask(rt, [4, 5, 1], [])
             mixed = ask(rt, [4, 5, 1], [spec])
-            assert mixed.path == f"{without.path}+subgraph-torch", (model, mixed.path)
+            assert mixed.path == ("shadow-compiled" if shadow else f"{without.path}+subgraph-torch"), (model, mixed.path)
             assert without.path != "subgraph-torch"
             assert len(mixed.labels) == 4
             assert np.array_equal(mixed.probabilities[:3], without.probabilities), model
@@ -140,6 +145,27 @@ def test_batches_with_new_nodes_take_the_subgraph_path(four_repo):
             assert np.array_equal(mixed.probabilities[3:], alone.probabilities), model
             assert (mixed.edges_kept, mixed.edges_total) == (without.edges_kept + alone.edges_kept,
                                                                without.edges_total + alone.edges_total)
+            if not shadow:
+                continue
+            torch_path = next(p for p in rt.paths if p.name == "subgraph-torch")
+            for width in (0, 2, 5):  # new nodes linked to each other's neighbours, weighted, without edges
+                specs = [_new_node(rng, [1, 2, 3]), _new_node(rng, [7, 40], [0.5, 2.0]), _new_node(rng, []),
+                         _new_node(rng, [3, 599])]
+                nodes = [0, 17, 3]
+                got = ask(rt, nodes, specs, width=width)
+                want = ask(rt, nodes, specs, path=torch_path, width=width)
+                assert got.path == "shadow-compiled"
+                assert np.array_equal(got.labels, want.labels), (model, width)
+                np.testing.assert_allclose(got.probabilities, want.probabilities, rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(got.embeddings, want.embeddings, rtol=1e-4, atol=1e-5)
+                assert (got.edges_kept, got.edges_total) == (want.edges_kept, want.edges_total), (model, width)
+
+
+def _new_node(rng, neighbors, weights=None):
+    from serve.validation import NewNodeSpec
+
+    w = None if weights is None else np.asarray(weights, np.float32)
+    return NewNodeSpec(rng.normal(size=16).astype(np.float32), np.asarray(neighbors, np.int64), w)
 
 
 @pytest.mark.parametrize("variant", ["inline", "worker", "forced-torch"])
