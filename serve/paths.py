@@ -363,7 +363,7 @@ class CompiledShadowPath(ServingPath):
 
     def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
         # new nodes on a CPU runtime too: their subgraphs are the push's lists on the graph plus their edges, read
-        # like any other (a GPU runtime's CPU copy has no projection of new features: the torch path takes them)
+        # like any other (a GPU runtime keeps its batches with new nodes on the device, on the torch path)
         return _compiled_fits(self.rt, targets, new_nodes and self.rt.device.type == "cuda")
 
     def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
