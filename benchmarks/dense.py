@@ -56,13 +56,10 @@ def _cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
-def _best(fn, reps: int, rounds: int) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn(reps)
-        best = min(best, (time.perf_counter() - t0) / reps)
-    return best * 1e6
+def _per_call_us(fn, reps: int) -> float:
+    t0 = time.perf_counter()
+    fn(reps)
+    return (time.perf_counter() - t0) / reps * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             best = {name: float("inf") for name in fns}
             for _ in range(args.rounds):
                 for name, f in fns.items():
-                    best[name] = min(best[name], _best(f, reps, 1))
+                    best[name] = min(best[name], _per_call_us(f, reps))
             same = [np.array_equal(rows_matmul(x[:1], w), rows_matmul(x, w)[:1]),
                     np.array_equal(_blas1(x[:1], w), _blas1(x, w)[:1]),
                     torch.equal(xt[:1] @ wt, (xt @ wt)[:1])]

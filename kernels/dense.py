@@ -23,14 +23,17 @@ Every element goes through its own chain however the rows are grouped, so the ke
 columns as a BLAS micro-kernel does: :func:`rows_matmul_into` keeps a tile of 4 rows x 2 vectors of columns
 in registers through the whole ``k`` loop and loads each weight vector once per tile (64-byte vectors where
 the CPU has AVX-512, 32-byte ones otherwise; the choice moves no bit). What the order costs is the BLAS's
-freedom to split the ``k`` sum: about 1.5x OpenBLAS's time on large products, less than it on small ones
-(docs/BENCHMARKS.md, "Batch-invariant products").
+freedom to split the ``k`` sum: on one thread 1.02x-1.31x OpenBLAS's speed on hidden-layer shapes and 0.6x on a
+10-column classifier; a BLAS on several threads is ahead on large products (docs/BENCHMARKS.md,
+"Batch-invariant products").
 
 Rows are independent, so a large product splits its rows over threads (:func:`rows_matmul` with
 ``threads > 1``) with the same bits. Used wherever the serving paths multiply on a CPU: the compiled
 forwards (:mod:`kernels.fused_forward`), the models' transforms outside autograd (:func:`models.base.linear_any`),
 and through them the projection cache and the torch paths.
 """
+
+# numba cache key: lanes 4d5e0af8c182
 
 from __future__ import annotations
 
@@ -45,7 +48,8 @@ from numba import types as nbtypes
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .threads import numba_threads
+from .lanes import splat
+from .threads import kernel_threads, numba_threads_set
 
 __all__ = ["PARALLEL_WORK", "TILE_BYTES", "fma", "fma_reference", "rows_matmul", "rows_matmul_into", "rows_matmul_new",
            "rows_matmul_reference", "transposed"]
@@ -111,18 +115,13 @@ def _tile(rows: int, vectors: int, lane_bytes: int):
             def vec_at(data, off):
                 return builder.bitcast(builder.gep(data, [off]), vt.as_pointer())
 
-            def splat(scalar):
-                one = builder.insert_element(ir.Constant(vt, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
-                return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
-                                              ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
-
             with cgutils.for_range(builder, kk) as loop:
                 k = loop.index
                 base = builder.add(builder.mul(k, n), c0v)
                 wv = [builder.load(vec_at(w_a.data, builder.add(base, ir.Constant(it, v * lanes))), align=esize)
                       for v in range(vectors)]
                 for r in range(rows):
-                    xk = splat(builder.load(builder.gep(x_a.data, [builder.add(x_rows[r], k)])))
+                    xk = splat(builder, vt, builder.load(builder.gep(x_a.data, [builder.add(x_rows[r], k)])))
                     for v in range(vectors):
                         builder.store(builder.call(fma_v, [xk, wv[v], builder.load(acc[r][v])]), acc[r][v])
             for r in range(rows):
@@ -301,17 +300,10 @@ def rows_matmul(x: torch.Tensor | np.ndarray, w: torch.Tensor | np.ndarray, thre
     m = xn.shape[0]
     out = np.empty((m, wn.shape[1]), dtype=wn.dtype)
     if threads is None:
-        threads = 1
-        if m * xn.shape[1] * wn.shape[1] >= PARALLEL_WORK:
-            threads = max(1, min(torch.get_num_threads(), numba_threads()))
-    threads = max(1, min(int(threads), m))
-    if threads > 1:
-        before = numba_threads()
-        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-        try:
-            _rows_matmul_parallel(xn, wn, out, min(threads, numba.config.NUMBA_NUM_THREADS))
-        finally:
-            numba.set_num_threads(before)
+        threads = kernel_threads() if m * xn.shape[1] * wn.shape[1] >= PARALLEL_WORK else 1
+    if min(int(threads), m) > 1:
+        with numba_threads_set(min(int(threads), m)) as t:
+            _rows_matmul_parallel(xn, wn, out, t)
     elif m:
         rows_matmul_into(xn, wn, out, 0, m)
     return torch.from_numpy(out) if is_tensor else out

@@ -21,11 +21,18 @@ from llvmlite import ir
 from numba import types as nbtypes
 from numba.extending import intrinsic, overload
 
-__all__ = ["LANE_BYTES", "ROWS_WIDE", "add4_lanes", "add4_lanes2", "add4_rows"]
+__all__ = ["LANE_BYTES", "ROWS_WIDE", "add4_lanes", "add4_lanes2", "add4_rows", "splat"]
 
 #: the width of the hand-written vector sum (:func:`add4_lanes`): 32 bytes, eight float32 or four float64 (an
 #: AVX2 register; LLVM splits it on narrower targets)
 LANE_BYTES = 32
+
+
+def splat(builder, vt: ir.VectorType, scalar):
+    """LLVM IR: ``scalar`` in every lane of a vector of type ``vt`` (for intrinsics' codegen)."""
+    one = builder.insert_element(ir.Constant(vt, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
+                                  ir.Constant(ir.VectorType(ir.IntType(32), vt.count), [0] * vt.count))
 
 
 def _lanes_types(arrays, ks, offs):
@@ -62,12 +69,7 @@ def _add4(acc, xs, offs, ks):
             data = context.make_array(signature.args[i])(context, builder, args[i]).data
             return builder.bitcast(builder.gep(data, [off]), vt.as_pointer())
 
-        def splat(scalar):
-            one = builder.insert_element(ir.Constant(vt, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
-            return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
-                                          ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
-
-        kv = [splat(args[first_k + i]) for i in range(4)]
+        kv = [splat(builder, vt, args[first_k + i]) for i in range(4)]
         sums = []
         for off in args[1 + len(xs):first_k]:
             target = at_off(0, off)

@@ -48,7 +48,7 @@ path up to rounding (tests compare them on random graphs). The result does not d
 thread count: a row is always one thread's work.
 """
 
-# numba cache key: lanes f04d5b26c67e
+# numba cache key: lanes 4d5e0af8c182
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ from numba import prange
 from .graph import CSRGraph
 from .lanes import add4_rows
 from .spmm import FASTRAND_PRIME
-from .threads import numba_threads
+from .threads import kernel_threads, numba_threads_set
 
 __all__ = [
     "fastrand_period", "fastrand_position", "kernel_threads", "runs_parallel", "sampled_spmm_cpu", "serial_kernel",
@@ -303,14 +303,6 @@ def _kernel_parallel(indptr, indices, weights, x, width, fastrand, agg, dinv, ou
 _parallel = _kernel_parallel
 
 
-def kernel_threads() -> int:
-    """Threads the parallel kernel uses: torch's configured count (``torch.set_num_threads``,
-    ``OMP_NUM_THREADS``), capped by numba's (``NUMBA_NUM_THREADS``, or a lower
-    ``numba.set_num_threads`` on the calling thread), at least 1. On a 2-core machine with the
-    defaults: 2."""
-    return max(1, min(torch.get_num_threads(), numba_threads()))
-
-
 def runs_parallel(rows: int, edges: int, features: int) -> bool:
     """Whether a pass over ``rows`` output rows, ``edges`` edges (at most ``rows x S`` for a sampled pass) and
     ``features`` columns is worth a parallel region (:data:`PARALLEL_ROWS`, :data:`PARALLEL_WORK`)."""
@@ -341,13 +333,8 @@ def sampled_spmm_cpu(
     n = graph.num_nodes
     edges = graph.num_edges if width <= 0 else min(graph.num_edges, n * int(width))  # a sampled pass keeps <= S a row
     if runs_parallel(n, edges, xn.shape[1]) and (threads := kernel_threads()) > 1:
-        before = numba_threads()
-        chunk = max(1, -(-n // (threads * CHUNKS_PER_THREAD)))
-        numba.set_num_threads(threads)
-        try:
-            _parallel(*args, chunk, threads)
-        finally:
-            numba.set_num_threads(before)
+        with numba_threads_set(threads):
+            _parallel(*args, max(1, -(-n // (threads * CHUNKS_PER_THREAD))), threads)
     else:
         serial_kernel(xn.shape[1])(*args, 0)
     return torch.from_numpy(out)

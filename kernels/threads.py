@@ -10,15 +10,17 @@ core from then on (found 2026-11-26: ``torch.get_num_threads()`` 1 before, 2 aft
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numba
 import torch
 
-__all__ = ["SERVER_BLAS_THREADS", "BlasPool", "blas_pools", "numba_threads", "per_thread_pools",
-           "server_blas_threads", "set_blas_threads"]
+__all__ = ["SERVER_BLAS_THREADS", "BlasPool", "blas_pools", "kernel_threads", "numba_threads", "numba_threads_set",
+           "per_thread_pools", "server_blas_threads", "set_blas_threads"]
 
 #: a server's BLAS pools unless told otherwise (``gnnserve serve --blas-threads``). Since 2026-11-28 the serving
 #: paths' dense products are :mod:`kernels.dense`'s own (batch-invariant, no BLAS); what follows is why the pools
@@ -45,6 +47,26 @@ def numba_threads() -> int:
     if torch.get_num_threads() != before:
         torch.set_num_threads(before)
     return n
+
+
+def kernel_threads() -> int:
+    """Threads a parallel CPU kernel uses (the ES-SpMM kernel, the dense products): torch's configured count
+    (``torch.set_num_threads``, ``OMP_NUM_THREADS``), capped by numba's (``NUMBA_NUM_THREADS``, or a lower
+    ``numba.set_num_threads`` on the calling thread), at least 1. On a 2-core machine with the defaults: 2."""
+    return max(1, min(torch.get_num_threads(), numba_threads()))
+
+
+@contextlib.contextmanager
+def numba_threads_set(n: int) -> Iterator[int]:
+    """numba's thread count on the calling thread set to ``n`` (at least 1, at most ``NUMBA_NUM_THREADS``) inside
+    the block and put back after; yields the count set (what a kernel's ``prange`` over threads should use)."""
+    before = numba_threads()
+    n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        numba.set_num_threads(before)
 
 
 @dataclass(frozen=True)

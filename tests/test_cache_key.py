@@ -73,11 +73,12 @@ def test_a_cycle_and_a_line_no_longer_needed(tmp_path):
 
 def test_the_command_and_an_edit_of_lanes(tmp_path):
     """``python -m kernels.cache_key`` passes on this tree; in a copy where only kernels/lanes.py was edited,
-    both kernels that compile its vectors into their cached code are named."""
+    every kernel module that compiles its vectors into its cached code is named (kernels.dense: its tiles' IR
+    broadcasts with lanes.splat)."""
     ok = subprocess.run([sys.executable, "-m", "kernels.cache_key"], cwd=REPO, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     copy = tmp_path / "kernels"
     shutil.copytree(REPO / "kernels", copy, ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "lanes.py").write_text((copy / "lanes.py").read_text() + "\n# an edit\n")
     named = {p.split(":")[0] for p in cache_key.stale(copy)}
-    assert named == {"kernels/spmm_cpu.py", "kernels/fused_forward.py", "kernels/plan.py"}
+    assert named == {"kernels/spmm_cpu.py", "kernels/fused_forward.py", "kernels/plan.py", "kernels/dense.py"}
