@@ -18,14 +18,15 @@ input columns, whatever the batch:
 
 (each ``fma`` rounded once, IEEE 754: the same bits on every machine; LLVM's ``llvm.fma``, which a CPU
 without the instruction computes in software). The specification, :func:`rows_matmul_reference`, is the
-same chain in torch, each ``fma`` emulated exactly in float64 (:func:`fma_reference`), so tests compare bits.
+same chain in torch, each fma emulated exactly in float64 (:func:`fma_reference`), so tests compare bits.
 Every element goes through its own chain however the rows are grouped, so the kernel blocks across rows and
-columns as a BLAS micro-kernel does: :func:`rows_matmul_into` keeps a tile of 4 rows x 2 vectors of columns
-in registers through the whole ``k`` loop and loads each weight vector once per tile (64-byte vectors where
-the CPU has AVX-512, 32-byte ones otherwise; the choice moves no bit). What the order costs is the BLAS's
-freedom to split the ``k`` sum: on one thread 1.02x-1.31x OpenBLAS's speed on hidden-layer shapes and 0.6x on a
-10-column classifier; a BLAS on several threads is ahead on large products (docs/BENCHMARKS.md,
-"Batch-invariant products").
+columns as a BLAS micro-kernel does: :func:`rows_matmul_into` keeps a tile of rows x vectors of columns in
+registers through the whole ``k`` loop and loads each weight vector once per tile (4 rows x 4 vectors of 64
+bytes where the CPU has AVX-512, 4 x 2 of 32 bytes otherwise; 8 rows x 1 vector for rows one vector wide or
+less, the last 1 to 3 rows in one tile), and a row's last columns in a masked vector. No bit depends on the
+tiling. What the order costs is the BLAS's freedom to split the ``k`` sum: on one thread 1.0x-1.7x OpenBLAS's
+speed on every shape measured (the 10-column classifier 1.07x, a single 767-wide row 1.2x); a BLAS on several
+threads is ahead on large products (docs/BENCHMARKS.md, "Batch-invariant products").
 
 Rows are independent, so a large product splits its rows over threads (:func:`rows_matmul` with
 ``threads > 1``) with the same bits. Used wherever the serving paths multiply on a CPU: the compiled
@@ -51,7 +52,7 @@ from numba.extending import intrinsic
 from .lanes import splat
 from .threads import kernel_threads, numba_threads_set
 
-__all__ = ["PARALLEL_WORK", "TILE_BYTES", "fma", "fma_reference", "rows_matmul", "rows_matmul_into", "rows_matmul_new",
+__all__ = ["PARALLEL_WORK", "TILE_BYTES", "fma_reference", "rows_matmul", "rows_matmul_into", "rows_matmul_new",
            "rows_matmul_reference", "transposed"]
 
 #: products of at least this many multiply-adds (rows x K x N) split their rows over torch's threads
@@ -64,77 +65,71 @@ def _fma_fn(builder, ty):
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty, ty, ty]), name)
 
 
-@intrinsic
-def fma(typingctx, a, b, c):
-    """``a * b + c`` rounded once (``llvm.fma``) for three floats of one type."""
-    if not (isinstance(a, nbtypes.Float) and a == b == c):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.call(_fma_fn(builder, args[0].type), list(args))
-
-    return a(a, a, a), codegen
+def _masked_fn(builder, vt: ir.VectorType, store: bool):
+    """``llvm.masked.load`` / ``llvm.masked.store`` for vectors of type ``vt``: lanes whose mask bit is off are
+    neither read nor written (no fault past an array's end)."""
+    mt = ir.VectorType(ir.IntType(1), vt.count)
+    name = f"llvm.masked.{'store' if store else 'load'}.v{vt.count}{vt.element}.p0"
+    ptr, i32 = vt.as_pointer(), ir.IntType(32)
+    ft = ir.FunctionType(ir.VoidType(), [vt, ptr, i32, mt]) if store else ir.FunctionType(vt, [ptr, i32, mt, vt])
+    return cgutils.get_or_insert_function(builder.module, ft, name)
 
 
-def _tile(rows: int, vectors: int, lane_bytes: int):
-    """An intrinsic ``tile(out, x, w, i0, c0)``: ``out[i0:i0 + rows, c0:c0 + vectors L]`` (``L`` elements in
-    ``lane_bytes``), each element one chain of fused multiply-adds over ``k = 0 .. K - 1`` (module
-    docstring), the accumulators held in registers across the whole ``k`` loop: each step loads ``vectors``
-    weight vectors once for all ``rows`` rows. ``x``, ``w`` and ``out`` are C-contiguous 2-D arrays of one
-    float type (anything else does not type); bounds are the caller's."""
+def _emit_tile(context, builder, sig, args, rows: int, vectors: int, masked: bool) -> None:
+    """LLVM IR of one register tile (:func:`_tile_at`'s arguments ``args``): ``out[i0:i0 + rows, c0:c0 +
+    vectors L]``, each element one chain of fused multiply-adds over ``k = 0 .. K - 1`` (module docstring),
+    the accumulators held in registers across the whole ``k`` loop; each step loads the ``vectors`` weight
+    vectors once for all ``rows`` rows. With ``masked`` the last vector covers its first ``rem`` columns only
+    (masked loads and stores: the lanes past a row's last column are neither read nor written)."""
+    dt = sig.args[0].dtype
+    lanes = TILE_BYTES // (dt.bitwidth // 8)
+    et = context.get_value_type(dt)
+    vt = ir.VectorType(et, lanes)
+    esize = dt.bitwidth // 8
+    align = ir.Constant(ir.IntType(32), esize)
+    fma_v = _fma_fn(builder, vt)
+    o_a, x_a, w_a = (context.make_array(sig.args[j])(context, builder, args[j]) for j in range(3))
+    i0v, c0v, rem = args[3], args[4], args[8]
+    kk = cgutils.unpack_tuple(builder, x_a.shape, 2)[1]
+    n = cgutils.unpack_tuple(builder, w_a.shape, 2)[1]
+    it = kk.type
+    zero = ir.Constant(vt, [ir.Constant(et, 0.0)] * lanes)
+    mask = None
+    if masked:  # lane l of the last vector is on when l < rem
+        iv = ir.VectorType(it, lanes)
+        mask = builder.icmp_signed("<", ir.Constant(iv, list(range(lanes))), splat(builder, iv, rem))
+    acc = [[cgutils.alloca_once(builder, vt) for _ in range(vectors)] for _ in range(rows)]
+    for r in range(rows):
+        for v in range(vectors):
+            builder.store(zero, acc[r][v])
+    x_rows = [builder.mul(builder.add(i0v, ir.Constant(it, r)), kk) for r in range(rows)]
 
-    def typer(typingctx, out, x, w, i0, c0):
-        arrays = (out, x, w)
-        if not all(isinstance(a, nbtypes.Array) and a.ndim == 2 and a.layout == "C" for a in arrays):
-            return None
-        dt = out.dtype
-        if dt not in (nbtypes.float32, nbtypes.float64) or x.dtype != dt or w.dtype != dt or not out.mutable:
-            return None
-        if not all(isinstance(v, nbtypes.Integer) for v in (i0, c0)):
-            return None
-        lanes = lane_bytes // (dt.bitwidth // 8)
-        sig = nbtypes.void(out, x, w, nbtypes.intp, nbtypes.intp)
+    def vec_at(data, off):
+        return builder.bitcast(builder.gep(data, [off]), vt.as_pointer())
 
-        def codegen(context, builder, signature, args):
-            et = context.get_value_type(dt)
-            vt = ir.VectorType(et, lanes)
-            esize = dt.bitwidth // 8
-            fma_v = _fma_fn(builder, vt)
-            o_a, x_a, w_a = (context.make_array(signature.args[j])(context, builder, args[j]) for j in range(3))
-            i0v, c0v = args[3], args[4]
-            kk = cgutils.unpack_tuple(builder, x_a.shape, 2)[1]
-            n = cgutils.unpack_tuple(builder, w_a.shape, 2)[1]
-            it = kk.type
-            acc = [[cgutils.alloca_once(builder, vt) for _ in range(vectors)] for _ in range(rows)]
-            zero = ir.Constant(vt, [ir.Constant(et, 0.0)] * lanes)
-            for r in range(rows):
-                for v in range(vectors):
-                    builder.store(zero, acc[r][v])
-            x_rows = [builder.mul(builder.add(i0v, ir.Constant(it, r)), kk) for r in range(rows)]
+    def last(v):
+        return masked and v == vectors - 1
 
-            def vec_at(data, off):
-                return builder.bitcast(builder.gep(data, [off]), vt.as_pointer())
-
-            with cgutils.for_range(builder, kk) as loop:
-                k = loop.index
-                base = builder.add(builder.mul(k, n), c0v)
-                wv = [builder.load(vec_at(w_a.data, builder.add(base, ir.Constant(it, v * lanes))), align=esize)
-                      for v in range(vectors)]
-                for r in range(rows):
-                    xk = splat(builder, vt, builder.load(builder.gep(x_a.data, [builder.add(x_rows[r], k)])))
-                    for v in range(vectors):
-                        builder.store(builder.call(fma_v, [xk, wv[v], builder.load(acc[r][v])]), acc[r][v])
-            for r in range(rows):
-                row_base = builder.add(builder.mul(builder.add(i0v, ir.Constant(it, r)), n), c0v)
-                for v in range(vectors):
-                    builder.store(builder.load(acc[r][v]), vec_at(o_a.data, builder.add(row_base, ir.Constant(it, v * lanes))),
-                                  align=esize)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    typer.__name__ = f"tile_{rows}x{vectors}_{lane_bytes}"
-    return intrinsic(typer)
+    with cgutils.for_range(builder, kk) as loop:
+        k = loop.index
+        base = builder.add(builder.mul(k, n), c0v)
+        wv = []
+        for v in range(vectors):
+            ptr = vec_at(w_a.data, builder.add(base, ir.Constant(it, v * lanes)))
+            wv.append(builder.call(_masked_fn(builder, vt, False), [ptr, align, mask, zero]) if last(v)
+                      else builder.load(ptr, align=esize))
+        for r in range(rows):
+            xk = splat(builder, vt, builder.load(builder.gep(x_a.data, [builder.add(x_rows[r], k)])))
+            for v in range(vectors):
+                builder.store(builder.call(fma_v, [xk, wv[v], builder.load(acc[r][v])]), acc[r][v])
+    for r in range(rows):
+        row_base = builder.add(builder.mul(builder.add(i0v, ir.Constant(it, r)), n), c0v)
+        for v in range(vectors):
+            ptr = vec_at(o_a.data, builder.add(row_base, ir.Constant(it, v * lanes)))
+            if last(v):
+                builder.call(_masked_fn(builder, vt, True), [builder.load(acc[r][v]), ptr, align, mask])
+            else:
+                builder.store(builder.load(acc[r][v]), ptr, align=esize)
 
 
 def _host_has_avx512() -> bool:
@@ -146,99 +141,94 @@ def _host_has_avx512() -> bool:
         return False
 
 
-#: bytes per vector of the widest tiles: 64 where the CPU has AVX-512 (its 32 registers hold a 4 x 2 tile and
-#: the weights), else 32. Rows narrower than one such vector take 32- or 16-byte tiles, rows narrower than
-#: 16 bytes a plain loop of scalar ``fma``. No bit depends on the choice.
+#: bytes per vector of the tiles: 64 where the CPU has AVX-512 (32 registers), else 32 (16 registers). No bit
+#: depends on the choice.
 TILE_BYTES = 64 if _host_has_avx512() else 32
-#: rows per register tile
+#: rows per register tile (by 2 vectors); a product whose rows are one vector wide or less takes tiles of
+#: :data:`NARROW_ROWS` rows by one vector: 8 chains either way, enough to hide the fma's latency
 TILE_ROWS = 4
+NARROW_ROWS = 8
+#: vectors per tile of a product's last 1, 2 or 3 rows (index: the row count): up to 4 per row, as many as the
+#: registers hold beside the weights (12 accumulators with AVX-512's 32 registers, 8 with 16)
+REST_VECTORS = tuple(max(1, min(4, (12 if TILE_BYTES == 64 else 8) // r)) if r else 0 for r in range(4))
+#: the tiles :func:`_tile_at` compiles, ``(rows, vectors)``
+TILE_VECTORS = 4 if TILE_BYTES == 64 else 2
+TILES = ((NARROW_ROWS, 1), *((TILE_ROWS, v) for v in range(1, TILE_VECTORS + 1)), *((r, v) for r in (1, 2, 3) for v in range(1, REST_VECTORS[r] + 1)))
 
 
-def _tile_set(lane_bytes: int):
-    """``at(out, x, w, i, c, four, two)``: one tile of ``lane_bytes`` vectors, 4 rows or 1, 2 vectors or 1."""
-    t_r2, t_r1, t_12, t_11 = (_tile(TILE_ROWS, 2, lane_bytes), _tile(TILE_ROWS, 1, lane_bytes), _tile(1, 2, lane_bytes),
-                              _tile(1, 1, lane_bytes))
+@intrinsic
+def _tile_at(typingctx, out, x, w, i0, c0, rows, vectors, masked, rem):
+    """``_tile_at(out, x, w, i0, c0, rows, vectors, masked, rem)``: the register tile of ``rows`` rows by
+    ``vectors`` vectors at row ``i0``, column ``c0`` (:func:`_emit_tile`; ``(rows, vectors)`` one of
+    :data:`TILES`, anything else writes nothing), its last vector ``rem`` columns wide if ``masked``. ``x``,
+    ``w`` and ``out`` are C-contiguous 2-D arrays of one float type (anything else does not type); bounds are
+    the caller's."""
+    arrays = (out, x, w)
+    if not all(isinstance(a, nbtypes.Array) and a.ndim == 2 and a.layout == "C" for a in arrays):
+        return None
+    dt = out.dtype
+    if dt not in (nbtypes.float32, nbtypes.float64) or x.dtype != dt or w.dtype != dt or not out.mutable:
+        return None
+    if not all(isinstance(v, nbtypes.Integer) for v in (i0, c0, rows, vectors, rem)) or \
+            not isinstance(masked, nbtypes.Boolean):
+        return None
+    sig = nbtypes.void(out, x, w, *([nbtypes.intp] * 4), nbtypes.boolean, nbtypes.intp)
 
-    def at(out, x, w, i, c, four, two):  # pragma: no cover - compiled
-        if four:
-            if two:
-                t_r2(out, x, w, i, c)
-            else:
-                t_r1(out, x, w, i, c)
-        elif two:
-            t_12(out, x, w, i, c)
-        else:
-            t_11(out, x, w, i, c)
+    def codegen(context, builder, signature, args):
+        it = args[5].type
+        key = builder.add(builder.add(builder.mul(args[5], ir.Constant(it, 64)), builder.mul(args[6], ir.Constant(it, 2))),
+                          builder.zext(args[7], it))
+        end = builder.append_basic_block("tile.end")
+        switch = builder.switch(key, end)
+        for rows_, vectors_ in TILES:
+            for masked_ in (False, True):
+                block = builder.append_basic_block(f"tile.{rows_}x{vectors_}{'m' if masked_ else ''}")
+                switch.add_case(ir.Constant(it, rows_ * 64 + vectors_ * 2 + masked_), block)
+                builder.position_at_end(block)
+                _emit_tile(context, builder, signature, args, rows_, vectors_, masked_)
+                builder.branch(end)
+        builder.position_at_end(end)
+        return context.get_dummy_value()
 
-    at.__name__ = at.__qualname__ = f"tile_at_{lane_bytes}"
-    return numba.njit(nogil=True, inline="always")(at)
-
-
-_at_0, _at_1, _at_2 = (_tile_set(nb) for nb in (TILE_BYTES, 32, 16))
+    return sig, codegen
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _tile_at(out, x, w, i, c, four, two, size):  # pragma: no cover - compiled
-    """One tile of the vector set ``size`` (0: :data:`TILE_BYTES`, 1: 32 bytes, 2: 16 bytes)."""
-    if size == 0:
-        _at_0(out, x, w, i, c, four, two)
-    elif size == 1:
-        _at_1(out, x, w, i, c, four, two)
-    else:
-        _at_2(out, x, w, i, c, four, two)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _tiles(out, x, w, i, lanes, four, size):  # pragma: no cover - compiled
-    """Rows ``i .. i + (4 if four else 1) - 1``, every column, in tiles of ``lanes``-element vectors."""
-    n = w.shape[1]
+def _tiles(out, x, w, i, rows, per, lanes, vectors, rem):  # pragma: no cover - compiled
+    """Rows ``i .. i + rows - 1``, every column, in tiles of at most ``per`` vectors of ``lanes`` elements;
+    ``vectors`` vectors in all, the last one ``rem`` columns wide."""
     c = 0
-    while c + 2 * lanes <= n:
-        _tile_at(out, x, w, i, c, four, True, size)
-        c += 2 * lanes
-    while c + lanes <= n:
-        _tile_at(out, x, w, i, c, four, False, size)
-        c += lanes
-    if c < n:  # the last vector ends at column n: it overlaps the one before, with the same bits
-        _tile_at(out, x, w, i, n - lanes, four, False, size)
+    v = 0
+    while v < vectors:
+        k = min(per, vectors - v)
+        _tile_at(out, x, w, i, c, rows, k, v + k == vectors and rem != lanes, rem)
+        c += k * lanes
+        v += k
 
 
 @numba.njit(cache=True, nogil=True)
 def rows_matmul_into(x, w, out, r0, r1):  # pragma: no cover - compiled
     """``out[i] = x[i] @ w`` for ``r0 <= i < r1`` in the module's order; ``x`` ``[M, K]``, ``w`` ``[K, N]``,
     ``out`` ``[M, N]``: C-contiguous, one float type. Callable from numba code. Rows run in register tiles
-    of :data:`TILE_ROWS`, then one by one; rows narrower than one vector in a plain loop of scalar ``fma``:
-    every way computes each element with the same chain."""
-    kk = w.shape[0]
+    of :data:`TILE_ROWS` rows by 2 vectors (:data:`NARROW_ROWS` rows by one vector where a row is one vector
+    wide or less), the last 1 to 3 rows in one tile of up to 4 vectors (:data:`REST_VECTORS`); a row's last
+    columns in a masked vector. Every way computes each element with the same chain."""
     n = w.shape[1]
-    size = -1
-    lanes = 0
-    if n >= TILE_BYTES // w.itemsize:
-        size, lanes = 0, TILE_BYTES // w.itemsize
-    elif n >= 32 // w.itemsize:
-        size, lanes = 1, 32 // w.itemsize
-    elif n >= 16 // w.itemsize:
-        size, lanes = 2, 16 // w.itemsize
-    if size >= 0:
-        i = r0
-        while i + TILE_ROWS <= r1:
-            _tiles(out, x, w, i, lanes, True, size)
-            i += TILE_ROWS
-        while i < r1:
-            _tiles(out, x, w, i, lanes, False, size)
-            i += 1
+    if n == 0 or r1 <= r0:
         return
-    z = w.dtype.type(0)
-    for i in range(r0, r1):
-        row = out[i]
-        xi = x[i]
-        for c in range(n):
-            row[c] = z
-        for k in range(kk):
-            a = xi[k]
-            wk = w[k]
-            for c in range(n):
-                row[c] = fma(a, wk[c], row[c])
+    lanes = TILE_BYTES // w.itemsize
+    vectors = (n + lanes - 1) // lanes
+    rem = n - (vectors - 1) * lanes
+    i = r0
+    if vectors == 1:
+        while i + NARROW_ROWS <= r1:
+            _tiles(out, x, w, i, NARROW_ROWS, 1, lanes, vectors, rem)
+            i += NARROW_ROWS
+    while i + TILE_ROWS <= r1:
+        _tiles(out, x, w, i, TILE_ROWS, TILE_VECTORS, lanes, vectors, rem)
+        i += TILE_ROWS
+    if i < r1:
+        _tiles(out, x, w, i, r1 - i, REST_VECTORS[r1 - i], lanes, vectors, rem)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -77,11 +77,44 @@ def test_the_fma_specification_rounds_once():
         best = min(cands, key=lambda v: (abs(Fraction(float(v)) - t), int(np.float32(v).view(np.int32)) & 1))
         assert got[i] == best, (i, x, y, z, got[i], best)
     assert (naive != got[:3]).all()  # the cases do need the single rounding
-    for i in range(0, 4000, 400):  # the kernel's scalar path (rows narrower than a vector)
+    for i in range(0, 4000, 400):  # the kernel's fma on one element (a masked vector of one column)
         xs = np.array([[a[i]]], np.float32)
         ws = np.array([[b[i]]], np.float32)
         assert rows_matmul(xs, ws)[0, 0] == fma_reference(torch.tensor([a[i]]), torch.tensor([b[i]]),
                                                           torch.zeros(1))[0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_tile_writes_its_own_elements_only(dtype):
+    """Row counts that take every tile (8 x 1 for rows one vector wide or less, 4 x up to 4 vectors, the last
+    1 to 3 rows together) and widths whose last vector is masked: each element has the specification's bits,
+    nothing past the output is written, and rows computed one at a time from the last (a masked lane written
+    past a row's end would overwrite the next row, already done) or in a middle range leave the others alone."""
+    lanes = dense.TILE_BYTES // np.dtype(dtype).itemsize
+    rng = np.random.default_rng(11)
+    widths = sorted({1, 2, lanes - 1, lanes, lanes + 1, 2 * lanes + 3, 3 * lanes, 4 * lanes + 1, 5 * lanes - 2,
+                     9 * lanes + 5})
+    for n in widths:
+        for m in (1, 2, 3, 4, 5, 7, 8, 9, 11, 12, 17):
+            x, w = _operands(rng, m, 9, n, dtype)
+            if dtype == np.float32:
+                want = rows_matmul_reference(torch.from_numpy(x), torch.from_numpy(w)).numpy()
+            else:  # float64: each row alone (one-row tiles) against the whole product's tiles
+                want = np.concatenate([rows_matmul(x[i:i + 1], w) for i in range(m)])
+                np.testing.assert_allclose(want, x @ w, rtol=1e-12, atol=1e-12)
+            buf = np.full(m * n + 2 * lanes, 7.0, dtype=dtype)
+            out = buf[:m * n].reshape(m, n)
+            dense.rows_matmul_into(x, w, out, 0, m)
+            assert np.array_equal(out, want), (m, n)
+            assert (buf[m * n:] == 7.0).all(), (m, n)
+            one = np.full((m, n), 7.0, dtype=dtype)
+            for i in reversed(range(m)):
+                dense.rows_matmul_into(x, w, one, i, i + 1)
+            assert np.array_equal(one, want), (m, n)
+            part = np.full((m, n), 7.0, dtype=dtype)
+            dense.rows_matmul_into(x, w, part, m // 3, m - m // 3)
+            assert np.array_equal(part[m // 3:m - m // 3], want[m // 3:m - m // 3]), (m, n)
+            assert (part[:m // 3] == 7.0).all() and (part[m - m // 3:] == 7.0).all(), (m, n)
 
 
 def test_special_values_propagate_like_a_product():
