@@ -132,18 +132,26 @@ def _emit_tile(context, builder, sig, args, rows: int, vectors: int, masked: boo
                 builder.store(builder.load(acc[r][v]), ptr, align=esize)
 
 
-def _host_has_avx512() -> bool:
+def _target_has_avx512() -> bool:
+    """Whether the CPU numba compiles for has AVX-512: its features (``NUMBA_CPU_FEATURES`` where set, else the
+    host's), so that a process told to compile for another CPU takes that CPU's tiles (and numba's cache,
+    keyed by those features, keeps each one's code apart)."""
     try:
-        import llvmlite.binding as llvm
+        from numba.core import config
 
-        return bool(llvm.get_host_cpu_features().get("avx512f"))
+        features = config.CPU_FEATURES
+        if features is None:
+            import llvmlite.binding as llvm
+
+            features = llvm.get_host_cpu_features().flatten()
+        return "+avx512f" in features.split(",")
     except Exception:  # pragma: no cover - a platform llvmlite cannot ask
         return False
 
 
-#: bytes per vector of the tiles: 64 where the CPU has AVX-512 (32 registers), else 32 (16 registers). No bit
-#: depends on the choice.
-TILE_BYTES = 64 if _host_has_avx512() else 32
+#: bytes per vector of the tiles: 64 where the CPU numba compiles for has AVX-512 (32 registers), else 32 (16
+#: registers). No bit depends on the choice.
+TILE_BYTES = 64 if _target_has_avx512() else 32
 #: rows per register tile (by 2 vectors); a product whose rows are one vector wide or less takes tiles of
 #: :data:`NARROW_ROWS` rows by one vector: 8 chains either way, enough to hide the fma's latency
 TILE_ROWS = 4

@@ -191,3 +191,39 @@ def test_the_benchmark_times_every_product_and_checks_the_rows_bits(capsys):
         cells = [c.strip() for c in r.strip(" |").split("|")]
         assert all(float(c) > 0 for c in cells[1:7]), r
         assert cells[7].split(", ")[0] == "yes", r
+
+
+_CHECK_32 = """
+import numpy as np, torch
+from kernels import dense
+assert dense.TILE_BYTES == 32, dense.TILE_BYTES
+rng = np.random.default_rng(3)
+for m, k, n in [(1, 767, 64), (3, 9, 10), (4, 5, 8), (9, 7, 9), (12, 33, 47), (17, 3, 1), (2, 40, 130)]:
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    got = dense.rows_matmul(x, w)
+    assert np.array_equal(got, dense.rows_matmul_reference(torch.from_numpy(x), torch.from_numpy(w)).numpy()), (m, k, n)
+    assert all(np.array_equal(dense.rows_matmul(x[i:i + 1], w), got[i:i + 1]) for i in range(m)), (m, k, n)
+print("ok")
+"""
+
+
+def test_the_32_byte_tiles_of_a_cpu_without_avx512(tmp_path):
+    """A process whose numba compiles for a CPU without AVX-512 (``NUMBA_CPU_FEATURES``) takes the 32-byte tiles
+    (4 rows x 2 vectors, masked 8-lane last vectors), with the specification's bits: the code an AVX2 machine
+    runs, checked on this one."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import llvmlite.binding as llvm
+
+    # every AVX-512 feature off (the host's CPU name would otherwise imply them): AVX2's masked moves, 16 registers
+    feats = [("-" + f[1:]) if f[1:].startswith("avx512") else f for f in llvm.get_host_cpu_features().flatten().split(",") if f]
+    if "+avx2" not in feats or "+fma" not in feats:
+        pytest.skip("the host has no AVX2 with fma to run the 32-byte tiles natively")
+    env = {**os.environ, "NUMBA_CPU_FEATURES": ",".join(feats), "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    out = subprocess.run([sys.executable, "-c", _CHECK_32], cwd=Path(__file__).resolve().parent.parent, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
