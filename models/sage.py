@@ -73,8 +73,22 @@ class SAGEConv(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def transform_matrix(self) -> Tensor:
-        """``[W_r; W_n]`` ``[2 F_out, F_in]``: :meth:`transform` is ``x @ transform_matrix().T``."""
-        return torch.cat([self.weight_root, self.weight_neigh], dim=0)
+        """``[W_r; W_n]`` ``[2 F_out, F_in]``: :meth:`transform` is ``x @ transform_matrix().T``.
+
+        Under autograd a new concatenation each call (its gradient flows to both weights); otherwise one kept
+        until either weight changes (their version counters and storage), made outside inference mode so that
+        :func:`kernels.dense.transposed` can keep its transpose too: a torch-path batch then copies neither
+        (2 x 2 F_out x F_in floats a call before). Read only: it is shared by every call."""
+        wr, wn = self.weight_root, self.weight_neigh
+        if torch.is_grad_enabled() and (wr.requires_grad or wn.requires_grad):
+            return torch.cat([wr, wn], dim=0)
+        key = (wr._version, wn._version, wr.data_ptr(), wn.data_ptr(), wr.device, wr.dtype, wn.dtype)
+        kept = self.__dict__.get("_stacked")
+        if kept is None or kept[0] != key:
+            with torch.inference_mode(False), torch.no_grad():
+                kept = (key, torch.cat([wr.detach(), wn.detach()], dim=0))
+            self.__dict__["_stacked"] = kept
+        return kept[1]
 
     def transform(self, x: Tensor) -> Tensor:
         """``[x W_r^T | x W_n^T]``: ``[n, F_in]`` (dense or sparse CSR) -> ``[n, 2 F_out]``."""

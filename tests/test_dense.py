@@ -117,6 +117,35 @@ def test_every_tile_writes_its_own_elements_only(dtype):
             assert (part[:m // 3] == 7.0).all() and (part[m - m // 3:] == 7.0).all(), (m, n)
 
 
+def test_graphsage_keeps_its_stacked_weights_until_they_change():
+    """SAGEConv.transform_matrix: outside autograd one stacked ``[W_r; W_n]`` (and through it one kept transpose)
+    until a weight changes in place or is replaced; under autograd a fresh one whose gradient reaches both."""
+    from models.sage import SAGEConv
+
+    torch.manual_seed(3)
+    conv = SAGEConv(40, 6)
+    x = torch.randn(9, 40)
+    with torch.inference_mode():
+        first = conv.transform_matrix()
+        assert conv.transform_matrix() is first and not first.is_inference()
+        assert transposed(first) is transposed(conv.transform_matrix())
+        before = conv.transform(x)
+        torch.testing.assert_close(before, x @ torch.cat([conv.weight_root, conv.weight_neigh]).t())
+    with torch.no_grad():
+        conv.weight_neigh.mul_(2.0)  # in place: its version moves
+    with torch.inference_mode():
+        after = conv.transform(x)
+        assert conv.transform_matrix() is not first
+        assert torch.equal(after[:, :6], before[:, :6])
+        torch.testing.assert_close(after[:, 6:], 2.0 * before[:, 6:])
+    conv.load_state_dict({k: torch.zeros_like(v) for k, v in conv.state_dict().items()})
+    with torch.inference_mode():
+        assert (conv.transform(x) == 0).all()
+    assert "_stacked" not in conv.state_dict()
+    conv.transform(x).sum().backward()  # autograd: both weights get their gradient
+    assert conv.weight_root.grad.abs().sum() > 0 and conv.weight_neigh.grad.abs().sum() > 0
+
+
 def test_special_values_propagate_like_a_product():
     w = np.ones((4, 3), dtype=np.float32)
     x = np.array([[np.nan, 0, 0, 0], [np.inf, 1, 0, 0], [0, 0, 0, 0]], dtype=np.float32)
