@@ -44,7 +44,7 @@ memory, 25 ms). The graph's memoized largest degree is carried over (recomputed 
 when a row of that degree lost edges).
 """
 
-# numba cache key: subgraph d57197b42f98
+# numba cache key: subgraph 7c0464b3a830
 
 from __future__ import annotations
 

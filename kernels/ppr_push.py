@@ -15,7 +15,7 @@ users import (it re-exports these names). Here:
 The on-disk index of every node's list is :mod:`kernels.ppr_index`.
 """
 
-# numba cache key: subgraph d57197b42f98
+# numba cache key: subgraph 7c0464b3a830
 
 from __future__ import annotations
 

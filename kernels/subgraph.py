@@ -60,7 +60,7 @@ import numpy as np
 from .graph import CSRGraph
 
 __all__ = ["BuildStopped", "ExtraEdges", "InducedTable", "SubgraphBatch", "in_global_order", "induced_batch", "lhop_nodes",
-           "local_csr"]
+           "local_csr", "new_node_scopes"]
 
 _SCRATCH_KEY = "_subgraph_scratch_pool"
 _SCRATCH_LOCK = threading.Lock()
@@ -386,12 +386,13 @@ def _sort_row(cols, ws, lo, hi, weighted):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def _induced_kernel(
-    indptr, indices, weights, n, ptr, nodes, tag, epoch0, ex_keys, ex_ptr, ex_dst, ex_w, nvirt, weighted
+    indptr, indices, weights, n, ptr, nodes, tag, epoch0, ex_keys, ex_ptr, ex_dst, ex_w, nvirt, weighted, inner
 ):  # pragma: no cover - compiled
     """Block-diagonal induced CSR plus the batch dedupe (see the module docstring).
 
     ``tag`` is the tagged scratch; subgraph ``b`` uses epoch ``epoch0 + b``, the dedupe
-    ``epoch0 + B``. Returns (row_ptr int64 [R+1], cols int32 [nnz], ws float32 [nnz or 0],
+    ``epoch0 + B``. ``inner`` (``[B]``, or empty for every row): list ``b``'s rows from ``inner[b]`` on get
+    no edges. Returns (row_ptr int64 [R+1], cols int32 [nnz], ws float32 [nnz or 0],
     first_seen int64 [U] distinct ids in first-seen order, row_to_first int64 [R] with
     ``nodes == first_seen[row_to_first]``); the caller sorts the ``U`` ids.
     """
@@ -399,6 +400,7 @@ def _induced_kernel(
     B = ptr.shape[0] - 1
     has_w = weights.shape[0] > 0
     has_extra = ex_keys.shape[0] > 0
+    has_inner = inner.shape[0] > 0
     low = np.int64(_LOW)
     one = np.float32(1.0)
     row_ptr = np.zeros(R + 1, dtype=np.int64)
@@ -414,10 +416,14 @@ def _induced_kernel(
             v = nodes[off + k]
             if v < n:
                 tag[v] = hi_tag | k
+        lim = inner[b] if has_inner else m
         for k in range(m):
             u = nodes[off + k]
             row = off + k
             start = nnz
+            if k >= lim:  # a row read as an input only
+                row_ptr[row + 1] = nnz
+                continue
             if u < n:
                 lo = indptr[u]
                 hi = indptr[u + 1]
@@ -763,7 +769,8 @@ def _check_lists(ptr: np.ndarray, nodes: np.ndarray, limit: int) -> tuple[np.nda
 
 
 def induced_batch(
-    graph: CSRGraph, ptr: np.ndarray, nodes: np.ndarray, *, extra: ExtraEdges | None = None
+    graph: CSRGraph, ptr: np.ndarray, nodes: np.ndarray, *, extra: ExtraEdges | None = None,
+    inner: np.ndarray | None = None,
 ) -> SubgraphBatch:
     """Block-diagonal batch of the subgraphs induced by B node lists (math in the module docstring).
 
@@ -774,6 +781,10 @@ def induced_batch(
             within a list (a repeated id gets edges only into its last occurrence).
         extra: edges of virtual nodes ``N ..`` (see :class:`ExtraEdges`); lists may then contain
             those ids. Their rows carry the extra edges; stored rows gain their extra edges too.
+        inner: int64 ``[B]``, optional: only the first ``inner[b]`` rows of list ``b`` (1 to its length) get
+            their edges; the rest are rows without edges, read as inputs. An L-layer plain model reads the
+            aggregated rows of a target's nodes within ``L - 1`` hops only: listed first, the ``L``-th hop's rows
+            need no edges, which are most of an L-hop ball's (the target's output is the same, bit for bit).
 
     Returns:
         A :class:`SubgraphBatch` with ``R`` rows. Edge weights are carried over when the graph or
@@ -787,6 +798,12 @@ def induced_batch(
         raise ValueError(f"extra edges were built for a graph of {extra.num_nodes} nodes, this one has {n}")
     nvirt = 0 if extra is None else extra.num_virtual
     ptr, nodes = _check_lists(ptr, nodes, n + nvirt)
+    if inner is None:
+        inner = _NO_I64
+    else:
+        inner = np.ascontiguousarray(inner, dtype=np.int64)
+        if inner.shape != (len(ptr) - 1,) or (len(inner) and (inner.min() < 1 or (inner > np.diff(ptr)).any())):
+            raise ValueError("inner: one count per list, from 1 to the list's length")
     if extra is not None and len(extra.src):
         keys, kptr, kdst, kw = extra.kernel_arrays()
         weighted = graph.is_weighted or extra.weights is not None
@@ -798,10 +815,69 @@ def induced_batch(
     try:
         epoch0 = scratch.reserve(len(ptr))  # B subgraphs + the dedupe
         args = (graph.indptr, graph.indices, w, n, ptr, nodes, scratch.tag, epoch0)
-        row_ptr, cols, ws, first, r2f = _induced_kernel(*args, keys, kptr, kdst, kw, nvirt, weighted)
+        row_ptr, cols, ws, first, r2f = _induced_kernel(*args, keys, kptr, kdst, kw, nvirt, weighted, inner)
     finally:
         _give_scratch(graph, scratch)
     return _assemble(ptr, nodes, row_ptr, cols, ws if weighted else None, first, r2f)
+
+
+def new_node_scopes(n: int, ends: np.ndarray, ptr: np.ndarray, scope: np.ndarray, iptr: np.ndarray,
+                    iscope: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The L-hop node lists of ``J`` new nodes (virtual ids ``n + j``) for :func:`induced_batch`, with the rows
+    an L-layer model aggregates first: ``(ptr [J + 1], nodes, inner [J])``, list ``j`` = ``n + j``, then the
+    distinct ids of its inner scope (ascending), then the rest of its scope (ascending); ``inner[j]``: 1 + the
+    inner scope's size (``induced_batch(..., inner=)``).
+
+    New node ``j``'s neighbours are the lists ``ends[j - 1] .. ends[j] - 1`` (``ends`` int64 ``[J]``,
+    cumulative; ``ends[-1]`` = 0) of two CSR-shaped list sets over stored ids: ``(ptr, scope)``, each neighbour's
+    nodes within ``L - 1`` hops (the new node's ``L``-hop ball without it), and ``(iptr, iscope)``, within
+    ``L - 2`` hops (its inner scope; empty lists for ``L = 1``). One sort per new node, no Python loop."""
+    ends = np.ascontiguousarray(ends, dtype=np.int64)
+    if len(ptr) != len(iptr) or (len(ends) and (ends[0] < 0 or (np.diff(ends) < 0).any() or ends[-1] > len(ptr) - 1)):
+        raise ValueError("new_node_scopes: one list of each kind per neighbour, ends cumulative within them")
+    return _new_node_scopes_kernel(np.int64(n), ends, np.ascontiguousarray(ptr, dtype=np.int64),
+                                   np.ascontiguousarray(scope, dtype=np.int64), np.ascontiguousarray(iptr, dtype=np.int64),
+                                   np.ascontiguousarray(iscope, dtype=np.int64))
+
+
+@numba.njit(cache=True, nogil=True)
+def _new_node_scopes_kernel(n, ends, ptr, scope, iptr, iscope):  # pragma: no cover - compiled
+    """:func:`new_node_scopes`: each id keyed ``2 id`` in the inner scope, ``2 id + 1`` outside it; after one sort
+    an id's first key says which part it belongs to."""
+    nj = ends.shape[0]
+    out = np.empty(nj + scope.shape[0] + iscope.shape[0], dtype=np.int64)
+    optr = np.zeros(nj + 1, dtype=np.int64)
+    inner = np.empty(nj, dtype=np.int64)
+    pos = 0
+    first = 0
+    for j in range(nj):
+        last = ends[j]
+        out[pos] = n + j
+        pos += 1
+        cnt = (ptr[last] - ptr[first]) + (iptr[last] - iptr[first])
+        keys = np.empty(cnt, dtype=np.int64)
+        c = 0
+        for q in range(iptr[first], iptr[last]):
+            keys[c] = 2 * iscope[q]
+            c += 1
+        for q in range(ptr[first], ptr[last]):
+            keys[c] = 2 * scope[q] + 1
+            c += 1
+        keys.sort()
+        for part in range(2):
+            prev = -1
+            for q in range(cnt):
+                v = keys[q] >> 1
+                if v != prev:
+                    prev = v
+                    if (keys[q] & 1) == part:
+                        out[pos] = v
+                        pos += 1
+            if part == 0:
+                inner[j] = pos - optr[j]
+        optr[j + 1] = pos
+        first = last
+    return optr, out[:pos], inner
 
 
 def in_global_order(batch: SubgraphBatch) -> SubgraphBatch:

@@ -46,7 +46,14 @@ from kernels.plan import (
     walk_bounds,
     walk_sums,
 )
-from kernels.subgraph import ExtraEdges, SubgraphBatch, in_global_order, induced_batch, lhop_nodes
+from kernels.subgraph import (
+    ExtraEdges,
+    SubgraphBatch,
+    in_global_order,
+    induced_batch,
+    lhop_nodes,
+    new_node_scopes,
+)
 from models.base import carry_gcn_degrees, gcn_dinv32
 
 from .batcher import DynamicBatcher, WorkItem, WouldBlock
@@ -1098,15 +1105,17 @@ class ModelRuntime:
             ptr, nodes = self.ppr_index.lookup(targets, budget)
         else:
             ptr, nodes = self._lhop_lists(targets, self.num_layers, held)
-        extra = None
+        extra = inner = None
         if new_specs:
             extra = self._extra_edges(new_specs)
-            lists = self._new_node_lists(new_specs, budget, held)
+            lists, inner_new = self._new_node_lists(new_specs, budget, held)
             sizes = np.array([len(x) for x in lists], dtype=np.int64)
+            if inner_new is not None:  # targets' rows all aggregated, new nodes' last hop read as inputs only
+                inner = np.concatenate([np.diff(ptr), inner_new])
             ptr = np.concatenate([ptr, ptr[-1] + np.cumsum(sizes)])
             nodes = np.concatenate([nodes, *lists])
-        batch = g.induced_batch(ptr, nodes, extra=extra, held=held) if self.remote_graph else induced_batch(
-            g, ptr, nodes, extra=extra)
+        batch = g.induced_batch(ptr, nodes, extra=extra, held=held, inner=inner) if self.remote_graph else \
+            induced_batch(g, ptr, nodes, extra=extra, inner=inner)
         # a plain model's rows in the graph's own order: sampled widths pick what the whole graph's forward does
         if self.extractor == "ppr":
             return batch
@@ -1128,12 +1137,17 @@ class ModelRuntime:
             n, np.concatenate([src, dst]), np.concatenate([dst, src]), w, num_virtual=len(specs)
         )
 
-    def _new_node_lists(self, specs: list, budget: int, held: list | None = None) -> list[np.ndarray]:
+    def _new_node_lists(self, specs: list, budget: int, held: list | None = None,
+                        ) -> tuple[list[np.ndarray], np.ndarray | None]:
         """The node list of each new node of the batch (the ``j``-th under virtual id ``N + j``, first): its top
         ``budget`` PPR entries on the graph plus it alone, or itself and its neighbours' ``L - 1``-hop balls. On a
         replica all of them are found together (the pushes in lockstep, the balls in one walk): one fetch round
         per wave or hop for the whole batch, not per node; in memory the pushes run on parallel threads. ``held``: a
-        replica's local graph of the balls' rows is appended to it (``_lhop_lists``)."""
+        replica's local graph of the balls' rows is appended to it (``_lhop_lists``).
+
+        Also, for an L-hop model, each list's count of rows within ``L - 1`` hops of its new node, which come
+        first (``kernels.subgraph.new_node_scopes``): the rows the model aggregates; the last hop's are read as
+        inputs only, and get no edges (``induced_batch``'s ``inner``). None for a PPR model (every row counts)."""
         n = self.graph.num_nodes
         if self.extractor == "ppr":
             from kernels.ppr import ppr_new_nodes
@@ -1147,18 +1161,18 @@ class ModelRuntime:
             for j, (nodes, _scores) in enumerate(found):
                 nodes = np.asarray(nodes, dtype=np.int64)[:budget]
                 lists.append(np.where(nodes == n, n + j, nodes) if j else nodes)
-            return lists
-        lists = [np.array([n + j], dtype=np.int64) for j in range(len(specs))]
+            return lists, None
         nbs = [np.asarray(s.neighbors, dtype=np.int64) for s in specs]
         if self.num_layers == 0 or not any(len(nb) for nb in nbs):
-            return lists
-        ptr, scope = self._lhop_lists(np.concatenate(nbs), self.num_layers - 1, held)
-        ends = np.cumsum([len(nb) for nb in nbs])
-        for j, (nb, end) in enumerate(zip(nbs, ends.tolist(), strict=True)):
-            if len(nb):
-                ball = np.unique(scope[ptr[end - len(nb)] : ptr[end]])
-                lists[j] = np.concatenate([lists[j], ball]).astype(np.int64)
-        return lists
+            return [np.array([n + j], dtype=np.int64) for j in range(len(specs))], np.ones(len(specs), dtype=np.int64)
+        flat = np.concatenate(nbs)
+        ptr, scope = self._lhop_lists(flat, self.num_layers - 1, held)
+        if self.num_layers == 2:  # the inner scope: the neighbours themselves (plain models have 2 layers or more)
+            iptr, iscope = np.arange(len(flat) + 1, dtype=np.int64), flat
+        else:
+            iptr, iscope = self._lhop_lists(flat, self.num_layers - 2, held)
+        optr, nodes, inner = new_node_scopes(n, np.cumsum([len(nb) for nb in nbs]), ptr, scope, iptr, iscope)
+        return np.split(nodes, optr[1:-1]), inner
 
     def _lhop_lists(self, nodes: np.ndarray, hops: int, held: list | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(ptr, nodes)``: each node's nodes within ``hops``, it first, on the graph in memory or a replica's; there

@@ -115,17 +115,9 @@ def test_batches_with_new_nodes_take_their_paths(four_repo):
     path, the specification, on the same batches); a batch's existing targets take their own path beside a plain
     model's new nodes (the new nodes are in none of their subgraphs), with the answers they get without new nodes,
     to the bit."""
-    from serve.batcher import WorkItem
-    from serve.runtime import _WarmupFuture
-    from serve.validation import NewNodeSpec, PredictCall
+    from serve.validation import NewNodeSpec
 
-    def ask(rt, nodes, specs, path=None, width=2):
-        call = PredictCall("n", np.array(nodes, np.int64), specs, width, rt.limits.default_ppr_budget, "request",
-                           0.0, True, True)
-        res = rt.process([WorkItem(call, len(nodes) + len(specs), None, None, time.monotonic(), _WarmupFuture())],
-                         path=path)[0]
-        assert not isinstance(res, BaseException), res
-        return res
+    ask = _ask
 
     rng = np.random.default_rng(9)
     with ServerThread(four_repo, {"poll_s": 0}) as srv:
@@ -159,6 +151,57 @@ def test_batches_with_new_nodes_take_their_paths(four_repo):
                 np.testing.assert_allclose(got.probabilities, want.probabilities, rtol=1e-5, atol=1e-6)
                 np.testing.assert_allclose(got.embeddings, want.embeddings, rtol=1e-4, atol=1e-5)
                 assert (got.edges_kept, got.edges_total) == (want.edges_kept, want.edges_total), (model, width)
+
+
+@pytest.fixture(scope="module")
+def depth_repo(tmp_path_factory, small_dataset):
+    """A 3-layer GCN and GraphSAGE (a new node's inner scope from its neighbours' balls, not the neighbours)."""
+    return make_repo(tmp_path_factory.mktemp("depths"), small_dataset, {"gcn3": "gcn", "sage3": "sage"}, epochs=5,
+                     patience=5, layers=3)
+
+
+def test_a_new_nodes_last_hop_is_read_without_its_edges(four_repo, depth_repo, monkeypatch):
+    """A plain model's new node aggregates only its rows within L - 1 hops (``induced_batch``'s ``inner``):
+    at 2 and 3 layers and three widths the answers equal, to the bit, those of the batch whose every row
+    carries its edges (as before), with fewer edges aggregated."""
+    import serve.runtime as runtime_mod
+
+    real = runtime_mod.new_node_scopes
+
+    def every_row(*args):
+        optr, nodes, _ = real(*args)
+        return optr, nodes, np.diff(optr)
+
+    rng = np.random.default_rng(12)
+    for repo, models in ((four_repo, ("gcn", "sage")), (depth_repo, ("gcn3", "sage3"))):
+        with ServerThread(repo, {"poll_s": 0}) as srv:
+            for model in models:
+                rt = srv.server.registry.get(model)
+                assert rt.num_layers == (3 if model.endswith("3") else 2)
+                specs = [_new_node(rng, [1, 2, 3]), _new_node(rng, [7, 40], [0.5, 2.0]), _new_node(rng, []),
+                         _new_node(rng, [3, 599])]
+                for width in (0, 2, 5):
+                    got = _ask(rt, [], specs, width=width)
+                    with monkeypatch.context() as m:
+                        m.setattr(runtime_mod, "new_node_scopes", every_row)
+                        want = _ask(rt, [], specs, width=width)
+                    assert got.path == want.path == "subgraph-torch"
+                    assert np.array_equal(got.probabilities, want.probabilities), (model, width)
+                    assert np.array_equal(got.embeddings, want.embeddings), (model, width)
+                    assert got.edges_total < want.edges_total, (model, width)
+
+
+def _ask(rt, nodes, specs, path=None, width=2):
+    from serve.batcher import WorkItem
+    from serve.runtime import _WarmupFuture
+    from serve.validation import PredictCall
+
+    call = PredictCall("n", np.array(nodes, np.int64), specs, width, rt.limits.default_ppr_budget, "request",
+                       0.0, True, True)
+    res = rt.process([WorkItem(call, len(nodes) + len(specs), None, None, time.monotonic(), _WarmupFuture())],
+                     path=path)[0]
+    assert not isinstance(res, BaseException), res
+    return res
 
 
 def _new_node(rng, neighbors, weights=None):

@@ -20,6 +20,7 @@ from kernels.subgraph import (
     induced_batch,
     lhop_nodes,
     local_csr,
+    new_node_scopes,
 )
 
 from .conftest import dataset_path
@@ -215,6 +216,68 @@ def test_extra_edges_for_new_node_match_graph_with_node_added(sbm_graph):
     assert batch.unique_ids[-1] == n  # the virtual id is fetched like any other (features from the request)
     # the stored graph is untouched
     assert sbm_graph.num_nodes == n and not (sbm_graph.indices >= n).any()
+
+
+@pytest.mark.parametrize("hub", [False, True])
+def test_rows_past_inner_get_no_edges_and_the_rest_theirs(sbm_graph, hub):
+    """``induced_batch(..., inner=)``: a list's rows from ``inner[b]`` on have no edges; every other row has the
+    edges it has without ``inner`` (extra edges of new nodes included; hub rows take the binary-search path)."""
+    rng = np.random.default_rng(8)
+    n = sbm_graph.num_nodes
+    graph = sbm_graph
+    if hub:  # node 0 linked to every other: its row is searched member by member
+        mat = sbm_graph.to_scipy().tolil()
+        mat[0, 1:] = 1.0
+        mat[1:, 0] = 1.0
+        graph = CSRGraph.from_scipy(mat.tocsr())
+    ptr, nodes = random_lists(n, [40, 1, 5, 60], rng, targets=[0, 5, 0, 9])  # 0 in a list of 5: a hub
+    extra = ExtraEdges.for_new_node(n, np.array([0, 3, 17]))
+    ptr = np.concatenate([ptr, [ptr[-1] + 4]])
+    nodes = np.concatenate([nodes, [n, 0, 3, 17]])
+    inner = np.array([7, 1, 3, 1, 2])
+    full = induced_batch(graph, ptr, nodes, extra=extra)
+    part = induced_batch(graph, ptr, nodes, extra=extra, inner=inner)
+    assert np.array_equal(part.node_ids, full.node_ids) and np.array_equal(part.unique_ids, full.unique_ids)
+    for b in range(len(inner)):
+        for k in range(ptr[b + 1] - ptr[b]):
+            r = ptr[b] + k
+            got = part.graph.indices[part.graph.indptr[r]:part.graph.indptr[r + 1]]
+            want = full.graph.indices[full.graph.indptr[r]:full.graph.indptr[r + 1]]
+            assert np.array_equal(got, want if k < inner[b] else want[:0]), (b, k)
+    assert part.graph.num_edges < full.graph.num_edges
+    for bad in ([7, 1, 3, 1], [0, 1, 3, 1, 2], [7, 2, 3, 1, 2]):
+        with pytest.raises(ValueError, match="inner"):
+            induced_batch(graph, ptr, nodes, extra=extra, inner=np.array(bad))
+
+
+def test_new_node_scopes_put_the_inner_scope_first():
+    """new_node_scopes against sets: new node ``j`` first, then its inner scope's distinct ids ascending, then the
+    rest of its scope; an id in both counts as inner; a new node without neighbours has its list of one."""
+    rng = np.random.default_rng(2)
+    n = 50
+    per = [3, 0, 1, 4]  # neighbours per new node
+    lists, inner_lists = [], []
+    for _ in range(sum(per)):
+        inner_lists.append(rng.choice(n, rng.integers(0, 4), replace=False))
+        lists.append(np.concatenate([inner_lists[-1], rng.choice(n, rng.integers(0, 9))]))
+
+    def csr(ls):
+        return np.concatenate([[0], np.cumsum([len(x) for x in ls])]).astype(np.int64), \
+            np.concatenate(ls).astype(np.int64)
+
+    ptr, scope = csr(lists)
+    iptr, iscope = csr(inner_lists)
+    optr, nodes, inner = new_node_scopes(n, np.cumsum(per), ptr, scope, iptr, iscope)
+    first = 0
+    for j, k in enumerate(per):
+        ins = set(np.concatenate([*inner_lists[first:first + k], np.zeros(0, np.int64)]).tolist())
+        alls = set(np.concatenate([*lists[first:first + k], np.zeros(0, np.int64)]).tolist()) | ins
+        want = [n + j, *sorted(ins), *sorted(alls - ins)]
+        assert nodes[optr[j]:optr[j + 1]].tolist() == want, j
+        assert inner[j] == 1 + len(ins)
+        first += k
+    with pytest.raises(ValueError, match="new_node_scopes"):
+        new_node_scopes(n, np.array([3, 2]), ptr, scope, iptr, iscope)
 
 
 def _global_order_spec(batch: SubgraphBatch) -> tuple[np.ndarray, np.ndarray | None]:

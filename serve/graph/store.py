@@ -926,7 +926,7 @@ class RedisGraphStore(PinnedVersion):
         return CSRGraph(indptr=indptr, indices=indices, weights=kept_w, num_nodes=u), wsum + 1.0
 
     def induced_batch(self, ptr: np.ndarray, nodes: np.ndarray, *, extra: Any = None,
-                      held: Sequence[LocalGraph] = ()) -> Any:
+                      held: Sequence[LocalGraph] = (), inner: np.ndarray | None = None) -> Any:
         """:func:`kernels.subgraph.induced_batch` over the stored graph, rows fetched from Redis; ``extra``
         (:class:`kernels.subgraph.ExtraEdges` for this graph's node count): new nodes' edges, whose virtual ids
         ``num_nodes ..`` the lists may then hold.
@@ -937,6 +937,7 @@ class RedisGraphStore(PinnedVersion):
 
         ``held``: local graphs this batch already fetched (:meth:`lhop_local`); the first that covers the batch's
         nodes (the extra edges' stored ends included) is used as it is: no fetch, no second local graph.
+        ``inner``: as for :func:`kernels.subgraph.induced_batch` (rows past it get no edges).
         """
         nodes = np.asarray(nodes, dtype=np.int64)
         n = self.num_nodes
@@ -952,13 +953,14 @@ class RedisGraphStore(PinnedVersion):
         local = next((x for x in held if x.covers(uniq)), None)
         if local is None:
             local = self._local(uniq, self.adjacency(uniq))
-        return self._batch_on(local, ptr, nodes, extra)
+        return self._batch_on(local, ptr, nodes, extra, inner)
 
     def _local(self, uniq: np.ndarray, rows: dict[int, Any]) -> LocalGraph:
         g, gdeg = self.local_graph(uniq, rows)
         return LocalGraph(uniq, g, gdeg)
 
-    def _batch_on(self, local: LocalGraph, ptr: np.ndarray, nodes: np.ndarray, extra: Any = None) -> Any:
+    def _batch_on(self, local: LocalGraph, ptr: np.ndarray, nodes: np.ndarray, extra: Any = None,
+                  inner: np.ndarray | None = None) -> Any:
         from kernels.subgraph import induced_batch
 
         uniq = local.ids
@@ -966,7 +968,7 @@ class RedisGraphStore(PinnedVersion):
         virtual = nodes >= n
         at = np.searchsorted(uniq, nodes)
         at[virtual] = nodes[virtual] - n + u  # virtual ids follow the local graph's nodes, in order
-        b = induced_batch(local.graph, ptr, at, extra=extra.relabelled(uniq) if extra is not None else None)
+        b = induced_batch(local.graph, ptr, at, extra=extra.relabelled(uniq) if extra is not None else None, inner=inner)
         ids = b.unique_ids.astype(np.int64)
         glob = ids - u + n
         kept = ids < u
