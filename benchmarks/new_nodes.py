@@ -8,8 +8,9 @@ in one loop (which goes first alternates): ``1-thread`` pushes the batch's new n
 (``kernels.ppr.ppr_new_nodes`` with ``threads=1``), ``parallel`` on its default workers; their answers are checked
 equal; ``torch path`` is ``parallel`` with the batch forced onto the torch subgraph path (``subgraph-torch``, where
 a shaDow model's new nodes ran until 2026-11-28; the compiled shaDow path takes them since), its answers checked
-equal to rounding. A plain model has one variant (its new nodes take L-hop scopes, no push). Reported: p50 of the
-whole batch and the p50 of the runtime's own stages (subgraph, features, forward).
+equal to rounding. A plain model has two (its new nodes take L-hop scopes, no push): ``-``, the path the runtime
+chooses (``plain-compiled`` on a CPU since 2026-11-28), and ``torch path``. Reported: p50 of the whole batch and the
+p50 of the runtime's own stages (subgraph, features, forward).
 
     python benchmarks/new_nodes.py --repo REPO --data amazon_computers.npz --models gcn,shadow-gcn
 """
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
             rt = server.server.registry.get(model)
             n = rt.graph.num_nodes
             ppr = rt.extractor == "ppr"
-            names = list(variants_of) if ppr else ["-"]
+            names = list(variants_of) if ppr else ["-", "torch path"]
             f = rt.limits.num_features
             for k in counts:
                 times: dict[str, list[float]] = {v: [] for v in names}

@@ -24,16 +24,18 @@ shadow-resident     shaDow model, resident as above, no new nodes, an        the
 plain-activations   plain 2-layer model, compiled layers, no new nodes,      first-layer projections per node;
                     at most ``fused_max_targets`` targets, the width has a   first-layer outputs per node and
                     table in the activation budget                           width (``ActivationCache``)
-plain-compiled      plain model on a local graph, compiled forward, no new   first-layer projections per node
-                    nodes, at most ``fused_max_targets`` targets
+plain-compiled      plain model on a local graph, compiled forward, at most  first-layer projections per node
+                    ``fused_max_targets`` targets; new nodes too on a CPU
+                    runtime, a stateless replica's included (an
+                    execution plan on their L-hop scopes)
 plain-torch         plain model, no new nodes (larger batches, a remote      first-layer projections per node
                     graph, or no projection table)
 shadow-compiled     shaDow model, compiled forward, at most                  projections; the induced top-K
                     ``fused_max_targets`` targets; new nodes too on a CPU    table beside the PPR index
                     runtime (their lists pushed on the graph plus their
                     edges, their projections from their features)
-subgraph-torch      shaDow batches beyond the compiled forward, a plain      projections; the induced table
-                    model's new nodes (L-hop scopes on the graph plus        when there are no new nodes
+subgraph-torch      shaDow batches beyond the compiled forward; new nodes    projections; the induced table
+                    without a compiled path (L-hop scopes on the graph plus  when there are no new nodes
                     their edges), a GPU runtime's new nodes
 ==================  =====================================================  ====================================
 
@@ -52,7 +54,7 @@ import numpy as np
 import torch
 
 from kernels.fused_forward import plan_forward_cpu, plan_outer_cpu, shadow_forward_cpu
-from kernels.plan import edges_on_paths, edges_on_two_layer_paths, local_plan, two_layer_kept
+from kernels.plan import edges_on_paths, edges_on_two_layer_paths, execution_plan, local_plan, two_layer_kept
 
 log = logging.getLogger(__name__)
 
@@ -271,18 +273,26 @@ class ActivationPath(ServingPath):
 
 
 class CompiledPlanPath(ServingPath):
-    """A plain model's execution plan through the compiled forward (kernels.fused_forward)."""
+    """A plain model's execution plan through the compiled forward (kernels.fused_forward); a batch's new nodes
+    (a CPU runtime) on the plan of their own L-hop scopes, built on the batch's induced graph."""
 
     name = "plain-compiled"
 
     @staticmethod
     def available(rt: ModelRuntime) -> bool:
-        return rt._fused_params is not None and rt.extractor == "lhop"
+        return rt._act_params is not None and rt.extractor == "lhop"
 
     def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
-        return _compiled_fits(self.rt, targets, new_nodes)
+        # new nodes on a CPU runtime (a GPU runtime keeps its batches with new nodes on the device, on the torch
+        # path); a stateless replica's plans index a local graph: it takes new nodes only, their plan on the batch's
+        if self.rt._fused_params is None:
+            return new_nodes and not targets and self.rt.device.type != "cuda"
+        return _compiled_fits(self.rt, targets, new_nodes and self.rt.device.type == "cuda")
 
     def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
+        if new_specs:  # the targets on their own plan, with the bits they get without new nodes
+            out = self._new_nodes(new_specs, width, budget, want_emb)
+            return joined(self.run(targets, [], width, budget, want_emb), out) if len(targets) else out
         rt = self.rt
         plan, plan_graph, plan_ids, _ = rt._plan(targets, width, degrees=False)
         t_sub = time.perf_counter()
@@ -291,6 +301,25 @@ class CompiledPlanPath(ServingPath):
         _, probs, labels, emb = plan_forward_cpu(plan, rt._fused_params, table, rt._dinv)
         t_fwd = time.perf_counter()
         kept, total = edges_on_paths(plan, plan_graph, width, rt._exact_edges)
+        return PathOutput(probs, labels, emb if want_emb else None, kept, total, t_sub, t_feat, t_fwd)
+
+    def _new_nodes(self, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
+        """New nodes as the torch subgraph path defines them (their L-hop scopes on the graph plus their edges, in
+        the graph's column order), through an execution plan built on that batch's graph from each scope's
+        first row: only the rows within L - 1 hops are aggregated, and only at the layers that read them. GCN
+        degrees per batch row (a node next to a new node counts its edge there)."""
+        rt = self.rt
+        batch = rt._subgraphs(np.zeros(0, np.int64), new_specs, budget)
+        plan = execution_plan(batch.graph, batch.ptr[:-1], rt.num_layers, width, rt.strategy)
+        t_sub = time.perf_counter()
+        table = np.ascontiguousarray(rt._projections(batch, new_specs).numpy())
+        dinv = None
+        if rt.architecture == "gcn":
+            dinv = (np.maximum(rt._norm_degrees(batch, new_specs), 1e-12) ** -0.5).astype(np.float32)
+        t_feat = time.perf_counter()
+        _, probs, labels, emb = plan_forward_cpu(plan, rt._act_params, table, dinv)
+        t_fwd = time.perf_counter()
+        kept, total = rt._edges_per_subgraph(batch, width)
         return PathOutput(probs, labels, emb if want_emb else None, kept, total, t_sub, t_feat, t_fwd)
 
 
@@ -387,8 +416,8 @@ class CompiledShadowPath(ServingPath):
 
 class TorchSubgraphPath(ServingPath):
     """Induced subgraphs (PPR top-K or L-hop scopes, new nodes placed on the graph plus their edges)
-    through the model's torch layers: the shaDow specification, and the batches with new nodes the compiled
-    shaDow path does not take (a plain model's, a GPU runtime's)."""
+    through the model's torch layers: the specification of shaDow and of new nodes, and the batches with new
+    nodes the compiled paths do not take (a GPU runtime's, a plain model without compiled layers)."""
 
     name = "subgraph-torch"
 

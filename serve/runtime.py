@@ -1215,19 +1215,25 @@ class ModelRuntime:
         if base is None or not new_specs:
             return base
         d = np.asarray(base, dtype=np.float64).copy()
-        first = batch.num_subgraphs - len(new_specs)  # new nodes' subgraphs come last
-        for j, spec in enumerate(new_specs):
-            lo, hi = int(batch.ptr[first + j]), int(batch.ptr[first + j + 1])
-            ids = batch.node_ids[lo:hi]
-            w = _weights_of(spec)
-            seg = d[lo:hi]  # a view: writes land in d
-            seg[ids == n + j] = 1.0 + float(w.sum())
-            if len(spec.neighbors):
-                order = np.argsort(spec.neighbors)
-                nb, nw = spec.neighbors[order], w[order]
-                pos = np.clip(np.searchsorted(nb, ids), 0, len(nb) - 1)
-                hit = nb[pos] == ids
-                seg[hit] += nw[pos[hit]]
+        nj = len(new_specs)
+        first = batch.num_subgraphs - nj  # new nodes' subgraphs come last
+        lo = int(batch.ptr[first])
+        ids = batch.node_ids[lo:]
+        block = np.repeat(np.arange(nj, dtype=np.int64), np.diff(batch.ptr[first:]))
+        seg = d[lo:]  # a view: writes land in d
+        ws = [_weights_of(s) for s in new_specs]
+        own = ids == n + block  # each new node's own row: 1 + its edges' weights
+        seg[own] = 1.0 + np.array([float(w.sum()) for w in ws])[block[own]]
+        # a row next to its block's new node gains that edge's weight (neighbours are distinct: validation)
+        span = n + nj
+        keys = np.concatenate([j * span + np.asarray(s.neighbors, dtype=np.int64) for j, s in enumerate(new_specs)])
+        if len(keys):
+            order = np.argsort(keys)
+            keys, kw = keys[order], np.concatenate(ws)[order]
+            row_keys = block * span + ids
+            pos = np.clip(np.searchsorted(keys, row_keys), 0, len(keys) - 1)
+            hit = keys[pos] == row_keys
+            seg[hit] += kw[pos[hit]]
         return d
 
     def _plan(self, targets: np.ndarray, width: int, degrees: bool = True,

@@ -70,8 +70,8 @@ def test_new_node_equals_the_node_added_to_the_graph(served, tiny_repo, tiny_dat
 
 
 def test_new_nodes_benchmark_runs_both_push_variants(tiny_repo):
-    """benchmarks/new_nodes.py at a small size: a plain model's row and a shaDow model's two push variants and its
-    torch path per count (their answers are checked inside: equal, to rounding for the torch path), positive
+    """benchmarks/new_nodes.py at a small size: a plain model's served path and its torch path, a shaDow model's two
+    push variants and its torch path per count (their answers are checked inside: equal, to rounding for the torch path), positive
     times."""
     import os
     import subprocess
@@ -87,7 +87,7 @@ def test_new_nodes_benchmark_runs_both_push_variants(tiny_repo):
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
             if line.startswith(("| gcn", "| shadow"))]
     assert {(r[0], int(r[1]), r[2]) for r in rows} == {
-        ("gcn", 1, "-"), ("gcn", 3, "-"),
+        *(("gcn", k, v) for k in (1, 3) for v in ("-", "torch path")),
         *(("shadow", k, v) for k in (1, 3) for v in ("1-thread", "parallel", "torch path"))}
     assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows), rows
     bad = subprocess.run([sys.executable, str(root / "benchmarks" / "new_nodes.py"), "--repo", str(tiny_repo),

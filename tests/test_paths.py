@@ -111,10 +111,11 @@ def test_every_path_meets_the_specification_on_cora(cora_repo, cora):
 
 
 def test_batches_with_new_nodes_take_their_paths(four_repo):
-    """A plain model's new nodes take the subgraph path, a shaDow model's the compiled one (held to the subgraph
-    path, the specification, on the same batches); a batch's existing targets take their own path beside a plain
-    model's new nodes (the new nodes are in none of their subgraphs), with the answers they get without new nodes,
-    to the bit."""
+    """New nodes take the compiled paths on a CPU runtime (plain-compiled: a plan on their L-hop scopes; shaDow's
+    compiled path), held to the subgraph path, the specification, on the same batches (weighted, edgeless and
+    linked new nodes, three widths); a batch's existing targets take their own path beside a plain model's new
+    nodes (the new nodes are in none of their subgraphs), with the answers they get without new nodes, to the
+    bit."""
     from serve.validation import NewNodeSpec
 
     ask = _ask
@@ -126,10 +127,13 @@ def test_batches_with_new_nodes_take_their_paths(four_repo):
             shadow = kind.startswith("shadow")
             spec = NewNodeSpec(np.ones(16, np.float32), np.array([1, 2, 3], np.int64), None)
             alone = ask(rt, [], [spec])
-            assert alone.path == ("shadow-compiled" if shadow else "subgraph-torch") and len(alone.labels) == 1
+            assert alone.path == ("shadow-compiled" if shadow else "plain-compiled") and len(alone.labels) == 1
             without = ask(rt, [4, 5, 1], [])
             mixed = ask(rt, [4, 5, 1], [spec])
-            assert mixed.path == ("shadow-compiled" if shadow else f"{without.path}+subgraph-torch"), (model, mixed.path)
+            assert mixed.path == ("shadow-compiled" if shadow else "plain-activations+plain-compiled"), (model, mixed.path)
+            if not shadow:  # no activation table at this width: one path for both, the targets on their own plan
+                forced = ask(rt, [4, 5, 1], [spec], path=next(p for p in rt.paths if p.name == "plain-compiled"))
+                assert np.array_equal(forced.probabilities, mixed.probabilities), model
             assert without.path != "subgraph-torch"
             assert len(mixed.labels) == 4
             assert np.array_equal(mixed.probabilities[:3], without.probabilities), model
@@ -137,8 +141,6 @@ def test_batches_with_new_nodes_take_their_paths(four_repo):
             assert np.array_equal(mixed.probabilities[3:], alone.probabilities), model
             assert (mixed.edges_kept, mixed.edges_total) == (without.edges_kept + alone.edges_kept,
                                                                without.edges_total + alone.edges_total)
-            if not shadow:
-                continue
             torch_path = next(p for p in rt.paths if p.name == "subgraph-torch")
             for width in (0, 2, 5):  # new nodes linked to each other's neighbours, weighted, without edges
                 specs = [_new_node(rng, [1, 2, 3]), _new_node(rng, [7, 40], [0.5, 2.0]), _new_node(rng, []),
@@ -146,11 +148,15 @@ def test_batches_with_new_nodes_take_their_paths(four_repo):
                 nodes = [0, 17, 3]
                 got = ask(rt, nodes, specs, width=width)
                 want = ask(rt, nodes, specs, path=torch_path, width=width)
-                assert got.path == "shadow-compiled"
+                assert got.path == ("shadow-compiled" if shadow else "plain-activations+plain-compiled")
                 assert np.array_equal(got.labels, want.labels), (model, width)
                 np.testing.assert_allclose(got.probabilities, want.probabilities, rtol=1e-5, atol=1e-6)
                 np.testing.assert_allclose(got.embeddings, want.embeddings, rtol=1e-4, atol=1e-5)
-                assert (got.edges_kept, got.edges_total) == (want.edges_kept, want.edges_total), (model, width)
+                if shadow:
+                    assert (got.edges_kept, got.edges_total) == (want.edges_kept, want.edges_total), (model, width)
+                else:  # a plain model's targets count the edges on their paths, the torch path its scopes': new nodes only
+                    got, want = ask(rt, [], specs, width=width), ask(rt, [], specs, path=torch_path, width=width)
+                    assert (got.edges_kept, got.edges_total) == (want.edges_kept, want.edges_total), (model, width)
 
 
 @pytest.fixture(scope="module")
@@ -180,15 +186,19 @@ def test_a_new_nodes_last_hop_is_read_without_its_edges(four_repo, depth_repo, m
                 assert rt.num_layers == (3 if model.endswith("3") else 2)
                 specs = [_new_node(rng, [1, 2, 3]), _new_node(rng, [7, 40], [0.5, 2.0]), _new_node(rng, []),
                          _new_node(rng, [3, 599])]
+                torch_path = next(p for p in rt.paths if p.name == "subgraph-torch")
                 for width in (0, 2, 5):
-                    got = _ask(rt, [], specs, width=width)
+                    got = _ask(rt, [], specs, path=torch_path, width=width)
                     with monkeypatch.context() as m:
                         m.setattr(runtime_mod, "new_node_scopes", every_row)
-                        want = _ask(rt, [], specs, width=width)
+                        want = _ask(rt, [], specs, path=torch_path, width=width)
                     assert got.path == want.path == "subgraph-torch"
                     assert np.array_equal(got.probabilities, want.probabilities), (model, width)
                     assert np.array_equal(got.embeddings, want.embeddings), (model, width)
                     assert got.edges_total < want.edges_total, (model, width)
+                    plan = _ask(rt, [], specs, width=width)  # the compiled plan on the same scopes
+                    assert plan.path == "plain-compiled" and np.array_equal(plan.labels, got.labels), (model, width)
+                    np.testing.assert_allclose(plan.probabilities, got.probabilities, rtol=1e-5, atol=1e-6)
 
 
 def _ask(rt, nodes, specs, path=None, width=2):
