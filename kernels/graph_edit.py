@@ -44,7 +44,7 @@ memory, 25 ms). The graph's memoized largest degree is carried over (recomputed 
 when a row of that degree lost edges).
 """
 
-# numba cache key: subgraph 7c0464b3a830
+# numba cache key: subgraph b02776c5369c
 
 from __future__ import annotations
 

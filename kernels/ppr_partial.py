@@ -22,7 +22,7 @@ batch of 100 lists took 75 ms there against 182 ms on the hash-map state (profil
 their hashing were a third of the time, the Python work of the rounds another third).
 """
 
-# numba cache key: ppr_push 5d22f33d29cf, subgraph 7c0464b3a830
+# numba cache key: ppr_push 5d22f33d29cf, subgraph b02776c5369c
 
 from __future__ import annotations
 

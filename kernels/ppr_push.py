@@ -15,7 +15,7 @@ users import (it re-exports these names). Here:
 The on-disk index of every node's list is :mod:`kernels.ppr_index`.
 """
 
-# numba cache key: subgraph 7c0464b3a830
+# numba cache key: subgraph b02776c5369c
 
 from __future__ import annotations
 

@@ -828,10 +828,10 @@ def new_node_scopes(n: int, ends: np.ndarray, ptr: np.ndarray, scope: np.ndarray
     distinct ids of its inner scope (ascending), then the rest of its scope (ascending); ``inner[j]``: 1 + the
     inner scope's size (``induced_batch(..., inner=)``).
 
-    New node ``j``'s neighbours are the lists ``ends[j - 1] .. ends[j] - 1`` (``ends`` int64 ``[J]``,
-    cumulative; ``ends[-1]`` = 0) of two CSR-shaped list sets over stored ids: ``(ptr, scope)``, each neighbour's
+    ``ends`` (int64 ``[J]``) counts the neighbours cumulatively: new node ``j``'s are lists ``ends[j - 1]`` (0 for
+    the first) to ``ends[j] - 1`` of two CSR-shaped list sets over stored ids, ``(ptr, scope)``, each neighbour's
     nodes within ``L - 1`` hops (the new node's ``L``-hop ball without it), and ``(iptr, iscope)``, within
-    ``L - 2`` hops (its inner scope; empty lists for ``L = 1``). One sort per new node, no Python loop."""
+    ``L - 2`` hops (its inner scope). One sort per new node, no Python loop."""
     ends = np.ascontiguousarray(ends, dtype=np.int64)
     if len(ptr) != len(iptr) or (len(ends) and (ends[0] < 0 or (np.diff(ends) < 0).any() or ends[-1] > len(ptr) - 1)):
         raise ValueError("new_node_scopes: one list of each kind per neighbour, ends cumulative within them")
