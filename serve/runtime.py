@@ -1187,7 +1187,8 @@ class ModelRuntime:
     def _projections(self, batch: SubgraphBatch, new_specs: list) -> torch.Tensor:
         """The projection of every row of ``batch`` (new nodes' projected from their features)."""
         p_unique = self._unique_projections(batch, new_specs)
-        return p_unique[torch.from_numpy(batch.row_to_unique).to(p_unique.device)]
+        # index_select: on a CPU 4x faster than indexing with the tensor (92,000 rows of 64: 1.9 against 7.8 ms)
+        return p_unique.index_select(0, torch.from_numpy(batch.row_to_unique).to(p_unique.device))
 
     def _unique_projections(self, batch: SubgraphBatch, new_specs: list, projections: Any = None) -> torch.Tensor:
         """The projections of ``batch.unique_ids`` (``projections``: the cache to read, default the model's)."""
