@@ -290,9 +290,10 @@ class CompiledPlanPath(ServingPath):
         return _compiled_fits(self.rt, targets, new_nodes and self.rt.device.type == "cuda")
 
     def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
-        if new_specs:  # the targets on their own plan, with the bits they get without new nodes
+        if new_specs:  # the targets first, on their own plan (the bits they get without new nodes), then the new nodes
+            first = self.run(targets, [], width, budget, want_emb) if len(targets) else None
             out = self._new_nodes(new_specs, width, budget, want_emb)
-            return joined(self.run(targets, [], width, budget, want_emb), out) if len(targets) else out
+            return joined(first, out) if first is not None else out
         rt = self.rt
         plan, plan_graph, plan_ids, _ = rt._plan(targets, width, degrees=False)
         t_sub = time.perf_counter()

@@ -134,6 +134,7 @@ def test_batches_with_new_nodes_take_their_paths(four_repo):
             if not shadow:  # no activation table at this width: one path for both, the targets on their own plan
                 forced = ask(rt, [4, 5, 1], [spec], path=next(p for p in rt.paths if p.name == "plain-compiled"))
                 assert np.array_equal(forced.probabilities, mixed.probabilities), model
+                _stages_cover_both_runs(rt, spec)
             assert without.path != "subgraph-torch"
             assert len(mixed.labels) == 4
             assert np.array_equal(mixed.probabilities[:3], without.probabilities), model
@@ -199,6 +200,27 @@ def test_a_new_nodes_last_hop_is_read_without_its_edges(four_repo, depth_repo, m
                     plan = _ask(rt, [], specs, width=width)  # the compiled plan on the same scopes
                     assert plan.path == "plain-compiled" and np.array_equal(plan.labels, got.labels), (model, width)
                     np.testing.assert_allclose(plan.probabilities, got.probabilities, rtol=1e-5, atol=1e-6)
+
+
+def _stages_cover_both_runs(rt, spec):
+    """One path answering a request's targets, then its new nodes (plain-compiled forced): its stage times add up
+    both runs. Under a clock that moves 1 ms per reading, the stages of the mixed request sum to more than those of
+    its new nodes alone (a join that took the new nodes' run for the first counted only theirs)."""
+    import itertools
+
+    path = next(p for p in rt.paths if p.name == "plain-compiled")
+    tick = itertools.count()
+    real = time.perf_counter
+    try:
+        time.perf_counter = lambda: next(tick) * 1e-3
+        _ask(rt, [], [spec], path=path)  # rows projected: the next runs read the same clock
+        alone = _ask(rt, [], [spec], path=path).timing
+        mixed = _ask(rt, [4, 5, 1], [spec], path=path).timing
+    finally:
+        time.perf_counter = real
+    total = {k: sum(t[s] for s in ("subgraph", "features", "forward")) for k, t in (("alone", alone), ("mixed", mixed))}
+    assert min(mixed["subgraph"], mixed["features"], mixed["forward"]) >= 0, mixed
+    assert total["mixed"] >= total["alone"] + 3, (alone, mixed)  # the targets' three marks at least
 
 
 def _ask(rt, nodes, specs, path=None, width=2):
