@@ -401,11 +401,12 @@ def with_widths(entries: list[Entry], widths: Iterable[int]) -> list[Entry]:
     return out
 
 
-def at_start(jobs: int | None, widths: Iterable[int] = ()) -> Result | None:
+def at_start(jobs: int | None, widths: Iterable[int] = (), announce: Any = None) -> Result | None:
     """What a server runs before loading its models: the known signatures (and the narrow kernels of
     ``widths``, :func:`with_widths`) the cache lacks, in :func:`start_jobs` processes, when there are at least
     two cores to spread them over and they took at least :data:`MIN_SECONDS` where recorded. Logs what it does;
-    never raises."""
+    never raises. ``announce(count, recorded_seconds, processes)``, when given, is called before compiling (a
+    console's line: the wait that follows is a first run's, tens of seconds)."""
     try:
         n = start_jobs(jobs)
         if n < 2 or not lock_cache_writes():  # parallel writers of numba's cache need the lock
@@ -414,9 +415,11 @@ def at_start(jobs: int | None, widths: Iterable[int] = ()) -> Result | None:
         recorded = sum(e.seconds for e in todo)
         if not todo or recorded < MIN_SECONDS:
             return None
+        procs = min(n, len({e.module for e in todo}))
         log.info("numba's cache lacks %d kernel signatures (%.0f s of compilation where recorded): compiling them "
-                 "in %d processes before the models load (--precompile-jobs)", len(todo), recorded,
-                 min(n, len({e.module for e in todo})))
+                 "in %d processes before the models load (--precompile-jobs)", len(todo), recorded, procs)
+        if announce is not None:
+            announce(len(todo), recorded, procs)
         res = run(todo, n)
         log.info("precompiled %d kernel signatures in %.1f s in %d processes%s", res.compiled, res.seconds,
                  res.processes, f"; {len(res.failed)} failed (compiled on first use instead)" if res.failed else "")

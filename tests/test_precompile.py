@@ -250,3 +250,22 @@ def test_a_signature_numba_refused_is_skipped_until_its_module_changes(tmp_path,
     failed = tmp_path / precompile.FAILED_NAME
     failed.write_text(failed.read_text().replace(f"\t{precompile._stamp(e.module)}\n", "\t12.00\n"))  # older source
     assert e.key in {x.key for x in precompile.known()}
+
+
+def test_a_start_announces_the_compilation_before_it_runs(monkeypatch):
+    """at_start's ``announce`` (the demo's console line) is called with the count, the recorded seconds and the
+    processes before the compiling processes start, and not at all when the cache lacks nothing."""
+    from kernels import precompile as pc
+
+    todo = [pc.Entry("kernels.dense", "rows_matmul_into", "(int64,)", 4.0),
+            pc.Entry("kernels.subgraph", "_induced_kernel", "(int64,)", 3.0)]
+    events = []
+    monkeypatch.setattr(pc, "lock_cache_writes", lambda: True)
+    monkeypatch.setattr(pc, "missing", lambda entries: list(todo))
+    monkeypatch.setattr(pc, "run", lambda entries, jobs: events.append(("run", len(entries), jobs))
+                        or pc.Result(len(entries), [], 2, 0.1))
+    res = pc.at_start(4, (), lambda n, s, p: events.append(("announce", n, s, p)))
+    assert events == [("announce", 2, 7.0, 2), ("run", 2, 4)] and res.compiled == 2
+    events.clear()
+    monkeypatch.setattr(pc, "missing", lambda entries: [])
+    assert pc.at_start(4, (), lambda *a: events.append(a)) is None and events == []
