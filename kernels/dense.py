@@ -152,8 +152,9 @@ def _target_has_avx512() -> bool:
 #: bytes per vector of the tiles: 64 where the CPU numba compiles for has AVX-512 (32 registers), else 32 (16
 #: registers). No bit depends on the choice.
 TILE_BYTES = 64 if _target_has_avx512() else 32
-#: rows per register tile (by 2 vectors); a product whose rows are one vector wide or less takes tiles of
-#: :data:`NARROW_ROWS` rows by one vector: 8 chains either way, enough to hide the fma's latency
+#: rows per register tile (by up to :data:`TILE_VECTORS` vectors); a product whose rows are one vector wide or
+#: less takes tiles of :data:`NARROW_ROWS` rows by one vector: at least 8 chains either way, enough to hide the
+#: fma's latency
 TILE_ROWS = 4
 NARROW_ROWS = 8
 #: vectors per tile of a product's last 1, 2 or 3 rows (index: the row count): up to 4 per row, as many as the
@@ -218,8 +219,8 @@ def _tiles(out, x, w, i, rows, per, lanes, vectors, rem):  # pragma: no cover - 
 def rows_matmul_into(x, w, out, r0, r1):  # pragma: no cover - compiled
     """``out[i] = x[i] @ w`` for ``r0 <= i < r1`` in the module's order; ``x`` ``[M, K]``, ``w`` ``[K, N]``,
     ``out`` ``[M, N]``: C-contiguous, one float type. Callable from numba code. Rows run in register tiles
-    of :data:`TILE_ROWS` rows by 2 vectors (:data:`NARROW_ROWS` rows by one vector where a row is one vector
-    wide or less), the last 1 to 3 rows in one tile of up to 4 vectors (:data:`REST_VECTORS`); a row's last
+    of :data:`TILE_ROWS` rows by up to :data:`TILE_VECTORS` vectors (:data:`NARROW_ROWS` rows by one vector where
+    a row is one vector wide or less), the last 1 to 3 rows in one tile of up to 4 vectors (:data:`REST_VECTORS`); a row's last
     columns in a masked vector. Every way computes each element with the same chain."""
     n = w.shape[1]
     if n == 0 or r1 <= r0:

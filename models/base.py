@@ -41,6 +41,7 @@ __all__ = [
     "GNNModel",
     "as_index_tensor",
     "conv_stack_arrays",
+    "dinv32",
     "dropout_any",
     "full_gcn_degrees",
     "gcn_dinv32",
@@ -110,6 +111,12 @@ def segment_ids(ptr: Tensor, total: int | None = None) -> Tensor:
     return torch.repeat_interleave(torch.arange(len(counts), device=ptr.device), counts, output_size=total)
 
 
+def dinv32(degrees: np.ndarray) -> np.ndarray:
+    """float32 :math:`D^{-1/2}` of float64 GCN degrees: the one formula behind every CPU path's GCN normalisation
+    (:func:`gcn_dinv32`, a replica's, a new node's scope), so that they agree to the bit."""
+    return (np.maximum(degrees, 1e-12) ** -0.5).astype(np.float32)
+
+
 def full_gcn_degrees(graph: CSRGraph) -> np.ndarray:
     r"""GCN degrees ``D_i = 1 + sum_j w_ij`` of every node of ``graph`` (float64 ``[N]``, memoized).
 
@@ -154,7 +161,7 @@ def carry_gcn_degrees(old: CSRGraph, new: CSRGraph, changed_rows: np.ndarray) ->
     if v_old is not None:
         v = np.empty(new.num_nodes, dtype=np.float32)
         v[: len(v_old)] = v_old
-        v[rows] = (np.maximum(d[rows], 1e-12) ** -0.5).astype(np.float32)
+        v[rows] = dinv32(d[rows])
         dst["models:gcn_dinv32"] = v
 
 
@@ -176,7 +183,7 @@ def gcn_dinv32(graph: CSRGraph) -> np.ndarray:
     cache = graph.cache()
     v = cache.get("models:gcn_dinv32")
     if v is None:
-        v = (np.maximum(full_gcn_degrees(graph), 1e-12) ** -0.5).astype(np.float32)
+        v = dinv32(full_gcn_degrees(graph))
         cache["models:gcn_dinv32"] = v
     return v
 

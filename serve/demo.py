@@ -90,14 +90,17 @@ def run_demo(
     compile_log.install()
     # a first run on a machine: the CPU kernels numba's cache lacks, compiled in parallel processes now rather
     # than one after another as each stage below reaches them
+    def processes(n: int) -> str:
+        return f"{n} process{'es' if n != 1 else ''}"
+
     def announce(count: int, seconds: float, procs: int) -> None:
         say(f"compiling {count} CPU kernel signatures numba's cache lacks (a first run on this machine: about "
-            f"{seconds:.0f} s of compilation, in {procs} process{'es' if procs != 1 else ''}) ...")
+            f"{seconds:.0f} s of compilation, in {processes(procs)}) ...")
 
     done = at_start(None, (64, ds.num_classes), announce)  # the widths of the model trained below
     if done is not None:
-        say(f"compiled {done.compiled} CPU kernel signatures in {done.seconds:.1f} s in {done.processes} "
-            f"process{'es' if done.processes != 1 else ''} (later runs load them from numba's cache)")
+        say(f"compiled {done.compiled} CPU kernel signatures in {done.seconds:.1f} s in {processes(done.processes)} "
+            "(later runs load them from numba's cache)")
     with tempfile.TemporaryDirectory(prefix="gnnserve-demo-", dir=workdir) as tmp:
         repo = Path(tmp) / "repo"
         data_dir = repo / "_data" / ds.fingerprint()

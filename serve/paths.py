@@ -55,6 +55,7 @@ import torch
 
 from kernels.fused_forward import plan_forward_cpu, plan_outer_cpu, shadow_forward_cpu
 from kernels.plan import edges_on_paths, edges_on_two_layer_paths, execution_plan, local_plan, two_layer_kept
+from models.base import dinv32
 
 log = logging.getLogger(__name__)
 
@@ -314,9 +315,7 @@ class CompiledPlanPath(ServingPath):
         plan = execution_plan(batch.graph, batch.ptr[:-1], rt.num_layers, width, rt.strategy)
         t_sub = time.perf_counter()
         table = np.ascontiguousarray(rt._projections(batch, new_specs).numpy())
-        dinv = None
-        if rt.architecture == "gcn":
-            dinv = (np.maximum(rt._norm_degrees(batch, new_specs), 1e-12) ** -0.5).astype(np.float32)
+        dinv = dinv32(rt._norm_degrees(batch, new_specs)) if rt.architecture == "gcn" else None
         t_feat = time.perf_counter()
         _, probs, labels, emb = plan_forward_cpu(plan, rt._act_params, table, dinv)
         t_fwd = time.perf_counter()

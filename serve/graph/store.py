@@ -775,7 +775,9 @@ class RedisGraphStore(PinnedVersion):
     def gcn_dinv32(self, ids: np.ndarray) -> np.ndarray:
         """float32 :math:`D^{-1/2}` of :meth:`gcn_degrees` at ``ids``: what ``models.base.gcn_dinv32``
         gives at those ids on the in-memory graph, to the bit."""
-        return (np.maximum(self.gcn_degrees(ids), 1e-12) ** -0.5).astype(np.float32)
+        from models.base import dinv32
+
+        return dinv32(self.gcn_degrees(ids))
 
     def gcn_degrees(self, ids: np.ndarray) -> np.ndarray:
         """float64: the full-graph GCN degree ``1 + sum_j w_ij`` of each of ``ids`` (``1 +`` the row
