@@ -22,7 +22,7 @@
 #   bash benchmarks/gpu_session.sh ab             # kernel tests; the paper's small graphs, short-rows rule vs 3 blocks
 #   bash benchmarks/gpu_session.sh shadow         # tests, sanitize, tune (the C++ launcher), shaDow's one-launch kernel per batch
 #   bash benchmarks/gpu_session.sh defaults       # tests (2026-11-27's defaults), BLAS threads on 16 cores, one shaDow target, shaDow inline
-#   bash benchmarks/gpu_session.sh next           # this tree against 4d28057 on the GPU (abgpu; as is and with 4d28057's defaults), shaDow kernel tests
+#   bash benchmarks/gpu_session.sh next           # this tree against 4d28057 on the GPU (abgpu; as is and with 4d28057's defaults), new GPU tests
 #   bash benchmarks/gpu_session.sh second         # 4 GPU server processes against PyG (ceiling), every GPU test
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
@@ -292,11 +292,12 @@ next)
     # on the H200 of 2026-11-28 one GCN process served 53,251-66,157 node predictions/s in `throughput` against
     # 100,434-102,145 on 2026-11-26 (PyG 0.78x of its figure there, the no-op floor moving 0.83 -> 0.65 ms within
     # the run); on the 2-vCPU VM this tree is 1.32x (GCN) and 1.22x (shaDow-GCN) of 4d28057 batched. Then the GPU
-    # tests of shaDow's kernel (one exact-width target on the kernel, new since the last GPU run)
-    part abgpu 230
+    # tests new since the last GPU run: shaDow's kernel on one exact-width target, a GPU server's graph updates and
+    # a Predict's new nodes (tests/test_live.py: never run on a GPU; new nodes on the CPU copy since 2026-11-29)
+    part abgpu 220
     AB_ARGS="--event-loop asyncio --inline-max-targets 8 --blas-threads 0" OUT_NAME=abgpu-olddefaults MODELS=gcn \
-        part abgpu 170
-    TESTS=tests/test_shadow_block.py OUT_NAME=tests-shadow part tests 120
+        part abgpu 150
+    TESTS="tests/test_shadow_block.py tests/test_live.py" OUT_NAME=tests-new part tests 150
     ;;
 second)
     # the second call: whether 4 GPU server processes still serve >= 10x one PyG process (11x on 2026-11-26),

@@ -7,7 +7,9 @@ and **edge counts** (edges aggregated, kept and exact, per target). A runtime de
 is built, which paths it has (:func:`paths_for`); per batch it takes the first of them that
 accepts the batch (by its size and whether it brings new nodes). ``RuntimeOptions.serving_path``
 puts one path first (its batches take it wherever it applies; others fall to the next path), which
-is how tests and benchmarks reach a path without touching private state.
+is how tests and benchmarks reach a path without touching private state. A new node counts as a target in the
+compiled paths' size bound ``fused_max_targets`` (unbounded on a CPU by default; on a GPU the measured crossover
+below which the compiled CPU paths beat the device's torch path, :func:`serve.runtime.gpu_thresholds`).
 
 ==================  =====================================================  ====================================
 path                when it is taken                                        what it caches (beyond the model)
@@ -25,18 +27,18 @@ plain-activations   plain 2-layer model, compiled layers, no new nodes,      fir
                     at most ``fused_max_targets`` targets, the width has a   first-layer outputs per node and
                     table in the activation budget                           width (``ActivationCache``)
 plain-compiled      plain model on a local graph, compiled forward, at most  first-layer projections per node
-                    ``fused_max_targets`` targets; new nodes too on a CPU
-                    runtime, a stateless replica's included (an
-                    execution plan on their L-hop scopes)
+                    ``fused_max_targets`` targets and new nodes (an          (a GPU runtime: its CPU copy's)
+                    execution plan on their L-hop scopes; a GPU runtime's
+                    on its CPU copy, a stateless replica's new nodes only)
 plain-torch         plain model, no new nodes (larger batches, a remote      first-layer projections per node
                     graph, or no projection table)
 shadow-compiled     shaDow model, compiled forward, at most                  projections; the induced top-K
-                    ``fused_max_targets`` targets; new nodes too on a CPU    table beside the PPR index
-                    runtime (their lists pushed on the graph plus their
-                    edges, their projections from their features)
+                    ``fused_max_targets`` targets and new nodes (their       table beside the PPR index
+                    lists pushed on the graph plus their edges, their
+                    projections from their features)
 subgraph-torch      shaDow batches beyond the compiled forward; new nodes    projections; the induced table
                     without a compiled path (L-hop scopes on the graph plus  when there are no new nodes
-                    their edges), a GPU runtime's new nodes
+                    their edges), beyond ``fused_max_targets`` on a GPU
 ==================  =====================================================  ====================================
 
 The torch paths (``plain-torch``, ``subgraph-torch``) are the specification: ``tests/test_paths.py``
@@ -103,8 +105,8 @@ class ServingPath:
         """Whether a runtime can take this path at all (decided once, at construction)."""
         raise NotImplementedError
 
-    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
-        """Whether this path answers a batch of ``targets`` distinct targets (with new nodes or not)."""
+    def accepts(self, targets: int, new_nodes: int, width: int) -> bool:
+        """Whether this path answers a batch of ``targets`` distinct targets and ``new_nodes`` new nodes."""
         raise NotImplementedError
 
     def takes(self, targets: np.ndarray, budget: int) -> bool:
@@ -119,8 +121,11 @@ class ServingPath:
         return f"<serving path {self.name}>"
 
 
-def _compiled_fits(rt: ModelRuntime, targets: int, new_nodes: bool) -> bool:
-    return not new_nodes and targets <= rt.fused_max_targets
+def _compiled_fits(rt: ModelRuntime, targets: int, new_nodes: int = 0) -> bool:
+    """Whether a batch of ``targets`` existing targets and ``new_nodes`` new nodes is within the compiled paths'
+    size bound (``fused_max_targets``: every batch on a CPU by default; on a GPU the crossover below which the
+    compiled CPU paths beat the device's torch path), a new node counted as a target."""
+    return targets + new_nodes <= rt.fused_max_targets
 
 
 def _small_on_gpu(rt: ModelRuntime, targets: int, width: int) -> bool:
@@ -175,7 +180,7 @@ class ResidentPath(ServingPath):
     def available(rt: ModelRuntime) -> bool:
         return rt._resident is not None
 
-    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
+    def accepts(self, targets: int, new_nodes: int, width: int) -> bool:
         # a width without its table starts its build in the background and takes the next path meanwhile
         return not new_nodes and not _small_on_gpu(self.rt, targets, width) and self.rt._resident.request(width)
 
@@ -212,7 +217,7 @@ class ShadowResidentPath(ServingPath):
     def available(rt: ModelRuntime) -> bool:
         return rt._resident_shadow is not None
 
-    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
+    def accepts(self, targets: int, new_nodes: int, width: int) -> bool:
         return not new_nodes and not _small_on_gpu(self.rt, targets, width)
 
     def takes(self, targets: np.ndarray, budget: int) -> bool:
@@ -250,9 +255,9 @@ class ActivationPath(ServingPath):
     def available(rt: ModelRuntime) -> bool:
         return rt._activations is not None
 
-    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
+    def accepts(self, targets: int, new_nodes: int, width: int) -> bool:
         acts = self.rt._activations
-        return _compiled_fits(self.rt, targets, new_nodes) and acts is not None and acts.has_table(width)
+        return not new_nodes and _compiled_fits(self.rt, targets) and acts is not None and acts.has_table(width)
 
     def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
         rt = self.rt
@@ -283,12 +288,13 @@ class CompiledPlanPath(ServingPath):
     def available(rt: ModelRuntime) -> bool:
         return rt._act_params is not None and rt.extractor == "lhop"
 
-    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
-        # new nodes on a CPU runtime (a GPU runtime keeps its batches with new nodes on the device, on the torch
-        # path); a stateless replica's plans index a local graph: it takes new nodes only, their plan on the batch's
+    def accepts(self, targets: int, new_nodes: int, width: int) -> bool:
+        # new nodes within the size bound, a GPU runtime's too (on its CPU copy of the model: the device's torch path
+        # is the slower one for a plain model at every batch size measured, serve.runtime.GPU_MIN_TARGETS_AUTO); a
+        # stateless replica's plans index a local graph: it takes new nodes only, their plan on the batch's
         if self.rt._fused_params is None:
-            return new_nodes and not targets and self.rt.device.type != "cuda"
-        return _compiled_fits(self.rt, targets, new_nodes and self.rt.device.type == "cuda")
+            return bool(new_nodes) and not targets and self.rt.device.type != "cuda"
+        return _compiled_fits(self.rt, targets, new_nodes)
 
     def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
         if new_specs:  # the targets first, on their own plan (the bits they get without new nodes), then the new nodes
@@ -314,7 +320,7 @@ class CompiledPlanPath(ServingPath):
         batch = rt._subgraphs(np.zeros(0, np.int64), new_specs, budget)
         plan = execution_plan(batch.graph, batch.ptr[:-1], rt.num_layers, width, rt.strategy)
         t_sub = time.perf_counter()
-        table = np.ascontiguousarray(rt._projections(batch, new_specs).numpy())
+        table = np.ascontiguousarray(rt._projections(batch, new_specs, rt._cpu_projections).numpy())
         dinv = dinv32(rt._norm_degrees(batch, new_specs)) if rt.architecture == "gcn" else None
         t_feat = time.perf_counter()
         _, probs, labels, emb = plan_forward_cpu(plan, rt._act_params, table, dinv)
@@ -332,7 +338,7 @@ class TorchPlanPath(ServingPath):
     def available(rt: ModelRuntime) -> bool:
         return rt.extractor == "lhop"
 
-    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
+    def accepts(self, targets: int, new_nodes: int, width: int) -> bool:
         return not new_nodes
 
     def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
@@ -390,10 +396,10 @@ class CompiledShadowPath(ServingPath):
     def available(rt: ModelRuntime) -> bool:
         return rt._fused_params is not None and rt.extractor == "ppr"
 
-    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
-        # new nodes on a CPU runtime too: their subgraphs are the push's lists on the graph plus their edges, read
-        # like any other (a GPU runtime keeps its batches with new nodes on the device, on the torch path)
-        return _compiled_fits(self.rt, targets, new_nodes and self.rt.device.type == "cuda")
+    def accepts(self, targets: int, new_nodes: int, width: int) -> bool:
+        # new nodes too (a GPU runtime's on its CPU copy, within the size bound like any batch): their subgraphs
+        # are the push's lists on the graph plus their edges, read like any other
+        return _compiled_fits(self.rt, targets, new_nodes)
 
     def run(self, targets: np.ndarray, new_specs: list, width: int, budget: int, want_emb: bool) -> PathOutput:
         rt = self.rt
@@ -425,7 +431,7 @@ class TorchSubgraphPath(ServingPath):
     def available(rt: ModelRuntime) -> bool:
         return True
 
-    def accepts(self, targets: int, new_nodes: bool, width: int) -> bool:
+    def accepts(self, targets: int, new_nodes: int, width: int) -> bool:
         # a plain model's induced L-hop scopes equal its plan at exact width only (kernels.plan): they
         # serve the batches a plan cannot, those with new nodes
         return new_nodes or self.rt.extractor == "ppr"

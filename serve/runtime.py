@@ -230,7 +230,8 @@ class RuntimeOptions:
     #: ... and only when their estimated work (edges aggregated, :meth:`ModelRuntime.estimate_work`) is at
     #: most this: an exact-width request on a hub or new nodes with long neighbour lists go to the worker
     inline_max_work: int = 20_000
-    #: batches of at most this many targets take a compiled path (serve.paths); larger ones the torch paths
+    #: batches of at most this many targets take a compiled path (serve.paths; a request's new node counts as
+    #: one); larger ones the torch paths
     fused_max_targets: int = FUSED_MAX_TARGETS
     #: torch threads of a batch on the torch operator paths (:data:`TORCH_PATH_THREADS`); 0 = the process's count
     #: for batches of :data:`SMALL_BATCH_ROWS` rows or more, one below (the rule of the compiled paths)
@@ -755,14 +756,14 @@ class ModelRuntime:
         docs/RELIABILITY.md, "Batch-invariant answers"); the name is then both paths', joined by ``+``. A batch of
         more than :data:`COMPILED_CHUNK_TARGETS` targets on a path of :data:`CHUNKED_PATHS` runs in chunks of that many."""
         if path is None and new_specs and len(targets):
-            own = self._path_for(targets, False, width, budget)
-            if own.name != self._path_for(targets, True, width, budget).name:
+            own = self._path_for(targets, 0, width, budget)
+            if own.name != self._path_for(targets, len(new_specs), width, budget).name:
                 n1, o1 = self._run_batch(blocking, None, targets, [], width, budget, want_emb)
                 p2, o2 = self._run_path_waiting(blocking, None, targets[:0], new_specs, width, budget, want_emb)
-                return f"{n1}+{p2.name}", joined(o1, o2)
+                return (n1 if n1 == p2.name else f"{n1}+{p2.name}"), joined(o1, o2)
         step = COMPILED_CHUNK_TARGETS
         if path is None and not new_specs and len(targets) > step and \
-                self._path_for(targets, False, width, budget).name in CHUNKED_PATHS:
+                self._path_for(targets, 0, width, budget).name in CHUNKED_PATHS:
             names: list[str] = []
             o = None
             for i in range(0, len(targets), step):
@@ -799,7 +800,7 @@ class ModelRuntime:
         take there (:meth:`_device_lost`)."""
         chosen = path is None
         if path is None:
-            path = self._path_for(targets, bool(new_specs), width, budget)
+            path = self._path_for(targets, len(new_specs), width, budget)
         try:
             return path, path.run(targets, new_specs, width, budget, want_emb)
         except (InvalidArgument, Overloaded, Unavailable):
@@ -818,7 +819,7 @@ class ModelRuntime:
                           "batches take the next path", self.name, self.version, path.name)
             self.paths = [p for p in self.paths if p is not path]
             self.switched_off.append(path.name)
-            path = self._path_for(targets, bool(new_specs), width, budget)
+            path = self._path_for(targets, len(new_specs), width, budget)
             return path, path.run(targets, new_specs, width, budget, want_emb)
 
     def _device_lost(self) -> None:
@@ -833,8 +834,8 @@ class ModelRuntime:
         if self.on_device_lost is not None:
             self.on_device_lost()
 
-    def _path_for(self, targets: np.ndarray, new_nodes: bool, width: int, budget: int) -> ServingPath:
-        """The first of this runtime's paths that takes such a batch (serve.paths)."""
+    def _path_for(self, targets: np.ndarray, new_nodes: int, width: int, budget: int) -> ServingPath:
+        """The first of this runtime's paths that takes such a batch (``new_nodes``: how many; serve.paths)."""
         return next(p for p in self.paths if p.accepts(len(targets), new_nodes, width) and p.takes(targets, budget))
 
     def activation_widths(self) -> list[int]:
@@ -880,7 +881,7 @@ class ModelRuntime:
             work = self._scope_bound_of(nodes)
         elif (self._resident is not None and self._resident.holds(s)) or (
                 self.activations_complete(s)
-                and self._path_for(nodes, False, s, call.ppr_budget).name == "plain-activations"):
+                and self._path_for(nodes, 0, s, call.ppr_budget).name == "plain-activations"):
             # the resident path at a width it holds, or the activation path with every first-layer row held:
             # the last layer's rows alone
             deg = self.graph.degrees_of(nodes)
@@ -1184,9 +1185,10 @@ class ModelRuntime:
             return ptr, found
         return lhop_nodes(self.graph, nodes, hops)
 
-    def _projections(self, batch: SubgraphBatch, new_specs: list) -> torch.Tensor:
-        """The projection of every row of ``batch`` (new nodes' projected from their features)."""
-        p_unique = self._unique_projections(batch, new_specs)
+    def _projections(self, batch: SubgraphBatch, new_specs: list, projections: Any = None) -> torch.Tensor:
+        """The projection of every row of ``batch`` (new nodes' projected from their features; ``projections``: the
+        cache to read, default the model's)."""
+        p_unique = self._unique_projections(batch, new_specs, projections)
         # index_select: on a CPU 4x faster than indexing with the tensor (92,000 rows of 64: 1.9 against 7.8 ms)
         return p_unique.index_select(0, torch.from_numpy(batch.row_to_unique).to(p_unique.device))
 

@@ -160,6 +160,44 @@ def test_batches_with_new_nodes_take_their_paths(four_repo):
                     assert (got.edges_kept, got.edges_total) == (want.edges_kept, want.edges_total), (model, width)
 
 
+class _DeviceTable:
+    """Stands for a GPU runtime's device projection table: a compiled CPU path must not read it."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the device projection table was read ({name})")
+
+
+def test_a_gpu_runtimes_new_nodes_take_the_compiled_paths_on_its_cpu_copy(four_repo, monkeypatch):
+    """A GPU runtime's new nodes (serve.paths: a new node counts as a target in ``fused_max_targets``, the bound
+    below which the compiled CPU paths beat the device's torch path) take the compiled paths on its CPU copy of the
+    model and its CPU projection table, never the device's table; beyond the bound, the torch subgraph path. Run on
+    a CPU runtime dressed as a GPU one (its device, its device table, its bound): the answers are the CPU runtime's
+    to the bit. tests/test_live.py runs a real GPU server's new nodes."""
+    import torch
+
+    rng = np.random.default_rng(21)
+    with ServerThread(four_repo, {"poll_s": 0}) as srv:
+        for model in ("gcn", "sgcn"):
+            rt = srv.server.registry.get(model)
+            compiled = "shadow-compiled" if model == "sgcn" else "plain-compiled"
+            specs = [_new_node(rng, [1, 2, 3]), _new_node(rng, [7, 40], [0.5, 2.0]), _new_node(rng, [])]
+            want = {w: (_ask(rt, [], specs, width=w), _ask(rt, [4, 5], specs, width=w)) for w in (0, 2)}
+            with monkeypatch.context() as m:
+                m.setattr(rt, "device", torch.device("cuda"))
+                m.setattr(rt, "projections", _DeviceTable())
+                m.setattr(rt, "fused_max_targets", 4)
+                none = np.zeros(0, np.int64)
+                assert rt._path_for(none, 4, 2, rt.limits.default_ppr_budget).name == compiled
+                assert rt._path_for(none, 5, 2, rt.limits.default_ppr_budget).name == "subgraph-torch"
+                for w, (alone, mixed) in want.items():
+                    got = _ask(rt, [], specs, width=w)
+                    assert got.path == compiled, (model, got.path)
+                    assert np.array_equal(got.probabilities, alone.probabilities), (model, w)
+                    assert (got.edges_kept, got.edges_total) == (alone.edges_kept, alone.edges_total)
+                    got = _ask(rt, [4, 5], specs, width=w)
+                    assert got.path == mixed.path and np.array_equal(got.probabilities, mixed.probabilities)
+
+
 @pytest.fixture(scope="module")
 def depth_repo(tmp_path_factory, small_dataset):
     """A 3-layer GCN and GraphSAGE (a new node's inner scope from its neighbours' balls, not the neighbours)."""
