@@ -1167,7 +1167,8 @@ class ModelRuntime:
         if self.num_layers == 0 or not any(len(nb) for nb in nbs):
             return [np.array([n + j], dtype=np.int64) for j in range(len(specs))], np.ones(len(specs), dtype=np.int64)
         flat = np.concatenate(nbs)
-        ptr, scope = self._lhop_lists(flat, self.num_layers - 1, held)
+        # the balls' last hop is each new node's last: read without edges, so a replica reads their degrees, not rows
+        ptr, scope = self._lhop_lists(flat, self.num_layers - 1, held, last_rows=False)
         if self.num_layers == 2:  # the inner scope: the neighbours themselves (plain models have 2 layers or more)
             iptr, iscope = np.arange(len(flat) + 1, dtype=np.int64), flat
         else:
@@ -1175,11 +1176,13 @@ class ModelRuntime:
         optr, nodes, inner = new_node_scopes(n, np.cumsum([len(nb) for nb in nbs]), ptr, scope, iptr, iscope)
         return np.split(nodes, optr[1:-1]), inner
 
-    def _lhop_lists(self, nodes: np.ndarray, hops: int, held: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _lhop_lists(self, nodes: np.ndarray, hops: int, held: list | None = None,
+                    last_rows: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """``(ptr, nodes)``: each node's nodes within ``hops``, it first, on the graph in memory or a replica's; there
-        the local graph of the rows fetched for them is appended to ``held`` when given."""
+        the local graph of the rows fetched for them is appended to ``held`` when given (``last_rows`` False: without
+        the rows of the last hop, ``RedisGraphStore.lhop_local``)."""
         if self.remote_graph:
-            ptr, found, local = self.graph.lhop_local(nodes, hops)
+            ptr, found, local = self.graph.lhop_local(nodes, hops, last_rows)
             if held is not None:
                 held.append(local)
             return ptr, found

@@ -432,6 +432,72 @@ def test_a_batch_induced_on_the_rows_its_lists_fetched(loaded, tiny_dataset):
         store.close()
 
 
+def test_a_new_nodes_last_hop_is_read_as_degrees(loaded, tiny_dataset):
+    """``lhop_local(..., last_rows=False)`` (a plain model's new nodes, whose last hop gets no edges): the same lists
+    and GCN degrees without the last hop's rows (one fetch round fewer without the arena, fewer rows gathered with
+    it); the batch induced on it with the new nodes' ``inner`` equals the in-memory one without a fetch, and a batch
+    whose every row gets edges passes it over (its rows fetched). An overlay row's degree is the overlay's."""
+    from serve.graph_store import RedisGraphStore
+
+    g = tiny_dataset.graph
+    n = g.num_nodes
+    full_deg = g.degrees.astype(np.float64) + 1.0
+    nbs = [np.array([5, 700, 9]), np.array([123])]
+    flat = np.concatenate(nbs)
+    src = np.concatenate([np.full(len(nb), n + j) for j, nb in enumerate(nbs)])
+    extra = ExtraEdges.from_edges(n, np.concatenate([src, flat]), np.concatenate([flat, src]), None, num_virtual=2)
+    arena = RedisGraphStore(loaded, g.fingerprint())
+    plain = RedisGraphStore(loaded, g.fingerprint(), cache_bytes=0)  # neither an arena nor an LRU
+    try:
+        assert arena._arena is not None and plain._arena is None
+        for store in (arena, plain):
+            store.gcn_degrees(np.arange(n))  # the degree chunks read once, before the round trips are counted
+            for hops in (0, 1, 2):
+                want_ptr, want_scope, whole = store.lhop_local(flat, hops)
+                trips = store.round_trips
+                ptr, scope, local = store.lhop_local(flat, hops, last_rows=False)
+                if store is plain:  # the LRU is off: every round reads Redis, the last one not
+                    assert store.round_trips == trips + hops, hops
+                np.testing.assert_array_equal(ptr, want_ptr)
+                np.testing.assert_array_equal(scope, want_scope)
+                np.testing.assert_array_equal(local.ids, whole.ids)
+                np.testing.assert_array_equal(local.gcn_degrees, full_deg[local.ids])
+                last = np.setdiff1d(local.ids, local.rows)
+                assert len(last) and whole.rows is None
+                inside = np.unique(lhop_nodes(g, flat, hops - 1)[1]) if hops else np.zeros(0, np.int64)
+                np.testing.assert_array_equal(last, np.setdiff1d(local.ids, inside))  # the nodes first met at the last hop
+                if hops != 1:
+                    continue
+                # a plain 2-layer model's new nodes: each list is the new node, its neighbours, then their balls
+                lists = [np.concatenate([[n + j], nb, np.setdiff1d(np.unique(scope[ptr[e - len(nb)]:ptr[e]]), nb)])
+                         for j, (nb, e) in enumerate(zip(nbs, np.cumsum([len(x) for x in nbs]).tolist(), strict=True))]
+                lp = np.concatenate([[0], np.cumsum([len(x) for x in lists])])
+                nodes = np.concatenate(lists).astype(np.int64)
+                inner = np.array([1 + len(nb) for nb in nbs], dtype=np.int64)
+                trips = store.round_trips
+                got = store.induced_batch(lp, nodes, extra=extra, held=[local], inner=inner)
+                assert store.round_trips == trips  # nothing fetched
+                want = induced_batch(g, lp, nodes, extra=extra, inner=inner)
+                np.testing.assert_array_equal(got.graph.indptr, want.graph.indptr)
+                np.testing.assert_array_equal(got.graph.indices, want.graph.indices)
+                stored = nodes < n
+                np.testing.assert_array_equal(got.gcn_degrees[stored], full_deg[nodes[stored]])
+                every = store.induced_batch(lp, nodes, extra=extra, held=[local])  # every row's edges: fetched
+                assert store.round_trips > trips or store is arena  # its LRU may hold them
+                want = induced_batch(g, lp, nodes, extra=extra)
+                np.testing.assert_array_equal(every.graph.indptr, want.graph.indptr)
+                np.testing.assert_array_equal(every.graph.indices, want.graph.indices)
+        # an update's overlay row at the last hop: its degree is the overlay row's
+        ptr, scope, local = arena.lhop_local(flat, 1, last_rows=False)
+        v = int(np.setdiff1d(local.ids, local.rows)[0])
+        arena.apply_rows({v: (np.array([5], dtype=np.int64), None)}, n)
+        local = arena.lhop_local(flat, 1, last_rows=False)[2]
+        assert v in local.ids and local.gcn_degrees[np.searchsorted(local.ids, v)] == 2.0
+    finally:
+        arena.close()
+        plain.close()
+
+
 def _stored_rows(g: CSRGraph, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
     lens = (g.indptr[ids + 1] - g.indptr[ids]).astype(np.int64)
     return lens, np.concatenate([g.indices[g.indptr[v]:g.indptr[v + 1]] for v in ids]), None

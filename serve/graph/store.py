@@ -106,15 +106,26 @@ class LocalGraph:
     ids: np.ndarray
     graph: Any
     gcn_degrees: np.ndarray
+    #: the sorted ids whose rows it holds; None: every one of ``ids``. The others (the last hop of a walk that did not
+    #: need their rows: :meth:`RedisGraphStore.lhop_local`'s ``last_rows``) have no edges here, but their degrees
+    rows: np.ndarray | None = None
 
-    def covers(self, ids: np.ndarray) -> bool:
-        """Whether every one of the sorted distinct ``ids`` has its row here."""
-        if not len(ids):
-            return True
-        if not len(self.ids):
+    def covers(self, ids: np.ndarray, edged: np.ndarray | None = None) -> bool:
+        """Whether every one of the sorted distinct ``ids`` is a node here and every one of the sorted distinct
+        ``edged`` (default: ``ids``) has its row here."""
+        if not _within(ids, self.ids):
             return False
-        pos = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
-        return bool(np.array_equal(self.ids[pos], ids))
+        return self.rows is None or _within(ids if edged is None else edged, self.rows)
+
+
+def _within(ids: np.ndarray, pool: np.ndarray) -> bool:
+    """Whether every one of the sorted distinct ``ids`` is in the sorted distinct ``pool``."""
+    if not len(ids):
+        return True
+    if not len(pool):
+        return False
+    pos = np.minimum(np.searchsorted(pool, ids), len(pool) - 1)
+    return bool(np.array_equal(pool[pos], ids))
 
 
 class _Induced:
@@ -938,7 +949,8 @@ class RedisGraphStore(PinnedVersion):
         degree and its neighbours' share of it are the caller's, ``serve.runtime``'s ``_norm_degrees``).
 
         ``held``: local graphs this batch already fetched (:meth:`lhop_local`); the first that covers the batch's
-        nodes (the extra edges' stored ends included) is used as it is: no fetch, no second local graph.
+        nodes (the extra edges' stored ends included) and holds the rows of those that get edges is used as it is:
+        no fetch, no second local graph.
         ``inner``: as for :func:`kernels.subgraph.induced_batch` (rows past it get no edges).
         """
         nodes = np.asarray(nodes, dtype=np.int64)
@@ -952,7 +964,13 @@ class RedisGraphStore(PinnedVersion):
         if extra is not None:  # the new nodes' neighbours: their local ids carry the extra edges
             stored += [extra.src[extra.src < n], extra.dst[extra.dst < n]]
         uniq = np.unique(np.concatenate(stored))
-        local = next((x for x in held if x.covers(uniq)), None)
+        edged = None  # the rows that get edges: every row, or each list's first inner[i]
+        if inner is not None and any(x.rows is not None for x in held):
+            ptr = np.asarray(ptr, dtype=np.int64)
+            first = np.arange(len(nodes), dtype=np.int64) - np.repeat(ptr[:-1], np.diff(ptr))
+            edged = nodes[first < np.repeat(np.asarray(inner, dtype=np.int64), np.diff(ptr))]
+            edged = np.unique(edged[edged < n])
+        local = next((x for x in held if x.covers(uniq, edged)), None)
         if local is None:
             local = self._local(uniq, self.adjacency(uniq))
         return self._batch_on(local, ptr, nodes, extra, inner)
@@ -981,15 +999,22 @@ class RedisGraphStore(PinnedVersion):
         out.gcn_degrees = degrees  # type: ignore[attr-defined]
         return out
 
-    def _lhop_rows(self, targets: np.ndarray, hops: int) -> tuple[np.ndarray, np.ndarray, dict[int, Any]]:
-        """``(targets, uniq, rows)``: the adjacency rows of every node within ``hops`` of a target
-        (``hops + 1`` fetch rounds, fewer with the LRU) and their sorted ids."""
+    def _lhop_rows(self, targets: np.ndarray, hops: int,
+                   last_rows: bool = True) -> tuple[np.ndarray, np.ndarray, dict[int, Any], np.ndarray]:
+        """``(targets, uniq, rows, last)``: the adjacency rows of every node within ``hops`` of a target
+        (``hops + 1`` fetch rounds, fewer with the LRU) and their sorted ids; with ``last_rows`` False the nodes first
+        reached at hop ``hops`` (``last``, sorted) get an empty row instead of a fetch round."""
         t = np.asarray(targets, dtype=np.int64)
         if len(t) and (int(t.min()) < 0 or int(t.max()) >= self.num_nodes):
             raise ValueError(f"targets must lie in [0, {self.num_nodes})")
         rows: dict[int, Any] = {}
         frontier = np.unique(t)
+        last = _EMPTY_IDS
         for h in range(hops + 1):
+            if h == hops and not last_rows:
+                last = frontier
+                rows.update(dict.fromkeys(frontier.tolist(), (_EMPTY_IDS, None)))
+                break
             rows.update(self.adjacency(frontier))
             if h == hops:
                 break
@@ -1000,7 +1025,7 @@ class RedisGraphStore(PinnedVersion):
             if not len(frontier):
                 break
         uniq = np.fromiter(sorted(rows), dtype=np.int64, count=len(rows))
-        return t, uniq, rows
+        return t, uniq, rows, last
 
     def lhop_lists(self, targets: np.ndarray, hops: int) -> tuple[np.ndarray, np.ndarray]:
         """``(ptr, nodes)``: :func:`kernels.subgraph.lhop_nodes` on the stored graph (each target's nodes within
@@ -1008,20 +1033,36 @@ class RedisGraphStore(PinnedVersion):
         lptr, nodes, _ = self.lhop_local(targets, hops)
         return lptr, nodes
 
-    def lhop_local(self, targets: np.ndarray, hops: int) -> tuple[np.ndarray, np.ndarray, LocalGraph]:
+    def lhop_local(self, targets: np.ndarray, hops: int,
+                   last_rows: bool = True) -> tuple[np.ndarray, np.ndarray, LocalGraph]:
         """:meth:`lhop_lists` and the local graph of the rows fetched for them, which holds every node of the lists
-        (give it to :meth:`induced_batch` as ``held``)."""
+        (give it to :meth:`induced_batch` as ``held``). ``last_rows`` False: the rows of the nodes first reached at
+        hop ``hops`` are not read (one fetch round fewer, and the largest), only their degrees: the walk does not
+        expand them, and a batch that gives them no edges (``induced_batch``'s ``inner``: a new node's last hop)
+        needs nothing else of them (``LocalGraph.rows``)."""
         from kernels.subgraph import lhop_nodes
 
         t = np.asarray(targets, dtype=np.int64)
-        local = self._lhop_arena(t, hops)
+        local = self._lhop_arena(t, hops, last_rows)
         if local is None:
-            t, uniq, rows = self._lhop_rows(t, hops)
-            local = self._local(uniq, rows)
+            t, uniq, rows, last = self._lhop_rows(t, hops, last_rows)
+            local = self._without_rows(self._local(uniq, rows), last)
         lptr, lnodes = lhop_nodes(local.graph, np.searchsorted(local.ids, t), hops)
         return lptr, local.ids[lnodes], local
 
-    def _lhop_arena(self, t: np.ndarray, hops: int) -> LocalGraph | None:
+    def _without_rows(self, local: LocalGraph, last: np.ndarray) -> LocalGraph:
+        """``local`` whose nodes ``last`` (sorted) were given empty rows: their GCN degrees read (degree chunks, not
+        rows) and the rows it holds said (``LocalGraph.rows``)."""
+        if not len(last):
+            return local
+        at = np.searchsorted(local.ids, last)
+        degrees = local.gcn_degrees.copy()
+        degrees[at] = self.gcn_degrees(last)
+        keep = np.ones(len(local.ids), dtype=bool)
+        keep[at] = False
+        return replace(local, gcn_degrees=degrees, rows=local.ids[keep])
+
+    def _lhop_arena(self, t: np.ndarray, hops: int, last_rows: bool = True) -> LocalGraph | None:
         """:meth:`_lhop_rows` and :meth:`_local` on the row arena's arrays (no row taken out of the LRU one by one);
         None where the arena cannot give every row (see :meth:`_arena_rows`)."""
         from kernels.graph import CSRGraph
@@ -1030,7 +1071,7 @@ class RedisGraphStore(PinnedVersion):
         if self._arena is None or not len(t):
             return None
         seen = np.unique(t)
-        frontier = seen
+        frontier = seen  # after the walk: the nodes first reached at its last hop (none when it ended early)
         for _ in range(max(int(hops), 0)):
             got = self._arena_rows(frontier)
             if got is None:
@@ -1039,12 +1080,19 @@ class RedisGraphStore(PinnedVersion):
             if not len(frontier):
                 break
             seen = np.union1d(seen, frontier)
-        got = self._arena_rows(seen)
+        last = _EMPTY_IDS if last_rows else frontier
+        want = np.setdiff1d(seen, last, assume_unique=True) if len(last) else seen
+        got = self._arena_rows(want)
         if got is None:
             return None
         ptr, cols, ws = got
-        indptr, indices, kept_w, wsum = local_csr(seen, np.diff(ptr), cols, ws)
-        return LocalGraph(seen, CSRGraph(indptr=indptr, indices=indices, weights=kept_w, num_nodes=len(seen)), wsum + 1.0)
+        lens = np.diff(ptr)
+        if len(last):  # the last hop's rows empty
+            lens = np.zeros(len(seen), dtype=np.int64)
+            lens[np.searchsorted(seen, want)] = np.diff(ptr)
+        indptr, indices, kept_w, wsum = local_csr(seen, lens, cols, ws)
+        graph = CSRGraph(indptr=indptr, indices=indices, weights=kept_w, num_nodes=len(seen))
+        return self._without_rows(LocalGraph(seen, graph, wsum + 1.0), last)
 
     def lhop_batch(self, targets: np.ndarray, hops: int) -> tuple[Any, np.ndarray, np.ndarray]:
         """``(batch, ptr, nodes)``: the exact L-hop lists (:meth:`lhop_lists`) and their induced batch."""
