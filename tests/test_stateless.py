@@ -121,6 +121,39 @@ def test_stateless_replica_answers_like_single_process(stateless, served, model,
         assert acts is not None and acts.misses > 0 and acts.hits > 0
 
 
+@pytest.mark.gpu
+def test_a_gpu_replica_answers_like_the_cpu_server(loaded, served, tiny_repo, tmp_path):
+    """A stateless replica with ``device="cuda"`` (never run on a GPU before 2026-11-29: a replica's plain model on the
+    device's torch path with degrees from Redis, its shaDow model on lists and rows from Redis, a Predict's new nodes)
+    answers as the in-memory CPU server (to 1e-4: the device sums in other orders), with the same edge counts."""
+    import torch
+
+    from kernels import spmm_cuda
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if not spmm_cuda.available():
+        pytest.skip("CuPy / the ES-SpMM kernel is not usable here")
+    rng = np.random.default_rng(3)
+    new = [pb.NewNode(features=rng.normal(size=16).tolist(), neighbors=[1, 2, 40]),
+           pb.NewNode(features=rng.normal(size=16).tolist(), neighbors=[7], edge_weights=[0.5])]
+    srv = ServerThread(models_only(tiny_repo, tmp_path / "repo"),
+                       {"runtime_kw": {"graph_url": loaded, "device": "cuda"}}).start()
+    try:
+        assert srv.server.registry.get("gcn").device.type == "cuda"
+        for model, width, budget in (("gcn", 0, 0), ("gcn", 4, 0), ("shadow", 0, 16), ("shadow", 4, 32)):
+            kw = {"sampling_width": width} | ({"ppr_budget": budget} if budget else {})
+            for nodes, extra in ((np.r_[np.arange(0, 800, 13), [799, 0]], {}), ([5, 700], {"new_nodes": new})):
+                want = predict(served.address, model, nodes, **kw, **extra)
+                got = predict(srv.address, model, nodes, **kw, **extra)
+                np.testing.assert_allclose(np.asarray(got.probabilities), np.asarray(want.probabilities),
+                                           rtol=1e-4, atol=1e-4, err_msg=f"{model} S={width} {extra.keys()}")
+                assert (got.settings.edges_kept, got.settings.edges_total) == (want.settings.edges_kept,
+                                                                                 want.settings.edges_total)
+    finally:
+        srv.stop()
+
+
 def test_warm_gcn_replica_follows_updates_like_a_cold_one(redis_factory, tiny_repo, tiny_dataset, tmp_path):
     """A stateless GCN replica whose first-layer rows are cached answers after an edge update and a
     feature update exactly as a replica started after them: the rows they changed (the endpoints,
