@@ -1108,13 +1108,13 @@ class ModelRuntime:
             ptr, nodes = self._lhop_lists(targets, self.num_layers, held)
         extra = inner = None
         if new_specs:
-            extra = self._extra_edges(new_specs)
-            lists, inner_new = self._new_node_lists(new_specs, budget, held)
-            sizes = np.array([len(x) for x in lists], dtype=np.int64)
+            edges = _new_edges(new_specs)
+            extra = self._extra_edges(edges)
+            nptr, new_nodes, inner_new = self._new_node_lists(new_specs, budget, held, edges)
             if inner_new is not None:  # targets' rows all aggregated, new nodes' last hop read as inputs only
                 inner = np.concatenate([np.diff(ptr), inner_new])
-            ptr = np.concatenate([ptr, ptr[-1] + np.cumsum(sizes)])
-            nodes = np.concatenate([nodes, *lists])
+            ptr = np.concatenate([ptr, ptr[-1] + nptr[1:]])
+            nodes = np.concatenate([nodes, new_nodes])
         batch = g.induced_batch(ptr, nodes, extra=extra, held=held, inner=inner) if self.remote_graph else \
             induced_batch(g, ptr, nodes, extra=extra, inner=inner)
         # a plain model's rows in the graph's own order: sampled widths pick what the whole graph's forward does
@@ -1125,28 +1125,25 @@ class ModelRuntime:
             ordered.gcn_degrees = batch.gcn_degrees  # type: ignore[attr-defined]
         return ordered
 
-    def _extra_edges(self, specs: list) -> ExtraEdges:
+    def _extra_edges(self, edges: _NewEdges) -> ExtraEdges:
+        """The batch's new nodes' edges (:func:`_new_edges`) in both directions: the new node's rows and its
+        neighbours' rows gain them."""
         n = self.graph.num_nodes
-        src = np.concatenate([np.full(len(s.neighbors), n + j, dtype=np.int64) for j, s in enumerate(specs)])
-        dst = np.concatenate([s.neighbors for s in specs])
-        w = None
-        if any(s.weights is not None for s in specs):
-            w = np.concatenate([_weights_of(s) for s in specs])
-            w = np.concatenate([w, w])
-        # both directions: the new node's rows and its neighbours' rows gain the edges
-        return ExtraEdges.from_edges(
-            n, np.concatenate([src, dst]), np.concatenate([dst, src]), w, num_virtual=len(specs)
-        )
+        src = n + edges.owner
+        w = None if edges.weights is None else np.concatenate([edges.weights, edges.weights])
+        return ExtraEdges.from_edges(n, np.concatenate([src, edges.neighbors]), np.concatenate([edges.neighbors, src]),
+                                     w, num_virtual=edges.count)
 
-    def _new_node_lists(self, specs: list, budget: int, held: list | None = None,
-                        ) -> tuple[list[np.ndarray], np.ndarray | None]:
-        """The node list of each new node of the batch (the ``j``-th under virtual id ``N + j``, first): its top
-        ``budget`` PPR entries on the graph plus it alone, or itself and its neighbours' ``L - 1``-hop balls. On a
-        replica all of them are found together (the pushes in lockstep, the balls in one walk): one fetch round
-        per wave or hop for the whole batch, not per node; in memory the pushes run on parallel threads. ``held``: a
-        replica's local graph of the balls' rows is appended to it (``_lhop_lists``).
+    def _new_node_lists(self, specs: list, budget: int, held: list | None = None, edges: _NewEdges | None = None,
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(ptr, nodes, inner)``: the node list of each new node of the batch (the ``j``-th, under virtual id
+        ``N + j``, first; ``nodes[ptr[j]:ptr[j + 1]]``): its top ``budget`` PPR entries on the graph plus it alone, or
+        itself and its neighbours' ``L - 1``-hop balls. On a replica all of them are found together (the pushes in
+        lockstep, the balls in one walk): one fetch round per wave or hop for the whole batch, not per node; in
+        memory the pushes run on parallel threads. ``held``: a replica's local graph of the balls' rows is appended
+        to it (``_lhop_lists``). ``edges``: :func:`_new_edges` of ``specs`` where the caller has them.
 
-        Also, for an L-hop model, each list's count of rows within ``L - 1`` hops of its new node, which come
+        ``inner``, for an L-hop model: each list's count of rows within ``L - 1`` hops of its new node, which come
         first (``kernels.subgraph.new_node_scopes``): the rows the model aggregates; the last hop's are read as
         inputs only, and get no edges (``induced_batch``'s ``inner``). None for a PPR model (every row counts)."""
         n = self.graph.num_nodes
@@ -1155,26 +1152,27 @@ class ModelRuntime:
             from serve.graph.store import pushed_new_nodes
 
             cfg = self.ppr_index.config
-            edges = [(s.neighbors, s.weights) for s in specs]
             push = pushed_new_nodes if self.remote_graph else ppr_new_nodes  # Redis rounds / parallel threads
-            found = push(self.graph, edges, cfg)
+            found = push(self.graph, [(s.neighbors, s.weights) for s in specs], cfg)
             lists = []
             for j, (nodes, _scores) in enumerate(found):
                 nodes = np.asarray(nodes, dtype=np.int64)[:budget]
                 lists.append(np.where(nodes == n, n + j, nodes) if j else nodes)
-            return lists, None
-        nbs = [np.asarray(s.neighbors, dtype=np.int64) for s in specs]
-        if self.num_layers == 0 or not any(len(nb) for nb in nbs):
-            return [np.array([n + j], dtype=np.int64) for j in range(len(specs))], np.ones(len(specs), dtype=np.int64)
-        flat = np.concatenate(nbs)
+            ptr = np.zeros(len(lists) + 1, dtype=np.int64)
+            np.cumsum([len(x) for x in lists], out=ptr[1:])
+            return ptr, np.concatenate(lists), None
+        edges = edges if edges is not None else _new_edges(specs)
+        m = edges.count
+        if self.num_layers == 0 or not len(edges.neighbors):
+            return np.arange(m + 1, dtype=np.int64), n + np.arange(m, dtype=np.int64), np.ones(m, dtype=np.int64)
+        flat = edges.neighbors
         # the balls' last hop is each new node's last: read without edges, so a replica reads their degrees, not rows
         ptr, scope = self._lhop_lists(flat, self.num_layers - 1, held, last_rows=False)
         if self.num_layers == 2:  # the inner scope: the neighbours themselves (plain models have 2 layers or more)
             iptr, iscope = np.arange(len(flat) + 1, dtype=np.int64), flat
         else:
             iptr, iscope = self._lhop_lists(flat, self.num_layers - 2, held)
-        optr, nodes, inner = new_node_scopes(n, np.cumsum([len(nb) for nb in nbs]), ptr, scope, iptr, iscope)
-        return np.split(nodes, optr[1:-1]), inner
+        return new_node_scopes(n, np.cumsum(edges.lengths), ptr, scope, iptr, iscope)
 
     def _lhop_lists(self, nodes: np.ndarray, hops: int, held: list | None = None,
                     last_rows: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -1221,21 +1219,22 @@ class ModelRuntime:
         if base is None or not new_specs:
             return base
         d = np.asarray(base, dtype=np.float64).copy()
-        nj = len(new_specs)
+        edges = _new_edges(new_specs)
+        nj = edges.count
         first = batch.num_subgraphs - nj  # new nodes' subgraphs come last
         lo = int(batch.ptr[first])
         ids = batch.node_ids[lo:]
         block = np.repeat(np.arange(nj, dtype=np.int64), np.diff(batch.ptr[first:]))
         seg = d[lo:]  # a view: writes land in d
-        ws = [_weights_of(s) for s in new_specs]
-        own = ids == n + block  # each new node's own row: 1 + its edges' weights
-        seg[own] = 1.0 + np.array([float(w.sum()) for w in ws])[block[own]]
+        w = edges.weights if edges.weights is not None else np.ones(len(edges.neighbors), np.float32)
+        own = ids == n + block  # each new node's own row: 1 + its edges' weights (float64, added in order)
+        seg[own] = 1.0 + np.bincount(edges.owner, weights=w, minlength=nj)[block[own]]
         # a row next to its block's new node gains that edge's weight (neighbours are distinct: validation)
         span = n + nj
-        keys = np.concatenate([j * span + np.asarray(s.neighbors, dtype=np.int64) for j, s in enumerate(new_specs)])
+        keys = edges.owner * span + edges.neighbors
         if len(keys):
             order = np.argsort(keys)
-            keys, kw = keys[order], np.concatenate(ws)[order]
+            keys, kw = keys[order], w[order]
             row_keys = block * span + ids
             pos = np.clip(np.searchsorted(keys, row_keys), 0, len(keys) - 1)
             hit = keys[pos] == row_keys
@@ -1278,8 +1277,26 @@ def _sampled_edges_bound(width: float, layers: int) -> float:
     return float(sum(width * (1.0 + width) ** (layers - layer) for layer in range(1, layers + 1)))
 
 
-def _weights_of(spec: Any) -> np.ndarray:
-    return spec.weights if spec.weights is not None else np.ones(len(spec.neighbors), np.float32)
+@dataclass(frozen=True)
+class _NewEdges:
+    """A batch's new nodes' edges laid end to end: new node ``j``'s neighbours are ``neighbors[owner == j]``."""
+
+    count: int  # new nodes
+    lengths: np.ndarray  # int64 [count]: neighbours per new node
+    neighbors: np.ndarray  # int64 [E]
+    owner: np.ndarray  # int64 [E]: the new node (0 .. count - 1) of each edge
+    weights: np.ndarray | None  # float32 [E] (1 for a new node without weights), None when no new node has any
+
+
+def _new_edges(specs: list) -> _NewEdges:
+    lengths = np.fromiter((len(s.neighbors) for s in specs), dtype=np.int64, count=len(specs))
+    nbrs = np.concatenate([np.asarray(s.neighbors, dtype=np.int64) for s in specs]) if specs else np.zeros(0, np.int64)
+    weights = None
+    if any(s.weights is not None for s in specs):
+        weights = np.concatenate([s.weights if s.weights is not None else np.ones(len(s.neighbors), np.float32)
+                                  for s in specs]).astype(np.float32, copy=False)
+    owner = np.repeat(np.arange(len(specs), dtype=np.int64), lengths)
+    return _NewEdges(len(specs), lengths, nbrs, owner, weights)
 
 
 class _WarmupFuture:
