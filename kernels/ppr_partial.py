@@ -26,6 +26,7 @@ their hashing were a third of the time, the Python work of the rounds another th
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -370,7 +371,8 @@ def _grown(a: np.ndarray, size: int) -> np.ndarray:
 
 def run_partial(pushes: Sequence[PartialPush],
                 rows: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray | None]],
-                degrees: Callable[[np.ndarray], np.ndarray], *, num_nodes: int | None = None) -> int:
+                degrees: Callable[[np.ndarray], np.ndarray], *, num_nodes: int | None = None,
+                stored: tuple[Any, np.ndarray, np.ndarray] | None = None) -> int:
     """Run ``pushes`` to the end in lockstep: each round runs every push until it pauses, fetches the rows they miss
     that no earlier round fetched with one call ``rows(ids)`` (``ids`` sorted distinct; returns ``(ptr int64
     [len + 1], cols int64, weights float64 or None)`` in that order) and the degrees of their columns with one
@@ -382,11 +384,18 @@ def run_partial(pushes: Sequence[PartialPush],
     them at a time in lockstep (a later group pushes over the rows the earlier ones fetched), where the graph is
     small enough (:data:`DENSE_PUSH_BYTES`), no push was handed rows or run by hand and all share one
     configuration: the same steps and arithmetic, so the same lists, and only rows of pushed nodes fetched (a push
-    sees at once the rows fetched for the others, so it may ask for its next rows a round earlier)."""
+    sees at once the rows fetched for the others, so it may ask for its next rows a round earlier).
+
+    ``stored``, for the dense state: ``(arena, degrees, own)``, a :class:`kernels.row_arena.RowArena` of the graph's
+    stored rows, every node's weighted degree (float64 ``[num_nodes]``, what ``degrees`` gives) and the sorted ids
+    whose row is not the stored one (an update's): the pushes read the arena's rows in place (under its lock),
+    pausing only at a node whose row it lacks or that ``own`` names (those are fetched with ``rows`` as above),
+    instead of a round per wave of the queue with each wave's rows copied out and their columns' degrees asked
+    for."""
     if num_nodes is not None and pushes:
         group = _dense_ok(pushes, int(num_nodes))
         if group:
-            return _run_dense(pushes, group, int(num_nodes), rows, degrees)
+            return _run_dense(pushes, group, int(num_nodes), rows, degrees, stored)
     rounds = 0
     live = list(pushes)
     held = _Held()
@@ -588,11 +597,13 @@ def _dense_edge(rp_i, seen_i, touched_i, queue_i, thrb, v, add, nt, tail, qlen, 
 
 
 @numba.njit(cache=True, nogil=True)
-def _dense_run(rp, seen, touched, queue, gm, hs, hl, hcol, hw, weighted, deg, thrb, src, wself, nbo, nb, nbw, vid,
-               alpha, eps, lazy, cap):  # pragma: no cover
+def _dense_run(rp, seen, touched, queue, gm, hs, hl, hcol, hw, weighted, ast, al, acol, aw, aweighted, deg, thrb, src,
+               wself, nbo, nb, nbw, vid, alpha, eps, lazy, cap):  # pragma: no cover
     """Each paused push of the group in turn, run as :func:`_run` runs one (the same steps, order and arithmetic)
     on dense state indexed by node id (``rp[i, v]``: residue, estimate) over the rows held for the whole run
-    (``hcol[hs[u]:hs[u] + hl[u]]``; ``hl[u] < 0``: not fetched yet), thresholds from the shared ``thrb``; a new
+    (``hcol[hs[u]:hs[u] + hl[u]]``; ``hs[u] == -1``: not fetched yet, then the stored row ``acol[ast[u]:ast[u] +
+    al[u]]`` where ``ast`` has one, ``ast[u] >= 0``; ``hs[u] == -2``: not fetched, no stored row read either),
+    thresholds from the shared ``thrb``; a new
     node's push (source ``vid``) walks its edges as :func:`kernels.ppr_push._push_dense` does, with its own and its
     neighbours' thresholds (counting its edges) put in ``thrb`` for its turn and taken out after, as
     :func:`kernels.ppr_push._ppr_virtual_dense` does; push ``i`` stops after ``cap[i]`` pushes (0: no cap). Each
@@ -639,9 +650,12 @@ def _dense_run(rp, seen, touched, queue, gm, hs, hl, hcol, hw, weighted, deg, th
                 status = _CAPPED
                 break
             own = virtual and u == vid
-            if not own and hl[u] < 0:
-                status = _PAUSED
-                break
+            stored = False
+            if not own and hs[u] < 0:
+                stored = hs[u] == -1 and u < ast.shape[0] and ast[u] >= 0
+                if not stored:
+                    status = _PAUSED
+                    break
             head += 1
             if head == qcap:
                 head = 0
@@ -668,9 +682,14 @@ def _dense_run(rp, seen, touched, queue, gm, hs, hl, hcol, hw, weighted, deg, th
                     nt, tail, qlen = _dense_edge(rp_i, seen_i, touched_i, queue_i, thrb, nbi[j], c * nbwi[j], nt,
                                                  tail, qlen, qcap)
             else:
-                for e in range(hs[u], hs[u] + hl[u]):
-                    nt, tail, qlen = _dense_edge(rp_i, seen_i, touched_i, queue_i, thrb, hcol[e],
-                                                 c * hw[e] if weighted else c, nt, tail, qlen, qcap)
+                if stored:
+                    for e in range(ast[u], ast[u] + al[u]):
+                        nt, tail, qlen = _dense_edge(rp_i, seen_i, touched_i, queue_i, thrb, acol[e],
+                                                     c * aw[e] if aweighted else c, nt, tail, qlen, qcap)
+                else:
+                    for e in range(hs[u], hs[u] + hl[u]):
+                        nt, tail, qlen = _dense_edge(rp_i, seen_i, touched_i, queue_i, thrb, hcol[e],
+                                                     c * hw[e] if weighted else c, nt, tail, qlen, qcap)
                 if back >= 0:
                     nt, tail, qlen = _dense_edge(rp_i, seen_i, touched_i, queue_i, thrb, vid, c * nbwi[back], nt,
                                                  tail, qlen, qcap)
@@ -698,9 +717,9 @@ def _dense_run(rp, seen, touched, queue, gm, hs, hl, hcol, hw, weighted, deg, th
 
 
 @numba.njit(cache=True, nogil=True)
-def _dense_missing(rp, queue, gm, hl, src, vid, want):  # pragma: no cover
-    """int64, sorted distinct: the nodes queued by the group's paused pushes without a held row (``want``: zeros of
-    the state's width, zeros again on return)."""
+def _dense_missing(rp, queue, gm, hs, ast, src, vid, want):  # pragma: no cover
+    """int64, sorted distinct: the nodes queued by the group's paused pushes without a row to read (held, or stored
+    where :func:`_dense_run` may read it; ``want``: zeros of the state's width, zeros again on return)."""
     qcap = queue.shape[1]
     m = 0
     for i in range(src.shape[0]):
@@ -718,7 +737,9 @@ def _dense_missing(rp, queue, gm, hl, src, vid, want):  # pragma: no cover
             j += 1
             if j == qcap:
                 j = 0
-            if rp[i, v, 0] > 0.0 and hl[v] < 0 and not (virtual and v == vid) and want[v] == 0:
+            if rp[i, v, 0] > 0.0 and not (virtual and v == vid) and hs[v] < 0 and want[v] == 0:
+                if hs[v] == -1 and v < ast.shape[0] and ast[v] >= 0:
+                    continue  # its stored row is read
                 want[v] = 1
                 out[m] = v
                 m += 1
@@ -728,15 +749,21 @@ def _dense_missing(rp, queue, gm, hl, src, vid, want):  # pragma: no cover
     return out
 
 
+#: no stored rows (:func:`_dense_run`'s ``ast, al, acol, aw``): every row is fetched
+_NO_STORED = (np.full(0, -1, dtype=np.int64), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32),
+              np.zeros(0, dtype=np.float32))
+
+
 class _DenseHeld:
     """The rows fetched during one dense :func:`run_partial`, shared by all its pushes: node ``u``'s columns at
-    ``hcol[hs[u]:hs[u] + hl[u]]`` (``hl[u] < 0``: not fetched), weights ``hw``; every fetched column's degree
-    ``deg`` and base push threshold ``thrb`` (``eps`` times the degree, ``eps`` without one)."""
+    ``hcol[hs[u]:hs[u] + hl[u]]`` (``hs[u] < 0``: not fetched; -2: nor its stored row to be read), weights ``hw``;
+    every fetched column's degree ``deg`` and base push threshold ``thrb`` (``eps`` times the degree, ``eps``
+    without one)."""
 
     def __init__(self, width: int, eps: float) -> None:
         self.eps = eps
-        self.hs = np.zeros(width, dtype=np.int64)
-        self.hl = np.full(width, -1, dtype=np.int64)
+        self.hs = np.full(width, -1, dtype=np.int64)
+        self.hl = np.zeros(width, dtype=np.int64)
         self.deg = np.zeros(width, dtype=np.float64)
         self.thrb = np.zeros(width, dtype=np.float64)
         self.want = np.zeros(width, dtype=np.uint8)
@@ -776,11 +803,21 @@ def _dense_ok(pushes: Sequence[PartialPush], num_nodes: int) -> int:
 
 
 def _run_dense(pushes: Sequence[PartialPush], group: int, num_nodes: int, rows: Callable[..., Any],
-               degrees: Callable[[np.ndarray], np.ndarray]) -> int:
-    """:func:`run_partial` on dense state: ``group`` pushes at a time in lockstep over the rows fetched for all."""
+               degrees: Callable[[np.ndarray], np.ndarray],
+               stored: tuple[Any, np.ndarray, np.ndarray] | None = None) -> int:
+    """:func:`run_partial` on dense state: ``group`` pushes at a time in lockstep over the rows fetched for all (or
+    the rows of ``stored``'s arena, read in place)."""
     cfg = pushes[0].cfg
     width = int(num_nodes) + 2
     held = _DenseHeld(width, cfg.eps)
+    arena = None
+    if stored is not None and len(stored[1]) == num_nodes and stored[0].num_nodes <= num_nodes:
+        arena, d, own = stored  # every degree known up front: no column's degree is asked for
+        d = np.asarray(d, dtype=np.float64)
+        held.deg[:num_nodes] = d
+        held.thrb[:num_nodes] = np.where(d > 0.0, cfg.eps * d, cfg.eps)  # _dense_degrees' thresholds, elementwise
+        held.known[:num_nodes] = 1
+        held.hs[np.asarray(own, dtype=np.int64)] = -2  # rows not the stored ones (an update's): fetched
     rounds = 0
     for g0 in range(0, len(pushes), group):
         part = pushes[g0 : g0 + group]
@@ -800,12 +837,14 @@ def _run_dense(pushes: Sequence[PartialPush], group: int, num_nodes: int, rows: 
         gm = np.zeros((count, 6), dtype=np.int64)
         _dense_init(rp, seen, touched, queue, gm, held.deg, held.thrb, held.known, src, wself, nbo, nb, nbd, cfg.eps)
         while True:
-            _dense_run(rp, seen, touched, queue, gm, held.hs, held.hl, held.hcol, held.hw, held.weighted, held.deg,
-                       held.thrb, src, wself, nbo, nb, nbw, int(num_nodes), cfg.alpha, cfg.eps, cfg.lazy, cap)
-            need = _dense_missing(rp, queue, gm, held.hl, src, int(num_nodes), held.want)
+            with arena.held() if arena is not None else contextlib.nullcontext(_NO_STORED) as (ast, al, acol, aw):
+                _dense_run(rp, seen, touched, queue, gm, held.hs, held.hl, held.hcol, held.hw, held.weighted, ast, al,
+                           acol, aw, arena is not None and arena.weighted, held.deg, held.thrb, src, wself, nbo, nb,
+                           nbw, int(num_nodes), cfg.alpha, cfg.eps, cfg.lazy, cap)
+                need = _dense_missing(rp, queue, gm, held.hs, ast, src, int(num_nodes), held.want)
             if not len(need):
                 break
-            held.add(need, rows, degrees)
+            held.add(need, rows, degrees)  # (rows fetched by a store with an arena join it too, for the next runs)
             rounds += 1
         for i, ps in enumerate(part):  # the push's slots: the nodes it touched, the source first
             nt = int(gm[i, 3])

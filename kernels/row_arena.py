@@ -15,7 +15,9 @@ index costs 12 bytes a node, so a store makes one only where that index is a sma
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import numba
 import numpy as np
@@ -152,6 +154,14 @@ class RowArena:
             self.rows += int(added)
             self.full = bool(stopped)  # a row did not fit: the budget is spent, no more rows
             return self.rows
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """``(start int64, length int32, columns int32, weights float32)``, the arena's own arrays (node ``v``'s row at
+        ``columns[start[v]:start[v] + length[v]]``, ``start[v] < 0`` where it is not held; no weights unweighted), to
+        read inside the block, which holds the arena's lock (rows added meanwhile wait), and not to write."""
+        with self._lock:
+            yield self._start, self._length, self._cols, self._w
 
     def gather(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
         """``(ptr int64 [len(ids) + 1], columns int64, weights float64 or None)`` of the rows of ``ids`` in order, or

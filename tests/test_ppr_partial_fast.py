@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import kernels.ppr_partial as pp
+from kernels.graph import CSRGraph
 from kernels.ppr import PPRConfig, ppr_new_node, ppr_topk
 from kernels.ppr_partial import PartialPush, dense_group, run_partial
 from tests.test_ppr_partial import CASES, CONFIGS, _graph, _new_node_case, _Rows
@@ -192,3 +193,67 @@ def test_dense_group_sizes(monkeypatch):
     assert dense_group(100, 150_000) == 8  # a group of 8 at least
     monkeypatch.setattr(pp, "DENSE_GROUP_BYTES", 1 << 40)
     assert dense_group(100, 13752) == 100
+
+
+@pytest.mark.parametrize("case", [0, 1, 3])
+@pytest.mark.parametrize("lazy", [False, True])
+def test_dense_pushes_read_stored_rows_in_place(case, lazy, engines):
+    """``stored``: the pushes read a row arena's rows in place and fetch only what it lacks and the rows an update
+    changed (``own``): the same lists as the whole graph's push, fewer fetch rounds (none when the arena holds every
+    row the pushes read), and a changed row read from the fetch, not from the arena's stale copy."""
+    from kernels.row_arena import RowArena
+
+    n, g, cfg, _, specs = _new_node_case(case, lazy)
+    rows = _Rows(g)
+    deg = rows.degrees(np.arange(n))
+    targets = np.array([0, 3, 5, 400])
+
+    def pushes(graph_rows):
+        news = [PartialPush.new_node(n, nb, w, graph_rows.degrees, cfg) for nb, w in specs]
+        return news + [PartialPush.target(t, graph_rows.degrees(np.array([t]))[0], cfg) for t in targets.tolist()]
+
+    def check(done, graph):
+        for ps, (nb, w) in zip(done[:len(specs)], specs, strict=True):
+            for got, want in zip(ps.result(), ppr_new_node(graph, nb, w, cfg), strict=True):
+                np.testing.assert_array_equal(got, want)
+        ptr, nodes, scores = ppr_topk(graph, targets, cfg)
+        for i, ps in enumerate(done[len(specs):]):
+            got_n, got_s = ps.result()
+            np.testing.assert_array_equal(got_n, nodes[ptr[i]:ptr[i + 1]])
+            np.testing.assert_array_equal(got_s, scores[ptr[i]:ptr[i + 1]])
+
+    arena = RowArena(n, 1 << 24, g.weights is not None)
+    half = np.arange(0, n, 2)
+    p0, c0, w0 = rows(half)
+    arena.add(half, np.diff(p0), c0, w0)  # every other row held: the others are fetched
+    plain, fetched = pushes(rows), _Rows(g)
+    base_rounds = run_partial(plain, _Rows(g), rows.degrees, num_nodes=n)
+    done = pushes(rows)
+    rounds = run_partial(done, fetched, rows.degrees, num_nodes=n, stored=(arena, deg, np.zeros(0, np.int64)))
+    check(done, g)
+    assert rounds <= base_rounds and np.all(np.concatenate(fetched.asked) % 2 == 1), "only rows the arena lacks"
+    for a, b in zip(done, plain, strict=True):
+        np.testing.assert_array_equal(a.reached(), b.reached())
+    every = np.arange(n)
+    pe, ce, we = rows(every)
+    arena.add(every, np.diff(pe), ce, we)
+    fetched = _Rows(g)
+    done = pushes(rows)
+    assert run_partial(done, fetched, rows.degrees, num_nodes=n, stored=(arena, deg, np.zeros(0, np.int64))) == 0
+    check(done, g)
+    # an update: node 3 loses its first edge (both directions), the arena keeps the stored rows
+    v = 3
+    u = int(g.indices[g.indptr[v]])
+    keep = ~(((np.repeat(np.arange(n), np.diff(g.indptr)) == v) & (g.indices == u))
+             | ((np.repeat(np.arange(n), np.diff(g.indptr)) == u) & (g.indices == v)))
+    src = np.repeat(np.arange(n), np.diff(g.indptr))[keep]
+    edited = CSRGraph(indptr=np.r_[0, np.cumsum(np.bincount(src, minlength=n))].astype(np.int64),
+                      indices=g.indices[keep], weights=None if g.weights is None else g.weights[keep], num_nodes=n)
+    now = _Rows(edited)
+    own = np.unique([u, v]).astype(np.int64)
+    fetched = _Rows(edited)
+    done = pushes(now)
+    run_partial(done, fetched, now.degrees, num_nodes=n, stored=(arena, now.degrees(np.arange(n)), own))
+    check(done, edited)
+    asked = np.concatenate(fetched.asked) if fetched.asked else np.zeros(0, np.int64)
+    assert np.isin(asked, own).all(), "the changed rows only"

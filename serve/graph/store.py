@@ -301,6 +301,7 @@ class RedisGraphStore(PinnedVersion):
         arena_bytes = int(cache_bytes) // 4
         self._arena = (RowArena(self.num_nodes, arena_bytes, self.is_weighted)
                        if RowArena.fits(self.num_nodes, arena_bytes) else None)
+        self._stored_push: tuple[tuple[int, int], np.ndarray, np.ndarray] | None = None  # push_stored's, per change
         self.cache = _RowCache(int(cache_bytes) - (arena_bytes if self._arena is not None else 0))
         #: per PPR list this replica pushed itself, the nodes the push read (PartialPush.reached, int32 where the ids
         #: fit): while no row among them changes, the list is exact without a push (outdated_lists)
@@ -777,6 +778,22 @@ class RedisGraphStore(PinnedVersion):
             ws = np.ones(len(cols), dtype=np.float64)
         return ptr, cols, ws
 
+    def push_stored(self) -> tuple[Any, np.ndarray, np.ndarray] | None:
+        """``(row arena, every node's push degree, the sorted ids of the overlay's rows)`` for pushes that read the
+        arena's stored rows in place and fetch the overlay's (:func:`kernels.ppr_partial.run_partial`'s ``stored``);
+        None without an arena. The degrees are computed once per structural change (every degree chunk read at the
+        first: 16 bytes a node, and the dense pushes run on graphs to about 168,000 nodes)."""
+        arena = self._arena
+        if arena is None:
+            return None
+        held = self._stored_push
+        if held is None or held[0] != (self.structure_gen, self.num_nodes):
+            with self._ov_lock:
+                key = (self.structure_gen, self.num_nodes)
+                own = np.fromiter(sorted(self._ov_rows), dtype=np.int64, count=len(self._ov_rows))
+            held = self._stored_push = (key, self.push_degrees(np.arange(key[1], dtype=np.int64)), own)
+        return arena, held[1], held[2]
+
     def push_degrees(self, ids: np.ndarray) -> np.ndarray:
         """float64: the weighted degree (row length on an unweighted graph) of each of ``ids`` that a PPR push
         divides by, overlay included, without fetching the rows where the version stores degree chunks."""
@@ -1228,7 +1245,8 @@ def pushed_lists(store: RedisGraphStore, targets: np.ndarray, cfg: Any, *,
     t = np.unique(np.asarray(targets, dtype=np.int64))
     deg = store.push_degrees(t)
     pushes = [PartialPush.target(v, d, cfg) for v, d in zip(t.tolist(), deg.tolist(), strict=True)]
-    run_partial(pushes, store.rows_csr, store.push_degrees, num_nodes=store.num_nodes)
+    run_partial(pushes, store.rows_csr, store.push_degrees, num_nodes=store.num_nodes,
+                stored=store.push_stored())
     if reach is not None:  # what each push read: RedisGraphStore.refresh_lists keeps it
         reach.update({v: ps.reached() for v, ps in zip(t.tolist(), pushes, strict=True)})
     return {v: ps.result() for v, ps in zip(t.tolist(), pushes, strict=True)}
@@ -1251,7 +1269,8 @@ def pushed_new_nodes(store: RedisGraphStore, specs: Sequence[tuple[np.ndarray, n
     from kernels.ppr_partial import PartialPush, run_partial
 
     pushes = [PartialPush.new_node(store.num_nodes, nb, w, store.push_degrees, cfg) for nb, w in specs]
-    run_partial(pushes, store.rows_csr, store.push_degrees, num_nodes=store.num_nodes)
+    run_partial(pushes, store.rows_csr, store.push_degrees, num_nodes=store.num_nodes,
+                stored=store.push_stored())
     return [ps.result() for ps in pushes]
 
 
