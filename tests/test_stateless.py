@@ -531,6 +531,39 @@ def test_a_new_nodes_last_hop_is_read_as_degrees(loaded, tiny_dataset):
         plain.close()
 
 
+def test_push_stored_follows_the_overlay(loaded, tiny_dataset):
+    """RedisGraphStore.push_stored (a replica's pushes read its row arena in place): every node's push degree and
+    the overlay's row ids, as push_degrees and the overlay give them, through structural changes (read again for
+    the changed rows only) and a node added live; the same arrays while nothing changes."""
+    from serve.graph_store import RedisGraphStore
+
+    g = tiny_dataset.graph
+    n = g.num_nodes
+    store = RedisGraphStore(loaded, g.fingerprint())
+    try:
+        arena, deg, own = store.push_stored()
+        assert arena is store._arena and len(own) == 0
+        np.testing.assert_array_equal(deg, g.degrees.astype(np.float64))
+        assert store.push_stored()[1] is deg  # held while nothing changes
+        rng = np.random.default_rng(4)
+        for step in range(3):
+            v = int(rng.integers(n))
+            rows = {v: (np.sort(rng.choice(n, 3 + step, replace=False)).astype(np.int64), None)}
+            grow = n + 1 if step == 2 else store.num_nodes
+            if step == 2:  # a node added live, with a row
+                rows[n] = (np.array([v], dtype=np.int64), None)
+            store.apply_rows(rows, grow)
+            _, deg, own = store.push_stored()
+            np.testing.assert_array_equal(deg, store.push_degrees(np.arange(store.num_nodes)))
+            np.testing.assert_array_equal(own, np.array(sorted(store._ov_rows), dtype=np.int64))
+        store._stored_push = None  # computed whole: the same
+        _, whole, own2 = store.push_stored()
+        np.testing.assert_array_equal(whole, deg)
+        np.testing.assert_array_equal(own2, own)
+    finally:
+        store.close()
+
+
 def _stored_rows(g: CSRGraph, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
     lens = (g.indptr[ids + 1] - g.indptr[ids]).astype(np.int64)
     return lens, np.concatenate([g.indices[g.indptr[v]:g.indptr[v + 1]] for v in ids]), None

@@ -787,12 +787,26 @@ class RedisGraphStore(PinnedVersion):
         if arena is None:
             return None
         held = self._stored_push
-        if held is None or held[0] != (self.structure_gen, self.num_nodes):
-            with self._ov_lock:
-                key = (self.structure_gen, self.num_nodes)
+        if held is not None and held[0] == (self.structure_gen, self.num_nodes):
+            return arena, held[1], held[2]
+        with self._ov_lock:
+            key = (self.structure_gen, self.num_nodes)
+            changed = None  # the rows changed since the held degrees: only theirs are read again
+            if held is not None and held[0][0] >= self._changes_floor:
+                at = bisect.bisect_right(self._changes, held[0][0], key=lambda c: c[0])
+                parts = [c[1] for c in self._changes[at:]]
+                changed = np.unique(np.concatenate(parts)) if parts else _EMPTY_IDS
+            else:
                 own = np.fromiter(sorted(self._ov_rows), dtype=np.int64, count=len(self._ov_rows))
-            held = self._stored_push = (key, self.push_degrees(np.arange(key[1], dtype=np.int64)), own)
-        return arena, held[1], held[2]
+        if changed is None:
+            deg = self.push_degrees(np.arange(key[1], dtype=np.int64))
+        else:  # every changed row is an overlay row from now on; nodes added without a row have no edges
+            deg = np.zeros(key[1], dtype=np.float64)
+            deg[: len(held[1])] = held[1]
+            deg[changed] = self.push_degrees(changed)
+            own = np.union1d(held[2], changed)
+        self._stored_push = (key, deg, own)
+        return arena, deg, own
 
     def push_degrees(self, ids: np.ndarray) -> np.ndarray:
         """float64: the weighted degree (row length on an unweighted graph) of each of ``ids`` that a PPR push
