@@ -294,11 +294,13 @@ next)
     # the run); on the 2-vCPU VM this tree is 1.32x (GCN) and 1.22x (shaDow-GCN) of 4d28057 batched. Then the GPU
     # tests new since the last GPU run: shaDow's kernel on one exact-width target, a GPU server's graph updates and
     # a Predict's new nodes (tests/test_live.py: never run on a GPU; new nodes on the CPU copy since 2026-11-29), a
-    # stateless replica on a GPU (tests/test_stateless.py: never run on a GPU either)
+    # stateless replica on a GPU (tests/test_stateless.py: never run on a GPU either), and how far a GPU server's
+    # answers move with the batch (tests/test_batch_invariance.py prints it: never measured)
     part abgpu 220
     AB_ARGS="--event-loop asyncio --inline-max-targets 8 --blas-threads 0" OUT_NAME=abgpu-olddefaults MODELS=gcn \
         part abgpu 150
-    TESTS="tests/test_shadow_block.py tests/test_live.py tests/test_stateless.py" OUT_NAME=tests-new part tests 150
+    TESTS="tests/test_shadow_block.py tests/test_live.py tests/test_stateless.py tests/test_batch_invariance.py" \
+        OUT_NAME=tests-new part tests 150
     ;;
 second)
     # the second call: whether 4 GPU server processes still serve >= 10x one PyG process (11x on 2026-11-26),
