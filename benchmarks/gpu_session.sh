@@ -22,7 +22,7 @@
 #   bash benchmarks/gpu_session.sh ab             # kernel tests; the paper's small graphs, short-rows rule vs 3 blocks
 #   bash benchmarks/gpu_session.sh shadow         # tests, sanitize, tune (the C++ launcher), shaDow's one-launch kernel per batch
 #   bash benchmarks/gpu_session.sh defaults       # tests (2026-11-27's defaults), BLAS threads on 16 cores, one shaDow target, shaDow inline
-#   bash benchmarks/gpu_session.sh next           # this tree against 4d28057 on the GPU (abgpu; as is and with 4d28057's defaults), new GPU tests
+#   bash benchmarks/gpu_session.sh next           # the GPU tests new since the last run, then this tree against 4d28057 (abgpu; as is and with 4d28057's defaults)
 #   bash benchmarks/gpu_session.sh second         # 4 GPU server processes against PyG (ceiling), every GPU test
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
@@ -285,22 +285,22 @@ ab)
     GRAPHS=cora,citeseer,pubmed-like OUT_NAME=paper-rule2 part paper 60
     ;;
 next)
-    # planned first call of the next GPU session (written 2026-11-28): this tree against 4d28057 on the GPU, as
-    # it is and with the three serving defaults that changed since 4d28057 set back as they were there (asyncio's
-    # event loop instead of uvloop, batches of up to 8 targets inline on the event loop, the BLAS pools left as
-    # the process starts them), so that a regression is told apart as the defaults' or the code's:
-    # on the H200 of 2026-11-28 one GCN process served 53,251-66,157 node predictions/s in `throughput` against
+    # planned first call of the next GPU session (written 2026-11-28, 2026-11-29): first the GPU tests new since
+    # the last GPU run: shaDow's kernel on one exact-width target, a GPU server's graph updates and a Predict's new
+    # nodes (tests/test_live.py: never run on a GPU; new nodes on the CPU copy since 2026-11-29), a stateless
+    # replica on a GPU (tests/test_stateless.py: never run on a GPU either), and how far a GPU server's answers move
+    # with the batch (tests/test_batch_invariance.py prints it: never measured). Then this tree against 4d28057 on
+    # the GPU, as it is and with the three serving defaults that changed since 4d28057 set back as they were there
+    # (asyncio's event loop instead of uvloop, batches of up to 8 targets inline on the event loop, the BLAS pools
+    # left as the process starts them), so that a regression is told apart as the defaults' or the code's: on the
+    # H200 of 2026-11-28 one GCN process served 53,251-66,157 node predictions/s in `throughput` against
     # 100,434-102,145 on 2026-11-26 (PyG 0.78x of its figure there, the no-op floor moving 0.83 -> 0.65 ms within
-    # the run); on the 2-vCPU VM this tree is 1.32x (GCN) and 1.22x (shaDow-GCN) of 4d28057 batched. Then the GPU
-    # tests new since the last GPU run: shaDow's kernel on one exact-width target, a GPU server's graph updates and
-    # a Predict's new nodes (tests/test_live.py: never run on a GPU; new nodes on the CPU copy since 2026-11-29), a
-    # stateless replica on a GPU (tests/test_stateless.py: never run on a GPU either), and how far a GPU server's
-    # answers move with the batch (tests/test_batch_invariance.py prints it: never measured)
+    # the run); on the 2-vCPU VM this tree is 1.32x (GCN) and 1.22x (shaDow-GCN) of 4d28057 batched
+    TESTS="tests/test_shadow_block.py tests/test_live.py tests/test_stateless.py tests/test_batch_invariance.py" \
+        OUT_NAME=tests-new part tests 190
     part abgpu 220
     AB_ARGS="--event-loop asyncio --inline-max-targets 8 --blas-threads 0" OUT_NAME=abgpu-olddefaults MODELS=gcn \
         part abgpu 150
-    TESTS="tests/test_shadow_block.py tests/test_live.py tests/test_stateless.py tests/test_batch_invariance.py" \
-        OUT_NAME=tests-new part tests 150
     ;;
 second)
     # the second call: whether 4 GPU server processes still serve >= 10x one PyG process (11x on 2026-11-26),
