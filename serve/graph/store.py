@@ -1002,8 +1002,8 @@ class RedisGraphStore(PinnedVersion):
             edged = nodes[first < np.repeat(np.asarray(inner, dtype=np.int64), np.diff(ptr))]
             edged = np.unique(edged[edged < n])
         local = next((x for x in held if x.covers(uniq, edged)), None)
-        if local is None:
-            local = self._local(uniq, self.adjacency(uniq))
+        if local is None:  # the arena's arrays where they hold every row, else the rows one by one
+            local = self._arena_local(uniq, uniq) or self._local(uniq, self.adjacency(uniq))
         return self._batch_on(local, ptr, nodes, extra, inner)
 
     def _local(self, uniq: np.ndarray, rows: dict[int, Any]) -> LocalGraph:
@@ -1096,9 +1096,6 @@ class RedisGraphStore(PinnedVersion):
     def _lhop_arena(self, t: np.ndarray, hops: int, last_rows: bool = True) -> LocalGraph | None:
         """:meth:`_lhop_rows` and :meth:`_local` on the row arena's arrays (no row taken out of the LRU one by one);
         None where the arena cannot give every row (see :meth:`_arena_rows`)."""
-        from kernels.graph import CSRGraph
-        from kernels.subgraph import local_csr
-
         if self._arena is None or not len(t):
             return None
         seen = np.unique(t)
@@ -1112,18 +1109,26 @@ class RedisGraphStore(PinnedVersion):
                 break
             seen = np.union1d(seen, frontier)
         last = _EMPTY_IDS if last_rows else frontier
-        want = np.setdiff1d(seen, last, assume_unique=True) if len(last) else seen
+        local = self._arena_local(seen, np.setdiff1d(seen, last, assume_unique=True) if len(last) else seen)
+        return None if local is None else self._without_rows(local, last)
+
+    def _arena_local(self, ids: np.ndarray, want: np.ndarray) -> LocalGraph | None:
+        """:meth:`_local` of the sorted distinct ``ids`` from the row arena's arrays, the rows of ``want`` (sorted,
+        within ``ids``) read and the others empty; None where the arena cannot give them (see :meth:`_arena_rows`)."""
+        from kernels.graph import CSRGraph
+        from kernels.subgraph import local_csr
+
         got = self._arena_rows(want)
         if got is None:
             return None
         ptr, cols, ws = got
         lens = np.diff(ptr)
-        if len(last):  # the last hop's rows empty
-            lens = np.zeros(len(seen), dtype=np.int64)
-            lens[np.searchsorted(seen, want)] = np.diff(ptr)
-        indptr, indices, kept_w, wsum = local_csr(seen, lens, cols, ws)
-        graph = CSRGraph(indptr=indptr, indices=indices, weights=kept_w, num_nodes=len(seen))
-        return self._without_rows(LocalGraph(seen, graph, wsum + 1.0), last)
+        if len(want) < len(ids):  # the other rows empty
+            lens = np.zeros(len(ids), dtype=np.int64)
+            lens[np.searchsorted(ids, want)] = np.diff(ptr)
+        indptr, indices, kept_w, wsum = local_csr(ids, lens, cols, ws)
+        graph = CSRGraph(indptr=indptr, indices=indices, weights=kept_w, num_nodes=len(ids))
+        return LocalGraph(ids, graph, wsum + 1.0)
 
     def lhop_batch(self, targets: np.ndarray, hops: int) -> tuple[Any, np.ndarray, np.ndarray]:
         """``(batch, ptr, nodes)``: the exact L-hop lists (:meth:`lhop_lists`) and their induced batch."""
