@@ -1110,7 +1110,7 @@ class ModelRuntime:
         if new_specs:
             edges = _new_edges(new_specs)
             extra = self._extra_edges(edges)
-            nptr, new_nodes, inner_new = self._new_node_lists(new_specs, budget, held, edges)
+            nptr, new_nodes, inner_new = self._new_node_lists(new_specs, edges, budget, held)
             if inner_new is not None:  # targets' rows all aggregated, new nodes' last hop read as inputs only
                 inner = np.concatenate([np.diff(ptr), inner_new])
             ptr = np.concatenate([ptr, ptr[-1] + nptr[1:]])
@@ -1134,14 +1134,14 @@ class ModelRuntime:
         return ExtraEdges.from_edges(n, np.concatenate([src, edges.neighbors]), np.concatenate([edges.neighbors, src]),
                                      w, num_virtual=edges.count)
 
-    def _new_node_lists(self, specs: list, budget: int, held: list | None = None, edges: _NewEdges | None = None,
+    def _new_node_lists(self, specs: list, edges: _NewEdges, budget: int, held: list | None = None,
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """``(ptr, nodes, inner)``: the node list of each new node of the batch (the ``j``-th, under virtual id
         ``N + j``, first; ``nodes[ptr[j]:ptr[j + 1]]``): its top ``budget`` PPR entries on the graph plus it alone, or
         itself and its neighbours' ``L - 1``-hop balls. On a replica all of them are found together (the pushes in
         lockstep, the balls in one walk): one fetch round per wave or hop for the whole batch, not per node; in
         memory the pushes run on parallel threads. ``held``: a replica's local graph of the balls' rows is appended
-        to it (``_lhop_lists``). ``edges``: :func:`_new_edges` of ``specs`` where the caller has them.
+        to it (``_lhop_lists``). ``edges``: :func:`_new_edges` of ``specs``.
 
         ``inner``, for an L-hop model: each list's count of rows within ``L - 1`` hops of its new node, which come
         first (``kernels.subgraph.new_node_scopes``): the rows the model aggregates; the last hop's are read as
@@ -1161,7 +1161,6 @@ class ModelRuntime:
             ptr = np.zeros(len(lists) + 1, dtype=np.int64)
             np.cumsum([len(x) for x in lists], out=ptr[1:])
             return ptr, np.concatenate(lists), None
-        edges = edges if edges is not None else _new_edges(specs)
         m = edges.count
         if self.num_layers == 0 or not len(edges.neighbors):
             return np.arange(m + 1, dtype=np.int64), n + np.arange(m, dtype=np.int64), np.ones(m, dtype=np.int64)

@@ -30,6 +30,19 @@ TINY_TRAIN = {"hidden": 32, "epochs": 60, "patience": 30, "seed": 0, "knob_width
 TINY_SHADOW = {"layers": 2}
 
 
+def skip_without_cuda_kernel() -> None:
+    """Skip the calling test without a CUDA device, or where the ES-SpMM kernel (CuPy) cannot run."""
+    import pytest
+    import torch
+
+    from kernels import spmm_cuda
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if not spmm_cuda.available():
+        pytest.skip("CuPy / the ES-SpMM kernel is not usable here")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ import pytest
 
 from clients import GnnClient, NewNode
 
-from .serving import ServerThread, make_repo
+from .serving import ServerThread, make_repo, skip_without_cuda_kernel
 
 KINDS = {"gcn": "gcn", "sage": "sage", "sgcn": "shadow-gcn", "ssage": "shadow-sage"}
 
@@ -105,14 +105,7 @@ def test_how_far_a_gpu_servers_answers_move_with_the_batch(repo, dataset, width,
     with its defaults (small batches on the CPU copy, larger on the device), a node's probabilities alone, in a
     7-node request and in a request of the whole graph; printed per model, and held to the CPU server's within
     1e-5 (the figure goes to docs/BENCHMARKS.md with the run)."""
-    import torch
-
-    from kernels import spmm_cuda
-
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    if not spmm_cuda.available():
-        pytest.skip("CuPy / the ES-SpMM kernel is not usable here")
+    skip_without_cuda_kernel()
     rng = np.random.default_rng(20 + width)
     nodes = rng.choice(dataset.num_nodes, 21, replace=False)
     with ServerThread(repo, {"poll_s": 0, "runtime_kw": {"device": "cuda"}}) as gpu, \

@@ -10,13 +10,12 @@ import re
 import grpc
 import numpy as np
 import pytest
-import torch
 
 from clients._gen import gnnserve_pb2 as pb
 from clients._gen import gnnserve_pb2_grpc as pbg
 from kernels import spmm_cuda
 
-from .serving import ServerProcess, ServerThread
+from .serving import ServerProcess, ServerThread, skip_without_cuda_kernel
 from .test_server import offline
 
 pytestmark = pytest.mark.gpu
@@ -26,10 +25,7 @@ NODES = np.arange(0, 800, 37)
 
 @pytest.fixture(scope="module")
 def served_cuda(tiny_repo):
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    if not spmm_cuda.available():
-        pytest.skip("CuPy / the ES-SpMM kernel is not usable here")
+    skip_without_cuda_kernel()
     # every batch on the GPU's torch path (by default a GPU server is resident with CUDA graphs, and small
     # batches take the compiled CPU forward; tests/test_resident.py covers those)
     srv = ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda", "gpu_min_targets": 0, "resident": False}}).start()

@@ -22,7 +22,7 @@ import torch
 import clients
 from clients import GnnClient, NewNode
 
-from .serving import ServerProcess, ServerThread, deferred_while_held, make_repo
+from .serving import ServerProcess, ServerThread, deferred_while_held, make_repo, skip_without_cuda_kernel
 
 MODELS = ("gcn", "sage", "shadow")
 
@@ -220,22 +220,13 @@ GPU_CONFIGS = {"defaults": {"device": "cuda"},
                "device-torch": {"device": "cuda", "resident": False, "gpu_min_targets": 0}}
 
 
-def _cuda_or_skip() -> None:
-    from kernels import spmm_cuda
-
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    if not spmm_cuda.available():
-        pytest.skip("CuPy / the ES-SpMM kernel is not usable here")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", list(GPU_CONFIGS))
 def test_random_updates_on_a_gpu_server(base_repo, tiny_dataset, tmp_path, config):
     """test_random_updates_answer_like_the_updated_graph on a GPU server: after the updates (the device's tables
     rebased, its CSR uploaded again, the CPU copy's caches dropped) every model answers as the offline CPU model on
     the edited graph (to 1e-4: the device sums in other orders)."""
-    _cuda_or_skip()
+    skip_without_cuda_kernel()
     srv = ServerThread(fresh_repo(base_repo, tmp_path / "repo"), {"runtime_kw": GPU_CONFIGS[config]}).start()
     try:
         assert all(srv.server.registry.get(m).device.type == "cuda" for m in MODELS)
@@ -251,7 +242,7 @@ def test_a_gpu_servers_new_nodes_answer_like_the_cpu_server(base_repo, tiny_data
     """A Predict's own new nodes (beside existing targets, at the exact and a sampled width) on a GPU server: the
     CPU server's answers and edge counts. On the defaults they take the compiled paths on the CPU copy (a new node
     counts as a target in ``fused_max_targets``), with the device's torch path only the device."""
-    _cuda_or_skip()
+    skip_without_cuda_kernel()
     import serve.paths as paths_mod
 
     rng = np.random.default_rng(5)

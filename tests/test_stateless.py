@@ -21,7 +21,7 @@ from kernels.graph import CSRGraph
 from kernels.ppr import PPRConfig, PPRIndex
 from kernels.subgraph import ExtraEdges, induced_batch, lhop_nodes
 
-from .serving import ServerThread
+from .serving import ServerThread, skip_without_cuda_kernel
 
 pytest_plugins = ("tests.redis_server",)
 
@@ -126,14 +126,7 @@ def test_a_gpu_replica_answers_like_the_cpu_server(loaded, served, tiny_repo, tm
     """A stateless replica with ``device="cuda"`` (never run on a GPU before 2026-11-29: a replica's plain model on the
     device's torch path with degrees from Redis, its shaDow model on lists and rows from Redis, a Predict's new nodes)
     answers as the in-memory CPU server (to 1e-4: the device sums in other orders), with the same edge counts."""
-    import torch
-
-    from kernels import spmm_cuda
-
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    if not spmm_cuda.available():
-        pytest.skip("CuPy / the ES-SpMM kernel is not usable here")
+    skip_without_cuda_kernel()
     rng = np.random.default_rng(3)
     new = [pb.NewNode(features=rng.normal(size=16).tolist(), neighbors=[1, 2, 40]),
            pb.NewNode(features=rng.normal(size=16).tolist(), neighbors=[7], edge_weights=[0.5])]
