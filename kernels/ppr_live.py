@@ -788,7 +788,10 @@ class LivePPRIndex:
         """The first ``k`` entries of each target's current list; the contract of :meth:`PPRIndex.lookup`.
 
         One target is one slice (of the merged lists or of the overlay); a batch is two gathers. A stale
-        target's list (``eager_lists``) is pushed now on the current graph: the list a refresh stores.
+        target's list (``eager_lists``) is pushed now on the current graph: the list a refresh stores. Not safe
+        beside :meth:`install`, :meth:`install_refresh` or :meth:`install_handed` (a server runs those under its
+        graph's write lock, a batch's lookups under the read lock): a lookup beside a refresh's store may read a
+        list's old entries and its cleared stale flag.
         """
         k = self.k_max if k is None else int(k)
         if not 1 <= k <= self.k_max:

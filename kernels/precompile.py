@@ -166,12 +166,15 @@ _note_lock = threading.Lock()
 
 
 def note(fn: Any, args: Any, seconds: float) -> None:
-    """Add a signature a process just compiled to :func:`local_path` (a kernel of this package only; a
+    """Add a signature a process just compiled to :func:`local_path` (a kernel of this package's own files only; a
     signature that :func:`parse` cannot read back is left out). Never raises."""
     try:
         module, qualname = fn.__module__, fn.__qualname__
         if not module.startswith("kernels.") or "<locals>" in qualname:
             return
+        source = getattr(sys.modules.get(module), "__file__", None)
+        if source is None or Path(source).resolve().parent != SHIPPED.resolve().parent:
+            return  # a copy imported under the package's name from elsewhere (benchmarks.at_revision's old kernels)
         signature = repr(tuple(args))
         parse(signature)
         _append(LOCAL_NAME, [Entry(module, qualname, signature, seconds)])

@@ -364,7 +364,14 @@ def _random_updates_answer_like_the_updated_graph(server, base_repo, ds, rng, at
                 assert (got.settings.edges_kept == exact_edges) == (width == 0)
         rt = server.server.registry.get("shadow")
         budget = rt.limits.default_ppr_budget
-        lists = rt.ppr_index.lookup(nodes, budget)
+        # the reference lists under the graph's read lock, as a batch reads them: the refresh thread stores stale
+        # lists meanwhile, and a lookup beside its store may read a list's stored entries as stale (the old list)
+        # and its stale flag as cleared
+        rt.data.live.begin_read()
+        try:
+            lists = rt.ppr_index.lookup(nodes, budget)
+        finally:
+            rt.data.live.end_read()
         for width in (0, 3):
             got = c.predict("shadow", nodes, sampling_width=width, ppr_budget=budget)
             want = _reference(base_repo, "shadow", graph, mirror.x, nodes, width, lists=lists)

@@ -269,3 +269,26 @@ def test_a_start_announces_the_compilation_before_it_runs(monkeypatch):
     events.clear()
     monkeypatch.setattr(pc, "missing", lambda entries: [])
     assert pc.at_start(4, (), lambda *a: events.append(a)) is None and events == []
+
+
+def test_a_copy_of_a_kernel_module_imported_from_elsewhere_is_not_recorded(tmp_path, monkeypatch):
+    """benchmarks.at_revision imports an older commit's kernels as ``kernels._<name>_at_base`` from a work
+    directory: what those compile must not enter this machine's list (a later start would try to import them, fail
+    and log it); this package's own kernels are recorded."""
+    import importlib.util
+    import types as pytypes
+
+    from numba.core import types
+
+    monkeypatch.setattr(precompile, "local_path", lambda: tmp_path / precompile.LOCAL_NAME)
+    src = tmp_path / "work" / "subgraph_at_base.py"
+    src.parent.mkdir()
+    src.write_text("def _grow(a, n):\n    return a\n")
+    spec = importlib.util.spec_from_file_location("kernels._subgraph_at_base", src)
+    copy = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "kernels._subgraph_at_base", copy)
+    spec.loader.exec_module(copy)
+    args = (types.Array(types.int64, 1, "C"), types.int64)
+    precompile.note(pytypes.SimpleNamespace(__module__="kernels._subgraph_at_base", __qualname__="_grow"), args, 1.0)
+    precompile.note(pytypes.SimpleNamespace(__module__="kernels.subgraph", __qualname__="_grow"), args, 1.0)
+    assert [e.module for e in read(tmp_path / precompile.LOCAL_NAME)] == ["kernels.subgraph"]
