@@ -30,15 +30,22 @@ TINY_TRAIN = {"hidden": 32, "epochs": 60, "patience": 30, "seed": 0, "knob_width
 TINY_SHADOW = {"layers": 2}
 
 
-def skip_without_cuda_kernel() -> None:
-    """Skip the calling test without a CUDA device, or where the ES-SpMM kernel (CuPy) cannot run."""
+def skip_without_cuda() -> None:
+    """Skip the calling test without a CUDA device."""
     import pytest
     import torch
 
-    from kernels import spmm_cuda
-
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
+
+
+def skip_without_cuda_kernel() -> None:
+    """Skip the calling test without a CUDA device, or where the ES-SpMM kernel (CuPy) cannot run."""
+    import pytest
+
+    from kernels import spmm_cuda
+
+    skip_without_cuda()
     if not spmm_cuda.available():
         pytest.skip("CuPy / the ES-SpMM kernel is not usable here")
 

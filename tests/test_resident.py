@@ -22,6 +22,8 @@ from kernels.resident import PAD_MAX, ResidentPlain, bucket_of
 from models.gcn import GCN
 from models.sage import GraphSAGE
 
+from .serving import skip_without_cuda
+
 ARCHS = {"gcn": GCN, "sage": GraphSAGE}
 HUB = 2 * 577  # a hub whose degree is a multiple of 577: fastrand's second formula (kernels.spmm)
 
@@ -471,17 +473,12 @@ def test_concurrent_batches_share_the_captured_buffers_safely():
 
 
 # ----------------------------------------------------------------------------- on a GPU
-def _cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_cuda_resident_batches_do_not_synchronise(arch):
     """On the GPU: answers equal the CPU resident model's, and a batch (ids up, forward, packed copy back)
     runs under torch.cuda.set_sync_debug_mode("error") at padded, packed and exact widths."""
-    _cuda()
+    skip_without_cuda()
     g, _, _, cpu = _setup(arch, 10, True, "fastrand")
     _, _, _, gpu = _setup(arch, 10, True, "fastrand", device="cuda")
     t = _targets(g, np.random.default_rng(11))
@@ -504,7 +501,7 @@ def test_cuda_resident_batches_do_not_synchronise(arch):
 def test_cuda_graphs_replay_the_forward():
     """CapturedForward: one graph per (bucket, width), answers equal the uncaptured forward, and a rebase
     (a replaced tensor) drops the captured graphs."""
-    _cuda()
+    skip_without_cuda()
     from kernels.resident import CapturedForward, DeviceGraph
 
     g, _, _, res = _setup("gcn", 12, False, "fastrand", device="cuda")
@@ -529,7 +526,7 @@ def test_cuda_graphs_replay_the_forward():
 def test_cuda_graph_captures_of_two_models_at_once():
     # two models' first batches on two threads (each model has its own lock and executor): their
     # captures take turns (kernels.resident._CAPTURE_LOCK) instead of failing each other
-    _cuda()
+    skip_without_cuda()
     from kernels.resident import CapturedForward
 
     models = [_setup(arch, seed, False, "fastrand", device="cuda")[3] for arch, seed in (("gcn", 41), ("sage", 42))]
@@ -563,7 +560,7 @@ def test_cuda_graph_capture_while_another_thread_uploads():
     thread_local), and the replays answer like the plain forward."""
     from kernels.resident import CapturedForward, DeviceGraph
 
-    _cuda()
+    skip_without_cuda()
     cuda = torch.device("cuda")
     g, _, _, res = _setup("gcn", 31, False, "fastrand", device="cuda")
     assert res.has_table(4)
@@ -596,7 +593,7 @@ def test_cuda_graph_capture_while_another_thread_uploads():
 @pytest.mark.gpu
 def test_cuda_resident_shadow_does_not_synchronise():
     """shaDow on the GPU: answers equal the CPU resident model's, under set_sync_debug_mode("error")."""
-    _cuda()
+    skip_without_cuda()
     _, _, _, _, cpu = _shadow_setup("gcn", "mean+max", 2, True)
     _, _, _, _, gpu = _shadow_setup("gcn", "mean+max", 2, True, device="cuda", fused=False)  # the torch operators
     t = np.arange(0, 600, 5)
@@ -615,7 +612,7 @@ def test_cuda_resident_shadow_does_not_synchronise():
 @pytest.mark.gpu
 def test_cuda_graphs_replay_the_shadow_forward():
     """CapturedForward on a shaDow model: per (bucket, width, budget), equal to the uncaptured forward."""
-    _cuda()
+    skip_without_cuda()
     from kernels.resident import CapturedForward
 
     # the torch operators (CapturedForward's subject) on both sides: not the one-launch kernel, on by default
@@ -636,7 +633,7 @@ def test_cuda_server_with_resident_paths_answers_like_the_cpu_server(tiny_repo):
     """A --device cuda --resident --cuda-graphs --gpu-min-targets 0 server (ModelRuntime in process): gcn and
     shaDow batches take the resident paths and answer as a CPU server does; with the default
     --gpu-min-targets, small batches keep the compiled CPU paths."""
-    _cuda()
+    skip_without_cuda()
     from .serving import ServerThread
 
     nodes = np.arange(0, 800, 29)

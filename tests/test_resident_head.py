@@ -40,6 +40,7 @@ from .harness_support import (
     run_harness,
     struct_members,
 )
+from .serving import skip_without_cuda
 from .test_resident import ARCHS, _graph, _update
 
 
@@ -248,11 +249,6 @@ def test_kernel_compiles_with_nvcc(tmp_path):
 
 
 # ----------------------------------------------------------------------------- on a GPU
-def _cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-
-
 def _resident(arch: str, seed: int, weighted: bool, strategy: str, hidden: int, classes: int):
     """A model and graph resident on the GPU with the fused last layer."""
     torch.manual_seed(seed)
@@ -299,7 +295,7 @@ def _assert_same(got, want, width):
 @pytest.mark.parametrize(("hidden", "classes"), [(16, 5), (37, 7), (256, 47)])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_fused_head_equals_the_torch_operators(arch, hidden, classes, weighted):
-    _cuda()
+    skip_without_cuda()
     g, _, fused = _resident(arch, 30 + hidden, weighted, "fastrand", hidden, classes)
     rng = np.random.default_rng(hidden)
     batches = [np.array([0]), np.array([g.num_nodes - 1]), np.array([3]),  # the hub, an isolated node, a self-loop
@@ -317,7 +313,7 @@ def test_fused_head_equals_the_torch_operators(arch, hidden, classes, weighted):
 def test_fused_head_reads_the_tables_an_update_installed(strategy):
     """After a rebase (an update's new graph, the stale rows recomputed), the kernel answers from the new
     state: equal to the torch operators on the same updated model."""
-    _cuda()
+    skip_without_cuda()
     g, p, fused = _resident("gcn", 7, True, strategy, 16, 5)
     t = np.arange(0, g.num_nodes, 9)
     assert fused.has_table(6) and fused.has_table(0)
@@ -339,7 +335,7 @@ def test_fused_head_reads_the_tables_an_update_installed(strategy):
 def test_fused_head_nan_rows_answer_like_torch():
     """A NaN in a first-layer row (features are checked finite, not bounded): every probability NaN, and the
     label torch's argmax gives (its first NaN, class 0), never an out-of-range class."""
-    _cuda()
+    skip_without_cuda()
     _, _, r = _resident("gcn", 5, False, "fastrand", 16, 5)
     assert r.has_table(4)
     t = np.array([0, 9, 33])
@@ -353,7 +349,7 @@ def test_fused_head_nan_rows_answer_like_torch():
 @pytest.mark.gpu
 def test_fused_head_on_a_second_gpu():
     """A model on cuda:1 from a thread whose current device is 0: the launch and the wait are on cuda:1."""
-    _cuda()
+    skip_without_cuda()
     if torch.cuda.device_count() < 2:
         pytest.skip("one CUDA device")
     g = _graph(8, False)
@@ -374,7 +370,7 @@ def test_fused_head_batches_from_worker_threads():
     launch on their own parameter blocks, one at a time under the model's lock."""
     import concurrent.futures as cf
 
-    _cuda()
+    skip_without_cuda()
     g, _, fused = _resident("sage", 9, False, "fastrand", 32, 6)
     assert fused.has_table(4)
     rng = np.random.default_rng(0)

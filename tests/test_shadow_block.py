@@ -36,6 +36,7 @@ import torch
 from kernels import shadow_block
 
 from .harness_support import ASAN_FLAGS, build_host_harness, compile_cubin, run_harness
+from .serving import skip_without_cuda
 from .test_resident import _process, _shadow_setup
 
 HARNESS = Path(__file__).with_name("shadow_block_host_harness.cpp")
@@ -465,11 +466,6 @@ def test_the_server_answers_through_the_block(harness, tmp_path, tiny_repo, capl
 
 
 # ----------------------------------------------------------------------------- on a GPU
-def _cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize(("backbone", "pool", "layers"), [("gcn", "mean", 2), ("sage", "mean+max", 3), ("gcn", "max", 1),
                                                           ("sage", "none", 2)])
@@ -479,7 +475,7 @@ def test_kernel_equals_the_torch_operators(backbone, pool, layers, hidden, class
     """The launch (created, so checked at creation too) against ResidentShadow.forward + pack on the same
     device state: every width kind, budgets below k, batches of 1 to all nodes; 256 hidden features at a
     budget of 64 take shared memory beyond 48 KiB (opted in)."""
-    _cuda()
+    skip_without_cuda()
     _, _, _, _, res = _shadow_setup(backbone, pool, layers, weighted, device="cuda", hidden=hidden, classes=classes,
                                     topk=topk, fused=True)
     block = res.block
@@ -500,7 +496,7 @@ def test_kernel_equals_the_torch_operators(backbone, pool, layers, hidden, class
 
 @pytest.mark.gpu
 def test_answer_takes_the_block_and_the_torch_operators_beyond_its_shared_memory():
-    _cuda()
+    skip_without_cuda()
     _, _, _, _, res = _shadow_setup("gcn", "mean", 2, False, device="cuda", fused=True)
     t = np.arange(0, 600, 11)
     before = res.block.launches
@@ -518,7 +514,7 @@ def test_one_exact_width_target_takes_the_kernel_on_the_gpu(tiny_repo):
     """On its default thresholds a GPU server answers one shaDow target at the exact width with the one-launch
     kernel (GPU_MIN_TARGETS_EXACT_AUTO), one at a sampled width on the compiled CPU path, two with the kernel;
     the answers agree with the compiled CPU path's."""
-    _cuda()
+    skip_without_cuda()
     from .serving import ServerThread
 
     with ServerThread(tiny_repo, {"runtime_kw": {"device": "cuda"}}) as srv:
@@ -537,7 +533,7 @@ def test_fused_shadow_serves_shadow_models_on_the_gpu(tiny_repo):
     """A shaDow model on --device cuda with fused_shadow (asked for, and on its default: DEFAULT_ON): the whole
     batch in one kernel (CUDA graphs kept for what it leaves to the torch operators), its answers those of the
     same server without it."""
-    _cuda()
+    skip_without_cuda()
     from .serving import ServerThread
 
     assert shadow_block.DEFAULT_ON
