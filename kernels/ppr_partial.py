@@ -749,6 +749,23 @@ def _dense_missing(rp, queue, gm, hs, ast, src, vid, want):  # pragma: no cover
     return out
 
 
+@numba.njit(cache=True, nogil=True)
+def _dense_collect(rp, touched, i, nt):  # pragma: no cover - compiled
+    """Push ``i``'s slots out of the group's dense state: the ``nt`` nodes it touched (the source first), their
+    (residue, estimate) and estimates, as :class:`PartialPush` holds them (a NumPy gather ``rp[i, ids]`` cost a
+    fifth of the pushes' time)."""
+    ids = np.empty(nt, dtype=np.int64)
+    rw = np.empty((nt, 2), dtype=np.float64)
+    p = np.empty(nt, dtype=np.float64)
+    for j in range(nt):
+        v = touched[i, j]
+        ids[j] = v
+        rw[j, 0] = rp[i, v, 0]
+        rw[j, 1] = rp[i, v, 1]
+        p[j] = rp[i, v, 1]
+    return ids, rw, p
+
+
 #: no stored rows (:func:`_dense_run`'s ``ast, al, acol, aw``): every row is fetched
 _NO_STORED = (np.full(0, -1, dtype=np.int64), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32),
               np.zeros(0, dtype=np.float32))
@@ -848,11 +865,7 @@ def _run_dense(pushes: Sequence[PartialPush], group: int, num_nodes: int, rows: 
             rounds += 1
         for i, ps in enumerate(part):  # the push's slots: the nodes it touched, the source first
             nt = int(gm[i, 3])
-            ids = touched[i, :nt].astype(np.int64)
-            state = rp[i, ids]
-            ps.ids = ids
-            ps.rw = state  # (residue, estimate): result() reads the residue
-            ps.p = state[:, 1].copy()
+            ps.ids, ps.rw, ps.p = _dense_collect(rp, touched, i, nt)  # rw: (residue, estimate); result() reads both
             ps.meta[0] = nt
             ps.meta[4] = gm[i, 4]
             ps.status = int(gm[i, 5])
