@@ -186,12 +186,24 @@ def test_two_processes_saving_signatures_of_one_function_each_keep_their_own(tmp
 
 
 def test_a_cold_start_compiles_in_parallel_and_then_nothing_itself(tiny_repo, tmp_path):
+    """... nor at its first requests: existing nodes at the exact and a sampled width, and new nodes (their
+    pushes and balls on the repository's memory-mapped, read-only graph: kernels of their own signatures)."""
+    import numpy as np
+
+    from clients import GnnClient, NewNode
+
     from .serving import ServerProcess
 
     cache = tmp_path / "numba"
     srv = ServerProcess(tiny_repo, "--poll-s", "0", "--read-only", "--precompile-jobs", "2",
                         env={"NUMBA_CACHE_DIR": str(cache)}).start(timeout=900)
     try:
+        with GnnClient(srv.address) as client:
+            new = [NewNode(np.ones(16, np.float32), [1, 5, 9]), NewNode(np.zeros(16, np.float32), [2], [0.5])]
+            for model in ("gcn", "shadow"):
+                for width in (0, 3):
+                    assert len(client.predict(model, [0, 3, 7], sampling_width=width).labels) == 3
+                    assert len(client.predict(model, [4], sampling_width=width, new_nodes=new).labels) == 3
         log = srv.log()
     finally:
         assert srv.terminate() == 0
@@ -199,7 +211,7 @@ def test_a_cold_start_compiles_in_parallel_and_then_nothing_itself(tiny_repo, tm
     assert said, log[-4000:]
     assert "failed" not in said[0], said
     compiled = [ln for ln in log.splitlines() if "numba: compiled" in ln]
-    assert compiled == [], compiled  # the server's own warm-up loaded every kernel from the cache
+    assert compiled == [], compiled  # its warm-up and its first requests loaded every kernel from the cache
     assert list(cache.rglob("*.nbi")), "nothing in the cache"
 
 
