@@ -455,9 +455,9 @@ class ModelRuntime:
                          f" (at the exact width under {self.gpu_min_targets_exact})"
                          if resident_now and self.gpu_min_targets_exact < least else ""))
         elif resident_now:
-            log.info("model %s v%s resident on the CPU (--resident): every batch it takes answers on the resident "
-                     "path; on a CPU the compiled paths (the default, --no-resident) answer faster (about 0.4x-0.6x of "
-                     "their batched throughput in docs/BENCHMARKS.md)", name, version)
+            log.info("model %s v%s resident on the CPU (--resident): its batches take the resident path, which on a "
+                     "CPU serves about 0.4x-0.6x the batched throughput of the compiled paths (the default, "
+                     "--no-resident; docs/BENCHMARKS.md)", name, version)
         if options.cuda_graphs and fused_head and self._resident is not None:
             log.warning("model %s v%s: --cuda-graphs not used: it answers with one kernel launch, which a CUDA "
                         "graph would not shorten (--no-fused-head replays CUDA graphs of the torch operators)",
