@@ -30,8 +30,9 @@ threads is ahead on large products (docs/BENCHMARKS.md, "Batch-invariant product
 
 Rows are independent, so a large product splits its rows over threads (:func:`rows_matmul` with
 ``threads > 1``) with the same bits. Used wherever the serving paths multiply on a CPU: the compiled
-forwards (:mod:`kernels.fused_forward`), the models' transforms outside autograd (:func:`models.base.linear_any`),
-and through them the projection cache and the torch paths.
+forwards (:mod:`kernels.fused_forward`), and through :func:`linear` / :func:`product` (torch's product on a GPU or
+under autograd) the models' transforms outside autograd (:func:`models.base.linear_any`, hence the projection cache
+and the torch paths) and the resident paths' products (:mod:`kernels.resident`).
 """
 
 # numba cache key: lanes 4d5e0af8c182
@@ -52,8 +53,8 @@ from numba.extending import intrinsic
 from .lanes import splat
 from .threads import kernel_threads, numba_threads_set
 
-__all__ = ["PARALLEL_WORK", "TILE_BYTES", "fma_reference", "rows_matmul", "rows_matmul_into", "rows_matmul_new",
-           "rows_matmul_reference", "transposed"]
+__all__ = ["PARALLEL_WORK", "TILE_BYTES", "fma_reference", "linear", "product", "rows_matmul", "rows_matmul_into",
+           "rows_matmul_new", "rows_matmul_reference", "transposed"]
 
 #: products of at least this many multiply-adds (rows x K x N) split their rows over torch's threads
 PARALLEL_WORK = 1 << 22
@@ -306,6 +307,26 @@ def rows_matmul(x: torch.Tensor | np.ndarray, w: torch.Tensor | np.ndarray, thre
     elif m:
         rows_matmul_into(xn, wn, out, 0, m)
     return torch.from_numpy(out) if is_tensor else out
+
+
+def _by_rows(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether ``x``'s product with ``w`` is :func:`rows_matmul`'s: dense tensors on the CPU, one float dtype, and no
+    gradient wanted (training keeps torch's product)."""
+    return (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype
+            and x.dtype in (torch.float32, torch.float64)
+            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)))
+
+
+def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w`` (``w`` ``[K, N]``) for dense tensors: :func:`rows_matmul` on a CPU outside autograd, whose rows do not
+    depend on the batch; torch's product elsewhere (a GPU, training)."""
+    return rows_matmul(x, w) if _by_rows(x, w) else x @ w
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` (``weight`` ``[out, in]``, a layer's) as :func:`product`, the transpose kept per weight
+    (:func:`transposed`)."""
+    return rows_matmul(x, transposed(weight)) if _by_rows(x, weight) else x @ weight.t()
 
 
 def fma_reference(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .dense import rows_matmul, transposed
+from .dense import linear, product  # on a CPU batch-invariant (a BLAS's rows move with the batch)
 from .graph import CSRGraph
 from .spmm import _gcn_dinv, sample_positions
 from .spmm_cuda import _upload as _to_device  # host array -> device tensor (no copy on a CPU)
@@ -95,21 +95,6 @@ def device_lost(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return any(t in text for t in _STICKY_TEXT)
-
-
-def _on_cpu(x: torch.Tensor, w: torch.Tensor) -> bool:
-    return x.device.type == "cpu" and x.dtype == w.dtype and x.dtype in (torch.float32, torch.float64)
-
-
-def _product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x @ w`` (``w`` ``[K, N]``); on a CPU :func:`kernels.dense.rows_matmul`, whose rows do not depend on the
-    batch (a BLAS's do: a resident CPU server answered a node alone and in a batch up to 1.2e-7 apart)."""
-    return rows_matmul(x, w) if _on_cpu(x, w) else x @ w
-
-
-def _linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` (``weight`` ``[out, in]``, a layer's), as :func:`_product`; its transpose kept per weight."""
-    return rows_matmul(x, transposed(weight)) if _on_cpu(x, weight) else x @ weight.t()
 
 
 def _fused_failed(exc: Exception, what: str) -> None:
@@ -720,9 +705,9 @@ class ResidentPlain(_OnDevice):
         s = self._slots(rows, rows_host, width)
         b = rows.numel()
         if self.gcn:
-            z = _product(self._gcn(s, rows, h), self._w[0])
+            z = product(self._gcn(s, rows, h), self._w[0])
         else:
-            z = _product(h.index_select(0, rows), self._w[0]) + _product(slot_sum(s, h, b), self._w[1])
+            z = product(h.index_select(0, rows), self._w[0]) + product(slot_sum(s, h, b), self._w[1])
         probs = torch.softmax(z + self._b, dim=1)
         labels = probs.argmax(dim=1)
         kept2 = self._csr[width].kept2
@@ -948,7 +933,7 @@ class ResidentShadow(_OnDevice):
         # rows past a subgraph's end are 0, not node 0's row masked later: a NaN there would survive the mask
         h = self._p.index_select(0, nodes).view(b, kk, -1).masked_fill_(~nmask.unsqueeze(2), 0.0)
         for i, conv in enumerate(self.model.convs):
-            tr = h if i == 0 else _linear(h.reshape(b * kk, -1), conv.transform_matrix()).view(b, kk, -1)
+            tr = h if i == 0 else linear(h.reshape(b * kk, -1), conv.transform_matrix()).view(b, kk, -1)
             if self.gcn:
                 h = torch.bmm(adj, tr)
             else:
@@ -962,7 +947,7 @@ class ResidentShadow(_OnDevice):
             parts.append(h.sum(1) / cnt.clamp(min=1).unsqueeze(1).float() if kind == "mean" else h.amax(1))
         r = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
         cls = self.model.classifier
-        logits = _linear(r, cls.weight)
+        logits = linear(r, cls.weight)
         probs = torch.softmax(logits + cls.bias if cls.bias is not None else logits, dim=1)
         labels = probs.argmax(dim=1)
         kept = ks.sum(1) * self.layers

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels.dense import rows_matmul, transposed
+from kernels.dense import linear
 from kernels.fused_forward import StackParams
 from kernels.graph import CSRGraph
 from kernels.plan import ExecutionPlan
@@ -77,11 +77,7 @@ def linear_any(x: Tensor, weight: Tensor) -> Tensor:
     """
     if x.layout != torch.strided:
         return torch.sparse.mm(x, weight.t())
-    if (x.device.type == "cpu" and weight.device.type == "cpu" and x.dtype == weight.dtype
-            and x.dtype in (torch.float32, torch.float64)
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
-        return rows_matmul(x, transposed(weight))
-    return x @ weight.t()
+    return linear(x, weight)
 
 
 def dropout_any(x: Tensor, p: float, training: bool) -> Tensor:
