@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import numpy as np
 
+from kernels import graph_edit
 from kernels.datasets import remove_stale_tmp
 from kernels.graph_edit import valid_weights
 from kernels.update_warmup import warm_once
@@ -673,6 +674,10 @@ class LiveGraph:
         with self._writer:
             while self._pending:
                 self._drain()  # it settles every ticket it takes: an exception here is a bug
+        freed = graph_edit.BUFFERS.release_idle()  # the spare copies of the arrays, once edits stopped for a while
+        if freed:
+            log.info("graph %s: no edit for %.0f s; released %.2f GiB of recycled edit buffers", self.label,
+                     graph_edit.BUFFERS.idle_s, freed / 2**30)
 
     def stale_lists(self) -> int:
         """PPR lists updates left stale (``ppr_eager_lists``), over the graph's indexes."""

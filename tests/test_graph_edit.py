@@ -393,3 +393,76 @@ def test_an_edit_carries_the_idle_scratch_arrays_and_what_the_new_graph_answers_
     assert g2.cache()[_SCRATCH_KEY] == [sc]  # used and given back
     big = apply_edit(g2, GraphEdit.make(new_count=2000, new_ptr=np.zeros(2001, np.int64))).graph
     assert _SCRATCH_KEY not in big.cache() and g2.cache()[_SCRATCH_KEY] == [sc]  # too small: stays
+
+
+# ============================================================================ recycled buffers
+@pytest.fixture
+def pool(monkeypatch):
+    """Every array an edit writes goes through a fresh pool (the process's skips arrays under 64 MiB)."""
+    p = ge.RecycledBuffers(min_bytes=1)
+    monkeypatch.setattr(ge, "BUFFERS", p)
+    return p
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_an_edit_reuses_only_arrays_nothing_references(pool, weighted):
+    """A chain of edits matches rebuilds while its arrays are recycled; an array still reachable in any way (its
+    graph, a slice of it, a tensor sharing it) is never written, and once nothing reaches it the next edit writes
+    into it instead of allocating."""
+    import torch
+
+    rng = np.random.default_rng(3 + weighted)
+    g = sym_graph(rng, 80, 400, weighted=weighted)
+    g1 = check(g, random_edit(rng, g, weights="mixed" if weighted else "ones")).graph
+    g2 = check(g1, random_edit(rng, g1, weights="mixed" if weighted else "ones")).graph
+    assert pool.reused == 0  # g1 is alive: nothing idle yet
+    keep = g1.indices[5:60]  # a view: the buffer stays reachable after its graph is gone
+    held = torch.from_numpy(g1.indptr)
+    keep_vals, held_vals, old = keep.copy(), held.clone(), _address(g1.indices)
+    del g1
+    g3 = check(g2, random_edit(rng, g2, weights="mixed" if weighted else "ones")).graph
+    assert not np.shares_memory(g3.indices, keep) and not np.shares_memory(g3.indptr, held.numpy())
+    np.testing.assert_array_equal(keep, keep_vals)
+    assert torch.equal(held, held_vals)
+    del keep, held
+    g4 = check(g3, random_edit(rng, g3, weights="mixed" if weighted else "ones")).graph
+    assert _address(g4.indices) == old and pool.reused >= 2  # g1's indices and indptr, now unreachable
+    for _ in range(20):  # a longer chain: each version checked against a rebuild, arrays going round
+        g4 = check(g4, random_edit(rng, g4, weights="mixed" if weighted else "ones")).graph
+    assert pool.reused > 20 and pool.allocated <= 9 + 3 * 2
+    used, idle = pool.held_bytes()
+    assert used >= g4.indices.nbytes and idle > 0
+
+
+def test_idle_buffers_are_released_after_a_quiet_while(pool):
+    rng = np.random.default_rng(1)
+    g = sym_graph(rng, 50, 200, weighted=False)
+    for _ in range(4):
+        g = apply_edit(g, random_edit(rng, g, weights="ones")).graph
+    used, idle = pool.held_bytes()
+    assert idle > 0
+    assert pool.release_idle() == 0  # edits came just now
+    pool.idle_s = 0.0
+    assert pool.release_idle() == idle
+    assert pool.held_bytes() == (used, 0)
+    want = reference(g, edit := random_edit(rng, g, weights="ones"))
+    g2 = apply_edit(g, edit).graph  # g's arrays were kept (g reads them): this edit allocated afresh
+    assert_same_graph(g2, want)
+    assert pool.release_idle(force=True) == 0  # g and g2 both alive
+    del g
+    assert pool.release_idle(force=True) > 0 and pool.held_bytes()[1] == 0
+    assert pool.held_bytes()[0] >= g2.indices.nbytes
+
+
+def test_arrays_below_the_threshold_are_left_to_the_allocator():
+    p = ge.RecycledBuffers()
+    a = p.take(1000, np.int32)
+    assert a.base is None and p.allocated == 0 and p.held_bytes() == (0, 0)
+    big = p.take((64 << 20) // 4, np.int32)
+    assert len(big) == (64 << 20) // 4 and big.base is not None and p.allocated == 1
+    del big
+    assert p.held_bytes()[1] > 0 and p.release_idle(force=True) > 0

@@ -213,6 +213,22 @@ def test_random_updates_on_the_resident_path(base_repo, tiny_dataset, tmp_path):
         srv.stop()
 
 
+def test_random_updates_with_every_edit_in_recycled_arrays(base_repo, tiny_dataset, tmp_path, monkeypatch):
+    """The same with every array an edit writes recycled (``kernels.graph_edit.RecycledBuffers``; the server's own
+    pool takes arrays from 64 MiB): old versions of the graph that batches, caches and the writer let go are
+    written again, and no answer may show it."""
+    import kernels.graph_edit as ge
+
+    pool = ge.RecycledBuffers(min_bytes=1)
+    monkeypatch.setattr(ge, "BUFFERS", pool)
+    srv = ServerThread(fresh_repo(base_repo, tmp_path / "repo")).start()
+    try:
+        _random_updates_answer_like_the_updated_graph(srv, base_repo, tiny_dataset, np.random.default_rng(7))
+    finally:
+        srv.stop()
+    assert pool.reused >= 10  # the server lets old versions go: their arrays came round again
+
+
 #: GPU servers: on their defaults (resident: a plain model's tables and a shaDow model's lists, induced table and
 #: projections on the device, the fused kernels; batches the device declines and new nodes on the CPU copy) and
 #: with every batch on the device's torch path
