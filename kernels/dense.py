@@ -309,12 +309,25 @@ def rows_matmul(x: torch.Tensor | np.ndarray, w: torch.Tensor | np.ndarray, thre
     return torch.from_numpy(out) if is_tensor else out
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # not a fake, functional or other subclass tensor
+
+
+def recording(*tensors: torch.Tensor) -> bool:
+    """Whether a computation on ``tensors`` is being recorded rather than run: ``torch.export`` (its tensors are fake),
+    ``torch.compile`` or the TorchScript tracer (an ONNX export). There nothing may leave torch (a NumPy product, a
+    value kept between calls): it would be baked into the recorded graph as a constant of the example input. It was,
+    until 2026-11-29: ``gnnserve export-onnx`` failed, and its legacy exporter wrote models without a feature input."""
+    return (any(type(t) not in _PLAIN for t in tensors) or torch.jit.is_tracing()
+            or torch.compiler.is_compiling())
+
+
 def _by_rows(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether ``x``'s product with ``w`` is :func:`rows_matmul`'s: dense tensors on the CPU, one float dtype, and no
-    gradient wanted (training keeps torch's product)."""
+    """Whether ``x``'s product with ``w`` is :func:`rows_matmul`'s: dense tensors on the CPU, one float dtype, no
+    gradient wanted (training keeps torch's product), and nothing :func:`recording` it."""
     return (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype
             and x.dtype in (torch.float32, torch.float64)
-            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)))
+            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+            and not recording(x, w))
 
 
 def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

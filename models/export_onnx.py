@@ -53,7 +53,7 @@ from .base import GNNModel
 from .checkpoint import CheckpointError, load_checkpoint
 from .shadow import ShadowGNN
 
-__all__ = ["OnnxBatchModel", "export_onnx", "input_spec", "main", "output_spec", "write_triton_config"]
+__all__ = ["ExportCheckError", "OnnxBatchModel", "export_onnx", "input_spec", "main", "output_spec", "write_triton_config"]
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,59 @@ def _example_inputs(wrapper: OnnxBatchModel) -> tuple[Tensor, ...]:
     return tuple(ex[n] for n in wrapper.input_names())
 
 
+def _check_inputs(wrapper: OnnxBatchModel) -> tuple[Tensor, ...]:
+    """Another batch than the traced one (11 rows in 3 subgraphs, 16 edges, one row without edges), for
+    :func:`_verify`: an export that specialised a size or baked a value of the example in fails on it."""
+    gen = torch.Generator().manual_seed(1)
+    r = 11
+    src = torch.tensor([0, 1, 0, 2, 3, 4, 4, 5, 5, 6, 7, 8, 8, 9, 3, 6])
+    dst = torch.tensor([1, 0, 2, 0, 4, 3, 5, 4, 6, 5, 8, 7, 9, 8, 6, 3])
+    ex = {
+        "x": torch.rand(r, wrapper.model.in_dim, generator=gen) * 2 - 1,
+        "edge_index": torch.stack([src, dst]),
+        "norm_degrees": 1.0 + torch.rand(r, generator=gen) * 5,
+        "target_pos": torch.tensor([0, 3, 7]),
+        "batch": torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]),
+        "edge_weight": torch.rand(len(src), generator=gen) + 0.5,
+    }
+    return tuple(ex[n] for n in wrapper.input_names())
+
+
+def _verify(wrapper: OnnxBatchModel, path: Path) -> None:
+    """Run the exported file in onnxruntime on :func:`_check_inputs` and compare with the PyTorch module; raise
+    :class:`ExportCheckError` when the inputs differ from those declared or an answer differs by more than 1e-4.
+    Skipped (logged) without onnxruntime."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        log.warning("onnxruntime is not installed: %s was not run after the export (pip install 'gnnserve[onnx]')",
+                    path)
+        return
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    have = [i.name for i in sess.get_inputs()]
+    want = wrapper.input_names()
+    if have != want:
+        raise ExportCheckError(f"the exported model's inputs are {have}, not {want}: the exporter folded an input "
+                               "into a constant")
+    args = _check_inputs(wrapper)
+    with torch.no_grad():
+        ref = [t.numpy() for t in wrapper(*args)]
+    try:
+        got = sess.run(["logits", "probabilities"], {n: a.numpy() for n, a in zip(want, args, strict=True)})
+    except Exception as exc:  # onnxruntime's own error types
+        raise ExportCheckError(f"the exported model fails on a batch of another size than the traced one: "
+                               f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+    for name, r, g in zip(("logits", "probabilities"), ref, got, strict=True):
+        err = float(abs(r - g).max()) if r.size else 0.0
+        if r.shape != g.shape or not err <= 1e-4:
+            raise ExportCheckError(f"the exported model's {name} differ from the PyTorch model's on a check batch "
+                                   f"(shapes {list(g.shape)} and {list(r.shape)}, largest difference {err:.3g})")
+
+
+class ExportCheckError(RuntimeError):
+    """The exported ONNX model does not answer as the checkpoint does (:func:`_verify`)."""
+
+
 def _dynamic_shapes(wrapper: OnnxBatchModel) -> tuple[dict[int, Any], ...]:
     from torch.export import Dim
 
@@ -280,26 +333,32 @@ def export_onnx(checkpoint_dir: str | os.PathLike[str], out_path: str | os.PathL
     if out_path is not None:
         targets.append(Path(out_path))
     tri_cfg = None
+    mdir = None
     if triton_repo is not None:
         tname = name or _triton_name(ckpt)
         mdir = Path(triton_repo) / tname
-        (mdir / "1").mkdir(parents=True, exist_ok=True)
         targets.append(mdir / "1" / "model.onnx")
-        tri_cfg = write_triton_config(mdir / "config.pbtxt", tname, wrapper)
     first = targets[0]
     first.parent.mkdir(parents=True, exist_ok=True)
     tmp = first.with_name(first.name + ".tmp")
-    with torch.no_grad():
-        _export(wrapper, tmp, dynamo)
-    if check:
-        import onnx
+    try:  # nothing is written where a user or Triton looks until the model is exported and checked
+        with torch.no_grad():
+            _export(wrapper, tmp, dynamo)
+        if check:
+            import onnx
 
-        onnx.checker.check_model(onnx.load(str(tmp)), full_check=True)
-    data = tmp.read_bytes()
+            onnx.checker.check_model(onnx.load(str(tmp)), full_check=True)
+            _verify(wrapper, tmp)
+        data = tmp.read_bytes()
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, first)
     for t in targets[1:]:
         t.parent.mkdir(parents=True, exist_ok=True)
         t.write_bytes(data)
+    if mdir is not None:
+        tri_cfg = write_triton_config(mdir / "config.pbtxt", tname, wrapper)
     log.info("exported %s to %s", checkpoint_dir, ", ".join(map(str, targets)))
     return {
         "onnx": [str(t) for t in targets],
@@ -327,6 +386,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "gnnserve export-onnx") 
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # the exporter's failures are long; the first line says what failed
+        log.debug("export failed", exc_info=True)
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(f"error: exporting {args.checkpoint} failed ({type(exc).__name__}: {first}); nothing was written",
+              file=sys.stderr)
+        return 1
     for path in info["onnx"]:
         print(f"wrote {path}")
     if info["triton_config"]:

@@ -34,6 +34,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from kernels.dense import recording
 from kernels.fused_forward import AGG_SAGE
 from kernels.graph import CSRGraph
 from kernels.spmm import sampled_spmm
@@ -80,8 +81,8 @@ class SAGEConv(nn.Module):
         :func:`kernels.dense.transposed` can keep its transpose too: a torch-path batch then copies neither
         (2 x 2 F_out x F_in floats a call before). Read only: it is shared by every call."""
         wr, wn = self.weight_root, self.weight_neigh
-        if torch.is_grad_enabled() and (wr.requires_grad or wn.requires_grad):
-            return torch.cat([wr, wn], dim=0)
+        if (torch.is_grad_enabled() and (wr.requires_grad or wn.requires_grad)) or recording(wr, wn):
+            return torch.cat([wr, wn], dim=0)  # (an export records the concatenation, never a kept value)
         key = (wr._version, wn._version, wr.data_ptr(), wn.data_ptr(), wr.device, wr.dtype, wn.dtype)
         kept = self.__dict__.get("_stacked")
         if kept is None or kept[0] != key:
