@@ -107,6 +107,16 @@ def _port(text: str) -> int:
     return value
 
 
+def _budget(text: str) -> int | str:
+    """An argparse type: a byte count (an integer) or ``auto`` (``serve.memory_budget.resolve_auto_budgets``)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of bytes nor 'auto'") from None
+
+
 _BIND_ERRNOS = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES}
 
 
@@ -157,7 +167,7 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
                   "--max-new-node-edges")
     for flag in at_least_1 + at_least_0:
         x = getattr(args, flag[2:].replace("-", "_"), None)
-        if x is not None and not ok(x, 1 if flag in at_least_1 else 0):
+        if x is not None and x != "auto" and not ok(x, 1 if flag in at_least_1 else 0):
             return f"{flag} must be {'>= 1' if flag in at_least_1 else '>= 0'} and finite, got {x}"
     if args.inline_max_targets is not None and args.inline_max_targets < 0:
         return f"--inline-max-targets must be >= 0 (0: every batch in the worker thread), got {args.inline_max_targets}"
@@ -320,14 +330,16 @@ def _serve(argv: Sequence[str]) -> int:
                          "take it is refused (for tests and comparisons; default: each batch takes the path that suits it)")
     ap.add_argument("--max-concurrent-rpcs", type=int, default=1000,
                     help="RPCs run at once (a stream counts as one); more get RESOURCE_EXHAUSTED (default: %(default)s)")
-    ap.add_argument("--projection-cache-bytes", type=int, default=2 << 30,
+    ap.add_argument("--projection-cache-bytes", type=_budget, default="auto",
                     help="per model: cache every node's first-layer projection (one [nodes, hidden] float32 "
                          "table, nodes x hidden x 4 bytes), kept only when the whole table fits this many bytes; "
-                         "an integer (0 = off; default: %(default)s = 2 GiB)")
-    ap.add_argument("--activation-cache-bytes", type=int, default=256 << 20,
+                         "an integer (0 = off) or 'auto' (the default): the largest model's table when every "
+                         "model's fits in 60%% of the machine's memory beside the graph and features, else 2 GiB")
+    ap.add_argument("--activation-cache-bytes", type=_budget, default="auto",
                     help="plain 2-layer models: keep each node's first-layer output per sampling width (one "
-                         "[nodes, hidden] float32 table per width) within this many bytes (0 = off; default: %(default)s "
-                         "= 256 MiB)")
+                         "[nodes, hidden] float32 table per width) within this many bytes; an integer (0 = off) or "
+                         "'auto' (the default): one table of the largest plain model when they fit beside the "
+                         "projection tables (as above), else 256 MiB")
     ap.add_argument("--warm-projections", action="store_true",
                     help="cache every node's first-layer projection (and a plain model's first-layer output at "
                          "its default width) while a model warms up, before it is served, and read a "
@@ -454,8 +466,11 @@ def _serve(argv: Sequence[str]) -> int:
         if (why := refusal(args)) is not None:
             print(f"gnnserve serve: refusing to start: {why}", file=sys.stderr)
             return 2
-    from .memory_budget import refuse_overcommit
+    from .memory_budget import refuse_overcommit, resolve_auto_budgets
 
+    for line in resolve_auto_budgets(args):  # before the check, which counts what they chose
+        if args.process_slot is None:  # (a child of --processes chooses the same: its parent said it)
+            logging.getLogger("serve").info(line)
     if args.process_slot is None and (code := refuse_overcommit(args)) is not None:  # a child: its parent checked
         return code
     from .security import SecurityConfigError, check_security_config, resolve_token

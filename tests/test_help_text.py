@@ -109,7 +109,7 @@ def test_serve_help_shows_the_defaults(capsys) -> None:
     assert "default: 127.0.0.1" in text and "default: 8500" in text
     assert "--compact-log-bytes" in text and "268435456 = 256 MiB" in text
     assert "--read-your-writes-timeout-s" in text and "default: 1.0" in text
-    assert "--projection-cache-bytes" in text and "2147483648 = 2 GiB" in text
+    assert "--projection-cache-bytes" in text and "'auto' (the default)" in text and "else 2 GiB" in text
 
 
 def test_train_help_shows_the_defaults(capsys) -> None:

@@ -145,3 +145,60 @@ def test_estimate_counts_a_ppr_models_push_state(repo: Path, tmp_path: Path) -> 
         workers = new_node_workers(nodes, 1 << 30)
         assert 1 <= workers <= numba_threads() and (workers - 1) * 40 * (nodes + 1) <= NEW_NODE_PARALLEL_BYTES
         assert state == ([workers * 40 * (nodes + 1)] if nodes + 1 <= DENSE_NEW_NODE_MAX else [])
+
+
+def _big_repo(tmp_path: Path, repo: Path, nodes: int, plain: int = 1) -> Path:
+    """A repository of config.json files only (the budgets read nothing else): ``plain`` GCNs on one graph of
+    ``nodes`` nodes, the tiny checkpoint's sizes otherwise."""
+    conf = json.loads((repo / "m" / "1" / "config.json").read_text())
+    root = tmp_path / f"big{nodes}"
+    for i in range(plain):
+        d = root / f"g{i}" / "1"
+        d.mkdir(parents=True)
+        d.joinpath("config.json").write_text(json.dumps(dict(conf, dataset=dict(conf["dataset"], num_nodes=nodes))))
+    return root
+
+
+def test_auto_budgets_fit_the_tables_of_a_large_graph_when_memory_allows(repo: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` (the default): a 10 M-node GCN's projection and first-layer tables (2.56 GB and 2.57 GB, above the
+    fixed 2 GiB and 256 MiB) are kept on a machine with room for them and the rest, never on one without; explicit
+    budgets are left alone; a small graph keeps the fixed defaults."""
+    import serve.memory_budget as mb
+
+    conf = json.loads((repo / "m" / "1" / "config.json").read_text())
+    hidden = conf["model"]["hidden"]
+    n = 10_000_000
+    big = _big_repo(tmp_path, repo, n)
+    for mem, fitted in ((256 << 30, True), (6 << 30, False)):
+        monkeypatch.setattr(mb, "machine_memory_bytes", lambda m=mem: m)
+        args = _args(big, projection_cache_bytes="auto", activation_cache_bytes="auto")
+        lines = mb.resolve_auto_budgets(args)
+        assert len(lines) == 2 and all(" auto: " in line for line in lines)
+        if fitted:
+            assert args.projection_cache_bytes == n * hidden * 4
+            assert args.activation_cache_bytes == n * (4 * hidden + 1)
+            assert any(w.startswith("projection table") for w, _ in mb.estimate(args).items)
+        else:
+            assert (args.projection_cache_bytes, args.activation_cache_bytes) == (2 << 30, 256 << 20)
+            assert "would not fit" in lines[0]
+    # two processes hold two copies: what fits once need not fit twice
+    monkeypatch.setattr(mb, "machine_memory_bytes", lambda: 10 << 30)
+    one = _args(big, projection_cache_bytes="auto", activation_cache_bytes="auto")
+    two = _args(big, projection_cache_bytes="auto", activation_cache_bytes="auto", processes=2)
+    mb.resolve_auto_budgets(one), mb.resolve_auto_budgets(two)
+    assert one.projection_cache_bytes == n * hidden * 4 and two.projection_cache_bytes == 2 << 30
+    assert one.activation_cache_bytes == 256 << 20  # the projection table took the room
+    explicit = _args(big, projection_cache_bytes=123, activation_cache_bytes=0)
+    assert mb.resolve_auto_budgets(explicit) == [] and (explicit.projection_cache_bytes,
+                                                        explicit.activation_cache_bytes) == (123, 0)
+    small = _args(repo, projection_cache_bytes="auto", activation_cache_bytes="auto")
+    mb.resolve_auto_budgets(small)
+    assert (small.projection_cache_bytes, small.activation_cache_bytes) == (2 << 30, 256 << 20)
+
+
+def test_a_budget_that_is_neither_bytes_nor_auto_is_refused(repo: Path) -> None:
+    res = _run("--repo", str(repo), "--port", "0", "--projection-cache-bytes", "lots")
+    assert res.returncode == 2 and "neither a number of bytes nor 'auto'" in res.stderr
+    res = _run("--repo", str(repo), "--port", "0", "--activation-cache-bytes", "-5")
+    assert res.returncode == 2 and "--activation-cache-bytes must be >= 0" in res.stderr
