@@ -4,7 +4,8 @@
 :func:`update_main`, which return the exit code: 0 on success, 2 for bad arguments or
 ``INVALID_ARGUMENT``, 1 for any other failure. Failures print ``gnnserve <cmd>: CODE: message`` (or
 ``gnnserve <cmd>: error: ...`` for bad arguments) on stderr, without a traceback. ``--server HOST``
-alone means port 8500 (:func:`server_address`).
+alone means port 8500 (:func:`server_address`). Options are never abbreviated (``allow_abbrev=False``):
+argparse's prefix matching would read ``--k 32`` as ``--key 32``, the TLS key file.
 
 Examples::
 
@@ -200,10 +201,23 @@ def _run(prog: str, build: Callable[[], argparse.ArgumentParser], argv: Sequence
         return 0
 
 
+def _model_version(text: str) -> str | None:
+    """An argparse type for ``--version``: a version number as given, or ``latest`` (any case) for None,
+    the newest loaded version. The server itself knows versions by number only (docs/RELIABILITY.md: a
+    request naming version "latest" is NOT_FOUND); the word is the help's own, so the command takes it."""
+    return None if text.strip().lower() == "latest" else text
+
+
+def _version_arg(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--version", type=_model_version, default=None,
+                    help="model version: a number, or 'latest' for the newest loaded one (default: latest)")
+
+
 # --------------------------------------------------------------------------- predict
 def _predict_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gnnserve predict",
+        allow_abbrev=False,
         description="Classify nodes with a model on a gnnserve server.",
         epilog="--nodes takes ids, inclusive ranges and @FILE (one id or range per line), comma-separated: "
                "e.g. --nodes 0-9,42,@more.txt. --new-nodes FILE: nodes that are not in the graph, one JSON object "
@@ -215,7 +229,7 @@ def _predict_parser() -> argparse.ArgumentParser:
     ap.add_argument("--nodes", default=None, help="node ids: 1,2,3 / 0-99 / @FILE (combinable)")
     ap.add_argument("--new-nodes", default=None, metavar="FILE",
                     help="new nodes to classify (JSON lines or a JSON array, '-' for stdin); with or without --nodes")
-    ap.add_argument("--version", default=None, help="model version (default: latest)")
+    _version_arg(ap)
     ap.add_argument("--width", type=int, default=None, metavar="S", help="sampling width S (0 = exact)")
     ap.add_argument("--budget", type=int, default=None, metavar="K", help="PPR budget K (subgraph size)")
     ap.add_argument("--max-accuracy-loss", type=float, default=None, metavar="L",
@@ -327,7 +341,7 @@ def predict_main(argv: Sequence[str] | None = None) -> int:
 
 # --------------------------------------------------------------------------- models
 def _models_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="gnnserve models",
+    ap = argparse.ArgumentParser(prog="gnnserve models", allow_abbrev=False,
                                  description="List a server's models (every loaded version) with their knob tables.")
     ap.add_argument("--model", default=None, help="show only this model")
     ap.add_argument("--json", action="store_true", help="print a JSON list instead of tables")
@@ -344,9 +358,12 @@ def format_model(info: ModelInfo) -> str:
     """
     budget = f" max_ppr_budget={info.max_ppr_budget} default_ppr_budget={info.default_ppr_budget}" \
         if info.extractor == "ppr" else ""
+    # the graph version: what 'gnnserve update' prints after each update and what an update whose answer was
+    # lost is checked against; read-only: the server refuses UpdateGraph for this model
+    writes = "  read-only (updates refused)" if info.read_only else ""
     lines = [
         f"{info.name}  version {info.version} (loaded: {', '.join(info.versions) or info.version})"
-        f"  {'ready' if info.ready else 'NOT READY'}",
+        f"  {'ready' if info.ready else 'NOT READY'}  graph version {info.graph_version}{writes}",
         f"  {info.architecture}, extractor {info.extractor}, strategy {info.strategy}, "
         f"{info.num_nodes} nodes, {info.num_features} features, {info.num_classes} classes, "
         f"features from {info.feature_store}",
@@ -591,6 +608,7 @@ def _update_args(item: dict[str, Any], place: str) -> dict[str, Any]:
 def _update_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gnnserve update",
+        allow_abbrev=False,
         description="Apply graph updates (features, new nodes, edge additions and removals) to the graph a model "
                     "serves on. Each update is atomic; they are applied in file order and the new graph version "
                     "is printed after each (pass it to 'gnnserve predict --min-graph-version'). Every update of "
@@ -602,7 +620,7 @@ def _update_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("file", help="update file (JSON lines or a JSON array), '-' for stdin")
     ap.add_argument("--model", required=True, help="any model served on the graph to change")
-    ap.add_argument("--version", default=None, help="model version (default: latest)")
+    _version_arg(ap)
     ap.add_argument("--json", action="store_true", help="print one JSON object per update")
     _connection_args(ap)
     return ap
@@ -633,7 +651,10 @@ def _stopped_at(place: str, index: int, total: int, applied_version: int | None,
     if exc.code.name in _REFUSED:
         this = "this one was not"
     else:  # lost on the way or on the server: the server may have applied it before the failure
-        this = "this one may or may not have been applied (see the graph version in 'gnnserve models')"
+        this = "this one may or may not have been applied (see the graph version 'gnnserve models' shows"
+        if applied_version is not None:  # what the graph was at after the update before it
+            this += f": above {applied_version} if it was, unless another client updated the graph meanwhile"
+        this += ")"
     rest = total - index - 1
     after = f"the {_count(rest, 'update')} after it {'was' if rest == 1 else 'were'} not sent" if rest \
         else "it was the last one"

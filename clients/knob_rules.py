@@ -9,7 +9,11 @@ A knob-table row is anything with ``ppr_budget``, ``sampling_width`` (0 = exact)
 * **exact reference**: the exact-width row (S = 0) at the largest budget K.
 * **cheapest within a loss L**: among the rows whose validation accuracy is at least
   ``reference - L``, the one with the lowest measured latency per node (ties: higher accuracy);
-  an explicit S or K restricts the rows to that value.
+  an explicit S or K restricts the rows to that value, and the loss picks the other coordinate.
+  An explicit value the table has no rows for is served as asked, and the loss picks the other
+  coordinate among the rows of a measured stand-in (:func:`stand_in`): the largest table value
+  below it (its rows keep fewer edges, or a smaller subgraph, so their accuracy is the table's
+  nearest reading that does not overstate the requested one), else the smallest table value.
 * **defaults** (chosen at training time, deterministic, no timings): the smallest K whose exact row
   is within the tolerance of the reference, then the smallest S > 0 within it at that K (else exact).
 """
@@ -19,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-__all__ = ["KnobTableRow", "Row", "cheapest_within", "default_knobs", "exact_reference", "rows_of"]
+__all__ = ["KnobTableRow", "Row", "cheapest_within", "default_knobs", "exact_reference", "rows_of", "stand_in"]
 
 #: slack for comparing accuracies stored as floats
 EPS = 1e-12
@@ -75,6 +79,34 @@ def cheapest_within(rows: Sequence[R], max_loss: float, *, sampling_width: int |
           and (ppr_budget is None or r.ppr_budget == ppr_budget)
           and r.val_accuracy >= ref.val_accuracy - max_loss - EPS]
     return min(ok, key=lambda r: (r.latency_ms_per_node, -r.val_accuracy)) if ok else None
+
+
+def stand_in(value: int, measured: Iterable[int], *, exact_zero: bool = False) -> int | None:
+    """The knob-table value whose rows a fixed knob ``value`` is chosen against: ``value`` itself when the
+    table measured it, else the largest measured value below it, else the smallest one above it; None for no
+    values. ``exact_zero``: the values are sampling widths, where 0 (exact) keeps every edge and so ranks
+    above every width.
+
+    Why below: a smaller width keeps at most as many edges of each row, a smaller budget a smaller part of
+    each subgraph, so that row's accuracy is the measured reading nearest the requested setting that does not
+    overstate it, and the loss a request gives is not met by an optimistic stand-in. Only a value below every
+    measured one takes the nearest above.
+
+    Example::
+
+        >>> stand_in(5, [0, 4, 8, 16], exact_zero=True), stand_in(2, [0, 4, 8], exact_zero=True)
+        (4, 4)
+        >>> stand_in(100, [0, 4, 8], exact_zero=True), stand_in(20, [8, 16, 32])
+        (8, 16)
+    """
+    def rank(v: int) -> float:
+        return float("inf") if exact_zero and v == 0 else float(v)
+
+    values = set(measured)
+    if value in values or not values:
+        return value if values else None
+    below = [v for v in values if rank(v) < rank(value)]
+    return max(below, key=rank) if below else min(values, key=rank)
 
 
 def default_knobs(rows: Sequence[R], tolerance: float) -> tuple[int, int]:

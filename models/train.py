@@ -189,6 +189,34 @@ def _check_out(out: Path, overwrite: bool) -> None:
         raise CheckpointError(f"{out} already exists; pass overwrite=True (CLI: --overwrite) or choose another --out")
 
 
+#: names a server's repository holds beside its model directories (serve.registry skips names starting with "_")
+_REPO_DIRS = ("_data", "_ppr", "_live")
+
+
+def version_problem(out: Path) -> str | None:
+    """Why a server would not serve ``out`` from a repository, as a warning (None when it would or ``out`` does not
+    look meant for one). ``--out`` is any checkpoint directory: a standalone one (``export-onnx``, ``python -m
+    serve.knob_timing``, tests) is fine anywhere, so this is a warning, not a refusal. It is given when the last
+    component is not a positive integer (``serve.registry`` ignores such version directories) and ``out`` looks
+    meant as ``REPO/<name>/<version>``: a number-like name (``0``, ``-1``, ``1.0``, ``v2``, ``latest``), a
+    sibling that is a version directory, or a grandparent holding a repository's ``_data``/``_ppr``/``_live``."""
+    import re
+
+    name = out.name
+    if name.isascii() and name.isdigit() and int(name) >= 1:
+        return None
+    parent = out.parent
+    versions = sorted(int(p.name) for p in (parent.iterdir() if parent.is_dir() else ())
+                      if p.is_dir() and p.name.isascii() and p.name.isdigit() and int(p.name) >= 1)
+    meant = (re.fullmatch(r"[-+]?\d+(\.\d*)?|[vV]\d+|latest", name) is not None or bool(versions)
+             or any((parent.parent / d).is_dir() for d in _REPO_DIRS))
+    if not meant:
+        return None
+    free = (versions[-1] + 1) if versions else 1
+    return (f"--out {str(out)!r}: a server serves REPO/<name>/<version> with a positive integer version, and "
+            f"ignores {name!r}; to serve this checkpoint, write it to {str(parent / str(free))!r}")
+
+
 def _train_staged(
     dataset: GraphDataset | str | os.PathLike[str],
     model: str,
@@ -380,8 +408,9 @@ def _int_list(s: str) -> tuple[int, ...]:
 
 def build_parser(prog: str = "gnnserve train", epilog: str | None = None) -> argparse.ArgumentParser:
     d = TrainConfig()
+    # no abbreviated options: "--width 8" (predict's sampling width) would silently be --width-train
     p = argparse.ArgumentParser(prog=prog, description="Train a GNN and write a gnnserve checkpoint directory.",
-                                epilog=epilog)
+                                epilog=epilog, allow_abbrev=False)
     p.add_argument("--dataset", required=True, help=DATASET_HELP)
     p.add_argument("--model", required=True, choices=MODEL_KINDS,
                    help="architecture: GCN or GraphSAGE, or their shaDow versions (a subgraph of PPR top-K "
@@ -464,19 +493,38 @@ def _device_problem(device: str) -> str | None:
     return None
 
 
-def _stage_logging(extra: Sequence[str] = ()) -> None:
-    """Print the stage lines of ``models.train``, ``kernels.datasets`` (and the loggers ``extra``) on
-    stderr (INFO), once."""
+def _stage_logging(extra: Sequence[str] = ()) -> Callable[[], None]:
+    """Print the stage lines of ``models.train``, ``kernels.datasets``, numba's compilations
+    (``kernels.compile_log``, installed here: a first run on a machine compiles the CPU kernels for minutes, and
+    says so) and the loggers ``extra`` on stderr (INFO); returns what undoes that (the handlers it added removed,
+    the loggers' levels and propagation as they were). A command run in a process of its own never calls it; one
+    run inside another process (``main`` from Python, a test) does, or its handlers would go on writing to the
+    stream ``sys.stderr`` was at the time, perhaps closed since."""
+    from kernels import compile_log
+
+    compile_log.install()
     fmt = logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S")
-    for name in ("models.train", "kernels.datasets", *extra):
+    undo: list[tuple[logging.Logger, logging.Handler | None, int, bool]] = []
+    for name in ("models.train", "kernels.datasets", "kernels.compile_log", *extra):
         lg = logging.getLogger(name)
+        added = None
         if not any(getattr(h, "_gnnserve_stage", False) for h in lg.handlers):
-            h = logging.StreamHandler(sys.stderr)
-            h.setFormatter(fmt)
-            h._gnnserve_stage = True  # type: ignore[attr-defined]
-            lg.addHandler(h)
+            added = logging.StreamHandler(sys.stderr)
+            added.setFormatter(fmt)
+            added._gnnserve_stage = True  # type: ignore[attr-defined]
+            lg.addHandler(added)
+        undo.append((lg, added, lg.level, lg.propagate))
         lg.setLevel(logging.INFO)
         lg.propagate = False
+
+    def restore() -> None:
+        for lg, added, level, propagate in reversed(undo):
+            if added is not None:
+                lg.removeHandler(added)
+            lg.setLevel(level)
+            lg.propagate = propagate
+
+    return restore
 
 
 #: called by :func:`main` on the complete checkpoint before it is put in place at ``--out``:
@@ -505,7 +553,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "gnnserve train", *,
     if problem is not None:  # before the dataset is loaded: torch's own errors come as tracebacks mid-run
         print(f"{prog}: {problem}", file=sys.stderr)
         return 2
-    _stage_logging(log_names)
+    restore = _stage_logging(log_names)
+    try:
+        return _run(args, prog, after_train)
+    finally:
+        restore()
+
+
+def _run(args: argparse.Namespace, prog: str, after_train: Any) -> int:
+    """:func:`main` after its arguments are parsed and checked (under its stage logging)."""
     ppr: dict[str, Any] = {}
     if args.ppr_alpha is not None:
         ppr["alpha"] = args.ppr_alpha
@@ -518,6 +574,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "gnnserve train", *,
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if (why := version_problem(out)) is not None:  # said before training, so a mistake costs no run
+        print(f"{prog}: warning: {why}", file=sys.stderr)
     try:
         with stage("load", times, f"dataset {args.dataset}"):
             ds = load_dataset(args.dataset)

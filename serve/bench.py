@@ -8,6 +8,13 @@ For every (K, S) of the model's knob table (or ``--widths`` x ``--budgets``) it 
 one batched pass over ``--eval-nodes`` test nodes (accuracy against the dataset's labels; without a
 dataset, the knob table's validation accuracy is shown instead). ``--plot`` draws accuracy against
 p50 latency with each point labelled by its setting (matplotlib, the ``plot`` extra).
+
+``--json`` prints one object per setting (:func:`measure_curve`'s rows): ``sampling_width`` (0 = exact) and
+``ppr_budget`` (0 for an L-hop model), integers as requested; ``p50_ms``, ``p99_ms`` (client side) and
+``server_p50_ms``; ``accuracy``, a fraction, with ``accuracy_source``: ``"test"`` (measured on the
+``--dataset``'s test nodes) or ``"knob-table"`` (the validation accuracy the knob table records for the
+setting served: no ``--dataset``); ``edges_kept``, the fraction of edges aggregated in the test pass (1.0 =
+every edge; with ``--dataset`` only); ``graph_version``, the graph version measured on.
 """
 
 from __future__ import annotations
@@ -36,8 +43,9 @@ def measure_curve(
     eval_nodes: np.ndarray | None = None,
     eval_labels: np.ndarray | None = None,
     val_accuracy: dict[tuple[int, int], float] | None = None,
-) -> list[dict[str, float]]:
-    """One row per (S, K): p50/p99 single-node latency, accuracy, edges kept, server-side p50."""
+) -> list[dict[str, Any]]:
+    """One row per (S, K): p50/p99 single-node latency, accuracy, edges kept, server-side p50 (the fields of
+    the module docstring)."""
     rows = []
     for width, budget in settings:
         kw = {"sampling_width": width} | ({"ppr_budget": budget} if budget else {})
@@ -49,8 +57,8 @@ def measure_curve(
             lat.append(1e3 * (time.perf_counter() - t))
             server.append(r.timing.total_ms)
         row = {
-            "sampling_width": float(width),
-            "ppr_budget": float(budget),
+            "sampling_width": int(width),
+            "ppr_budget": int(budget),
             "p50_ms": float(np.percentile(lat, 50)),
             "p99_ms": float(np.percentile(lat, 99)),
             "server_p50_ms": float(np.percentile(server, 50)),
@@ -59,16 +67,16 @@ def measure_curve(
             res = client.predict(model, eval_nodes, return_probabilities=False, **kw)
             row["accuracy"] = float((res.labels == eval_labels).mean())
             row["edges_kept"] = res.settings.edges_kept_fraction
-            row["accuracy_source"] = 1.0  # measured on the eval nodes
+            row["accuracy_source"] = "test"  # measured on the eval nodes (the dataset's test split)
         else:  # the server's own reading of its knob table for the setting it served (a width it clamped
             # to max_sampling_width included), else the table's row as asked
             row["accuracy"] = float(r.settings.expected_accuracy) or float((val_accuracy or {}).get((width, budget), float("nan")))
-            row["accuracy_source"] = 0.0  # from the knob table (validation)
+            row["accuracy_source"] = "knob-table"  # the table's validation accuracy
         rows.append(row)
     return rows
 
 
-def plot_curve(rows: list[dict[str, float]], path: str, title: str) -> None:
+def plot_curve(rows: list[dict[str, Any]], path: str, title: str) -> None:
     """Accuracy against p50 latency, one labelled point per setting."""
     import matplotlib
 
@@ -85,7 +93,7 @@ def plot_curve(rows: list[dict[str, float]], path: str, title: str) -> None:
             s = int(r["sampling_width"])
             ax.annotate(f"S={s or 'exact'}", (r["p50_ms"], 100 * r["accuracy"]), textcoords="offset points",
                         xytext=(4, 4), fontsize=7)
-    measured = all(r.get("accuracy_source", 0) == 1.0 for r in rows)
+    measured = all(r.get("accuracy_source") == "test" for r in rows)
     ax.set_xlabel("p50 latency of a single-node request (ms, client side)")
     ax.set_ylabel(("test" if measured else "validation") + " accuracy (%)")
     ax.set_title(title, fontsize=10)

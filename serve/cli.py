@@ -197,6 +197,20 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _data_problem(specs: Sequence[str]) -> str | None:
+    """The first ``--data`` path that does not exist, as one line (None when each is there). The datasets are
+    looked for by fingerprint only when a checkpoint needs one, after ``REPO/_data``: a mistyped path went
+    unmentioned whenever another candidate held the data (a new-user report). ``ogb:`` and ``synthetic``
+    specs name no path that must exist yet (an OGB root is downloaded into)."""
+    for spec in specs:
+        if spec.startswith("ogb:") or spec == "synthetic" or spec.startswith("synthetic:"):
+            continue
+        if not os.path.exists(spec):
+            return (f"--data {spec!r} does not exist (--data takes a .npz file, a saved dataset directory, "
+                    "ogb:NAME[@ROOT] or synthetic[:N...]; repeat it for several)")
+    return None
+
+
 def _port_problem(args: argparse.Namespace) -> str | None:
     """Before anything loads: a gRPC or metrics port that cannot be bound, as one line (None when both can).
     Port 0 (any free port) always can; a child of --processes shares its port with its siblings (its parent
@@ -449,6 +463,9 @@ def _serve(argv: Sequence[str]) -> int:
         why = "is not a directory" if repo.exists() else "does not exist"
         print(f"gnnserve serve: model repository {args.repo!r} {why} (--repo: a directory of <name>/<version>/ "
               "checkpoints, written by 'gnnserve train --out REPO/<name>/<version>')", file=sys.stderr)
+        return 2
+    if (problem := _data_problem(args.data)) is not None:
+        print(f"gnnserve serve: {problem}", file=sys.stderr)
         return 2
     try:
         resolve_event_loop(args.event_loop)

@@ -344,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .runtime import RuntimeOptions
 
-    _stage_logging((log.name,))
+    restore = _stage_logging((log.name,))
     try:
         doc = retime_knobs(args.checkpoint, args.dataset, nodes=args.nodes, seed=args.seed, repeats=args.repeats,
                            options=RuntimeOptions(device=args.device), ppr_cache_dir=args.ppr_cache,
@@ -352,6 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        restore()
     print(f"{args.checkpoint}: latency {doc['latency_source']} on {doc['latency_nodes']} nodes")
     print("  | K | S | path | ms/node served | ms/node training copy |")
     for r in doc["rows"]:

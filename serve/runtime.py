@@ -732,10 +732,15 @@ class ModelRuntime:
             raise Unavailable(f"model {self.name} v{self.version} is still loading")
         work = self.estimate_work(call)
         if work > self.options.max_request_work:
+            if self.extractor == "ppr":  # L K min(S, K) per target (estimate_work): the budget K is the lever
+                levers = (f"use a smaller ppr_budget (a shaDow model aggregates up to layers x K x min(S, K) "
+                          f"edges per target; this request has K = {call.ppr_budget}), a smaller sampling_width")
+            else:
+                levers = "use a smaller sampling_width (the exact width 0 costs most on high-degree nodes)"
             raise Overloaded(
                 f"model {self.name}: this request would aggregate about {work} edges, more than the limit of "
-                f"{self.options.max_request_work} per request; use a smaller sampling_width (the exact width 0 "
-                "costs most on high-degree nodes), fewer nodes per request, or fewer new-node neighbours")
+                f"{self.options.max_request_work} per request; {levers}, fewer nodes per request, or fewer "
+                "new-node neighbours")
         # a batch with new nodes takes induced subgraphs for every target (no plan, no induced table):
         # requests with new nodes batch among themselves, so the others keep their fast path
         key = (call.sampling_width, call.ppr_budget, bool(call.new_nodes))

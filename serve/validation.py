@@ -17,7 +17,14 @@ Knobs are resolved here, against the model's :class:`ModelLimits` and knob table
   refused with the same range message (:func:`knob_range_error`).
 * ``max_accuracy_loss`` L: finite, in [0, 1]. The server picks the knob-table row with the lowest
   measured latency whose validation accuracy is at least ``exact - L`` (exact = the table's
-  exact-width row at the largest budget). An explicit S or K fixes that coordinate. The rule is
+  exact-width row at the largest budget). An explicit S or K fixes that coordinate, and the loss
+  picks the other among the table's rows at that value. A value the table has no rows for (width 5
+  in a table of widths 0, 4, 8, ...) is served as asked, and the loss picks the other coordinate
+  among the rows of its stand-in, :func:`clients.knob_rules.stand_in`: the largest table value below
+  it (width 4: it keeps fewer edges, so its accuracy does not overstate width 5's), else the smallest
+  table value. ``chosen_by`` is then ``max_accuracy_loss``, and the expected accuracy 0.0 (no row was
+  measured at the served setting). When no row at the fixed value is within the loss, the other
+  coordinate is the model's default and ``chosen_by`` is ``request``. The rule is
   :func:`clients.knob_rules.cheapest_within`, the one the SDK's ``ModelInfo.best_knobs`` applies.
 * nothing given: the model's defaults.
 
@@ -45,7 +52,7 @@ from functools import cached_property
 
 import numpy as np
 
-from clients.knob_rules import cheapest_within
+from clients.knob_rules import cheapest_within, stand_in
 from kernels.graph_edit import valid_weights, weight_rule
 
 from .errors import InvalidArgument
@@ -197,7 +204,13 @@ def resolve_knobs(
     k = clamp_k(ppr_budget) if ppr_budget is not None and not lhop else None  # an L-hop model has none to choose
     chosen_by = "request"
     if max_accuracy_loss is not None and table and (s is None or k is None):
-        best = cheapest_within(table, max_accuracy_loss, sampling_width=s, ppr_budget=None if lhop else k)
+        # a fixed value the table lacks is chosen against its measured stand-in's rows (module docstring)
+        widths = {r.sampling_width for r in table}
+        # the bound keeps every edge: an exact row is its own computation, not a stand-in's
+        at_bound = s is not None and s not in widths and s >= limits.max_sampling_width and 0 in widths
+        row_s = None if s is None else 0 if at_bound else stand_in(s, widths, exact_zero=True)
+        row_k = None if k is None or lhop else stand_in(k, (r.ppr_budget for r in table))
+        best = cheapest_within(table, max_accuracy_loss, sampling_width=row_s, ppr_budget=row_k)
         if best is not None:
             s = best.sampling_width if s is None else s
             k = clamp_k(best.ppr_budget) if k is None else k

@@ -50,3 +50,16 @@ def served(tiny_repo):
     srv = ServerThread(tiny_repo).start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """Each test leaves the root logger as it found it: a command run in-process (`gnnserve serve`, `demo`) sets
+    its handler and level, which would otherwise print later tests' INFO lines into their captured stderr."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -19,9 +19,11 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from clients import GnnClient, cli
+from clients.errors import GnnServeError
 from serve.cli import main as gnnserve
 
 from .serving import REPO_ROOT, ServerThread, free_port, make_repo, no_traceback, tiny_dataset
@@ -281,8 +283,17 @@ def test_bench_runs_with_the_models_own_dataset(addr, repo, tmp_path, capsys):
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     rows = json.loads(captured.out)
-    assert [r["sampling_width"] for r in rows] == [0.0, 4.0] and all(0 <= r["accuracy"] <= 1 for r in rows)
+    assert [r["sampling_width"] for r in rows] == [0, 4] and all(0 <= r["accuracy"] <= 1 for r in rows)
+    # integers as integers, the accuracy's source a word (a new-user report: 0.0, 1.0 and an undocumented 1.0)
+    assert all(type(r["sampling_width"]) is int and type(r["ppr_budget"]) is int and r["ppr_budget"] == 0
+               and r["accuracy_source"] == "test" and 0 < r["edges_kept"] <= 1 for r in rows), rows
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rc = gnnserve(["bench", "--server", addr, "--model", "gcn", "--queries", "2", "--widths", "4", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    row, = json.loads(captured.out)
+    assert (row["sampling_width"], row["ppr_budget"], row["accuracy_source"]) == (4, 0, "knob-table"), row
+    assert '"sampling_width": 4,' in captured.out  # not 4.0
 
 
 # --------------------------------------------------------------------------- serve
@@ -458,3 +469,138 @@ def test_the_servers_log_handler_follows_sys_stderr(monkeypatch):
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+# --------------------------------------------------------------------------- a new-user walkthrough's findings
+def test_models_table_shows_the_graph_version_update_points_to(addr, dataset, capsys):
+    """``gnnserve update`` sends a user whose update may or may not have been applied to the graph version in
+    ``gnnserve models``: the table shows it (it was in ``--json`` only), and read-only models say so."""
+    import dataclasses
+
+    (u, v), = _absent_edges(dataset, 1, first=300)
+    with GnnClient(addr, timeout=60) as c:
+        version = c.update_graph("gcn", add_edges=[(u, v)]).graph_version
+        info = c.get_model("gcn")
+    assert cli.models_main(["--server", addr]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.startswith("gcn  version 1 ") and header.endswith(f"  ready  graph version {version}"), header
+    assert "read-only" not in header
+    assert cli.format_model(dataclasses.replace(info, read_only=True)).splitlines()[0].endswith(
+        f"graph version {version}  read-only (updates refused)")
+    # the message that sends the user there, for an update whose answer was lost
+    lost = GnnServeError("Deadline Exceeded", code=grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert "(see the graph version 'gnnserve models' shows)" in cli._stopped_at("f:1", 0, 1, None, lost)
+    assert "(see the graph version 'gnnserve models' shows: above 7 if it was, unless another client updated the " \
+           "graph meanwhile)" in cli._stopped_at("f:2", 1, 2, 7, lost)
+
+
+def test_predict_takes_version_latest_as_its_help_says(addr, capsys):
+    """``--version VERSION  model version (default: latest)``, but ``--version latest`` was NOT_FOUND (the server
+    knows versions by number only, docs/RELIABILITY.md): the command takes the word for the newest version."""
+    assert "'latest'" in cli._predict_parser().format_help()
+    for word in ("latest", "LATEST"):
+        assert cli.predict_main(["--server", addr, "--model", "gcn", "--nodes", "1", "--version", word, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["version"] == "1"
+    assert cli.predict_main(["--server", addr, "--model", "gcn", "--nodes", "1", "--version", "7"]) == 1
+    assert "NOT_FOUND: model 'gcn' has no version 7" in capsys.readouterr().err
+
+
+def test_client_options_are_never_abbreviated(capsys):
+    """argparse's prefix matching read ``--k 32`` as ``--key 32`` (the TLS key file)."""
+    for main, args in ((cli.predict_main, ["--nodes", "1"]), (cli.models_main, []),
+                       (cli.update_main, ["-"])):
+        assert main(["--server", _dead_address(), "--model", "m", *args, "--k", "32"]) == 2
+        assert "error: unrecognized arguments: --k 32" in capsys.readouterr().err
+
+
+def test_healthcheck_takes_server_and_says_when_a_service_is_unknown(addr, capsys):
+    """``python -m serve.healthcheck --server HOST:PORT`` was read as ``--server-name`` (prefix matching) and probed
+    the default address; ``--service nosuch`` printed ``UNREACHABLE: NOT_FOUND:`` with nothing after it."""
+    from serve import healthcheck
+    from serve.server import GNN_SERVICE, TRITON_SERVICE
+
+    assert healthcheck.SERVICES == ("", GNN_SERVICE, TRITON_SERVICE)
+    for service in healthcheck.SERVICES:
+        assert healthcheck.main(["--server", addr, "--service", service, "--timeout", "20"]) == 0
+        assert capsys.readouterr().out.strip() == "SERVING"
+    assert healthcheck.main(["--address", addr, "--timeout", "20"]) == 0
+    assert capsys.readouterr().out.strip() == "SERVING"
+    assert healthcheck.main(["--server", addr, "--service", "nosuch", "--timeout", "20"]) == 1
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"SERVICE_UNKNOWN: the server at {addr} is reachable but has no health status for service "
+                          "'nosuch' (a gnnserve server has '', 'gnnserve.v1.GnnService', "
+                          "'inference.GRPCInferenceService'"), out
+    assert [healthcheck.address_of(a) for a in ("localhost", addr, "[::1]:9", "unix:/tmp/s")] == [
+        "localhost:8500", addr, "[::1]:9", "unix:/tmp/s"]  # a bare host: gnnserve's port, as the client commands
+    with pytest.raises(SystemExit) as exc:  # no abbreviations: --serv is no option
+        healthcheck.main(["--serv", addr])
+    assert exc.value.code == 2 and "unrecognized arguments: --serv" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_data_path_that_does_not_exist(tmp_path, repo, capsys):
+    """A mistyped ``--data`` was silently ignored whenever the checkpoint's recorded dataset was still there."""
+    from serve.cli import _data_problem, main
+
+    data = str(next((repo / "_data").iterdir()))
+    for bad in ([str(tmp_path / "nope.npz")], [data, str(tmp_path / "nope.npz")]):
+        rc = main(["serve", "--repo", str(repo), "--port", "0", *(a for p in bad for a in ("--data", p))])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and err == [f"gnnserve serve: --data {str(tmp_path / 'nope.npz')!r} does not exist (--data "
+                                   "takes a .npz file, a saved dataset directory, ogb:NAME[@ROOT] or synthetic[:N...]; "
+                                   "repeat it for several)"], err
+    # what it takes stays accepted: a dataset directory, a .npz file, specs that name no path
+    npz = tmp_path / "d.npz"
+    npz.write_bytes(b"")
+    assert _data_problem([data, str(npz), "synthetic:100", "synthetic", "ogb:ogbn-arxiv@/not/yet"]) is None
+
+
+def test_train_warns_when_out_is_not_a_version_a_server_serves(tmp_path, capsys):
+    """``gnnserve train --out REPO/x/0`` succeeded and no server ever served version 0. --out may be any
+    checkpoint directory (export-onnx and serve.knob_timing take one anywhere), so this is a warning, said
+    before training, naming a version that would be served; a plain directory gets none."""
+    from models.train import version_problem
+
+    base = ["train", "--dataset", "synthetic:300", "--model", "gcn", "--epochs", "2", "--no-progress",
+            "--knob-widths", "0"]
+    out = tmp_path / "repo" / "x" / "0"
+    assert gnnserve([*base, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    want = (f"gnnserve train: warning: --out {str(out)!r}: a server serves REPO/<name>/<version> with a positive "
+            f"integer version, and ignores '0'; to serve this checkpoint, write it to {str(out.parent / '1')!r}")
+    assert want in err.splitlines(), err
+    assert (out / "config.json").exists()
+    (tmp_path / "repo" / "x" / "3").mkdir()
+    assert version_problem(tmp_path / "repo" / "x" / "v2").endswith(f"{str(out.parent / '4')!r}")
+    (tmp_path / "repo" / "_data").mkdir()
+    assert "ignores 'ckpt'" in version_problem(tmp_path / "repo" / "y" / "ckpt")
+    for fine in (tmp_path / "repo" / "x" / "4", tmp_path / "standalone", tmp_path / "repo" / "x" / "01"):
+        assert version_problem(fine) is None, fine
+
+
+def test_train_logs_numba_compilations(tmp_path, monkeypatch, capsys):
+    """The first ``gnnserve train`` on a machine compiled kernels for minutes without a line saying so; the
+    server and the demo log each compilation (kernels.compile_log), and training now does too."""
+    import numba
+    import numpy as np
+
+    import models.train as train_module
+
+    real = train_module.load_dataset
+
+    def load_and_compile(spec):  # a kernel no cache holds, compiled inside the run
+        @numba.njit(cache=False)
+        def _fresh_kernel(a):
+            return a.sum() + 1.0
+
+        assert _fresh_kernel(np.arange(3.0)) == 4.0
+        return real(spec)
+
+    monkeypatch.setattr(train_module, "load_dataset", load_and_compile)
+    rc = gnnserve(["train", "--dataset", "synthetic:300", "--model", "gcn", "--epochs", "2", "--no-progress",
+                   "--knob-widths", "0", "--out", str(tmp_path / "ck")])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert re.search(r"kernels\.compile_log: numba: compiling \S*_fresh_kernel \.\.\.", err), err
+    assert re.search(r"kernels\.compile_log: numba: compiled \S*_fresh_kernel in [0-9.]+ s", err), err
+    # the run's stage handlers leave with it: later lines of this process do not go to this test's stderr
+    assert not any(getattr(h, "_gnnserve_stage", False) for h in logging.getLogger("kernels.compile_log").handlers)

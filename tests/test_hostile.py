@@ -177,6 +177,25 @@ def test_an_expensive_request_is_refused_before_it_runs(hub_repo, hub_dataset):
         assert ok.settings.edges_kept <= walk_bounds(g, 2)[7]
 
 
+def test_a_shadow_models_work_refusal_names_the_ppr_budget(tiny_repo):
+    """A new-user report: the refusal over --max-request-work suggested a smaller sampling_width, fewer nodes or
+    fewer new-node neighbours, but a shaDow model's work is L K min(S, K) per target: K is the lever. A plain
+    model's refusal names no budget (it has none)."""
+    with ServerThread(tiny_repo, {"poll_s": 0, "runtime_kw": {"max_request_work": 200}}) as srv, \
+            grpc.insecure_channel(srv.address) as ch:
+        stub = pbg.GnnServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Predict(pb.PredictRequest(model="shadow", nodes=list(range(10)), sampling_width=0, ppr_budget=32),
+                         timeout=60)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "more than the limit of 200 per request; use a smaller ppr_budget" in info.value.details()
+        assert "this request has K = 32" in info.value.details(), info.value.details()
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Predict(pb.PredictRequest(model="gcn", nodes=list(range(50)), sampling_width=0), timeout=60)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "; use a smaller sampling_width" in info.value.details() and "ppr_budget" not in info.value.details()
+
+
 def test_the_sdk_chunks_of_large_ids_are_taken(hub_repo):
     """Ids from 16,384 up take three bytes on the wire: the SDK's full 4,096-id chunks of them are
     answered, not refused as "at least 8192 nodes" (the count before parsing once took the continuation

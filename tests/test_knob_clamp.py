@@ -146,3 +146,29 @@ def test_bench_reads_the_served_settings_accuracy(served):
         table = {(r.sampling_width, r.ppr_budget): r.val_accuracy for r in gcn.knob_table}
         rows = measure_curve(c, "gcn", [(114, 0), (WIDE, 0)], probe_nodes=np.array([1, 2]), val_accuracy=table)
     assert [r["accuracy"] for r in rows] == pytest.approx([_row(gcn, 0, WIDE).val_accuracy] * 2)
+
+
+def test_a_loss_with_a_width_the_table_lacks_still_picks_the_budget(served, capsys):
+    """A new-user report: ``--width 5 --max-accuracy-loss L`` (table widths 0, 4, WIDE) dropped the loss:
+    the default budget, chosen_by=request. The loss picks K among the rows of width 4, the largest table
+    width below 5; the request runs at width 5, which no row measured (expected accuracy n/a). A budget the
+    table lacks (20: budgets 8, 16, 32) has its width picked among the K = 16 rows."""
+    from clients.knob_rules import cheapest_within
+    from serve.cli import main
+
+    with GnnClient(served.address, timeout=60) as c:
+        shadow = c.get_model("shadow")
+        assert sorted({r.sampling_width for r in shadow.knob_table}) == [0, 4, WIDE]
+        loss = 0.5  # every row of width 4 is within it: the fastest of them is the pick
+        at_4 = cheapest_within(shadow.knob_table, loss, sampling_width=4)
+        s = c.predict("shadow", [1], sampling_width=5, max_accuracy_loss=loss).settings
+        assert (s.sampling_width, s.ppr_budget, s.chosen_by) == (5, at_4.ppr_budget, "max_accuracy_loss")
+        assert s.expected_accuracy == 0.0
+        at_16 = cheapest_within(shadow.knob_table, loss, ppr_budget=16)
+        s = c.predict("shadow", [1], ppr_budget=20, max_accuracy_loss=loss).settings
+        assert (s.ppr_budget, s.chosen_by) == (20, "max_accuracy_loss")
+        assert s.sampling_width == min(at_16.sampling_width, shadow.max_sampling_width)
+    assert main(["predict", "--server", served.address, "--model", "shadow", "--nodes", "1", "--width", "5",
+                 "--max-accuracy-loss", str(loss)]) == 0
+    out = capsys.readouterr().out
+    assert f"sampling_width=5 ppr_budget={at_4.ppr_budget} " in out and "chosen_by=max_accuracy_loss " in out, out

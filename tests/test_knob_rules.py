@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clients.knob_rules import Row, cheapest_within, default_knobs, exact_reference, rows_of
+from clients.knob_rules import Row, cheapest_within, default_knobs, exact_reference, rows_of, stand_in
 from clients.types import KnobRow, ModelInfo
 from models.train import choose_defaults
 from serve.validation import ModelLimits, knob_rows, resolve_knobs
@@ -64,3 +64,57 @@ def test_fixed_coordinates_and_no_exact_row():
     assert default_knobs(rows, 0.02) == (8, 0)
     assert default_knobs(rows, 0.05) == (8, 4)
     assert default_knobs(rows, 0.0) == (16, 0)
+
+
+def _limits(rows, **kw):
+    base = dict(name="m", num_nodes=100, num_features=4, extractor="ppr", max_ppr_budget=64, max_sampling_width=64,
+                default_sampling_width=0, default_ppr_budget=64, max_nodes_per_request=10, knob_table=knob_rows(rows))
+    return ModelLimits(**{**base, **kw})
+
+
+def test_stand_in_is_the_largest_measured_value_below_else_the_smallest():
+    widths = [0, 4, 8, 16]
+    assert [stand_in(s, widths, exact_zero=True) for s in (4, 5, 7, 9, 100, 2, 0)] == [4, 4, 4, 8, 16, 4, 0]
+    assert stand_in(0, [4, 8], exact_zero=True) == 8  # exact ranks above every width
+    assert stand_in(3, [0], exact_zero=True) == 0
+    assert [stand_in(k, [8, 16, 64]) for k in (20, 64, 4, 1000)] == [16, 64, 8, 64]
+    assert stand_in(5, [], exact_zero=True) is None
+
+
+def test_a_loss_still_picks_the_other_coordinate_of_a_value_the_table_lacks():
+    """A new-user report: width 5 (the table has 0, 4, 8, 16) with a loss fell back to the default budget with
+    chosen_by=request. The loss now picks K among the width-4 rows; the width is served as asked."""
+    acc = {(8, 0): 0.80, (8, 4): 0.795, (8, 8): 0.80, (8, 16): 0.80,
+           (16, 0): 0.81, (16, 4): 0.79, (16, 8): 0.81, (16, 16): 0.81,
+           (64, 0): 0.81, (64, 4): 0.70, (64, 8): 0.81, (64, 16): 0.81}
+    rows = [{"ppr_budget": k, "sampling_width": s, "val_accuracy": a, "latency_ms_per_node": k / 64 + s / 100}
+            for (k, s), a in acc.items()]
+    limits = _limits(rows)
+    assert resolve_knobs(limits, 4, None, 0.02)[:3] == (4, 8, "max_accuracy_loss")  # a table width, as before
+    for width in (5, 7, 2):  # stand-in: width 4 (2 is below every width: the smallest, 4)
+        s, k, chosen_by, expected = resolve_knobs(limits, width, None, 0.02)
+        assert (s, k, chosen_by, expected) == (width, 8, "max_accuracy_loss", 0.0), width  # no row at (8, 5)
+    # the stand-in's rows decide: none at width 4 within 0.005 of exact but K = 8's (0.795 >= 0.81 - 0.015)
+    assert resolve_knobs(limits, 5, None, 0.015)[:3] == (5, 8, "max_accuracy_loss")
+    assert resolve_knobs(limits, 5, None, 0.005)[:3] == (5, 64, "request")  # none within: the default K
+    # at or above the degree bound a width keeps every edge: the exact rows are that computation's
+    s, k, chosen_by, expected = resolve_knobs(_limits(rows, max_sampling_width=12), 100, None, 0.0)
+    assert (s, k, chosen_by) == (12, 16, "max_accuracy_loss")  # (16, 0) is the cheapest exact row within 0
+    assert expected == 0.81  # the bound and exact are one computation (the module's rule)
+    # a budget the table lacks: the width is chosen among the rows of the largest table budget below it
+    assert resolve_knobs(limits, None, 20, 0.0)[:3] == (0, 20, "max_accuracy_loss")  # K = 16 rows: 0 is cheapest
+    assert resolve_knobs(limits, None, 4, 0.011)[:3] == (0, 4, "max_accuracy_loss")  # below every budget: K = 8's rows
+    assert resolve_knobs(limits, 5, 20, 0.02)[:3] == (5, 20, "request")  # both given: nothing left to choose
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(rows=tables(), loss=st.floats(0.0, 0.5), width=st.integers(1, 40))
+def test_a_fixed_width_is_chosen_against_its_stand_in(rows, loss, width):
+    limits = _limits(rows, default_ppr_budget=rows[0]["ppr_budget"])
+    widths = {r["sampling_width"] for r in rows}
+    best = cheapest_within(rows_of(rows), loss, sampling_width=stand_in(width, widths, exact_zero=True))
+    s, k, chosen_by, _ = resolve_knobs(limits, width, None, loss)
+    if best is None:
+        assert (s, k, chosen_by) == (width, rows[0]["ppr_budget"], "request")
+    else:
+        assert (s, k, chosen_by) == (width, best.ppr_budget, "max_accuracy_loss")
