@@ -105,6 +105,10 @@ class RecycledBuffers:
         # the list's reference and getrefcount's argument: nothing else holds the buffer or a view of it
         return sys.getrefcount(self._bufs[i]) <= 2
 
+    def _capacity(self, n: int) -> int:
+        """The elements a new buffer for ``n`` gets, and the most an idle one may have to be handed out for ``n``."""
+        return n + int(n * self.headroom) + 1024
+
     def take(self, n: int, dtype: Any) -> np.ndarray:
         """An uninitialised array of ``n`` elements: a view of an idle buffer that fits (``n`` to ``n`` plus its
         headroom), else of a new one; plain ``np.empty`` below ``min_bytes``."""
@@ -116,13 +120,13 @@ class RecycledBuffers:
             self._last_take = time.monotonic()
             idle = [i for i in range(len(self._bufs)) if self._bufs[i].dtype == dt and self._idle(i)]
             for i in idle:
-                if n <= len(self._bufs[i]) <= n + int(n * self.headroom) + 1024:
+                if n <= len(self._bufs[i]) <= self._capacity(n):
                     self.reused += 1
                     return self._bufs[i][:n]
             # nothing fits: drop idle buffers of this dtype beyond max_idle - 1 (the new one takes a place)
             drop = set(idle[: max(0, len(idle) - self.max_idle + 1)])
             self._bufs = [b for i, b in enumerate(self._bufs) if i not in drop]
-            buf = np.empty(n + int(n * self.headroom) + 1024, dtype=dt)
+            buf = np.empty(self._capacity(n), dtype=dt)
             self._bufs.append(buf)
             self.allocated += 1
             return buf[:n]

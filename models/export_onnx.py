@@ -235,12 +235,17 @@ def _verify(wrapper: OnnxBatchModel, path: Path) -> None:
         got = sess.run(["logits", "probabilities"], {n: a.numpy() for n, a in zip(want, args, strict=True)})
     except Exception as exc:  # onnxruntime's own error types
         raise ExportCheckError(f"the exported model fails on a batch of another size than the traced one: "
-                               f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+                               f"{type(exc).__name__}: {_first_line(exc)}") from exc
     for name, r, g in zip(("logits", "probabilities"), ref, got, strict=True):
         err = float(abs(r - g).max()) if r.size else 0.0
         if r.shape != g.shape or not err <= 1e-4:
             raise ExportCheckError(f"the exported model's {name} differ from the PyTorch model's on a check batch "
                                    f"(shapes {list(g.shape)} and {list(r.shape)}, largest difference {err:.3g})")
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's first line of text ('' for none): the exporters' and onnxruntime's messages run to pages."""
+    return (str(exc).strip().splitlines() or [""])[0]
 
 
 class ExportCheckError(RuntimeError):
@@ -388,8 +393,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "gnnserve export-onnx") 
         return 2
     except Exception as exc:  # the exporter's failures are long; the first line says what failed
         log.debug("export failed", exc_info=True)
-        first = (str(exc).strip().splitlines() or [""])[0]
-        print(f"error: exporting {args.checkpoint} failed ({type(exc).__name__}: {first}); nothing was written",
+        print(f"error: exporting {args.checkpoint} failed ({type(exc).__name__}: {_first_line(exc)}); nothing was "
+              "written",
               file=sys.stderr)
         return 1
     for path in info["onnx"]:

@@ -131,6 +131,17 @@ def _projection_dim(model: dict[str, Any]) -> int:
     return hidden if str(backbone).endswith("gcn") else 2 * hidden
 
 
+def _tables(conf: dict[str, Any]) -> tuple[int, int, int, int | None]:
+    """``(N, P, projection table bytes, first-layer table bytes or None)`` of a checkpoint's ``config.json``: the
+    projection table ``N x P x 4``; a plain 2-layer model's first-layer table at one width ``N x (4 hidden + 1)``
+    (float32 rows and a filled flag), None for other models (they keep none)."""
+    n = int(conf["dataset"].get("num_nodes", 0))
+    model = conf.get("model", {}) if isinstance(conf.get("model"), dict) else {}
+    p = _projection_dim(model)
+    plain2 = conf.get("extractor") == "lhop" and int(conf.get("hops", 0)) == 2
+    return n, p, n * p * 4, n * (4 * int(model.get("hidden", 0)) + 1) if plain2 else None
+
+
 def estimate(args: Any) -> MemoryEstimate:
     """The memory a ``gnnserve serve`` configuration (its parsed ``args``) may use (module docstring)."""
     est = MemoryEstimate(machine_bytes=machine_memory_bytes())
@@ -142,12 +153,10 @@ def estimate(args: Any) -> MemoryEstimate:
     ppr_graphs: dict[str, int] = {}  # graph fp -> N, of the graphs with a PPR model
     for tag, conf in _checkpoints(Path(args.repo)):
         d = conf["dataset"]
-        n = int(d.get("num_nodes", 0))
-        model = conf.get("model", {}) if isinstance(conf.get("model"), dict) else {}
-        table = n * _projection_dim(model) * 4
+        n, p, table, first_layer = _tables(conf)
         if 0 < table <= int(args.projection_cache_bytes):
-            est.add(f"projection table of {tag} ({n:,} nodes x {_projection_dim(model)})", table)
-        if conf.get("extractor") == "lhop" and int(conf.get("hops", 0)) == 2:
+            est.add(f"projection table of {tag} ({n:,} nodes x {p})", table)
+        if first_layer is not None:
             est.add(f"activation cache budget of {tag} (--activation-cache-bytes)", int(args.activation_cache_bytes))
         fp = str(d.get("graph_fingerprint") or d.get("fingerprint") or tag)
         datasets.setdefault(fp, d)
@@ -205,15 +214,14 @@ AUTO_SHARE = 0.6
 
 
 def _table_sizes(repo: Path) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
-    """``(projection tables, first-layer tables)``: ``(tag, bytes)`` per checkpoint, the latter for plain 2-layer
-    models at one width (``N x (4 hidden + 1)``: float32 rows and a filled flag)."""
+    """``(projection tables, first-layer tables)``: ``(tag, bytes)`` per checkpoint (:func:`_tables`), the latter for
+    plain 2-layer models."""
     proj, act = [], []
     for tag, conf in _checkpoints(repo):
-        n = int(conf["dataset"].get("num_nodes", 0))
-        model = conf.get("model", {}) if isinstance(conf.get("model"), dict) else {}
-        proj.append((tag, n * _projection_dim(model) * 4))
-        if conf.get("extractor") == "lhop" and int(conf.get("hops", 0)) == 2:
-            act.append((tag, n * (4 * int(model.get("hidden", 0)) + 1)))
+        _n, _p, table, first_layer = _tables(conf)
+        proj.append((tag, table))
+        if first_layer is not None:
+            act.append((tag, first_layer))
     return proj, act
 
 
