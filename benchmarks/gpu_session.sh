@@ -102,11 +102,16 @@ data="$PWD/.gpu/data"
 gpu_test_files() {  # every test file with GPU tests (a list written by hand missed tests/test_shadow_block.py)
     grep -l -E "mark\.gpu|pytestmark *= *pytest\.mark\.gpu" tests/test_*.py
 }
+gpu_pytest() {  # LIMIT LOG TAIL FILES...: pytest -m gpu on FILES within LIMIT seconds, its output in $OUT/LOG.log
+    local limit=$1 name=$2 lines=$3
+    shift 3
+    # SIGINT, not SIGTERM, at the limit: pytest then prints the failures and the summary it has so far
+    timeout -s INT -k 15 "$((limit - 15))" python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 300 "$@" 2>&1 \
+        | tee "$OUT/$name.log" | tail -"$lines"
+}
 step_tests() {  # TESTS: test files instead of every file with GPU tests
     # shellcheck disable=SC2046
-    # SIGINT, not SIGTERM, at the limit: pytest then prints the failures and the summary it has so far
-    timeout -s INT -k 15 "$(($1 - 15))" python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 300 ${TESTS:-$(gpu_test_files)} 2>&1 \
-        | tee "$OUT/${OUT_NAME:-tests}.log" | tail -40
+    gpu_pytest "$1" "${OUT_NAME:-tests}" 40 ${TESTS:-$(gpu_test_files)}
 }
 step_kernels() {
     timeout "$1" python3 benchmarks/kernels.py --device cuda --data-dir "$data" \
@@ -114,8 +119,7 @@ step_kernels() {
         --split-edges 128,512 --half bfloat16,float16 --host-prep --rounds "${ROUNDS:-7}" | tee "$OUT/kernels.md" | tail -60
 }
 step_kerneltests() {  # the GPU tests of the ES-SpMM kernel and its launcher alone
-    timeout -s INT -k 15 "$(($1 - 15))" python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 300 tests/test_spmm_cuda.py 2>&1 \
-        | tee "$OUT/kerneltests.log" | tail -20
+    gpu_pytest "$1" kerneltests 20 tests/test_spmm_cuda.py
 }
 step_sanitize() {  # the one-launch kernels (shadow_block, resident_head) under compute-sanitizer: shared-memory
     # races within a phase, out-of-bounds accesses and divergent barriers, which the CPU host emulations cannot
