@@ -1,5 +1,6 @@
 """A Predict's own new nodes (``PredictRequest.new_nodes``), in one process: what a batch of K new nodes costs per
-stage, and the PPR pushes of a shaDow model's new nodes on one thread against parallel threads.
+stage, and the PPR pushes of a shaDow model's new nodes on one thread against parallel threads (``--shared``: every
+new node of a batch with the same neighbours, the request that cost a batch time quadratic in its new nodes).
 
 Models loaded as the server loads them (``serve.server.BackgroundServer``, the in-memory graph), each batch handed to
 ``ModelRuntime.process`` directly (no gRPC): ``--counts`` new nodes per batch, each with ``--neighbours`` random
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--counts", default="1,8,64,512", help="new nodes per batch (default: %(default)s)")
     ap.add_argument("--reps", type=int, default=20, help="batches per count and variant (default: %(default)s)")
     ap.add_argument("--neighbours", type=int, default=5, help="each new node's neighbours (default: %(default)s)")
+    ap.add_argument("--shared", action="store_true",
+                    help="every new node of a batch lists the same neighbours (a hostile request: each of those rows "
+                         "then holds an edge to every new node of the batch)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     try:
@@ -61,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     rng = np.random.default_rng(args.seed)
     parallel = kppr.ppr_new_nodes
     variants_of = {"1-thread": functools.partial(parallel, threads=1), "parallel": parallel, "torch path": parallel}
-    print(f"numba threads {numba_threads()}; {args.neighbours} neighbours per new node, {args.reps} batches per cell")
+    print(f"numba threads {numba_threads()}; {args.neighbours} {'shared ' if args.shared else ''}neighbours per new node, "
+          f"{args.reps} batches per cell")
     print("| model | new nodes | variant | p50 ms | per node ms | subgraph ms | features ms | forward ms |")
     print("|---|---:|---|---:|---:|---:|---:|---:|")
     try:
@@ -76,9 +81,11 @@ def main(argv: list[str] | None = None) -> None:
                 stages: dict[str, list[list[float]]] = {v: [] for v in names}
                 for rep in range(args.reps + 1):  # the first round untimed (first calls, scratch allocation)
                     specs = []
+                    nbrs = None
                     for _ in range(k):
                         feats = rng.normal(size=f).astype(np.float32)
-                        nbrs = np.sort(rng.choice(n, min(args.neighbours, n), replace=False)).astype(np.int64)
+                        if nbrs is None or not args.shared:
+                            nbrs = np.sort(rng.choice(n, min(args.neighbours, n), replace=False)).astype(np.int64)
                         specs.append(NewNodeSpec(feats, nbrs, None))
                     answers = []
                     for v in (names if rep % 2 else names[::-1]):

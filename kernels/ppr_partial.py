@@ -22,7 +22,7 @@ batch of 100 lists took 75 ms there against 182 ms on the hash-map state (profil
 their hashing were a third of the time, the Python work of the rounds another third).
 """
 
-# numba cache key: ppr_push 5d22f33d29cf, subgraph b02776c5369c
+# numba cache key: ppr_push 9fa4796b3dd5, subgraph 0f6827d1afc4
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ users import (it re-exports these names). Here:
 The on-disk index of every node's list is :mod:`kernels.ppr_index`.
 """
 
-# numba cache key: subgraph b02776c5369c
+# numba cache key: subgraph 0f6827d1afc4
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import numpy as np
 from numba import prange
 
 from .graph import CSRGraph, index_dtype_for
-from .subgraph import _grow, _position, copy_run
+from .subgraph import _find, _grow, _hash_slot, _position, copy_run
 from .threads import numba_threads
 
 __all__ = ["PPRConfig", "ppr_exact", "ppr_new_node", "ppr_new_nodes", "ppr_topk"]
@@ -447,23 +447,6 @@ def _ppr_batch(
             )
             out_count[i] = _top_and_clear(rw_w, p_w, t_w, c_w, nt, src, alpha, k, threshold, out_nodes[i],
                                           out_scores[i])
-
-
-@numba.njit(cache=True, nogil=True)
-def _hash_slot(key, mask):  # pragma: no cover - compiled
-    h = np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)
-    return np.int64((h >> np.uint64(29)) & np.uint64(mask))
-
-
-@numba.njit(cache=True, nogil=True)
-def _find(keys, v):  # pragma: no cover - compiled
-    """The position of ``v`` in the open-addressing map ``keys`` (-1 = free): where it is, or the free position it
-    would take."""
-    mask = keys.shape[0] - 1
-    h = _hash_slot(v, mask)
-    while keys[h] != -1 and keys[h] != v:
-        h = (h + 1) & mask
-    return h
 
 
 @numba.njit(cache=True, nogil=True)

@@ -27,12 +27,19 @@ extra edge must touch a virtual node (edges between stored nodes belong in the s
 
 Algorithms (numba, compiled once and cached on disk; ``nogil`` so server threads run in parallel):
 
-* induced rows: a per-graph tagged scratch ``tag[N]`` (int64) maps a global id to its local id in
-  the current subgraph: ``tag[v] = (epoch << 32) | k`` is current only while ``epoch`` is the
-  subgraph's own number, so the scratch is never cleared (a fresh epoch per subgraph) and the hot
-  loop is one load and one well-predicted compare per edge. A row scans its neighbour list,
-  O(deg); a row whose degree exceeds ``32 n_b`` binary-searches each of the ``n_b`` members in
-  its (sorted) neighbour list instead, O(n_b log deg), so hubs stay cheap.
+* induced rows: a row scans its neighbour list, O(deg), looking each neighbour up among the list's
+  members; a row whose degree exceeds ``32 n_b`` binary-searches each of the ``n_b`` members in its
+  (sorted) neighbour list instead, O(n_b log deg), so hubs stay cheap. The lookup: on graphs under
+  ``_HASHED_MIN_NODES`` nodes a per-graph tagged scratch ``tag[N]`` (int64) maps a global id to its
+  local id in the current subgraph: ``tag[v] = (epoch << 32) | k`` is current only while ``epoch``
+  is the subgraph's own number, so the scratch is never cleared (a fresh epoch per subgraph) and the
+  hot loop is one load and no branch per edge. On larger graphs those random reads of an ``[N]``
+  array miss the cache (80 MB at 10 M nodes): each list gets an open-addressing map of its members
+  and a bit filter of ``64 x`` its map's slots, both in L1; a neighbour outside the list (most of
+  them) costs one filter load and a branch almost never taken.
+* a new node's (virtual) edges: a stored row's extra edges all lead to virtual nodes, and the list's
+  own virtual members (usually one) are searched in them; a row shared by many new nodes' lists is
+  never scanned whole in each.
 * dedupe: a fresh epoch numbers the distinct ids in first-seen order (O(R)); NumPy then sorts
   the ``U`` distinct ids and maps rows through the inverse permutation (O(U log U)).
 * precomputed lists (:class:`InducedTable`): the rows above scan every member's neighbour list,
@@ -68,6 +75,11 @@ _SCRATCH_KEEP = 8  # scratch arrays kept per graph (one is used per concurrent c
 _HUB_FACTOR = 32  # a row with degree > _HUB_FACTOR * n_b searches members in it instead
 _EPOCH_LIMIT = (1 << 31) - 1
 _LOW = (1 << 32) - 1
+#: from this many nodes a list's members are looked up in a map and filter of the list's own (:func:`_members`),
+#: below in the tagged ``[N]`` scratch: the scratch's random reads stay in cache on small graphs (one load, no branch:
+#: 1.02x-1.37x faster on Coauthor Physics, Amazon Computers, Cora) and miss it on large ones (the map 1.05x at
+#: 100,000 synthetic product-graph nodes, 1.3x at 250,000, 1.6x at 1 M, 2.7x at 2 M; docs/BENCHMARKS.md)
+_HASHED_MIN_NODES = 1 << 17
 
 
 # ============================================================================ data types
@@ -336,20 +348,23 @@ def copy_run(dst, o, src, a, n):  # pragma: no cover - compiled
         d[i] = s[i]
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lower_bound(a, lo, hi, v):  # pragma: no cover - compiled
+    """The first index of sorted ``a[lo:hi]`` whose value is not below ``v`` (``hi`` if none)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < v:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 @numba.njit(cache=True, nogil=True)
 def _position(keys, v):  # pragma: no cover - compiled
     """Index of ``v`` in the sorted ``keys``, or -1."""
-    a = 0
-    z = keys.shape[0]
-    while a < z:
-        mid = (a + z) >> 1
-        if keys[mid] < v:
-            a = mid + 1
-        else:
-            z = mid
-    if a < keys.shape[0] and keys[a] == v:
-        return a
-    return -1
+    a = _lower_bound(keys, 0, keys.shape[0], v)
+    return a if a < keys.shape[0] and keys[a] == v else -1
 
 
 @numba.njit(cache=True, nogil=True)
@@ -384,14 +399,137 @@ def _sort_row(cols, ws, lo, hi, weighted):  # pragma: no cover - compiled
         gap //= 3
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _mix(key):  # pragma: no cover - compiled
+    """Fibonacci hashing's product: its high bits are the hash."""
+    return np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)
+
+
+@numba.njit(cache=True, nogil=True)
+def _hash_slot(key, mask):  # pragma: no cover - compiled
+    return np.int64((_mix(key) >> np.uint64(29)) & np.uint64(mask))
+
+
+@numba.njit(cache=True, nogil=True)
+def _find(keys, v):  # pragma: no cover - compiled
+    """The position of ``v`` in the open-addressing map ``keys`` (-1 = free): where it is, or the free position it
+    would take."""
+    mask = keys.shape[0] - 1
+    h = _hash_slot(v, mask)
+    while keys[h] != -1 and keys[h] != v:
+        h = (h + 1) & mask
+    return h
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _slots_for(m):  # pragma: no cover - compiled
+    """The map size of a list of ``m`` ids: a power of two from ``2 m`` (at most half full), at least 16."""
+    c = 16
+    while c < 2 * m:
+        c *= 2
+    return c
+
+
+@numba.njit(cache=True, nogil=True)
+def _longest(ptr):  # pragma: no cover - compiled
+    """The length of the longest list of ``ptr``."""
+    m = 0
+    for b in range(ptr.shape[0] - 1):
+        m = max(m, ptr[b + 1] - ptr[b])
+    return m
+
+
+@numba.njit(cache=True, nogil=True)
+def _virtual_members(nodes, off, m, n, vkeys, vpos):  # pragma: no cover - compiled
+    """The virtual ids of list ``nodes[off:off + m]`` ascending into ``vkeys``, each with its last position in the
+    list (as stored ids: :func:`_members`) in ``vpos``; returns how many."""
+    c = 0
+    for z in range(m):
+        if nodes[off + z] >= n:
+            vkeys[c] = nodes[off + z]
+            vpos[c] = z
+            c += 1
+    if c > 1:
+        order = np.argsort(vkeys[:c], kind="mergesort")  # stable: a repeated id's last position last
+        k = vkeys[:c][order]
+        p = vpos[:c][order]
+        d = 0
+        for i in range(c):
+            if i == c - 1 or k[i] != k[i + 1]:
+                vkeys[d] = k[i]
+                vpos[d] = p[i]
+                d += 1
+        c = d
+    return c
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _filter_bit(x, words):  # pragma: no cover - compiled
+    """``(word, bit)`` of hash product ``x`` in a filter of ``words`` 64-bit words (a power of two)."""
+    return np.int64((x >> np.uint64(40)) & np.uint64(words - 1)), (x >> np.uint64(34)) & np.uint64(63)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _members(nodes, off, m, n, hashed, tag, ep, keys, vals, bits):  # pragma: no cover - compiled
+    """Record list ``nodes[off:off + m]``'s stored ids for :func:`_local` (a repeated id: its last position).
+
+    ``hashed``: in a map of :func:`_slots_for` ``m`` slots at the front of ``keys``/``vals`` and a filter of as many
+    64-bit words at the front of ``bits``, returned; else in the tagged scratch ``tag`` under epoch ``ep`` (and
+    empty views returned)."""
+    if not hashed:
+        hi_tag = ep << 32
+        for k in range(m):
+            v = nodes[off + k]
+            if v < n:
+                tag[v] = hi_tag | k
+        return keys[:0], vals[:0], bits[:0]
+    c = _slots_for(m)
+    hk = keys[:c]
+    hv = vals[:c]
+    fl = bits[:c]
+    for i in range(c):
+        hk[i] = -1
+        fl[i] = 0
+    for k in range(m):
+        v = nodes[off + k]
+        if v < n:
+            h = _find(hk, v)
+            hk[h] = v
+            hv[h] = k
+            w, bit = _filter_bit(_mix(v), c)
+            fl[w] |= np.uint64(1) << bit
+    return hk, hv, fl
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _local(v, hashed, tag, ep, hk, hv, fl):  # pragma: no cover - compiled
+    """The position of stored id ``v`` in the list :func:`_members` recorded, or -1. Hashed, the filter answers most
+    ids that are not in the list with one load from a small array and a branch rarely taken; the map's probe loop
+    runs only for the rest."""
+    if not hashed:
+        t = tag[v]
+        return (t & np.int64(_LOW)) if (t >> 32) == ep else np.int64(-1)
+    x = _mix(v)
+    w, bit = _filter_bit(x, fl.shape[0])
+    if ((fl[w] >> bit) & np.uint64(1)) == 0:
+        return np.int64(-1)
+    mask = hk.shape[0] - 1
+    h = np.int64((x >> np.uint64(29)) & np.uint64(mask))
+    while hk[h] != -1 and hk[h] != v:
+        h = (h + 1) & mask
+    return hv[h] if hk[h] == v else np.int64(-1)
+
+
 @numba.njit(cache=True, nogil=True)
 def _induced_kernel(
-    indptr, indices, weights, n, ptr, nodes, tag, epoch0, ex_keys, ex_ptr, ex_dst, ex_w, nvirt, weighted, inner
+    indptr, indices, weights, n, ptr, nodes, tag, epoch0, ex_keys, ex_ptr, ex_dst, ex_w, nvirt, weighted, inner,
+    hashed,
 ):  # pragma: no cover - compiled
     """Block-diagonal induced CSR plus the batch dedupe (see the module docstring).
 
-    ``tag`` is the tagged scratch; subgraph ``b`` uses epoch ``epoch0 + b``, the dedupe
-    ``epoch0 + B``. ``inner`` (``[B]``, or empty for every row): list ``b``'s rows from ``inner[b]`` on get
+    ``tag`` is the tagged scratch: list ``b``'s members are recorded there under epoch ``epoch0 + b`` unless
+    ``hashed`` (then in a map and filter of its own, :func:`_members`), the dedupe numbers ids under ``epoch0 + B``.
+    ``inner`` (``[B]``, or empty for every row): list ``b``'s rows from ``inner[b]`` on get
     no edges. Returns (row_ptr int64 [R+1], cols int32 [nnz], ws float32 [nnz or 0],
     first_seen int64 [U] distinct ids in first-seen order, row_to_first int64 [R] with
     ``nodes == first_seen[row_to_first]``); the caller sorts the ``U`` ids.
@@ -401,21 +539,24 @@ def _induced_kernel(
     has_w = weights.shape[0] > 0
     has_extra = ex_keys.shape[0] > 0
     has_inner = inner.shape[0] > 0
-    low = np.int64(_LOW)
     one = np.float32(1.0)
     row_ptr = np.zeros(R + 1, dtype=np.int64)
     cols = np.empty(max(16, 8 * R), dtype=np.int32)
     ws = np.empty(cols.shape[0] if weighted else 0, dtype=np.float32)
+    longest = _longest(ptr)
+    slots = _slots_for(longest) if hashed else 0
+    keys = np.empty(slots, dtype=np.int64)
+    vals = np.empty(slots, dtype=np.int64)
+    bits = np.empty(slots, dtype=np.uint64)
+    vkeys = np.empty(longest if has_extra else 0, dtype=np.int64)  # a list's virtual ids, ascending
+    vpos = np.empty(vkeys.shape[0], dtype=np.int64)  # and their positions in it
     nnz = 0
     for b in range(B):
         off = ptr[b]
         m = ptr[b + 1] - off
         ep = np.int64(epoch0 + b)
-        hi_tag = ep << 32
-        for k in range(m):
-            v = nodes[off + k]
-            if v < n:
-                tag[v] = hi_tag | k
+        hk, hv, fl = _members(nodes, off, m, n, hashed, tag, ep, keys, vals, bits)
+        nvb = _virtual_members(nodes, off, m, n, vkeys, vpos) if has_extra else 0
         lim = inner[b] if has_inner else m
         for k in range(m):
             u = nodes[off + k]
@@ -437,32 +578,33 @@ def _induced_kernel(
                     # hub row: look every member up in the sorted neighbour list (columns come sorted)
                     for q in range(m):
                         v = nodes[off + q]
-                        if v >= n:
+                        if v >= n or _local(v, hashed, tag, ep, hk, hv, fl) != q:  # a repeated id: its last position only
                             continue
-                        a = lo
-                        z = hi
-                        while a < z:
-                            mid = (a + z) >> 1
-                            if indices[mid] < v:
-                                a = mid + 1
-                            else:
-                                z = mid
+                        a = _lower_bound(indices, lo, hi, v)
                         if a < hi and indices[a] == v:
                             cols[nnz] = off + q
                             if weighted:
                                 ws[nnz] = weights[a] if has_w else one
                             nnz += 1
-                elif weighted:
+                elif hashed:  # few neighbours are members: a branch rarely taken beats a store per edge
                     for e in range(lo, hi):
-                        t = tag[indices[e]]
-                        cols[nnz] = off + (t & low)
+                        q = _local(indices[e], hashed, tag, ep, hk, hv, fl)
+                        if q >= 0:
+                            cols[nnz] = off + q
+                            if weighted:
+                                ws[nnz] = weights[e] if has_w else one
+                            nnz += 1
+                elif weighted:  # branch-free: on a graph whose tags stay in cache many neighbours are members
+                    for e in range(lo, hi):
+                        q = _local(indices[e], hashed, tag, ep, hk, hv, fl)
+                        cols[nnz] = off + q
                         ws[nnz] = weights[e] if has_w else one
-                        nnz += (t >> 32) == ep
+                        nnz += q >= 0
                 else:
                     for e in range(lo, hi):
-                        t = tag[indices[e]]
-                        cols[nnz] = off + (t & low)
-                        nnz += (t >> 32) == ep
+                        q = _local(indices[e], hashed, tag, ep, hk, hv, fl)
+                        cols[nnz] = off + q
+                        nnz += q >= 0
             if has_extra:
                 s = _position(ex_keys, u)
                 if s >= 0:
@@ -472,23 +614,30 @@ def _induced_kernel(
                         cols = _grow(cols, nnz + (e1 - e0))
                         if weighted:
                             ws = _grow(ws, cols.shape[0])
-                    for e in range(e0, e1):
-                        v = ex_dst[e]
-                        q = -1
-                        if v < n:
-                            t = tag[v]
-                            if (t >> 32) == ep:
-                                q = t & low
-                        else:
-                            for z in range(m):
-                                if nodes[off + z] == v:
-                                    q = z
-                                    break
-                        if q >= 0:
-                            cols[nnz] = off + q
-                            if weighted:
-                                ws[nnz] = ex_w[e]
-                            nnz += 1
+                    if u < n:
+                        # a stored row's extra edges all lead to virtual nodes: look the list's up in them (a
+                        # neighbour that many new nodes share has an extra edge per new node; scanning them all
+                        # in each new node's list cost a batch time quadratic in its new nodes)
+                        for i in range(nvb):
+                            e = _lower_bound(ex_dst, e0, e1, vkeys[i])
+                            if e < e1 and ex_dst[e] == vkeys[i]:
+                                cols[nnz] = off + vpos[i]
+                                if weighted:
+                                    ws[nnz] = ex_w[e]
+                                nnz += 1
+                    else:
+                        for e in range(e0, e1):
+                            v = ex_dst[e]
+                            if v < n:
+                                q = _local(v, hashed, tag, ep, hk, hv, fl)
+                            else:
+                                i = _lower_bound(vkeys, 0, nvb, v)
+                                q = vpos[i] if i < nvb and vkeys[i] == v else -1
+                            if q >= 0:
+                                cols[nnz] = off + q
+                                if weighted:
+                                    ws[nnz] = ex_w[e]
+                                nnz += 1
             _sort_row(cols, ws, start, nnz, weighted)
             row_ptr[row + 1] = nnz
 
@@ -815,7 +964,8 @@ def induced_batch(
     try:
         epoch0 = scratch.reserve(len(ptr))  # B subgraphs + the dedupe
         args = (graph.indptr, graph.indices, w, n, ptr, nodes, scratch.tag, epoch0)
-        row_ptr, cols, ws, first, r2f = _induced_kernel(*args, keys, kptr, kdst, kw, nvirt, weighted, inner)
+        row_ptr, cols, ws, first, r2f = _induced_kernel(*args, keys, kptr, kdst, kw, nvirt, weighted, inner,
+                                                        n >= _HASHED_MIN_NODES)
     finally:
         _give_scratch(graph, scratch)
     return _assemble(ptr, nodes, row_ptr, cols, ws if weighted else None, first, r2f)

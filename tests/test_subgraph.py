@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+import kernels.subgraph as subgraph_mod
 from kernels.datasets import load_npz, synthetic_sbm
 from kernels.graph import CSRGraph
 from kernels.subgraph import (
@@ -82,9 +83,17 @@ def sbm_graph():
     return synthetic_sbm(800, num_classes=4, avg_degree=12, num_features=4, seed=3).graph
 
 
+@pytest.fixture(params=["tagged", "hashed"])
+def lookup(request, monkeypatch):
+    """Both ways ``induced_batch`` looks a list's members up: the tagged ``[N]`` scratch (small graphs) and the
+    per-list map and filter (graphs from ``_HASHED_MIN_NODES`` nodes), chosen here whatever the graph's size."""
+    monkeypatch.setattr(subgraph_mod, "_HASHED_MIN_NODES", 1 << 62 if request.param == "tagged" else 0)
+    return request.param
+
+
 # ----------------------------------------------------------------------------- induced_batch
 @pytest.mark.parametrize("sizes", [[1], [5, 1, 17], [64] * 8, [200, 3, 120, 1, 77]])
-def test_induced_matches_scipy_unweighted(sbm_graph, sizes):
+def test_induced_matches_scipy_unweighted(sbm_graph, sizes, lookup):
     rng = np.random.default_rng(len(sizes))
     ptr, nodes = random_lists(sbm_graph.num_nodes, sizes, rng)
     batch = induced_batch(sbm_graph, ptr, nodes)
@@ -105,7 +114,7 @@ def test_edge_counts_per_subgraph(sbm_graph, width):
             assert kept[b] == (np.minimum(deg, width).sum() if width else deg.sum())
 
 
-def test_induced_uses_neighbourhood_lists_with_many_edges(sbm_graph):
+def test_induced_uses_neighbourhood_lists_with_many_edges(sbm_graph, lookup):
     # L-hop lists are dense in edges (unlike random lists): a stronger check of the row scan
     targets = np.arange(0, 800, 37)
     ptr, nodes = lhop_nodes(sbm_graph, targets, 2)
@@ -114,7 +123,7 @@ def test_induced_uses_neighbourhood_lists_with_many_edges(sbm_graph):
     check_batch_against_scipy(sbm_graph.to_scipy(), batch, ptr, nodes, weighted=False)
 
 
-def test_induced_weighted_directed_graph():
+def test_induced_weighted_directed_graph(lookup):
     rng = np.random.default_rng(11)
     n, e = 300, 4000
     ei = rng.integers(0, n, size=(2, e))
@@ -125,7 +134,7 @@ def test_induced_weighted_directed_graph():
     check_batch_against_scipy(g.to_scipy(), batch, ptr, nodes, weighted=True)
 
 
-def test_induced_hub_rows_use_binary_search_path():
+def test_induced_hub_rows_use_binary_search_path(lookup):
     # node 0 is linked to every other node: its degree (n - 1) exceeds 32 * n_b for small lists
     rng = np.random.default_rng(5)
     n = 3000
@@ -141,7 +150,7 @@ def test_induced_hub_rows_use_binary_search_path():
     check_batch_against_scipy(g.to_scipy(), batch, ptr, nodes, weighted=False)
 
 
-def test_repeated_nodes_across_subgraphs_are_deduplicated(sbm_graph):
+def test_repeated_nodes_across_subgraphs_are_deduplicated(sbm_graph, lookup):
     nodes = np.array([4, 9, 11, 9, 4, 2, 11, 4], dtype=np.int64)
     ptr = np.array([0, 3, 6, 8], dtype=np.int64)
     batch = induced_batch(sbm_graph, ptr, nodes)
@@ -193,8 +202,86 @@ def test_induced_rejects_bad_lists(sbm_graph):
         induced_batch(sbm_graph, np.array([0, 2]), np.array([1, sbm_graph.num_nodes]))
 
 
+def test_both_lookups_give_the_same_batches_and_a_repeated_id_its_last_position(monkeypatch):
+    """Random weighted graphs with hubs, lists with repeated ids (inside a list too), new nodes' extra edges and
+    ``inner``: the tagged scratch and the per-list map give the same arrays, bit for bit; a repeated id gets edges
+    only at its last position in its list, in hub rows (searched member by member) as in the others."""
+    rng = np.random.default_rng(21)
+    n = 2500
+    ei = rng.integers(0, n, size=(2, 20_000))
+    hubs = np.stack([np.repeat([0, 1], n - 2), np.concatenate([np.arange(2, n)] * 2)])
+    g = CSRGraph.from_edge_index(np.concatenate([ei, hubs], axis=1), num_nodes=n, symmetrize=True,
+                                 weights=rng.uniform(0.5, 2.0, size=ei.shape[1] + hubs.shape[1]))
+    assert g.degrees[0] > 32 * 60
+    extra = ExtraEdges.from_edges(n, [n, n, 0, 7, n + 1, n + 1], [0, 7, n, n, 3, n], [1.5, 2.0, 1.5, 2.0, 0.5, 3.0])
+    for trial in range(20):
+        sizes = rng.integers(1, 60, size=6)
+        ptr, nodes = random_lists(n, sizes, rng)
+        nodes = nodes.copy()
+        for b in range(len(sizes)):  # a hub or a new node in each list, ids repeated inside lists
+            if sizes[b] > 3:
+                nodes[ptr[b] + 1] = rng.choice([0, 1, n, n + 1])
+                i, j = rng.choice(np.arange(ptr[b], ptr[b + 1]), size=2, replace=False)
+                nodes[max(i, j)] = nodes[min(i, j)]
+        inner = np.array([int(rng.integers(1, m + 1)) for m in sizes]) if trial % 2 else None
+        out = {}
+        for mode, limit in (("tagged", 1 << 62), ("hashed", 0)):
+            monkeypatch.setattr(subgraph_mod, "_HASHED_MIN_NODES", limit)
+            out[mode] = induced_batch(g, ptr, nodes, extra=extra, inner=inner)
+        a, h = out["tagged"], out["hashed"]
+        for x, y in ((a.graph.indptr, h.graph.indptr), (a.graph.indices, h.graph.indices),
+                     (a.graph.weights, h.graph.weights), (a.unique_ids, h.unique_ids),
+                     (a.row_to_unique, h.row_to_unique)):
+            np.testing.assert_array_equal(x, y)
+        for b in range(len(sizes)):  # no column points at an earlier copy of an id in its list
+            lst = nodes[ptr[b]:ptr[b + 1]]
+            cols = h.graph.indices[h.graph.indptr[ptr[b]]:h.graph.indptr[ptr[b + 1]]] - ptr[b]
+            last = {int(v): k for k, v in enumerate(lst)}
+            assert all(last[int(lst[c])] == c for c in cols), (trial, b)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_new_nodes_sharing_neighbours_match_the_graph_with_them_added(sbm_graph, lookup, weighted):
+    """Many new nodes linked to the same few stored nodes (each shared row holds an extra edge per new node: the
+    rows the kernel now looks the list's own new nodes up in rather than scanning), lists holding several new
+    nodes, some listed twice (edges at an id's last position only, as for stored ids): the batch is the graph
+    with the new nodes added."""
+    rng = np.random.default_rng(5 + weighted)
+    n = sbm_graph.num_nodes
+    shared = np.array([3, 17, 250, 799])
+    m = 300
+    src = np.repeat(n + np.arange(m), len(shared))
+    dst = np.tile(shared, m)
+    w = rng.uniform(0.5, 2.0, size=len(src)) if weighted else None
+    extra = ExtraEdges.from_edges(n, np.concatenate([src, dst]), np.concatenate([dst, src]),
+                                  None if w is None else np.concatenate([w, w]), num_virtual=m)
+    added = sp.lil_matrix((n + m, n + m))
+    base = sbm_graph.to_scipy().tocoo()
+    added[base.row, base.col] = 1.0
+    for s_, d_, x in zip(src, dst, w if weighted else np.ones(len(src)), strict=True):
+        added[s_, d_] = x
+        added[d_, s_] = x
+    added = added.tocsr()
+    lists = [np.concatenate([[n + j], shared, rng.choice(n, 8, replace=False)]) for j in range(0, m, 7)]
+    lists.append(np.concatenate([[n + 1, n + 2, n + 250], shared, [n + 2]]))  # several new nodes, one twice
+    lists = [np.array(list(dict.fromkeys(x.tolist()))) if i % 2 else x for i, x in enumerate(lists)]
+    ptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])])
+    nodes = np.concatenate(lists)
+    batch = induced_batch(sbm_graph, ptr, nodes, extra=extra)
+    dense = batch.graph.to_scipy().toarray()
+    for b, lst in enumerate(lists):
+        lo = ptr[b]
+        last = {int(v): k for k, v in enumerate(lst)}
+        keep = [k for k, v in enumerate(lst) if last[int(v)] == k]  # a repeated id: its last copy
+        want = added[lst[keep]][:, lst[keep]].toarray()
+        if not weighted:
+            want = (want != 0).astype(np.float32)
+        got = dense[lo:lo + len(lst), lo:lo + len(lst)][np.ix_(keep, keep)]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 if weighted else 0)
+
+
 # ----------------------------------------------------------------------------- virtual nodes
-def test_extra_edges_for_new_node_match_graph_with_node_added(sbm_graph):
+def test_extra_edges_for_new_node_match_graph_with_node_added(sbm_graph, lookup):
     n = sbm_graph.num_nodes
     nbrs = np.array([3, 17, 17, 250, 799])  # a repeated neighbour merges
     extra = ExtraEdges.for_new_node(n, nbrs)
@@ -219,7 +306,7 @@ def test_extra_edges_for_new_node_match_graph_with_node_added(sbm_graph):
 
 
 @pytest.mark.parametrize("hub", [False, True])
-def test_rows_past_inner_get_no_edges_and_the_rest_theirs(sbm_graph, hub):
+def test_rows_past_inner_get_no_edges_and_the_rest_theirs(sbm_graph, hub, lookup):
     """``induced_batch(..., inner=)``: a list's rows from ``inner[b]`` on have no edges; every other row has the
     edges it has without ``inner`` (extra edges of new nodes included; hub rows take the binary-search path)."""
     rng = np.random.default_rng(8)
@@ -374,7 +461,7 @@ def test_local_csr_equals_a_binary_search(spread, weighted):
         local_csr(np.array([1]), np.array([1]), np.array([1]), np.ones(2, np.float32))
 
 
-def test_extra_edges_weighted_one_directional():
+def test_extra_edges_weighted_one_directional(lookup):
     rng = np.random.default_rng(8)
     n = 100
     g = CSRGraph.from_edge_index(rng.integers(0, n, size=(2, 600)), num_nodes=n, symmetrize=True)
