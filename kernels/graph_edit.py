@@ -46,7 +46,7 @@ threshold (a 10 M-node graph's 2 GB ``indices``). The graph's memoized largest d
 (recomputed on the next read only when a row of that degree lost edges).
 """
 
-# numba cache key: subgraph 0f6827d1afc4
+# numba cache key: subgraph 59df5edb9c8f
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ users import (it re-exports these names). Here:
 The on-disk index of every node's list is :mod:`kernels.ppr_index`.
 """
 
-# numba cache key: subgraph 0f6827d1afc4
+# numba cache key: subgraph 59df5edb9c8f
 
 from __future__ import annotations
 

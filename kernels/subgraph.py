@@ -539,6 +539,7 @@ def _induced_kernel(
     has_w = weights.shape[0] > 0
     has_extra = ex_keys.shape[0] > 0
     has_inner = inner.shape[0] > 0
+    low = np.int64(_LOW)
     one = np.float32(1.0)
     row_ptr = np.zeros(R + 1, dtype=np.int64)
     cols = np.empty(max(16, 8 * R), dtype=np.int32)
@@ -596,15 +597,15 @@ def _induced_kernel(
                             nnz += 1
                 elif weighted:  # branch-free: on a graph whose tags stay in cache many neighbours are members
                     for e in range(lo, hi):
-                        q = _local(indices[e], hashed, tag, ep, hk, hv, fl)
-                        cols[nnz] = off + q
+                        t = tag[indices[e]]
+                        cols[nnz] = off + (t & low)
                         ws[nnz] = weights[e] if has_w else one
-                        nnz += q >= 0
+                        nnz += (t >> 32) == ep
                 else:
                     for e in range(lo, hi):
-                        q = _local(indices[e], hashed, tag, ep, hk, hv, fl)
-                        cols[nnz] = off + q
-                        nnz += q >= 0
+                        t = tag[indices[e]]
+                        cols[nnz] = off + (t & low)
+                        nnz += (t >> 32) == ep
             if has_extra:
                 s = _position(ex_keys, u)
                 if s >= 0:
