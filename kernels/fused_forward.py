@@ -33,7 +33,7 @@ batch). The loops run on the calling thread: meant for the small batches that ru
 (a shaDow batch in chunks, :data:`serve.runtime.COMPILED_CHUNK_TARGETS`).
 """
 
-# numba cache key: dense acc615418a54, lanes 4d5e0af8c182, plan e950ddb94c27, spmm_cpu c8e7f1d6109d, subgraph 59df5edb9c8f
+# numba cache key: dense acc615418a54, lanes 4d5e0af8c182, plan e950ddb94c27, spmm_cpu c8e7f1d6109d, subgraph 47e999493df1
 
 from __future__ import annotations
 

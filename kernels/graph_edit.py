@@ -46,7 +46,7 @@ threshold (a 10 M-node graph's 2 GB ``indices``). The graph's memoized largest d
 (recomputed on the next read only when a row of that degree lost edges).
 """
 
-# numba cache key: subgraph 59df5edb9c8f
+# numba cache key: subgraph 47e999493df1
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ give the same numbers at exact width only: their rows list columns in local (dis
 a sampled row keeps other edges there, and differently in every subgraph that holds the node.
 """
 
-# numba cache key: lanes 4d5e0af8c182, spmm_cpu c8e7f1d6109d, subgraph 59df5edb9c8f
+# numba cache key: lanes 4d5e0af8c182, spmm_cpu c8e7f1d6109d, subgraph 47e999493df1
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ batch of 100 lists took 75 ms there against 182 ms on the hash-map state (profil
 their hashing were a third of the time, the Python work of the rounds another third).
 """
 
-# numba cache key: ppr_push 9fa4796b3dd5, subgraph 59df5edb9c8f
+# numba cache key: ppr_push 9fa4796b3dd5, subgraph 47e999493df1
 
 from __future__ import annotations
 

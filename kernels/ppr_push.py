@@ -15,7 +15,7 @@ users import (it re-exports these names). Here:
 The on-disk index of every node's list is :mod:`kernels.ppr_index`.
 """
 
-# numba cache key: subgraph 59df5edb9c8f
+# numba cache key: subgraph 47e999493df1
 
 from __future__ import annotations
 

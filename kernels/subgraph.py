@@ -77,8 +77,9 @@ _EPOCH_LIMIT = (1 << 31) - 1
 _LOW = (1 << 32) - 1
 #: from this many nodes a list's members are looked up in a map and filter of the list's own (:func:`_members`),
 #: below in the tagged ``[N]`` scratch: the scratch's random reads stay in cache on small graphs (one load, no branch:
-#: 1.02x-1.37x faster on Coauthor Physics, Amazon Computers, Cora) and miss it on large ones (the map 1.05x at
-#: 100,000 synthetic product-graph nodes, 1.3x at 250,000, 1.6x at 1 M, 2.7x at 2 M; docs/BENCHMARKS.md)
+#: 1.1x-1.4x faster than the map on Coauthor Physics, Amazon Computers, Cora) and miss it on large ones (the map
+#: 1.04x-1.06x at 100,000 synthetic product-graph nodes, 1.2x-1.3x at 250,000, 2.4x-2.5x at 1 M, 2.5x-2.8x at
+#: 2 M and 10 M; docs/BENCHMARKS.md, "Induced subgraphs on large graphs")
 _HASHED_MIN_NODES = 1 << 17
 
 
@@ -509,14 +510,10 @@ def _local(v, hashed, tag, ep, hk, hv, fl):  # pragma: no cover - compiled
     if not hashed:
         t = tag[v]
         return (t & np.int64(_LOW)) if (t >> 32) == ep else np.int64(-1)
-    x = _mix(v)
-    w, bit = _filter_bit(x, fl.shape[0])
+    w, bit = _filter_bit(_mix(v), fl.shape[0])
     if ((fl[w] >> bit) & np.uint64(1)) == 0:
         return np.int64(-1)
-    mask = hk.shape[0] - 1
-    h = np.int64((x >> np.uint64(29)) & np.uint64(mask))
-    while hk[h] != -1 and hk[h] != v:
-        h = (h + 1) & mask
+    h = _find(hk, v)
     return hv[h] if hk[h] == v else np.int64(-1)
 
 
