@@ -5,9 +5,10 @@
 other exception is logged with its traceback and a request id, and answered ``INTERNAL`` with
 only that id, never internals. A request whose bytes do not parse is answered ``INVALID_ARGUMENT``
 (not gRPC's own UNKNOWN with the parser's exception text), and messages are bounded to
-:data:`MAX_DETAILS_CHARS` (they can echo request fields). ``Predict`` and ``ModelInfer`` requests
-are first checked on their bytes for what they declare (:mod:`serve.wire`): a request of more ids
-than the limit is refused before protobuf allocates them. It also counts finished RPCs by code (a
+:data:`MAX_DETAILS_CHARS` (they can echo request fields). ``Predict``, ``ModelInfer`` and ``UpdateGraph``
+requests are first checked on their bytes for what they declare (:mod:`serve.wire`): a request of more ids
+(or update entries) than the limit is refused before protobuf allocates them; a server started with
+``--read-only`` refuses every ``UpdateGraph`` without parsing it. It also counts finished RPCs by code (a
 call the client cancelled or whose deadline passed as ``CANCELLED`` / ``DEADLINE_EXCEEDED``, never
 ``OK``; the ``model`` label only ever names a served model, so client-chosen names cannot grow the
 series), and admits RPCs through the server's :class:`DrainGate`.
@@ -27,6 +28,7 @@ Health checks stay open so orchestrators can probe without the token.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import logging
@@ -38,9 +40,17 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from .errors import InvalidArgument, Unavailable, status_for
+from .errors import (
+    READ_ONLY_REFUSAL,
+    GnnServeError,
+    InvalidArgument,
+    ReadOnly,
+    Unavailable,
+    detached,
+    status_for,
+)
 from .metrics import ServerMetrics
-from .wire import WireLimits, check_infer, check_predict
+from .wire import WireLimits, check_infer, check_predict, check_update
 
 __all__ = ["MAX_DETAILS_CHARS", "BearerAuthInterceptor", "DrainGate", "ErrorMappingInterceptor", "bounded"]
 
@@ -57,6 +67,7 @@ MAX_DETAILS_CHARS = 1024
 PREDICT_METHOD = "/gnnserve.v1.GnnService/Predict"
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 STREAM_INFER_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
+UPDATE_METHOD = "/gnnserve.v1.GnnService/UpdateGraph"
 
 _UNGATED_METHODS = ("/grpc.health.v1.Health/", "/inference.GRPCInferenceService/ServerLive")
 
@@ -175,10 +186,12 @@ class _Undecodable:
 
 
 class _Refused:
-    """Stands in for a request refused from its bytes, before parsing (:mod:`serve.wire`)."""
+    """Stands in for a request refused from its bytes, before parsing (:mod:`serve.wire`): ``error`` is the
+    refusal (without its traceback, whose frames hold the request's bytes)."""
 
-    def __init__(self, message: str) -> None:
-        self.message = message
+    def __init__(self, error: GnnServeError) -> None:
+        self.error = error
+        self.message = error.message
 
 
 def _lenient(deserializer: Callable[[bytes], Any] | None,
@@ -197,8 +210,8 @@ def _lenient(deserializer: Callable[[bytes], Any] | None,
         if precheck is not None:
             try:
                 precheck(data)
-            except InvalidArgument as exc:
-                return _Refused(exc.message)
+            except GnnServeError as exc:
+                return _Refused(detached(exc))
         try:
             return deserializer(data)
         except Exception:
@@ -211,15 +224,19 @@ def _ignore_body(data: bytes) -> None:
     return None
 
 
+def _refuse_updates(data: bytes) -> None:
+    """The precheck of ``UpdateGraph`` on a ``--read-only`` server: refused whatever it holds, unparsed."""
+    raise ReadOnly(READ_ONLY_REFUSAL)
+
+
 def _wrap_unary(
     handler: grpc.RpcMethodHandler,
     fn: Callable[[Any, aio.ServicerContext, Callable[..., Awaitable[Any]]], Awaitable[Any]],
     request_deserializer: Callable[[bytes], Any] | None = None,
 ) -> grpc.RpcMethodHandler:
-    inner = handler.unary_unary
-
-    async def call(request: Any, context: aio.ServicerContext) -> Any:
-        return await fn(request, context, inner)
+    # a partial, not a coroutine of its own: an error's traceback would hold that frame, and with it the request
+    # (ErrorMappingInterceptor drops its own reference before it aborts the call)
+    call = functools.partial(fn, inner=handler.unary_unary)
 
     return grpc.unary_unary_rpc_method_handler(
         call, request_deserializer=request_deserializer or handler.request_deserializer,
@@ -232,15 +249,17 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
 
     def __init__(self, metrics: ServerMetrics | None = None, gate: DrainGate | None = None, *,
                  wire_limits: WireLimits | None = None,
-                 model_label: Callable[[str], str] | None = None) -> None:
+                 model_label: Callable[[str], str] | None = None, read_only: bool = False) -> None:
         self._metrics = metrics
         self._gate = gate
-        # the declared-size checks of request bytes, by full method name (serve.wire)
+        # the declared-size checks of request bytes, by full method name (serve.wire); a --read-only server
+        # (``read_only``) takes no update at all: refused unparsed, FAILED_PRECONDITION as the graph would
         limits = wire_limits or WireLimits()
         self._prechecks: dict[str, Callable[[bytes], None]] = {
             PREDICT_METHOD: lambda data: check_predict(data, limits),
             INFER_METHOD: lambda data: check_infer(data, limits),
             STREAM_INFER_METHOD: lambda data: check_infer(data, limits),  # per message of the stream
+            UPDATE_METHOD: _refuse_updates if read_only else lambda data: check_update(data, limits),
         }
         # a request's model name as a metric label: only names the server knows ("" otherwise), so a
         # client cannot make a new time series per name it sends
@@ -291,7 +310,7 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
                     raise InvalidArgument(f"the {method} request ({request.size} bytes) is not a valid message "
                                           "of its type and cannot be parsed")
                 if isinstance(request, _Refused):
-                    raise InvalidArgument(request.message)
+                    raise type(request.error)(request.message)  # a new one: the stand-in would hold its traceback
                 if gate is not None and gate.gates(full_method):
                     gate.enter(method)
                     admitted = True
@@ -305,8 +324,13 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):
                         else grpc.StatusCode.CANCELLED)
                 raise
             except Exception as exc:
-                code, message = error_status(exc, method, _request_id_of(request))
+                code, message = error_status(exc, method, _request_id_of(request))  # logs the traceback if needed
                 count()  # before the reply leaves: a client that has seen it finds it counted
+                # the abort's AbortError stays in the call's state, which this frame's ``context`` references, and
+                # its traceback holds this frame (a cycle, freed only by the cyclic GC), with ``exc`` as its
+                # context: neither may keep the request (or the frames of the handler, which hold it) alive
+                detached(exc)
+                request = None
                 await context.abort(code, bounded(message))
             finally:
                 if admitted:

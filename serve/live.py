@@ -58,8 +58,9 @@ from kernels.datasets import remove_stale_tmp
 from kernels.graph_edit import valid_weights
 from kernels.update_warmup import warm_once
 
-from .errors import GnnServeError, InvalidArgument, Unavailable
+from .errors import READ_ONLY_REFUSAL, GnnServeError, InvalidArgument, ReadOnly, Unavailable, detached
 from .validation import feature_problem
+from .wire import update_size_error
 
 if TYPE_CHECKING:
     from kernels.graph_edit import GraphEdit
@@ -69,12 +70,6 @@ if TYPE_CHECKING:
 __all__ = ["LiveFeatures", "LiveGraph", "ParsedUpdate", "RWLock", "ReadOnly", "UpdateConflict", "parse_update"]
 
 log = logging.getLogger(__name__)
-
-
-class ReadOnly(GnnServeError):
-    """Updates are turned off on this server (``--read-only``)."""
-
-    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class NotWritten(GnnServeError):
@@ -262,9 +257,8 @@ def parse_update(request: Any, num_nodes: int, num_features: int, *, max_size: i
 
     size = (len(request.features) + len(request.new_nodes) + sum(len(n.neighbors) for n in request.new_nodes)
             + len(request.add_edges) + len(request.remove_edges))
-    if size > max_size:
-        raise InvalidArgument(f"this update has {size} entries (rows, new nodes and their edges, edges), more than "
-                              f"--max-update-size {max_size}; split it into several updates")
+    if size > max_size:  # the same count as serve.wire.check_update's on the request's bytes, before the parse
+        raise update_size_error(size, max_size)
     if size == 0:
         raise InvalidArgument("empty update: give features, new_nodes, add_edges or remove_edges")
     fids = np.fromiter((r.node for r in request.features), dtype=np.int64, count=len(request.features))
@@ -352,8 +346,11 @@ class _Ticket:
         self._settle()
 
     def _settle(self) -> None:
-        self.settled.set()
         fut = self.future
+        # settled: nothing reads the request any more, and the caller holds the future; a ticket kept beyond this
+        # (by a frame an error's traceback holds) keeps neither
+        self.request = self.future = None
+        self.settled.set()
         if fut is not None:
             fut.get_loop().call_soon_threadsafe(_settle_future, fut, self.result, self.error)
 
@@ -644,10 +641,14 @@ class LiveGraph:
         ticket = _Ticket(request)
         self._enqueue(ticket)
         ticket.settled.wait()
-        if ticket.error is not None:
-            raise ticket.error
-        assert ticket.result is not None
-        return ticket.result
+        error, result = ticket.error, ticket.result
+        if error is not None:
+            try:
+                raise error
+            finally:  # the error's traceback holds this frame: no cycle through it (docs: serve.errors.detached)
+                error = ticket = None
+        assert result is not None
+        return result
 
     async def update_async(self, request: Any) -> UpdateResult:
         """:meth:`update` for the event loop: the update waits in the queue without a thread of its own,
@@ -656,9 +657,12 @@ class LiveGraph:
         if self._may_take_over:  # file IO and a catch-up: off the event loop
             await asyncio.get_running_loop().run_in_executor(None, self.take_over)
         self._check_writable()
-        fut: asyncio.Future[UpdateResult] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[UpdateResult] | None = asyncio.get_running_loop().create_future()
         self._enqueue(_Ticket(request, fut))
-        return await fut
+        try:
+            return await fut
+        finally:  # a refusal's traceback holds this frame, the future holds the refusal: no cycle keeps the request
+            fut = None
 
     def _enqueue(self, ticket: _Ticket) -> None:
         """Queue ``ticket`` for the graph's writer thread (started on first use) and ring it."""
@@ -830,10 +834,11 @@ class LiveGraph:
 
     def _check_writable(self) -> None:
         if self.read_only:
-            why = ("it was started with --read-only" if self._started_read_only or not self.follows_writer else
-                   "another server on this repository writes this graph's update log; send updates there "
-                   "(this server follows them, and takes the log over once that server has stopped)")
-            raise ReadOnly(f"this server does not take graph updates: {why}")
+            if self._started_read_only or not self.follows_writer:
+                raise ReadOnly(READ_ONLY_REFUSAL)
+            raise ReadOnly("this server does not take graph updates: another server on this repository writes this "
+                           "graph's update log; send updates there (this server follows them, and takes the log over "
+                           "once that server has stopped)")
 
     def _drain(self) -> None:
         """Commit the waiting updates, a group at a time (holding the writer)."""
@@ -849,6 +854,7 @@ class LiveGraph:
             try:
                 self.catch_up()
             except GnnServeError as exc:
+                detached(exc)  # kept by the tickets: without the frames its traceback holds (their requests)
                 for t in tickets:
                     t.fail(exc)
                 return
@@ -880,7 +886,9 @@ class LiveGraph:
                 parsed = parse_update(t.request, group.num_nodes, self.features.num_features,
                                       max_size=self.max_update_size)
             except GnnServeError as exc:
-                t.fail(exc)
+                # without its traceback: that holds this frame (the group, every ticket) and parse_update's (the
+                # request), and the ticket and its future keep the error: a cycle only the cyclic GC would free
+                t.fail(detached(exc))
                 continue
             if parsed.expect_version is not None:
                 if accepted:  # it names the version before it: it starts the next group

@@ -148,9 +148,11 @@ class GnnServer:
         self.gate = DrainGate(self.metrics.inflight)
         rt_opts = config.runtime
         wire_limits = WireLimits(max_nodes=rt_opts.max_nodes_per_request,
-                                 max_new_node_edges=rt_opts.max_new_node_edges)
+                                 max_new_node_edges=rt_opts.max_new_node_edges,
+                                 max_update_size=rt_opts.max_update_size)
         interceptors.append(ErrorMappingInterceptor(self.metrics, self.gate, wire_limits=wire_limits,
-                                                    model_label=self.registry.label_of))
+                                                    model_label=self.registry.label_of,
+                                                    read_only=rt_opts.read_only))
         if config.max_concurrent_rpcs < 1:
             raise ValueError("max_concurrent_rpcs must be >= 1")
         self.server = aio.server(

@@ -31,7 +31,9 @@ Tensor mapping (so ``tritonclient.grpc.InferenceServerClient`` works unchanged):
   refused with INVALID_ARGUMENT before any work (each named output is built once per request: a
   repeated name would multiply the response's size);
 * request parameters ``sampling_width``, ``ppr_budget`` (integers) and ``max_accuracy_loss``
-  (number) are the knobs; a value outside what the model accepts is refused with that range
+  (number) are the knobs (an integer parameter is an ``int64_param`` / ``uint64_param``, an integral
+  ``double_param`` or a ``string_param`` of ASCII digits with an optional leading ``-``, nothing else:
+  :func:`_int_param`); a value outside what the model accepts is refused with that range
   (:func:`serve.validation.knob_rule`: ``sampling_width`` >= 0, ``ppr_budget`` >= 1 on a shaDow
   model and >= 0 on a plain one, which has no budget: 0 or absent means none; both at most
   2**31 - 1, the fields' width); ``min_graph_version`` is a graph version (>= 0); Triton's own
@@ -66,7 +68,8 @@ Triton's extensions of the service, and what gnnserve does with each:
 * ``RepositoryIndex`` / ``RepositoryModelLoad`` / ``RepositoryModelUnload``: the model repository
   through :class:`serve.registry.ModelRegistry` (its docstring has the unload rule: an unloaded
   model stays unloaded, whatever the poller sees, until it is loaded again). Parameters: ``version``
-  (gnnserve's own: one version instead of the whole model) and ``unload_dependents`` (accepted;
+  (gnnserve's own: one version instead of the whole model; a positive integer, a string of ASCII digits of
+  any length: one that names no version is NOT_FOUND) and ``unload_dependents`` (accepted;
   gnnserve models have no dependents); ``config`` overrides and uploaded ``file:`` contents are not
   supported (UNIMPLEMENTED). Under ``gnnserve serve --processes N`` (N > 1) load and unload answer
   FAILED_PRECONDITION: a connection reaches one process, and each holds its own models, so they would
@@ -87,6 +90,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -102,7 +106,7 @@ from clients._gen import inference_pb2_grpc as pb_grpc
 
 from .errors import GnnServeError, InvalidArgument, ModelNotFound, Unavailable
 from .interceptors import bounded, error_status, unparsed_reason
-from .registry import RepositoryError
+from .registry import RepositoryError, _shown
 from .servicer import deadline_of, reach_version
 from .validation import MAX_REQUEST_ID, knob_range_error, knob_rule, validate_predict
 from .wire import INPUT, NEW_COUNTS, NEW_FEATURES, NEW_NEIGHBORS, NEW_WEIGHTS  # the input names
@@ -166,26 +170,52 @@ def _param_value(p: pb.InferParameter) -> float | int | str | bool:
     return getattr(p, which)
 
 
+#: an integer request parameter sent as a string: ASCII digits, a minus sign allowed in front (the range checks
+#: then name the range, as for a negative ``int64_param``); no "+", spaces, underscores or other scripts' digits,
+#: which Python's ``int()`` would take. The same rule as a model version's ASCII digits (serve.registry)
+_INT_TEXT = re.compile(r"-?[0-9]+")
+#: the integers a request parameter can hold: what its ``int64_param`` and ``uint64_param`` fields carry. A
+#: string or double beyond is refused as such (``int()`` would spend time on thousands of digits, and refuses
+#: more than 4300; a message would repeat them)
+INT_PARAM_MIN, INT_PARAM_MAX = -(2**63), 2**64 - 1
+_INT_RULE = "an integer: int64_param, uint64_param, an integral double_param or a string of ASCII digits"
+
+
+def _shown_value(v: object) -> str:
+    """A client-sent parameter value for a message: its repr, cut to 32 characters."""
+    text = repr(v)
+    return text if len(text) <= 34 else f"{text[:32]}... ({len(str(v))} characters)"
+
+
 def _int_param(name: str, p: pb.InferParameter) -> int:
-    """An integer request parameter: ``int64_param``, or a ``double_param`` / ``string_param`` holding an
-    integer. Its range is the caller's to check (and to state: :func:`_knob_param`)."""
+    """An integer request parameter: ``int64_param`` / ``uint64_param``, an integral ``double_param``, or a
+    ``string_param`` of ASCII digits with an optional leading ``-`` (:data:`_INT_TEXT`), within
+    [:data:`INT_PARAM_MIN`, :data:`INT_PARAM_MAX`]. Anything else is INVALID_ARGUMENT ``must be an integer``;
+    the range of each parameter is the caller's to check (and to state: :func:`_knob_param`)."""
     v = _param_value(p)
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise InvalidArgument(f"parameter {name} must be an integer, got {v!r}")
-    if isinstance(v, int):
+        raise InvalidArgument(f"parameter {name} must be {_INT_RULE}, got {_shown_value(v)}")
+    if isinstance(v, int):  # the int64 and uint64 fields: within the range by their width
         return v
-    if isinstance(v, str):
-        try:
-            return int(v.strip())
-        except ValueError:
-            pass
-    try:
-        f = float(v)
-    except ValueError:
-        raise InvalidArgument(f"parameter {name} must be an integer, got {v!r}") from None
-    if not f.is_integer():  # also NaN and infinities
-        raise InvalidArgument(f"parameter {name} must be an integer, got {v!r}")
-    return int(f)
+    if isinstance(v, float):
+        if not v.is_integer():  # also NaN and infinities
+            raise InvalidArgument(f"parameter {name} must be {_INT_RULE}, got {v!r}")
+        if not INT_PARAM_MIN <= v <= INT_PARAM_MAX:
+            raise InvalidArgument(f"parameter {name} must be an integer from {INT_PARAM_MIN} to {INT_PARAM_MAX}, "
+                                  f"got {v!r}")
+        return int(v)
+    if _INT_TEXT.fullmatch(v) is None:
+        raise InvalidArgument(f"parameter {name} must be {_INT_RULE} (an optional '-' in front, nothing else), "
+                              f"got {_shown_value(v)}")
+    digits = v.lstrip("-").lstrip("0") or "0"  # int() counts leading zeros in its limit of 4300 digits
+    if len(digits) > len(str(INT_PARAM_MAX)):  # out of range: refused before int() reads it
+        raise InvalidArgument(f"parameter {name} must be an integer from {INT_PARAM_MIN} to {INT_PARAM_MAX}, "
+                              f"got {_shown_value(v)}")
+    n = -int(digits) if v.startswith("-") else int(digits)
+    if not INT_PARAM_MIN <= n <= INT_PARAM_MAX:
+        raise InvalidArgument(f"parameter {name} must be an integer from {INT_PARAM_MIN} to {INT_PARAM_MAX}, "
+                              f"got {v!r}")
+    return n
 
 
 def _request_deadline(request: pb.ModelInferRequest, deadline: float | None) -> float | None:
@@ -213,13 +243,15 @@ def _knob_param(name: str, p: pb.InferParameter, rt: ModelRuntime) -> int:
 
 
 def _float_param(name: str, p: pb.InferParameter) -> float:
+    """A number: ``double_param``, an integer field, or a ``string_param`` in Python's float syntax restricted to
+    ASCII (as :func:`_int_param`: no spaces, underscores or other scripts' digits, which ``float()`` takes)."""
     v = _param_value(p)
-    if isinstance(v, bool):
-        raise InvalidArgument(f"parameter {name} must be a number, got {v!r}")
+    if isinstance(v, bool) or (isinstance(v, str) and (not v.isascii() or "_" in v or v != v.strip())):
+        raise InvalidArgument(f"parameter {name} must be a number, got {_shown_value(v)}")
     try:
         return float(v)
     except ValueError:
-        raise InvalidArgument(f"parameter {name} must be a number, got {v!r}") from None
+        raise InvalidArgument(f"parameter {name} must be a number, got {_shown_value(v)}") from None
 
 
 def requested_outputs(request: pb.ModelInferRequest) -> list[str]:
@@ -447,13 +479,30 @@ def _repository_param(name: str, p: pb.ModelRepositoryParameter) -> Any:
     return getattr(p, which)
 
 
-def _version_param(params: Any) -> int | None:
+#: the most digits (leading zeros aside) of a repository ``version`` parameter that can name a version: a version is
+#: a directory name, at most 255 bytes on the usual file systems. A longer string of digits names none: NOT_FOUND, as
+#: a 30-digit version is, without ``int()`` (which refuses more than 4300 digits with a ValueError: that was INTERNAL)
+MAX_VERSION_DIGITS = 255
+
+
+def _version_param(params: Any, model_name: str, rpc: str) -> int | None:
+    """The ``version`` parameter of a repository load or unload: a positive integer (``int64_param`` /
+    ``uint64_param``, or a string of ASCII digits, as a model version is everywhere: serve.registry), else
+    INVALID_ARGUMENT; one of more digits than any version directory has is NOT_FOUND in the repository."""
     if "version" not in params:
         return None
     v = _repository_param("version", params["version"])
-    if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, str) and v.isascii() and v.isdigit())) or int(v) < 1:
+    if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, str) and v.isascii() and v.isdigit())):
         raise InvalidArgument(f"parameter version must be a positive integer, got {str(v)[:32]!r}")
-    return int(v)
+    if isinstance(v, str) and len(v.lstrip("0")) > MAX_VERSION_DIGITS:
+        shown = _shown(v)
+        raise ModelNotFound(f"model {_shown(model_name)} version {shown} is not in the repository" if rpc ==
+                            "RepositoryModelLoad" else f"model {_shown(model_name)} has no version {shown} in the "
+                            "repository")
+    n = v if isinstance(v, int) else int(v.lstrip("0") or "0")  # int() counts leading zeros in its digit limit
+    if n < 1:
+        raise InvalidArgument(f"parameter version must be a positive integer, got {str(v)[:32]!r}")
+    return n
 
 
 def _check_repository(name: str, registry: ModelRegistry) -> None:
@@ -869,7 +918,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
                                     "are; it takes no configuration override or uploaded model files")
             if key not in allowed:
                 raise InvalidArgument(f"unknown parameter {key[:64]!r}; supported: {list(allowed)}")
-        return _version_param(request.parameters)
+        return _version_param(request.parameters, request.model_name, rpc)
 
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: aio.ServicerContext

@@ -3,11 +3,12 @@
 Parsing a request costs memory in proportion to what it declares, not to its size on the wire: a
 packed ``int64`` id takes one byte on the wire and eight in the parsed message (and more as a
 NumPy copy), so a 64 MiB message of small ids would cost about 512 MiB and seconds of work before
-the node limit could be checked on the parsed message. :func:`check_predict` and
-:func:`check_infer` walk the top-level fields of a ``gnnserve.v1.PredictRequest`` /
-``inference.ModelInferRequest`` instead, count what they declare (node ids, new nodes, new-node
-edges, requested outputs), and raise :class:`~serve.errors.InvalidArgument` before anything is
-allocated. The walk reads every field header once and skips payloads; it stops as soon as a count
+the node limit could be checked on the parsed message. :func:`check_predict`,
+:func:`check_infer` and :func:`check_update` walk the top-level fields of a
+``gnnserve.v1.PredictRequest`` / ``inference.ModelInferRequest`` / ``gnnserve.v1.UpdateGraphRequest``
+instead, count what they declare (node ids, new nodes, new-node edges, requested outputs; an update's
+entries against ``--max-update-size``), and raise :class:`~serve.errors.InvalidArgument` before
+anything is allocated. The walk reads every field header once and skips payloads; it stops as soon as a count
 passes its limit, and it refuses a message that encodes more fields than any valid request has,
 so its own cost is bounded too. Messages shorter than any limit skip it (:meth:`WireLimits.needs_scan`).
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from .errors import InvalidArgument
 
-__all__ = ["WireLimits", "check_infer", "check_predict"]
+__all__ = ["WireLimits", "check_infer", "check_predict", "check_update", "update_size_error"]
 
 _HIGH = bytes(range(128, 256))  # bytes with the continuation bit: every varint has exactly one byte without it
 
@@ -38,6 +39,7 @@ class WireLimits:
     max_outputs: int = 3  # distinct KServe outputs (LABELS, PROBABILITIES, EMBEDDINGS)
     max_parameters: int = 64  # KServe request parameters
     max_features: int = 1 << 16  # features per new node a KServe request may carry (NEW_NODE_FEATURES [m, F])
+    max_update_size: int = 100_000  # entries of one UpdateGraph (--max-update-size; serve.live.parse_update)
 
     def needs_scan(self, size: int) -> bool:
         """Whether a message of ``size`` bytes could declare more than a limit allows (every element
@@ -49,6 +51,13 @@ class WireLimits:
         """Field headers a valid request can hold: one per id and per new-node edge (unpacked
         encoding), a few per new node, plus a margin for scalar fields."""
         return 2 * self.max_nodes + self.max_new_node_edges + 8 * self.max_nodes + 4096
+
+    @property
+    def max_update_fields(self) -> int:
+        """Field headers the walk of a valid ``UpdateGraphRequest`` reads: one per feature row, new node and edge
+        (top level), and in each new node one for its packed features and one per neighbour and per weight
+        (unpacked; packed, one each): at most twice the entries, plus a margin for scalar fields."""
+        return 2 * self.max_update_size + 4096
 
 
 class _Walk:
@@ -125,15 +134,18 @@ def _too_many_nodes(n: int, limits: WireLimits) -> InvalidArgument:
         "split it (the SDK chunks long lists automatically)")
 
 
-def _walk(check, buf: bytes, limits: WireLimits) -> None:
-    if not limits.needs_scan(len(buf)):
-        return
+def _walk(check, buf: bytes, limits: WireLimits, budget: int | None = None) -> None:
+    """``check`` on the fields of ``buf`` with a budget of field headers (``limits.max_fields`` by default)."""
+    if budget is None:
+        if not limits.needs_scan(len(buf)):
+            return
+        budget = limits.max_fields
     try:
-        check(_Walk(buf, limits.max_fields), len(buf), limits)
+        check(_Walk(buf, budget), len(buf), limits)
     except _Malformed:
         return  # protobuf's own parse rejects it with its message (INVALID_ARGUMENT)
     except _TooManyFields:
-        raise InvalidArgument(f"request encodes more than {limits.max_fields} fields, more than any valid "
+        raise InvalidArgument(f"request encodes more than {budget} fields, more than any valid "
                               "request of this server's limits") from None
 
 
@@ -158,6 +170,42 @@ def _predict(w: _Walk, end: int, limits: WireLimits) -> None:
                     f"{limits.max_new_node_edges} per request; send fewer or split the request")
         if nodes > limits.max_nodes:
             raise _too_many_nodes(nodes, limits)
+
+
+def update_size_error(size: int, max_size: int, *, at_least: bool = False) -> InvalidArgument:
+    """The refusal of an update of ``size`` entries (:func:`check_update` on the bytes, ``serve.live.parse_update``
+    on the parsed request: one message)."""
+    return InvalidArgument(f"this update has {'at least ' if at_least else ''}{size} entries (rows, new nodes and "
+                           f"their edges, edges), more than --max-update-size {max_size}; split it into several "
+                           "updates")
+
+
+def check_update(buf: bytes, limits: WireLimits) -> None:
+    """Refuse an ``UpdateGraphRequest`` that declares more entries than ``limits.max_update_size``: the entries
+    ``serve.live.parse_update`` counts (feature rows, new nodes and their neighbours, removed and added edges),
+    counted on the bytes (a packed neighbour id is one byte on the wire and eight parsed). A message of at most
+    that many bytes cannot hold more (every entry takes a byte at least) and is not read."""
+    if len(buf) > limits.max_update_size:
+        _walk(_update, buf, limits, budget=limits.max_update_fields)
+
+
+def _update(w: _Walk, end: int, limits: WireLimits) -> None:
+    cap = limits.max_update_size
+    size = 0
+    for number, wtype, s, e in w.fields(0, end):
+        if wtype != 2:  # expect_graph_version, or a field of another wire type than its own (unknown to the parse)
+            continue
+        if number in (3, 5, 6):  # repeated FeatureRow features, repeated Edge remove_edges / add_edges
+            size += 1
+        elif number == 4:  # repeated NewNode new_nodes: the node and each of its neighbours
+            size += 1
+            for n2, t2, s2, e2 in w.fields(s, e):
+                if n2 == 2 and t2 in (0, 2):  # repeated int64 neighbors, unpacked or packed
+                    size += w.count(t2, s2, e2, cap=cap)
+                    if size > cap:
+                        break
+        if size > cap:
+            raise update_size_error(size, cap, at_least=True)
 
 
 def check_infer(buf: bytes, limits: WireLimits) -> None:

@@ -208,3 +208,67 @@ def test_unknown_tensor_parameters_are_refused(stub):
         with pytest.raises(grpc.RpcError) as ei:
             stub.ModelInfer(req, timeout=30)
         assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in ei.value.details(), key
+
+
+# ---------------------------------------------------------------------- hostile-client report: versions, integers
+@pytest.mark.parametrize("rpc", ["RepositoryModelLoad", "RepositoryModelUnload"])
+@pytest.mark.parametrize("digits", [5000, 4301, 300])
+def test_a_version_of_thousands_of_digits_is_not_found(stub, rpc, digits):
+    """A repository ``version`` of more digits than ``int()`` reads (4300) was INTERNAL (its ValueError escaped);
+    like any well-formed version that names nothing it is NOT_FOUND (as a 30-digit one was, and as ModelInfer's
+    model_version of 5000 digits is), with the digits cut in the message. Leading zeros count in ``int()``'s
+    limit too: 5000 characters naming a version that does not exist are NOT_FOUND as well."""
+    request_type = getattr(pb, f"{rpc}Request")
+    for version in ("1" * digits, "0" * digits + "7"):
+        req = request_type(model_name="gcn")
+        req.parameters["version"].string_param = version
+        with pytest.raises(grpc.RpcError) as ei:
+            getattr(stub, rpc)(req, timeout=30)
+        assert ei.value.code() == grpc.StatusCode.NOT_FOUND, (version[:40], ei.value.details())
+        details = ei.value.details()
+        assert "model 'gcn'" in details and ("has no version" in details or "is not in the repository" in details)
+        assert len(details) < 400, details
+    infer = _request("gcn", contents=[0, 1, 2])
+    infer.model_version = "1" * digits
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.ModelInfer(infer, timeout=30)
+    assert ei.value.code() == grpc.StatusCode.NOT_FOUND and "has no version" in ei.value.details()
+
+
+@pytest.mark.parametrize("value", ["١٢", "1_0", " 8 ", "8 ", "+8", "1e308", "1e3", "12.0", "0x10", "", "٣", "８",
+                                   "8\x00", "- 8"])
+def test_integer_parameters_are_ascii_digits(stub, native, value):
+    """A string integer parameter is ASCII digits with an optional leading '-' (as a model version is ASCII digits):
+    Python's ``int()`` / ``float()`` read Arabic-Indic and full-width digits, underscores, spaces and exponents, and
+    the knob ran at such a value (``"١٢"`` at width 12, a hostile-client report). Each parameter read as an integer
+    refuses them."""
+    for name in ("sampling_width", "ppr_budget", "timeout", "priority", "min_graph_version"):
+        msg = _refused(stub, _request(raw=[[1, 2, 3]], **{name: value}))
+        assert f"parameter {name} must be an integer" in msg and "ASCII digits" in msg, msg
+
+
+def test_integer_parameters_in_range_are_read_strictly(stub, native):
+    """What is accepted: ASCII digits (leading zeros too), int64 / uint64 fields, integral doubles; a '-' sign gets
+    the parameter's range (as a negative int64 does); values beyond the 64-bit fields, as strings or doubles, are
+    refused as such with a short message (no 309-digit number; no int() of 5000 digits)."""
+    want = native.predict("shadow", [1, 2, 3], sampling_width=4).labels.tolist()
+    for width in ("4", "004", 4, 4.0):
+        resp = stub.ModelInfer(_request(raw=[[1, 2, 3]], sampling_width=width), timeout=60)
+        assert resp.parameters["sampling_width"].int64_param == 4 and _labels(resp) == want, width
+    # the documented "no timeout": the largest uint64, as a string too
+    req = _request(raw=[[1, 2, 3]], sampling_width=4)
+    req.parameters["timeout"].uint64_param = 2**64 - 1
+    assert _labels(stub.ModelInfer(req, timeout=60)) == want
+    assert _labels(stub.ModelInfer(_request(raw=[[1, 2, 3]], sampling_width=4, timeout=str(2**64 - 1)),
+                                   timeout=60)) == want
+    msg = _refused(stub, _request(raw=[[1, 2, 3]], sampling_width="-4"))
+    assert "parameter sampling_width must be >= 0 and <= 2147483647" in msg and "got -4" in msg, msg
+    assert "timeout must be >= 0" in _refused(stub, _request(raw=[[1, 2, 3]], timeout="-1"))
+    for value in (str(2**64), "9" * 5000, "-" + "9" * 30, 1e308, -1e30):
+        msg = _refused(stub, _request(raw=[[1, 2, 3]], sampling_width=value))
+        assert "parameter sampling_width must be an integer from -9223372036854775808 to 18446744073709551615" in msg
+        assert len(msg) < 300, msg
+    msg = _refused(stub, _request(raw=[[1, 2, 3]], max_accuracy_loss=" 0.5"))
+    assert "parameter max_accuracy_loss must be a number" in msg, msg
+    for value in ("٠.٥", "0.0_1"):
+        assert "must be a number" in _refused(stub, _request(raw=[[1, 2, 3]], max_accuracy_loss=value))

@@ -11,7 +11,7 @@ import pytest
 from clients._gen import gnnserve_pb2 as pb
 from clients._gen import inference_pb2 as ipb
 from serve.errors import InvalidArgument
-from serve.wire import WireLimits, _Walk, check_infer, check_predict
+from serve.wire import WireLimits, _Walk, check_infer, check_predict, check_update
 
 LIMITS = WireLimits()
 
@@ -131,3 +131,94 @@ def test_infer_walk_stays_bounded_on_many_inputs():
     buf = b"".join(b"\x2a" + bytes([len(one)]) + one for _ in range(LIMITS.max_fields))
     with pytest.raises(InvalidArgument, match="fields"):
         check_infer(buf, LIMITS)
+
+
+# ---------------------------------------------------------------------- UpdateGraph: --max-update-size on the bytes
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    v &= (1 << 64) - 1  # negative int64: ten bytes, as protobuf writes them
+    while True:
+        if v < 0x80:
+            return bytes(out + bytes([v]))
+        out.append(v & 0x7F | 0x80)
+        v >>= 7
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _update_bytes(req: pb.UpdateGraphRequest, unpacked: bool) -> bytes:
+    """``req`` serialised; ``unpacked``: its new nodes' neighbours and weights one field each (a valid encoding
+    protobuf parses as the packed one)."""
+    if not unpacked:
+        return req.SerializeToString()
+    rest = pb.UpdateGraphRequest()
+    rest.CopyFrom(req)
+    del rest.new_nodes[:]
+    out = rest.SerializeToString()
+    for nn in req.new_nodes:
+        body = pb.NewNode(features=nn.features).SerializeToString()
+        body += b"".join(_varint(2 << 3) + _varint(v) for v in nn.neighbors)
+        body += b"".join(b"\x1d" + np.float32(w).tobytes() for w in nn.edge_weights)
+        out += _field(4, body)
+    return out
+
+
+def _random_update(rng: np.random.Generator) -> pb.UpdateGraphRequest:
+    req = pb.UpdateGraphRequest(model="m", request_id="r", expect_graph_version=int(rng.integers(0, 1 << 40)))
+    for _ in range(int(rng.integers(0, 5))):
+        req.features.add(node=int(rng.integers(0, 1 << 40)), features=rng.random(int(rng.integers(0, 8))).tolist())
+    for _ in range(int(rng.integers(0, 6))):
+        k = int(rng.integers(0, 40))
+        nn = req.new_nodes.add(features=rng.random(4).tolist(), neighbors=_ids(rng, k).tolist())
+        if rng.random() < 0.5:
+            nn.edge_weights.extend(rng.random(k).tolist())
+    for edges in (req.add_edges, req.remove_edges):
+        for _ in range(int(rng.integers(0, 6))):
+            e = edges.add(src=int(rng.integers(0, 1 << 20)), dst=-int(rng.integers(0, 1 << 62)))
+            if rng.random() < 0.5:
+                e.weight = 0.5
+    return req
+
+
+@pytest.mark.parametrize("unpacked", [False, True])
+@pytest.mark.parametrize("seed", range(8))
+def test_update_entries_are_counted_as_parse_update_counts_them(seed, unpacked):
+    """check_update counts, from the bytes, exactly the entries serve.live.parse_update counts on the parsed request
+    (feature rows, new nodes and their neighbours, removed and added edges; not features or weights): an update of
+    that many entries passes a limit of as many and is refused by a limit of one less, with parse_update's message."""
+    from serve.live import parse_update
+
+    req = _random_update(np.random.default_rng(seed))
+    buf = _update_bytes(req, unpacked)
+    parsed = pb.UpdateGraphRequest.FromString(buf)
+    assert parsed == req
+    size = (len(req.features) + len(req.new_nodes) + sum(len(n.neighbors) for n in req.new_nodes)
+            + len(req.add_edges) + len(req.remove_edges))
+    if size == 0:
+        return
+    check_update(buf, WireLimits(max_update_size=size))
+    with pytest.raises(InvalidArgument) as ei:
+        parse_update(parsed, 1 << 41, 8, max_size=size - 1)
+    want = ei.value.message
+    assert want.startswith(f"this update has {size} entries")
+    with pytest.raises(InvalidArgument) as ei:
+        check_update(buf, WireLimits(max_update_size=size - 1))
+    assert ei.value.message == want.replace("has ", "has at least ", 1), ei.value.message
+
+
+def test_an_update_bomb_is_refused_from_a_look_at_its_bytes():
+    """The hostile-client report's update: one new node of 60 million one-byte neighbour ids (60 MB, about 940 MB
+    once parsed): refused from its length alone, and a message of many fields by the walk's budget."""
+    limits = WireLimits()
+    bomb = _field(1, b"gcn") + _field(4, _field(2, b"\x01" * 60_000_000))
+    with pytest.raises(InvalidArgument, match=r"this update has at least \d+ entries .* more than --max-update-size "
+                                              r"100000; split it into several updates"):
+        check_update(bomb, limits)
+    many = b"".join(_field(1, b"gcn") for _ in range(limits.max_update_fields + 1))  # no entries, all headers
+    with pytest.raises(InvalidArgument, match="fields"):
+        check_update(many, limits)
+    # small messages are not read; a malformed one is left to protobuf's parse (INVALID_ARGUMENT there)
+    check_update(b"\xff" * 100, limits)
+    check_update(_field(4, _field(2, b"\x01" * 200_000))[:-1] + b"\xff\xff", WireLimits(max_update_size=300_000))
