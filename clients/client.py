@@ -63,8 +63,10 @@ class _ClientBase:
         self.backoff = opts.backoff if opts.backoff is not None else Backoff()
         self.max_nodes_per_call = opts.max_nodes_per_call
         # CANCELLED here comes from the server side: this SDK never cancels a call itself (a deadline is
-        # DEADLINE_EXCEEDED, an asyncio task's cancellation is not an RPC error), and a server that stops
-        # cancels the calls grpc-core accepted but had not yet handed to gnnserve
+        # DEADLINE_EXCEEDED, an asyncio task's cancellation is not an RPC error). A server that stops cancels
+        # the calls grpc-core accepted but had not yet handed to gnnserve, and under a flood far past capacity
+        # grpc-core may cancel calls waiting in its queues (docs/RELIABILITY.md, "Limits"); the two look the
+        # same, so both are retried like UNAVAILABLE: bounded by max_retries, the backoff and the deadline
         self.retry_codes = frozenset(
             {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
             | ({grpc.StatusCode.RESOURCE_EXHAUSTED} if opts.retry_resource_exhausted else set())

@@ -82,10 +82,15 @@ class ClientOptions:
         token: bearer token sent as ``authorization: Bearer <token>`` on every call.
         timeout: default deadline in seconds for each method call, covering every chunk and
             retry of the call (None = no deadline). Each method also takes ``timeout=``.
-        max_retries: retries after ``UNAVAILABLE``, or a ``CANCELLED`` from the server side (a server
-            that stops cancels the calls gRPC accepted but had not yet handed over; this SDK never cancels
-            a call itself) (0 = none); never for other codes unless ``retry_resource_exhausted`` adds
-            ``RESOURCE_EXHAUSTED``. An update is retried only with ``expect_graph_version``.
+        max_retries: retries after ``UNAVAILABLE``, or a ``CANCELLED`` from the server side (0 = none); never
+            for other codes unless ``retry_resource_exhausted`` adds ``RESOURCE_EXHAUSTED``. An update is
+            retried only with ``expect_graph_version``. This SDK never cancels a call itself, so a
+            ``CANCELLED`` comes from the server's gRPC: a server that stops cancels the calls it accepted but
+            had not yet handed over, and under a flood far past the server's capacity grpc-core may cancel
+            calls waiting in its own queues before ``--max-concurrent-rpcs`` refuses them (uncounted by the
+            server; docs/RELIABILITY.md, "Limits"). The two carry the same bare status, so both are retried,
+            within ``timeout`` and with ``backoff``: what a rolling restart needs; under overload it adds a few
+            spaced retries of the cancelled share. ``0`` sheds such calls at once instead.
         backoff: delays between retries (:class:`Backoff`: exponential with jitter).
         retry_resource_exhausted: also retry calls refused because the server's queue is full.
         channel_options: extra gRPC channel options (they override the client's own, e.g.

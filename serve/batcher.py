@@ -90,6 +90,9 @@ class DynamicBatcher:
             bound, beyond it ``submit`` raises ``Overloaded``.
         clock: monotonic clock in seconds (deadlines are on this clock).
         name: for logs and error messages.
+        on_queue: called with :attr:`queued_targets` on the event loop whenever the queue changed (an item
+            queued, a batch taken, items dropped for their deadline or a cancelled caller, the queue failed at
+            stop): a gauge of it never keeps a value the queue no longer has.
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class DynamicBatcher:
         process_inline: Callable[[list[WorkItem]], Sequence[Any]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         name: str = "batcher",
+        on_queue: Callable[[int], None] | None = None,
     ) -> None:
         if max_batch_targets < 1 or max_queue_targets < 1 or max_delay_s < 0 or inline_max_targets < 0:
             raise ValueError("max_batch_targets and max_queue_targets must be >= 1, max_delay_s and "
@@ -126,6 +130,7 @@ class DynamicBatcher:
         self._executor = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
         self._clock = clock
         self.name = name
+        self._on_queue = on_queue
         self._queue: collections.deque[WorkItem] = collections.deque()
         self._queued_targets = 0
         self._wakeup: asyncio.Event | None = None
@@ -172,6 +177,7 @@ class DynamicBatcher:
         self._queue.append(item)
         self._queued_targets += size
         self._queued_work += work
+        self._observe_queue()
         assert self._wakeup is not None
         self._wakeup.set()
         return await item.future
@@ -204,6 +210,15 @@ class DynamicBatcher:
             self._release(it)
             if not it.future.done():
                 it.future.set_exception(exc)
+        self._observe_queue()
+
+    def _observe_queue(self) -> None:
+        """Tell ``on_queue`` the queue's size now (a failing observer never stops the batching loop)."""
+        if self._on_queue is not None:
+            try:
+                self._on_queue(self._queued_targets)
+            except Exception:
+                log.exception("%s: observing the queue failed", self.name)
 
     def _take_batch(self) -> list[WorkItem]:
         """Pop the first live item and every later item with its key, up to the target limit."""
@@ -235,6 +250,7 @@ class DynamicBatcher:
             self._release(it)
         kept.extend(self._queue)
         self._queue = kept
+        self._observe_queue()
         return batch
 
     async def _hold_open(self, until: float) -> None:

@@ -17,6 +17,7 @@ __all__ = [
     "DataCorrupt",
     "DeadlineExceeded",
     "GnnServeError",
+    "GraphOutOfService",
     "InvalidArgument",
     "ModelNotFound",
     "Overloaded",
@@ -70,6 +71,16 @@ class ModelRefused(GnnServeError):
     """A model version on disk whose load failed for a reason retrying cannot mend (a damaged or mis-configured
     checkpoint, a dataset not found): out of service until its files change. Not UNAVAILABLE, which clients
     retry."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class GraphOutOfService(GnnServeError):
+    """The model's graph was taken out of service (serve.live ``LiveGraph.broken``: its update log lost records or
+    was replaced, an update failed half-way, storing refreshed PPR lists failed): it stays so until the server is
+    restarted (which replays the update log), so FAILED_PRECONDITION, which clients do not retry against this
+    server, not UNAVAILABLE (kept for causes that may pass). The server's health says NOT_SERVING meanwhile, so
+    that an orchestrator restarts it and a balancer sends the traffic elsewhere."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
 

@@ -33,6 +33,8 @@ import hashlib
 import hmac
 import logging
 import re
+import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -359,18 +361,53 @@ def bearer_token(value: str | bytes) -> bytes | None:
     return raw[m.end():]
 
 
+#: the least time between two WARNING lines about refused (unauthenticated) calls; each line counts the calls
+#: refused since the one before
+AUTH_LOG_INTERVAL_S = 60.0
+
+
 class BearerAuthInterceptor(aio.ServerInterceptor):
     """Requires ``authorization: Bearer <token>`` on every RPC but the health check ``Health/Check`` (the
     scheme in any case, one or more spaces or tabs before the token: :func:`bearer_token`). The streams a
     client holds open (``Health/Watch``, reflection) need it too: each counts against the server's limit of
-    RPCs at once, which anonymous streams could otherwise fill."""
+    RPCs at once, which anonymous streams could otherwise fill.
 
-    def __init__(self, token: str) -> None:
+    A refused call is counted in ``gnnserve_requests_total`` (``metrics``) with code UNAUTHENTICATED, model ""
+    (a client cannot make series by the names it sends) and its method, and logged rate-limited: one WARNING
+    line at most every ``log_interval_s`` seconds, with the number of calls refused since the last line and the
+    peer address and method of the latest one; never the token sent."""
+
+    def __init__(self, token: str, metrics: ServerMetrics | None = None, *,
+                 log_interval_s: float = AUTH_LOG_INTERVAL_S) -> None:
         if not token or not token.strip():
             raise ValueError("bearer token must be non-empty and not blank")
         # compared as SHA-256 digests with hmac.compare_digest: constant time in the content and,
         # unlike comparing the raw values, in the length of the expected token as well
         self._expected = hashlib.sha256(token.encode()).digest()
+        self._metrics = metrics
+        self._log_interval_s = float(log_interval_s)
+        self._refused_lock = threading.Lock()
+        self._refused = 0  # refused since the last WARNING line
+        self._next_line = 0.0  # time.monotonic() from which the next line may be written
+
+    def _refuse(self, method: str, context: aio.ServicerContext) -> None:
+        """Count and (rate-limited) log a call refused for its token (before the refusal leaves)."""
+        if self._metrics is not None:
+            self._metrics.count_request("", method, grpc.StatusCode.UNAUTHENTICATED.name)
+        now = time.monotonic()
+        with self._refused_lock:
+            self._refused += 1
+            if now < self._next_line:
+                return
+            n, self._refused, self._next_line = self._refused, 0, now + self._log_interval_s
+        try:
+            peer = context.peer()
+        except Exception:  # the peer is a courtesy: the count is what matters
+            peer = "an unknown peer"
+        log.warning("refused %d call(s) without a valid bearer token (missing, wrong or not 'Bearer <token>') since "
+                    "the last such line; the latest: %s from %s (at most one such line per %.0f s; "
+                    "gnnserve_requests_total{code=\"UNAUTHENTICATED\"} counts every one)", n, method, peer,
+                    self._log_interval_s)
 
     async def intercept_service(
         self,
@@ -389,17 +426,21 @@ class BearerAuthInterceptor(aio.ServerInterceptor):
         # never empty, so b"" never matches
         if hmac.compare_digest(hashlib.sha256(given or b"").digest(), self._expected) and given:
             return await continuation(handler_call_details)
+        del given  # never logged nor kept
         handler = await continuation(handler_call_details)
+        short = method.rsplit("/", 1)[-1]  # the method label of gnnserve_requests_total (a served method only)
 
         async def deny(request: Any, context: aio.ServicerContext, inner: Callable[..., Awaitable[Any]]) -> Any:
+            self._refuse(short, context)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
 
-        if handler is None:
+        if handler is None:  # no such method: UNIMPLEMENTED, not counted (its name is the client's)
             return handler
         if handler.unary_unary is not None:  # the body of an unauthenticated call is never parsed
             return _wrap_unary(handler, deny, _ignore_body)
 
         async def deny_stream(request_or_iterator: Any, context: aio.ServicerContext) -> Any:
+            self._refuse(short, context)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
 
         ser = {"request_deserializer": _ignore_body, "response_serializer": handler.response_serializer}

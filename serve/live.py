@@ -58,7 +58,15 @@ from kernels.datasets import remove_stale_tmp
 from kernels.graph_edit import valid_weights
 from kernels.update_warmup import warm_once
 
-from .errors import READ_ONLY_REFUSAL, GnnServeError, InvalidArgument, ReadOnly, Unavailable, detached
+from .errors import (
+    READ_ONLY_REFUSAL,
+    GnnServeError,
+    GraphOutOfService,
+    InvalidArgument,
+    ReadOnly,
+    Unavailable,
+    detached,
+)
 from .validation import feature_problem
 from .wire import update_size_error
 
@@ -572,9 +580,13 @@ class LiveGraph:
         self.label = data.fingerprint[:12]
         self._follower: threading.Thread | None = None
         self._stop = threading.Event()
-        #: why the graph can no longer be served: an update failed half-way (a bug); requests then fail
-        #: with UNAVAILABLE until a restart replays the log, never answer from a half-applied state
+        #: why the graph can no longer be served: an update failed half-way (a bug), its log lost records or
+        #: was replaced; requests then fail with FAILED_PRECONDITION (:class:`GraphOutOfService`) until a
+        #: restart replays the log, never answer from a half-applied or forked state
         self.broken: str | None = None
+        #: called (from whichever thread took the graph out of service) once :attr:`broken` is set: the
+        #: registry's ``on_change``, so that the server's health turns NOT_SERVING (serve.server)
+        self.on_out_of_service: Callable[[], None] | None = None
 
     # ---------------------------------------------------------------- models
     def wrap_index(self, idx: Any) -> Any:
@@ -619,7 +631,7 @@ class LiveGraph:
             return None
         if self.broken is not None:
             self.lock.release_read()
-            raise Unavailable(self.broken)
+            raise GraphOutOfService(self.broken)
         return self.version
 
     def end_read(self) -> None:
@@ -769,10 +781,20 @@ class LiveGraph:
 
     def _out_of_service(self, what: str, *, trace: bool = True) -> None:
         """Take the graph out of service after ``what`` left it half-changed or forked: every later request
-        for it is UNAVAILABLE with this message (``broken``), logged with the traceback being handled."""
-        self.broken = (f"graph {self.label}: {what}; this server no longer answers for this graph: restart it "
-                       "(it replays the update log)")
-        log.error("%s", self.broken, exc_info=trace)
+        for it is FAILED_PRECONDITION with this message (``broken``; :class:`GraphOutOfService`), logged with
+        the traceback being handled, and the server's health turns NOT_SERVING (:attr:`on_out_of_service`).
+        The first cause stays the one answered; a later one is logged only."""
+        why = (f"graph {self.label}: {what}; this server no longer answers for this graph: restart it "
+               "(it replays the update log)")
+        first = self.broken is None
+        if first:
+            self.broken = why
+        log.error("%s", why, exc_info=trace)
+        if first and self.on_out_of_service is not None:
+            try:
+                self.on_out_of_service()
+            except Exception:  # the graph is out of service whatever the health update does
+                log.exception("graph %s: the health update after taking it out of service failed", self.label)
 
     def _observe_stale(self) -> None:
         m = self.metrics
@@ -848,7 +870,7 @@ class LiveGraph:
             return
         if self.broken is not None:
             for t in tickets:
-                t.fail(Unavailable(self.broken))
+                t.fail(GraphOutOfService(self.broken))
             return
         try:
             try:
@@ -862,7 +884,7 @@ class LiveGraph:
                 if not self._forked(exc, "its update log no longer holds what this server applied"):
                     raise
                 for t in tickets:
-                    t.fail(Unavailable(self.broken or str(exc)))
+                    t.fail(GraphOutOfService(self.broken or str(exc)))
                 return
             rest = self._commit_group(tickets)
         except BaseException as exc:  # whatever went wrong, no caller is left waiting for an answer
@@ -950,7 +972,7 @@ class LiveGraph:
             inv = self._apply(group.parsed(), effect, version)
         except Exception:  # logged by _apply, which also took the graph out of service: no caller waits forever
             for t, _ in accepted:
-                t.fail(Unavailable(self.broken or f"graph update {version} failed; restart the server"))
+                t.fail(GraphOutOfService(self.broken or f"graph update {version} failed; restart the server"))
             return
         g = self.data.graph
         now = time.perf_counter()
@@ -1182,10 +1204,19 @@ class LiveGraph:
         """Whether the graph reaches ``version`` within ``timeout`` seconds (reading the log first:
         a missed follower message never leaves a replica answering from an older version). A version the
         log does not hold yet is refused at once (:class:`NotWritten`): an update is acknowledged only once
-        logged, so no client can have been told of it, and waiting for it would hold a thread for nothing."""
+        logged, so no client can have been told of it, and waiting for it would hold a thread for nothing.
+        A log that cannot be read the first time is :class:`Unavailable` (Redis unreachable: a cause that may
+        pass; a WARNING line with an incident id, no traceback), one that no longer holds what this graph
+        applied takes the graph out of service (:class:`GraphOutOfService`), as is a graph already out of it.
+        A log read is bounded by the log's own client (a hung Redis: about ``(retries + 1) * socket_timeout``,
+        serve.update_log), not by ``timeout``: the caller bounds its own wait (serve.servicer.reach_version)."""
+        from .update_log import UpdateLogUnavailable
+
         deadline = time.monotonic() + timeout
         first = True  # a failing log read is the caller's error the first time; later the wait goes on
         while self.version < version:
+            if self.broken is not None:  # the follower stopped: the version can never come
+                raise GraphOutOfService(self.broken)
             if self.log is not None:
                 try:
                     head = int(self.log.head())
@@ -1197,7 +1228,14 @@ class LiveGraph:
                                          f"ends at version {head} (a version comes from an UpdateGraph answer)")
                 except NotWritten:
                     raise
-                except Exception:
+                except UpdateLogUnavailable as exc:
+                    if first:
+                        raise Unavailable(self._unavailable(
+                            "cannot read the graph's update log to reach the requested graph version; retry with "
+                            "backoff", exc)) from None
+                except Exception as exc:
+                    if self._forked(exc, "its update log no longer holds what this server applied"):
+                        raise GraphOutOfService(self.broken or str(exc)) from None
                     if first:
                         raise
             first = False

@@ -7,9 +7,11 @@ Names follow Prometheus conventions (base units, ``_total`` counters):
 * ``gnnserve_batch_targets{model}``: targets per executed batch;
 * ``gnnserve_sampling_width{model}`` / ``gnnserve_ppr_budget{model}``: settings used per request;
 * ``gnnserve_requests_total{model, method, code}``: finished RPCs by status code (``model`` empty for
-  NOT_FOUND: a client's unknown names do not become series);
+  NOT_FOUND: a client's unknown names do not become series; and for the calls refused UNAUTHENTICATED for
+  their token, which ``serve.interceptors.BearerAuthInterceptor`` counts, streams included);
 * ``gnnserve_predictions_total{model}``: node predictions returned;
-* ``gnnserve_queue_targets{model}``: targets waiting in a model's batcher;
+* ``gnnserve_queue_targets{model}``: targets waiting in a model's batcher (set after every request's
+  outcome and whenever the batcher's loop changes its queue: back to 0 once an overload burst is over);
 * ``gnnserve_models_loaded``: model versions being served;
 * ``gnnserve_cache_lookups_total`` / ``gnnserve_cache_rows`` / ``gnnserve_cache_bytes``: the per-node
   caches of every model version (:class:`CacheCollector`).

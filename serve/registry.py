@@ -343,6 +343,19 @@ class ModelRegistry:
         return {f"model {rt.name} v{rt.version} lost {rt.device}" for vs in list(self._models.values())
                 for rt in list(vs.values()) if rt.lost_device}
 
+    def broken_graphs(self) -> dict[str, str]:
+        """The graphs taken out of service (serve.live ``LiveGraph.broken``: the update log lost records or was
+        replaced, an update failed half-way, storing refreshed PPR lists failed) that serve a model, as
+        ``{graph label: why}``: health reports NOT_SERVING while any is served (it lasts until a restart)."""
+        out: dict[str, str] = {}
+        for vs in list(self._models.values()):
+            for rt in list(vs.values()):
+                live = getattr(rt.data, "live", None)
+                why = getattr(live, "broken", None)
+                if why is not None:
+                    out[live.label] = why
+        return out
+
     def failures(self) -> dict[str, str]:
         return {str(p): reason for p, (_, reason) in self._failed.items()}
 
@@ -739,6 +752,8 @@ class ModelRegistry:
                               metrics=self.metrics, version=data.base_version, ppr_tolerance=o.ppr_refresh_tolerance,
                               ppr_eager_lists=None if o.ppr_eager_lists < 0 else o.ppr_eager_lists,
                               log_fsync=o.update_log_fsync)
+        # a graph taken out of service turns health NOT_SERVING (the server's update is thread-safe)
+        data.live.on_out_of_service = self.on_change
         if redis_url or getattr(update_log, "follow", False):
             data.live.follow()
         return data.live

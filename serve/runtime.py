@@ -57,7 +57,7 @@ from kernels.subgraph import (
 from models.base import carry_gcn_degrees, gcn_dinv32
 
 from .batcher import DynamicBatcher, WorkItem, WouldBlock
-from .errors import InvalidArgument, NonFiniteOutput, Overloaded, Unavailable
+from .errors import GraphOutOfService, InvalidArgument, NonFiniteOutput, Overloaded, Unavailable
 from .features.memory import MemoryFeatureStore
 from .metrics import ServerMetrics
 from .paths import PATH_NAMES, ServingPath, joined, paths_for
@@ -496,6 +496,7 @@ class ModelRuntime:
             process_inline=self._process_inline,
             max_queue_work=options.max_queue_work,
             name=f"{name}/v{version}",
+            on_queue=self._observe_queue,
         )
         self.stats = ModelStats()  # Triton's ModelStatistics (serve.stats): recorded in submit and process
         self.ready = False
@@ -751,10 +752,16 @@ class ModelRuntime:
         except BaseException:
             self.stats.failed(time.perf_counter_ns() - t0)
             raise
+        finally:  # whatever the outcome (a deadline drop, a full queue, a cancellation): the queue as it is now
+            self._observe_queue(self.batcher.queued_targets)
         self.stats.succeeded(call.size, time.perf_counter_ns() - t0, res.timing)
-        if self.server_metrics is not None:
-            self.server_metrics.set_queue(self.name, self.batcher.queued_targets)
         return res
+
+    def _observe_queue(self, targets: int) -> None:
+        """``gnnserve_queue_targets`` for this model: set after every submit's outcome and by the batcher
+        whenever its queue changes on its own (batches taken, items dropped for their deadline or cancelled)."""
+        if self.server_metrics is not None:
+            self.server_metrics.set_queue(self.name, targets)
 
     def _run_batch(self, blocking: bool, path: ServingPath | None, targets: np.ndarray, new_specs: list, width: int,
                    budget: int, want_emb: bool) -> tuple[str, Any]:
@@ -812,7 +819,7 @@ class ModelRuntime:
             path = self._path_for(targets, len(new_specs), width, budget)
         try:
             return path, path.run(targets, new_specs, width, budget, want_emb)
-        except (InvalidArgument, Overloaded, Unavailable):
+        except (InvalidArgument, Overloaded, Unavailable, GraphOutOfService):
             raise  # the request's or the server's state, not a fault of the path
         except Exception as exc:
             from kernels.resident import DeviceBusy, device_lost

@@ -143,8 +143,10 @@ class GnnServer:
         )
         CacheCollector(self.registry.snapshot, self.metrics.registry)
         interceptors: list[aio.ServerInterceptor] = []
-        if config.token is not None:
-            interceptors.append(BearerAuthInterceptor(config.token))
+        #: the token check (None without a token): refusals counted (gnnserve_requests_total) and logged there
+        self.auth = BearerAuthInterceptor(config.token, self.metrics) if config.token is not None else None
+        if self.auth is not None:
+            interceptors.append(self.auth)
         self.gate = DrainGate(self.metrics.inflight)
         rt_opts = config.runtime
         wire_limits = WireLimits(max_nodes=rt_opts.max_nodes_per_request,
@@ -180,6 +182,7 @@ class GnnServer:
         self._served = asyncio.Event()  # set once health first reports SERVING (a model loaded and warmed)
         self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop (health updates from threads)
         self._said_lost: set[str] = set()
+        self._said_broken: set[str] = set()  # graphs out of service already logged (once each, CRITICAL)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> int:
@@ -241,7 +244,7 @@ class GnnServer:
 
     def _update_health(self) -> None:
         """Schedule a health update: from the event loop, or from a worker thread (a model that lost its
-        device, ModelRuntime._device_lost)."""
+        device, ModelRuntime._device_lost; a graph taken out of service, LiveGraph._out_of_service)."""
         try:
             asyncio.get_running_loop().create_task(self._update_health_async())
             return
@@ -258,7 +261,12 @@ class GnnServer:
             log.critical("health NOT_SERVING: %s; restart the server (batches the compiled CPU paths take are "
                          "still answered)", what)
         self._said_lost |= lost
-        serving = self.registry.ready and self.gate.open and not lost
+        broken = self.registry.broken_graphs()
+        for label in broken.keys() - self._said_broken:
+            log.critical("health NOT_SERVING: %s (its models' requests get FAILED_PRECONDITION); restart the "
+                         "server", broken[label])
+        self._said_broken |= broken.keys()
+        serving = self.registry.ready and self.gate.open and not lost and not broken
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for svc in ("", GNN_SERVICE, TRITON_SERVICE):
             await self.health.set(svc, status)

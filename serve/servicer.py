@@ -8,7 +8,7 @@ import logging
 import os
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from grpc import aio
@@ -161,11 +161,33 @@ async def reach_version(rt: ModelRuntime, version: int, deadline: float | None) 
     def wait() -> bool:  # the time spent queued for a thread counts against the timeout
         return live.wait_for(version, max(0.0, end - time.monotonic()))
 
-    ok = await asyncio.get_running_loop().run_in_executor(_VERSION_WAITS, wait)
-    if not ok:
+    waiting = asyncio.get_running_loop().run_in_executor(_VERSION_WAITS, wait)
+    # a read of the update log is bounded by its client, not by the timeout (a hung Redis: its socket timeout
+    # times its attempts, about 3 s): the call is answered at the timeout all the same, and the thread finishes
+    # its read in the background (its outcome is dropped; asyncio.wait does not cancel it). So is a call cancelled
+    # meanwhile (its deadline passed)
+    waiting.add_done_callback(_drop_outcome)
+    done, _ = await asyncio.wait({waiting}, timeout=max(0.0, end - time.monotonic()) + _WAIT_SLACK_S)
+    if not done:
+        raise Unavailable(f"graph version {version} is not visible on this server yet (it is at {live.version}; "
+                          f"the wait did not end within {timeout:.2f} s: the graph's update log did not answer in "
+                          "time, or every waiting thread was busy); retry with backoff, or send the request to the "
+                          "server that took the update")
+    if not waiting.result():  # raises what the wait raised: Unavailable, NotWritten, GraphOutOfService
         raise Unavailable(f"graph version {version} is not visible on this server yet (it is at {live.version} "
                           f"after waiting {timeout:.2f} s); retry, or send the request to the server that took "
                           "the update")
+
+
+#: how long past its timeout a read-your-writes wait may take to say so itself before the call is answered without
+#: it (the wait's thread checks the time between log reads and 50 ms condition waits)
+_WAIT_SLACK_S = 0.1
+
+
+def _drop_outcome(fut: asyncio.Future[Any]) -> None:
+    """Retrieve a wait's outcome: no 'exception was never retrieved' line for a call answered without it."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 class GnnServicer(pb_grpc.GnnServiceServicer):

@@ -431,6 +431,51 @@ def test_deadline_and_cancellation_are_counted_as_such(tiny_repo):
         assert ok == 0
 
 
+def test_the_queue_gauge_is_current_after_deadline_drops_and_refusals(tiny_repo):
+    """``gnnserve_queue_targets`` follows the queue through an overload burst and is back to 0 once the queue
+    is empty. It was set only after a successful submit: a call that succeeded while others waited left their
+    targets in the gauge after those were dropped for their deadline (an operations report: 15 000 "targets
+    waiting" on an idle server). Here call A's batch waits in the worker for the graph's lock (held by the
+    test), five calls of 10 targets queue behind it until their deadline passes, a sixth is refused (queue
+    full); A then succeeds while the five are still queued, and the batcher drops them."""
+    opts = {"metrics_port": 0, "poll_s": 0,
+            "runtime_kw": {"max_delay_ms": 2500.0, "inline_max_targets": 0, "max_queue_targets": 64}}
+    with ServerThread(tiny_repo, opts) as srv, grpc.insecure_channel(srv.address) as ch:
+        stub = pbg.GnnServiceStub(ch)
+        port = srv.server.metrics_port
+        rt = srv.server.registry.get("gcn")
+
+        def gauge() -> float | None:
+            got = [v for lab, v in metric_samples(port, "gnnserve_queue_targets") if lab.get("model") == "gcn"]
+            return got[0] if got else None
+
+        def wait_gauge(value: float) -> None:
+            t_end = time.monotonic() + 60
+            while (seen := gauge()) != value:
+                assert time.monotonic() < t_end, f"gnnserve_queue_targets is {seen}, not {value}"
+                time.sleep(0.02)
+
+        with rt.data.live.lock.write():  # every batch waits in the worker for the graph's read lock
+            a = stub.Predict.future(pb.PredictRequest(model="gcn", nodes=[1], sampling_width=4), timeout=120)
+            t_end = time.monotonic() + 60
+            while not rt.batcher._running_batch:  # A's batch taken (after its hold), waiting for the lock
+                assert time.monotonic() < t_end, "A's batch never started"
+                time.sleep(0.01)
+            burst = [stub.Predict.future(pb.PredictRequest(model="gcn", nodes=list(range(10 * i, 10 * i + 10)),
+                                                           sampling_width=2), timeout=1.0) for i in range(5)]
+            wait_gauge(50.0)  # 5 x 10 targets queued behind A's batch
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Predict(pb.PredictRequest(model="gcn", nodes=list(range(100, 120)), sampling_width=2),
+                             timeout=30)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "queue full" in info.value.details()
+            for f in burst:
+                assert f.exception(timeout=60).code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert gauge() == 50.0  # still queued: dropped when the batcher next takes a batch
+        assert len(a.result(timeout=60).labels) == 1
+        wait_gauge(0.0)  # the five dropped: nothing waits
+        assert rt.batcher.queued_targets == 0 and rt.batcher.items_dropped == 5
+
+
 # ------------------------------------------------------------------------- 7. smaller items
 def test_not_found_names_a_bounded_number_of_models(tmp_path, tiny_repo):
     repo = tmp_path / "many"

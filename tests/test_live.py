@@ -474,10 +474,11 @@ def test_read_your_writes_and_refusals(server, tiny_dataset):
         assert c.predict("gcn", [0]).graph_version == 0
 
 
-def test_an_update_that_fails_half_way_answers_unavailable(server, tiny_dataset, monkeypatch):
+def test_an_update_that_fails_half_way_answers_failed_precondition(server, tiny_dataset, monkeypatch):
     """A fault while an update is applied (here a model's rebase raises) takes the graph out of service
-    loudly: the update's caller gets UNAVAILABLE at once (it used to wait forever), so do later updates and
-    predictions, each saying to restart (the update log replays it)."""
+    loudly: the update's caller gets FAILED_PRECONDITION at once (it used to wait forever, then got UNAVAILABLE,
+    which clients retry, for a state that lasts until a restart), so do later updates and predictions, each
+    saying to restart (the update log replays it), and health turns NOT_SERVING (it stayed SERVING)."""
     rt = server.server.registry.get("gcn")
 
     def broken(*args, **kwargs):
@@ -486,12 +487,24 @@ def test_an_update_that_fails_half_way_answers_unavailable(server, tiny_dataset,
     monkeypatch.setattr(rt, "prepare_rebase", broken)
     u, v = _non_neighbours(tiny_dataset, np.random.default_rng(3))
     with GnnClient(server.address, timeout=30) as c:
-        with pytest.raises(clients.UnavailableError, match=r"failed half-way.*restart"):
+        assert c.health() == "SERVING"
+        with pytest.raises(clients.FailedPreconditionError, match=r"failed half-way.*restart"):
             c.update_graph("gcn", add_edges=[(u, v)])
-        with pytest.raises(clients.UnavailableError, match="restart"):
+        with pytest.raises(clients.FailedPreconditionError, match="restart"):
             c.update_graph("gcn", add_edges=[(v, u)])
-        with pytest.raises(clients.UnavailableError, match="restart"):
+        with pytest.raises(clients.FailedPreconditionError, match="restart"):
             c.predict("gcn", [u])
+        _wait_for_health(c, "NOT_SERVING")
+
+
+def _wait_for_health(client, want: str, services=("",), timeout: float = 60) -> None:
+    """Poll the health of each of ``services`` until it is ``want`` (a health update is scheduled on the
+    server's loop from the thread that changed the state)."""
+    t_end = time.monotonic() + timeout
+    for svc in services:
+        while (got := client.health(svc, timeout=10)) != want:
+            assert time.monotonic() < t_end, f"health of {svc!r} is {got}, not {want}"
+            time.sleep(0.02)
 
 
 def test_derived_bounds_after_updates_equal_those_derived_from_scratch(server, tiny_dataset):
@@ -758,8 +771,8 @@ def test_two_replicas_over_one_redis_see_each_others_updates(redis_factory, base
 
 def test_an_update_after_redis_lost_the_log_is_answered_at_once(redis_factory, base_repo, tiny_dataset, tmp_path):
     """Redis loses the update log while a server runs (a FLUSHDB, a restart without persistence) and the next
-    UpdateGraph comes before anything else noticed: it is answered UNAVAILABLE at once (the graph has forked from
-    its log: the server takes it out of service, as its follower would), not left waiting for its deadline."""
+    UpdateGraph comes before anything else noticed: it is answered FAILED_PRECONDITION at once (the graph has forked
+    from its log: the server takes it out of service, as its follower would), not left waiting for its deadline."""
     from serve.features import load_features
 
     redis = redis_factory()
@@ -774,10 +787,90 @@ def test_an_update_after_redis_lost_the_log_is_answered_at_once(redis_factory, b
             r.close()
             for node in (2, 3):  # the first one met the lost log itself; the second finds the graph out of service
                 t0 = time.monotonic()
-                with pytest.raises(clients.UnavailableError) as info:
+                with pytest.raises(clients.FailedPreconditionError) as info:  # lasts until a restart: not retried
                     c.update_graph("gcn", features={node: np.zeros(f)}, timeout=60)
                 assert time.monotonic() - t0 < 20, "the update waited for its deadline"
                 assert "update log" in str(info.value), str(info.value)
+    finally:
+        srv.stop()
+
+
+def test_a_graph_out_of_service_turns_health_not_serving(redis_factory, base_repo, tiny_dataset, tmp_path, caplog):
+    """Redis loses the update log (FLUSHDB) under a server that took an update: its follower finds the log behind
+    the graph's version and takes the graph out of service. Health ("" and both services) then says NOT_SERVING,
+    logged once at CRITICAL (it stayed SERVING while every request failed: an operations report), and the
+    models on that graph answer FAILED_PRECONDITION saying to restart, Predict and UpdateGraph alike; a
+    read-your-writes wait for a later version too, at once."""
+    import grpc
+
+    from serve.features import load_features
+    from serve.server import GNN_SERVICE, TRITON_SERVICE
+
+    redis = redis_factory()
+    load_features(tiny_dataset, redis.url, progress=False)
+    srv = ServerThread(fresh_repo(base_repo, tmp_path / "r"), {"feature_url": redis.url, "poll_s": 0}).start()
+    try:
+        with GnnClient(srv.address, timeout=60) as c:
+            f = tiny_dataset.num_features
+            assert c.update_graph("gcn", features={1: np.zeros(f)}).graph_version == 1
+            assert c.health() == "SERVING"
+            r = redis.client()
+            r.flushdb()
+            r.close()
+            with caplog.at_level("CRITICAL", logger="serve.server"):
+                # nothing is sent: the follower notices by itself
+                _wait_for_health(c, "NOT_SERVING", ("", GNN_SERVICE, TRITON_SERVICE))
+                for m in ("gcn", "sage"):
+                    with pytest.raises(clients.FailedPreconditionError, match=r"no longer answers.*restart") as info:
+                        c.predict(m, [1, 2])
+                    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+                with pytest.raises(clients.FailedPreconditionError, match="restart"):
+                    c.update_graph("gcn", features={2: np.zeros(f)})
+                with pytest.raises(clients.FailedPreconditionError, match="restart"):
+                    c.predict("gcn", [1], min_graph_version=5)
+                assert c.health() == "NOT_SERVING"
+            said = [rec for rec in caplog.records if rec.name == "serve.server" and rec.levelname == "CRITICAL"]
+            assert len(said) == 1 and "health NOT_SERVING" in said[0].getMessage(), said
+            assert srv.server.registry.get("gcn").data.live.label in said[0].getMessage()
+    finally:
+        srv.stop()
+
+
+def test_read_your_writes_with_the_redis_log_down_is_unavailable(redis_factory, base_repo, tiny_dataset, tmp_path,
+                                                                 caplog):
+    """A Predict with min_graph_version ahead of the server while the Redis update log is down (redis-server
+    stopped: connection refused) answers UNAVAILABLE saying the update log cannot be read and to retry, logged as
+    one WARNING with its incident id and no traceback; it was INTERNAL with an ERROR traceback (the log client's
+    UpdateLogUnavailable escaped LiveGraph.wait_for). Health stays SERVING (a cause that may pass), and once
+    Redis is back the wait answers again."""
+    import grpc
+
+    from serve.features import load_features
+
+    redis = redis_factory(extra_args=("--appendonly", "yes", "--appendfsync", "always"))
+    load_features(tiny_dataset, redis.url, progress=False)
+    srv = ServerThread(fresh_repo(base_repo, tmp_path / "r"), {"feature_url": redis.url, "poll_s": 0}).start()
+    try:
+        with GnnClient(srv.address, timeout=60, max_retries=0) as c:
+            f = tiny_dataset.num_features
+            assert c.update_graph("gcn", features={1: np.zeros(f)}).graph_version == 1
+            redis.stop()
+            with caplog.at_level("WARNING"):
+                for version in (2, 1000):
+                    with pytest.raises(clients.UnavailableError) as info:
+                        c.predict("gcn", [1], min_graph_version=version)
+                    msg = str(info.value)
+                    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+                    assert "update log" in msg and "retry" in msg and "incident" in msg, msg
+                    assert str(redis.port) not in msg and "Error" not in msg, msg
+            loud = [(rec.name, rec.getMessage()) for rec in caplog.records
+                    if rec.exc_info or (rec.name == "serve.interceptors" and rec.levelno >= 40)]
+            assert not loud, loud  # no traceback, no "Predict failed unexpectedly"
+            assert any(rec.name == "serve.live" and "update log" in rec.getMessage() for rec in caplog.records)
+            assert c.health() == "SERVING"
+            redis.start()
+            assert c.update_graph("gcn", features={2: np.zeros(f)}).graph_version == 2
+            assert c.predict("gcn", [1], min_graph_version=2).graph_version == 2
     finally:
         srv.stop()
 

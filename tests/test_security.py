@@ -215,3 +215,45 @@ def test_no_secrets_in_the_log(secure):
     assert "feature store" in log.lower() or "redis" in log.lower()  # the log does talk about the store
     for secret in (TOKEN, "unguessable", REDIS_PASSWORD, REDIS_PASSWORD.replace("!", "%21"), "Kd83"):
         assert secret not in log, f"{secret!r} appears in the server log"
+
+
+def test_refused_calls_are_counted_and_logged_rate_limited(tiny_repo, caplog):
+    """Calls refused for a missing or wrong token are counted in gnnserve_requests_total (code UNAUTHENTICATED,
+    model "" whatever model they name, their method; streams too) and logged: one WARNING line at most per
+    interval, with the number of calls refused since the last one and the latest one's peer, never the token
+    sent. They used to leave no trace in the metrics or the log (an operations report)."""
+    from .serving import ServerThread, metric_samples
+
+    sent = "wrong-Zq81-token"
+    opts = {"token": "s3cret-Kd93-token", "metrics_port": 0, "poll_s": 0}
+    with caplog.at_level("WARNING", logger="serve.interceptors"), ServerThread(tiny_repo, opts) as srv, \
+            grpc.insecure_channel(srv.address) as ch:
+        port = srv.server.metrics_port
+        st = pbg.GnnServiceStub(ch)
+        refused = [
+            lambda: st.Predict(pb.PredictRequest(model="gcn", nodes=[1]), timeout=30),
+            lambda: st.Predict(pb.PredictRequest(model="made-up-name", nodes=[1]),
+                               metadata=(("authorization", f"Bearer {sent}"),), timeout=30),
+            lambda: st.ListModels(pb.ListModelsRequest(), metadata=(("authorization", sent),), timeout=30),
+            lambda: next(health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=""),
+                                                              timeout=30)),
+        ]
+        for call in refused:
+            with pytest.raises(grpc.RpcError) as ei:
+                call()
+            assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        md = (("authorization", "Bearer s3cret-Kd93-token"),)
+        st.Predict(pb.PredictRequest(model="gcn", nodes=[1]), metadata=md, timeout=30)  # counted OK, as before
+        samples = metric_samples(port, "gnnserve_requests_total")
+        unauth = {(lab["model"], lab["method"]): v for lab, v in samples if lab["code"] == "UNAUTHENTICATED"}
+        assert unauth == {("", "Predict"): 2.0, ("", "ListModels"): 1.0, ("", "Watch"): 1.0}, unauth
+        assert any(lab["code"] == "OK" and lab["model"] == "gcn" for lab, _ in samples)
+        lines = [r.getMessage() for r in caplog.records if "bearer token" in r.getMessage()]
+        assert len(lines) == 1, lines  # the first refusal is said at once, the next three wait for the interval
+        assert "refused 1 call" in lines[0] and "127.0.0.1" in lines[0] and "Predict" in lines[0], lines[0]
+        srv.server.auth._next_line = 0.0  # the interval is over: the next refusal says how many came since
+        with pytest.raises(grpc.RpcError):
+            st.ListModels(pb.ListModelsRequest(), timeout=30)
+        lines = [r.getMessage() for r in caplog.records if "bearer token" in r.getMessage()]
+        assert len(lines) == 2 and "refused 4 call" in lines[1] and "ListModels" in lines[1], lines
+        assert all(sent not in r.getMessage() and "s3cret" not in r.getMessage() for r in caplog.records)
