@@ -699,14 +699,17 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: pb.ServerReadyRequest, context: aio.ServicerContext) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.registry.ready)
+        # as gRPC health: not ready while a served model lost its device or a graph is out of service (a restart)
+        reg = self.registry
+        return pb.ServerReadyResponse(ready=reg.ready and not reg.lost_devices() and not reg.broken_graphs())
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: aio.ServicerContext) -> pb.ModelReadyResponse:
         try:
-            self.registry.get(request.name, request.version)
+            rt = self.registry.get(request.name, request.version)
         except (ModelNotFound, Unavailable):
             return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=True)
+        live = getattr(rt.data, "live", None)  # a graph out of service answers every request FAILED_PRECONDITION
+        return pb.ModelReadyResponse(ready=not rt.lost_device and getattr(live, "broken", None) is None)
 
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: aio.ServicerContext

@@ -800,7 +800,7 @@ def test_a_graph_out_of_service_turns_health_not_serving(redis_factory, base_rep
     the graph's version and takes the graph out of service. Health ("" and both services) then says NOT_SERVING,
     logged once at CRITICAL (it stayed SERVING while every request failed: an operations report), and the
     models on that graph answer FAILED_PRECONDITION saying to restart, Predict and UpdateGraph alike; a
-    read-your-writes wait for a later version too, at once."""
+    read-your-writes wait for a later version too, at once. KServe's ServerReady and ModelReady say not ready."""
     import grpc
 
     from serve.features import load_features
@@ -829,6 +829,16 @@ def test_a_graph_out_of_service_turns_health_not_serving(redis_factory, base_rep
                 with pytest.raises(clients.FailedPreconditionError, match="restart"):
                     c.predict("gcn", [1], min_graph_version=5)
                 assert c.health() == "NOT_SERVING"
+                # the KServe readiness calls say so too (they said ready)
+                from clients._gen import inference_pb2 as ipb
+                from clients._gen import inference_pb2_grpc as ipbg
+
+                with grpc.insecure_channel(srv.address) as ch:
+                    kserve = ipbg.GRPCInferenceServiceStub(ch)
+                    assert not kserve.ServerReady(ipb.ServerReadyRequest(), timeout=30).ready
+                    for m in ("gcn", "sage"):
+                        assert not kserve.ModelReady(ipb.ModelReadyRequest(name=m), timeout=30).ready
+                    assert kserve.ServerLive(ipb.ServerLiveRequest(), timeout=30).live
             said = [rec for rec in caplog.records if rec.name == "serve.server" and rec.levelname == "CRITICAL"]
             assert len(said) == 1 and "health NOT_SERVING" in said[0].getMessage(), said
             assert srv.server.registry.get("gcn").data.live.label in said[0].getMessage()
