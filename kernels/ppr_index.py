@@ -236,14 +236,15 @@ class PPRIndex:
 
     def ensure_induced(
         self, graph: CSRGraph, *, max_bytes: int = 1 << 30, k: int | None = None, progress: bool = False,
-        stop: threading.Event | None = None,
+        stop: threading.Event | None = None, limit_name: str = "limit",
     ) -> bool:
         """Attach the induced subgraph of every node's top-``k`` list (default ``k_max``), building it if needed.
 
         A saved index keeps the table beside its lists (``induced_*`` files, recorded in
         ``meta.json``) and memory-maps it on later calls. Refused (``False``, logged) when the
         estimate from 256 sampled nodes exceeds ``max_bytes``: batches are then induced from the
-        graph as before. Returns whether a table is attached. ``stop`` (set from another thread)
+        graph as before (the log line names the limit ``limit_name``, a server's flag). Returns whether a table is
+        attached. ``stop`` (set from another thread)
         abandons a build between chunks (:class:`kernels.subgraph.BuildStopped`); lookups may run
         meanwhile: the table is attached in one assignment once complete.
         """
@@ -261,8 +262,8 @@ class PPRIndex:
         per_edge = 8 if graph.is_weighted else 4
         est = induced_batch(graph, ptr, nodes).graph.num_edges / len(sample) * n * per_edge + 8 * (n + 1)
         if est > max_bytes:
-            log.info("induced table for k=%d skipped: about %.0f MiB > limit %.0f MiB", k, est / 2**20,
-                     max_bytes / 2**20)  # fmt: skip
+            log.info("induced table for k=%d skipped: about %.0f MiB > %s %.0f MiB (a larger one builds it)", k,
+                     est / 2**20, limit_name, max_bytes / 2**20)  # fmt: skip
             return False
         t0 = time.perf_counter()
         log.info("building the induced table for k=%d of %d nodes (about %.0f MiB; saved beside the index)", k, n,

@@ -213,15 +213,22 @@ DEFAULT_ACTIVATION_BYTES = 256 << 20
 AUTO_SHARE = 0.6
 
 
+#: the room ``auto`` budgets leave a live graph to grow in: tables for ``1 / AUTO_GROWTH`` more nodes than the
+#: checkpoint's graph has. Without it a server restarted after an update had added 4 nodes to a 2 M-node graph found
+#: no room for its first-layer table (514,001,028 bytes against a budget of 514,000,000), dropped the table whole and
+#: answered 500-node batches in 18-19 ms against 6.9 (a new user's report, 2026-11-29)
+AUTO_GROWTH = 16
+
+
 def _table_sizes(repo: Path) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """``(projection tables, first-layer tables)``: ``(tag, bytes)`` per checkpoint (:func:`_tables`), the latter for
-    plain 2-layer models."""
+    plain 2-layer models, each with room for :data:`AUTO_GROWTH`'s share of new nodes."""
     proj, act = [], []
     for tag, conf in _checkpoints(repo):
         _n, _p, table, first_layer = _tables(conf)
-        proj.append((tag, table))
+        proj.append((tag, table + table // AUTO_GROWTH))
         if first_layer is not None:
-            act.append((tag, first_layer))
+            act.append((tag, first_layer + first_layer // AUTO_GROWTH))
     return proj, act
 
 
@@ -230,7 +237,8 @@ def resolve_auto_budgets(args: Any) -> list[str]:
 
     ``auto`` (the default of both) sizes the budget to the repository's graphs: ``--projection-cache-bytes`` to the
     largest model's projection table (``N x P x 4``) and ``--activation-cache-bytes`` to one first-layer table of the
-    largest plain 2-layer model (``N x (4 hidden + 1)``), never below the fixed defaults (2 GiB, 256 MiB), when every
+    largest plain 2-layer model (``N x (4 hidden + 1)``), both with room for ``N / AUTO_GROWTH`` nodes more (updates
+    add nodes), never below the fixed defaults (2 GiB, 256 MiB), when every
     model's tables fit, with the graph, features, indexes and other budgets :func:`estimate` counts (times
     ``--processes``), in :data:`AUTO_SHARE` of the machine's memory; otherwise the fixed default. Why: with the fixed
     defaults a 10 M-node GCN kept neither table (2.56 and 2.57 GB) and answered one node in 4.9 ms p50 against 2.7

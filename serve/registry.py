@@ -649,7 +649,7 @@ class ModelRegistry:
         if wait is None:  # a resident shaDow path is chosen at load and needs the table then
             wait = torch.device(self.options.device).type != "cpu" or bool(self.options.resident)
         if wait:
-            idx.ensure_induced(graph, max_bytes=max_bytes)
+            idx.ensure_induced(graph, max_bytes=max_bytes, limit_name="--induced-table-bytes")
             return
         th = threading.Thread(target=self._build_induced, args=(idx, graph, max_bytes),
                               name="gnnserve-induced-table", daemon=True)
@@ -664,7 +664,8 @@ class ModelRegistry:
                  "induced from the graph (same answers, more work per batch; --induced-table-wait waits instead)", name)
         t0 = time.perf_counter()
         try:
-            if idx.ensure_induced(graph, max_bytes=max_bytes, progress=True, stop=self._stop_builds):
+            if idx.ensure_induced(graph, max_bytes=max_bytes, progress=True, stop=self._stop_builds,
+                                  limit_name="--induced-table-bytes"):
                 log.info("PPR index %s: induced table ready after %.1f s; shaDow batches read it from now on", name,
                          time.perf_counter() - t0)
         except BuildStopped:

@@ -622,13 +622,16 @@ def test_prefetch_advises_the_mapped_files(sbm, tmp_path):
     assert LivePPRIndex(idx).prefetch() == got
 
 
-def test_induced_table_is_saved_reopened_and_refused_when_too_big(sbm, tmp_path, monkeypatch):
+def test_induced_table_is_saved_reopened_and_refused_when_too_big(sbm, tmp_path, monkeypatch, caplog):
     from kernels.subgraph import InducedTable
 
     cfg = PPRConfig(eps=1e-4, topk=30)
     idx = PPRIndex.open_or_build(tmp_path, sbm, cfg, progress=False)
-    assert not idx.ensure_induced(sbm, max_bytes=1000)  # estimate above the limit: no table
+    with caplog.at_level("INFO", logger="kernels.ppr_index"):
+        assert not idx.ensure_induced(sbm, max_bytes=1000, limit_name="--induced-table-bytes")  # above the limit
     assert idx.induced is None
+    # the line names the flag that would build it (a new user saw "> limit 1024 MiB" and no flag)
+    assert any("skipped" in r.getMessage() and "--induced-table-bytes" in r.getMessage() for r in caplog.records)
     assert idx.ensure_induced(sbm)
     meta = json.loads((idx.path / "meta.json").read_text())
     assert meta["induced"]["k"] == 30 and meta["induced"]["edges"] == len(idx.induced.src)
