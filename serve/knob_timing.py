@@ -302,15 +302,17 @@ def _after_train(staged: Path, ds: Any, args: argparse.Namespace) -> None:
     so serving does not build it again."""
     import torch
 
+    from .memory_budget import checkpoint_budgets
     from .runtime import RuntimeOptions
 
     device = "cuda" if str(args.device).startswith("cuda") and torch.cuda.is_available() else "cpu"
-    log.info("knob timing: re-timing the checkpoint for %s (staged at %s) on the served path (%s) ...", args.out,
-             staged, device)
+    proj, act = checkpoint_budgets(staged)  # as `gnnserve serve` sizes them by default (auto)
+    log.info("knob timing: re-timing the checkpoint for %s (staged at %s) on the served path (%s; cache budgets "
+             "%s and %s bytes, as a server's auto) ...", args.out, staged, device, f"{proj:,}", f"{act:,}")
     t0 = time.perf_counter()
     retime_knobs(staged, ds, nodes=int(args.knob_latency_nodes), seed=int(args.seed),
-                 options=RuntimeOptions(device=device), ppr_cache_dir=_default_ppr_cache(Path(args.out)),
-                 progress=not args.no_progress)
+                 options=RuntimeOptions(device=device, projection_budget_bytes=proj, activation_budget_bytes=act),
+                 ppr_cache_dir=_default_ppr_cache(Path(args.out)), progress=not args.no_progress)
     log.info("knob timing: done in %.1f s", time.perf_counter() - t0)
 
 

@@ -232,6 +232,22 @@ def _table_sizes(repo: Path) -> tuple[list[tuple[str, int]], list[tuple[str, int
     return proj, act
 
 
+def checkpoint_budgets(checkpoint: str | os.PathLike[str]) -> tuple[int, int]:
+    """``(projection, first-layer)`` cache budgets for timing one checkpoint as ``auto`` serves it (``gnnserve
+    train``'s knob re-timing, serve.knob_timing): its tables with room to grow (:data:`AUTO_GROWTH`), never below the
+    fixed defaults, when both fit in :data:`AUTO_SHARE` of the machine's memory; else the defaults. (With the fixed
+    budgets a 2 M-node GCN's knob table was timed without the 514 MB first-layer table its server holds: a new
+    user's report.)"""
+    conf = json.loads((Path(checkpoint) / "config.json").read_text())
+    _n, _p, table, first_layer = _tables(conf)
+    proj = max(DEFAULT_PROJECTION_BYTES, table + table // AUTO_GROWTH)
+    act = max(DEFAULT_ACTIVATION_BYTES, (first_layer or 0) + (first_layer or 0) // AUTO_GROWTH)
+    mem = machine_memory_bytes()
+    if mem is None or proj + act > AUTO_SHARE * mem:
+        return DEFAULT_PROJECTION_BYTES, DEFAULT_ACTIVATION_BYTES
+    return proj, act
+
+
 def resolve_auto_budgets(args: Any) -> list[str]:
     """Turn ``auto`` cache budgets in ``args`` into bytes; the lines saying what was chosen (for the log).
 

@@ -206,3 +206,26 @@ def test_a_budget_that_is_neither_bytes_nor_auto_is_refused(repo: Path) -> None:
     assert res.returncode == 2 and "neither a number of bytes nor 'auto'" in res.stderr
     res = _run("--repo", str(repo), "--port", "0", "--activation-cache-bytes", "-5")
     assert res.returncode == 2 and "--activation-cache-bytes must be >= 0" in res.stderr
+
+
+def test_a_checkpoint_is_timed_with_the_budgets_a_server_of_it_takes(repo: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gnnserve train``'s knob re-timing sizes its caches as ``auto`` serves the checkpoint: a 10 M-node GCN's
+    tables (with room to grow) on a machine with room for them, the fixed defaults on one without, and on a small
+    graph (a 2 M-node GCN's knob table was timed without the first-layer table its server holds: a new user's
+    report)."""
+    import serve.memory_budget as mb
+
+    conf = json.loads((repo / "m" / "1" / "config.json").read_text())
+    hidden = conf["model"]["hidden"]
+    n = 10_000_000
+    big = _big_repo(tmp_path, repo, n)
+    ckpt = next(p.parent for p in big.glob("*/*/config.json"))
+    monkeypatch.setattr(mb, "machine_memory_bytes", lambda: 256 << 30)
+    proj, act = mb.checkpoint_budgets(ckpt)
+    assert act == n * (4 * hidden + 1) + n * (4 * hidden + 1) // mb.AUTO_GROWTH
+    assert proj == n * hidden * 4 + n * hidden * 4 // mb.AUTO_GROWTH
+    monkeypatch.setattr(mb, "machine_memory_bytes", lambda: 6 << 30)
+    assert mb.checkpoint_budgets(ckpt) == (2 << 30, 256 << 20)
+    monkeypatch.setattr(mb, "machine_memory_bytes", lambda: 256 << 30)
+    assert mb.checkpoint_budgets(repo / "m" / "1") == (2 << 30, 256 << 20)
