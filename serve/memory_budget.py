@@ -220,15 +220,20 @@ AUTO_SHARE = 0.6
 AUTO_GROWTH = 16
 
 
+def _grown(table_bytes: int) -> int:
+    """A table's bytes with room for :data:`AUTO_GROWTH`'s share of new nodes."""
+    return table_bytes + table_bytes // AUTO_GROWTH
+
+
 def _table_sizes(repo: Path) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """``(projection tables, first-layer tables)``: ``(tag, bytes)`` per checkpoint (:func:`_tables`), the latter for
     plain 2-layer models, each with room for :data:`AUTO_GROWTH`'s share of new nodes."""
     proj, act = [], []
     for tag, conf in _checkpoints(repo):
         _n, _p, table, first_layer = _tables(conf)
-        proj.append((tag, table + table // AUTO_GROWTH))
+        proj.append((tag, _grown(table)))
         if first_layer is not None:
-            act.append((tag, first_layer + first_layer // AUTO_GROWTH))
+            act.append((tag, _grown(first_layer)))
     return proj, act
 
 
@@ -240,8 +245,8 @@ def checkpoint_budgets(checkpoint: str | os.PathLike[str]) -> tuple[int, int]:
     user's report.)"""
     conf = json.loads((Path(checkpoint) / "config.json").read_text())
     _n, _p, table, first_layer = _tables(conf)
-    proj = max(DEFAULT_PROJECTION_BYTES, table + table // AUTO_GROWTH)
-    act = max(DEFAULT_ACTIVATION_BYTES, (first_layer or 0) + (first_layer or 0) // AUTO_GROWTH)
+    proj = max(DEFAULT_PROJECTION_BYTES, _grown(table))
+    act = max(DEFAULT_ACTIVATION_BYTES, _grown(first_layer or 0))
     mem = machine_memory_bytes()
     if mem is None or proj + act > AUTO_SHARE * mem:
         return DEFAULT_PROJECTION_BYTES, DEFAULT_ACTIVATION_BYTES
