@@ -80,6 +80,10 @@ __all__ = ["LiveFeatures", "LiveGraph", "ParsedUpdate", "RWLock", "ReadOnly", "U
 log = logging.getLogger(__name__)
 
 
+#: why a graph whose update log no longer holds what it applied is out of service (``LiveGraph._forked``)
+_LOG_FORKED = "its update log no longer holds what this server applied"
+
+
 class NotWritten(GnnServeError):
     """A read-your-writes version that no server has written (:meth:`LiveGraph.wait_for`): FAILED_PRECONDITION,
     which clients do not retry (it was UNAVAILABLE, and the SDK and CLI tried 4 times for nothing; a QA report):
@@ -881,7 +885,7 @@ class LiveGraph:
                     t.fail(exc)
                 return
             except Exception as exc:
-                if not self._forked(exc, "its update log no longer holds what this server applied"):
+                if not self._forked(exc, _LOG_FORKED):
                     raise
                 for t in tickets:
                     t.fail(GraphOutOfService(self.broken or str(exc)))
@@ -1234,7 +1238,7 @@ class LiveGraph:
                             "cannot read the graph's update log to reach the requested graph version; retry with "
                             "backoff", exc)) from None
                 except Exception as exc:
-                    if self._forked(exc, "its update log no longer holds what this server applied"):
+                    if self._forked(exc, _LOG_FORKED):
                         raise GraphOutOfService(self.broken or str(exc)) from None
                     if first:
                         raise

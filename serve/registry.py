@@ -110,6 +110,15 @@ def _shown(name: str) -> str:
     return f"{name[:SHOWN_NAME_CHARS]!r}... ({len(name)} characters)"
 
 
+def version_not_in_repository(name: str, version: str, *, loading: bool) -> ModelNotFound:
+    """The NOT_FOUND of a repository load (``loading``) or unload of model ``name`` at a version (as shown:
+    ``version``) the repository does not hold (:meth:`ModelRegistry.load` / :meth:`ModelRegistry.unload`, and
+    serve.triton for a version of more digits than any directory name)."""
+    if loading:
+        return ModelNotFound(f"model {_shown(name)} version {version} is not in the repository")
+    return ModelNotFound(f"model {_shown(name)} has no version {version} in the repository")
+
+
 def _in_daemon_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
     """Run ``fn(*args)`` in a new daemon thread; its result as a future of ``loop``.
 
@@ -350,10 +359,9 @@ class ModelRegistry:
         out: dict[str, str] = {}
         for vs in list(self._models.values()):
             for rt in list(vs.values()):
-                live = getattr(rt.data, "live", None)
-                why = getattr(live, "broken", None)
+                why = rt.graph_out_of_service
                 if why is not None:
-                    out[live.label] = why
+                    out[rt.data.live.label] = why
         return out
 
     def failures(self) -> dict[str, str]:
@@ -416,7 +424,7 @@ class ModelRegistry:
                 gone = sorted(served)
             else:
                 if version not in served and version not in on_disk:
-                    raise ModelNotFound(f"model {_shown(name)} has no version {version} in the repository")
+                    raise version_not_in_repository(name, str(version), loading=False)
                 self._held.add((name, version))
                 gone = [version] if version in served else []
             for v in gone:
@@ -434,8 +442,9 @@ class ModelRegistry:
         async with self._control:
             on_disk = self.scan().get(name, {})
             if not on_disk or (version is not None and version not in on_disk):
-                what = f"model {_shown(name)}" + (f" version {version}" if version is not None else "")
-                raise ModelNotFound(f"{what} is not in the repository")
+                if version is not None:
+                    raise version_not_in_repository(name, str(version), loading=True)
+                raise ModelNotFound(f"model {_shown(name)} is not in the repository")
             if version is None:
                 self._held = {h for h in self._held if h[0] != name}
             else:

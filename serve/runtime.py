@@ -519,6 +519,13 @@ class ModelRuntime:
             self.gpu_min_targets = self.gpu_min_targets_exact = self.fused_max_targets = math.inf
 
     @property
+    def graph_out_of_service(self) -> str | None:
+        """Why this model's graph was taken out of service (serve.live ``LiveGraph.broken``: every request for it
+        fails until a restart), or None."""
+        live = self.data.live
+        return None if live is None else live.broken
+
+    @property
     def _fused_head(self) -> bool:
         """Whether the resident path answers with one kernel launch now (a plain model's last layer,
         kernels.resident_head; a shaDow model's whole batch, kernels.shadow_block): it turns off for good
@@ -752,14 +759,12 @@ class ModelRuntime:
         except BaseException:
             self.stats.failed(time.perf_counter_ns() - t0)
             raise
-        finally:  # whatever the outcome (a deadline drop, a full queue, a cancellation): the queue as it is now
-            self._observe_queue(self.batcher.queued_targets)
         self.stats.succeeded(call.size, time.perf_counter_ns() - t0, res.timing)
         return res
 
     def _observe_queue(self, targets: int) -> None:
-        """``gnnserve_queue_targets`` for this model: set after every submit's outcome and by the batcher
-        whenever its queue changes on its own (batches taken, items dropped for their deadline or cancelled)."""
+        """``gnnserve_queue_targets`` for this model: set by the batcher whenever its queue changes (an item
+        queued, a batch taken, items dropped for their deadline or cancelled, the queue failed at stop)."""
         if self.server_metrics is not None:
             self.server_metrics.set_queue(self.name, targets)
 

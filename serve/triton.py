@@ -106,7 +106,7 @@ from clients._gen import inference_pb2_grpc as pb_grpc
 
 from .errors import GnnServeError, InvalidArgument, ModelNotFound, Unavailable
 from .interceptors import bounded, error_status, unparsed_reason
-from .registry import RepositoryError, _shown
+from .registry import RepositoryError, _shown, version_not_in_repository
 from .servicer import deadline_of, reach_version
 from .validation import MAX_REQUEST_ID, knob_range_error, knob_rule, validate_predict
 from .wire import INPUT, NEW_COUNTS, NEW_FEATURES, NEW_NEIGHBORS, NEW_WEIGHTS  # the input names
@@ -193,6 +193,11 @@ def _int_param(name: str, p: pb.InferParameter) -> int:
     [:data:`INT_PARAM_MIN`, :data:`INT_PARAM_MAX`]. Anything else is INVALID_ARGUMENT ``must be an integer``;
     the range of each parameter is the caller's to check (and to state: :func:`_knob_param`)."""
     v = _param_value(p)
+
+    def out_of_range(shown: str) -> InvalidArgument:
+        return InvalidArgument(f"parameter {name} must be an integer from {INT_PARAM_MIN} to {INT_PARAM_MAX}, "
+                               f"got {shown}")
+
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise InvalidArgument(f"parameter {name} must be {_INT_RULE}, got {_shown_value(v)}")
     if isinstance(v, int):  # the int64 and uint64 fields: within the range by their width
@@ -201,20 +206,17 @@ def _int_param(name: str, p: pb.InferParameter) -> int:
         if not v.is_integer():  # also NaN and infinities
             raise InvalidArgument(f"parameter {name} must be {_INT_RULE}, got {v!r}")
         if not INT_PARAM_MIN <= v <= INT_PARAM_MAX:
-            raise InvalidArgument(f"parameter {name} must be an integer from {INT_PARAM_MIN} to {INT_PARAM_MAX}, "
-                                  f"got {v!r}")
+            raise out_of_range(repr(v))
         return int(v)
     if _INT_TEXT.fullmatch(v) is None:
         raise InvalidArgument(f"parameter {name} must be {_INT_RULE} (an optional '-' in front, nothing else), "
                               f"got {_shown_value(v)}")
     digits = v.lstrip("-").lstrip("0") or "0"  # int() counts leading zeros in its limit of 4300 digits
     if len(digits) > len(str(INT_PARAM_MAX)):  # out of range: refused before int() reads it
-        raise InvalidArgument(f"parameter {name} must be an integer from {INT_PARAM_MIN} to {INT_PARAM_MAX}, "
-                              f"got {_shown_value(v)}")
+        raise out_of_range(_shown_value(v))
     n = -int(digits) if v.startswith("-") else int(digits)
     if not INT_PARAM_MIN <= n <= INT_PARAM_MAX:
-        raise InvalidArgument(f"parameter {name} must be an integer from {INT_PARAM_MIN} to {INT_PARAM_MAX}, "
-                              f"got {v!r}")
+        raise out_of_range(repr(v))
     return n
 
 
@@ -495,10 +497,7 @@ def _version_param(params: Any, model_name: str, rpc: str) -> int | None:
     if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, str) and v.isascii() and v.isdigit())):
         raise InvalidArgument(f"parameter version must be a positive integer, got {str(v)[:32]!r}")
     if isinstance(v, str) and len(v.lstrip("0")) > MAX_VERSION_DIGITS:
-        shown = _shown(v)
-        raise ModelNotFound(f"model {_shown(model_name)} version {shown} is not in the repository" if rpc ==
-                            "RepositoryModelLoad" else f"model {_shown(model_name)} has no version {shown} in the "
-                            "repository")
+        raise version_not_in_repository(model_name, _shown(v), loading=rpc == "RepositoryModelLoad")
     n = v if isinstance(v, int) else int(v.lstrip("0") or "0")  # int() counts leading zeros in its digit limit
     if n < 1:
         raise InvalidArgument(f"parameter version must be a positive integer, got {str(v)[:32]!r}")
@@ -708,8 +707,8 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
             rt = self.registry.get(request.name, request.version)
         except (ModelNotFound, Unavailable):
             return pb.ModelReadyResponse(ready=False)
-        live = getattr(rt.data, "live", None)  # a graph out of service answers every request FAILED_PRECONDITION
-        return pb.ModelReadyResponse(ready=not rt.lost_device and getattr(live, "broken", None) is None)
+        # a graph out of service answers every request FAILED_PRECONDITION
+        return pb.ModelReadyResponse(ready=not rt.lost_device and rt.graph_out_of_service is None)
 
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: aio.ServicerContext
