@@ -409,7 +409,7 @@ def load_synthetic(
                 log.info("synthetic %d nodes: about %.1f GiB in memory against %.1f GiB available: "
                          "out of core, memory-mapped from the cache", num_nodes, need / 2**30, avail / 2**30)
     if not out_of_core:
-        return synthetic_sbm(num_nodes, **kwargs)
+        return synthetic_sbm(num_nodes, progress=progress, **kwargs)
     d = synthetic_cache_dir(num_nodes, cache_dir, **kwargs)
     reused = _synthetic_dir_matches(d, _synthetic_params(num_nodes, kwargs))
     t0 = time.perf_counter()
@@ -586,6 +586,7 @@ def synthetic_sbm(
     val_fraction: float = 0.1,
     seed: int = 0,
     name: str | None = None,
+    progress: bool | None = None,
 ) -> GraphDataset:
     """Degree-skewed stochastic block model with class-correlated features (deterministic per seed).
 
@@ -604,6 +605,9 @@ def synthetic_sbm(
         feature_signal: scale of the class centroid against unit Gaussian noise.
         train_per_class, val_fraction: split sizes; every other node is a test node.
         seed: NumPy seed; the same arguments give byte-identical datasets.
+        progress: tqdm bars on stderr while the edges and the features are drawn (``None``: only on a
+            terminal); every step also logs a line with its time (logger ``kernels.datasets``), the CSR
+            build (one SciPy conversion, no bar) a line before it starts.
     """
     if num_nodes < num_classes * 2:
         raise ValueError(f"num_nodes={num_nodes} is too small for {num_classes} classes")
@@ -612,25 +616,35 @@ def synthetic_sbm(
     model = _sbm_model(rng, num_nodes, num_classes, power)
     n, c, y = model.n, model.c, model.y
     m_total = round(n * avg_degree / 2)  # undirected edges to draw
+    log.info("synthetic %d nodes: drawing %d edges ...", n, m_total)
     srcs, dsts = [], []
-    for src, dst in _sbm_edge_chunks(rng, model, m_total, p_in):
-        srcs.append(src)
-        dsts.append(dst)
+    with _bar(m_total, "draw edges", progress, "edge") as bar:
+        for src, dst in _sbm_edge_chunks(rng, model, m_total, p_in):
+            srcs.append(src)
+            dsts.append(dst)
+            bar.update(len(src))
     del model
     src = np.concatenate(srcs) if srcs else np.zeros(0, dtype=np.int64)
     dst = np.concatenate(dsts) if dsts else np.zeros(0, dtype=np.int64)
     del srcs, dsts
     t_graph = time.perf_counter()
+    log.info("synthetic %d nodes: %d edges drawn in %.1f s; building the CSR graph (both directions, "
+             "deduplicated) ...", n, m_total, t_graph - t_start)
     graph = CSRGraph.from_edge_index(np.stack([src, dst]), num_nodes=n, symmetrize=True, remove_self_loops=True)
     del src, dst
     built = time.perf_counter() - t_graph
     log.info("synthetic graph: %d nodes, %d edges drawn, CSR of %d edges built in %.1f s", n, m_total,
              graph.num_edges, built)
 
+    t_feat = time.perf_counter()
     x = np.empty((n, num_features), dtype=np.float32)
-    for start, stop, block in _sbm_feature_chunks(rng, y, c, num_features, feature_signal):
-        x[start:stop] = block
+    with _bar(n, "features", progress, "node") as bar:
+        for start, stop, block in _sbm_feature_chunks(rng, y, c, num_features, feature_signal):
+            x[start:stop] = block
+            bar.update(stop - start)
     train_mask, val_mask, test_mask = _sbm_masks(rng, y, c, train_per_class, val_fraction)
+    log.info("synthetic %d nodes: features %d x %d, labels and splits drawn in %.1f s", n, n, num_features,
+             time.perf_counter() - t_feat)
     total = time.perf_counter() - t_start
     log.info("synthetic dataset of %d nodes generated in %.1f s (graph %.1f s)", n, total, built)
     return GraphDataset(
@@ -739,7 +753,10 @@ def _fsync_path(path: Path) -> None:
 def _bar(total: int, desc: str, progress: bool | None, unit: str = "it"):
     from tqdm.auto import tqdm
 
-    # progress=None: a bar only on a terminal (tqdm's own rule for disable=None)
+    # progress=None: a bar only on a terminal (tqdm's own rule for disable=None), and none under TQDM_DISABLE
+    # (`gnnserve serve --no-progress` sets it; an explicit disable= wins over tqdm's own reading of it)
+    if progress is None and os.environ.get("TQDM_DISABLE", "").strip().lower() in ("1", "true", "yes"):
+        progress = False
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False,
                 disable=None if progress is None else not progress)
 
@@ -752,7 +769,7 @@ def _synthetic_params(num_nodes: int, kwargs: dict[str, Any]) -> dict[str, Any]:
     params: dict[str, Any] = {"version": _SYNTHETIC_VERSION, "num_nodes": int(num_nodes),
                               "edge_chunk": _EDGE_CHUNK, "feature_rows": _FEATURE_ROWS}
     for k, p in sig.parameters.items():
-        if k in ("num_nodes", "name"):
+        if k in ("num_nodes", "name", "progress"):  # the output does not depend on them
             continue
         v = kwargs.get(k, p.default)
         params[k] = float(v) if isinstance(p.default, float) else int(v)

@@ -67,6 +67,10 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
     node). ``edges_kept_fraction`` = edges aggregated at width S / edges at exact width (shaDow: of
     the accuracy sample's subgraphs; plain models: on the latency sample's own paths, as the server
     reports).
+
+    ``progress``: a tqdm bar over the nodes evaluated (each accuracy-sample node at every width of every
+    budget, then each setting's warm-up batch and timed passes), so that it moves, with an ETA, inside a
+    setting too (postfix: the setting, and K and S).
     """
     from tqdm.auto import tqdm
 
@@ -94,6 +98,13 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
         return logits, lambda: (kept_edges(b.graph, width), b.graph.num_edges)
 
     acc_index = torch.from_numpy(acc_nodes).to(proj.device)
+    settings = [(int(k), int(s)) for k in budgets for s in widths]
+    # the bar counts node evaluations, not settings: a large graph's first setting (its budget's accuracy pass at
+    # every width, exact included) took 85 s of a 2 M-node GCN's 95 s with the bar at 0/6 and no ETA
+    warm_nodes = min(batch_size, len(lat_nodes))
+    work = len(budgets) * len(widths) * len(acc_nodes) + len(settings) * (warm_nodes + max(1, repeats) * len(lat_nodes))
+    bar = tqdm(total=work, desc="knob table", unit="node", unit_scale=True, disable=not progress, leave=False,
+               dynamic_ncols=True)
 
     def accuracy_pass(k: int, widths_k: list[int]) -> dict[int, tuple[int, int, int]]:
         """Per width: (correct, kept edges, exact edges) over the accuracy sample (untimed; plain
@@ -103,6 +114,7 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
             for s in widths_k:
                 logits = model.propagate(graph, proj, s or None, strategy)[0][acc_index]
                 out[s] = (int((logits.argmax(1) == y).sum().item()), 0, 0)
+                bar.update(len(acc_nodes))
             return out
         acc = {s: [0, 0, 0] for s in widths_k}
         if plan_path:  # plans batch by batch (no full-graph activations)
@@ -110,6 +122,7 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
                 yc = y[i * batch_size : i * batch_size + len(chunk)]
                 for s in widths_k:
                     acc[s][0] += int((serve_batch(chunk, k, s or None)[0].argmax(1) == yc).sum().item())
+                    bar.update(len(chunk))
             return {s: (a[0], 0, 0) for s, a in acc.items()}
         for i, chunk in enumerate(_batches(acc_nodes, batch_size)):
             b = extractor.batch(chunk, k)
@@ -122,6 +135,7 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
                 a[0] += int((logits.argmax(1) == yc).sum().item())
                 a[1] += kept_edges(b.graph, s or None)
                 a[2] += b.graph.num_edges
+            bar.update(len(chunk) * len(widths_k))
         return {s: (a[0], a[1], a[2]) for s, a in acc.items()}
 
     def timed_pass(k: int, width: int | None, count: bool) -> tuple[float, int, int]:
@@ -137,18 +151,19 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
                 k_e, t_e = count_edges()
                 kept += k_e
                 total += t_e
+            bar.update(len(chunk))
         return elapsed, kept, total
 
-    settings = [(int(k), int(s)) for k in budgets for s in widths]
-    bar = tqdm(settings, desc="knob table", unit="setting", disable=not progress, leave=False, dynamic_ncols=True)
     accuracy: dict[int, dict[int, tuple[int, int, int]]] = {}
-    for k, s in bar:
-        bar.set_postfix(K=k, S=s)
+    for i, (k, s) in enumerate(settings):
         width = s or None
         if k not in accuracy:
+            bar.set_postfix({"setting": f"{i + 1}/{len(settings)}", "K": k, "accuracy at": f"{len(widths)} widths"})
             accuracy[k] = accuracy_pass(k, [int(w) for w in widths])
+        bar.set_postfix({"setting": f"{i + 1}/{len(settings)}", "K": k, "S": s})  # in this order (kwargs: sorted)
         correct, kept, total = accuracy[k][s]
         serve_batch(lat_nodes[:batch_size], k, width)  # untimed warm-up
+        bar.update(warm_nodes)
         elapsed, lat_kept, lat_total = timed_pass(k, width, plan_path)
         if plan_path:  # plain models: edges on the latency sample's paths
             kept, total = lat_kept, lat_total

@@ -28,9 +28,12 @@ skips names starting with ``.``) and renamed into place only when it is complete
 ``renameat2(RENAME_EXCHANGE)`` (two renames where the file system lacks it), then deletes the old
 one: the version's directory is a new directory (new inode, newer files), never a mix of the two.
 
-Every stage (load, build graph, PPR lists, fit, knob table, write) is logged with its wall time
-(logger ``models.train``; ``gnnserve train`` prints these lines on stderr) and recorded in
-``metrics.json["stage_times_s"]``; long stages show tqdm bars unless ``--no-progress``.
+Every stage (load, build graph, PPR lists, fit, test accuracy, knob table, write) is logged with its wall
+time (logger ``models.train``; ``gnnserve train`` prints these lines on stderr) and recorded in
+``metrics.json["stage_times_s"]``; long stages show tqdm bars unless ``--no-progress``. The run ends with
+one "stage times: ..." line, which under ``gnnserve train`` also holds the stages after training (the
+shaDow PPR index, ``ppr_index``, and the served re-timing, ``served_knob_timing``; both recorded in
+``metrics.json`` too).
 
 The code lives in three modules: :mod:`models.fit` (settings, data, extractors, evaluation, the
 training loops), :mod:`models.knobs` (the knob table and the default knobs) and this one
@@ -159,7 +162,7 @@ def train(
         ppr_lookup: precomputed PPR top-K lists (see :func:`fit`).
         source: dataset source recorded in the checkpoint (default: the resolved spec).
         stage_times: wall times of stages run before (e.g. ``{"load": ...}``), recorded in
-            ``metrics.json["stage_times_s"]`` with this run's own (``ppr_lists``, ``fit``,
+            ``metrics.json["stage_times_s"]`` with this run's own (``ppr_lists``, ``fit``, ``test``,
             ``knob_table``; ``write`` is only logged: the metrics are part of what it writes); a
             dataset loaded by :func:`kernels.datasets.load_dataset` adds its ``load_times``
             (``read`` or ``generate``, and ``build_graph``; both inside ``load``).
@@ -175,8 +178,9 @@ def train(
         raise ValueError("out_dir is required")
     out = Path(out_dir)
     _check_out(out, overwrite)
-    staged = _train_staged(dataset, model, out, progress=progress, ppr_lookup=ppr_lookup, source=source,
-                           stage_times=stage_times, **settings)
+    staged, times = _train_staged(dataset, model, out, progress=progress, ppr_lookup=ppr_lookup, source=source,
+                                  stage_times=stage_times, **settings)
+    _log_stage_times(times)
     try:
         return publish_checkpoint(staged, out, overwrite=overwrite)
     except BaseException:
@@ -227,9 +231,10 @@ def _train_staged(
     source: str | None,
     stage_times: dict[str, float] | None,
     **settings: Any,
-) -> Path:
+) -> tuple[Path, dict[str, float]]:
     """:func:`train` up to a complete checkpoint in :func:`staging_dir` ``(out)``, not yet in place;
-    returns the staged directory."""
+    returns the staged directory and the stage times (``write`` included; the caller logs them, with the
+    stages it runs after, :func:`_log_stage_times`)."""
     cfg = TrainConfig(model=model, **settings)
     times: dict[str, float] = dict(stage_times or {})
     if isinstance(dataset, GraphDataset):
@@ -322,8 +327,43 @@ def _train_staged(
     staged = staging_dir(out)
     with stage("write", times, f"checkpoint for {out} (staged at {staged.name})"):
         path = save_checkpoint(staged, res.model, config, metrics, knobs)
-    log.info("stage times: %s", ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))
-    return path
+    return path, times
+
+
+def _log_stage_times(times: dict[str, float]) -> None:
+    """The run's summary line: every stage's wall time, in the order they ran."""
+    log.info("stage times: %s (%.1f s in all)", ", ".join(f"{k} {v:.1f} s" for k, v in times.items()),
+             sum(v for k, v in times.items() if k not in _INSIDE_LOAD))
+
+
+#: stages timed inside ``load`` (a dataset's own load_times): not added again to the total
+_INSIDE_LOAD = ("read", "generate", "build_graph")
+
+
+def _add_stage_times(staged: Path, times: dict[str, float], extra: dict[str, float]) -> None:
+    """Add the stages that ran after training (``extra``, :data:`AfterTrain`'s answer) to ``times`` and to
+    ``metrics.json["stage_times_s"]`` of the checkpoint staged at ``staged`` (rewritten atomically)."""
+    import json
+
+    from .checkpoint import METRICS_FILE
+
+    for k, v in extra.items():
+        times[k] = round(times.get(k, 0.0) + float(v), 3)
+    path = staged / METRICS_FILE
+    doc = json.loads(path.read_text())
+    st = doc.setdefault("stage_times_s", {})
+    for k in extra:
+        st[k] = times[k]
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # ============================================================================ putting a checkpoint in place
@@ -528,12 +568,13 @@ def _stage_logging(extra: Sequence[str] = ()) -> Callable[[], None]:
 
 
 #: called by :func:`main` on the complete checkpoint before it is put in place at ``--out``:
-#: ``after_train(staged_dir, dataset, args) -> None``, where ``staged_dir`` is the staging directory
-#: beside ``args.out`` (:func:`staging_dir`; ``gnnserve train`` re-times the knob table there,
-#: serve.knob_timing). What it writes there is published with the checkpoint, in one rename. An
-#: exception makes the run fail with exit code 1; the checkpoint is still put in place, as training
-#: wrote it.
-AfterTrain = Callable[[Path, GraphDataset, argparse.Namespace], None]
+#: ``after_train(staged_dir, dataset, args) -> {stage: seconds} | None``, where ``staged_dir`` is the staging
+#: directory beside ``args.out`` (:func:`staging_dir`; ``gnnserve train`` re-times the knob table there,
+#: serve.knob_timing). What it writes there is published with the checkpoint, in one rename. The wall times
+#: it answers (``gnnserve train``: ``ppr_index``, ``served_knob_timing``) join the run's: its summary line
+#: ("stage times: ...") and ``metrics.json["stage_times_s"]``. An exception makes the run fail with exit
+#: code 1; the checkpoint is still put in place, as training wrote it.
+AfterTrain = Callable[[Path, GraphDataset, argparse.Namespace], "dict[str, float] | None"]
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "gnnserve train", *,
@@ -578,12 +619,13 @@ def _run(args: argparse.Namespace, prog: str, after_train: Any) -> int:
         print(f"{prog}: warning: {why}", file=sys.stderr)
     try:
         with stage("load", times, f"dataset {args.dataset}"):
-            ds = load_dataset(args.dataset)
+            # synthetic datasets: bars only on a terminal (None), none with --no-progress
+            ds = load_dataset(args.dataset, progress=False if args.no_progress else None)
     except (DatasetError, OSError, ValueError) as exc:
         print(f"error: cannot load dataset {args.dataset}: {exc}", file=sys.stderr)
         return 2
     try:
-        staged = _train_staged(
+        staged, times = _train_staged(
             ds, args.model, out, progress=not args.no_progress, ppr_lookup=None,
             source=_dataset_source(args.dataset, ds), stage_times=times,
             hidden=args.hidden, layers=args.layers, dropout=args.dropout, lr=args.lr,
@@ -602,7 +644,9 @@ def _run(args: argparse.Namespace, prog: str, after_train: Any) -> int:
     try:
         if after_train is not None:
             try:
-                after_train(staged, ds, args)
+                extra = after_train(staged, ds, args)
+                if extra:
+                    _add_stage_times(staged, times, extra)
             except Exception as exc:  # the checkpoint is complete: it is still put in place, and the run fails
                 log.exception("after training: %s", exc)
                 failed = exc
@@ -614,6 +658,7 @@ def _run(args: argparse.Namespace, prog: str, after_train: Any) -> int:
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
+    _log_stage_times(times)  # last: with what ran after training (the PPR index, the served re-timing)
     if failed is not None:
         print(f"error: {out} was written, but what follows training failed: {type(failed).__name__}: {failed}",
               file=sys.stderr)

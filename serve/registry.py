@@ -183,6 +183,13 @@ def find_dataset(fingerprint: str, source: str | None, ckpt_path: Path, data_pat
     )
 
 
+def _not_in_service(rt: ModelRuntime) -> str:
+    """Why a served version is not :attr:`ModelRuntime.in_service` (KServe's RepositoryIndex reason)."""
+    if not rt.ready:
+        return "loading"
+    return rt.graph_out_of_service or "its device was lost; restart the server"
+
+
 def _for_client(reason: str) -> str:
     """A load failure's reason as a client may see it: no paths of the server (docs/RELIABILITY.md, "status
     messages": file names only) and no addresses of its infrastructure (a URL keeps its scheme, a host its
@@ -473,7 +480,8 @@ class ModelRegistry:
             for v in sorted(set(on_disk.get(name, {})) | set(served)):
                 rt = served.get(v)
                 if rt is not None:
-                    out.append((name, v, "READY", "") if rt.ready else (name, v, "UNAVAILABLE", "loading"))
+                    out.append((name, v, "READY", "") if rt.in_service else
+                               (name, v, "UNAVAILABLE", _not_in_service(rt)))
                 elif self.held(name, v):
                     out.append((name, v, "UNAVAILABLE", "unloaded"))
                 else:

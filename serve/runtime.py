@@ -526,6 +526,14 @@ class ModelRuntime:
         return None if live is None else live.broken
 
     @property
+    def in_service(self) -> bool:
+        """Whether this model answers requests as it should: loaded and warm (:attr:`ready`), its device usable
+        (not :attr:`lost_device`) and its graph in service (:attr:`graph_out_of_service` None). What ModelInfo's
+        ``ready`` (GetModel, ListModels, ``gnnserve models``) and KServe's ModelReady report; a model that is not
+        is still listed, as not ready."""
+        return self.ready and not self.lost_device and self.graph_out_of_service is None
+
+    @property
     def _fused_head(self) -> bool:
         """Whether the resident path answers with one kernel launch now (a plain model's last layer,
         kernels.resident_head; a shaDow model's whole batch, kernels.shadow_block): it turns off for good
@@ -648,7 +656,10 @@ class ModelRuntime:
             extractor=self.extractor,
             max_ppr_budget=max_k,
             max_sampling_width=max_width,
-            default_sampling_width=default_width,
+            # what a request without a width runs at (serve.validation.resolve_knobs clamps a width to the
+            # bound): the default the checkpoint chose, clamped like any width, so that ModelInfo, ListModels
+            # and KServe's metadata report the width the answers echo (a shaDow model's K - 1, not its table's K)
+            default_sampling_width=min(default_width, max_width) if default_width > 0 else 0,
             default_ppr_budget=min(default_budget or max_k, max_k) if max_k else 0,
             max_nodes_per_request=self.options.max_nodes_per_request,
             knob_table=knobs,

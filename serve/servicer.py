@@ -66,7 +66,7 @@ def model_info(rt: ModelRuntime, versions: list[str]) -> pb.ModelInfo:
         default_ppr_budget=lim.default_ppr_budget,
         strategy=rt.strategy,
         dataset_fingerprint=rt.dataset_fingerprint,
-        ready=rt.ready,
+        ready=rt.in_service,  # listed all the same: a graph out of service or a lost device shows as not ready
         feature_store=rt.feature_store_name,
         max_sampling_width=lim.max_sampling_width,
         max_nodes_per_request=lim.max_nodes_per_request,

@@ -708,7 +708,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         except (ModelNotFound, Unavailable):
             return pb.ModelReadyResponse(ready=False)
         # a graph out of service answers every request FAILED_PRECONDITION
-        return pb.ModelReadyResponse(ready=not rt.lost_device and rt.graph_out_of_service is None)
+        return pb.ModelReadyResponse(ready=rt.in_service)
 
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: aio.ServicerContext

@@ -179,6 +179,31 @@ def test_list_and_get_models(client, tiny_dataset):
     assert gcn.extractor == "lhop" and gcn.max_ppr_budget == 0 and {r.ppr_budget for r in gcn.knob_table} == {0}
 
 
+def test_a_model_whose_graph_is_out_of_service_is_listed_not_ready(tiny_repo, capsys):
+    """A graph taken out of service (its update log lost or replaced, an update failed half-way: every request for
+    its models fails until a restart) left ListModels and GetModel saying ready, while health and KServe's
+    ModelReady said not. The models stay listed, as not ready, and ``gnnserve models`` prints NOT READY."""
+    from serve.cli import main
+
+    with serving.ServerThread(tiny_repo, {"poll_s": 0}) as srv, GnnClient(srv.address, timeout=60) as c:
+        assert all(m.ready for m in c.list_models())
+        registry = srv.server.registry
+        live = registry.get(GCN).data.live
+        assert live is not None
+        live._out_of_service("a test took the graph out of service", trace=False)  # what a lost log does
+        listed = {m.name: m for m in c.list_models()}
+        assert set(listed) == {GCN, SHADOW}  # still listed
+        for name, info in listed.items():
+            broken = registry.get(name).data.live is live
+            assert info.ready is (not broken), name
+            assert c.get_model(name).ready is info.ready
+        assert not listed[GCN].ready
+        index = {name: (state, reason) for name, _, state, reason in registry.index()}  # KServe's RepositoryIndex
+        assert index[GCN][0] == "UNAVAILABLE" and "a test took the graph out of service" in index[GCN][1], index
+        assert main(["models", "--server", srv.address, "--model", GCN]) == 0
+        assert "NOT READY" in capsys.readouterr().out
+
+
 # --------------------------------------------------------------------------- predict
 def test_predict_across_chunk_boundaries_equals_one_request(addr, tiny_dataset):
     rng = np.random.default_rng(1)

@@ -29,6 +29,8 @@ from kernels.datasets import (
 )
 from kernels.graph import CSRGraph
 
+from .progress_support import RecordingBars
+
 FILES = ("x.npy", "labels.npz", "graph/indptr.npy", "graph/indices.npy", "graph/graph.json")
 
 
@@ -183,3 +185,40 @@ def test_memory_estimate_matches_the_measured_point():
     assert D.synthetic_memory_estimate(10_000_000, **SYNTHETIC_SHAPES["products"]) > 15 * 2**30
     with pytest.raises(TypeError):
         D.synthetic_memory_estimate(100, not_an_argument=1)
+
+
+def test_in_memory_generation_logs_each_step_and_shows_progress(monkeypatch, caplog, small_chunks):
+    """A new user's 2 M-node run: ``synthetic:2000000:0:products`` in memory printed nothing for 24 s between
+    its start and "CSR ... built". The edges and the features are drawn under tqdm bars (many chunks here), and
+    each step logs a line with its time, the CSR build one before it starts; the dataset is the same."""
+    import tqdm.auto
+
+    bars = RecordingBars()
+    monkeypatch.setattr(tqdm.auto, "tqdm", bars)
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    n, degree = 3000, 12.0
+    with caplog.at_level("INFO", logger="kernels.datasets"):
+        ds = synthetic_sbm(n, seed=1, avg_degree=degree, progress=True)
+    by_desc = {b["desc"]: b for b in bars.made}
+    assert set(by_desc) == {"draw edges", "features"}
+    m_total = round(n * degree / 2)
+    assert by_desc["draw edges"]["total"] == sum(by_desc["draw edges"]["updates"]) == m_total
+    assert len(by_desc["draw edges"]["updates"]) == -(-m_total // D._EDGE_CHUNK) > 1  # a step per chunk
+    assert by_desc["features"]["total"] == sum(by_desc["features"]["updates"]) == n
+    assert len(by_desc["features"]["updates"]) > 1
+    assert all(b["disable"] is False for b in bars.made)
+    said = [r.getMessage() for r in caplog.records if r.name == "kernels.datasets"]
+    steps = ("drawing", "edges drawn in", "building the CSR", "CSR of", "features 3000 x 32", "generated in")
+    at = [next((i for i, m in enumerate(said) if s in m), None) for s in steps]
+    assert None not in at and at == sorted(at), said
+    _assert_same(ds, synthetic_sbm(n, seed=1, avg_degree=degree, progress=False))
+    # load_dataset hands its progress to the in-memory generator (None: bars only on a terminal)
+    bars.made.clear()
+    load_dataset("synthetic:300:2", out_of_core=False)
+    assert [b["disable"] for b in bars.made] == [None, None]
+    bars.made.clear()  # and none under `gnnserve serve --no-progress` (TQDM_DISABLE)
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    load_dataset("synthetic:300:2", out_of_core=False)
+    assert [b["disable"] for b in bars.made] == [True, True]
+    # the argument is no generator parameter: the out-of-core cache key does not change with it
+    assert "progress" not in D._synthetic_params(n, {})

@@ -40,6 +40,12 @@ def served(tmp_path_factory, tiny_dataset):
         if (r["ppr_budget"], r["sampling_width"]) == (FASTEST, WIDE):
             r["latency_ms_per_node"] = min(x["latency_ms_per_node"] for x in doc["rows"]) / 2
     knobs.write_text(json.dumps(doc))
+    # a 2 M-node report's shape: the shaDow default width equal to its largest budget K (there 64), one above its
+    # bound K - 1 (the tests here ask the shaDow model for explicit knobs, except the default's own)
+    config = repo / "shadow" / "1" / "config.json"
+    cfg = json.loads(config.read_text())
+    cfg["default_sampling_width"] = cfg["max_ppr_budget"]
+    config.write_text(json.dumps(cfg))
     srv = ServerThread(repo).start()
     yield srv
     srv.stop()
@@ -59,7 +65,8 @@ def test_a_width_above_the_bound_is_clamped_and_keeps_its_rows_accuracy(served):
     with GnnClient(served.address, timeout=60) as c:
         gcn, shadow = c.get_model("gcn"), c.get_model("shadow")
         assert gcn.max_sampling_width == 114 and shadow.max_sampling_width == 31  # max degree; K 32 - 1
-        assert gcn.default_sampling_width == WIDE  # a knob-less request asks for WIDE
+        # the checkpoint's default is WIDE; a knob-less request runs at the bound, and that is the default shown
+        assert gcn.default_sampling_width == gcn.max_sampling_width
         row = _row(gcn, 0, WIDE)
         for res in (c.predict("gcn", [1]), c.predict("gcn", [1], sampling_width=WIDE)):
             assert res.settings.sampling_width == gcn.max_sampling_width
@@ -73,6 +80,31 @@ def test_a_width_above_the_bound_is_clamped_and_keeps_its_rows_accuracy(served):
             # the bound itself, asked for, is the same computation and reports the same row
             assert c.predict("shadow", [1], sampling_width=31, ppr_budget=k).settings.expected_accuracy \
                 == pytest.approx(_row(shadow, k, WIDE).val_accuracy)
+
+
+def test_the_default_width_shown_is_the_width_a_knobless_request_runs_at(served):
+    """A new user's 2 M-node report: a shaDow model showed ``default_sampling_width=64`` beside
+    ``max_sampling_width=63``, and every knob-less answer echoed 63. ModelInfo (GetModel and ListModels),
+    ``gnnserve models`` and KServe's ModelConfig report the default as a request without a width runs it."""
+    from clients._gen import inference_pb2 as ipb
+    from clients._gen import inference_pb2_grpc as ipbg
+    from models.checkpoint import load_checkpoint
+
+    repo = served.server.registry.repo
+    with GnnClient(served.address, timeout=60) as c:
+        listed = {m.name: m for m in c.list_models()}
+        for name in ("gcn", "shadow"):
+            info = c.get_model(name)
+            assert listed[name].default_sampling_width == info.default_sampling_width
+            trained = load_checkpoint(repo / name / "1").default_sampling_width
+            assert trained > info.max_sampling_width, "the fixture's default is above the bound"
+            assert info.default_sampling_width == info.max_sampling_width
+            used = c.predict(name, [1], ppr_budget=info.default_ppr_budget or None).settings.sampling_width
+            assert used == info.default_sampling_width
+            with grpc.insecure_channel(served.address) as ch:
+                cfg = ipbg.GRPCInferenceServiceStub(ch).ModelConfig(ipb.ModelConfigRequest(name=name), timeout=60)
+            width = json.loads(cfg.config.parameters["sampling_width"].string_value)
+            assert width["default"] == used
 
 
 def test_the_clamped_width_is_the_same_computation_as_exact(served):

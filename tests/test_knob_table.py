@@ -93,6 +93,33 @@ def test_plain_accuracy_matches_the_plan_path(ds, gcn_dir: Path) -> None:
         assert r["val_accuracy"] == pytest.approx(correct / len(acc_nodes), abs=1e-6), r
 
 
+@pytest.mark.parametrize("full_graph", [False, True])
+def test_the_bar_counts_nodes_inside_each_setting(ds, gcn_dir: Path, monkeypatch, full_graph: bool) -> None:
+    """A new user's 2 M-node GCN: the knob table's bar counted settings and stayed at 0/6 with no ETA for the
+    85 s of its first setting (the accuracy pass at every width runs there). It counts node evaluations: the
+    accuracy sample at every width, then each setting's warm-up batch and timed passes."""
+    import tqdm.auto
+
+    from .progress_support import RecordingBars
+
+    bars = RecordingBars()
+    monkeypatch.setattr(tqdm.auto, "tqdm", bars)
+    model = load_checkpoint(gcn_dir).model
+    widths, n_acc, n_lat, batch, repeats = (0, 2, 8), 90, 12, 16, 2
+    rows = measure_knobs(model, TrainData(ds, model.norm), None, ds.split("val"), widths=widths, budgets=(0,),
+                         strategy="fastrand", batch_size=batch, repeats=repeats, latency_nodes=n_lat,
+                         accuracy_nodes=n_acc, seed=5, progress=True, full_graph=full_graph)
+    assert len(rows) == len(widths)
+    bar = bars.named("knob table")
+    assert bar["unit"] == "node" and bar["disable"] is False
+    work = len(widths) * n_acc + len(widths) * (min(batch, n_lat) + repeats * n_lat)
+    assert bar["total"] == sum(bar["updates"]) == work
+    # the accuracy pass (all widths, before the first row) moves the bar step by step
+    accuracy_steps = len(widths) * (1 if full_graph else -(-n_acc // batch))
+    assert sum(bar["updates"][:accuracy_steps]) == len(widths) * n_acc
+    assert bar["postfix"][0]["setting"] == f"1/{len(widths)}"
+
+
 def test_old_tables_still_load_and_select(gcn_dir: Path, tmp_path: Path) -> None:
     import shutil
 

@@ -112,3 +112,26 @@ def test_gnnserve_train_retimes(tmp_path: Path) -> None:
     plain = _knobs(tmp_path / "plain")
     assert plain["latency_source"] == "training:torch-copy"
     assert all("latency_path" not in r for r in plain["rows"])
+
+
+def test_gnnserve_train_summary_holds_the_index_and_the_retiming(tmp_path: Path, capsys) -> None:
+    """A new user's 2 M-node run: `gnnserve train`'s "stage times:" line (and metrics.json) left out its two
+    longest stages, the shaDow PPR index (333.5 s) and the served re-timing, which ran after it. The one
+    summary line now comes last and holds them, and metrics.json records them."""
+    from serve.cli import main
+
+    out = tmp_path / "repo" / "shadow" / "1"
+    assert main(["train", "--dataset", "synthetic:400", "--model", "shadow-sage", "--epochs", "2", "--patience", "2",
+                 "--no-progress", "--ppr-k", "16", "--knob-widths", "0,4", "--knob-budgets", "8,16",
+                 "--knob-latency-nodes", "6", "--knob-accuracy-nodes", "30", "--eval-nodes", "30",
+                 "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    summaries = [line for line in err.splitlines() if "stage times:" in line]
+    assert len(summaries) == 1, err[-3000:]
+    line = summaries[0]
+    for name in ("load", "fit", "test", "knob_table", "write", "ppr_index", "served_knob_timing"):
+        assert f" {name} " in line, (name, line)
+    assert err.index("knob timing: done in") < err.index("stage times:")
+    st = json.loads((out / "metrics.json").read_text())["stage_times_s"]
+    assert st["ppr_index"] > 0 and st["served_knob_timing"] > 0
+    assert any((tmp_path / "repo" / "_ppr").iterdir())
