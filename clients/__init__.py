@@ -22,6 +22,7 @@ from .aio import AsyncGnnClient
 from .client import GnnClient
 from .errors import (
     AbortedError,
+    CancelledError,
     DataLossError,
     DeadlineExceededError,
     FailedPreconditionError,
@@ -53,6 +54,7 @@ __all__ = [
     "AbortedError",
     "AsyncGnnClient",
     "Backoff",
+    "CancelledError",
     "ClientOptions",
     "DataLossError",
     "DeadlineExceededError",

@@ -18,7 +18,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 from pathlib import Path
@@ -227,7 +227,11 @@ def node_array(nodes: int | Iterable[int] | np.ndarray) -> np.ndarray:
         return np.arange(nodes.start, nodes.stop, nodes.step, dtype=np.int64)
     if isinstance(nodes, (str, bytes)):
         raise InvalidArgumentError(f"nodes must be integer node ids, got a string {nodes!r}")
-    arr = np.asarray(nodes if isinstance(nodes, (np.ndarray, Sequence)) else list(cast(Iterable[int], nodes)))
+    # an array-like (a torch tensor, a pandas Series) converts as a whole: iterating it makes an object per element
+    array_like = isinstance(nodes, (np.ndarray, Sequence)) or hasattr(nodes, "__array__")
+    arr = np.asarray(nodes if array_like else list(cast(Iterable[int], nodes)))
+    if arr.ndim == 0 and arr.dtype.kind in "iu":  # a 0-d integer array (or tensor) is one id, as an int is
+        return node_array(int(arr))
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
     if arr.ndim != 1:
@@ -283,11 +287,30 @@ def _min_version(value: int | None) -> dict[str, Any]:
     return {"min_graph_version": int(value)} if int(value) else {}
 
 
+def _edge_array_rows(edges: np.ndarray, what: str) -> list[list[Any]]:
+    """The rows of an edge array. An array ``[k, 3]`` with weights is a float array, so its ids are floats:
+    whole numbers among them are taken as ids (1.5 or NaN is refused, naming the row); a float id
+    column beside no weights is refused like a float id anywhere else."""
+    if edges.size == 0:
+        return []
+    if edges.ndim != 2:
+        raise InvalidArgumentError(f"{what}: an edge array is [k, 2] or [k, 3], got shape {edges.shape}")
+    rows: list[list[Any]] = edges.tolist()
+    if edges.dtype.kind == "f" and edges.shape[1] == 3:
+        ids = edges[:, :2]
+        bad = np.flatnonzero(~np.all(np.isfinite(ids) & (ids == np.round(ids)), axis=1))
+        if len(bad):
+            i = int(bad[0])
+            raise InvalidArgumentError(f"{what}[{i}]: node ids must be whole numbers, got {ids[i].tolist()}")
+        rows = [[int(u), int(v), w] for u, v, w in rows]
+    return rows
+
+
 def _edge_list(edges: Any, what: str, weights: bool) -> list[pb.Edge]:
     """``Edge`` messages from pairs ``(u, v)`` / triples ``(u, v, w)`` or an array ``[k, 2]`` / ``[k, 3]``."""
     if edges is None:
         return []
-    rows = list(edges.tolist() if isinstance(edges, np.ndarray) else edges)
+    rows = _edge_array_rows(edges, what) if isinstance(edges, np.ndarray) else list(edges)
     out = []
     for i, e in enumerate(rows):
         try:
@@ -316,7 +339,7 @@ def update_request(
     """An ``UpdateGraphRequest`` from the SDK's arguments (see :meth:`clients.GnnClient.update_graph`)."""
     req = pb.UpdateGraphRequest(model=model, version=version, request_id=request_id or "")
     if features is not None:
-        if isinstance(features, dict):
+        if isinstance(features, Mapping):
             items = list(features.items())
         else:
             try:
@@ -403,6 +426,13 @@ def new_node_messages(
             w_list = [None] * m if edge_weights is None else list(edge_weights)
             if len(w_list) != m:
                 raise InvalidArgumentError(f"{m} feature rows but {len(w_list)} edge-weight lists")
+            for name, values in (("neighbors", nbr_list), ("edge_weights", w_list)):
+                # one id list per row: a flat list of m ids would otherwise read as one neighbour per new node
+                flat = next((i for i, v in enumerate(values) if isinstance(v, (Real, np.number))), None)
+                if flat is not None:
+                    raise InvalidArgumentError(
+                        f"with features [m, F] ({m} new nodes), {name} is a list of {m} lists, one per new node; "
+                        f"{name}[{flat}] is a single number {values[flat]!r} (for one new node, pass features [F])")
             specs = [(feats[i], nbr_list[i], w_list[i]) for i in range(m)]
         else:
             raise InvalidArgumentError(f"features must be [F] or [m, F], got shape {feats.shape}")
@@ -531,6 +561,14 @@ def response_arrays(resp: pb.PredictResponse) -> tuple[np.ndarray, np.ndarray, n
             np.fromiter(resp.embeddings, dtype=np.float32, count=len(resp.embeddings)))
 
 
+#: what the server says when a request is too large for a limit a smaller request meets (serve.validation /
+#: serve.wire: the per-request node limit; serve.runtime: the per-request work limit): :meth:`PredictPlan.shrink`
+_NODE_LIMIT_REFUSAL = re.compile(r"request has (?:at least )?\d+ nodes, more than the limit of (\d+) per request")
+_WORK_LIMIT_REFUSAL = re.compile(r"would aggregate about ([\d.e+]+) edges, more than the limit of ([\d.e+]+) per request")
+_EDGE_LIMIT_REFUSAL = re.compile(r"new nodes have (?:at least )?(\d+) neighbours in all, more than the limit of (\d+) ")
+WORK_SHRINK_MARGIN = 0.9
+
+
 class PredictPlan:
     """Splits one SDK call into PredictRequests and reassembles the replies in order.
 
@@ -572,6 +610,9 @@ class PredictPlan:
         self._responses: list[pb.PredictResponse] = []
         self._arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # decoded per response
         self._sent_any = False
+        self._chunk_start = (0, 0)  # (_next_node, _next_new) before the request in flight
+        #: the per-request node limit a server refusal named (see :meth:`shrink`), None until one did
+        self.refused_node_limit: int | None = None
 
     @property
     def total(self) -> int:
@@ -613,12 +654,14 @@ class PredictPlan:
                                     embeddings=self.return_embeddings)
             chunk = self.nodes[self._next_node : self._next_node + k]
             req.nodes.extend(chunk.tolist())
+            self._chunk_start = (self._next_node, self._next_new)
             self._next_node += len(chunk)
             self._pending = len(chunk)
         elif self._next_new < len(self.new_nodes):
             # never beside existing ids: the server batches requests with new nodes apart, on the path that builds
             # induced subgraphs, where existing nodes would lose their faster paths
             end = self._new_chunk_end()
+            self._chunk_start = (self._next_node, self._next_new)
             req.new_nodes.extend(self.new_nodes[self._next_new : end])
             self.new_offset = self._next_new
             self._pending = end - self._next_new
@@ -630,6 +673,41 @@ class PredictPlan:
         req.request_id = self.request_id if i == 0 else f"{self.request_id}/{i}"
         self._sent_any = True
         return req
+
+    def shrink(self, exc: GnnServeError) -> bool:
+        """After the request in flight failed with ``exc``: whether its rows will be sent again in smaller requests.
+
+        True when the server refused the request for its size alone and it held more than one row: more nodes
+        than the server's per-request limit (INVALID_ARGUMENT; the limit cached from an earlier GetModel is out of
+        date, e.g. the server restarted with a smaller ``--max-nodes-per-request``), more new-node neighbours than
+        its ``--max-new-node-edges`` (INVALID_ARGUMENT), or more estimated work than its ``--max-request-work``
+        (RESOURCE_EXHAUSTED; an exact width on a large PPR budget, say). The plan is rewound to the start of that
+        request and its rows per request capped (the named node limit, or the rows scaled by limit / amount with a
+        margin); a request of one row is never split, so the loop ends.
+        """
+        n = self._pending
+        if n <= 1:
+            return False
+        cap: int | None = None
+        if exc.code == grpc.StatusCode.INVALID_ARGUMENT and (m := _NODE_LIMIT_REFUSAL.search(exc.details)):
+            cap = int(m.group(1))
+            self.refused_node_limit = cap
+        elif (exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED and (m := _WORK_LIMIT_REFUSAL.search(exc.details))) or (
+                exc.code == grpc.StatusCode.INVALID_ARGUMENT and (m := _EDGE_LIMIT_REFUSAL.search(exc.details))):
+            try:
+                work, limit = float(m.group(1)), float(m.group(2))
+            except ValueError:
+                work = limit = 0.0
+            if work > 0 and limit > 0:  # the estimate is not linear in the rows (a repeated id counts once): leave a margin
+                cap = int(WORK_SHRINK_MARGIN * n * limit / work)
+        if cap is None:
+            return False
+        cap = max(1, min(cap, n - 1))
+        log.debug("request of %d rows refused for its size (%s); sending them %d per request", n, exc.details, cap)
+        self.limits.max_nodes = cap
+        self._next_node, self._next_new = self._chunk_start
+        self._pending = 0
+        return True
 
     def located(self, exc: GnnServeError) -> GnnServeError:
         """``exc`` (the failure of the request in flight) with the new nodes its message names (``new_nodes[i]``, in
@@ -765,7 +843,9 @@ class RetryState:
         return self.failed_with(code, details)
 
     def failed_with(self, code: grpc.StatusCode, details: str) -> float:
-        if code in self.retry_codes and self.retries < self.max_retries:
+        # a request over the work limit is refused the same way every time: no retry (PredictPlan.shrink splits it)
+        deterministic = code == grpc.StatusCode.RESOURCE_EXHAUSTED and _WORK_LIMIT_REFUSAL.search(details) is not None
+        if code in self.retry_codes and self.retries < self.max_retries and not deterministic:
             delay = self.backoff.delay(self.retries, self.rand.random())
             left = None if self.deadline is None else self.deadline - time.monotonic()
             if left is None or left > delay:

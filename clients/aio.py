@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -69,6 +69,7 @@ class AsyncGnnClient(_ClientBase):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stub: Any = None
         self._health_stub: Any = None
+        self._slots: asyncio.Semaphore | None = None  # max_concurrent_calls, made in the client's event loop
 
     # ------------------------------------------------------------------ lifecycle
     def _ensure_channel(self) -> Any:
@@ -82,6 +83,8 @@ class AsyncGnnClient(_ClientBase):
                 self._channel = aio.insecure_channel(cfg.target, options=cfg.options)
             self._loop = loop
             self._stub = pb_grpc.GnnServiceStub(self._channel)
+            n = self.max_concurrent_calls
+            self._slots = asyncio.Semaphore(n) if n is not None else None
         elif self._loop is not loop:
             raise RuntimeError(
                 f"{type(self).__name__} for {self.address} was opened in another event loop; "
@@ -109,13 +112,24 @@ class AsyncGnnClient(_ClientBase):
         while True:
             state.attempts += 1
             timeout = state.remaining()
+            slots = self._slots
+            if slots is not None:
+                try:
+                    await asyncio.wait_for(slots.acquire(), timeout)
+                except asyncio.TimeoutError:
+                    raise self._no_slot(state) from None
             try:
-                return await fn(request, timeout=timeout, metadata=self._config.metadata)
+                # a wait for a slot spends the deadline too
+                return await fn(request, timeout=timeout if slots is None else state.remaining(),
+                                metadata=self._config.metadata)
             except grpc.RpcError as err:
                 try:
                     delay = state.failed(err)
                 except GnnServeError as exc:
                     raise exc from None
+            finally:
+                if slots is not None:
+                    slots.release()
             await asyncio.sleep(delay)
 
     async def _chunk_limits(self, model: str, version: str, rows: int, state: RetryState) -> ChunkLimits:
@@ -134,6 +148,9 @@ class AsyncGnnClient(_ClientBase):
             try:
                 resp = await self._invoke(state, stub.Predict, req)
             except GnnServeError as exc:
+                if plan.shrink(exc):  # refused for its size alone: its rows go again, in smaller requests
+                    self._learn_node_limit(model, version, plan)
+                    continue
                 raise plan.located(exc) from None
             plan.add(resp)
         self._learn(model, version, plan)
@@ -221,7 +238,7 @@ class AsyncGnnClient(_ClientBase):
         self,
         model: str,
         *,
-        features: dict[int, Sequence[float]] | tuple[Any, Any] | None = None,
+        features: Mapping[int, Sequence[float] | np.ndarray] | tuple[Any, Any] | None = None,
         new_nodes: Sequence[NewNode] | NewNode | None = None,
         add_edges: Iterable[Sequence[Any]] | np.ndarray | None = None,
         remove_edges: Iterable[Sequence[int]] | np.ndarray | None = None,
@@ -257,6 +274,23 @@ class AsyncGnnClient(_ClientBase):
         state = self._state("ListModels", timeout)
         resp = await self._invoke(state, stub.ListModels, pb.ListModelsRequest())
         return [model_info_from_pb(m) for m in resp.models]
+
+    async def repository_index(self, timeout: float | None = None) -> list[dict[str, str]]:
+        """Every model version in the server's repository, loaded or not; see
+        :meth:`clients.GnnClient.repository_index`.
+
+        Example::
+
+            broken = [m for m in await client.repository_index() if m["state"] != "READY"]
+        """
+        from ._gen import inference_pb2 as ipb
+        from ._gen import inference_pb2_grpc as ipb_grpc
+
+        self._ensure_channel()
+        stub = ipb_grpc.GRPCInferenceServiceStub(self._channel)
+        state = self._state("RepositoryIndex", timeout)
+        resp = await self._invoke(state, stub.RepositoryIndex, ipb.RepositoryIndexRequest())
+        return [{"name": m.name, "version": m.version, "state": m.state, "reason": m.reason} for m in resp.models]
 
     async def get_model(self, name: str, version: str | int | None = None, timeout: float | None = None) -> ModelInfo:
         """One model (latest version unless ``version``); see :meth:`clients.GnnClient.get_model`.

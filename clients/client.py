@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -85,6 +85,13 @@ class _ClientBase:
         self._limits: dict[tuple[str, str], ChunkLimits] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self.max_concurrent_calls = opts.max_concurrent_calls
+
+    def _no_slot(self, state: RetryState) -> DeadlineExceededError:
+        return DeadlineExceededError(
+            f"deadline of {state.timeout:g} s passed while {state.method} waited for a free call slot of this client "
+            f"(max_concurrent_calls={self.max_concurrent_calls} RPCs in flight at once)",
+            method=state.method, attempts=state.attempts)
 
     @property
     def tls(self) -> bool:
@@ -94,6 +101,11 @@ class _ClientBase:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"{type(self).__name__}({self.address!r}, tls={self.tls}, {state})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a channel cannot cross processes: a pickled client (a multiprocessing pool's argument, say) is its
+        # address and options, and opens a channel of its own where it is unpickled (closed if this one is)
+        return (_reopened, (type(self), self.address, self.options, self._closed))
 
     def clear_cache(self) -> None:
         """Forget the per-model limits looked up for chunking (e.g. after the server was reconfigured)."""
@@ -140,6 +152,16 @@ class _ClientBase:
                 if lim is not None:
                     lim.embedding_dim = plan.limits.embedding_dim
 
+    def _learn_node_limit(self, model: str, version: str, plan: PredictPlan) -> None:
+        """Keep the per-request node limit a server refusal named (:meth:`PredictPlan.shrink`) for later calls."""
+        cap = plan.refused_node_limit
+        if cap is None:
+            return
+        with self._lock:
+            lim = self._limits.get((model, version))
+            if lim is not None:
+                lim.max_nodes = min(lim.max_nodes, cap)
+
     def _plan(
         self,
         model: str,
@@ -168,7 +190,19 @@ class _ClientBase:
     def _model_args(model: str, version: str | int | None) -> tuple[str, str]:
         if not isinstance(model, str):
             raise TypeError(f"model must be a name (str), got {type(model).__name__}")
-        return model, "" if version is None else str(version)
+        if version is None or (isinstance(version, str) and version.strip().lower() == "latest"):
+            return model, ""  # "latest", as `gnnserve predict --version latest` takes it: the newest loaded
+        return model, str(version)
+
+
+def _reopened(cls: type[_ClientBase], address: str, options: ClientOptions, closed: bool) -> _ClientBase:
+    """A client unpickled (:meth:`_ClientBase.__reduce__`): the same address and options, a channel of its own."""
+    client = cls(address, options)
+    if closed:
+        client._closed = True  # nothing to close: the async channel opens on first use, a sync one ...
+        if isinstance(client, GnnClient):
+            client._channel.close()  # ... is closed here
+    return client
 
 
 class GnnClient(_ClientBase):
@@ -180,6 +214,8 @@ class GnnClient(_ClientBase):
         **overrides: any :class:`~clients.types.ClientOptions` field as a keyword (it overrides ``options``).
 
     The client may be shared between threads. Use it as a context manager or call :meth:`close`.
+    It pickles as its address and options (for a ``multiprocessing`` pool, say; the token and TLS material
+    travel in the pickle): the copy opens a channel of its own in the process that unpickles it.
 
     Example::
 
@@ -200,6 +236,8 @@ class GnnClient(_ClientBase):
             self._channel = grpc.insecure_channel(cfg.target, options=cfg.options)
         self._stub = pb_grpc.GnnServiceStub(self._channel)
         self._health_stub: Any = None
+        n = self.max_concurrent_calls
+        self._slots = threading.BoundedSemaphore(n) if n is not None else None
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -222,13 +260,21 @@ class GnnClient(_ClientBase):
         while True:
             state.attempts += 1
             timeout = state.remaining()
+            slots = self._slots
+            if slots is not None and not slots.acquire(timeout=timeout):
+                raise self._no_slot(state)
             try:
-                return fn(request, timeout=timeout, metadata=self._config.metadata)
+                # a wait for a slot spends the deadline too
+                return fn(request, timeout=timeout if slots is None else state.remaining(),
+                          metadata=self._config.metadata)
             except grpc.RpcError as err:
                 try:
                     delay = state.failed(err)
                 except GnnServeError as exc:
                     raise exc from None
+            finally:
+                if slots is not None:
+                    slots.release()
             time.sleep(delay)
 
     def _chunk_limits(self, model: str, version: str, rows: int, state: RetryState) -> ChunkLimits:
@@ -245,6 +291,9 @@ class GnnClient(_ClientBase):
             try:
                 resp = self._invoke(state, self._stub.Predict, req)
             except GnnServeError as exc:
+                if plan.shrink(exc):  # refused for its size alone: its rows go again, in smaller requests
+                    self._learn_node_limit(model, version, plan)
+                    continue
                 raise plan.located(exc) from None
             plan.add(resp)
         self._learn(model, version, plan)
@@ -269,10 +318,12 @@ class GnnClient(_ClientBase):
         """Classify existing nodes of the model's graph.
 
         Args:
-            model: model name. version: a loaded version (default: the latest).
+            model: model name. version: a loaded version (default, None or ``"latest"``: the newest loaded).
             nodes: node ids (a list, range, integer array or a single id); duplicates allowed.
                 Lists longer than the server's per-request limit (or ``max_nodes_per_call``) or
-                than fits a message are sent in several requests and reassembled in order.
+                than fits a message are sent in several requests and reassembled in order; a request the
+                server refuses for its size alone (its node, new-node-neighbour or work limit: an exact width
+                at a large PPR budget, say) is sent again in smaller ones.
             sampling_width: S, edges kept per row in each aggregation (0 = exact; default: the model's).
             ppr_budget: K, nodes in each PPR subgraph (default: the model's).
             max_accuracy_loss: let the server choose the cheapest knob-table setting within this
@@ -370,7 +421,7 @@ class GnnClient(_ClientBase):
         self,
         model: str,
         *,
-        features: dict[int, Sequence[float]] | tuple[Any, Any] | None = None,
+        features: Mapping[int, Sequence[float] | np.ndarray] | tuple[Any, Any] | None = None,
         new_nodes: Sequence[NewNode] | NewNode | None = None,
         add_edges: Iterable[Sequence[Any]] | np.ndarray | None = None,
         remove_edges: Iterable[Sequence[int]] | np.ndarray | None = None,

@@ -29,6 +29,7 @@ import grpc
 
 __all__ = [
     "AbortedError",
+    "CancelledError",
     "DataLossError",
     "DeadlineExceededError",
     "FailedPreconditionError",
@@ -163,6 +164,16 @@ class AbortedError(GnnServeError):
     default_code = grpc.StatusCode.ABORTED
 
 
+class CancelledError(GnnServeError):
+    """``CANCELLED`` from the server side (this SDK never cancels a call itself): a server that stopped
+    while the call waited in its gRPC queues, or grpc-core shedding calls under a flood far past the
+    server's capacity (docs/RELIABILITY.md, "Limits"). Retried like ``UNAVAILABLE`` (``max_retries``);
+    raised once the retries are spent. Not :class:`asyncio.CancelledError`: an asyncio task's own
+    cancellation is never turned into this."""
+
+    default_code = grpc.StatusCode.CANCELLED
+
+
 class FailedPreconditionError(GnnServeError):
     """``FAILED_PRECONDITION``: the server cannot do this in its present state (a read-only server
     asked for a graph update; answers that would not be finite because stored values overflow)."""
@@ -186,6 +197,7 @@ _BY_CODE: dict[grpc.StatusCode, type[GnnServeError]] = {
         UnimplementedError,
         AbortedError,
         FailedPreconditionError,
+        CancelledError,
     )
 }
 

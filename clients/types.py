@@ -64,6 +64,10 @@ class Backoff:
 
 PemSource = bytes | str | os.PathLike  # PEM bytes, a PEM string or a path
 
+#: RPCs one client keeps in flight by default (ClientOptions.max_concurrent_calls): a quarter of a server's default
+#: --max-concurrent-rpcs, and plenty to fill its batches
+DEFAULT_MAX_CONCURRENT_CALLS = 256
+
 
 @dataclass(frozen=True)
 class ClientOptions:
@@ -97,6 +101,11 @@ class ClientOptions:
             ``{"grpc.max_receive_message_length": 16 << 20}``).
         max_nodes_per_call: send at most this many nodes per request (the server's own
             ``max_nodes_per_request`` applies too); longer lists are split and reassembled in order.
+        max_concurrent_calls: RPCs one client has in flight at once (None = no bound); more wait in the
+            client, within their deadline. A server takes ``--max-concurrent-rpcs`` (1000) at once and refuses
+            or cancels the rest (RESOURCE_EXHAUSTED, CANCELLED), so ``asyncio.gather`` over thousands of
+            ``predict`` calls failed part of them; bounded, they queue here and all are answered, as fast (the
+            server batches the calls in flight).
     """
 
     tls: bool = False
@@ -111,6 +120,7 @@ class ClientOptions:
     retry_resource_exhausted: bool = False
     channel_options: Sequence[tuple[str, Any]] | dict[str, Any] | None = None
     max_nodes_per_call: int | None = None
+    max_concurrent_calls: int | None = DEFAULT_MAX_CONCURRENT_CALLS
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not self.timeout > 0:
@@ -119,6 +129,8 @@ class ClientOptions:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if self.max_nodes_per_call is not None and self.max_nodes_per_call < 1:
             raise ValueError(f"max_nodes_per_call must be >= 1, got {self.max_nodes_per_call}")
+        if self.max_concurrent_calls is not None and self.max_concurrent_calls < 1:
+            raise ValueError(f"max_concurrent_calls must be >= 1 (or None for no bound), got {self.max_concurrent_calls}")
 
 @dataclass(frozen=True)
 class Settings:

@@ -352,7 +352,7 @@ ALL_CODES = {
     grpc.StatusCode.INTERNAL: (E.InternalError, GnnServeError),
     grpc.StatusCode.UNIMPLEMENTED: (E.UnimplementedError, GnnServeError),
     grpc.StatusCode.UNKNOWN: (GnnServeError, Exception),
-    grpc.StatusCode.CANCELLED: (GnnServeError, Exception),
+    grpc.StatusCode.CANCELLED: (E.CancelledError, GnnServeError),
 }
 
 
