@@ -242,6 +242,9 @@ def missing(entries: Iterable[Entry]) -> list[Entry]:
         try:
             disp = dispatcher(e)
             sig = parse(e.signature)
+            arity = disp.py_func.__code__.co_argcount
+            if len(sig) != arity:  # recorded for an earlier version of the kernel: it can never compile now
+                raise ValueError(f"{len(sig)} argument types for a kernel of {arity} arguments")
         except Exception as exc:  # ImportError, LookupError, ValueError
             log.debug("precompile: skipping %s.%s %s: %s", e.module, e.qualname, e.signature[:60], exc)
             continue

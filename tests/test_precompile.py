@@ -59,6 +59,17 @@ def test_read_skips_what_it_cannot_use_and_keeps_the_last_time(tmp_path):
     assert read(tmp_path / "absent.tsv") == []
 
 
+def test_a_signature_of_another_arity_is_not_missing_but_skipped():
+    """This machine's list keeps signatures an earlier version of a kernel was compiled with; one whose argument
+    count the kernel no longer has can never compile (each start after the module changed warned "Signature
+    mismatch: 22 argument types given, but function takes 27 arguments"): skipped like a removed kernel."""
+    shipped = next(e for e in read(SHIPPED) if e.qualname == "_walk_sums")
+    args = parse(shipped.signature)
+    shorter = Entry(shipped.module, shipped.qualname, repr(tuple(args[:-1])), 1.0)
+    longer = Entry(shipped.module, shipped.qualname, repr((*args, args[-1])), 1.0)
+    assert precompile.missing([shorter, longer]) == []
+
+
 def test_sharing_keeps_a_module_together_and_balances_the_rest():
     e = [Entry("kernels.fused_forward", "_inner", "(a,)", 20.0), Entry("kernels.fused_forward", "_outer", "(b,)", 2.0),
          Entry("kernels.spmm_cpu", "_kernel", "(c,)", 8.0), Entry("kernels.plan", "_build_plan", "(d,)", 5.0),
