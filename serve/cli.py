@@ -164,7 +164,7 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
     at_least_0 = ("--max-delay-ms", "--inline-max-work", "--hot-bytes", "--induced-table-bytes",
                   "--graph-cache-bytes", "--projection-cache-bytes", "--activation-cache-bytes", "--poll-s",
                   "--grace-s", "--drain-s", "--read-your-writes-timeout-s", "--compact-log-bytes",
-                  "--max-new-node-edges")
+                  "--compact-replay-s", "--compact-idle-s", "--max-new-node-edges")
     for flag in at_least_1 + at_least_0:
         x = getattr(args, flag[2:].replace("-", "_"), None)
         if x is not None and x != "auto" and not ok(x, 1 if flag in at_least_1 else 0):
@@ -441,6 +441,14 @@ def _serve(argv: Sequence[str]) -> int:
                     help="at start, fold a graph's update log larger than this into a snapshot of the graph and "
                          "features next to it (loaded at later starts instead of the dataset); 0 = never (default: "
                          "%(default)s = 256 MiB)")
+    ap.add_argument("--compact-replay-s", type=float, default=30.0,
+                    help="fold a graph's update log into that snapshot once replaying it would take a start more than "
+                         "this many seconds (the time its updates took to apply): at start after the replay, and "
+                         "while serving once no update has come for --compact-idle-s (updates wait for the snapshot; "
+                         "predictions go on); 0 = never by time (default: %(default)s)")
+    ap.add_argument("--compact-idle-s", type=float, default=60.0,
+                    help="seconds without an update before a serving server compacts its update log "
+                         "(--compact-replay-s; default: %(default)s)")
     ap.add_argument("--read-your-writes-timeout-s", type=float, default=1.0,
                     help="seconds a Predict with min_graph_version waits for that graph version before UNAVAILABLE "
                          "(a version the graph's update log never wrote is refused at once; default: %(default)s)")
@@ -546,6 +554,8 @@ def _serve(argv: Sequence[str]) -> int:
             update_log_fsync=args.update_log_fsync,
             read_your_writes_timeout_s=args.read_your_writes_timeout_s,
             compact_log_bytes=args.compact_log_bytes,
+            compact_replay_s=args.compact_replay_s,
+            compact_idle_s=args.compact_idle_s,
             ppr_refresh_tolerance=args.ppr_refresh_tolerance,
             ppr_eager_lists=args.ppr_eager_lists,
         ),

@@ -394,6 +394,7 @@ class _Group:
     def __init__(self, graph: Any, num_nodes: int, *, chain_only: bool = False) -> None:
         self.graph0 = graph
         self.n0 = int(num_nodes)
+        self.t0 = time.perf_counter()  # its validation, new graph and invalidation: what its replay would cost
         self.num_nodes = self.n0
         self.delta: dict[tuple[int, int], float | None] = {}
         self.features: dict[int, np.ndarray] = {}
@@ -591,6 +592,12 @@ class LiveGraph:
         #: called (from whichever thread took the graph out of service) once :attr:`broken` is set: the
         #: registry's ``on_change``, so that the server's health turns NOT_SERVING (serve.server)
         self.on_out_of_service: Callable[[], None] | None = None
+        #: seconds the updates applied since the last snapshot took here (this start's replay included): what
+        #: replaying them at the next start costs at most (a replay groups what it can: :meth:`catch_up`)
+        self.replay_debt_s = 0.0
+        self._last_commit = time.monotonic()
+        self._compaction: tuple[Path, Path | None, float, float] | None = None  # compact_when_idle's settings
+        self._compact_retry_at = 0.0  # after a failed compaction: not again before this (time.monotonic)
 
     # ---------------------------------------------------------------- models
     def wrap_index(self, idx: Any) -> Any:
@@ -698,6 +705,7 @@ class LiveGraph:
         if freed:
             log.info("graph %s: no edit for %.0f s; released %.2f GiB of recycled edit buffers", self.label,
                      graph_edit.BUFFERS.idle_s, freed / 2**30)
+        self._compact_if_due()
 
     def stale_lists(self) -> int:
         """PPR lists updates left stale (``ppr_eager_lists``), over the graph's indexes."""
@@ -980,6 +988,8 @@ class LiveGraph:
             return
         g = self.data.graph
         now = time.perf_counter()
+        self.replay_debt_s += now - group.t0
+        self._last_commit = time.monotonic()
         # the counters first, so that a caller reading them once answered finds its update counted (a failure
         # there is logged, not raised at the callers); the log's size after the replies (a Redis round trip)
         try:
@@ -1089,19 +1099,23 @@ class LiveGraph:
                     raise Unavailable(self._unavailable("cannot read the graph's update log; retry with backoff",
                                                         exc)) from None
                 if not records:
-                    if done and time.monotonic() - t0 > 5:
-                        log.info("graph %s: replayed %d logged updates in %.1f s", self.label, done,
-                                 time.monotonic() - t0)
+                    if done:
+                        self.replay_debt_s += time.monotonic() - t0
+                        if time.monotonic() - t0 > 5:
+                            log.info("graph %s: replayed %d logged versions in %.1f s", self.label, done,
+                                     time.monotonic() - t0)
                     return done
-                for version, payload in records:
-                    try:
-                        self._apply_record(version, payload)
-                    except Exception as exc:
-                        raise self._replay_failure(version, exc) from exc
-                    done += 1
+                # a graph without PPR lists replays its records in groups: one new graph per group instead of one
+                # per record (its answers depend on the graph and features alone, the same either way); a PPR
+                # graph's lists depend on how its edits were grouped, so its records replay one by one, as written
+                step = 1 if self.data.ppr_indexes else len(records)
+                for lo in range(0, len(records), step):
+                    chunk = records[lo:lo + step]
+                    self._replay_records(chunk)
+                    done += len(chunk)
                     if time.monotonic() - t_log > 5:  # a long replay says how far it got
                         t_log = time.monotonic()
-                        log.info("graph %s: replaying the update log: %d updates applied, now at version %d "
+                        log.info("graph %s: replaying the update log: %d logged versions applied, now at version %d "
                                  "(%.0f s)", self.label, done, self.version, t_log - t0)
 
     def _replay_failure(self, version: int, exc: BaseException) -> Exception:
@@ -1126,19 +1140,35 @@ class LiveGraph:
                               f"({type(exc).__name__}: {exc}); the graph stays at version {self.version}, out of "
                               f"service, and the log is kept as it is. {fix}")
 
-    def _apply_record(self, version: int, payload: bytes) -> None:
+    def _replay_records(self, records: list[tuple[int, bytes]]) -> None:
+        """Apply logged ``records`` (consecutive versions after :attr:`version`) as one group: one new graph and
+        one round of invalidation, the graph at the last record's version after it (an update the writer
+        grouped the same way would give the same graph). A record that does not apply again is raised as
+        :meth:`_replay_failure` with the graph at the version before it, as a replay record by record leaves it."""
         from clients._gen import gnnserve_pb2 as pb
 
-        if version != self.version + 1:
-            raise RuntimeError(f"update log of graph {self.label}: record {version} after {self.version}")
         t0 = time.perf_counter()
         group = _Group(self.data.graph, self.features.num_nodes, chain_only=self.remote)
-        updates = pb.UpdateLogRecord.FromString(payload).updates
-        for req in updates:  # accepted when written: valid again on the same state
-            group.add(parse_update(req, group.num_nodes, self.features.num_features, max_size=1 << 62),
-                      self._replay_fn)
-        inv = self._apply(group.parsed(), group.effect(self._replay_fn), version)
-        self._observe(inv, [1e3 * (time.perf_counter() - t0)] * len(updates))
+        count = 0
+        for i, (version, payload) in enumerate(records):
+            try:
+                if version != self.version + 1 + i:
+                    raise RuntimeError(f"update log of graph {self.label}: record {version} after "
+                                       f"{self.version + i}")
+                updates = pb.UpdateLogRecord.FromString(payload).updates
+                for req in updates:  # accepted when written: valid again on the same state
+                    group.add(parse_update(req, group.num_nodes, self.features.num_features, max_size=1 << 62),
+                              self._replay_fn)
+            except Exception as exc:
+                if i:  # the records before it (the group has part of this one): the graph at the version before it
+                    self._replay_records(records[:i])
+                raise self._replay_failure(version, exc) from exc
+            count += len(updates)
+        try:
+            inv = self._apply(group.parsed(), group.effect(self._replay_fn), records[-1][0])
+        except Exception as exc:
+            raise self._replay_failure(records[0][0], exc) from exc
+        self._observe(inv, [1e3 * (time.perf_counter() - t0) / max(count, 1)] * count)
 
     def compact(self, directory: str | Path, ppr_cache_dir: str | Path | None = None) -> dict[str, Any]:
         """Fold the applied updates into a snapshot of the graph and features at ``directory`` (what a
@@ -1180,11 +1210,50 @@ class LiveGraph:
             if self.log is not None and version > self.log.base:
                 self.log.truncate_before(version)
             after = self.log.size_bytes() if self.log is not None else 0
+            self.replay_debt_s = 0.0
+        self._observe_log_size()
         out = {"version": version, "nodes": n, "edges": int(graph.num_edges), "log_bytes_before": before,
                "log_bytes_after": after, "seconds": time.perf_counter() - t0}
         log.info("graph %s: compacted at version %d into %s (log %d -> %d bytes) in %.1f s", self.label, version, d,
                  before, after, out["seconds"])
         return out
+
+    def compact_when_idle(self, directory: str | Path, ppr_cache_dir: str | Path | None, *, replay_s: float,
+                          idle_s: float = 60.0) -> None:
+        """While serving, :meth:`compact` into ``directory`` once the updates applied since the last snapshot
+        took more than ``replay_s`` seconds here (:attr:`replay_debt_s`: what the next start would spend
+        replaying them, at most) and no update has come for ``idle_s`` seconds (the graph's writer thread
+        looks every half second; updates that arrive meanwhile wait for the snapshot, predictions go on).
+        Only a server that writes a file log compacts it (not a follower, nor a Redis stream's replicas)."""
+        self._compaction = (Path(directory), None if ppr_cache_dir is None else Path(ppr_cache_dir),
+                            float(replay_s), float(idle_s))
+
+    def compaction_due(self, replay_s: float) -> bool:
+        """Whether the updates since the last snapshot would take a start more than ``replay_s`` seconds to
+        replay (``replay_s`` > 0) and this server may compact the log (it writes a file log)."""
+        from .update_log import FileUpdateLog
+
+        return (replay_s > 0 and self.replay_debt_s > replay_s and self.broken is None
+                and isinstance(self.log, FileUpdateLog) and not self.log.follow and not self.read_only
+                and self.version > self.log.base)
+
+    def _compact_if_due(self) -> None:
+        """The writer thread's look (:meth:`compact_when_idle`); a failure is logged and retried in 10 minutes."""
+        if self._compaction is None or self._pending:
+            return
+        directory, ppr_dir, replay_s, idle_s = self._compaction
+        now = time.monotonic()
+        if now - self._last_commit < idle_s or now < self._compact_retry_at or not self.compaction_due(replay_s):
+            return
+        log.info("graph %s: no update for %.0f s, and the %d logged versions since the last snapshot took %.1f s "
+                 "to apply: compacting the update log", self.label, now - self._last_commit,
+                 self.version - self.log.base, self.replay_debt_s)
+        try:
+            self.compact(directory, ppr_cache_dir=ppr_dir)
+        except Exception:
+            self._compact_retry_at = time.monotonic() + 600
+            log.exception("graph %s: compacting the update log failed; the log is kept as it was (next try in "
+                          "10 minutes)", self.label)
 
     def _save_ppr_lists(self, cache_dir: Path, graph: Any) -> None:
         """Each PPR index of the graph, as it is now, saved into ``cache_dir`` where ``PPRIndex.open_or_build``

@@ -616,14 +616,20 @@ class ModelRegistry:
             live.attach(rt)
             if not self.options.graph_url and self._replay_pending(live):
                 self._open_saved_indexes(data)  # only before a replay: without one, each model finds its own
+        t_replay = time.perf_counter()
         replayed = live.catch_up()  # the graph's logged updates (the first model on it: all of them)
         if replayed:
-            log.info("graph %s: %d logged updates replayed, now at version %d", live.label, replayed, live.version)
-        limit = self.options.compact_log_bytes
-        if (limit > 0 and isinstance(live.log, FileUpdateLog) and not live.log.follow
+            log.info("graph %s: %d logged versions replayed in %.2f s, now at version %d", live.label, replayed,
+                     time.perf_counter() - t_replay, live.version)
+        limit, replay_s = self.options.compact_log_bytes, self.options.compact_replay_s
+        snapshot = self._live_dir() / f"{data.fingerprint}.snapshot"
+        if live.compaction_due(replay_s) or (
+                limit > 0 and isinstance(live.log, FileUpdateLog) and not live.log.follow
                 and live.version > live.log.base and live.log.size_bytes() > limit):
-            live.compact(self._live_dir() / f"{data.fingerprint}.snapshot",
-                         ppr_cache_dir=self._ppr_cache_dir)
+            live.compact(snapshot, ppr_cache_dir=self._ppr_cache_dir)
+        if replay_s > 0 and not self.options.graph_url:
+            live.compact_when_idle(snapshot, self._ppr_cache_dir, replay_s=replay_s,
+                                   idle_s=self.options.compact_idle_s)
         rt.warm()
         log.info("loaded %s v%d in %.1f s", name, version, time.perf_counter() - t0)
         return rt

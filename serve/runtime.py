@@ -293,6 +293,11 @@ class RuntimeOptions:
     #: at start, after replaying a graph's file log: fold it into a snapshot when it is larger than this
     #: (``serve.live.LiveGraph.compact``); 0 = never
     compact_log_bytes: int = 256 << 20
+    #: fold a graph's file log into a snapshot once replaying it would take a start more than this many seconds
+    #: (the time its updates took to apply here): at start after the replay, and while serving once no update
+    #: came for ``compact_idle_s`` (``serve.live.LiveGraph.compact_when_idle``); 0 = never by time
+    compact_replay_s: float = 30.0
+    compact_idle_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.serving_path is not None and self.serving_path not in PATH_NAMES:
