@@ -37,9 +37,14 @@ Tensor mapping (so ``tritonclient.grpc.InferenceServerClient`` works unchanged):
   (:func:`serve.validation.knob_rule`: ``sampling_width`` >= 0, ``ppr_budget`` >= 1 on a shaDow
   model and >= 0 on a plain one, which has no budget: 0 or absent means none; both at most
   2**31 - 1, the fields' width); ``min_graph_version`` is a graph version (>= 0); Triton's own
-  ``priority`` (>= 0, accepted and ignored: one priority level) and ``timeout`` (microseconds, 0 = none:
-  the request fails if still queued when it expires, as with a gRPC deadline) are taken too. The response
-  parameters report the settings used and the timing.
+  ``priority`` (>= 0, accepted and ignored: one priority level), ``timeout`` (microseconds, 0 = none:
+  the request fails if still queued when it expires, as with a gRPC deadline) and
+  ``triton_enable_empty_final_response`` (a bool_param, as Triton requires; tritonclient's streams and
+  perf_analyzer send it; nothing to do: each request gets one response, final) are taken too. The response
+  parameters report the settings used (as native ``Predict``'s ``settings``: ``sampling_width``, ``ppr_budget``,
+  ``strategy``, ``extractor``, ``chosen_by``, ``expected_accuracy``, ``edges_kept``, ``edges_total``), the timing
+  (``total_ms``), ``graph_version`` and ``data_version`` (the data the answer was computed from, as native
+  ``Predict``'s; a model whose store saw its pinned data version replaced answers DATA_LOSS, as there).
 
 Triton's extensions of the service, and what gnnserve does with each:
 
@@ -47,7 +52,8 @@ Triton's extensions of the service, and what gnnserve does with each:
   on the stream, in the order sent, with the same validation and knobs as ``ModelInfer``. A request
   that fails gets a response with ``error_message`` (its status code's name and the message) and the
   stream goes on. Up to :data:`STREAM_WINDOW` requests of one stream run at once (they batch
-  together); answers still leave in order.
+  together); answers still leave in order. Each response, answer or error, carries the response parameter
+  ``triton_final_response`` = true, as Triton's do (a stream client waits for it to know a request is done).
 * ``ModelConfig``: a Triton model configuration (platform and backend ``gnnserve``, every version
   served, ``max_batch_size`` = the node limit per request, the inputs, each ``optional``: ``NODE_IDS`` and
   ``NEW_NODE_NEIGHBOR_COUNTS`` dims ``[1]`` reshaped to a scalar per node, ``NEW_NODE_FEATURES`` ``[F]``,
@@ -57,7 +63,9 @@ Triton's extensions of the service, and what gnnserve does with each:
   ``min`` is the lowest value a request may send and ``max`` the largest one served (a larger value
   runs at it); a plain model's ``ppr_budget`` is ``{"min": 0, "max": 0, "default": 0}``, and 0 is
   accepted. ``ModelMetadata.platform`` is the same ``gnnserve`` (the architecture is the config's
-  ``architecture`` parameter).
+  ``architecture`` parameter); ``ModelMetadata`` gives each input's shape as Triton does for a batching model:
+  ``-1`` (the batch), then its ``dims`` (``NODE_IDS`` ``[-1, 1]``, ``NEW_NODE_NEIGHBORS`` ``[-1, -1]``), the
+  shapes perf_analyzer sends (it cannot build an input whose shape per node is empty).
 * ``ModelStatistics``: :mod:`serve.stats` (native ``Predict`` and KServe requests alike). As in
   Triton, a ``ModelInfer`` / stream request counts in ``inference_stats.fail`` (with its duration)
   once it names a served version and passes the checks Triton makes before a model sees a request
@@ -127,10 +135,17 @@ PLATFORM = "gnnserve"
 OUTPUTS = ("LABELS", "PROBABILITIES", "EMBEDDINGS")
 DEFAULT_OUTPUTS = ("LABELS", "PROBABILITIES")
 KNOBS = ("sampling_width", "ppr_budget", "max_accuracy_loss")
+#: the one ``triton_`` request parameter Triton takes (a bool_param: tritonclient's
+#: ``async_stream_infer(enable_empty_final_response=True)`` and perf_analyzer send it): accepted, with nothing to
+#: do, as every model answers each request with one response, marked final (:data:`FINAL_RESPONSE`)
+EMPTY_FINAL = "triton_enable_empty_final_response"
 #: Triton's own request parameters: ``priority`` (accepted; the batcher has one priority level, as a Triton
-#: model without ``priority_levels``, which ignores it too) and ``timeout`` (microseconds, 0 = none: a request
-#: still queued when it expires fails, as with a gRPC deadline, whichever comes first)
-TRITON_PARAMS = ("priority", "timeout")
+#: model without ``priority_levels``, which ignores it too), ``timeout`` (microseconds, 0 = none: a request
+#: still queued when it expires fails, as with a gRPC deadline, whichever comes first) and :data:`EMPTY_FINAL`
+TRITON_PARAMS = ("priority", "timeout", EMPTY_FINAL)
+#: the response parameter Triton sets on each ModelStreamInfer response: true on a request's last response (here
+#: its only one, answer or error), which clients of decoupled models wait for
+FINAL_RESPONSE = "triton_final_response"
 #: request parameters besides the knobs: read-your-writes on a live graph (serve.live), Triton's own
 REQUEST_PARAMS = (*KNOBS, "min_graph_version", *TRITON_PARAMS)
 #: a ``timeout`` above this many microseconds (a year) means none, as 0 does: clients send the largest
@@ -528,6 +543,12 @@ def _refuse_under_processes(rpc: str) -> None:
 
 
 # ---------------------------------------------------------------------- model configuration
+def _input_dims(spec: _InputSpec, num_features: int) -> list[int]:
+    """An input's ``dims`` in the model configuration (per node, the batch dimension left out): an id or count is
+    ``[1]`` (reshaped to a scalar), a new node's features ``[F]``, neighbours and weights ``[-1]`` (ragged)."""
+    return [1] if spec.shape == "ids" else [num_features] if spec.shape == "rows" else [-1]
+
+
 def model_config(rt: ModelRuntime) -> pb.ModelConfig:
     """Triton's view of one model version (see the module docstring)."""
     lim = rt.limits
@@ -725,8 +746,9 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
             name=rt.name,
             versions=[str(v) for v in self.registry.versions(rt.name)],
             platform=PLATFORM,  # as ModelConfig.platform; the architecture is ModelConfig's parameter
-            inputs=[T(name=name, datatype=spec.datatype,
-                      shape=[-1, rt.limits.num_features] if spec.shape == "rows" else [-1])
+            # as Triton reports a batching model's inputs: the batch dimension, then the configuration's dims
+            # (ModelConfig), the shape a Triton client (perf_analyzer) sends; [n] is accepted as well
+            inputs=[T(name=name, datatype=spec.datatype, shape=[-1, *_input_dims(spec, rt.limits.num_features)])
                     for name, spec in INPUT_SPECS.items()],
             outputs=[
                 T(name="LABELS", datatype="INT64", shape=[-1]),
@@ -755,6 +777,10 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         res = await rt.submit(call, deadline=deadline)  # counts its own failures (queue, deadline, batch)
         res.timing["total"] = 1e3 * (time.perf_counter() - t0)
         rt.observe(res)
+        # as native Predict: DATA_LOSS once the store saw a pinned data version replaced (cached rows included)
+        from . import features
+
+        data_version = features.data_version(rt.data.features, rt.data.graph, rt.dataset_fingerprint)
         resp = pb.ModelInferResponse(model_name=rt.name, model_version=str(rt.version), id=request.id)
         n = len(res.labels)
         for name in wanted:
@@ -779,6 +805,8 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         p = resp.parameters
         p["sampling_width"].int64_param = call.sampling_width
         p["ppr_budget"].int64_param = call.ppr_budget
+        p["strategy"].string_param = rt.strategy
+        p["extractor"].string_param = rt.limits.extractor
         p["chosen_by"].string_param = call.chosen_by
         if call.expected_accuracy:  # the knob table's accuracy of the setting served (absent: none measured)
             p["expected_accuracy"].double_param = call.expected_accuracy
@@ -786,6 +814,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         p["edges_total"].int64_param = res.edges_total
         p["total_ms"].double_param = res.timing["total"]
         p["graph_version"].int64_param = res.graph_version
+        p["data_version"].string_param = data_version
         return resp
 
     @staticmethod
@@ -813,6 +842,8 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
             greq.ppr_budget = _knob_param("ppr_budget", params["ppr_budget"], rt)
         if "max_accuracy_loss" in params:
             greq.max_accuracy_loss = _float_param("max_accuracy_loss", params["max_accuracy_loss"])
+        if EMPTY_FINAL in params and params[EMPTY_FINAL].WhichOneof("parameter_choice") != "bool_param":
+            raise InvalidArgument(f"parameter {EMPTY_FINAL} must be a bool_param (Triton's; every response here is final)")
         if "priority" in params and _int_param("priority", params["priority"]) < 0:
             raise InvalidArgument("parameter priority must be >= 0 (Triton's priority level; this server has one)")
         if "min_graph_version" in params:
@@ -829,13 +860,17 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         """One request of a stream, answered: its response, or its error as ``error_message``."""
         problem = unparsed_reason(request)
         if problem is not None:  # refused from its bytes, or undecodable: the stream goes on
-            return pb.ModelStreamInferResponse(error_message=bounded(f"INVALID_ARGUMENT: {problem}"))
+            resp = pb.ModelStreamInferResponse(error_message=bounded(f"INVALID_ARGUMENT: {problem}"))
+            resp.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+            return resp
         admitted = False
         try:
             if self.gate is not None:
                 self.gate.enter("ModelStreamInfer")
                 admitted = True
-            return pb.ModelStreamInferResponse(infer_response=await self._infer(request, deadline))
+            resp = pb.ModelStreamInferResponse(infer_response=await self._infer(request, deadline))
+            resp.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+            return resp
         except Exception as exc:
             code, message = error_status(exc, "ModelStreamInfer request", request.id[:64])
             resp = pb.ModelStreamInferResponse(error_message=bounded(f"{code.name}: {message}"))
@@ -843,6 +878,7 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
             resp.infer_response.model_name = request.model_name[:256]
             resp.infer_response.model_version = request.model_version[:64]
             resp.infer_response.id = request.id[:256]
+            resp.infer_response.parameters[FINAL_RESPONSE].bool_param = True
             return resp
         finally:
             if admitted:

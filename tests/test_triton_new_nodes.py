@@ -345,9 +345,11 @@ def test_config_and_metadata_list_the_inputs(stub, model):
                    "NEW_NODE_NEIGHBORS": ("TYPE_INT64", [-1], False, True, True),
                    "NEW_NODE_EDGE_WEIGHTS": ("TYPE_FP32", [-1], False, True, True)}
     meta = stub.ModelMetadata(pb.ModelMetadataRequest(name=model), timeout=60)
+    # as Triton reports a batching model's inputs: the batch dimension, then the config's dims (test_triton_client)
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
-        ("NODE_IDS", "INT64", [-1]), ("NEW_NODE_FEATURES", "FP32", [-1, F]), ("NEW_NODE_NEIGHBOR_COUNTS", "INT64", [-1]),
-        ("NEW_NODE_NEIGHBORS", "INT64", [-1]), ("NEW_NODE_EDGE_WEIGHTS", "FP32", [-1])]
+        ("NODE_IDS", "INT64", [-1, 1]), ("NEW_NODE_FEATURES", "FP32", [-1, F]),
+        ("NEW_NODE_NEIGHBOR_COUNTS", "INT64", [-1, 1]), ("NEW_NODE_NEIGHBORS", "INT64", [-1, -1]),
+        ("NEW_NODE_EDGE_WEIGHTS", "FP32", [-1, -1])]
 
 
 # ---------------------------------------------------------------------------- tritonclient
