@@ -734,7 +734,7 @@ def _compact_rows(buf, ptr, out_len):  # pragma: no cover - compiled
     return w
 
 
-def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+def npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
     """The header ``np.save`` writes for a C-ordered array of ``shape`` and ``dtype``."""
     bio = io.BytesIO()
     np.lib.format.write_array_header_1_0(
@@ -742,7 +742,7 @@ def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
     return bio.getvalue()
 
 
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -835,11 +835,11 @@ def synthetic_sbm_to_dir(
             _write_synthetic(tmp, params, kwargs.get("name"), memory_budget, progress)
             for f in tmp.rglob("*"):
                 if f.is_file():
-                    _fsync_path(f)
+                    fsync_path(f)
             for sub in (tmp / "graph", tmp):
-                _fsync_path(sub)
+                fsync_path(sub)
             tmp.rename(d)
-            _fsync_path(d.parent)
+            fsync_path(d.parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -860,7 +860,7 @@ def remove_stale_tmp(parent: Path, name: str, what: str) -> int:
     now = time.time()
     for stale in parent.glob(f"{glob_escape(name)}.tmp-*"):
         pid = stale.name[len(name) + len(".tmp-"):].split("-", 1)[0]
-        if not pid.isdigit() or _pid_alive(int(pid)) or now - _newest_mtime(stale) < STALE_AFTER_S:
+        if not pid.isdigit() or pid_alive(int(pid)) or now - _newest_mtime(stale) < STALE_AFTER_S:
             continue
         log.warning("removing %s, left by %s", stale, what)
         if stale.is_dir() and not stale.is_symlink():
@@ -884,7 +884,7 @@ def _newest_mtime(path: Path) -> float:
     return newest
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -938,7 +938,7 @@ def _write_synthetic(d: Path, params: dict[str, Any], name: str | None, memory_b
     h_feat = hashlib.blake2b(digest_size=16)
     h_feat.update(f"x|{(n, f_dim)}|{np.dtype(np.float32).str}".encode())
     with open(d / "x.npy", "wb") as fh, _bar(n, "features", progress, "node") as bar:
-        fh.write(_npy_header((n, f_dim), np.float32))
+        fh.write(npy_header((n, f_dim), np.float32))
         for start, stop, block in _sbm_feature_chunks(rng, y, c, f_dim, params["feature_signal"]):
             fh.write(memoryview(block).cast("B"))
             h_feat.update(memoryview(block).cast("B"))
@@ -961,7 +961,7 @@ def _write_synthetic(d: Path, params: dict[str, Any], name: str | None, memory_b
     raw_total = int(raw_ptr[-1])
     budget = max(1, int(memory_budget) // idt.itemsize)
     indptr = np.zeros(n + 1, dtype=np.int64)
-    header = _npy_header((raw_total,), idt)
+    header = npy_header((raw_total,), idt)
     threads = max(1, numba_threads())
     written = 0
     blocks = 0
@@ -994,7 +994,7 @@ def _write_synthetic(d: Path, params: dict[str, Any], name: str | None, memory_b
             blocks += 1
             bar.update(r1 - r0)
             r0 = r1
-        final_header = _npy_header((written,), idt)
+        final_header = npy_header((written,), idt)
         if len(final_header) != len(header):  # NumPy pads the header for growth: not expected
             raise AssertionError("npy header length changed with the array length")
         out.seek(0)

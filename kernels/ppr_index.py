@@ -19,7 +19,7 @@ sort over every entry: 4.4 s for the 128 M entries of a 2 M-node index on 2 core
 memory-mapped, so a server's first update neither waits for it nor holds it in its own memory.
 """
 
-# numba cache key: datasets 61793522f842, ppr_push 9fa4796b3dd5, subgraph 47e999493df1
+# numba cache key: datasets dd10b366f7b3, ppr_push 9fa4796b3dd5, subgraph 47e999493df1
 
 from __future__ import annotations
 

@@ -190,7 +190,7 @@ sources + holders of any changed row + new nodes. A dirty target stays dirty (th
 never patched); :meth:`ensure_induced` after edits rebuilds the table from the current lists.
 """
 
-# numba cache key: datasets 61793522f842, graph_edit 8790b7a7fe60, ppr_index 4041eca4b093, ppr_push 9fa4796b3dd5, subgraph 47e999493df1
+# numba cache key: datasets dd10b366f7b3, graph_edit 8790b7a7fe60, ppr_index 4041eca4b093, ppr_push 9fa4796b3dd5, subgraph 47e999493df1
 
 from __future__ import annotations
 

@@ -54,12 +54,13 @@ import grpc
 import numpy as np
 
 from kernels import graph_edit
-from kernels.datasets import remove_stale_tmp
+from kernels.datasets import fsync_path, pid_alive, remove_stale_tmp
 from kernels.graph_edit import valid_weights
 from kernels.update_warmup import warm_once
 
 from .errors import (
     READ_ONLY_REFUSAL,
+    DeadlineExceeded,
     GnnServeError,
     GraphOutOfService,
     InvalidArgument,
@@ -67,6 +68,7 @@ from .errors import (
     Unavailable,
     detached,
 )
+from .update_log import fsync_dir
 from .validation import feature_problem
 from .wire import update_size_error
 
@@ -340,9 +342,11 @@ class UpdateResult:
 class _Ticket:
     """One UpdateGraph call waiting for the writer; settles an asyncio future when it has one."""
 
-    def __init__(self, request: Any, future: asyncio.Future[UpdateResult] | None = None) -> None:
+    def __init__(self, request: Any, future: asyncio.Future[UpdateResult] | None = None,
+                 deadline: float | None = None) -> None:
         self.request = request
         self.t0 = time.perf_counter()
+        self.deadline = deadline  # the caller's, on the time.monotonic clock (None: none)
         self.done = False
         self.error: BaseException | None = None
         self.result: UpdateResult | None = None
@@ -570,6 +574,8 @@ class LiveGraph:
         self._pending: list[_Ticket] = []  # UpdateGraph calls waiting for the writer, in arrival order
         self._wake = threading.Event()  # the writer thread's doorbell (update_async)
         self.version = int(version)  # a snapshot's version (compact), else 0: the dataset as loaded
+        #: the version of the newest snapshot of this graph (loaded, or written by :meth:`compact`); 0: none
+        self.snapshot_version = int(version)
         self._runtimes: weakref.WeakSet[ModelRuntime] = weakref.WeakSet()
         self._version_cond = threading.Condition()
         self.remote = bool(getattr(data.graph, "is_remote", False))
@@ -673,15 +679,17 @@ class LiveGraph:
         assert result is not None
         return result
 
-    async def update_async(self, request: Any) -> UpdateResult:
+    async def update_async(self, request: Any, deadline: float | None = None) -> UpdateResult:
         """:meth:`update` for the event loop: the update waits in the queue without a thread of its own,
         and the graph's writer thread applies the queue (so as many updates as arrive meanwhile join one
-        group, however many there are)."""
+        group, however many there are). An update still waiting when its ``deadline`` (``time.monotonic``)
+        passes is not applied (DEADLINE_EXCEEDED): its caller has been told the call failed, and a retry
+        must not find it applied (it may wait behind a compaction or a long update)."""
         if self._may_take_over:  # file IO and a catch-up: off the event loop
             await asyncio.get_running_loop().run_in_executor(None, self.take_over)
         self._check_writable()
         fut: asyncio.Future[UpdateResult] | None = asyncio.get_running_loop().create_future()
-        self._enqueue(_Ticket(request, fut))
+        self._enqueue(_Ticket(request, fut, deadline))
         try:
             return await fut
         finally:  # a refusal's traceback holds this frame, the future holds the refusal: no cycle keeps the request
@@ -916,6 +924,11 @@ class LiveGraph:
         group = _Group(self.data.graph, self.features.num_nodes, chain_only=self.remote)
         accepted: list[tuple[_Ticket, ParsedUpdate]] = []
         for i, t in enumerate(tickets):
+            if t.deadline is not None and time.monotonic() >= t.deadline:
+                t.fail(detached(DeadlineExceeded(
+                    "the update's deadline passed while it waited for the graph's writer (a compaction or a long "
+                    "update before it): not applied; retry with a longer deadline")))
+                continue
             try:
                 parsed = parse_update(t.request, group.num_nodes, self.features.num_features,
                                       max_size=self.max_update_size)
@@ -1172,12 +1185,19 @@ class LiveGraph:
 
     def compact(self, directory: str | Path, ppr_cache_dir: str | Path | None = None) -> dict[str, Any]:
         """Fold the applied updates into a snapshot of the graph and features at ``directory`` (what a
-        restart then loads instead of the dataset: :func:`load_snapshot`), then drop the log's records up
-        to it. Crash-safe: the snapshot is written beside and renamed into place, and the records are
-        dropped only after; a crash between the two leaves records the next start skips. Updates wait
-        meanwhile; predictions go on. With ``ppr_cache_dir`` the graph's PPR lists are saved there too, as
-        the index of the snapshot's graph (:meth:`kernels.ppr_live.LivePPRIndex.as_index`), which the next
-        start opens instead of building one."""
+        restart then loads instead of the dataset: :func:`load_snapshot`), then drop the log's records up to
+        the *previous* snapshot's version: a follower (another server on the repository, a process of
+        ``--processes``) up to one compaction behind still reads the records it lacks; a start reads from
+        the snapshot's version. Updates wait meanwhile; predictions go on. With ``ppr_cache_dir`` the graph's
+        PPR lists are saved there too, as the index of the snapshot's graph
+        (:meth:`kernels.ppr_live.LivePPRIndex.as_index`), which the next start opens instead of building one,
+        and the lists earlier compactions of this dataset saved there are removed.
+
+        Crash-safe: everything is written to a sibling directory with plain writes (a full disk is an
+        ``OSError`` here, never a SIGBUS of a memory map) and fsynced, the partial directory removed on any
+        failure; then the previous snapshot is moved aside and the new one renamed in (a process killed
+        between the two renames leaves both complete: :func:`load_snapshot` takes the newer); the log's
+        records are dropped last."""
         d = Path(directory)
         t0 = time.perf_counter()
         with self._writer:
@@ -1187,36 +1207,57 @@ class LiveGraph:
             remove_stale_tmp(d.parent, d.name, "an interrupted snapshot")
             tmp = d.with_name(f"{d.name}.tmp-{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            graph.save(tmp / "graph")
-            x = np.lib.format.open_memmap(tmp / "x.npy", mode="w+", dtype=np.float32, shape=(n, f))
-            for lo in range(0, n, 65536):
-                hi = min(n, lo + 65536)
-                with self.lock.read():
-                    x[lo:hi] = self.features.get(np.arange(lo, hi, dtype=np.int64))
-            x.flush()
-            del x
-            (tmp / SNAPSHOT_META).write_text(json.dumps({
-                "format": SNAPSHOT_FORMAT, "version": version, "dataset_fingerprint": self.data.fingerprint,
-                "num_nodes": n, "num_edges": int(graph.num_edges), "created_at": time.time()}))
+            try:
+                self._write_snapshot(tmp, graph, version, n, f)
+                if ppr_cache_dir is not None:
+                    self._save_ppr_lists(Path(ppr_cache_dir), graph)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
             old = d.with_name(f"{d.name}.old-{os.getpid()}")
             if d.exists():
                 os.replace(d, old)
             os.replace(tmp, d)
+            fsync_dir(d.parent)
             shutil.rmtree(old, ignore_errors=True)
-            if ppr_cache_dir is not None:
-                self._save_ppr_lists(Path(ppr_cache_dir), graph)
             before = self.log.size_bytes() if self.log is not None else 0
-            if self.log is not None and version > self.log.base:
-                self.log.truncate_before(version)
+            keep = self.snapshot_version
+            if self.log is not None and keep > self.log.base:
+                self.log.truncate_before(keep)
             after = self.log.size_bytes() if self.log is not None else 0
+            self.snapshot_version = version
             self.replay_debt_s = 0.0
         self._observe_log_size()
         out = {"version": version, "nodes": n, "edges": int(graph.num_edges), "log_bytes_before": before,
                "log_bytes_after": after, "seconds": time.perf_counter() - t0}
-        log.info("graph %s: compacted at version %d into %s (log %d -> %d bytes) in %.1f s", self.label, version, d,
-                 before, after, out["seconds"])
+        log.info("graph %s: compacted at version %d into %s (log %d -> %d bytes, kept from version %d) in %.1f s",
+                 self.label, version, d, before, after, keep, out["seconds"])
         return out
+
+    def _write_snapshot(self, tmp: Path, graph: Any, version: int, n: int, f: int) -> None:
+        """The snapshot's files in ``tmp`` (a new directory), fsynced, its metadata last."""
+        from kernels.datasets import npy_header
+
+        tmp.mkdir(parents=True)
+        graph.save(tmp / "graph")
+        with open(tmp / "x.npy", "wb") as fh:
+            fh.write(npy_header((n, f), np.dtype(np.float32)))
+            for lo in range(0, n, 65536):
+                hi = min(n, lo + 65536)
+                with self.lock.read():
+                    rows = self.features.get(np.arange(lo, hi, dtype=np.int64))
+                fh.write(np.ascontiguousarray(rows, dtype=np.float32).data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        for path in (tmp / "graph").iterdir():
+            fsync_path(path)
+        fsync_dir(tmp / "graph")
+        meta = tmp / SNAPSHOT_META
+        meta.write_text(json.dumps({
+            "format": SNAPSHOT_FORMAT, "version": version, "dataset_fingerprint": self.data.fingerprint,
+            "num_nodes": n, "num_edges": int(graph.num_edges), "created_at": time.time()}))
+        fsync_path(meta)
+        fsync_dir(tmp)
 
     def compact_when_idle(self, directory: str | Path, ppr_cache_dir: str | Path | None, *, replay_s: float,
                           idle_s: float = 60.0) -> None:
@@ -1235,7 +1276,7 @@ class LiveGraph:
 
         return (replay_s > 0 and self.replay_debt_s > replay_s and self.broken is None
                 and isinstance(self.log, FileUpdateLog) and not self.log.follow and not self.read_only
-                and self.version > self.log.base)
+                and self.version > self.snapshot_version)
 
     def _compact_if_due(self) -> None:
         """The writer thread's look (:meth:`compact_when_idle`); a failure is logged and retried in 10 minutes."""
@@ -1247,7 +1288,7 @@ class LiveGraph:
             return
         log.info("graph %s: no update for %.0f s, and the %d logged versions since the last snapshot took %.1f s "
                  "to apply: compacting the update log", self.label, now - self._last_commit,
-                 self.version - self.log.base, self.replay_debt_s)
+                 self.version - self.snapshot_version, self.replay_debt_s)
         try:
             self.compact(directory, ppr_cache_dir=ppr_dir)
         except Exception:
@@ -1264,14 +1305,31 @@ class LiveGraph:
             if not hasattr(idx, "as_index"):
                 continue
             final = PPRIndex.path_for(cache_dir, graph, idx.config)
-            if (final / "meta.json").exists():  # kept (checked first: the lists are not gathered for nothing)
+            if not (final / "meta.json").exists():  # kept (checked first: the lists are not gathered for nothing)
+                t0 = time.perf_counter()
+                with self.lock.read():  # lookups go on; installs take the writer, held here
+                    saved = idx.as_index()
+                saved.meta.setdefault("from_live", {})["dataset"] = self.data.fingerprint
+                saved.publish(cache_dir)
+                log.info("graph %s: PPR lists saved as the snapshot graph's index %s (%d lists) in %.1f s",
+                         self.label, final.name, saved.num_nodes, time.perf_counter() - t0)
+            self._remove_earlier_lists(cache_dir, final)
+
+    def _remove_earlier_lists(self, cache_dir: Path, final: Path) -> None:
+        """The PPR lists earlier compactions of this dataset saved with ``final``'s configuration (no start loads
+        them: their snapshot was replaced); the dataset's own index, and lists of other datasets, stay. A server
+        still reading removed lists keeps its open files."""
+        suffix = final.name.rsplit("-", 1)[-1]
+        for other in cache_dir.glob(f"ppr-*-{suffix}"):
+            if other == final or not other.is_dir():
                 continue
-            t0 = time.perf_counter()
-            with self.lock.read():  # lookups go on; installs take the writer, held here
-                saved = idx.as_index()
-            saved.publish(cache_dir)
-            log.info("graph %s: PPR lists saved as the snapshot graph's index %s (%d lists) in %.1f s", self.label,
-                     final.name, saved.num_nodes, time.perf_counter() - t0)
+            try:
+                meta = json.loads((other / "meta.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if (meta.get("from_live") or {}).get("dataset") == self.data.fingerprint:
+                shutil.rmtree(other, ignore_errors=True)
+                log.info("graph %s: removed the PPR lists of an earlier snapshot, %s", self.label, other.name)
 
     def wait_for(self, version: int, timeout: float) -> bool:
         """Whether the graph reaches ``version`` within ``timeout`` seconds (reading the log first:
@@ -1450,22 +1508,62 @@ SNAPSHOT_FORMAT = "gnnserve.snapshot/1"
 
 def load_snapshot(directory: str | Path, dataset_fingerprint: str) -> tuple[Any, np.ndarray, int] | None:
     """``(graph, features [N, F] memory map, version)`` of a snapshot :meth:`LiveGraph.compact` wrote for
-    that dataset, or ``None`` when there is none. A snapshot of another dataset is an error."""
+    that dataset, or ``None`` when there is none. A snapshot of another dataset is an error.
+
+    A compaction killed between moving the previous snapshot aside and renaming the new one in left no
+    ``directory`` but both complete beside it: the newer is renamed into place. The metadata is read again
+    after the arrays: a writer that swapped snapshots meanwhile (a follower starting beside it) makes the
+    read start over, so the version and the arrays are always of one snapshot."""
     from kernels.graph import CSRGraph
 
     d = Path(directory)
-    try:
-        meta = json.loads((d / SNAPSHOT_META).read_text())
-    except FileNotFoundError:
-        return None
-    if meta.get("format") != SNAPSHOT_FORMAT or meta.get("dataset_fingerprint") != dataset_fingerprint:
-        raise ValueError(f"{d} is not a snapshot of dataset {dataset_fingerprint} (its {SNAPSHOT_META} says "
-                         f"{meta.get('format')!r}, {meta.get('dataset_fingerprint')!r})")
-    graph = CSRGraph.load(d / "graph", mmap=True)
-    x = np.load(d / "x.npy", mmap_mode="r")
-    if x.shape[0] != graph.num_nodes:
-        raise ValueError(f"snapshot {d}: {x.shape[0]} feature rows for {graph.num_nodes} nodes")
-    return graph, x, int(meta["version"])
+    for _ in range(200):
+        try:
+            meta = json.loads((d / SNAPSHOT_META).read_text())
+        except FileNotFoundError:
+            if d.exists() or not _restore_swapped(d):
+                return None
+            continue
+        if meta.get("format") != SNAPSHOT_FORMAT or meta.get("dataset_fingerprint") != dataset_fingerprint:
+            raise ValueError(f"{d} is not a snapshot of dataset {dataset_fingerprint} (its {SNAPSHOT_META} says "
+                             f"{meta.get('format')!r}, {meta.get('dataset_fingerprint')!r})")
+        try:
+            graph = CSRGraph.load(d / "graph", mmap=True)
+            x = np.load(d / "x.npy", mmap_mode="r")
+            again = json.loads((d / SNAPSHOT_META).read_text())
+        except FileNotFoundError:  # swapped while read
+            continue
+        if again != meta:
+            continue
+        if x.shape[0] != graph.num_nodes:
+            raise ValueError(f"snapshot {d}: {x.shape[0]} feature rows for {graph.num_nodes} nodes")
+        return graph, x, int(meta["version"])
+    raise RuntimeError(f"snapshot {d} kept changing while it was read")
+
+
+def _restore_swapped(d: Path) -> bool:
+    """After a compaction killed between its two renames (``d`` missing): rename the newest complete snapshot
+    beside it (``d.old-PID``, ``d.tmp-PID``) into place; True if one was, or if the compacting process still
+    runs (its swap is under way: read again). False: there is no snapshot."""
+    from glob import escape
+
+    found = []
+    for p in [*d.parent.glob(f"{escape(d.name)}.old-*"), *d.parent.glob(f"{escape(d.name)}.tmp-*")]:
+        pid = p.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
+            time.sleep(0.05)
+            return True
+        try:
+            found.append((int(json.loads((p / SNAPSHOT_META).read_text())["version"]), p))
+        except (OSError, ValueError, KeyError):
+            continue  # incomplete: no metadata yet
+    if not found:
+        return False
+    version, best = max(found)
+    os.replace(best, d)
+    log.warning("snapshot %s was missing (a compaction stopped between its renames): %s, at version %d, renamed "
+                "into place", d, best.name, version)
+    return True
 
 
 def _log_payload(requests: list[Any]) -> bytes:

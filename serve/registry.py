@@ -624,9 +624,13 @@ class ModelRegistry:
         limit, replay_s = self.options.compact_log_bytes, self.options.compact_replay_s
         snapshot = self._live_dir() / f"{data.fingerprint}.snapshot"
         if live.compaction_due(replay_s) or (
-                limit > 0 and isinstance(live.log, FileUpdateLog) and not live.log.follow
-                and live.version > live.log.base and live.log.size_bytes() > limit):
-            live.compact(snapshot, ppr_cache_dir=self._ppr_cache_dir)
+                limit > 0 and isinstance(live.log, FileUpdateLog) and not live.log.follow and not live.read_only
+                and live.version > live.snapshot_version and live.log.size_bytes() > limit):
+            try:
+                live.compact(snapshot, ppr_cache_dir=self._ppr_cache_dir)
+            except Exception:  # an optimisation: the replayed graph serves, the log stays whole
+                log.exception("graph %s: compacting the update log at start failed (disk full, or the directory "
+                              "not writable?); serving the replayed graph, the log kept as it is", live.label)
         if replay_s > 0 and not self.options.graph_url:
             live.compact_when_idle(snapshot, self._ppr_cache_dir, replay_s=replay_s,
                                    idle_s=self.options.compact_idle_s)

@@ -220,7 +220,7 @@ class GnnServicer(pb_grpc.GnnServiceServicer):
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
         # validated, logged and applied by the graph's writer thread, grouped with the updates beside it
-        res = await live.update_async(request)
+        res = await live.update_async(request, deadline=deadline_of(context))
         log.debug("update graph=%s version=%d request_id=%s new=%d apply=%.2fms", live.label, res.version,
                  request.request_id, len(res.new_ids), res.apply_ms)
         out = pb.UpdateGraphResponse(graph_version=res.version, new_node_ids=res.new_ids.tolist(),

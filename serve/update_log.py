@@ -438,7 +438,7 @@ class FileUpdateLog:
             return
         os.fsync(self._fd)
         if directory:
-            _fsync_dir(self.path.parent)
+            fsync_dir(self.path.parent)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -623,7 +623,7 @@ class FileUpdateLog:
                 raise
             os.close(fd)
             os.replace(tmp, self.path)
-            _fsync_dir(self.path.parent)
+            fsync_dir(self.path.parent)
             new_fd = os.open(self.path, os.O_RDWR)
             os.close(self._fd)
             self._fd = new_fd
@@ -734,7 +734,7 @@ def _next_valid_record(mm: Any, start: int, size: int) -> int | None:
         pos += 1
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     with contextlib.suppress(OSError):
         dfd = os.open(directory, os.O_RDONLY)
         try:

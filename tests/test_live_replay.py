@@ -8,14 +8,16 @@ replays record by record, as written, and answers bit for bit as before the rest
 
 from __future__ import annotations
 
+import json
 import shutil
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from clients import GnnClient
+from clients import GnnClient, NewNode
 from clients._gen import gnnserve_pb2 as pb
 from clients.errors import FailedPreconditionError
 from serve.live import LiveGraph
@@ -125,13 +127,19 @@ def test_a_start_whose_replay_took_longer_than_compact_replay_s_compacts(plain_r
     with ServerThread(plain_repo, {"poll_s": 0, "runtime_kw": {"compact_replay_s": 1e-9}}) as srv, \
             GnnClient(srv.address) as c:
         assert c.predict("gcn", nodes, sampling_width=0).graph_version == 5
-    assert (plain_repo / "_live" / f"{path.stem}.snapshot" / "snapshot.json").exists()
-    assert path.stat().st_size < size
+    assert _snapshot_version(plain_repo) == 5
+    assert path.stat().st_size >= size  # the first snapshot: records kept for followers one compaction behind
     with ServerThread(plain_repo, {"poll_s": 0, "runtime_kw": {"compact_replay_s": 0}}) as srv, \
             GnnClient(srv.address) as c:  # from the snapshot, nothing to replay
         got = c.predict("gcn", nodes, sampling_width=0)
         assert got.graph_version == 5
         np.testing.assert_allclose(got.probabilities, before["gcn", 0].probabilities, atol=1e-6)
+
+
+def _snapshot_version(repo: Path) -> int:
+    """The version of the repository's snapshot (0: none)."""
+    metas = list((repo / "_live").glob("*.snapshot/snapshot.json"))
+    return int(json.loads(metas[0].read_text())["version"]) if metas else 0
 
 
 def _base(path: Path) -> int:
@@ -167,12 +175,13 @@ def test_a_serving_writer_compacts_its_log_once_idle(ppr_repo, tiny_dataset):
     opts = {"compact_replay_s": 1e-9, "compact_idle_s": 0.5}
     with ServerThread(ppr_repo, {"poll_s": 0, "runtime_kw": opts}) as srv, GnnClient(srv.address) as c:
         # this start's replay (3 records) is over the limit: compacted at start
-        assert list(live.glob("*.snapshot/snapshot.json"))
+        assert _snapshot_version(ppr_repo) == 3
         (path,) = live.glob("*.log")
-        assert _base(path) == 3
+        assert _base(path) == 0  # the first snapshot: the log keeps its records (followers one compaction behind)
         for upd in updates[3:]:
             c.update_graph("shadow", **upd)
-        assert _wait(lambda: _base(path) == 6)
+        assert _wait(lambda: _snapshot_version(ppr_repo) == 6)
+        assert _base(path) == 3  # the records up to the previous snapshot dropped
         before = {m: c.predict(m, nodes, sampling_width=3) for m in ("gcn", "shadow")}
         assert c.update_graph("gcn", features={0: np.zeros(tiny_dataset.num_features)}).graph_version == 7
         assert c.update_graph("gcn", features={0: mirror.x[0]}).graph_version == 8
@@ -187,3 +196,34 @@ def test_a_serving_writer_compacts_its_log_once_idle(ppr_repo, tiny_dataset):
             np.testing.assert_allclose(got.probabilities, before[m].probabilities, atol=1e-6, err_msg=m)
     want = _reference(ppr_repo, "gcn", mirror.graph(), mirror.x, nodes, 3)
     np.testing.assert_allclose(before["gcn"].probabilities, want, atol=2e-5)
+
+
+def test_an_update_whose_deadline_passes_behind_a_compaction_is_not_applied(plain_repo, tiny_dataset, monkeypatch):
+    """Updates wait while the writer compacts (seconds on a large graph). One whose deadline passes meanwhile was
+    applied once the compaction ended although its caller had been told DEADLINE_EXCEEDED, so a retry applied it
+    twice (new nodes twice: a reliability review). It is dropped unapplied now; the updates after it land."""
+    from clients.errors import DeadlineExceededError
+    from kernels.graph import CSRGraph
+
+    real = CSRGraph.save
+    started = threading.Event()
+
+    def slow_save(self, directory, *a, **k):
+        if ".snapshot.tmp-" in str(directory):
+            started.set()
+            time.sleep(2.0)
+        return real(self, directory, *a, **k)
+
+    monkeypatch.setattr(CSRGraph, "save", slow_save)
+    f = tiny_dataset.num_features
+    opts = {"poll_s": 0, "runtime_kw": {"compact_replay_s": 1e-9, "compact_idle_s": 0.3}}
+    with ServerThread(plain_repo, opts) as srv, GnnClient(srv.address, max_retries=0) as c:
+        for i in range(3):
+            c.update_graph("gcn", features={i: np.full(f, 1.0, np.float32)})
+        assert started.wait(30)  # the writer compacts now: updates wait for it
+        with pytest.raises(DeadlineExceededError):
+            c.update_graph("gcn", new_nodes=[NewNode(features=np.zeros(f, np.float32), neighbors=[1, 2])],
+                           timeout=0.5)
+        assert c.update_graph("gcn", features={5: np.full(f, 2.0, np.float32)}, timeout=60).graph_version == 4
+        info = c.get_model("gcn")
+        assert info.graph_version == 4 and info.num_nodes == tiny_dataset.num_nodes  # the new node never landed
