@@ -473,6 +473,7 @@ def model_info_from_pb(m: pb.ModelInfo) -> ModelInfo:
                 val_accuracy=float(r.val_accuracy),
                 latency_ms_per_node=float(r.latency_ms_per_node),
                 edges_kept_fraction=float(r.edges_kept_fraction),
+                agreement=float(r.agreement) if r.HasField("agreement") else None,
             )
             for r in m.knob_table
         ],

@@ -373,11 +373,13 @@ def format_model(info: ModelInfo) -> str:
     if info.metrics:
         lines.append("  metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in info.metrics.items()))
     if info.knob_table:
-        lines.append(f"  {'ppr_budget':>10}  {'width':>6}  {'val_acc':>7}  {'ms/node':>8}  {'edges kept':>10}")
+        lines.append(f"  {'ppr_budget':>10}  {'width':>6}  {'val_acc':>7}  {'agreement':>9}  {'ms/node':>8}  "
+                     f"{'edges kept':>10}")
         for r in info.knob_table:
             k = str(r.ppr_budget) if r.ppr_budget else "n/a"
             s = str(r.sampling_width) if r.sampling_width else "exact"
-            lines.append(f"  {k:>10}  {s:>6}  {r.val_accuracy:>7.4f}  {r.latency_ms_per_node:>8.4f}  "
+            agree = "-" if r.agreement is None else f"{r.agreement:.4f}"
+            lines.append(f"  {k:>10}  {s:>6}  {r.val_accuracy:>7.4f}  {agree:>9}  {r.latency_ms_per_node:>8.4f}  "
                          f"{100 * r.edges_kept_fraction:>9.1f}%")
     else:
         lines.append("  (no knob table)")

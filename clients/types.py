@@ -282,6 +282,11 @@ class KnobRow:
     val_accuracy: float
     latency_ms_per_node: float
     edges_kept_fraction: float
+    #: share of a sample of the graph's nodes (the checkpoint's ``knob_agreement_nodes``) whose label at this
+    #: setting equals the exact reference's; ``1 - agreement`` bounds the setting's accuracy loss whatever the
+    #: labels, and is the loss ``max_accuracy_loss`` and :meth:`ModelInfo.best_knobs` compare. None for a table
+    #: measured before 2026-11-29 (they compare validation accuracies then).
+    agreement: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -334,8 +339,9 @@ class ModelInfo:
         return exact_reference(self.knob_table)
 
     def best_knobs(self, max_accuracy_loss: float) -> KnobRow | None:
-        """The fastest knob-table row whose validation accuracy is within ``max_accuracy_loss``
-        (absolute: 0.01 = one point) of exact; None when the table has no exact row.
+        """The fastest knob-table row whose loss is at most ``max_accuracy_loss`` (absolute: 0.01 = one
+        point): ``1 - agreement``, the share of nodes whose label differs from the exact one (older tables: its
+        validation accuracy below exact's; :mod:`clients.knob_rules`); None when the table has no exact row.
 
         This is the rule the server applies to ``predict(..., max_accuracy_loss=L)`` without
         explicit knobs (both call :func:`clients.knob_rules.cheapest_within`), so a client can see

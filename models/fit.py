@@ -133,6 +133,10 @@ class TrainConfig:
         knob_latency_nodes: validation nodes timed per knob setting (a seeded sample; 0 = all).
         knob_accuracy_nodes: validation nodes whose accuracy is measured per knob setting (a seeded
             sample, the same for every setting so rows compare paired; 0 = all).
+        knob_agreement_nodes: nodes of the whole graph (a seeded sample; no labels needed) on which each
+            knob setting's predicted labels are compared with the exact reference's: the rows'
+            ``agreement``, the loss the knob rules bound (:mod:`clients.knob_rules`); 0 = none (the rules
+            then compare validation accuracies).
         eval_nodes: shaDow models and plain models in mini-batch mode: validation nodes evaluated
             after each epoch and test nodes evaluated at the end (seeded samples; 0 = all).
             Full-batch plain models use every node (the full-graph pass computes them all anyway).
@@ -140,7 +144,8 @@ class TrainConfig:
             ``"auto"`` (on when :func:`full_batch_bytes` exceeds ``minibatch_above_bytes``).
         minibatch_width: sampling width of the training plans in mini-batch mode (0 = exact).
         minibatch_above_bytes: the ``"auto"`` threshold.
-        knob_tolerance: the default knobs are the cheapest whose validation accuracy is within this
+        knob_tolerance: the default knobs are the cheapest whose loss (1 - agreement; without an agreement
+            sample: the validation accuracy given up) is within this
             fraction of the exact setting at ``ppr_k``.
         device: torch device.
     """
@@ -170,6 +175,7 @@ class TrainConfig:
     knob_repeats: int = 3
     knob_latency_nodes: int = 256
     knob_accuracy_nodes: int = 10_000
+    knob_agreement_nodes: int = 10_000
     eval_nodes: int = 10_000
     minibatch: str = "auto"
     minibatch_width: int = 16
@@ -192,7 +198,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.minibatch not in ("auto", "on", "off"):
             raise ValueError(f"minibatch must be 'auto', 'on' or 'off', got {self.minibatch!r}")
-        for name in ("knob_latency_nodes", "knob_accuracy_nodes", "eval_nodes", "minibatch_width"):
+        for name in ("knob_latency_nodes", "knob_accuracy_nodes", "knob_agreement_nodes", "eval_nodes",
+                     "minibatch_width"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"{name} must be >= 0 (0 = all), got {getattr(self, name)}")
         if self.patience < 0 or self.lr <= 0 or self.weight_decay < 0:
@@ -481,6 +488,7 @@ class TrainResult:
     num_val_eval: int = 0  # validation nodes evaluated per epoch (shaDow: a bounded sample)
     num_test_eval: int = 0  # test nodes behind test_accuracy
     knob_nodes: np.ndarray | None = None  # the knob table's accuracy sample of validation nodes
+    agreement_nodes: np.ndarray | None = None  # the knob table's agreement sample of the graph's nodes
     minibatch: bool = False  # a plain model trained in mini-batch mode
 
 
@@ -618,13 +626,15 @@ def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress:
     # the knob table's accuracy sample (its first knob_latency_nodes are timed): drawn here so that a
     # shaDow model's PPR lists cover it
     knob_nodes = sample_nodes(data.val, cfg.knob_accuracy_nodes, cfg.seed)
+    agreement_nodes = (sample_nodes(np.arange(ds.num_nodes, dtype=np.int64), cfg.knob_agreement_nodes, cfg.seed + 2)
+                       if cfg.knob_agreement_nodes > 0 else np.zeros(0, dtype=np.int64))
     if cfg.is_shadow:
         # bounded evaluation: the PPR lists and the per-epoch validation cost do not grow with N
         val_nodes = np.sort(sample_nodes(data.val, cfg.eval_nodes, cfg.seed))
         test_nodes = np.sort(sample_nodes(data.test, cfg.eval_nodes, cfg.seed + 1))
         ppr_cfg = make_ppr_config(cfg.ppr, cfg.ppr_k)
         if ppr_lookup is None:
-            need = np.concatenate([data.train, val_nodes, test_nodes, knob_nodes])
+            need = np.concatenate([data.train, val_nodes, test_nodes, knob_nodes, agreement_nodes])
             with stage("ppr_lists", stage_times, f"PPR top-{cfg.ppr_k} lists of {len(np.unique(need)):,} "
                        f"train/val/test nodes"):
                 t0 = time.perf_counter()
@@ -719,6 +729,7 @@ def fit(ds: GraphDataset, cfg: TrainConfig, *, ppr_lookup: Any = None, progress:
         model=model, config=cfg, data=data, extractor=extractor, best_epoch=stopper.best_epoch,
         epochs_run=epochs_run, val_accuracy=stopper.best[0], val_loss=stopper.best[1], test_accuracy=test_acc,
         train_time_s=train_time, ppr_time_s=ppr_time, ppr_config=ppr_cfg, history=history,
-        num_val_eval=len(val_nodes), num_test_eval=len(test_nodes), knob_nodes=knob_nodes, minibatch=minibatch,
+        num_val_eval=len(val_nodes), num_test_eval=len(test_nodes), knob_nodes=knob_nodes, agreement_nodes=agreement_nodes,
+        minibatch=minibatch,
     )
 

@@ -46,7 +46,8 @@ def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float
 def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.ndarray, *,
                   widths: Sequence[int], budgets: Sequence[int], strategy: str, batch_size: int,
                   repeats: int = 3, latency_nodes: int = 0, accuracy_nodes: int = 0, seed: int = 0,
-                  progress: bool = False, full_graph: bool = True) -> list[dict[str, Any]]:
+                  progress: bool = False, full_graph: bool = True,
+                  agreement_nodes: np.ndarray | None = None) -> list[dict[str, Any]]:
     """The knob table on ``nodes``: one row per (K, S) with accuracy, latency and kept edges.
 
     Samples: accuracy is measured on ``accuracy_nodes`` of ``nodes`` (a seeded uniform sample, the
@@ -57,6 +58,13 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
     a plan per batch once the sample holds thousands of nodes). Each row stores
     ``accuracy_nodes``, ``latency_nodes`` and ``val_accuracy_ci95`` (the 95 % Wilson interval of
     its accuracy on the sample). The cost is bounded by the sample sizes, not by the graph.
+
+    ``agreement_nodes`` (any nodes of the graph, no labels needed; None or empty: none): each row also
+    stores ``agreement``, the share of them whose predicted label at that setting equals the exact
+    reference's (the exact width at the largest budget), and ``agreement_nodes``, their number. A
+    setting's accuracy differs from the reference's by at most ``1 - agreement`` on those nodes whatever
+    their labels: the loss :mod:`clients.knob_rules` bounds (a validation set of a few hundred nodes reads
+    accuracy differences to a few points only).
 
     Latency is the wall time of the serving path per node, over batches of ``batch_size`` targets:
     for a plain model its execution plan (:mod:`kernels.plan`), gathering the cached projections,
@@ -78,7 +86,10 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
     proj = project_all(model, data)
     acc_nodes = sample_nodes(nodes, accuracy_nodes, seed)
     lat_nodes = acc_nodes[: latency_nodes] if latency_nodes > 0 else acc_nodes
-    y = data.y[torch.from_numpy(acc_nodes).to(data.y.device)]
+    y = data.y[torch.from_numpy(acc_nodes).to(data.y.device)].cpu().numpy()
+    agree = np.zeros(0, dtype=np.int64) if agreement_nodes is None else np.asarray(agreement_nodes, dtype=np.int64)
+    eval_nodes = np.concatenate([acc_nodes, agree])  # the accuracy sample, then the agreement sample
+    n_acc = len(acc_nodes)
     rows = []
     graph = data.ds.graph
     plan_path = hasattr(model, "forward_plan")
@@ -97,46 +108,47 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
         logits = model.forward_batch_projected(b, p_rows, width, strategy, model.norm_degrees_for(graph, b.node_ids))[0]
         return logits, lambda: (kept_edges(b.graph, width), b.graph.num_edges)
 
-    acc_index = torch.from_numpy(acc_nodes).to(proj.device)
+    eval_index = torch.from_numpy(eval_nodes).to(proj.device)
     settings = [(int(k), int(s)) for k in budgets for s in widths]
     # the bar counts node evaluations, not settings: a large graph's first setting (its budget's accuracy pass at
     # every width, exact included) took 85 s of a 2 M-node GCN's 95 s with the bar at 0/6 and no ETA
     warm_nodes = min(batch_size, len(lat_nodes))
-    work = len(budgets) * len(widths) * len(acc_nodes) + len(settings) * (warm_nodes + max(1, repeats) * len(lat_nodes))
+    work = len(budgets) * len(widths) * len(eval_nodes) + len(settings) * (warm_nodes + max(1, repeats) * len(lat_nodes))
     bar = tqdm(total=work, desc="knob table", unit="node", unit_scale=True, disable=not progress, leave=False,
                dynamic_ncols=True)
 
-    def accuracy_pass(k: int, widths_k: list[int]) -> dict[int, tuple[int, int, int]]:
-        """Per width: (correct, kept edges, exact edges) over the accuracy sample (untimed; plain
-        models: no edges). shaDow: each batch is extracted once and run at every width."""
+    def accuracy_pass(k: int, widths_k: list[int]) -> dict[int, tuple[np.ndarray, int, int]]:
+        """Per width: (predicted labels of the accuracy then the agreement sample, kept edges, exact edges) (untimed;
+        edges: shaDow, over the accuracy sample's subgraphs; plain models: none). shaDow: each batch is extracted
+        once and run at every width."""
         if plan_path and full_graph:  # one full-graph pass: the same logits as the plans (tests/test_knob_table.py)
             out = {}
             for s in widths_k:
-                logits = model.propagate(graph, proj, s or None, strategy)[0][acc_index]
-                out[s] = (int((logits.argmax(1) == y).sum().item()), 0, 0)
-                bar.update(len(acc_nodes))
+                logits = model.propagate(graph, proj, s or None, strategy)[0][eval_index]
+                out[s] = (logits.argmax(1).cpu().numpy(), 0, 0)
+                bar.update(len(eval_nodes))
             return out
-        acc = {s: [0, 0, 0] for s in widths_k}
-        if plan_path:  # plans batch by batch (no full-graph activations)
-            for i, chunk in enumerate(_batches(acc_nodes, batch_size)):
-                yc = y[i * batch_size : i * batch_size + len(chunk)]
+        preds: dict[int, list[np.ndarray]] = {s: [] for s in widths_k}
+        edges = {s: [0, 0] for s in widths_k}
+        chunks = [(c, True) for c in _batches(acc_nodes, batch_size)] + [(c, False) for c in _batches(agree, batch_size)]
+        for chunk, counted in chunks:
+            if plan_path:  # plans batch by batch (no full-graph activations)
                 for s in widths_k:
-                    acc[s][0] += int((serve_batch(chunk, k, s or None)[0].argmax(1) == yc).sum().item())
+                    preds[s].append(serve_batch(chunk, k, s or None)[0].argmax(1).cpu().numpy())
                     bar.update(len(chunk))
-            return {s: (a[0], 0, 0) for s, a in acc.items()}
-        for i, chunk in enumerate(_batches(acc_nodes, batch_size)):
+                continue
             b = extractor.batch(chunk, k)
             p_rows = proj[torch.from_numpy(b.node_ids).to(proj.device)]
             nd = model.norm_degrees_for(graph, b.node_ids)
-            yc = y[i * batch_size : i * batch_size + len(chunk)]
             for s in widths_k:
                 logits = model.forward_batch_projected(b, p_rows, s or None, strategy, nd)[0]
-                a = acc[s]
-                a[0] += int((logits.argmax(1) == yc).sum().item())
-                a[1] += kept_edges(b.graph, s or None)
-                a[2] += b.graph.num_edges
+                preds[s].append(logits.argmax(1).cpu().numpy())
+                if counted:
+                    edges[s][0] += kept_edges(b.graph, s or None)
+                    edges[s][1] += b.graph.num_edges
             bar.update(len(chunk) * len(widths_k))
-        return {s: (a[0], a[1], a[2]) for s, a in acc.items()}
+        return {s: (np.concatenate(preds[s]) if preds[s] else np.zeros(0, dtype=np.int64), edges[s][0], edges[s][1])
+                for s in widths_k}
 
     def timed_pass(k: int, width: int | None, count: bool) -> tuple[float, int, int]:
         """Serving time of the latency sample; with ``count``, its (kept, exact) edges (counted untimed)."""
@@ -161,7 +173,8 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
             bar.set_postfix({"setting": f"{i + 1}/{len(settings)}", "K": k, "accuracy at": f"{len(widths)} widths"})
             accuracy[k] = accuracy_pass(k, [int(w) for w in widths])
         bar.set_postfix({"setting": f"{i + 1}/{len(settings)}", "K": k, "S": s})  # in this order (kwargs: sorted)
-        correct, kept, total = accuracy[k][s]
+        pred, kept, total = accuracy[k][s]
+        correct = int((pred[:n_acc] == y).sum())
         serve_batch(lat_nodes[:batch_size], k, width)  # untimed warm-up
         bar.update(warm_nodes)
         elapsed, lat_kept, lat_total = timed_pass(k, width, plan_path)
@@ -182,6 +195,12 @@ def measure_knobs(model: GNNModel, data: TrainData, extractor: Any, nodes: np.nd
             "val_accuracy_ci95": [round(lo, 6), round(hi, 6)],
         })
     bar.close()
+    ref = accuracy.get(max(int(k) for k in budgets), {}).get(0) if len(agree) else None
+    if ref is not None:  # the exact reference's labels on the agreement sample
+        for row in rows:
+            got = accuracy[row["ppr_budget"]][row["sampling_width"]][0][n_acc:]
+            row["agreement"] = round(float(np.mean(got == ref[0][n_acc:])), 6)
+            row["agreement_nodes"] = len(agree)
     return rows
 
 

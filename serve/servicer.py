@@ -77,13 +77,15 @@ def model_info(rt: ModelRuntime, versions: list[str]) -> pb.ModelInfo:
         info.graph_version = live.version
         info.read_only = live.read_only
     for r in lim.knob_table:
-        info.knob_table.add(
+        row = info.knob_table.add(
             ppr_budget=r.ppr_budget,
             sampling_width=r.sampling_width,
             val_accuracy=r.val_accuracy,
             latency_ms_per_node=r.latency_ms_per_node,
             edges_kept_fraction=r.edges_kept_fraction,
         )
+        if r.agreement is not None:
+            row.agreement = r.agreement
     for k, v in rt.metrics.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             info.metrics[k] = float(v)

@@ -596,8 +596,10 @@ def model_config(rt: ModelRuntime) -> pb.ModelConfig:
                         "doc": "not used by this model (L-hop neighbourhoods, no PPR subgraph): 0 or absent; a "
                                "larger value is accepted and ignored, and the answer reports 0"}),
         "max_accuracy_loss": {"type": "float", "min": 0.0, "max": 1.0,
-                              "doc": "the cheapest knob-table setting whose validation accuracy is within "
-                                     "this of exact; an explicit sampling_width or ppr_budget wins"},
+                              "doc": "the cheapest knob-table setting whose labels differ from the exact ones on at "
+                                     "most this share of nodes (1 - agreement; tables without it: validation "
+                                     "accuracy within this of exact); an explicit sampling_width or ppr_budget "
+                                     "wins"},
     }
     for key, value in params.items():
         cfg.parameters[key].string_value = json.dumps(value)
@@ -608,7 +610,8 @@ def model_config(rt: ModelRuntime) -> pb.ModelConfig:
     cfg.parameters["num_classes"].string_value = str(rt.num_classes)
     cfg.parameters["knob_table"].string_value = json.dumps(
         [{"ppr_budget": r.ppr_budget, "sampling_width": r.sampling_width, "val_accuracy": r.val_accuracy,
-          "latency_ms_per_node": r.latency_ms_per_node} for r in lim.knob_table])
+          "latency_ms_per_node": r.latency_ms_per_node, **({} if r.agreement is None else {"agreement": r.agreement})}
+         for r in lim.knob_table])
     return cfg
 
 

@@ -89,6 +89,9 @@ class KnobRow:
     val_accuracy: float
     latency_ms_per_node: float
     edges_kept_fraction: float = 1.0
+    #: share of a sample of the graph's nodes whose label at this setting equals the exact reference's (None: a
+    #: table measured before 2026-11-29); 1 - agreement is the loss max_accuracy_loss compares (clients.knob_rules)
+    agreement: float | None = None
 
 
 @dataclass(frozen=True)
@@ -324,6 +327,7 @@ def knob_rows(rows: Sequence[dict]) -> tuple[KnobRow, ...]:
             val_accuracy=float(r["val_accuracy"]),
             latency_ms_per_node=float(r["latency_ms_per_node"]),
             edges_kept_fraction=float(r.get("edges_kept_fraction", 1.0)),
+            agreement=None if r.get("agreement") is None else float(r["agreement"]),
         )
         for r in rows
     )

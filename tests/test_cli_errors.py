@@ -587,13 +587,13 @@ def test_train_logs_numba_compilations(tmp_path, monkeypatch, capsys):
 
     real = train_module.load_dataset
 
-    def load_and_compile(spec):  # a kernel no cache holds, compiled inside the run
+    def load_and_compile(spec, **kw):  # a kernel no cache holds, compiled inside the run
         @numba.njit(cache=False)
         def _fresh_kernel(a):
             return a.sum() + 1.0
 
         assert _fresh_kernel(np.arange(3.0)) == 4.0
-        return real(spec)
+        return real(spec, **kw)
 
     monkeypatch.setattr(train_module, "load_dataset", load_and_compile)
     rc = gnnserve(["train", "--dataset", "synthetic:300", "--model", "gcn", "--epochs", "2", "--no-progress",

@@ -18,8 +18,13 @@ def tables(draw):
     widths = draw(st.lists(st.sampled_from([2, 4, 8, 16]), max_size=3, unique=True))
     acc = st.floats(0.3, 0.95)
     lat = st.floats(0.01, 5.0)
-    return [{"ppr_budget": k, "sampling_width": s, "val_accuracy": draw(acc), "latency_ms_per_node": draw(lat)}
+    rows = [{"ppr_budget": k, "sampling_width": s, "val_accuracy": draw(acc), "latency_ms_per_node": draw(lat)}
             for k in budgets for s in [0, *widths]]
+    if draw(st.booleans()):  # a table measured since 2026-11-29: each row's agreement with the exact labels
+        for r in rows:
+            exact_ref = r["sampling_width"] == 0 and r["ppr_budget"] == max(budgets)
+            r["agreement"] = 1.0 if exact_ref else draw(st.floats(0.5, 1.0))
+    return rows
 
 
 def _info(rows):
@@ -40,9 +45,11 @@ def test_server_sdk_and_training_apply_one_rule(rows, loss):
     best = _info(rows).best_knobs(loss)
     assert best is not None and chosen_by == "max_accuracy_loss"
     assert (s, k) == (best.sampling_width, best.ppr_budget)
-    # the definition, written out once more: fastest row within loss of the exact row at the largest K
+    # the definition, written out once more: fastest row within loss of the exact row at the largest K, the loss
+    # being the share of labels that differ from exact ones where the table has it, else the accuracy given up
     ref = max((r for r in rows if r["sampling_width"] == 0), key=lambda r: r["ppr_budget"])["val_accuracy"]
-    ok = [r for r in rows if r["val_accuracy"] >= ref - loss - 1e-12]
+    agreed = "agreement" in rows[0]
+    ok = [r for r in rows if (1 - r["agreement"] if agreed else ref - r["val_accuracy"]) <= loss + 1e-12]
     fastest = min(ok, key=lambda r: (r["latency_ms_per_node"], -r["val_accuracy"]))
     assert best.latency_ms_per_node == fastest["latency_ms_per_node"]
     # training's defaults: the same reference and tolerance rule
@@ -50,7 +57,28 @@ def test_server_sdk_and_training_apply_one_rule(rows, loss):
     assert (dk, ds) == default_knobs(rows_of(rows), loss)
     assert any(r["ppr_budget"] == dk and r["sampling_width"] == ds for r in rows)
     row = next(r for r in rows if r["ppr_budget"] == dk and r["sampling_width"] == ds)
-    assert row["val_accuracy"] >= ref - loss - 1e-12 or (ds == 0 and dk == max(r["ppr_budget"] for r in rows))
+    assert row in ok or (ds == 0 and dk == max(r["ppr_budget"] for r in rows))
+
+
+def test_agreement_is_the_loss_where_the_table_has_it():
+    """A data scientist asked shaDow-GCN for at most 0.5 points (max_accuracy_loss=0.005) and lost 4.1 on the test
+    nodes: the rule read validation accuracies of 300 nodes, a few points of noise. With agreement (the share of
+    10,000 nodes whose label equals the exact one) the loss is 1 - agreement, which bounds the accuracy given up
+    on any labels; validation accuracy then only breaks ties. A table without it on every row compares
+    accuracies as before."""
+    rows = [Row(16, 0, 0.80, 2.0, 1.0), Row(16, 4, 0.84, 0.2, 0.95), Row(16, 8, 0.79, 0.5, 0.996),
+            Row(8, 0, 0.80, 1.0, 0.99)]
+    assert cheapest_within(rows, 0.005) == rows[2]  # S=4's accuracy looks better, but 5 % of its labels moved
+    assert cheapest_within(rows, 0.05) == rows[1]
+    assert cheapest_within(rows, 0.0) == rows[0]
+    assert default_knobs(rows, 0.005) == (16, 8)  # K=8's exact row moves 1 % of the labels
+    assert default_knobs(rows, 0.01) == (8, 0)
+    old = [r._replace(agreement=None) for r in rows]
+    assert cheapest_within(old, 0.005) == old[1]  # accuracies: 0.84 >= 0.80
+    mixed = [rows[0], old[1], rows[2], rows[3]]
+    assert cheapest_within(mixed, 0.005) == mixed[1]  # not every row has one: accuracies
+    assert rows_of([{"ppr_budget": 8, "sampling_width": 0, "val_accuracy": 0.5, "latency_ms_per_node": 1,
+                     "agreement": 0.97}])[0].agreement == 0.97
 
 
 def test_fixed_coordinates_and_no_exact_row():

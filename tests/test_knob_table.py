@@ -66,6 +66,10 @@ def test_rows_carry_samples_and_intervals(ds, gcn_dir: Path) -> None:
         assert r["latency_ms_per_node"] > 0
     widths = [r["sampling_width"] for r in ck.knobs]
     assert widths == [0, 2, 8]
+    # agreement with the exact labels on every node of this small graph (knob_agreement_nodes: 10,000 by default)
+    assert ck.knobs_meta["agreement_nodes"] == ds.num_nodes
+    assert all(r["agreement_nodes"] == ds.num_nodes for r in ck.knobs)
+    assert ck.knobs[0]["agreement"] == 1.0 and all(0.0 < r["agreement"] <= 1.0 for r in ck.knobs)
     kept = {r["sampling_width"]: r["edges_kept_fraction"] for r in ck.knobs}
     assert kept[0] == 1.0 and 0 < kept[2] < kept[8] <= 1.0
 
@@ -91,6 +95,32 @@ def test_plain_accuracy_matches_the_plan_path(ds, gcn_dir: Path) -> None:
             logits = logits[torch.from_numpy(np.searchsorted(plan.node_ids[: plan.num_targets], chunk))]
             correct += int((logits.argmax(1) == torch.from_numpy(ds.y[chunk])).sum())
         assert r["val_accuracy"] == pytest.approx(correct / len(acc_nodes), abs=1e-6), r
+
+
+@pytest.mark.parametrize("full_graph", [False, True])
+def test_agreement_is_the_share_of_exact_labels_and_bounds_the_accuracy_loss(ds, gcn_dir: Path, full_graph: bool):
+    """Each row's agreement is the share of the agreement sample (any nodes, no labels) whose label at that width
+    equals the exact width's, from the full-graph pass or from plans alike; on those nodes the accuracy of the
+    width differs from the exact one's by at most 1 - agreement, whatever the labels."""
+    model = load_checkpoint(gcn_dir).model
+    data = TrainData(ds, model.norm)
+    agree = sample_nodes(np.arange(ds.num_nodes), 400, 9)
+    rows = measure_knobs(model, data, None, ds.split("val"), widths=(0, 2, 8), budgets=(0,), strategy="fastrand",
+                         batch_size=16, repeats=1, latency_nodes=8, accuracy_nodes=60, seed=5, full_graph=full_graph,
+                         agreement_nodes=agree)
+    proj = project_all(model, data)
+    labels = {s: model.propagate(ds.graph, proj, s or None, "fastrand")[0][torch.from_numpy(agree)].argmax(1).numpy()
+              for s in (0, 2, 8)}
+    y = ds.y[agree]
+    for r in rows:
+        s = r["sampling_width"]
+        assert r["agreement_nodes"] == 400
+        assert r["agreement"] == pytest.approx(float(np.mean(labels[s] == labels[0])), abs=1e-6), r
+        assert abs(np.mean(labels[s] == y) - np.mean(labels[0] == y)) <= 1 - r["agreement"] + 1e-9
+    assert rows[0]["agreement"] == 1.0 and min(r["agreement"] for r in rows) < 1.0  # width 2 moves some labels
+    without = measure_knobs(model, data, None, ds.split("val"), widths=(0, 2), budgets=(0,), strategy="fastrand",
+                            batch_size=16, repeats=1, latency_nodes=8, accuracy_nodes=60, seed=5)
+    assert all("agreement" not in r for r in without)
 
 
 @pytest.mark.parametrize("full_graph", [False, True])
@@ -157,7 +187,7 @@ def test_shadow_training_evaluates_bounded_samples(tmp_path: Path) -> None:
     small = synthetic_sbm(900, seed=4)
     out = train(small, "shadow-sage", tmp_path / "sh", progress=False, epochs=2, patience=2, ppr_k=16,
                 knob_widths=(0, 4), knob_budgets=(8, 16), eval_nodes=40, knob_accuracy_nodes=30,
-                knob_latency_nodes=10, knob_repeats=1)
+                knob_latency_nodes=10, knob_repeats=1, knob_agreement_nodes=50)
     m = json.loads((out / "metrics.json").read_text())
     assert m["num_val_evaluated"] == 40 and m["num_test_evaluated"] == 40
     assert m["num_val"] == int(small.val_mask.sum()) > 40
@@ -165,6 +195,9 @@ def test_shadow_training_evaluates_bounded_samples(tmp_path: Path) -> None:
     rows = load_checkpoint(out).knobs
     assert {(r["ppr_budget"], r["sampling_width"]) for r in rows} == {(8, 0), (8, 4), (16, 0), (16, 4)}
     assert all(r["accuracy_nodes"] == 30 and r["latency_nodes"] == 10 for r in rows)
+    # the agreement sample's PPR lists were computed with the others: every row has its agreement on 50 nodes
+    assert all(r["agreement_nodes"] == 50 and 0.0 <= r["agreement"] <= 1.0 for r in rows)
+    assert next(r for r in rows if (r["ppr_budget"], r["sampling_width"]) == (16, 0))["agreement"] == 1.0
 
 
 def test_cli_logs_every_stage(tmp_path: Path) -> None:

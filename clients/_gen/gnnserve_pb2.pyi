@@ -119,18 +119,20 @@ class PredictResponse(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., probabilities: _Optional[_Iterable[float]] = ..., embedding_dim: _Optional[int] = ..., embeddings: _Optional[_Iterable[float]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., data_version: _Optional[str] = ..., graph_version: _Optional[int] = ..., served_by: _Optional[str] = ..., packed: bool = ..., packed_labels: _Optional[bytes] = ..., packed_probabilities: _Optional[bytes] = ..., packed_embeddings: _Optional[bytes] = ...) -> None: ...
 
 class KnobRow(_message.Message):
-    __slots__ = ("ppr_budget", "sampling_width", "val_accuracy", "latency_ms_per_node", "edges_kept_fraction")
+    __slots__ = ("ppr_budget", "sampling_width", "val_accuracy", "latency_ms_per_node", "edges_kept_fraction", "agreement")
     PPR_BUDGET_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_WIDTH_FIELD_NUMBER: _ClassVar[int]
     VAL_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     LATENCY_MS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
     EDGES_KEPT_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    AGREEMENT_FIELD_NUMBER: _ClassVar[int]
     ppr_budget: int
     sampling_width: int
     val_accuracy: float
     latency_ms_per_node: float
     edges_kept_fraction: float
-    def __init__(self, ppr_budget: _Optional[int] = ..., sampling_width: _Optional[int] = ..., val_accuracy: _Optional[float] = ..., latency_ms_per_node: _Optional[float] = ..., edges_kept_fraction: _Optional[float] = ...) -> None: ...
+    agreement: float
+    def __init__(self, ppr_budget: _Optional[int] = ..., sampling_width: _Optional[int] = ..., val_accuracy: _Optional[float] = ..., latency_ms_per_node: _Optional[float] = ..., edges_kept_fraction: _Optional[float] = ..., agreement: _Optional[float] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ("name", "version", "versions", "architecture", "extractor", "num_features", "num_classes", "num_nodes", "max_ppr_budget", "default_sampling_width", "default_ppr_budget", "strategy", "knob_table", "metrics", "dataset_fingerprint", "ready", "feature_store", "max_sampling_width", "max_nodes_per_request", "graph_version", "read_only", "served_by")
