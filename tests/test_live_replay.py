@@ -147,6 +147,24 @@ def _base(path: Path) -> int:
         return lg.base
 
 
+def slow_snapshots(monkeypatch, seconds: float = 2.0) -> threading.Event:
+    """Make each snapshot's graph write take ``seconds`` more (a compaction of a large graph); the event is set
+    when one starts."""
+    from kernels.graph import CSRGraph
+
+    real = CSRGraph.save
+    started = threading.Event()
+
+    def slow_save(self, directory, *a, **k):
+        if ".snapshot.tmp-" in str(directory):
+            started.set()
+            time.sleep(seconds)
+        return real(self, directory, *a, **k)
+
+    monkeypatch.setattr(CSRGraph, "save", slow_save)
+    return started
+
+
 def _wait(cond, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -203,18 +221,8 @@ def test_an_update_whose_deadline_passes_behind_a_compaction_is_not_applied(plai
     applied once the compaction ended although its caller had been told DEADLINE_EXCEEDED, so a retry applied it
     twice (new nodes twice: a reliability review). It is dropped unapplied now; the updates after it land."""
     from clients.errors import DeadlineExceededError
-    from kernels.graph import CSRGraph
 
-    real = CSRGraph.save
-    started = threading.Event()
-
-    def slow_save(self, directory, *a, **k):
-        if ".snapshot.tmp-" in str(directory):
-            started.set()
-            time.sleep(2.0)
-        return real(self, directory, *a, **k)
-
-    monkeypatch.setattr(CSRGraph, "save", slow_save)
+    started = slow_snapshots(monkeypatch)
     f = tiny_dataset.num_features
     opts = {"poll_s": 0, "runtime_kw": {"compact_replay_s": 1e-9, "compact_idle_s": 0.3}}
     with ServerThread(plain_repo, opts) as srv, GnnClient(srv.address, max_retries=0) as c:

@@ -23,6 +23,7 @@ from clients import GnnClient
 from serve.update_log import FileUpdateLog
 
 from .serving import ServerProcess, ServerThread
+from .test_live_replay import slow_snapshots
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -269,19 +270,8 @@ def test_a_full_disk_during_an_online_compaction_does_not_kill_the_writer(tiny_r
 def test_updates_sent_during_a_compaction_all_land_in_order(tiny_repo, tmp_path, monkeypatch):
     """(Held on the change: kept as a regression test.) Updates arriving while the writer compacts wait for it,
     then land, each once, in order; predictions go on meanwhile."""
-    from kernels.graph import CSRGraph
-
     repo = _plain(tiny_repo, tmp_path / "repo")
-    real = CSRGraph.save
-    started = threading.Event()
-
-    def slow_save(self, directory, *a, **k):
-        if ".snapshot.tmp-" in str(directory):
-            started.set()
-            time.sleep(2.0)
-        return real(self, directory, *a, **k)
-
-    monkeypatch.setattr(CSRGraph, "save", slow_save)
+    started = slow_snapshots(monkeypatch)
     opts = {"poll_s": 0, "runtime_kw": {"compact_replay_s": 1e-9, "compact_idle_s": 0.3}}
     with ServerThread(repo, opts) as w, GnnClient(w.address) as c:
         assert _updates(c, 0, 3, 9) == 3

@@ -22,6 +22,7 @@ from clients._gen import inference_pb2 as pb
 from clients._gen import inference_pb2_grpc as pb_grpc
 
 from .serving import ServerThread
+from .test_triton_inputs import _labels, set_params
 
 Tensor = pb.ModelInferRequest.InferInputTensor
 F = 16  # tiny_dataset's features per node
@@ -45,18 +46,7 @@ def _request(model: str, nodes: list[int], shape: list[int] | None = None, rid: 
     req = pb.ModelInferRequest(model_name=model, id=rid,
                                inputs=[Tensor(name="NODE_IDS", datatype="INT64", shape=shape or [len(nodes)])],
                                raw_input_contents=[np.asarray(nodes, dtype="<i8").tobytes()])
-    for key, value in params.items():
-        if isinstance(value, bool):
-            req.parameters[key].bool_param = value
-        elif isinstance(value, str):
-            req.parameters[key].string_param = value
-        else:
-            req.parameters[key].int64_param = int(value)
-    return req
-
-
-def _labels(resp: pb.ModelInferResponse) -> list[int]:
-    return np.frombuffer(resp.raw_output_contents[0], dtype="<i8").tolist()
+    return set_params(req, params)
 
 
 @pytest.mark.parametrize("model", ["shadow", "gcn"])

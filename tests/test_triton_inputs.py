@@ -54,8 +54,15 @@ def _request(model: str = "shadow", *, contents: list[int] | None = None, raw: l
         tensor.contents.int64_contents.extend(contents)
     req = pb.ModelInferRequest(model_name=model, inputs=[tensor],
                                raw_input_contents=[np.asarray(r, dtype="<i8").tobytes() for r in raw])
+    return set_params(req, params)
+
+
+def set_params(req: pb.ModelInferRequest, params: dict[str, object]) -> pb.ModelInferRequest:
+    """``req`` with each parameter in the field of its Python type (bool, str, float, else int64)."""
     for key, value in params.items():
-        if isinstance(value, str):
+        if isinstance(value, bool):
+            req.parameters[key].bool_param = value
+        elif isinstance(value, str):
             req.parameters[key].string_param = value
         elif isinstance(value, float):
             req.parameters[key].double_param = value
