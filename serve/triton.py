@@ -88,8 +88,11 @@ Triton's extensions of the service, and what gnnserve does with each:
   else the lowest enabled of INFO, WARNING, ERROR, else nothing. Python's levels are thresholds, so a
   setting that enables a level while disabling a more severe one is refused, as are other settings
   and values (INVALID_ARGUMENT); ``log_file`` is ``""`` (stderr) and ``log_format`` ``default``.
-* ``TraceSetting``, system and CUDA shared memory: UNIMPLEMENTED, with a message naming what is
-  supported. ``ServerMetadata.extensions`` lists exactly the extensions served (:data:`EXTENSIONS`).
+* ``TraceSetting`` and registering a system or CUDA shared-memory region: UNIMPLEMENTED, with a message naming
+  what is supported. The shared-memory status answers no regions and unregistering (one region or all) succeeds
+  with nothing to do, as Triton answers with none registered: Triton's example scripts and tools unregister
+  every region before they start (a Triton user's report: they stopped there). ``ServerMetadata.extensions``
+  lists exactly the extensions served (:data:`EXTENSIONS`; not the shared-memory ones).
 """
 
 from __future__ import annotations
@@ -992,25 +995,27 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         raise Unimplemented("TraceSetting: gnnserve has no request tracing; every response carries its timing "
                             "(response parameter total_ms) and the metrics port has latency by stage. " + _SUPPORTED)
 
-    # ------------------------------------------------------------------ shared memory: not supported
+    # ------------------------------------------------------------------ shared memory: no region can be registered
     async def _no_shared_memory(self, kind: str) -> Any:
-        raise Unimplemented(f"{kind} shared memory is not supported by gnnserve. {_SUPPORTED}")
+        raise Unimplemented(f"{kind} shared memory is not supported by gnnserve: no region can be registered (the "
+                            f"status lists none, unregistering does nothing); send tensors in the request. "
+                            f"{_SUPPORTED}")
 
     async def SystemSharedMemoryStatus(self, request: Any, context: aio.ServicerContext) -> Any:
-        return await self._no_shared_memory("system")
+        return pb.SystemSharedMemoryStatusResponse()  # no region registered
 
     async def SystemSharedMemoryRegister(self, request: Any, context: aio.ServicerContext) -> Any:
         return await self._no_shared_memory("system")
 
     async def SystemSharedMemoryUnregister(self, request: Any, context: aio.ServicerContext) -> Any:
-        return await self._no_shared_memory("system")
+        return pb.SystemSharedMemoryUnregisterResponse()  # nothing registered: nothing to do, as Triton
 
     async def CudaSharedMemoryStatus(self, request: Any, context: aio.ServicerContext) -> Any:
-        return await self._no_shared_memory("CUDA")
+        return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: Any, context: aio.ServicerContext) -> Any:
         return await self._no_shared_memory("CUDA")
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: aio.ServicerContext) -> Any:
-        return await self._no_shared_memory("CUDA")
+        return pb.CudaSharedMemoryUnregisterResponse()
 
