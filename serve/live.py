@@ -549,6 +549,12 @@ class LiveGraph:
             graph's refresh thread (:meth:`_refresh_stale`).
     """
 
+    #: while updates keep coming, the writer compacts without waiting for an idle period once the updates since
+    #: the last snapshot took this many times ``--compact-replay-s`` to apply, and at least COMPACT_FORCE_MIN_S
+    #: (:meth:`_compact_if_due`: updates wait for such a snapshot, so not more often than that)
+    COMPACT_FORCE_FACTOR = 4.0
+    COMPACT_FORCE_MIN_S = 60.0
+
     def __init__(self, data: DataBundle, update_log: Any | None, *, read_only: bool = False,
                  max_update_size: int = 100_000, metrics: Any | None = None, version: int = 0,
                  ppr_tolerance: float = 1.0, ppr_eager_lists: int | None = None, log_fsync: bool = False) -> None:
@@ -1279,16 +1285,25 @@ class LiveGraph:
                 and self.version > self.snapshot_version)
 
     def _compact_if_due(self) -> None:
-        """The writer thread's look (:meth:`compact_when_idle`); a failure is logged and retried in 10 minutes."""
-        if self._compaction is None or self._pending:
+        """The writer thread's look (:meth:`compact_when_idle`): once no update came for ``idle_s``, or at once
+        when the updates since the last snapshot took :attr:`COMPACT_FORCE_FACTOR` times ``replay_s`` and at least
+        :attr:`COMPACT_FORCE_MIN_S` seconds to apply (a steady
+        stream of updates never leaves the writer idle, and the next start's replay would grow without bound;
+        the updates then wait for one snapshot). A failure is logged and retried in 10 minutes."""
+        if self._compaction is None:
             return
         directory, ppr_dir, replay_s, idle_s = self._compaction
         now = time.monotonic()
-        if now - self._last_commit < idle_s or now < self._compact_retry_at or not self.compaction_due(replay_s):
+        if now < self._compact_retry_at or not self.compaction_due(replay_s):
             return
-        log.info("graph %s: no update for %.0f s, and the %d logged versions since the last snapshot took %.1f s "
-                 "to apply: compacting the update log", self.label, now - self._last_commit,
-                 self.version - self.snapshot_version, self.replay_debt_s)
+        forced = self.replay_debt_s > max(self.COMPACT_FORCE_FACTOR * replay_s, self.COMPACT_FORCE_MIN_S)
+        if not forced and (self._pending or now - self._last_commit < idle_s):
+            return
+        why = (f"no update for {now - self._last_commit:.0f} s" if not forced else
+               f"updates kept coming (more than {self.COMPACT_FORCE_FACTOR:g} x --compact-replay-s of them)")
+        log.info("graph %s: %s, and the %d logged versions since the last snapshot took %.1f s to apply: "
+                 "compacting the update log", self.label, why, self.version - self.snapshot_version,
+                 self.replay_debt_s)
         try:
             self.compact(directory, ppr_cache_dir=ppr_dir)
         except Exception:
