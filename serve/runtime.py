@@ -751,7 +751,9 @@ class ModelRuntime:
         return inv
 
     # ------------------------------------------------------------------ serving API
-    async def submit(self, call: PredictCall, deadline: float | None = None) -> PredictResult:
+    async def submit(self, call: PredictCall, deadline: float | None = None, started: float | None = None) -> PredictResult:
+        """Answer ``call`` through the batcher (refused past ``max_request_work``), counting it in :attr:`stats`;
+        ``started``: when its RPC handler began (``time.perf_counter``), the start of its ``success`` time."""
         if not self.ready:
             raise Unavailable(f"model {self.name} v{self.version} is still loading")
         work = self.estimate_work(call)
@@ -775,7 +777,9 @@ class ModelRuntime:
         except BaseException:
             self.stats.failed(time.perf_counter_ns() - t0)
             raise
-        self.stats.succeeded(call.size, time.perf_counter_ns() - t0, res.timing)
+        now = time.perf_counter_ns()
+        self.stats.succeeded(call.size, now - t0, res.timing,
+                             None if started is None else now - round(started * 1e9))
         return res
 
     def _observe_queue(self, targets: int) -> None:

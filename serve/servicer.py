@@ -202,7 +202,7 @@ class GnnServicer(pb_grpc.GnnServiceServicer):
         if request.min_graph_version:
             await reach_version(rt, request.min_graph_version, deadline_of(context))
         call = validate_predict(request, rt.limits)
-        res = await rt.submit(call, deadline=deadline_of(context))
+        res = await rt.submit(call, deadline=deadline_of(context), started=t0)
         resp = predict_response(rt, res, request.packed_outputs)
         total_ms = 1e3 * (time.perf_counter() - t0)
         resp.timing.total_ms = total_ms

@@ -5,7 +5,9 @@ places only: ``ModelRuntime.submit`` (every request of the native ``Predict`` an
 ``ModelInfer`` / ``ModelStreamInfer`` goes through it) and ``ModelRuntime.process`` (once per
 executed batch). What the counters mean:
 
-* ``success``: requests answered, with their time in ``submit`` (queue + batch + hand-back);
+* ``success``: requests answered, with their time from the start of their handler (the RPC's parsing and
+  checks, a read-your-writes wait, then ``submit``: queue + batch + hand-back; as Triton measures it, so that
+  perf_analyzer's "overhead", success minus queue and compute, is the handler's own time);
   ``fail``: requests that reached ``submit``'s batcher and failed there (queue full, deadline passed,
   cancelled, an error in the batch). Requests refused by validation before that are not counted,
   as Triton does not count a request its model never saw.
@@ -74,17 +76,19 @@ class ModelStats:
         self._last_ms = 0
         self._batches: dict[int, BatchStats] = {}
 
-    def succeeded(self, items: int, total_ns: int, timing_ms: dict[str, Any]) -> None:
-        """A request of ``items`` nodes answered after ``total_ns`` in ``submit``; ``timing_ms`` is its
-        :class:`~serve.runtime.PredictResult` timing (``queue``, ``subgraph``, ``features``, ``forward``)."""
+    def succeeded(self, items: int, total_ns: int, timing_ms: dict[str, Any], handler_ns: int | None = None) -> None:
+        """A request of ``items`` nodes answered after ``total_ns`` in ``submit`` and ``handler_ns`` since its
+        handler started (None: ``total_ns``); ``timing_ms`` is its :class:`~serve.runtime.PredictResult` timing
+        (``queue``, ``subgraph``, ``features``, ``forward``)."""
         queue = _ns(timing_ms.get("queue", 0.0))
         inp = _ns(timing_ms.get("subgraph", 0.0) + timing_ms.get("features", 0.0))
         infer = _ns(timing_ms.get("forward", 0.0))
         out = max(0, total_ns - queue - inp - infer)
+        success = total_ns if handler_ns is None else max(total_ns, handler_ns)
         now_ms = time.time_ns() // 1_000_000
         with self._lock:
             d = self._d
-            for key, ns in (("success", total_ns), ("queue", queue), ("compute_input", inp),
+            for key, ns in (("success", success), ("queue", queue), ("compute_input", inp),
                             ("compute_infer", infer), ("compute_output", out)):
                 d[key][0] += 1
                 d[key][1] += ns

@@ -780,7 +780,8 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         except BaseException:  # cancellation too, as in ModelRuntime.submit; the time since the request came
             rt.stats.failed(round(1e9 * (time.perf_counter() - t0)))
             raise
-        res = await rt.submit(call, deadline=deadline)  # counts its own failures (queue, deadline, batch)
+        # counts its own failures (queue, deadline, batch), and its success from t0, the handler's start
+        res = await rt.submit(call, deadline=deadline, started=t0)
         res.timing["total"] = 1e3 * (time.perf_counter() - t0)
         rt.observe(res)
         # as native Predict: DATA_LOSS once the store saw a pinned data version replaced (cached rows included)
