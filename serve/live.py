@@ -1575,7 +1575,11 @@ def _restore_swapped(d: Path) -> bool:
     if not found:
         return False
     version, best = max(found)
-    os.replace(best, d)
+    try:
+        os.replace(best, d)
+    except OSError:  # another process of this repository restored one first (gone, or d exists now): read again
+        time.sleep(0.05)
+        return True
     log.warning("snapshot %s was missing (a compaction stopped between its renames): %s, at version %d, renamed "
                 "into place", d, best.name, version)
     return True
