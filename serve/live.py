@@ -1211,6 +1211,7 @@ class LiveGraph:
             graph = self.data.graph
             n, f = self.features.num_nodes, self.features.num_features
             remove_stale_tmp(d.parent, d.name, "an interrupted snapshot")
+            remove_stale_snapshots(d)
             tmp = d.with_name(f"{d.name}.tmp-{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
             try:
@@ -1582,7 +1583,22 @@ def _restore_swapped(d: Path) -> bool:
         return True
     log.warning("snapshot %s was missing (a compaction stopped between its renames): %s, at version %d, renamed "
                 "into place", d, best.name, version)
+    remove_stale_snapshots(d)
     return True
+
+
+def remove_stale_snapshots(d: Path) -> None:
+    """Remove the complete snapshots a compaction killed between its renames left beside ``d`` (``d.old-PID`` of a
+    process no longer running: never read once ``d`` is in place, and as large as the snapshot)."""
+    from glob import escape
+
+    if not (d / SNAPSHOT_META).exists():
+        return
+    for stale in d.parent.glob(f"{escape(d.name)}.old-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            log.warning("removing %s, a snapshot an interrupted compaction left", stale)
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _log_payload(requests: list[Any]) -> bytes:

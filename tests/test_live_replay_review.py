@@ -138,10 +138,17 @@ def test_a_writer_killed_between_the_snapshot_renames_restarts_with_every_acknow
         with pytest.raises(_Killed):
             live.compact(snapshot)
         monkeypatch.setattr(os, "replace", real)
+    # the killed process's leftovers, as a dead process leaves them (a pid that no longer runs)
+    dead = 2**22 + 12345
+    for p in snapshot.parent.glob(f"{snapshot.name}.*-{os.getpid()}"):
+        p.rename(p.with_name(p.name.rsplit("-", 1)[0] + f"-{dead}"))
     with ServerThread(repo, opts) as w, GnnClient(w.address, max_retries=0) as c:
         got = c.predict("gcn", NODES, sampling_width=2)
         assert got.graph_version == 5
         np.testing.assert_array_equal(got.probabilities, before.probabilities)
+    # the newer complete snapshot was renamed into place, the older one it left removed
+    assert (snapshot / "snapshot.json").exists()
+    assert not list(snapshot.parent.glob(f"{snapshot.name}.old-*")), list(snapshot.parent.iterdir())
 
 
 def _fail_snapshot_writes(monkeypatch, what: str) -> None:
