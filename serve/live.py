@@ -1276,14 +1276,17 @@ class LiveGraph:
         self._compaction = (Path(directory), None if ppr_cache_dir is None else Path(ppr_cache_dir),
                             float(replay_s), float(idle_s))
 
-    def compaction_due(self, replay_s: float) -> bool:
-        """Whether the updates since the last snapshot would take a start more than ``replay_s`` seconds to
-        replay (``replay_s`` > 0) and this server may compact the log (it writes a file log)."""
+    def compaction_due(self, replay_s: float, max_log_bytes: int = 0) -> bool:
+        """Whether this server may compact the log (it writes a file log, the graph is in service and past its
+        snapshot) and should: the updates since the last snapshot would take a start more than ``replay_s``
+        seconds to replay (``replay_s`` > 0), or the log holds more than ``max_log_bytes`` (> 0)."""
         from .update_log import FileUpdateLog
 
-        return (replay_s > 0 and self.replay_debt_s > replay_s and self.broken is None
-                and isinstance(self.log, FileUpdateLog) and not self.log.follow and not self.read_only
-                and self.version > self.snapshot_version)
+        if not (self.broken is None and isinstance(self.log, FileUpdateLog) and not self.log.follow
+                and not self.read_only and self.version > self.snapshot_version):
+            return False
+        return ((replay_s > 0 and self.replay_debt_s > replay_s)
+                or (max_log_bytes > 0 and self.log.size_bytes() > max_log_bytes))
 
     def _compact_if_due(self) -> None:
         """The writer thread's look (:meth:`compact_when_idle`): once no update came for ``idle_s``, or at once

@@ -596,8 +596,6 @@ class ModelRegistry:
         """Load, attach data, warm: runs in the loader thread. Raises on any problem."""
         from models.checkpoint import load_checkpoint
 
-        from .update_log import FileUpdateLog
-
         t0 = time.perf_counter()
         ckpt = load_checkpoint(path)
         if self.options.graph_url:
@@ -623,9 +621,7 @@ class ModelRegistry:
                      time.perf_counter() - t_replay, live.version)
         limit, replay_s = self.options.compact_log_bytes, self.options.compact_replay_s
         snapshot = self._live_dir() / f"{data.fingerprint}.snapshot"
-        if live.compaction_due(replay_s) or (
-                limit > 0 and isinstance(live.log, FileUpdateLog) and not live.log.follow and not live.read_only
-                and live.version > live.snapshot_version and live.log.size_bytes() > limit):
+        if live.compaction_due(replay_s, max_log_bytes=limit):
             try:
                 live.compact(snapshot, ppr_cache_dir=self._ppr_cache_dir)
             except Exception:  # an optimisation: the replayed graph serves, the log stays whole

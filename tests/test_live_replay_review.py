@@ -23,7 +23,7 @@ from clients import GnnClient
 from serve.update_log import FileUpdateLog
 
 from .serving import ServerProcess, ServerThread
-from .test_live_replay import slow_snapshots
+from .test_live_replay import _wait, slow_snapshots
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -51,15 +51,6 @@ def _snapshot_version(repo: Path) -> int:
         return int(json.loads(next((repo / "_live").glob("*.snapshot/snapshot.json")).read_text())["version"])
     except (StopIteration, OSError, ValueError):
         return 0
-
-
-def _wait(cond, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _updates(c: GnnClient, first: int, count: int, seed: int) -> int:
