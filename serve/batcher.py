@@ -146,6 +146,11 @@ class DynamicBatcher:
         return self._queued_targets
 
     @property
+    def queued_requests(self) -> int:
+        """Requests waiting for a batch (not those of the batch running)."""
+        return len(self._queue)
+
+    @property
     def idle(self) -> bool:
         return not self._queue and not self._running_batch
 

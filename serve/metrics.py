@@ -14,7 +14,11 @@ Names follow Prometheus conventions (base units, ``_total`` counters):
   outcome and whenever the batcher's loop changes its queue: back to 0 once an overload burst is over);
 * ``gnnserve_models_loaded``: model versions being served;
 * ``gnnserve_cache_lookups_total`` / ``gnnserve_cache_rows`` / ``gnnserve_cache_bytes``: the per-node
-  caches of every model version (:class:`CacheCollector`).
+  caches of every model version (:class:`CacheCollector`);
+* Triton's own names, so dashboards and alerts written for Triton work unchanged (:class:`TritonCollector`):
+  ``nv_inference_request_success`` / ``_failure{reason}`` / ``nv_inference_count`` / ``nv_inference_exec_count`` /
+  ``nv_inference_*_duration_us`` / ``nv_inference_pending_request_count`` per model version, ``nv_cpu_*`` and, on
+  a GPU, ``nv_gpu_*``.
 
 The histograms are :class:`LightHistogram` (the same exposition as ``prometheus_client.Histogram``
 at a fraction of its cost per observation; a one-node Predict records eight). Feature stores
@@ -24,6 +28,8 @@ register their own metrics (hit ratios, Redis latency) on the same registry.
 from __future__ import annotations
 
 import bisect
+import logging
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -32,7 +38,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["CacheCollector", "LightHistogram", "ServerMetrics"]
+__all__ = ["CacheCollector", "LightHistogram", "ServerMetrics", "TritonCollector"]
+
+log = logging.getLogger(__name__)
 
 # from 0.1 ms: a one-node request's server time is a fraction of a millisecond (docs/BENCHMARKS.md)
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5,
@@ -174,6 +182,182 @@ class CacheCollector:
                     batches.add_metric([name, str(version), "worker"], b.batches_worker)
                     batches.add_metric([name, str(version), "deferred"], b.batches_deferred)
         yield from (lookups, rows, nbytes, off, batches)
+
+
+def _proc_cpu_times(path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(busy, total) jiffies of all cores from the first line of ``/proc/stat``; None where it is unreadable."""
+    try:
+        with open(path, encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 5 or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal (guest is inside user)
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return sum(ticks) - idle, sum(ticks)
+
+
+def _proc_memory(path: str = "/proc/meminfo") -> tuple[int, int] | None:
+    """(total, used) bytes of RAM, used = MemTotal - MemAvailable (as Triton computes it); None where unreadable."""
+    values: dict[str, int] = {}
+    try:
+        with open(path, encoding="ascii") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("MemTotal", "MemAvailable"):
+                    values[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    if len(values) != 2:
+        return None
+    return values["MemTotal"], values["MemTotal"] - values["MemAvailable"]
+
+
+def _gpu_samples() -> list[tuple[str, dict[str, float]]]:
+    """Per GPU of this process: (``GPU-<uuid>``, {metric suffix: value}). Through NVML (``pynvml``) where it is
+    installed (no CUDA context made); otherwise torch's view of the current device, and only once this process
+    has initialised CUDA (a scrape never starts a context). Empty on a machine without a GPU in use."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return []
+    out: list[tuple[str, dict[str, float]]] = []
+    try:
+        import pynvml  # nvidia-ml-py: the library Triton's DCGM figures come from
+    except ImportError:
+        pynvml = None
+    if pynvml is not None:
+        try:
+            pynvml.nvmlInit()
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = pynvml.nvmlDeviceGetUUID(h)
+                mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+                values = {"memory_total_bytes": float(mem.total), "memory_used_bytes": float(mem.used),
+                          "utilization": pynvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0}
+                try:  # milliwatts; not every board reports power
+                    values["power_usage"] = pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0
+                    values["power_limit"] = pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
+                except pynvml.NVMLError:
+                    pass
+                out.append((uuid if isinstance(uuid, str) else uuid.decode(), values))
+            return out
+        except pynvml.NVMLError:
+            out = []
+    dev = torch.cuda.current_device()
+    free, total = torch.cuda.mem_get_info(dev)
+    uuid = str(getattr(torch.cuda.get_device_properties(dev), "uuid", dev))
+    return [(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}",
+             {"memory_total_bytes": float(total), "memory_used_bytes": float(total - free)})]
+
+
+class TritonCollector:
+    """Triton's Prometheus metrics, by Triton's names and labels, read when ``/metrics`` is scraped, so that a
+    Grafana dashboard or an alert written for Triton works on gnnserve unchanged:
+
+    * per model version (labels ``model``, ``version``), from its :class:`serve.stats.ModelStats` (the same
+      counters as the KServe statistics extension: native ``Predict`` and KServe requests alike):
+      ``nv_inference_request_success``, ``nv_inference_request_failure`` (label ``reason``: ``REJECTED``,
+      ``CANCELED``, ``BACKEND``, ``OTHER``), ``nv_inference_count`` (nodes answered),
+      ``nv_inference_exec_count`` (batches run), ``nv_inference_request_duration_us`` (successful requests, from
+      their handler's start), ``nv_inference_queue_duration_us``, ``nv_inference_compute_input_duration_us``,
+      ``nv_inference_compute_infer_duration_us``, ``nv_inference_compute_output_duration_us`` (cumulative
+      microseconds) and ``nv_inference_pending_request_count`` (requests waiting for a batch);
+    * ``nv_cpu_utilization`` (all cores, 0 to 1, since the previous scrape), ``nv_cpu_memory_total_bytes``,
+      ``nv_cpu_memory_used_bytes`` (from ``/proc``; absent where it is unreadable);
+    * ``nv_gpu_memory_total_bytes``, ``nv_gpu_memory_used_bytes`` and, through NVML where ``pynvml`` is
+      installed, ``nv_gpu_utilization``, ``nv_gpu_power_usage``, ``nv_gpu_power_limit`` (label ``gpu_uuid``),
+      once this process uses a GPU.
+
+    Triton declares its counters ``counter`` without the ``_total`` suffix that ``prometheus_client`` adds to
+    every counter's name; these are declared untyped instead, so the sample names are Triton's exactly
+    (``rate()`` and ``increase()`` work on them as on Triton's).
+    """
+
+    _COUNTERS = (
+        ("nv_inference_request_success", "Number of successful inference requests, all batch sizes"),
+        ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes"),
+        ("nv_inference_count", "Number of inferences performed (a node answered is one)"),
+        ("nv_inference_exec_count", "Number of model executions performed (batches)"),
+        ("nv_inference_request_duration_us", "Cumulative request duration in microseconds (successful requests)"),
+        ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds"),
+        ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds"),
+        ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds"),
+        ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds"),
+    )
+    _GPU = (("utilization", "GPU utilization rate [0.0 - 1.0]"), ("memory_total_bytes", "GPU total memory, in bytes"),
+            ("memory_used_bytes", "GPU used memory, in bytes"), ("power_usage", "GPU power usage in watts"),
+            ("power_limit", "GPU power management limit in watts"))
+
+    def __init__(self, snapshot: Callable[[], dict[str, dict[int, Any]]], registry: CollectorRegistry | None,
+                 proc: str = "/proc") -> None:
+        self._snapshot = snapshot
+        self._stat, self._meminfo = f"{proc}/stat", f"{proc}/meminfo"
+        self._cpu_last = _proc_cpu_times(self._stat)  # utilisation is over the time since the previous scrape
+        self._cpu_lock = threading.Lock()
+        if registry is not None:
+            registry.register(self)
+
+    def describe(self) -> list[Any]:
+        return []  # families are built per scrape (which of the CPU and GPU ones exist depends on the machine)
+
+    def _cpu_utilization(self) -> float | None:
+        now = _proc_cpu_times(self._stat)
+        if now is None:
+            return None
+        with self._cpu_lock:
+            last, self._cpu_last = self._cpu_last, now
+        if last is None or now[1] <= last[1]:
+            return 0.0
+        return min(1.0, max(0.0, (now[0] - last[0]) / (now[1] - last[1])))
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import Metric
+
+        fams = {name: Metric(name, doc, "unknown") for name, doc in self._COUNTERS}
+        pending = GaugeMetricFamily("nv_inference_pending_request_count",
+                                    "Instantaneous number of pending requests awaiting execution per-model.",
+                                    labels=["model", "version"])
+
+        def add(name: str, labels: dict[str, str], value: float) -> None:
+            fams[name].add_sample(name, labels, value)
+
+        for name, versions in sorted(self._snapshot().items()):
+            for version, rt in sorted(versions.items()):
+                st = rt.stats.snapshot()
+                lab = {"model": name, "version": str(version)}
+                add("nv_inference_request_success", lab, st.success[0])
+                for reason, n in st.fail_reasons.items():
+                    add("nv_inference_request_failure", {**lab, "reason": reason}, n)
+                add("nv_inference_count", lab, st.inference_count)
+                add("nv_inference_exec_count", lab, st.execution_count)
+                for metric, (_, ns) in (("request", st.success), ("queue", st.queue),
+                                        ("compute_input", st.compute_input), ("compute_infer", st.compute_infer),
+                                        ("compute_output", st.compute_output)):
+                    add(f"nv_inference_{metric}_duration_us", lab, ns // 1000)
+                b = getattr(rt, "batcher", None)
+                pending.add_metric([name, str(version)], b.queued_requests if b is not None else 0)
+        yield from fams.values()
+        yield pending
+        util = self._cpu_utilization()
+        if util is not None:
+            yield GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", value=util)
+        mem = _proc_memory(self._meminfo)
+        if mem is not None:
+            yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", value=mem[0])
+            yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", value=mem[1])
+        try:
+            gpus = _gpu_samples()
+        except Exception as exc:  # a scrape must not fail for a GPU query: the request metrics above still count
+            log.warning("GPU metrics unreadable: %s", exc)
+            gpus = []
+        for suffix, doc in self._GPU:
+            rows = [(uuid, v[suffix]) for uuid, v in gpus if suffix in v]
+            if rows:
+                fam = GaugeMetricFamily(f"nv_gpu_{suffix}", doc, labels=["gpu_uuid"])
+                for uuid, value in rows:
+                    fam.add_metric([uuid], value)
+                yield fam
 
 
 class ServerMetrics:

@@ -62,7 +62,7 @@ from .features.memory import MemoryFeatureStore
 from .metrics import ServerMetrics
 from .paths import PATH_NAMES, ServingPath, joined, paths_for
 from .projection import ActivationCache, ProjectionCache
-from .stats import ModelStats
+from .stats import ModelStats, failure_reason
 from .validation import ModelLimits, PredictCall, knob_rows, resolve_knobs
 
 __all__ = ["DataBundle", "ModelRuntime", "PredictResult", "RuntimeOptions"]
@@ -774,8 +774,8 @@ class ModelRuntime:
         try:
             res: PredictResult = await self.batcher.submit(call, size=call.size, key=key, deadline=deadline,
                                                            work=work)
-        except BaseException:
-            self.stats.failed(time.perf_counter_ns() - t0)
+        except BaseException as exc:
+            self.stats.failed(time.perf_counter_ns() - t0, failure_reason(exc))
             raise
         now = time.perf_counter_ns()
         self.stats.succeeded(call.size, now - t0, res.timing,

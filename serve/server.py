@@ -36,7 +36,7 @@ from kernels import compile_log
 
 from .interceptors import BearerAuthInterceptor, DrainGate, ErrorMappingInterceptor
 from .loops import loop_name, new_event_loop
-from .metrics import CacheCollector, ServerMetrics
+from .metrics import CacheCollector, ServerMetrics, TritonCollector
 from .registry import ModelRegistry
 from .runtime import RuntimeOptions
 from .security import check_security_config
@@ -142,6 +142,7 @@ class GnnServer:
             on_change=self._update_health,
         )
         CacheCollector(self.registry.snapshot, self.metrics.registry)
+        TritonCollector(self.registry.snapshot, self.metrics.registry)
         interceptors: list[aio.ServerInterceptor] = []
         #: the token check (None without a token): refusals counted (gnnserve_requests_total) and logged there
         self.auth = BearerAuthInterceptor(config.token, self.metrics) if config.token is not None else None

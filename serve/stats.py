@@ -9,7 +9,8 @@ executed batch). What the counters mean:
   checks, a read-your-writes wait, then ``submit``: queue + batch + hand-back; as Triton measures it, so that
   perf_analyzer's "overhead", success minus queue and compute, is the handler's own time);
   ``fail``: requests that reached ``submit``'s batcher and failed there (queue full, deadline passed,
-  cancelled, an error in the batch). Requests refused by validation before that are not counted,
+  cancelled, an error in the batch), each with the reason Triton's ``nv_inference_request_failure`` metric gives
+  (:func:`failure_reason`). Requests refused by validation before that are not counted,
   as Triton does not count a request its model never saw.
 * ``queue``: time from the batcher's queue to the start of the request's batch;
   ``compute_input``: the batch's subgraph / execution-plan stage and its feature (projection) fetch;
@@ -27,12 +28,28 @@ Counters are guarded by one lock: ``submit`` runs on the event loop, ``process``
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BatchStats", "ModelStats", "StatsSnapshot"]
+from .errors import DeadlineExceeded, Overloaded, Unavailable
+
+__all__ = ["FAILURE_REASONS", "BatchStats", "ModelStats", "StatsSnapshot", "failure_reason"]
+
+#: the ``reason`` label of Triton's ``nv_inference_request_failure``: refused by the scheduler (queue full, work
+#: limit, deadline passed in the queue), cancelled by its client, failed in the model, anything else
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The :data:`FAILURE_REASONS` entry of a request that failed with ``exc``."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "CANCELED"
+    if isinstance(exc, (Overloaded, DeadlineExceeded, Unavailable)):
+        return "REJECTED"
+    return "BACKEND" if isinstance(exc, Exception) else "OTHER"
 
 
 @dataclass
@@ -57,6 +74,8 @@ class StatsSnapshot:
     execution_count: int = 0
     last_inference_ms: int = 0
     batches: dict[int, BatchStats] = field(default_factory=dict)
+    #: ``fail``'s count by :data:`FAILURE_REASONS` entry
+    fail_reasons: dict[str, int] = field(default_factory=dict)
 
 
 def _ns(ms: float) -> int:
@@ -75,6 +94,7 @@ class ModelStats:
         self._executions = 0
         self._last_ms = 0
         self._batches: dict[int, BatchStats] = {}
+        self._fail_reasons = dict.fromkeys(FAILURE_REASONS, 0)
 
     def succeeded(self, items: int, total_ns: int, timing_ms: dict[str, Any], handler_ns: int | None = None) -> None:
         """A request of ``items`` nodes answered after ``total_ns`` in ``submit`` and ``handler_ns`` since its
@@ -95,10 +115,12 @@ class ModelStats:
             self._inferences += items
             self._last_ms = now_ms
 
-    def failed(self, total_ns: int) -> None:
+    def failed(self, total_ns: int, reason: str = "OTHER") -> None:
+        """A request failed after ``total_ns``; ``reason``: a :data:`FAILURE_REASONS` entry (:func:`failure_reason`)."""
         with self._lock:
             self._d["fail"][0] += 1
             self._d["fail"][1] += max(0, total_ns)
+            self._fail_reasons[reason if reason in self._fail_reasons else "OTHER"] += 1
 
     def executed(self, batch_size: int, input_s: float, infer_s: float, output_s: float) -> None:
         """One batch of ``batch_size`` nodes ran (stage durations in seconds)."""
@@ -118,4 +140,5 @@ class ModelStats:
             batches = {k: BatchStats(b.count, b.compute_input_ns, b.compute_infer_ns, b.compute_output_ns)
                        for k, b in self._batches.items()}
             return StatsSnapshot(inference_count=self._inferences, execution_count=self._executions,
-                                 last_inference_ms=self._last_ms, batches=batches, **d)
+                                 last_inference_ms=self._last_ms, batches=batches, fail_reasons=dict(self._fail_reasons),
+                                 **d)

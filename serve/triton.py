@@ -119,6 +119,7 @@ from .errors import GnnServeError, InvalidArgument, ModelNotFound, Unavailable
 from .interceptors import bounded, error_status, unparsed_reason
 from .registry import RepositoryError, _shown, version_not_in_repository
 from .servicer import deadline_of, reach_version
+from .stats import failure_reason
 from .validation import MAX_REQUEST_ID, knob_range_error, knob_rule, validate_predict
 from .wire import INPUT, NEW_COUNTS, NEW_FEATURES, NEW_NEIGHBORS, NEW_WEIGHTS  # the input names
 
@@ -777,8 +778,8 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:  # the model's part (a Triton backend's): a failure here counts in inference_stats.fail
             deadline = _request_deadline(request, deadline)
             call = await self._model_call(rt, request, nodes, new_nodes, wanted, deadline)
-        except BaseException:  # cancellation too, as in ModelRuntime.submit; the time since the request came
-            rt.stats.failed(round(1e9 * (time.perf_counter() - t0)))
+        except BaseException as exc:  # cancellation too, as in ModelRuntime.submit; the time since the request came
+            rt.stats.failed(round(1e9 * (time.perf_counter() - t0)), failure_reason(exc))
             raise
         # counts its own failures (queue, deadline, batch), and its success from t0, the handler's start
         res = await rt.submit(call, deadline=deadline, started=t0)

@@ -63,6 +63,22 @@ def test_cuda_runtime_holds_model_and_projections_on_the_gpu(served_cuda):
             assert rows.device.type == "cuda"
 
 
+def test_triton_gpu_metrics_of_a_cuda_server(served_cuda):
+    """nv_gpu_memory_*: the process's GPU, labelled by its UUID as Triton labels it, total that of torch's
+    view of the device and used at least what torch's allocator holds (one GPU on the test machine)."""
+    import torch
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = generate_latest(served_cuda.server.metrics.registry).decode()
+    got = {s.name: s for fam in text_string_to_metric_families(text) for s in fam.samples
+           if s.name.startswith("nv_gpu_memory")}
+    total, used = got["nv_gpu_memory_total_bytes"], got["nv_gpu_memory_used_bytes"]
+    assert total.labels["gpu_uuid"].startswith("GPU-") and total.labels == used.labels
+    assert total.value == pytest.approx(torch.cuda.mem_get_info()[1], rel=0.01)  # NVML's figure or CUDA's
+    assert torch.cuda.memory_reserved() <= used.value <= total.value
+
+
 @pytest.mark.parametrize("model", ["shadow", "gcn"])
 @pytest.mark.parametrize("width", [0, 4])
 def test_cuda_predictions_equal_offline_cpu_model(cuda_stub, tiny_repo, tiny_dataset, model, width):
