@@ -327,7 +327,8 @@ class GnnClient(_ClientBase):
             sampling_width: S, edges kept per row in each aggregation (0 = exact; default: the model's).
             ppr_budget: K, nodes in each PPR subgraph (default: the model's).
             max_accuracy_loss: let the server choose the cheapest knob-table setting within this
-                loss of exact (absolute, 0.01 = one point); explicit S / K take precedence.
+                loss of exact (absolute, 0.01 = one point); an explicit S / K is kept and the loss chooses the
+                other; a loss no setting at the explicit knobs meets raises :class:`InvalidArgumentError`.
             return_probabilities / return_embeddings: what to send back besides labels.
             timeout: deadline in seconds for the whole call (default: the client's).
             request_id: id the server logs (the server makes one when omitted).

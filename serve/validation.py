@@ -23,9 +23,12 @@ Knobs are resolved here, against the model's :class:`ModelLimits` and knob table
   among the rows of its stand-in, :func:`clients.knob_rules.stand_in`: the largest table value below
   it (width 4: it keeps fewer edges, so its accuracy does not overstate width 5's), else the smallest
   table value. ``chosen_by`` is then ``max_accuracy_loss``, and the expected accuracy 0.0 (no row was
-  measured at the served setting). When no row at the fixed value is within the loss, the other
-  coordinate is the model's default and ``chosen_by`` is ``request``. The rule is
-  :func:`clients.knob_rules.cheapest_within`, the one the SDK's ``ModelInfo.best_knobs`` applies.
+  measured at the served setting). With both S and K fixed the loss is checked against their row (or its
+  stand-in's) and ``chosen_by`` is ``request``. A loss no row at the fixed values meets is refused
+  (INVALID_ARGUMENT naming the least loss measured there): the bound a client asked for is never dropped
+  in silence. The rule is :func:`clients.knob_rules.cheapest_within`, the one the SDK's
+  ``ModelInfo.best_knobs`` applies. (A table without an exact-width row has no reference to measure a loss
+  against: the loss then picks nothing and the defaults are served, ``chosen_by`` ``default``.)
 * nothing given: the model's defaults.
 
 New nodes' ``edge_weights`` (optional, one per neighbour) must be finite and >= 0: the rule of every
@@ -52,7 +55,7 @@ from functools import cached_property
 
 import numpy as np
 
-from clients.knob_rules import cheapest_within, stand_in
+from clients.knob_rules import cheapest_within, losses, stand_in
 from kernels.graph_edit import valid_weights, weight_rule
 
 from .errors import InvalidArgument
@@ -206,7 +209,8 @@ def resolve_knobs(
     s = limits.clamp_width(sampling_width) if sampling_width is not None else None
     k = clamp_k(ppr_budget) if ppr_budget is not None and not lhop else None  # an L-hop model has none to choose
     chosen_by = "request"
-    if max_accuracy_loss is not None and table and (s is None or k is None):
+    loss = losses(table) if max_accuracy_loss is not None and table else None
+    if loss is not None:
         # a fixed value the table lacks is chosen against its measured stand-in's rows (module docstring)
         widths = {r.sampling_width for r in table}
         # the bound keeps every edge: an exact row is its own computation, not a stand-in's
@@ -214,7 +218,9 @@ def resolve_knobs(
         row_s = None if s is None else 0 if at_bound else stand_in(s, widths, exact_zero=True)
         row_k = None if k is None or lhop else stand_in(k, (r.ppr_budget for r in table))
         best = cheapest_within(table, max_accuracy_loss, sampling_width=row_s, ppr_budget=row_k)
-        if best is not None:
+        if best is None:
+            raise _loss_not_met(table, loss, max_accuracy_loss, s, k, row_s, row_k)
+        if s is None or k is None:
             s = best.sampling_width if s is None else s
             k = clamp_k(best.ppr_budget) if k is None else k
             chosen_by = "max_accuracy_loss"
@@ -224,6 +230,29 @@ def resolve_knobs(
     k = clamp_k(limits.default_ppr_budget) if k is None else k
     expected = _expected_accuracy(table, s, k, lhop, limits.max_sampling_width)
     return s, k, chosen_by, expected
+
+
+def _loss_not_met(table: Sequence[KnobRow], loss: Sequence[float], max_loss: float, sampling_width: int | None,
+                  ppr_budget: int | None, row_s: int | None, row_k: int | None) -> InvalidArgument:
+    """The refusal of a ``max_accuracy_loss`` no knob-table row at the request's fixed knobs (as served: a width
+    clamped to the model's bound; None: not fixed) meets."""
+    fixed = ", ".join(f"{name}={value}" for name, value in (("sampling_width", sampling_width),
+                                                           ("ppr_budget", ppr_budget)) if value is not None)
+    measured = ", ".join(f"{name}={value}" for name, value in (("sampling_width", row_s), ("ppr_budget", row_k))
+                         if value is not None)
+    at = [(x, r) for r, x in zip(table, loss, strict=True)
+          if (row_s is None or r.sampling_width == row_s) and (row_k is None or r.ppr_budget == row_k)]
+    if not at:
+        where = f"the model's knob table has no row at {measured}"
+    else:
+        x, r = min(at, key=lambda t: t[0])
+        where = (f"the least loss measured at {measured} is {x:.4f} (sampling_width={r.sampling_width}, "
+                 f"ppr_budget={r.ppr_budget})")
+    shown = "" if measured == fixed else f" (measured at {measured}, the nearest knob-table values)"
+    return InvalidArgument(
+        f"no setting with {fixed}{shown} is within max_accuracy_loss={max_loss}: "
+        f"{where}; raise max_accuracy_loss, or leave the fixed knob out so that the loss chooses it (ModelInfo's "
+        "knob_table lists each setting's accuracy)")
 
 
 def _expected_accuracy(table: Sequence[KnobRow], s: int, k: int, lhop: bool, bound: int) -> float:

@@ -125,11 +125,15 @@ def _version_found(version: str) -> bool:
         return False
 
 
-def expected_error(req: dict[str, Any], limit: int = LIMIT) -> tuple[grpc.StatusCode, str] | None:
+def expected_error(req: dict[str, Any], limit: int = LIMIT, knob_tables: dict[str, Any] | None = None
+                   ) -> tuple[grpc.StatusCode, str] | None:
     """(code, message fragment) the documented contract demands for ``req``; None = must succeed.
 
     Order of the checks (docs/RELIABILITY.md): model, version, request size, node ids, each new
     node (feature width, finite features, neighbour ids, edge weights, repeated neighbours), knobs.
+    ``knob_tables``: each model's served :class:`serve.validation.ModelLimits`, for the last rule, a
+    ``max_accuracy_loss`` no knob-table row at the fixed knobs meets (the rule's own cases are
+    tests/test_knob_rules.py's); None: that rule is not checked.
     """
     inv = grpc.StatusCode.INVALID_ARGUMENT
     model = req.get("model", "")
@@ -179,6 +183,15 @@ def expected_error(req: dict[str, Any], limit: int = LIMIT) -> tuple[grpc.Status
         return inv, f"ppr_budget must be >= {lowest_k}"
     if loss is not None and not (math.isfinite(loss) and 0.0 <= loss <= 1.0):
         return inv, "max_accuracy_loss must be a finite fraction in [0, 1]"
+    if loss is not None and knob_tables is not None and (s is not None or k is not None):
+        from serve.errors import InvalidArgument
+        from serve.validation import KNOB_MAX, resolve_knobs
+
+        if (s or 0) <= KNOB_MAX and (k or 0) <= KNOB_MAX:
+            try:
+                resolve_knobs(knob_tables[model], s, k, loss)
+            except InvalidArgument:
+                return inv, "is within max_accuracy_loss"
     return None
 
 

@@ -207,3 +207,31 @@ def test_a_loss_with_a_width_the_table_lacks_still_picks_the_budget(served, caps
                  "--max-accuracy-loss", str(loss)]) == 0
     out = capsys.readouterr().out
     assert f"sampling_width=5 ppr_budget={at_4.ppr_budget} " in out and "chosen_by=max_accuracy_loss " in out, out
+
+
+def test_a_loss_no_row_at_the_fixed_width_meets_is_refused(served, capsys):
+    """A tester's report: ``--width S --max-accuracy-loss L`` where no row of width S is within L served the
+    default budget with the loss dropped (only ``chosen_by`` told). It is refused now, through the SDK and the
+    CLI, with the least loss measured at that width; a loss that row meets is served."""
+    from clients.errors import InvalidArgumentError
+    from clients.knob_rules import losses
+    from serve.cli import main
+
+    with GnnClient(served.address, timeout=60) as c:
+        shadow = c.get_model("shadow")
+        table = shadow.knob_table
+        loss = losses(table)
+        least = {w: min(x for r, x in zip(table, loss, strict=True) if r.sampling_width == w)
+                 for w in {r.sampling_width for r in table}}
+        width = max(least, key=lambda w: least[w])
+        assert least[width] > 0.001, least  # the tiny model's sampled widths disagree with exact on some nodes
+        with pytest.raises(InvalidArgumentError, match=rf"no setting with sampling_width={width} is within "
+                           rf"max_accuracy_loss=0.0: the least loss measured at sampling_width={width} is "
+                           rf"{least[width]:.4f}"):
+            c.predict("shadow", [1], sampling_width=width, max_accuracy_loss=0.0)
+        s = c.predict("shadow", [1], sampling_width=width, max_accuracy_loss=least[width] + 1e-6).settings
+        assert (s.sampling_width, s.chosen_by) == (width, "max_accuracy_loss")
+    assert main(["predict", "--server", served.address, "--model", "shadow", "--nodes", "1", "--width", str(width),
+                 "--max-accuracy-loss", "0"]) != 0
+    err = capsys.readouterr().err
+    assert "is within max_accuracy_loss=0.0" in err and "Traceback" not in err, err

@@ -3,12 +3,14 @@ ModelInfo.best_knobs and training's defaults are the same functions, checked her
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clients.knob_rules import Row, cheapest_within, default_knobs, exact_reference, rows_of, stand_in
 from clients.types import KnobRow, ModelInfo
 from models.train import choose_defaults
+from serve.errors import InvalidArgument
 from serve.validation import ModelLimits, knob_rows, resolve_knobs
 
 
@@ -124,7 +126,10 @@ def test_a_loss_still_picks_the_other_coordinate_of_a_value_the_table_lacks():
         assert (s, k, chosen_by, expected) == (width, 8, "max_accuracy_loss", 0.0), width  # no row at (8, 5)
     # the stand-in's rows decide: none at width 4 within 0.005 of exact but K = 8's (0.795 >= 0.81 - 0.015)
     assert resolve_knobs(limits, 5, None, 0.015)[:3] == (5, 8, "max_accuracy_loss")
-    assert resolve_knobs(limits, 5, None, 0.005)[:3] == (5, 64, "request")  # none within: the default K
+    with pytest.raises(InvalidArgument, match=r"no setting with sampling_width=5 \(measured at sampling_width=4, "
+                       r"the nearest knob-table values\) is within max_accuracy_loss=0.005: the least loss measured "
+                       r"at sampling_width=4 is 0.0150 \(sampling_width=4, ppr_budget=8\)"):
+        resolve_knobs(limits, 5, None, 0.005)  # none within: refused (it served the default K, the loss dropped)
     # at or above the degree bound a width keeps every edge: the exact rows are that computation's
     s, k, chosen_by, expected = resolve_knobs(_limits(rows, max_sampling_width=12), 100, None, 0.0)
     assert (s, k, chosen_by) == (12, 16, "max_accuracy_loss")  # (16, 0) is the cheapest exact row within 0
@@ -132,7 +137,13 @@ def test_a_loss_still_picks_the_other_coordinate_of_a_value_the_table_lacks():
     # a budget the table lacks: the width is chosen among the rows of the largest table budget below it
     assert resolve_knobs(limits, None, 20, 0.0)[:3] == (0, 20, "max_accuracy_loss")  # K = 16 rows: 0 is cheapest
     assert resolve_knobs(limits, None, 4, 0.011)[:3] == (0, 4, "max_accuracy_loss")  # below every budget: K = 8's rows
-    assert resolve_knobs(limits, 5, 20, 0.02)[:3] == (5, 20, "request")  # both given: nothing left to choose
+    assert resolve_knobs(limits, 5, 20, 0.02)[:3] == (5, 20, "request")  # both given: the loss checked, met
+    with pytest.raises(InvalidArgument, match=r"sampling_width=5, ppr_budget=20 \(measured at sampling_width=4, "
+                       r"ppr_budget=16, .*least loss measured .* is 0.0200"):
+        resolve_knobs(limits, 5, 20, 0.01)  # (16, 4) is 0.02 below exact
+    assert resolve_knobs(limits, 4, 16, 0.02)[:3] == (4, 16, "request")  # a table row: checked as itself
+    with pytest.raises(InvalidArgument, match=r"no setting with sampling_width=4, ppr_budget=16 is within"):
+        resolve_knobs(limits, 4, 16, 0.019)
 
 
 @settings(max_examples=200, derandomize=True, deadline=None)
@@ -141,8 +152,9 @@ def test_a_fixed_width_is_chosen_against_its_stand_in(rows, loss, width):
     limits = _limits(rows, default_ppr_budget=rows[0]["ppr_budget"])
     widths = {r["sampling_width"] for r in rows}
     best = cheapest_within(rows_of(rows), loss, sampling_width=stand_in(width, widths, exact_zero=True))
+    if best is None:  # no row at the width's stand-in meets the loss: refused, never served with it dropped
+        with pytest.raises(InvalidArgument, match="is within max_accuracy_loss"):
+            resolve_knobs(limits, width, None, loss)
+        return
     s, k, chosen_by, _ = resolve_knobs(limits, width, None, loss)
-    if best is None:
-        assert (s, k, chosen_by) == (width, rows[0]["ppr_budget"], "request")
-    else:
-        assert (s, k, chosen_by) == (width, best.ppr_budget, "max_accuracy_loss")
+    assert (s, k, chosen_by) == (width, best.ppr_budget, "max_accuracy_loss")

@@ -73,9 +73,9 @@ def _healthy_and_correct(channel, stub, repo, ds) -> None:
         check_answer(r, PROBE, repo, ds, model)
 
 
-def _check_against_contract(stub, fields: dict, repo, ds) -> None:
+def _check_against_contract(stub, fields: dict, repo, ds, limits: dict | None = None) -> None:
     resp, err = call(stub, fields, timeout=300)
-    want = expected_error(fields)
+    want = expected_error(fields, knob_tables=limits)
     if want is None:
         assert err is None, f"valid request refused: {err and err.code()} {err and err.details()[:300]}"
         nodes = list(fields.get("nodes", []))
@@ -126,8 +126,9 @@ _request = st.fixed_dictionaries(
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(fields=_request)
-def test_bad_input_property_battery(channel, stub, tiny_repo, tiny_dataset, fields):
-    _check_against_contract(stub, fields, tiny_repo, tiny_dataset)
+def test_bad_input_property_battery(served, stub, tiny_repo, tiny_dataset, fields):
+    limits = {m: served.server.registry.get(m).limits for m in ("shadow", "gcn")}
+    _check_against_contract(stub, fields, tiny_repo, tiny_dataset, limits)
     r = stub.Predict(pb.PredictRequest(model="shadow", nodes=PROBE, return_probabilities=True), timeout=60)
     check_answer(r, PROBE, tiny_repo, tiny_dataset, "shadow")
 
