@@ -483,6 +483,8 @@ def model_info_from_pb(m: pb.ModelInfo) -> ModelInfo:
         feature_store=m.feature_store,
         graph_version=int(m.graph_version),
         read_only=bool(m.read_only),
+        max_request_work=int(m.max_request_work),
+        max_new_node_edges=int(m.max_new_node_edges),
     )
 
 

@@ -368,7 +368,9 @@ def format_model(info: ModelInfo) -> str:
         f"{info.num_nodes} nodes, {info.num_features} features, {info.num_classes} classes, "
         f"features from {info.feature_store}",
         f"  default_sampling_width={info.default_sampling_width} max_sampling_width={info.max_sampling_width}"
-        f"{budget} max_nodes_per_request={info.max_nodes_per_request}",
+        f"{budget} max_nodes_per_request={info.max_nodes_per_request}"
+        + (f" max_request_work={info.max_request_work} max_new_node_edges={info.max_new_node_edges}"
+           if info.max_request_work else ""),
     ]
     if info.metrics:
         lines.append("  metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in info.metrics.items()))

@@ -328,6 +328,11 @@ class ModelInfo:
     graph_version: int = 0
     #: whether the server refuses graph updates for this model (``--read-only``, or no update log)
     read_only: bool = False
+    #: a request's estimated aggregation work (edges) above which the server refuses it (RESOURCE_EXHAUSTED:
+    #: the SDK then sends its nodes in smaller requests); 0 = not reported (a server before 2026-11-29)
+    max_request_work: int = 0
+    #: new-node neighbours over all new nodes of one request; 0 = not reported
+    max_new_node_edges: int = 0
 
     @property
     def exact_accuracy(self) -> float | None:

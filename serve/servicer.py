@@ -70,6 +70,8 @@ def model_info(rt: ModelRuntime, versions: list[str]) -> pb.ModelInfo:
         feature_store=rt.feature_store_name,
         max_sampling_width=lim.max_sampling_width,
         max_nodes_per_request=lim.max_nodes_per_request,
+        max_request_work=rt.options.max_request_work,
+        max_new_node_edges=lim.max_new_node_edges,
         served_by=served_by(),
     )
     live = rt.data.live

@@ -440,6 +440,8 @@ def test_the_refusals_the_plan_reads_are_a_real_servers(tiny_repo):
             assert info.value.code() == code, info.value.details()
             assert pattern.search(info.value.details()), info.value.details()
         with GnnClient(srv.address, timeout=60, max_retries=0) as c:
+            info = c.get_model("shadow")  # the limits are listed, as the server applies them
+            assert (info.max_nodes_per_request, info.max_request_work, info.max_new_node_edges) == (16, 3000, 4)
             nodes = np.arange(12)
             whole = c.predict("shadow", nodes, sampling_width=0)  # 12 nodes over the work limit: split
             one = [c.predict("shadow", [int(v)], sampling_width=0) for v in nodes]

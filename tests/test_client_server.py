@@ -161,6 +161,8 @@ def test_health_and_wait_ready(client):
 
 
 def test_list_and_get_models(client, tiny_dataset):
+    from serve.runtime import RuntimeOptions  # the limits the session's server runs with
+
     infos = {m.name: m for m in client.list_models()}
     assert set(infos) == {SHADOW, GCN}
     for name, info in infos.items():
@@ -170,6 +172,8 @@ def test_list_and_get_models(client, tiny_dataset):
         assert info.num_features == tiny_dataset.num_features
         assert info.num_classes == tiny_dataset.num_classes
         assert info.max_nodes_per_request == 4096
+        assert (info.max_request_work, info.max_new_node_edges) == (RuntimeOptions().max_request_work,
+                                                                     RuntimeOptions().max_new_node_edges)
         assert info.knob_table and info.exact_accuracy is not None and 0 < info.exact_accuracy <= 1
         assert all(0 < r.edges_kept_fraction <= 1 for r in info.knob_table)
     shadow, gcn = infos[SHADOW], infos[GCN]

@@ -135,7 +135,7 @@ class KnobRow(_message.Message):
     def __init__(self, ppr_budget: _Optional[int] = ..., sampling_width: _Optional[int] = ..., val_accuracy: _Optional[float] = ..., latency_ms_per_node: _Optional[float] = ..., edges_kept_fraction: _Optional[float] = ..., agreement: _Optional[float] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "versions", "architecture", "extractor", "num_features", "num_classes", "num_nodes", "max_ppr_budget", "default_sampling_width", "default_ppr_budget", "strategy", "knob_table", "metrics", "dataset_fingerprint", "ready", "feature_store", "max_sampling_width", "max_nodes_per_request", "graph_version", "read_only", "served_by")
+    __slots__ = ("name", "version", "versions", "architecture", "extractor", "num_features", "num_classes", "num_nodes", "max_ppr_budget", "default_sampling_width", "default_ppr_budget", "strategy", "knob_table", "metrics", "dataset_fingerprint", "ready", "feature_store", "max_sampling_width", "max_nodes_per_request", "graph_version", "read_only", "served_by", "max_request_work", "max_new_node_edges")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,8 @@ class ModelInfo(_message.Message):
     GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     SERVED_BY_FIELD_NUMBER: _ClassVar[int]
+    MAX_REQUEST_WORK_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_NODE_EDGES_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     versions: _containers.RepeatedScalarFieldContainer[str]
@@ -187,7 +189,9 @@ class ModelInfo(_message.Message):
     graph_version: int
     read_only: bool
     served_by: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., extractor: _Optional[str] = ..., num_features: _Optional[int] = ..., num_classes: _Optional[int] = ..., num_nodes: _Optional[int] = ..., max_ppr_budget: _Optional[int] = ..., default_sampling_width: _Optional[int] = ..., default_ppr_budget: _Optional[int] = ..., strategy: _Optional[str] = ..., knob_table: _Optional[_Iterable[_Union[KnobRow, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., dataset_fingerprint: _Optional[str] = ..., ready: bool = ..., feature_store: _Optional[str] = ..., max_sampling_width: _Optional[int] = ..., max_nodes_per_request: _Optional[int] = ..., graph_version: _Optional[int] = ..., read_only: bool = ..., served_by: _Optional[str] = ...) -> None: ...
+    max_request_work: int
+    max_new_node_edges: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., extractor: _Optional[str] = ..., num_features: _Optional[int] = ..., num_classes: _Optional[int] = ..., num_nodes: _Optional[int] = ..., max_ppr_budget: _Optional[int] = ..., default_sampling_width: _Optional[int] = ..., default_ppr_budget: _Optional[int] = ..., strategy: _Optional[str] = ..., knob_table: _Optional[_Iterable[_Union[KnobRow, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., dataset_fingerprint: _Optional[str] = ..., ready: bool = ..., feature_store: _Optional[str] = ..., max_sampling_width: _Optional[int] = ..., max_nodes_per_request: _Optional[int] = ..., graph_version: _Optional[int] = ..., read_only: bool = ..., served_by: _Optional[str] = ..., max_request_work: _Optional[int] = ..., max_new_node_edges: _Optional[int] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
