@@ -817,6 +817,7 @@ class RetryState:
     retries: int = 0
     started: float = field(default_factory=time.monotonic)
     unavailable_hint: str = ""  # said after an UNAVAILABLE's details (TLS_HINT on a TLS channel)
+    wait_for_ready: bool = False  # ClientOptions.wait_for_ready (never for a health check)
 
     @property
     def deadline(self) -> float | None:

@@ -121,7 +121,7 @@ class AsyncGnnClient(_ClientBase):
             try:
                 # a wait for a slot spends the deadline too
                 return await fn(request, timeout=timeout if slots is None else state.remaining(),
-                                metadata=self._config.metadata)
+                                metadata=self._config.metadata, wait_for_ready=state.wait_for_ready)
             except grpc.RpcError as err:
                 try:
                     delay = state.failed(err)

@@ -119,7 +119,8 @@ class _ClientBase:
             raise ValueError(f"timeout must be > 0 seconds, got {t}")
         return RetryState(method=method, timeout=t, max_retries=self.max_retries if retries else 0,
                           backoff=self.backoff, retry_codes=self.retry_codes,
-                          unavailable_hint=TLS_HINT if self._config.credentials is not None else "")
+                          unavailable_hint=TLS_HINT if self._config.credentials is not None else "",
+                          wait_for_ready=bool(self.options.wait_for_ready) and method != "Health")
 
     def _check_open(self) -> None:
         if self._closed:
@@ -266,7 +267,7 @@ class GnnClient(_ClientBase):
             try:
                 # a wait for a slot spends the deadline too
                 return fn(request, timeout=timeout if slots is None else state.remaining(),
-                          metadata=self._config.metadata)
+                          metadata=self._config.metadata, wait_for_ready=state.wait_for_ready)
             except grpc.RpcError as err:
                 try:
                     delay = state.failed(err)

@@ -106,6 +106,12 @@ class ClientOptions:
             or cancels the rest (RESOURCE_EXHAUSTED, CANCELLED), so ``asyncio.gather`` over thousands of
             ``predict`` calls failed part of them; bounded, they queue here and all are answered, as fast (the
             server batches the calls in flight).
+        wait_for_ready: a call made while the server cannot be reached (restarting, not yet listening) waits
+            for it, within ``timeout``, instead of failing ``UNAVAILABLE`` after ``max_retries`` quick retries
+            (gRPC's wait-for-ready: the request is sent once the connection is up, so an update is never sent
+            twice by it). A restart takes seconds (4-7 s for the tiny test models, more with large graphs),
+            longer than the default retries' backoff; give a ``timeout`` that covers it. Health checks never
+            wait (they report the server's state as it is). Default off: fail fast.
     """
 
     tls: bool = False
@@ -121,6 +127,7 @@ class ClientOptions:
     channel_options: Sequence[tuple[str, Any]] | dict[str, Any] | None = None
     max_nodes_per_call: int | None = None
     max_concurrent_calls: int | None = DEFAULT_MAX_CONCURRENT_CALLS
+    wait_for_ready: bool = False
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not self.timeout > 0:

@@ -447,3 +447,58 @@ def test_the_refusals_the_plan_reads_are_a_real_servers(tiny_repo):
             one = [c.predict("shadow", [int(v)], sampling_width=0) for v in nodes]
         np.testing.assert_array_equal(whole.labels, [r.labels[0] for r in one])
         np.testing.assert_allclose(whole.probabilities, np.stack([r.probabilities[0] for r in one]), atol=1e-6)
+
+
+def test_wait_for_ready_rides_out_a_server_that_is_not_up_yet(tiny_repo):
+    """A service's calls during a restart: by default they fail UNAVAILABLE after the quick retries (here none);
+    with ``wait_for_ready`` the sync and the async client's calls made while nothing listens are answered once the
+    server comes up, within their timeout. A health check never waits."""
+    import random
+    import socket
+
+    from serve.server import BackgroundServer, ServerConfig
+
+    # a free port outside the ephemeral range: a client connecting again and again to a local port nobody
+    # listens on can be given that very port as its own source port (TCP's self-connect), which then holds it
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.Random(os.getpid()).sample(range(max(1024, low - 8000), low), 200):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                continue
+    address = f"127.0.0.1:{port}"
+    with GnnClient(address, timeout=30, max_retries=0) as c:
+        t0 = time.monotonic()
+        with pytest.raises(E.UnavailableError):
+            c.list_models()
+        assert time.monotonic() - t0 < 10  # failed fast, not at the deadline
+    with GnnClient(address, timeout=30, wait_for_ready=True) as c:
+        with pytest.raises(E.UnavailableError):
+            c.health()
+
+    got: dict[str, object] = {}
+
+    def sync_call() -> None:
+        with GnnClient(address, timeout=180, wait_for_ready=True, max_retries=0) as c:
+            got["sync"] = c.predict("gcn", [1, 2]).labels
+
+    async def async_call() -> None:
+        async with AsyncGnnClient(address, timeout=180, wait_for_ready=True, max_retries=0) as c:
+            got["aio"] = (await c.predict("gcn", [1, 2])).labels
+
+    caller = threading.Thread(target=sync_call)
+    caller.start()
+    aio = threading.Thread(target=lambda: asyncio.run(async_call()))
+    aio.start()
+    time.sleep(2.0)  # both wait on a port nobody listens on
+    assert not got and caller.is_alive() and aio.is_alive()
+    with BackgroundServer(ServerConfig(repo=str(tiny_repo), port=port, poll_s=0)):
+        caller.join(120)
+        aio.join(120)
+        with GnnClient(address, timeout=60) as c:
+            want = c.predict("gcn", [1, 2]).labels
+    assert not caller.is_alive() and not aio.is_alive()
+    np.testing.assert_array_equal(got["sync"], want)
+    np.testing.assert_array_equal(got["aio"], want)
