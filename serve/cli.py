@@ -221,6 +221,10 @@ def _port_problem(args: argparse.Namespace) -> str | None:
         return _grpc_port_problem(args)
     if args.metrics_port and (why := _unbindable(_metrics_host(args), args.metrics_port)) is not None:
         return _metrics_port_problem(args, why)
+    if args.http_port and args.http_port in (args.port, args.metrics_port):
+        return f"--http-port {args.http_port} is also the {'gRPC' if args.http_port == args.port else 'metrics'} port"
+    if args.http_port and (why := _unbindable(args.host, args.http_port)) is not None:
+        return f"cannot listen on {args.host}:{args.http_port} (--host/--http-port, HTTP/REST): {why}"
     return None
 
 
@@ -246,6 +250,11 @@ def _serve(argv: Sequence[str]) -> int:
     ap.add_argument("--repo", required=True, help="model repository: REPO/<name>/<version>/ checkpoints")
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all interfaces; default: %(default)s)")
     ap.add_argument("--port", type=_port, default=8500, help="gRPC port (0 = any free port; default: %(default)s)")
+    ap.add_argument("--http-port", type=_port, default=None,
+                    help="also serve the KServe v2 / Triton HTTP/REST protocol on this port of --host (Triton's "
+                         "8000: curl, Kubernetes HTTP probes, tritonclient.http, perf_analyzer -i http; off by "
+                         "default; 0 = any free port). Same models, checks, token and TLS as gRPC; /v2/health/live "
+                         "and /v2/health/ready take no token (serve/http.py)")
     ap.add_argument("--metrics-port", type=_port, default=None,
                     help="Prometheus /metrics port (off by default; 0 = any free port). The endpoint takes no "
                          "token: bind it where only the scraper reaches it (--metrics-host)")
@@ -521,6 +530,7 @@ def _serve(argv: Sequence[str]) -> int:
         port=args.port,
         metrics_port=args.metrics_port,
         metrics_host=_metrics_host(args),
+        http_port=args.http_port,
         runtime=RuntimeOptions(
             device=args.device,
             max_batch_targets=args.max_batch_targets,

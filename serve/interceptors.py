@@ -392,6 +392,19 @@ class BearerAuthInterceptor(aio.ServerInterceptor):
 
     def _refuse(self, method: str, context: aio.ServicerContext) -> None:
         """Count and (rate-limited) log a call refused for its token (before the refusal leaves)."""
+
+        def peer() -> str:
+            try:
+                return str(context.peer())
+            except Exception:  # the peer is a courtesy: the count is what matters
+                return "an unknown peer"
+
+        self.refused(method, peer)
+
+    def refused(self, method: str, peer: str | Callable[[], str]) -> None:
+        """Count and (rate-limited) log one request refused for its token: a gRPC call (:meth:`_refuse`) or an HTTP
+        request (serve.http, whose ``method`` labels start with ``http_``). ``peer``: its address, or a function
+        that gives it (only called when a line is written)."""
         if self._metrics is not None:
             self._metrics.count_request("", method, grpc.StatusCode.UNAUTHENTICATED.name)
         now = time.monotonic()
@@ -400,10 +413,8 @@ class BearerAuthInterceptor(aio.ServerInterceptor):
             if now < self._next_line:
                 return
             n, self._refused, self._next_line = self._refused, 0, now + self._log_interval_s
-        try:
-            peer = context.peer()
-        except Exception:  # the peer is a courtesy: the count is what matters
-            peer = "an unknown peer"
+        if callable(peer):
+            peer = peer()
         log.warning("refused %d call(s) without a valid bearer token (missing, wrong or not 'Bearer <token>') since "
                     "the last such line; the latest: %s from %s (at most one such line per %.0f s; "
                     "gnnserve_requests_total{code=\"UNAUTHENTICATED\"} counts every one)", n, method, peer,

@@ -18,7 +18,8 @@ This module is the parent. It
   connection, and ``--port 0`` gets a port every child can join), then starts the N children:
   ``gnnserve serve`` with the same options plus ``--port P --process-slot i/N`` (each child binds
   with ``grpc.so_reuseport`` on, and reports ``"<pid> <i>/<N>"`` in ``PredictResponse.served_by``
-  and ``ModelInfo.served_by``);
+  and ``ModelInfo.served_by``); ``--http-port`` (the KServe HTTP/REST port, serve.http) is reserved the same
+  way and passed on, and every child binds it with ``SO_REUSEPORT`` too;
 * once every child serves, checks that the children with a local graph are at one graph version,
   writes ``--ready-file``, and serves ``--metrics-port``: each scrape reads every child's own
   endpoint (children bind free ports) and merges the families, each sample labelled
@@ -141,11 +142,14 @@ class _MergedMetrics:
         yield from merged.values()
 
 
-def _child_argv(args: Any, argv: Sequence[str], port: int, index: int, tmp: Path) -> list[str]:
+def _child_argv(args: Any, argv: Sequence[str], port: int, index: int, tmp: Path,
+                http_port: int | None = None) -> list[str]:
     # argparse keeps the last value of an option: the overrides go after the user's own options
     out = [sys.executable, "-m", "serve.cli", "serve", *argv, "--port", str(port), "--processes", "1",
            "--process-slot", f"{index}/{args.processes}", "--process-status", str(tmp / f"{index}.json"),
            "--ready-file", ""]
+    if http_port is not None:  # the HTTP/REST port reserved as the gRPC one: every child joins it (SO_REUSEPORT)
+        out += ["--http-port", str(http_port)]
     if args.metrics_port is not None:  # a child's endpoint is the parent's to scrape, on loopback only
         out += ["--metrics-port", "0", "--metrics-host", "127.0.0.1"]
     return out
@@ -181,6 +185,14 @@ def run_processes(args: Any, argv: Sequence[str]) -> int:
     except OSError as exc:
         log.error("cannot start: cannot bind %s:%d: %s", args.host, args.port, exc)
         return 1
+    http_holder, http_port = None, None
+    if getattr(args, "http_port", None) is not None:  # --http-port 0: one free port, shared by every child
+        try:
+            http_holder, http_port = reserve_port(args.host, args.http_port)
+        except OSError as exc:
+            holder.close()
+            log.error("cannot start: cannot bind %s:%d (--http-port): %s", args.host, args.http_port, exc)
+            return 1
     tmp = Path(tempfile.mkdtemp(prefix=STATUS_DIR_PREFIX))
     env = child_env(n)
     children: dict[int, subprocess.Popen[bytes]] = {}
@@ -209,8 +221,10 @@ def run_processes(args: Any, argv: Sequence[str]) -> int:
         for i in range(1, n + 1):
             if stopping.is_set():
                 break
-            children[i] = subprocess.Popen(_child_argv(args, argv, port, i, tmp), env=env,
+            children[i] = subprocess.Popen(_child_argv(args, argv, port, i, tmp, http_port), env=env,
                                            preexec_fn=_die_with_parent)  # no threads yet
+        if http_port is not None:
+            log.info("HTTP/REST of the %d processes on %s:%d", n, args.host, http_port)
         log.info("started %d processes on %s:%d (pids %s), compute threads per process: %s", n, args.host, port,
                  ", ".join(str(c.pid) for c in children.values()),
                  ", ".join(f"{v}={env[v]}" for v in _THREAD_VARS))
@@ -263,6 +277,8 @@ def run_processes(args: Any, argv: Sequence[str]) -> int:
             metrics_server.shutdown()
             metrics_server.server_close()
         holder.close()
+        if http_holder is not None:
+            http_holder.close()
         for s, h in old.items():
             signal.signal(s, h)
         shutil.rmtree(tmp, ignore_errors=True)

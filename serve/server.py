@@ -3,7 +3,9 @@
 Services: ``gnnserve.v1.GnnService``, the KServe v2 / Triton ``inference.GRPCInferenceService``,
 ``grpc.health.v1.Health`` (NOT_SERVING until the start has loaded and warmed every model of the
 repository it can, and again while shutting down; a model still loading answers UNAVAILABLE, "being
-loaded", meanwhile) and server reflection. Prometheus metrics on ``metrics_port``.
+loaded", meanwhile) and server reflection. Prometheus metrics on ``metrics_port``. With ``http_port``, the
+KServe v2 HTTP/REST endpoint too (:mod:`serve.http`, over the same KServe servicer, on the same event loop; it
+drains with gRPC: 503 to new requests, closed once gRPC stops).
 
 Shutdown (SIGTERM / SIGINT): new RPCs get UNAVAILABLE from the server's own handler (see
 :class:`~serve.interceptors.DrainGate`), then health goes NOT_SERVING; in-flight requests finish
@@ -34,6 +36,7 @@ from grpc_reflection.v1alpha import reflection
 from clients._gen import gnnserve_pb2, gnnserve_pb2_grpc, inference_pb2, inference_pb2_grpc
 from kernels import compile_log
 
+from .http import HttpFrontEnd, server_ssl_context
 from .interceptors import BearerAuthInterceptor, DrainGate, ErrorMappingInterceptor
 from .loops import loop_name, new_event_loop
 from .metrics import CacheCollector, ServerMetrics, TritonCollector
@@ -85,6 +88,8 @@ class ServerConfig:
     port: int = 8500  # 0 = pick a free port
     metrics_port: int | None = None  # None = no metrics endpoint; 0 = free port
     metrics_host: str | None = None  # the address /metrics binds (None: host)
+    #: the KServe v2 HTTP/REST port on ``host`` (serve.http; None = none, 0 = a free port): TLS and the token as gRPC
+    http_port: int | None = None
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
     data_paths: list[str] = field(default_factory=list)
     feature_url: str = "memory"
@@ -168,8 +173,14 @@ class GnnServer:
             ],
         )
         gnnserve_pb2_grpc.add_GnnServiceServicer_to_server(GnnServicer(self.registry), self.server)
-        inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(TritonServicer(self.registry, self.gate),
-                                                                      self.server)
+        triton = TritonServicer(self.registry, self.gate)
+        inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(triton, self.server)
+        #: the KServe v2 HTTP/REST front end over the same servicer (None without ``http_port``)
+        self.http: HttpFrontEnd | None = None
+        if config.http_port is not None:
+            self.http = HttpFrontEnd(triton, metrics=self.metrics, gate=self.gate, auth=self.auth, token=config.token,
+                                     model_label=self.registry.label_of, max_body_bytes=MAX_MESSAGE_BYTES,
+                                     max_concurrent=config.max_concurrent_rpcs)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (GNN_SERVICE, TRITON_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -178,6 +189,7 @@ class GnnServer:
         )
         self.port = 0
         self.metrics_port: int | None = None
+        self.http_port: int | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._served = asyncio.Event()  # set once health first reports SERVING (a model loaded and warmed)
@@ -212,6 +224,12 @@ class GnnServer:
         await self.server.start()
         log.info("listening on %s:%d (%s, %s event loop)", cfg.host, self.port, "TLS" if cfg.tls_cert else "plaintext",
                  loop_name(asyncio.get_running_loop()))
+        if self.http is not None:  # HTTPS whenever gRPC is TLS, never plaintext beside it
+            ctx = server_ssl_context(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca) if cfg.tls_cert and cfg.tls_key \
+                else None
+            self.http_port = await self.http.start(cfg.host, int(cfg.http_port or 0), ssl_context=ctx,
+                                                   reuse_port=cfg.reuse_port)
+            log.info("KServe v2 HTTP/REST on %s:%d (%s)", cfg.host, self.http_port, "HTTPS" if ctx else "plaintext")
         if cfg.precompile_jobs != 0:  # a cold cache's compilations in parallel (health says NOT_SERVING meanwhile)
             from kernels import precompile
 
@@ -303,6 +321,8 @@ class GnnServer:
             log.warning("%d requests still running after the %.1f s grace; cancelling them",
                         self.gate.inflight, grace)
         await asyncio.sleep(max(0.0, self.config.drain_s - (time.monotonic() - t0)))
+        if self.http is not None:  # its admitted requests were waited for above, with gRPC's
+            await self.http.stop()
         await self.server.stop(max(0.0, grace - (time.monotonic() - t0)))
 
     async def wait(self) -> None:
