@@ -10,6 +10,12 @@ induced subgraph of every list (:class:`kernels.subgraph.InducedTable`: ``induce
 ``"induced"`` in ``meta.json``). :meth:`PPRIndex.open_or_build` builds into a temporary
 directory renamed into place; the induced files and ``meta.json`` are written under names unique
 to their writer and renamed into place, so servers sharing one index may attach a table at once.
+Whoever writes into a saved index's directory holds a shared ``flock`` on it (:func:`writing_into`), and
+whoever removes one (:func:`remove_index_dir`: a compaction dropping an earlier snapshot's lists,
+:func:`remove_orphan_indexes`) takes it exclusively without waiting and moves the directory away
+before deleting it: a directory is never deleted under its writer, and a writer that finds its
+directory gone keeps what it built in memory instead of leaving files in a directory without
+``meta.json`` behind.
 
 A server whose graph takes updates also keeps the lists' inverse beside them
 (:meth:`PPRIndex.ensure_inverse`: ``inverse_ptr.npy``, int64 ``[N + 1]``, and ``inverse_pos.bin``,
@@ -23,26 +29,28 @@ memory-mapped, so a server's first update neither waits for it nor holds it in i
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numba
 import numpy as np
 
-from .datasets import remove_stale_tmp
+from .datasets import pid_alive, remove_stale_tmp
 from .graph import CSRGraph, gather_ranges, index_dtype_for
 from .ppr_push import _ALGO_VERSION, PPRConfig, _compact, _give_dense, _run_batch, _take_dense
 from .subgraph import InducedTable, SubgraphBatch, induced_batch
 from .threads import numba_threads
 
-__all__ = ["PPRIndex", "PPRIndexError", "inverse_lists"]
+__all__ = ["PPRIndex", "PPRIndexError", "inverse_lists", "remove_index_dir", "remove_orphan_indexes", "writing_into"]
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +146,14 @@ class PPRIndex:
         *,
         path: Path | None = None,
         meta: dict[str, Any] | None = None,
+        drift: np.ndarray | None = None,
     ) -> None:
         self.config = config
+        #: per list, the bound of its move accumulated since it was pushed (float64 ``[N]``): the state of a
+        #: live index (:class:`kernels.ppr_live.LivePPRIndex`) that a compaction saves with its lists, so that a
+        #: start from the snapshot recomputes after later edits exactly the lists the serving writer does; None
+        #: for lists as pushed (all 0)
+        self.drift = drift
         self.fingerprint = fingerprint
         self.ptr = ptr
         self.nodes = nodes
@@ -153,6 +167,8 @@ class PPRIndex:
             raise PPRIndexError(
                 f"index arrays disagree: ptr ends at {int(ptr[-1])}, {len(nodes)} nodes, {len(scores)} scores"
             )
+        if drift is not None and np.shape(drift) != (self.num_nodes,):
+            raise PPRIndexError(f"drift has shape {np.shape(drift)}, expected ({self.num_nodes},)")
 
     # ------------------------------------------------------------------ properties
     @property
@@ -273,7 +289,12 @@ class PPRIndex:
                  time.perf_counter() - t0)  # fmt: skip
         if self.path is not None:
             try:
-                self._save_induced(table)
+                with writing_into(self.path) as there:
+                    if there:
+                        self._save_induced(table)
+                    else:  # a compaction replaced these lists (no start loads them): kept in memory only
+                        log.info("induced table not saved: %s was removed (the lists of a replaced snapshot); "
+                                 "it is kept in memory", self.path)
             except OSError as exc:  # a read-only index directory: keep the table in memory
                 log.warning("induced table not saved in %s: %s", self.path, exc)
         self.induced = table
@@ -296,8 +317,10 @@ class PPRIndex:
             loaded = (ptr, pos)
             if self.path is not None:
                 try:
-                    _write_arrays(self.path, {"inverse_pos.bin": pos, "inverse_ptr.npy": ptr})
-                    loaded = self._open_inverse() or loaded  # memory-mapped: the page cache holds it, not us
+                    with writing_into(self.path) as there:  # not into the lists of a replaced snapshot
+                        if there:
+                            _write_arrays(self.path, {"inverse_pos.bin": pos, "inverse_ptr.npy": ptr})
+                            loaded = self._open_inverse() or loaded  # memory-mapped: the page cache holds it
                 except OSError as exc:  # a read-only index directory: keep it in memory
                     log.warning("inverse of the PPR lists not saved in %s: %s", self.path, exc)
         self.inverse = loaded
@@ -347,7 +370,7 @@ class PPRIndex:
         self.meta = meta
 
     def _open_induced(self) -> InducedTable | None:
-        if self.path is None:
+        if self.path is None or not (self.path / "meta.json").exists():  # none, or the directory was removed
             return None
         d = self.path
         try:
@@ -462,8 +485,11 @@ class PPRIndex:
         np.save(d / "ptr.npy", np.ascontiguousarray(self.ptr, dtype=np.int64))
         np.ascontiguousarray(self.nodes).tofile(d / "nodes.bin")
         np.ascontiguousarray(self.scores, dtype=np.float32).tofile(d / "scores.bin")
+        if self.drift is not None:
+            np.save(d / "drift.npy", np.ascontiguousarray(self.drift, dtype=np.float64))
         meta = {
             **self.meta,
+            "drift": self.drift is not None,
             "format": _FORMAT,
             "fingerprint": self.fingerprint,
             "num_nodes": self.num_nodes,
@@ -511,12 +537,16 @@ class PPRIndex:
             else:
                 nodes = np.fromfile(d / "nodes.bin", dtype=nd)
                 scores = np.fromfile(d / "scores.bin", dtype=sd)
-        except OSError as exc:
+            drift = np.load(d / "drift.npy") if meta.get("drift") else None  # [N] float64, read whole
+        except (OSError, ValueError) as exc:
             raise PPRIndexError(f"{d}: cannot read index arrays: {exc}") from exc
         if ptr.shape != (n + 1,) or int(ptr[-1]) != nnz:
             raise PPRIndexError(f"{d}: ptr.npy does not match meta.json (N = {n}, nnz = {nnz})")
+        if drift is not None and (drift.shape != (n,) or drift.dtype != np.float64):
+            raise PPRIndexError(f"{d}: drift.npy is {drift.dtype} {drift.shape}, expected float64 ({n},)")
         idx = cls(
-            PPRConfig.from_dict(meta["config"]), meta["fingerprint"], ptr, nodes, scores, path=d, meta=meta
+            PPRConfig.from_dict(meta["config"]), meta["fingerprint"], ptr, nodes, scores, path=d, meta=meta,
+            drift=drift,
         )
         if graph is not None:
             idx.check_graph(graph)
@@ -629,6 +659,107 @@ def _write_arrays(d: Path, arrays: dict[str, np.ndarray]) -> None:
         for t in tmp.values():
             t.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def writing_into(d: Path) -> Iterator[bool]:
+    """Hold a shared ``flock`` on the saved index directory ``d`` for the block, in which its holder writes files
+    into it; yields whether ``d`` is still there (``False``: removed, or moved away for removal: write nothing).
+    :func:`remove_index_dir` takes the lock exclusively without waiting, so it never deletes a directory under a
+    writer, and a writer that waited for a removal finds the directory gone."""
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        fd = None
+    if fd is None:
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            st, here = os.fstat(fd), os.stat(d)
+            there = (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino) and (d / "meta.json").exists()
+        except FileNotFoundError:
+            there = False
+        yield there
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _live_writer_files(d: Path) -> list[str]:
+    """Files in ``d`` a live process is writing (``NAME.tmp-<pid>[-<more>]``, :func:`_writer_tag`): a writer that holds
+    no lock (an older server on the same repository) still keeps its directory."""
+    out = []
+    with contextlib.suppress(OSError):
+        for p in d.iterdir():
+            _, sep, tag = p.name.partition(".tmp-")
+            pid = tag.split("-", 1)[0]
+            if sep and pid.isdigit() and pid_alive(int(pid)):
+                out.append(p.name)
+    return out
+
+
+def remove_index_dir(d: Path) -> bool:
+    """Remove the saved index directory ``d`` unless a process is writing into it (holds :func:`writing_into`'s lock,
+    or has a ``.tmp-<live pid>`` file in it); whether it is gone. Moved aside (``<name>.tmp-<pid>-rm``, which
+    :func:`kernels.datasets.remove_stale_tmp` finishes if this process dies) under the exclusive lock, then
+    deleted: a writer that comes after finds nothing to write into. A server that mapped its files keeps them."""
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # being written
+        if _live_writer_files(d):
+            return False
+        gone = d.with_name(f"{d.name}.tmp-{os.getpid()}-rm")
+        shutil.rmtree(gone, ignore_errors=True)
+        try:
+            os.replace(d, gone)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+    finally:
+        os.close(fd)
+    shutil.rmtree(gone, ignore_errors=True)
+    return True
+
+
+def remove_orphan_indexes(cache_dir: Path, *, dataset: str | None = None, keep_prefix: str | None = None) -> list[str]:
+    """Remove what no start can open from the PPR index directory ``cache_dir`` (``REPO/_ppr``), unless a live
+    process writes it (:func:`remove_index_dir`): index directories without ``meta.json`` (left by a writer
+    whose directory was deleted under it, or a removal cut short: they would also block a build of that index);
+    with ``dataset``, the lists earlier compactions of that dataset saved (``meta.json``'s ``from_live.dataset``),
+    except those whose name starts with ``keep_prefix`` (``ppr-<the current snapshot graph's fingerprint>-``); the
+    temporary directories of writers that died
+    (:func:`kernels.datasets.remove_stale_tmp`). The indexes built from a dataset stay. Returns the names removed."""
+    removed: list[str] = []
+    try:
+        entries = sorted(Path(cache_dir).glob("ppr-*"))
+    except OSError:
+        return removed
+    bases = set()
+    for d in entries:
+        if ".tmp-" in d.name:
+            bases.add(d.name.split(".tmp-", 1)[0])
+            continue
+        if d.is_symlink() or not d.is_dir():
+            continue
+        if (d / "meta.json").exists():
+            if dataset is None or (keep_prefix is not None and d.name.startswith(keep_prefix)) \
+                    or (_read_meta(d).get("from_live") or {}).get("dataset") != dataset:
+                continue
+        if remove_index_dir(d):
+            removed.append(d.name)
+    for base in sorted(bases):
+        remove_stale_tmp(Path(cache_dir), base, "an interrupted PPR index write")
+    return removed
 
 
 def _write_meta(d: Path, meta: dict[str, Any]) -> None:

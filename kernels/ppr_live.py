@@ -190,7 +190,7 @@ sources + holders of any changed row + new nodes. A dirty target stays dirty (th
 never patched); :meth:`ensure_induced` after edits rebuilds the table from the current lists.
 """
 
-# numba cache key: datasets dd10b366f7b3, graph_edit 8790b7a7fe60, ppr_index 4041eca4b093, ppr_push 9fa4796b3dd5, subgraph 47e999493df1
+# numba cache key: datasets dd10b366f7b3, graph_edit 8790b7a7fe60, ppr_index d19fab9256cf, ppr_push 9fa4796b3dd5, subgraph 47e999493df1
 
 from __future__ import annotations
 
@@ -695,7 +695,11 @@ class LivePPRIndex:
         self._a_fill = 0
         self._inv: tuple[np.ndarray, np.ndarray] | None = None
         self._dirty = np.zeros(n, dtype=bool)
-        self._drift = np.zeros(n, dtype=np.float64)  # bound accumulated since a list was computed
+        # bound accumulated since a list was computed; a compaction's lists carry the writer's (as_index), so that a
+        # start from its snapshot recomputes after later edits the very lists the writer does (not the drift of 0
+        # of lists just pushed: another set, answers apart within the tolerance)
+        base_drift = getattr(base, "drift", None)
+        self._drift = np.zeros(n, dtype=np.float64) if base_drift is None else np.array(base_drift, dtype=np.float64)
         #: sources whose stored list an edit flagged but did not push again (eager_lists): never served as
         #: stored (lookup pushes them on the current graph), always dirty; _n_stale counts them
         self._stale = np.zeros(n, dtype=bool)
@@ -743,7 +747,12 @@ class LivePPRIndex:
         snapshot's graph (a QA report: 15 minutes at 1 M nodes). No edit may run meanwhile (the writer)."""
         ptr, nodes, scores = self._all_lists(stored=False)
         meta = {"from_live": {"base": self.base.fingerprint, "edits": self._version}}
-        return PPRIndex(self.config, self.fingerprint, ptr, nodes, scores, meta=meta)
+        drift = np.zeros(self.num_nodes, dtype=np.float64)
+        m = min(self.num_nodes, len(self._drift))
+        drift[:m] = self._drift[:m]
+        if self._n_stale:  # pushed now, as stored ones: their move restarts at 0 (what a refresh stores)
+            drift[self._stale[: self.num_nodes]] = 0.0
+        return PPRIndex(self.config, self.fingerprint, ptr, nodes, scores, meta=meta, drift=drift)
 
     def check_graph(self, graph: CSRGraph | str) -> None:
         """Raise :class:`kernels.ppr.PPRIndexError` unless the lists belong to ``graph``."""

@@ -288,8 +288,11 @@ class RuntimeOptions:
     ppr_refresh_tolerance: float = 1.0
     #: after a graph update, push at most this many existing PPR lists again before the update returns (those
     #: moved most); the rest stay stale: a lookup pushes such a list itself until the graph's refresh thread stores it
-    #: (kernels.ppr_live, "Stale lists"). -1: every list in the update
-    ppr_eager_lists: int = 128
+    #: (kernels.ppr_live, "Stale lists"). -1 (the default): every list in the update, so that every server of the
+    #: graph (a restart replaying the log, a follower, the writer) holds the same lists at each version; with a
+    #: limit, when the refresh thread stores a list depends on timing, and later answers on it may differ between
+    #: servers at one version (within the PPR tolerance)
+    ppr_eager_lists: int = -1
     #: at start, after replaying a graph's file log: fold it into a snapshot when it is larger than this
     #: (``serve.live.LiveGraph.compact``); 0 = never
     compact_log_bytes: int = 256 << 20
