@@ -111,8 +111,14 @@ def _die_with_parent() -> None:  # in the child, between fork and exec
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+#: families of the whole machine (Triton's CPU and GPU figures: every process reads the same ones), merged once
+#: without a ``process`` label, so that ``sum()`` over them is not N times the machine
+MACHINE_FAMILIES = ("nv_cpu_", "nv_gpu_")
+
+
 class _MergedMetrics:
-    """A prometheus_client collector: every child's /metrics, samples labelled ``process``."""
+    """A prometheus_client collector: every child's /metrics, samples labelled ``process`` (but the machine's own
+    figures, :data:`MACHINE_FAMILIES`: the first child's, unlabelled)."""
 
     def __init__(self, endpoints: dict[int, str]) -> None:
         self.endpoints = endpoints
@@ -134,11 +140,14 @@ class _MergedMetrics:
                 continue
             for fam in text_string_to_metric_families(text):
                 out = merged.get(fam.name)
+                machine = fam.name.startswith(MACHINE_FAMILIES)
                 if out is None:
                     out = merged[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+                elif machine:
+                    continue  # the first child's figures of the machine are the machine's
                 for s in fam.samples:
-                    out.samples.append(Sample(s.name, {**s.labels, "process": str(index)}, s.value, s.timestamp,
-                                              s.exemplar))
+                    labels = s.labels if machine else {**s.labels, "process": str(index)}
+                    out.samples.append(Sample(s.name, labels, s.value, s.timestamp, s.exemplar))
         yield from merged.values()
 
 

@@ -10,8 +10,10 @@ executed batch). What the counters mean:
   perf_analyzer's "overhead", success minus queue and compute, is the handler's own time);
   ``fail``: requests that reached ``submit``'s batcher and failed there (queue full, deadline passed,
   cancelled, an error in the batch), each with the reason Triton's ``nv_inference_request_failure`` metric gives
-  (:func:`failure_reason`). Requests refused by validation before that are not counted,
-  as Triton does not count a request its model never saw.
+  (:func:`failure_reason`). Requests refused for their input (INVALID_ARGUMENT: ids out of range, bad knobs or
+  parameters, too many nodes) are not counted, on any path (native ``Predict``, KServe over gRPC and HTTP): a
+  failure rate alert sees requests the model took and could not answer; ``gnnserve_requests_total{code}``
+  counts every refusal.
 * ``queue``: time from the batcher's queue to the start of the request's batch;
   ``compute_input``: the batch's subgraph / execution-plan stage and its feature (projection) fetch;
   ``compute_infer``: the batch's forward pass; ``compute_output``: the rest of the request's time in

@@ -779,6 +779,8 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:  # the model's part (a Triton backend's): a failure here counts in inference_stats.fail
             deadline = _request_deadline(request, deadline)
             call = await self._model_call(rt, request, nodes, new_nodes, wanted, deadline)
+        except InvalidArgument:  # its input refused (ids, knobs, parameters): not counted, as native Predict's
+            raise
         except BaseException as exc:  # cancellation too, as in ModelRuntime.submit; the time since the request came
             rt.stats.failed(round(1e9 * (time.perf_counter() - t0)), failure_reason(exc))
             raise

@@ -177,7 +177,11 @@ def test_triton_metrics_of_a_served_model(tiny_repo):
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         late.cancel()
         _wait_until(lambda: sum(failures().values()) == 3.0)
+        with pytest.raises(grpc.RpcError) as info:  # refused for its input: not a failure of the model (serve.stats)
+            stub.Predict(pb.PredictRequest(model="gcn", nodes=[10**6]), timeout=60)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         f = failures()
+        assert sum(f.values()) == 3.0
         assert set(f) == {"REJECTED", "CANCELED", "BACKEND", "OTHER"}
         assert f["REJECTED"] >= 1 and f["CANCELED"] >= 1 and f["BACKEND"] == f["OTHER"] == 0
         assert _triton_values(port, "nv_inference_request_success") == {"": 3.0}

@@ -172,6 +172,11 @@ def test_two_processes_answer_spread_and_stop(tiny_repo):
         mport = _metrics_port(srv.log())
         procs = {labels.get("process") for labels, _ in metric_samples(mport, "gnnserve_requests_total")}
         assert procs == {"1", "2"}, procs
+        procs = {labels.get("process") for labels, _ in metric_samples(mport, "nv_inference_count")}
+        assert procs == {"1", "2"}, procs  # Triton's per-model figures by process, as gnnserve's
+        # the machine's own figures once, unlabelled: sum() over them is the machine's, not twice it
+        (mem,) = metric_samples(mport, "nv_cpu_memory_total_bytes")
+        assert "process" not in mem[0] and mem[1] > 0
         assert srv.terminate(timeout=60) == 0, srv.log()
         _wait_gone(kids)
         assert srv.log().count("received SIGTERM") >= 2  # each child drained on its own

@@ -629,9 +629,9 @@ def test_statistics_count_kserve_and_native_requests(server, native):
         assert out[key]["error"]["status"] == "StatusCode.INVALID_ARGUMENT", key
     assert "ppr_budget must be >= 1 and <= 2147483647" in out["refused_param"]["error"]["message"]
     assert a["success"][0] - b["success"][0] == sends
-    # the model refused the unknown node id and the budget (failures, with their time); the INT32 input
-    # was refused before the model saw it (Triton's own checks): it counts nowhere
-    assert a["fail"][0] - b["fail"][0] == 2 and a["fail"][1] > b["fail"][1]
+    # requests refused for their input (the unknown node id, the budget, the INT32 input) count nowhere, as native
+    # Predict's refusals: the failures are requests the model took and could not answer (serve.stats)
+    assert a["fail"] == b["fail"]
     for key in ("queue", "compute_input", "compute_infer", "compute_output"):
         assert a[key][0] - b[key][0] == sends, key
         assert a[key][1] > b[key][1], f"{key} duration did not grow"
