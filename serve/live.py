@@ -16,7 +16,10 @@ directions (the graphs are symmetric). Life of an update (:meth:`LiveGraph.updat
    :func:`kernels.graph_edit.apply_edit`, :class:`_Group`): a bad entry is INVALID_ARGUMENT naming
    it, and nothing of that request is applied (the others go on);
 3. the group is appended to the log as one record (durable before anyone is acknowledged; replicas
-   see it there);
+   see it there): the commit point. Right before it, an update whose deadline has passed (validation and
+   the new graph can outlast a short one) is refused, DEADLINE_EXCEEDED "not applied", and the rest of
+   the group is validated again without it; after it the update stands, even if its deadline passes
+   during step 4 or its answer is lost (:meth:`LiveGraph.update_async`);
 4. under the write lock (no batch runs: every batch holds the read lock for its whole run, so it sees
    one version): the new graph (one ``apply_edit`` of the group's net edit), the feature overlay, the
    PPR lists (:class:`kernels.ppr_live.LivePPRIndex`) and every model's caches, dropping exactly the
@@ -688,9 +691,18 @@ class LiveGraph:
     async def update_async(self, request: Any, deadline: float | None = None) -> UpdateResult:
         """:meth:`update` for the event loop: the update waits in the queue without a thread of its own,
         and the graph's writer thread applies the queue (so as many updates as arrive meanwhile join one
-        group, however many there are). An update still waiting when its ``deadline`` (``time.monotonic``)
-        passes is not applied (DEADLINE_EXCEEDED): its caller has been told the call failed, and a retry
-        must not find it applied (it may wait behind a compaction or a long update)."""
+        group, however many there are).
+
+        ``deadline`` (``time.monotonic``: the call's gRPC deadline) is checked when the writer takes the update
+        and again right before its group's log append, the commit point (after its validation and the group's
+        new graph, which can take seconds for a large update): an update past its deadline there is refused
+        with DEADLINE_EXCEEDED "not applied", and that holds (its caller was told the call failed; a retry does
+        not find it applied), the rest of its group committing as if it had never been sent. From the append
+        on, the update is committed: if the deadline passes after it (during the apply: the PPR pushes, the
+        models' caches; or while the answer travels), the client's gRPC answers DEADLINE_EXCEEDED by itself
+        although the update is applied. No server can close that window (the answer is lost after the commit);
+        a client that must not apply an update twice retries it with ``expect_graph_version`` (ABORTED then
+        means the first attempt landed; the SDK retries updates only then) or reads ``graph_version`` first."""
         if self._may_take_over:  # file IO and a catch-up: off the event loop
             await asyncio.get_running_loop().run_in_executor(None, self.take_over)
         self._check_writable()
@@ -929,24 +941,29 @@ class LiveGraph:
 
         group = _Group(self.data.graph, self.features.num_nodes, chain_only=self.remote)
         accepted: list[tuple[_Ticket, ParsedUpdate]] = []
+        # validated, in order, and the refusals among them: answered at the commit point, as an update before one
+        # may still be dropped there (its deadline), and the refusal then validated again without it
+        taken: list[_Ticket] = []
+        refused: dict[_Ticket, BaseException] = {}
         for i, t in enumerate(tickets):
             if t.deadline is not None and time.monotonic() >= t.deadline:
                 t.fail(detached(DeadlineExceeded(
                     "the update's deadline passed while it waited for the graph's writer (a compaction or a long "
                     "update before it): not applied; retry with a longer deadline")))
                 continue
+            taken.append(t)
             try:
                 parsed = parse_update(t.request, group.num_nodes, self.features.num_features,
                                       max_size=self.max_update_size)
             except GnnServeError as exc:
                 # without its traceback: that holds this frame (the group, every ticket) and parse_update's (the
                 # request), and the ticket and its future keep the error: a cycle only the cyclic GC would free
-                t.fail(detached(exc))
+                refused[t] = detached(exc)
                 continue
             if parsed.expect_version is not None:
                 if accepted:  # it names the version before it: it starts the next group
-                    self._commit(accepted, group)
-                    return tickets[i:]
+                    taken.pop()
+                    return self._commit(accepted, group, taken, refused) + tickets[i:]
                 if parsed.expect_version != self.version:
                     why = ("another update came first; read the graph again and retry"
                            if parsed.expect_version < self.version else
@@ -958,12 +975,10 @@ class LiveGraph:
             try:
                 group.add(parsed, self._edit_fn)
             except GraphEditError as exc:
-                t.fail(InvalidArgument(_api_names(str(exc), parsed.edit)))
+                refused[t] = InvalidArgument(_api_names(str(exc), parsed.edit))
                 continue
             accepted.append((t, parsed))
-        if accepted:
-            self._commit(accepted, group)
-        return []
+        return self._commit(accepted, group, taken, refused)
 
     def _edit_fn(self, graph: Any, edit: GraphEdit, replay: bool = False) -> Any:
         from kernels.graph_edit import apply_edit
@@ -973,38 +988,68 @@ class LiveGraph:
     def _replay_fn(self, graph: Any, edit: GraphEdit) -> Any:
         return self._edit_fn(graph, edit, replay=True)
 
-    def _commit(self, accepted: list[tuple[_Ticket, ParsedUpdate]], group: _Group) -> None:
-        """Log the group as one record and make it visible; settle its tickets."""
+    def _commit(self, accepted: list[tuple[_Ticket, ParsedUpdate]], group: _Group, taken: list[_Ticket],
+                refused: dict[_Ticket, BaseException]) -> list[_Ticket]:
+        """Log the group as one record and make it visible; settle its tickets (``taken``: every update validated
+        for the group, in order; ``refused``: those refused, with their errors). Returns the tickets to validate
+        again, in order, before those after them (the caller queues them first).
+
+        The log append is the commit point: an update whose deadline has passed by then (its validation, the
+        group's new graph or a Redis log's round trips took that long) is refused with DEADLINE_EXCEEDED and
+        is guaranteed not applied; the others of the group, validated with it in front of them, are validated
+        again without it, and so are the updates after it that validation refused (they may now fail or pass, or
+        get other new-node ids, exactly as if it had never been sent).
+        Once appended, an update is committed: a deadline that passes during its apply, or an answer lost on the
+        way, leaves it applied while the client sees DEADLINE_EXCEEDED from its own gRPC (the server cannot close
+        that window; the module docstring and docs/RELIABILITY.md say how a client retries)."""
         from kernels.graph_edit import GraphEditError
 
         from .update_log import UpdateLogUnavailable, VersionConflict
 
+        def answer_refused(before: int | None = None) -> None:
+            for t in taken[:before]:
+                if t in refused:
+                    t.fail(refused.pop(t))
+
+        if not accepted:
+            answer_refused()
+            return []
         try:
             effect = group.effect(self._edit_fn)
         except GraphEditError as exc:  # cannot happen: every update was validated; refuse all, apply none
             log.exception("graph %s: a group of validated updates does not apply", self.label)
+            answer_refused()
             for t, _ in accepted:
                 t.fail(Unavailable(f"graph update not applied (incident: {exc}); retry"))
-            return
+            return []
+        late = self._expire([t for t, _ in accepted])  # the commit point is next: the last look at the deadlines
+        if late:  # the refusals before the first dropped one stand; every other update is validated again
+            answer_refused(taken.index(late[0]))
+            return [t for t in taken if not t.done]
         payload = _log_payload([t.request for t, _ in accepted])
         try:
             version = self.log.append(payload, expect_version=self.version)
-        except VersionConflict:  # a replica beside us wrote first: its records, then these again
-            with self._pending_lock:
-                self._pending[:0] = [t for t, _ in accepted]
-            return
+        except VersionConflict:  # a replica beside us wrote first: its records, then these again (refusals too)
+            return [t for t in taken if not t.done]
         except UpdateLogUnavailable as exc:
-            why = self._unavailable("graph update not applied: the update log is unavailable; retry with backoff", exc)
+            # a Redis log that did not answer may still have stored the record (the answer lost, a timeout): the
+            # graph applies it when it next reads the log, so "not applied" would not be the truth here
+            why = self._unavailable("graph update not confirmed: the update log did not answer, and the update may "
+                                    "or may not have been logged (a logged one is applied when the log is read "
+                                    "again); read graph_version before sending it again, or retry with "
+                                    "expect_graph_version (ABORTED then means it landed)", exc)
+            answer_refused()
             for t, _ in accepted:
                 t.fail(Unavailable(why))
-            return
+            return []
+        answer_refused()  # committed: they were refused against what it holds
         n0 = self.features.num_nodes
         try:
             inv = self._apply(group.parsed(), effect, version)
         except Exception:  # logged by _apply, which also took the graph out of service: no caller waits forever
             for t, _ in accepted:
                 t.fail(GraphOutOfService(self.broken or f"graph update {version} failed; restart the server"))
-            return
+            return []
         g = self.data.graph
         now = time.perf_counter()
         self.replay_debt_s += now - group.t0
@@ -1022,6 +1067,21 @@ class LiveGraph:
             t.finish(UpdateResult(version, ids, self.features.num_nodes, int(g.num_edges), inv,
                                   1e3 * (now - t.t0), len(accepted)))
         self._observe_log_size()
+        return []
+
+    @staticmethod
+    def _expire(tickets: list[_Ticket]) -> list[_Ticket]:
+        """Refuse (DEADLINE_EXCEEDED, not applied) each of ``tickets`` whose deadline has passed; returns them, in
+        order. Called before the log append only, where "not applied" holds."""
+        now, late = time.monotonic(), []
+        for t in tickets:
+            if t.deadline is not None and now >= t.deadline:
+                late.append(t)
+                t.fail(detached(DeadlineExceeded(
+                    "the update's deadline passed before it was logged (its validation and the new graph took that "
+                    "long, or it waited behind a compaction or a long update): not applied; retry with a longer "
+                    "deadline")))
+        return late
 
     def _apply(self, parsed: ParsedUpdate, effect: Any, version: int) -> dict[str, int]:
         """Make ``parsed`` (and ``effect``, its new graph) visible as ``version``. What the models derive
@@ -1320,10 +1380,12 @@ class LiveGraph:
         looks for the index of ``graph`` (written beside and renamed into place; kept if already there)."""
         from kernels.ppr import PPRIndex
 
+        prefix = None
         for idx in list(self.data.ppr_indexes.values()):
             if not hasattr(idx, "as_index"):
                 continue
             final = PPRIndex.path_for(cache_dir, graph, idx.config)
+            prefix = final.name[: len(final.name) - len(idx.config.key())]  # ppr-<the snapshot graph's fingerprint>-
             if not (final / "meta.json").exists():  # kept (checked first: the lists are not gathered for nothing)
                 t0 = time.perf_counter()
                 with self.lock.read():  # lookups go on; installs take the writer, held here
@@ -1332,23 +1394,20 @@ class LiveGraph:
                 saved.publish(cache_dir)
                 log.info("graph %s: PPR lists saved as the snapshot graph's index %s (%d lists) in %.1f s",
                          self.label, final.name, saved.num_nodes, time.perf_counter() - t0)
-            self._remove_earlier_lists(cache_dir, final)
+        self._remove_earlier_lists(cache_dir, prefix)
 
-    def _remove_earlier_lists(self, cache_dir: Path, final: Path) -> None:
-        """The PPR lists earlier compactions of this dataset saved with ``final``'s configuration (no start loads
-        them: their snapshot was replaced); the dataset's own index, and lists of other datasets, stay. A server
-        still reading removed lists keeps its open files."""
-        suffix = final.name.rsplit("-", 1)[-1]
-        for other in cache_dir.glob(f"ppr-*-{suffix}"):
-            if other == final or not other.is_dir():
-                continue
-            try:
-                meta = json.loads((other / "meta.json").read_text())
-            except (OSError, ValueError):
-                continue
-            if (meta.get("from_live") or {}).get("dataset") == self.data.fingerprint:
-                shutil.rmtree(other, ignore_errors=True)
-                log.info("graph %s: removed the PPR lists of an earlier snapshot, %s", self.label, other.name)
+    def _remove_earlier_lists(self, cache_dir: Path, keep_prefix: str | None) -> None:
+        """The PPR lists earlier compactions of this dataset saved (no start loads them: their snapshot was
+        replaced; those of the new snapshot's graph, named ``keep_prefix...``, stay; none when it is ``None``),
+        and index directories no start can open (no ``meta.json``), unless a live process is writing into them
+        (:func:`kernels.ppr_index.remove_orphan_indexes`: an induced table a start builds beside serving is saved
+        into the snapshot's lists, which the start's compaction replaces); the dataset's own index, and lists
+        of other datasets, stay. A server still reading removed lists keeps its open files."""
+        from kernels.ppr_index import remove_orphan_indexes
+
+        for name in remove_orphan_indexes(cache_dir, dataset=self.data.fingerprint if keep_prefix else None,
+                                          keep_prefix=keep_prefix):
+            log.info("graph %s: removed PPR lists no snapshot uses, %s", self.label, name)
 
     def wait_for(self, version: int, timeout: float) -> bool:
         """Whether the graph reaches ``version`` within ``timeout`` seconds (reading the log first:

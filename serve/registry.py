@@ -259,6 +259,8 @@ class ModelRegistry:
         self._loaded: dict[tuple[str, int], tuple[int, int, float]] = {}  # served version -> its directory's identity
         self._control = asyncio.Lock()  # one repository change at a time: the poller, load, unload
         self._induced_builds: list[threading.Thread] = []  # induced tables built beside serving (_induced_table)
+        # while a model loads (_load_version): the builds beside serving it asks for, started after its compaction
+        self._induced_later: list[tuple[Any, Any, int]] | None = None
         self._stop_builds = threading.Event()
 
     # ------------------------------------------------------------------ lookup
@@ -593,7 +595,21 @@ class ModelRegistry:
 
     # ------------------------------------------------------------------ one version
     def _load_version(self, name: str, version: int, path: Path) -> ModelRuntime:
-        """Load, attach data, warm: runs in the loader thread. Raises on any problem."""
+        """Load, attach data, warm: runs in the loader thread. Raises on any problem.
+
+        The induced tables it builds beside serving start once it is done: such a table is saved into its index's
+        directory (a snapshot's lists), which a compaction at this start replaces, so a directory being written
+        is never the one that compaction deletes (it was, on every start that compacted: "induced table not
+        saved ... No such file", and once a directory without meta.json left behind)."""
+        self._induced_later = []
+        try:
+            return self._load_version_now(name, version, path)
+        finally:
+            later, self._induced_later = self._induced_later or [], None
+            for args in later:
+                self._start_induced_build(*args)
+
+    def _load_version_now(self, name: str, version: int, path: Path) -> ModelRuntime:
         from models.checkpoint import load_checkpoint
 
         t0 = time.perf_counter()
@@ -647,6 +663,12 @@ class ModelRegistry:
         if getattr(data.graph, "is_remote", False):
             idx = data.graph.ppr_index(cfg)  # lists in Redis; GraphNotFound names the missing config
         else:
+            # directories no start can open (no meta.json: a writer's directory deleted under it by an older
+            # server's compaction) and dead writers' temporary ones go first: one at this index's path blocks its build
+            from kernels.ppr_index import remove_orphan_indexes
+
+            for gone in remove_orphan_indexes(self._ppr_cache_dir):
+                log.info("removed %s from %s: an incomplete PPR index no process writes", gone, self._ppr_cache_dir)
             # on a graph changed by updates (serve.live) this is an index of the current graph (its own
             # fingerprint): built now, then kept up to date with the graph like the others
             idx = PPRIndex.open_or_build(self._ppr_cache_dir, data.graph, cfg)
@@ -674,6 +696,12 @@ class ModelRegistry:
         if wait:
             idx.ensure_induced(graph, max_bytes=max_bytes, limit_name="--induced-table-bytes")
             return
+        if self._induced_later is not None:  # a model loads: after its start's compaction (_load_version)
+            self._induced_later.append((idx, graph, max_bytes))
+            return
+        self._start_induced_build(idx, graph, max_bytes)
+
+    def _start_induced_build(self, idx: Any, graph: Any, max_bytes: int) -> None:
         th = threading.Thread(target=self._build_induced, args=(idx, graph, max_bytes),
                               name="gnnserve-induced-table", daemon=True)
         self._induced_builds.append(th)

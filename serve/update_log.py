@@ -193,11 +193,21 @@ def _check_after(after: int, limit: int | None) -> tuple[int, int | None]:
     return after, limit
 
 
+#: what a log that lost records means for a restart (said with every "lost records" error): the server replays the
+#: log as it now is, so what it lost stays lost
+LOST_RECORDS_CONSEQUENCE = (
+    "A restart replays only what the log still holds: the acknowledged updates it lost (after a Redis restart "
+    "without persistence or a FLUSHALL: every update since the last snapshot in Redis) are gone for good, the graph "
+    "comes back at an older version (0 when nothing is left), and graph versions and new-node ids already handed "
+    "out are reused by later updates. Restore the log from a copy first if one exists; to avoid this, run Redis "
+    "with persistence (appendonly yes; docs/RELIABILITY.md)")
+
+
 def _conflict(head: int, expected: int, where: str) -> VersionConflict:
     if head < expected:
         msg = (f"{where}: the log ends at version {head}, behind version {expected} that the caller has applied: "
-               "the log lost records (a Redis restart without persistence, or another log file); restore it or "
-               "rebuild the graph from a snapshot")
+               f"the log lost records (a Redis restart without persistence, a FLUSHALL, or another log file). "
+               f"{LOST_RECORDS_CONSEQUENCE}")
     else:
         msg = (f"{where}: the log is at version {head}, not {expected}: another writer appended first; apply its "
                "records and retry")
@@ -210,7 +220,7 @@ def _check_range(after: int, head: int, base: int, where: str) -> None:
                                f"{after} must restart from that snapshot", base=base, after=after)
     if after > head:
         raise UpdateLogError(f"{where}: the log ends at version {head}, behind version {after} that the caller has "
-                             "applied: the log lost records or was replaced")
+                             f"applied: the log lost records or was replaced. {LOST_RECORDS_CONSEQUENCE}")
 
 
 # =========================================================================== file log
@@ -754,7 +764,8 @@ def log_keys(fingerprint: str) -> dict[str, str]:
 
 
 # KEYS: stream, head, bytes, epoch; ARGV: payload, expected head ('' = any), epoch for a new log,
-# expected epoch ('' = the caller has seen none yet)
+# expected epoch ('' = the caller has seen none yet), the record's token ('' = none: an append sent again after a
+# lost answer finds its own record, right after the expected head, by it and answers 'ok' instead of a conflict)
 _APPEND = """
 local epoch = redis.call('GET', KEYS[4])
 if ARGV[4] ~= '' and epoch ~= ARGV[4] then
@@ -762,12 +773,29 @@ if ARGV[4] ~= '' and epoch ~= ARGV[4] then
 end
 local head = tonumber(redis.call('GET', KEYS[2]) or '0')
 if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= head then
+  if ARGV[5] and ARGV[5] ~= '' and head > tonumber(ARGV[2]) then
+    local id = string.format('%d-1', tonumber(ARGV[2]) + 1)
+    local r = redis.call('XRANGE', KEYS[1], id, id)
+    if r[1] then
+      local f = r[1][2]
+      for i = 1, #f - 1, 2 do
+        if f[i] == 't' and f[i + 1] == ARGV[5] then
+          return {'ok', string.format('%d', tonumber(ARGV[2]) + 1), epoch or ''}
+        end
+      end
+    end
+  end
   return {'conflict', string.format('%d', head), epoch or ''}
 end
 if not epoch then redis.call('SET', KEYS[4], ARGV[3]) end
 local v = head + 1
 local total = redis.call('INCRBY', KEYS[3], 0) + string.len(ARGV[1])
-local r = redis.pcall('XADD', KEYS[1], string.format('%d-1', v), 'u', ARGV[1], 'c', string.format('%d', total))
+local r
+if ARGV[5] and ARGV[5] ~= '' then
+  r = redis.pcall('XADD', KEYS[1], string.format('%d-1', v), 'u', ARGV[1], 'c', string.format('%d', total), 't', ARGV[5])
+else
+  r = redis.pcall('XADD', KEYS[1], string.format('%d-1', v), 'u', ARGV[1], 'c', string.format('%d', total))
+end
 if type(r) == 'table' and r.err then
   return {'damaged', r.err}
 end
@@ -919,9 +947,13 @@ class RedisUpdateLog:
         data = _payload_bytes(payload)
         k = self.keys
         exp = "" if expect_version is None else str(int(expect_version))
+        # the record's token: redis-py sends the script again after a timeout (TransientRetry), and the first may
+        # have run, its answer lost; with expect_version the second then finds its own record right after the
+        # expected head and answers it instead of a conflict, after which the writer would apply it twice
+        token = os.urandom(12).hex() if exp else ""
         with self._errors("appending to the update log"):
             status, value, *rest = self._append(keys=[k["stream"], k["head"], k["bytes"], k["epoch"]],
-                                                args=[data, exp, os.urandom(12).hex(), self._epoch or ""])
+                                                args=[data, exp, os.urandom(12).hex(), self._epoch or "", token])
         status, value = _b2s(status), _b2s(value)
         if status == "epoch":
             self._check_epoch(value)

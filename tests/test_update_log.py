@@ -358,6 +358,29 @@ def test_redis_expect_version_conflict(redis_server):
     b.close()
 
 
+def test_redis_append_sent_again_after_a_lost_answer_is_not_a_conflict(redis_server):
+    """redis-py sends a command again after a timeout (serve.redisdata.connection.TransientRetry), and the first one
+    may have run with its answer lost. An append with ``expect_version`` then met its own record: VersionConflict, so
+    the writer read the log, applied the record (its own update) and appended the update again: applied twice. The
+    record's token makes the second send answer the first one's version; another writer's record stays a conflict."""
+    g = fp()
+    a = RedisUpdateLog(redis_server.url, g, **FAST)
+    b = RedisUpdateLog(redis_server.url, g, **FAST)
+    assert a.append(b"x", expect_version=0) == 1
+    k = a.keys
+    args = [b"once", "1", uuid.uuid4().hex, a._epoch or "", "token-1"]
+    first = a._append(keys=[k["stream"], k["head"], k["bytes"], k["epoch"]], args=args)
+    assert b.append(b"other", expect_version=2) == 3  # another writer right after it, before the send again
+    again = a._append(keys=[k["stream"], k["head"], k["bytes"], k["epoch"]], args=args)  # what redis-py re-sends
+    assert [x if isinstance(x, bytes) else str(x).encode() for x in first[:2]] == [b"ok", b"2"]
+    assert [x if isinstance(x, bytes) else str(x).encode() for x in again[:2]] == [b"ok", b"2"]
+    assert a.read(0) == [(1, b"x"), (2, b"once"), (3, b"other")] and a.head() == 3
+    with pytest.raises(VersionConflict):  # a different update expecting the same head is still refused
+        a.append(b"late", expect_version=1)
+    a.close()
+    b.close()
+
+
 def test_redis_wait_wakes_on_another_append_and_times_out(redis_server):
     g = fp()
     a = RedisUpdateLog(redis_server.url, g, **FAST)
