@@ -29,6 +29,7 @@ import numpy as np
 
 from ._gen import gnnserve_pb2 as pb
 from .errors import (
+    AbortedError,
     DeadlineExceededError,
     GnnServeError,
     InternalError,
@@ -572,12 +573,46 @@ _EDGE_LIMIT_REFUSAL = re.compile(r"new nodes have (?:at least )?(\d+) neighbours
 WORK_SHRINK_MARGIN = 0.9
 
 
+#: rounds of re-sending the chunks of a call answered at an older graph version than the newest of its chunks
+#: (ClientOptions.max_version_rounds)
+DEFAULT_MAX_VERSION_ROUNDS = 3
+
+
+@dataclass
+class _Chunk:
+    """The rows of one request: existing ids ``nodes[start:end]`` or, with ``new``, ``new_nodes[start:end]``; and
+    their answer once one came (``version``: the graph version that answered them)."""
+
+    new: bool
+    start: int
+    end: int
+    resent: bool = False  # queued again (or a piece of one queued again) to bring it to the newest graph version
+    resp: pb.PredictResponse | None = None
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    version: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.end - self.start
+
+
 class PredictPlan:
     """Splits one SDK call into PredictRequests and reassembles the replies in order.
 
     Use: ``while (req := plan.next_request()) is not None: plan.add(send(req))``, then
     ``plan.result(client_ms)``. The call is pinned to the version that answered the first chunk,
     so a model version swapped in mid-call cannot mix two versions in one result.
+
+    **One graph version per result.** A server answers each request from its newest graph, so the chunks of a
+    call taking live updates can be answered at different graph versions. Every request after the first asks
+    for at least the newest version seen so far (``min_graph_version``: also what keeps a replica behind from
+    answering older). Once every chunk has been answered, chunks answered at an older version than the newest
+    are sent again with ``min_graph_version`` = the newest, until all agree: a *version round*; none when no
+    update landed during the call (no extra request). At most ``max_version_rounds`` rounds are made (a stream
+    of updates can outrun them); the chunks still disagreeing then raise :class:`AbortedError`, unless
+    ``allow_mixed_versions``: then nothing is re-sent and the result carries each row's version
+    (``PredictResult.graph_versions``). Duplicate ids, new nodes and chunks split by :meth:`shrink` are covered
+    alike: every row belongs to one chunk, and every chunk ends at the one version.
     """
 
     def __init__(
@@ -593,6 +628,8 @@ class PredictPlan:
         request_id: str,
         limits: ChunkLimits,
         packed: bool = True,
+        max_version_rounds: int = DEFAULT_MAX_VERSION_ROUNDS,
+        allow_mixed_versions: bool = False,
     ) -> None:
         self.packed = bool(packed)  # ask for packed outputs (decoded here; old servers answer repeated fields)
         self.model = model
@@ -604,16 +641,21 @@ class PredictPlan:
         self.return_embeddings = bool(return_embeddings)
         self.request_id = request_id
         self.limits = limits
+        self.max_version_rounds = max(0, int(max_version_rounds))
+        self.allow_mixed_versions = bool(allow_mixed_versions)
+        #: version rounds made so far (see the class docstring)
+        self.version_rounds = 0
         self._next_node = 0
         self._next_new = 0
         #: the index (in the call) of the first new node of the request in flight: the server numbers a request's
         #: new nodes from 0, and :meth:`located` puts its error messages back in the call's numbering
         self.new_offset = 0
         self._pending = 0  # rows of the request in flight
-        self._responses: list[pb.PredictResponse] = []
-        self._arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # decoded per response
+        self._chunks: list[_Chunk] = []  # in row order: existing ids, then new nodes
+        self._inflight: _Chunk | None = None
+        self._resend: list[_Chunk] = []  # chunks to send again (a version round), in order
+        self._responses: list[pb.PredictResponse] = []  # every reply, superseded ones included (timing)
         self._sent_any = False
-        self._chunk_start = (0, 0)  # (_next_node, _next_new) before the request in flight
         #: the per-request node limit a server refusal named (see :meth:`shrink`), None until one did
         self.refused_node_limit: int | None = None
 
@@ -640,10 +682,64 @@ class PredictPlan:
             end += 1
         return end
 
+    def _next_chunk(self) -> _Chunk | None:
+        if self._resend:
+            return self._resend.pop(0)
+        if self._next_node < len(self.nodes):
+            k = existing_chunk_size(self.limits, probabilities=self.return_probabilities,
+                                    embeddings=self.return_embeddings)
+            chunk = _Chunk(False, self._next_node, min(len(self.nodes), self._next_node + k))
+            self._next_node = chunk.end
+        elif self._next_new < len(self.new_nodes):
+            # never beside existing ids: the server batches requests with new nodes apart, on the path that builds
+            # induced subgraphs, where existing nodes would lose their faster paths
+            chunk = _Chunk(True, self._next_new, self._new_chunk_end())
+            self._next_new = chunk.end
+        elif not self._sent_any:
+            chunk = _Chunk(False, 0, 0)  # an empty call is still sent once, so the server answers it (INVALID_ARGUMENT)
+        else:
+            return self._version_round()
+        self._chunks.append(chunk)
+        return chunk
+
+    def _version_round(self) -> _Chunk | None:
+        """Every chunk answered: None when all were answered at one graph version (or mixed ones are allowed);
+        else queue those answered at an older version than the newest again, and return the first of them."""
+        newest = max((c.version for c in self._chunks), default=0)
+        stale = [c for c in self._chunks if c.version != newest]
+        if not stale or self.allow_mixed_versions:
+            return None
+        if self.version_rounds >= self.max_version_rounds:
+            versions = sorted({c.version for c in self._chunks})
+            rows = sum(c.rows for c in stale)
+            raise AbortedError(
+                f"the graph of model {self.model!r} was updated while this call's {len(self._chunks)} requests were "
+                f"answered, and {rows} of its {self.total} rows still came from an older graph version than the "
+                f"newest ({newest}; versions seen: {', '.join(map(str, versions))}) after {self.version_rounds} "
+                f"round(s) of sending them again (ClientOptions.max_version_rounds): updates are arriving faster "
+                "than the call can be answered at one version. Call again, send fewer nodes per call, or pass "
+                "allow_mixed_versions=True to take each row at the version that answered it "
+                "(PredictResult.graph_versions)",
+                method="Predict",
+            )
+        self.version_rounds += 1
+        log.debug("graph versions %s in one call: sending %d of %d requests again at version %d",
+                  sorted({c.version for c in self._chunks}), len(stale), len(self._chunks), newest)
+        self.knobs = {**self.knobs, "min_graph_version": max(newest, int(self.knobs.get("min_graph_version", 0)))}
+        for c in stale:
+            c.resent = True
+        self._resend = stale
+        return self._resend.pop(0)
+
     def next_request(self) -> pb.PredictRequest | None:
-        """The next request to send, or None when every row has been answered."""
+        """The next request to send, or None when every row has been answered (at one graph version, unless
+        ``allow_mixed_versions``). Raises :class:`AbortedError` when the chunks still disagree after
+        ``max_version_rounds`` version rounds."""
         if self._pending:
             raise RuntimeError("add() the reply of the previous request first")
+        chunk = self._next_chunk()
+        if chunk is None:
+            return None
         req = pb.PredictRequest(
             model=self.model,
             version=self.version,
@@ -652,26 +748,14 @@ class PredictPlan:
             packed_outputs=self.packed,
             **self.knobs,
         )
-        if self._next_node < len(self.nodes):
-            k = existing_chunk_size(self.limits, probabilities=self.return_probabilities,
-                                    embeddings=self.return_embeddings)
-            chunk = self.nodes[self._next_node : self._next_node + k]
-            req.nodes.extend(chunk.tolist())
-            self._chunk_start = (self._next_node, self._next_new)
-            self._next_node += len(chunk)
-            self._pending = len(chunk)
-        elif self._next_new < len(self.new_nodes):
-            # never beside existing ids: the server batches requests with new nodes apart, on the path that builds
-            # induced subgraphs, where existing nodes would lose their faster paths
-            end = self._new_chunk_end()
-            self._chunk_start = (self._next_node, self._next_new)
-            req.new_nodes.extend(self.new_nodes[self._next_new : end])
-            self.new_offset = self._next_new
-            self._pending = end - self._next_new
-            self._next_new = end
-        elif self._sent_any:
-            return None
-        # else: an empty call is still sent once, so the server answers it (INVALID_ARGUMENT)
+        if chunk.new:
+            req.new_nodes.extend(self.new_nodes[chunk.start : chunk.end])
+            self.new_offset = chunk.start
+        else:
+            req.nodes.extend(self.nodes[chunk.start : chunk.end].tolist())
+            self.new_offset = 0
+        self._inflight = chunk
+        self._pending = chunk.rows
         i = len(self._responses)
         req.request_id = self.request_id if i == 0 else f"{self.request_id}/{i}"
         self._sent_any = True
@@ -686,10 +770,13 @@ class PredictPlan:
         its ``--max-new-node-edges`` (INVALID_ARGUMENT), or more estimated work than its ``--max-request-work``
         (RESOURCE_EXHAUSTED; an exact width on a large PPR budget, say). The plan is rewound to the start of that
         request and its rows per request capped (the named node limit, or the rows scaled by limit / amount with a
-        margin); a request of one row is never split, so the loop ends.
+        margin); a request of one row is never split, so the loop ends. A request of a version round (sent again
+        to reach the newest graph version; an update can raise its work) is split in place into requests of at
+        most that many rows.
         """
         n = self._pending
-        if n <= 1:
+        chunk = self._inflight
+        if n <= 1 or chunk is None:
             return False
         cap: int | None = None
         if exc.code == grpc.StatusCode.INVALID_ARGUMENT and (m := _NODE_LIMIT_REFUSAL.search(exc.details)):
@@ -708,7 +795,19 @@ class PredictPlan:
         cap = max(1, min(cap, n - 1))
         log.debug("request of %d rows refused for its size (%s); sending them %d per request", n, exc.details, cap)
         self.limits.max_nodes = cap
-        self._next_node, self._next_new = self._chunk_start
+        at = self._chunks.index(chunk)
+        if chunk.resent:  # split in place; the pieces go next
+            pieces = [_Chunk(chunk.new, s, min(chunk.end, s + cap), resent=True)
+                      for s in range(chunk.start, chunk.end, cap)]
+            self._chunks[at : at + 1] = pieces
+            self._resend[:0] = pieces
+        else:  # the frontier of the first pass: rewind to its start
+            del self._chunks[at]
+            if chunk.new:
+                self._next_new = chunk.start
+            else:
+                self._next_node = chunk.start
+        self._inflight = None
         self._pending = 0
         return True
 
@@ -724,6 +823,9 @@ class PredictPlan:
     def add(self, resp: pb.PredictResponse) -> None:
         """Record the reply to the last request from :meth:`next_request`."""
         n = self._pending
+        chunk = self._inflight
+        if chunk is None:
+            raise RuntimeError("no request in flight")
         labels, probs, emb = response_arrays(resp)  # raises InternalError on a packed field of odd length
         if len(labels) != n:
             raise InternalError(f"server answered {len(labels)} labels for {n} nodes")
@@ -733,28 +835,30 @@ class PredictPlan:
         h = int(resp.embedding_dim)
         if self.return_embeddings and h and len(emb) != n * h:
             raise InternalError(f"server answered {len(emb)} embedding values for {n} nodes x {h}")
-        self._arrays.append((labels, probs, emb))
         if not self._responses:
             self.version = resp.version  # pin the rest of the call to this version
             if not self.request_id:
                 self.request_id = resp.request_id
-            if resp.graph_version:  # later chunks: no older graph than the first chunk's
-                self.knobs = {**self.knobs, "min_graph_version": max(int(resp.graph_version),
-                                                                     int(self.knobs.get("min_graph_version", 0)))}
+        chunk.resp, chunk.arrays, chunk.version = resp, (labels, probs, emb), int(resp.graph_version)
+        if chunk.version > int(self.knobs.get("min_graph_version", 0)):
+            # later requests: no older graph than the newest seen (a replica behind waits for it)
+            self.knobs = {**self.knobs, "min_graph_version": chunk.version}
         self.limits.num_classes = c
         if self.return_embeddings:
             self.limits.embedding_dim = h
         self._responses.append(resp)
+        self._inflight = None
         self._pending = 0
 
     def result(self, client_ms: float) -> PredictResult:
         """Reassembled result (call after :meth:`next_request` returned None)."""
-        rs = self._responses
-        if not rs:
-            raise RuntimeError("no reply recorded")
+        if not self._responses or self._pending or any(ch.resp is None for ch in self._chunks):
+            raise RuntimeError("no reply recorded" if not self._responses else "the call is not finished")
+        chunks = self._chunks
+        rs = [cast(pb.PredictResponse, ch.resp) for ch in chunks]
+        arrays = [cast(tuple[np.ndarray, np.ndarray, np.ndarray], ch.arrays) for ch in chunks]
         first = rs[0]
         c = int(first.num_classes)
-        arrays = self._arrays
         labels = np.concatenate([a[0] for a in arrays])
         probs = None
         if self.return_probabilities:
@@ -767,16 +871,20 @@ class PredictPlan:
         if len(rs) > 1:
             s = Settings(**{**s.to_dict(), "edges_kept": sum(int(r.settings.edges_kept) for r in rs),
                             "edges_total": sum(int(r.settings.edges_total) for r in rs)})
+        sent = self._responses  # server time spent on the call: superseded replies included
         timing = Timing(
-            queue_ms=math.fsum(r.timing.queue_ms for r in rs),
-            subgraph_ms=math.fsum(r.timing.subgraph_ms for r in rs),
-            features_ms=math.fsum(r.timing.features_ms for r in rs),
-            forward_ms=math.fsum(r.timing.forward_ms for r in rs),
-            total_ms=math.fsum(r.timing.total_ms for r in rs),
-            batch_size=max(int(r.timing.batch_size) for r in rs),
-            chunks=len(rs),
+            queue_ms=math.fsum(r.timing.queue_ms for r in sent),
+            subgraph_ms=math.fsum(r.timing.subgraph_ms for r in sent),
+            features_ms=math.fsum(r.timing.features_ms for r in sent),
+            forward_ms=math.fsum(r.timing.forward_ms for r in sent),
+            total_ms=math.fsum(r.timing.total_ms for r in sent),
+            batch_size=max(int(r.timing.batch_size) for r in sent),
+            chunks=len(sent),
             client_ms=client_ms,
+            version_rounds=self.version_rounds,
         )
+        graph_versions = np.repeat(np.array([ch.version for ch in chunks], dtype=np.int64),
+                                   [ch.rows for ch in chunks])
         return PredictResult(
             labels=labels,
             probabilities=probs,
@@ -789,8 +897,9 @@ class PredictPlan:
             nodes=self.nodes.copy(),
             num_classes=c,
             data_version=" | ".join(dict.fromkeys(r.data_version for r in rs)),
-            graph_version=max(int(r.graph_version) for r in rs),
+            graph_version=max(ch.version for ch in chunks),
             served_by=" | ".join(dict.fromkeys(r.served_by for r in rs if r.served_by)),
+            graph_versions=graph_versions,
         )
 
 
@@ -849,7 +958,10 @@ class RetryState:
     def failed_with(self, code: grpc.StatusCode, details: str) -> float:
         # a request over the work limit is refused the same way every time: no retry (PredictPlan.shrink splits it)
         deterministic = code == grpc.StatusCode.RESOURCE_EXHAUSTED and _WORK_LIMIT_REFUSAL.search(details) is not None
-        if code in self.retry_codes and self.retries < self.max_retries and not deterministic:
+        # wait_for_ready: a server that listens but is still loading its models (a restart) answers UNAVAILABLE for
+        # seconds; such a call waits for it as for the connection, until its deadline, max_retries aside
+        waiting = self.wait_for_ready and code == grpc.StatusCode.UNAVAILABLE
+        if code in self.retry_codes and (self.retries < self.max_retries or waiting) and not deterministic:
             delay = self.backoff.delay(self.retries, self.rand.random())
             left = None if self.deadline is None else self.deadline - time.monotonic()
             if left is None or left > delay:

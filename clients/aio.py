@@ -171,6 +171,7 @@ class AsyncGnnClient(_ClientBase):
         request_id: str | None = None,
         min_graph_version: int | None = None,
         new_nodes: Sequence[NewNode] | NewNode | None = None,
+        allow_mixed_versions: bool = False,
     ) -> PredictResult:
         """Classify existing nodes (and ``new_nodes``, rows after theirs); see :meth:`clients.GnnClient.predict` (the
         same arguments).
@@ -180,6 +181,11 @@ class AsyncGnnClient(_ClientBase):
         for it up to its ``--read-your-writes-timeout-s`` (1 s by default; never past ``timeout``), then
         raises ``UNAVAILABLE`` (:class:`~clients.errors.UnavailableError`); a version the graph's update
         log never wrote is refused at once (:class:`~clients.errors.FailedPreconditionError`, not retried).
+
+        ``allow_mixed_versions``: as for the blocking client: by default every row is computed at the one
+        ``graph_version`` the result reports (chunks behind are sent again; :class:`~clients.errors.AbortedError`
+        when updates outrun ``max_version_rounds`` rounds); True keeps each row at its own version
+        (``result.graph_versions``).
 
         Example::
 
@@ -193,7 +199,8 @@ class AsyncGnnClient(_ClientBase):
         knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss, min_graph_version)
         state = self._state("Predict", timeout)
         limits = await self._chunk_limits(model, ver, len(ids) + len(msgs), state)
-        plan = self._plan(model, ver, ids, msgs, knobs, return_probabilities, return_embeddings, request_id, limits)
+        plan = self._plan(model, ver, ids, msgs, knobs, return_probabilities, return_embeddings, request_id, limits,
+                          allow_mixed_versions)
         return await self._run(plan, state, t0, model, ver)
 
     async def predict_new_node(
@@ -211,6 +218,7 @@ class AsyncGnnClient(_ClientBase):
         timeout: float | None = None,
         request_id: str | None = None,
         min_graph_version: int | None = None,
+        allow_mixed_versions: bool = False,
     ) -> PredictResult:
         """Classify nodes that are not in the graph; see :meth:`clients.GnnClient.predict_new_node`.
 
@@ -231,7 +239,7 @@ class AsyncGnnClient(_ClientBase):
         state = self._state("Predict", timeout)
         limits = await self._chunk_limits(model, ver, len(msgs), state)
         plan = self._plan(model, ver, np.zeros(0, dtype=np.int64), msgs, knobs, return_probabilities,
-                          return_embeddings, request_id, limits)
+                          return_embeddings, request_id, limits, allow_mixed_versions)
         return await self._run(plan, state, t0, model, ver)
 
     async def update_graph(

@@ -174,6 +174,7 @@ class _ClientBase:
         return_embeddings: bool,
         request_id: str | None,
         limits: ChunkLimits,
+        allow_mixed_versions: bool = False,
     ) -> PredictPlan:
         return PredictPlan(
             model=model,
@@ -185,6 +186,8 @@ class _ClientBase:
             return_embeddings=return_embeddings,
             request_id=request_id or "",
             limits=limits,
+            max_version_rounds=self.options.max_version_rounds,
+            allow_mixed_versions=allow_mixed_versions,
         )
 
     @staticmethod
@@ -315,6 +318,7 @@ class GnnClient(_ClientBase):
         request_id: str | None = None,
         min_graph_version: int | None = None,
         new_nodes: Sequence[NewNode] | NewNode | None = None,
+        allow_mixed_versions: bool = False,
     ) -> PredictResult:
         """Classify existing nodes of the model's graph.
 
@@ -345,7 +349,13 @@ class GnnClient(_ClientBase):
                 the graph unchanged): their rows follow the existing nodes' rows in the result (``result.nodes``
                 holds the existing ids only). ``nodes`` may then be empty. They travel in requests of their own
                 (the server answers them on the path that builds induced subgraphs, where existing nodes would
-                lose their faster paths), answered on the first request's graph version or a newer one.
+                lose their faster paths), answered at the same graph version as the existing nodes.
+            allow_mixed_versions: a chunked call over a graph taking updates has its chunks answered at different
+                graph versions (a server answers from its newest graph). By default (False) the chunks behind the
+                newest are sent again at it, up to ``ClientOptions.max_version_rounds`` rounds, so every row is
+                computed at the one ``graph_version`` the result reports; if updates outrun that, the call raises
+                :class:`AbortedError`. True: nothing is sent again; rows keep the version that answered them,
+                given per row by ``result.graph_versions`` (``result.graph_version`` is then the newest).
 
         Returns:
             :class:`~clients.types.PredictResult` (labels, probabilities, embeddings, settings, timing).
@@ -354,7 +364,8 @@ class GnnClient(_ClientBase):
             InvalidArgumentError (id out of range, bad knob), NotFoundError (model/version),
             UnavailableError (after retries; also a ``min_graph_version`` not reached in time),
             FailedPreconditionError (a ``min_graph_version`` never written; an answer that would not be
-            finite), DeadlineExceededError, UnauthenticatedError, ...
+            finite), AbortedError (chunks still at different graph versions after ``max_version_rounds`` rounds;
+            see ``allow_mixed_versions``), DeadlineExceededError, UnauthenticatedError, ...
 
         Example::
 
@@ -371,7 +382,8 @@ class GnnClient(_ClientBase):
         knobs = knob_fields(sampling_width, ppr_budget, max_accuracy_loss, min_graph_version)
         state = self._state("Predict", timeout)
         limits = self._chunk_limits(model, ver, len(ids) + len(msgs), state)
-        plan = self._plan(model, ver, ids, msgs, knobs, return_probabilities, return_embeddings, request_id, limits)
+        plan = self._plan(model, ver, ids, msgs, knobs, return_probabilities, return_embeddings, request_id, limits,
+                          allow_mixed_versions)
         return self._run(plan, state, t0, model, ver)
 
     def predict_new_node(
@@ -389,6 +401,7 @@ class GnnClient(_ClientBase):
         timeout: float | None = None,
         request_id: str | None = None,
         min_graph_version: int | None = None,
+        allow_mixed_versions: bool = False,
     ) -> PredictResult:
         """Classify nodes that are not in the stored graph, from raw features and edges.
 
@@ -402,6 +415,8 @@ class GnnClient(_ClientBase):
         model's graph at this version or newer (an :meth:`update_graph` result's ``graph_version``); a
         server still behind waits up to its ``--read-your-writes-timeout-s`` (and never past ``timeout``)
         before ``UNAVAILABLE``, and refuses at once (``FAILED_PRECONDITION``) a version the graph's log never wrote.
+        ``allow_mixed_versions``: as for :meth:`predict` (a call of many new nodes is chunked too; every row is
+        computed at ``result.graph_version`` unless it is True).
 
         Example::
 
@@ -416,7 +431,7 @@ class GnnClient(_ClientBase):
         state = self._state("Predict", timeout)
         limits = self._chunk_limits(model, ver, len(msgs), state)
         plan = self._plan(model, ver, np.zeros(0, dtype=np.int64), msgs, knobs, return_probabilities,
-                          return_embeddings, request_id, limits)
+                          return_embeddings, request_id, limits, allow_mixed_versions)
         return self._run(plan, state, t0, model, ver)
 
     def update_graph(
@@ -449,6 +464,14 @@ class GnnClient(_ClientBase):
         A bad entry is :class:`~clients.errors.InvalidArgumentError` naming it, and nothing of the call
         is applied. Not retried (an update is not idempotent), unless ``expect_graph_version`` is given:
         then a retry of an update that did land fails with ABORTED instead of applying twice.
+
+        A failure does not always mean "not applied". The server commits an update when it appends it to its
+        update log; one whose ``timeout`` passes before that is refused and never applied. But if the timeout
+        passes after the append (while the server applies it: seconds for a large update) or the answer is lost
+        on the way, the update stands although this call raises :class:`~clients.errors.DeadlineExceededError`
+        (or ``UnavailableError``): no server can tell a client about a commit whose answer was lost. Before
+        sending such an update again, read ``graph_version`` (:meth:`get_model`), or send it with
+        ``expect_graph_version`` from the start (ABORTED on the retry then means the first attempt landed).
 
         Example::
 

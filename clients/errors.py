@@ -159,7 +159,9 @@ class UnimplementedError(GnnServeError):
 
 
 class AbortedError(GnnServeError):
-    """``ABORTED``: an update's ``expect_graph_version`` no longer held (another update came first)."""
+    """``ABORTED``: an update's ``expect_graph_version`` no longer held (another update came first); or a chunked
+    ``predict`` whose chunks the graph's updates kept answering at different versions (``max_version_rounds``,
+    ``allow_mixed_versions``). Both mean: concurrent updates; calling again may succeed."""
 
     default_code = grpc.StatusCode.ABORTED
 

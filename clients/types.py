@@ -88,7 +88,8 @@ class ClientOptions:
             retry of the call (None = no deadline). Each method also takes ``timeout=``.
         max_retries: retries after ``UNAVAILABLE``, or a ``CANCELLED`` from the server side (0 = none); never
             for other codes unless ``retry_resource_exhausted`` adds ``RESOURCE_EXHAUSTED``. An update is
-            retried only with ``expect_graph_version``. This SDK never cancels a call itself, so a
+            retried only with ``expect_graph_version`` (a failed update may still have been applied: a deadline
+            that passed, or an answer lost, after the server logged it; :meth:`GnnClient.update_graph`). This SDK never cancels a call itself, so a
             ``CANCELLED`` comes from the server's gRPC: a server that stops cancels the calls it accepted but
             had not yet handed over, and under a flood far past the server's capacity grpc-core may cancel
             calls waiting in its own queues before ``--max-concurrent-rpcs`` refuses them (uncounted by the
@@ -109,9 +110,16 @@ class ClientOptions:
         wait_for_ready: a call made while the server cannot be reached (restarting, not yet listening) waits
             for it, within ``timeout``, instead of failing ``UNAVAILABLE`` after ``max_retries`` quick retries
             (gRPC's wait-for-ready: the request is sent once the connection is up, so an update is never sent
-            twice by it). A restart takes seconds (4-7 s for the tiny test models, more with large graphs),
-            longer than the default retries' backoff; give a ``timeout`` that covers it. Health checks never
-            wait (they report the server's state as it is). Default off: fail fast.
+            twice by it), and so does a call the server answers ``UNAVAILABLE`` while it loads its models
+            (retried with ``backoff`` until the deadline, beyond ``max_retries``). A restart takes seconds (4-7
+            s for the tiny test models, more with large graphs), longer than the default retries' backoff; give
+            a ``timeout`` that covers it (without one such a call waits as long as the server is down). Health
+            checks never wait (they report the server's state as it is). Default off: fail fast.
+        max_version_rounds: a chunked ``predict`` whose chunks were answered at different graph versions (updates
+            landed between them) sends the chunks behind the newest version again, asking for it, until all agree;
+            at most this many rounds (each within the call's ``timeout``), then it raises
+            :class:`~clients.errors.AbortedError` instead of returning rows of several versions under one label
+            (:class:`PredictResult`). 0: never send again (raise at once, unless ``allow_mixed_versions``).
     """
 
     tls: bool = False
@@ -128,6 +136,7 @@ class ClientOptions:
     max_nodes_per_call: int | None = None
     max_concurrent_calls: int | None = DEFAULT_MAX_CONCURRENT_CALLS
     wait_for_ready: bool = False
+    max_version_rounds: int = 3
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not self.timeout > 0:
@@ -136,6 +145,8 @@ class ClientOptions:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if self.max_nodes_per_call is not None and self.max_nodes_per_call < 1:
             raise ValueError(f"max_nodes_per_call must be >= 1, got {self.max_nodes_per_call}")
+        if self.max_version_rounds < 0:
+            raise ValueError(f"max_version_rounds must be >= 0, got {self.max_version_rounds}")
         if self.max_concurrent_calls is not None and self.max_concurrent_calls < 1:
             raise ValueError(f"max_concurrent_calls must be >= 1 (or None for no bound), got {self.max_concurrent_calls}")
 
@@ -174,7 +185,8 @@ class Timing:
 
     For a call the SDK split into several requests (``chunks > 1``) the stage times and
     ``total_ms`` are **sums over the chunks** (server time spent on this call; chunks run one
-    after another), and ``batch_size`` is the **largest** batch any chunk rode in. ``client_ms`` is
+    after another; requests sent again in a version round, see :class:`PredictResult`, included), and
+    ``batch_size`` is the **largest** batch any chunk rode in. ``client_ms`` is
     the wall time of the whole SDK call as the client saw it: every chunk, the network, retries and
     the one-off model lookup used for chunking.
     """
@@ -187,6 +199,9 @@ class Timing:
     batch_size: int = 0
     chunks: int = 1
     client_ms: float = 0.0
+    #: rounds of sending again the chunks answered at an older graph version than the newest of the call, to
+    #: bring every row to one version (0: none was needed; ``chunks`` counts the requests sent again too)
+    version_rounds: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -202,12 +217,23 @@ class PredictResult:
     has none); ``settings`` and ``timing`` as described on their classes; ``model`` / ``version``
     the model that answered (a chunked call is pinned to the version that answered its first
     chunk); ``request_id`` the id the server logged (chunks after the first are logged as
-    ``"<request_id>/<i>"``); ``graph_version`` the live graph's version that answered (see
-    :meth:`GnnClient.update_graph`); ``data_version`` the data the answer was computed from, pinned by
+    ``"<request_id>/<i>"``); ``graph_version`` the live graph's version every row was computed on (see
+    :meth:`GnnClient.update_graph`, and "Graph versions of a chunked call" below); ``data_version`` the data
+    the answer was computed from, pinned by
     version and content digest (``"features:v3:<checksum>"``, ``";graph:v2:<checksum>"`` appended
     on a stateless replica, ``"memory:<dataset fingerprint>"`` for in-process data; empty from a
     server that predates it). A chunked call whose chunks were answered from different data (say,
     replicas mid-rollout) lists each distinct value, joined by ``" | "``.
+
+    Graph versions of a chunked call: a server answers each request from its newest graph, so when updates land
+    while the SDK sends a long call's chunks, they are answered at different versions. The SDK then sends the
+    chunks answered at an older version again, asking for the newest (``min_graph_version``), until every chunk
+    agrees (``timing.version_rounds`` counts the rounds; none, and no extra request, when no update landed), so
+    every row, duplicates and new nodes included, is computed at ``graph_version``. If updates keep outrunning
+    it for ``ClientOptions.max_version_rounds`` rounds the call raises :class:`~clients.errors.AbortedError`
+    rather than mislabel rows. With ``predict(..., allow_mixed_versions=True)`` nothing is sent again: rows keep
+    the version that answered them, ``graph_versions`` (int64 ``[n]``, aligned with the rows) says which, and
+    ``graph_version`` is then the newest of them (``mixed_versions`` tells whether they differ).
 
     Example::
 
@@ -227,15 +253,24 @@ class PredictResult:
     nodes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     num_classes: int = 0
     data_version: str = ""
-    #: the live graph's version the answer was computed on (0 before any update); a chunked call's later
-    #: chunks are asked for at least the first chunk's version, and this is the newest that answered
+    #: the live graph's version every row was computed on (0 before any update; see "Graph versions of a chunked
+    #: call" above); only under ``allow_mixed_versions`` can rows differ, and this is then the newest of them
     graph_version: int = 0
     #: which server process answered (``"<pid> <slot>/<N>"`` under ``--processes``, else ``"<pid>"``); a
     #: chunked call answered by several lists each, joined by ``" | "``
     served_by: str = ""
+    #: int64 ``[n]``: the graph version each row was computed on, aligned with the rows (all ``graph_version``
+    #: unless ``allow_mixed_versions`` let them differ); empty on a result built without it
+    graph_versions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
+
+    @property
+    def mixed_versions(self) -> bool:
+        """Whether rows were computed at different graph versions (possible only with ``allow_mixed_versions``;
+        ``graph_versions`` says which row at which)."""
+        return bool(self.graph_versions.size) and bool((self.graph_versions != self.graph_version).any())
 
     @property
     def num_new_nodes(self) -> int:
@@ -259,6 +294,7 @@ class PredictResult:
             "request_id": self.request_id,
             "data_version": self.data_version,
             "graph_version": self.graph_version,
+            "mixed_versions": self.mixed_versions,
             "served_by": self.served_by,
             "nodes": self.nodes.tolist(),
             "num_new_nodes": self.num_new_nodes,
@@ -267,6 +303,8 @@ class PredictResult:
         top = self.top_probabilities
         if top is not None:
             out["top_probability"] = [float(v) for v in top]
+        if self.mixed_versions:  # else every row's is graph_version
+            out["graph_versions"] = self.graph_versions.tolist()
         if probabilities and self.probabilities is not None:
             out["probabilities"] = self.probabilities.tolist()
         if embeddings and self.embeddings is not None:

@@ -502,3 +502,26 @@ def test_wait_for_ready_rides_out_a_server_that_is_not_up_yet(tiny_repo):
     assert not caller.is_alive() and not aio.is_alive()
     np.testing.assert_array_equal(got["sync"], want)
     np.testing.assert_array_equal(got["aio"], want)
+
+
+def test_wait_for_ready_retries_unavailable_until_the_deadline_beyond_max_retries():
+    """A restarting server listens before its models are loaded and answers UNAVAILABLE ("being loaded") for
+    seconds: with wait_for_ready such a call is retried with the backoff until its deadline, max_retries aside;
+    without it, max_retries bound it; other codes are not retried by it."""
+    def state(wait: bool, timeout: float | None = 30.0) -> RetryState:
+        return RetryState(method="Predict", timeout=timeout, max_retries=1, backoff=Backoff(0.01, 0.02),
+                          retry_codes=frozenset({grpc.StatusCode.UNAVAILABLE}), wait_for_ready=wait)
+
+    st = state(True)
+    for _ in range(50):
+        assert 0 < st.failed_with(grpc.StatusCode.UNAVAILABLE, "model 'gcn' is being loaded") <= 0.02
+    with pytest.raises(E.InvalidArgumentError):
+        st.failed_with(grpc.StatusCode.INVALID_ARGUMENT, "bad id")
+    st = state(False)
+    st.failed_with(grpc.StatusCode.UNAVAILABLE, "model 'gcn' is being loaded")
+    with pytest.raises(E.UnavailableError):
+        st.failed_with(grpc.StatusCode.UNAVAILABLE, "model 'gcn' is being loaded")
+    st = state(True, timeout=0.001)  # the deadline still bounds the wait
+    time.sleep(0.01)
+    with pytest.raises(E.UnavailableError):
+        st.failed_with(grpc.StatusCode.UNAVAILABLE, "model 'gcn' is being loaded")
