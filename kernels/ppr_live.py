@@ -991,6 +991,7 @@ class LivePPRIndex:
         recompute = deferred = np.zeros(0, dtype=np.int64)
         holders = np.zeros(0, dtype=np.int64)
         candidates = capped = 0
+        drift_at: tuple[np.ndarray, np.ndarray] | None = None
         if len(rows):
             coef = self._coefficients(old_graph, new_graph, rows)
             hs, hx, hsc = self._holders(rows)
@@ -1011,7 +1012,7 @@ class LivePPRIndex:
             if len(uniq):
                 # the bound of this edit on top of what earlier edits already moved the list
                 drift = self._drift[uniq] + sc.acc[0, uniq].astype(np.float64) * quantum
-                self._drift[uniq] = drift
+                drift_at = (uniq, drift)  # stored by install: a prepare thrown away changes nothing
                 candidates = len(uniq)
                 # an already stale list stays so (lookups push it; the refresh stores it), outside the choice
                 over = (drift > self.tol_factor * cfg.eps) & ~self._stale[uniq]
@@ -1025,12 +1026,9 @@ class LivePPRIndex:
             self._sums = sc
         targets = np.concatenate([recompute, new_ids])
         lists = self._push(new_graph, targets) if len(targets) else None
-        if len(targets):
-            self._drift_grow(new_graph.num_nodes)
-            self._drift[targets] = 0.0
         return {"new_graph": new_graph, "recompute": recompute, "new_ids": new_ids, "holders": holders,
                 "targets": targets, "deferred": deferred, "lists": lists, "candidates": candidates,
-                "capped": capped, "t0": t0}
+                "capped": capped, "t0": t0, "drift_at": drift_at}
 
     def install(self, prep: dict[str, Any]) -> dict[str, int]:
         """Make :meth:`prepare`'s lists the ones lookups see (no lookup may run meanwhile: the server's
@@ -1043,6 +1041,11 @@ class LivePPRIndex:
         holders, targets, deferred, t0 = prep["holders"], prep["targets"], prep["deferred"], prep["t0"]
         candidates, capped = prep["candidates"], prep["capped"]
         self._grow_to(new_graph.num_nodes)
+        self._drift_grow(new_graph.num_nodes)
+        if prep["drift_at"] is not None:  # the bounds this edit added, then 0 for the lists pushed again
+            ids, drift = prep["drift_at"]
+            self._drift[ids] = drift
+        self._drift[targets] = 0.0
         if prep["lists"] is not None:
             ptr, nodes, scores = prep["lists"]
             self._store(targets, ptr, nodes, scores)

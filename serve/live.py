@@ -1022,6 +1022,15 @@ class LiveGraph:
             for t, _ in accepted:
                 t.fail(Unavailable(f"graph update not applied (incident: {exc}); retry"))
             return []
+        parsed_group = group.parsed()
+        try:  # a shaDow graph's list pushes (most of its update) before the commit point, where a deadline still counts
+            lists = self._prepare_lists(parsed_group, effect)
+        except Exception as exc:  # nothing is changed by a prepare: refuse the group, apply none
+            log.exception("graph %s: preparing the PPR lists of a group of updates failed", self.label)
+            answer_refused()
+            for t, _ in accepted:
+                t.fail(Unavailable(f"graph update not applied (incident: {exc}); retry"))
+            return []
         late = self._expire([t for t, _ in accepted])  # the commit point is next: the last look at the deadlines
         if late:  # the refusals before the first dropped one stand; every other update is validated again
             answer_refused(taken.index(late[0]))
@@ -1045,7 +1054,7 @@ class LiveGraph:
         answer_refused()  # committed: they were refused against what it holds
         n0 = self.features.num_nodes
         try:
-            inv = self._apply(group.parsed(), effect, version)
+            inv = self._apply(parsed_group, effect, version, lists)
         except Exception:  # logged by _apply, which also took the graph out of service: no caller waits forever
             for t, _ in accepted:
                 t.fail(GraphOutOfService(self.broken or f"graph update {version} failed; restart the server"))
@@ -1083,10 +1092,23 @@ class LiveGraph:
                     "deadline")))
         return late
 
-    def _apply(self, parsed: ParsedUpdate, effect: Any, version: int) -> dict[str, int]:
+    def _prepare_lists(self, parsed: ParsedUpdate, effect: Any) -> list:
+        """Each PPR index's :meth:`~kernels.ppr_live.LivePPRIndex.prepare` for ``parsed``'s new graph: the pushes
+        (the bulk of a shaDow graph's update), computed while batches still run on the old graph and without
+        changing anything (an update refused at its commit point after them leaves the lists as they were)."""
+        if self.remote or effect is None:  # a replica's overlay changes in place under the lock
+            return []
+        n_old = self.features.num_nodes
+        new_ids = np.arange(n_old, n_old + parsed.num_new, dtype=np.int64)
+        old = self.data.graph
+        return [(idx, idx.prepare(old, effect.graph, effect.changed_rows, new_ids))
+                for idx in self.data.ppr_indexes.values()]
+
+    def _apply(self, parsed: ParsedUpdate, effect: Any, version: int, lists: list | None = None) -> dict[str, int]:
         """Make ``parsed`` (and ``effect``, its new graph) visible as ``version``. What the models derive
         from the new graph is computed first, while batches still run on the old one; the write lock is
-        held only to install it and drop the stale rows."""
+        held only to install it and drop the stale rows. ``lists``: :meth:`_prepare_lists` of it, when the caller
+        prepared them before its commit point (None: prepared here)."""
         inv: dict[str, int] = {}
         n_old = self.features.num_nodes
         new_ids = np.arange(n_old, n_old + parsed.num_new, dtype=np.int64)
@@ -1094,11 +1116,10 @@ class LiveGraph:
         old = self.data.graph
         try:
             plans = None
-            lists: list = []
+            if lists is None:
+                lists = self._prepare_lists(parsed, effect)
             if not self.remote:  # a replica's overlay changes in place: its models prepare under the lock
                 graph = effect.graph if effect is not None else old
-                if effect is not None:  # the PPR lists' pushes (the bulk of an update of a shaDow graph)
-                    lists = [(idx, idx.prepare(old, graph, changed, new_ids)) for idx in self.data.ppr_indexes.values()]
                 plans = [(rt, rt.prepare_rebase(graph, old, changed, parsed.feature_ids, new_ids))
                          for rt in list(self._runtimes)]
             with self.lock.write():

@@ -122,3 +122,48 @@ def test_a_group_with_an_expired_update_commits_the_others_as_if_it_had_never_be
         with pytest.raises(Exception, match="already exists"):
             c.update_graph("gcn", add_edges=[e], timeout=60)
         c.update_graph("gcn", add_edges=[(n0, 50)], timeout=60)  # n0 is the live update's node: (n0, 50) is new
+
+
+def test_a_shadow_update_whose_list_pushes_outlast_its_deadline_is_not_applied(tiny_repo, tmp_path, tiny_dataset,
+                                                                               monkeypatch):
+    """A shaDow graph's update spends most of its time in the PPR lists' pushes (``LivePPRIndex.prepare``), which ran
+    after the log append: an update whose pushes outlasted its deadline was applied although its client was told
+    DEADLINE_EXCEEDED (the production tester's new node with 13,000 neighbours). The pushes now run before the
+    commit point and change nothing until installed: the update is refused, the lists and their bounds are as
+    before, and answers after it equal those before it to the bit."""
+    import shutil
+
+    from kernels.ppr_live import LivePPRIndex
+
+    repo = tmp_path / "ppr"
+    shutil.copytree(tiny_repo, repo, ignore=shutil.ignore_patterns("_live", "_ppr"))
+    real = LivePPRIndex.prepare
+    started = threading.Event()
+    slow = {"on": False}
+
+    def prepare(self, *a, **k):
+        if slow["on"]:
+            started.set()
+            time.sleep(3.0)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(LivePPRIndex, "prepare", prepare)
+    f, n0 = tiny_dataset.num_features, tiny_dataset.num_nodes
+    nodes = np.arange(n0)
+    with ServerThread(repo, {"poll_s": 0}) as srv, GnnClient(srv.address, max_retries=0) as c:
+        v0 = c.get_model("shadow").graph_version
+        live = srv.server.registry.get("shadow").data.live
+        (idx,) = live.data.ppr_indexes.values()
+        drift = idx._drift.copy()
+        before = c.predict("shadow", nodes, sampling_width=3).probabilities
+        slow["on"] = True
+        with pytest.raises(DeadlineExceededError):
+            c.update_graph("shadow", new_nodes=[NewNode(features=np.full(f, 0.5, np.float32),
+                                                        neighbors=list(range(3, 40)))], timeout=1.0)
+        assert started.is_set()
+        slow["on"] = False
+        # an update after it (node 1's features, unchanged): answered once the writer is done with the slow one
+        up = c.update_graph("shadow", features={1: np.asarray(tiny_dataset.x[1], np.float32)}, timeout=60)
+        assert up.graph_version == v0 + 1 and c.get_model("shadow").num_nodes == n0  # the new node never landed
+        np.testing.assert_array_equal(idx._drift[: len(drift)], drift)
+        np.testing.assert_array_equal(c.predict("shadow", nodes, sampling_width=3).probabilities, before)

@@ -52,9 +52,9 @@ def _applies(monkeypatch) -> list[int]:
     seen: list[int] = []
     real = LiveGraph._apply
 
-    def spy(self, parsed, effect, version):
+    def spy(self, parsed, effect, version, *rest):
         seen.append(int(version))
-        return real(self, parsed, effect, version)
+        return real(self, parsed, effect, version, *rest)
 
     monkeypatch.setattr(LiveGraph, "_apply", spy)
     return seen
