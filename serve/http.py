@@ -10,12 +10,19 @@ binary tensor data). Endpoints:
   answers 400). Open without the bearer token, as the gRPC health check is (Kubernetes HTTP probes), and answered
   while the server drains (ready then says 400);
 * ``GET /v2`` (server metadata; ``extensions`` adds ``binary_tensor_data``), ``GET /v2/models/{m}[/versions/{v}]``
-  (metadata), ``.../ready`` (200 / 400), ``.../config`` (the ``ModelConfig`` in protobuf's JSON mapping, as Triton
-  prints it: 64-bit integers as strings), ``POST .../infer``;
-* ``GET /v2/models/stats``, ``GET /v2/models/{m}[/versions/{v}]/stats`` (``{"model_stats": [...]}``, numbers);
+  (metadata), ``.../ready`` (200 / 400, and 400 while the server drains, as health ready; with the token, not
+  capped), ``.../config`` (the ``ModelConfig`` in protobuf's JSON mapping with the field names of the ``.proto``,
+  but every 64-bit integer field a JSON number, not protobuf's string, as Triton prints it: ``"dims": [1]``),
+  ``POST .../infer``;
+* ``GET /v2/models/stats``, ``GET /v2/models/{m}[/versions/{v}]/stats`` (``{"model_stats": [...]}``, every field,
+  integers as JSON numbers, as Triton prints them). Under ``--processes N`` (N > 1) they are the counts of the one
+  process the connection reached (each process serves its own connections and keeps its own statistics), so two
+  calls may answer from different processes: totals are on the metrics port, which merges every process;
 * ``POST /v2/repository/index`` (body ``{"ready": bool}``, optional), ``POST /v2/repository/models/{m}/load`` and
   ``/unload`` (body ``{"parameters": {...}}``, optional: ``version``, ``unload_dependents``, as over gRPC);
-* ``GET`` / ``POST /v2/logging`` (Triton's log settings; a POST answers the settings now in force);
+* ``GET`` / ``POST /v2/logging`` (Triton's log settings; a POST answers the settings now in force; under
+  ``--processes N`` (N > 1) a POST that changes them is 400 (FAILED_PRECONDITION, as over gRPC): it would set one
+  process's loggers; ``--log-level`` sets every process's at start);
 * ``/v2/trace/setting`` and registering shared memory: 501, as gRPC's UNIMPLEMENTED; the shared-memory status
   lists no region and unregistering succeeds (as over gRPC).
 
@@ -25,7 +32,9 @@ extension, ``"parameters": {"binary_data_size": N}`` and its N raw little-endian
 length the ``Inference-Header-Content-Length`` header gives (inputs in the order of ``inputs``; all of the body
 accounted for). Outputs ``{"name", "parameters": {"binary_data": bool, "classification": k}}``; the request
 parameter ``binary_data_output`` sets ``binary_data`` for every output that does not say. The other request
-parameters (knobs, ``min_graph_version``, ``timeout``, ``priority``) are gRPC's: a JSON integer is an
+parameters (knobs, ``min_graph_version``, ``timeout``, ``priority``) are gRPC's; ``id`` is held to the limit on a
+request id of gnnserve's gRPC service (:data:`serve.validation.MAX_REQUEST_ID` characters, 400 beyond, not
+echoed): a JSON integer is an
 ``int64_param`` (``uint64_param`` above 2**63 - 1), a number a ``double_param``, a string a ``string_param``, a
 bool a ``bool_param``. A binary output's bytes are exactly gRPC's ``raw_output_contents``; a JSON output's ``data``
 holds the same values (FP32 printed as the float64 that holds the float32 exactly: parsed back to float32 it is the
@@ -39,20 +48,35 @@ UNAUTHENTICATED 401, PERMISSION_DENIED 403, NOT_FOUND 404, ALREADY_EXISTS and AB
 CANCELLED 499, UNKNOWN, INTERNAL and DATA_LOSS 500, UNIMPLEMENTED 501, UNAVAILABLE 503, DEADLINE_EXCEEDED 504. The
 header ``Gnnserve-Status`` names the gRPC code (400 stands for several). The front end's own refusals: a body over
 :attr:`HttpFrontEnd.max_body_bytes` (the gRPC server's largest message) 413; a body not received within
-:data:`BODY_TIMEOUT_S` 408; a ``Content-Encoding`` other than gzip, deflate or identity 415 (a compressed body
-is inflated here, never past the limit: 413); an unknown path 404, a known one with another method 405; malformed
-JSON, wrong JSON types, a binary header length or sizes that do not add up to the body 400 (INVALID_ARGUMENT), with
-what to fix. Before the JSON of an inference request is parsed, its separators are counted: more values than the
-model takes in one request (nodes, features, new-node edges: :func:`json_value_cap`) are refused without parsing,
-as gRPC refuses an oversized request from its bytes (:mod:`serve.wire`); more inputs than the model has or more
-than 64 parameters are refused before any work on them.
+:data:`BODY_TIMEOUT_S` 408; a body past the receive budget 429 (below); a client that hangs up before its body has
+arrived CANCELLED (499, which it never reads; logged at DEBUG, no incident); a ``Content-Encoding`` other than gzip,
+deflate or identity 415 (a compressed body is inflated here, never past the limit: 413); an unknown path 404, a
+known one with another method 405; malformed JSON, wrong JSON types, a binary header length or sizes that do not add
+up to the body 400 (INVALID_ARGUMENT), with what to fix. Before the JSON of an inference request is parsed, its
+separators are counted: more values than the model takes in one request (nodes, features, new-node edges:
+:func:`json_value_cap`) are refused without parsing, as gRPC refuses an oversized request from its bytes
+(:mod:`serve.wire`); more inputs than the model has or more than 64 parameters are refused before any work on them.
 
 Security: the bearer token (``--token-file``...) is required as on gRPC (``Authorization: Bearer <token>``; 401 and
 ``WWW-Authenticate: Bearer`` otherwise, the body unread) on every endpoint but the two health ones; with
 ``--tls-cert``/``--tls-key`` the port serves HTTPS only (never plaintext beside a TLS gRPC port), and
 ``--tls-client-ca`` requires client certificates there too. Under ``--processes N`` every process binds the HTTP
-port with ``SO_REUSEPORT``, as the gRPC one. Requests admitted at once are capped at ``--max-concurrent-rpcs``
-(429 beyond), as gRPC caps its own. During a graceful stop new requests get 503 (health live still 200).
+port with ``SO_REUSEPORT``, as the gRPC one.
+
+Admission: a request counts toward the cap on requests at once, ``--max-concurrent-rpcs`` (429 beyond, as gRPC caps
+its own), only once its body has arrived, as gRPC calls a handler once the whole message has: a client slow to send
+its body (or sending none: slowloris) holds no slot. What bodies being received hold instead is bounded by a byte
+budget, :attr:`HttpFrontEnd.receive_budget_bytes` (:data:`RECEIVE_BUDGET_BODIES` bodies of the largest size, 256 MiB
+by default): the bytes received so far of every body not yet whole. A new body is refused at once, unread, when its
+declared ``Content-Length`` (1 byte for a chunked one) would pass the budget, and a body being received is refused
+when its next bytes would (429 RESOURCE_EXHAUSTED, "retry with backoff"); the bytes go back to the budget when the
+body is whole (then it counts toward the cap), refused, timed out, or its client hangs up. The budget counts bytes
+received, not declared lengths, so a client must send the bytes it holds: a thousand stalled bodies of one byte hold
+a thousand bytes. (aiohttp reads ahead of the handler a bounded buffer per connection.) :data:`BODY_TIMEOUT_S` stays
+60 s: with no slot held, a stalled body costs its connection and the bytes it sent, so a shorter timeout would buy
+little and would cut off slow clients sending large bodies (a body of the largest size, 64 MiB, needs about 1.1
+MiB/s to arrive within 60 s). During a graceful stop new requests get 503, before their body is read (health live
+still 200).
 
 Metrics: every request is counted in ``gnnserve_requests_total{model, method, code}`` with ``method`` ``http_<what>``
 (``http_infer``, ``http_model_metadata``, ...; :data:`METHODS`) and ``code`` the gRPC code's name, as gRPC calls are.
@@ -76,13 +100,16 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import numpy as np
 from aiohttp import web
+from aiohttp.http_exceptions import ContentLengthError
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
 
 from clients._gen import inference_pb2 as pb
 
 from .errors import InvalidArgument, detached
 from .interceptors import bearer_token, bounded, error_status
 from .triton import INPUT_SPECS
+from .validation import MAX_REQUEST_ID
 from .wire import WireLimits
 
 if TYPE_CHECKING:
@@ -120,8 +147,13 @@ METHODS = ("http_live", "http_ready", "http_model_ready", "http_server_metadata"
            "http_model_config", "http_infer", "http_statistics", "http_repository_index", "http_repository_load",
            "http_repository_unload", "http_logging", "http_trace", "http_shared_memory")
 
-#: seconds a request's body may take to arrive (a client that trickles it is answered 408 and closed)
+#: seconds a request's body may take to arrive (a client that trickles it is answered 408 and closed; module
+#: docstring: why not shorter)
 BODY_TIMEOUT_S = 60.0
+#: the budget of bytes of bodies being received, in bodies of the largest size (``max_body_bytes``)
+RECEIVE_BUDGET_BODIES = 4
+#: the request's key for the body _serve received (a typed key where aiohttp has them: 3.12 on)
+_BODY: Any = web.RequestKey("gnnserve_body", object) if hasattr(web, "RequestKey") else "gnnserve_body"
 #: the header of Triton's binary tensor data extension: the length of the JSON part of a body
 HEADER_LENGTH = "Inference-Header-Content-Length"
 #: the request bodies' Content-Encodings taken: zlib's window bits for each (None: as is)
@@ -293,6 +325,9 @@ def infer_request(body: dict[str, Any], model: str, version: str, binary: bytes 
     rid = body.get("id", "")
     if not isinstance(rid, str):
         raise InvalidArgument(f"id must be a string, got {_json_type(rid)}")
+    if len(rid) > MAX_REQUEST_ID:  # gRPC's limit on a request id (serve.validation.check_request_id), not echoed
+        raise InvalidArgument(f"id has {len(rid)} characters, more than the limit of {MAX_REQUEST_ID}; use a short "
+                              "id, such as a UUID")
     req.id = rid
     params = _object(body.get("parameters", {}), "parameters")
     if len(params) > _MAX_PARAMETERS:  # as gRPC refuses it from the request's bytes (serve.wire)
@@ -423,6 +458,34 @@ def infer_response(resp: pb.ModelInferResponse, binary_out: dict[str, bool], bin
     return json.dumps(head, allow_nan=False, separators=(",", ":")).encode(), b"".join(parts)
 
 
+_WIDE = frozenset({FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+                   FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64})
+
+
+def _int64_numbers(desc: Any, value: dict[str, Any]) -> dict[str, Any]:
+    """``value`` (protobuf's JSON mapping of a message of ``desc``, field names kept) with every 64-bit integer
+    field a JSON number instead of a string, as Triton's ModelConfigToJson prints them; found from the descriptor,
+    at any depth (messages, repeated fields, map values). Changed in place; returned."""
+    for field in desc.fields:
+        if field.name not in value:
+            continue
+        v = value[field.name]
+        sub = field.message_type
+        if sub is not None and sub.GetOptions().map_entry:
+            vf = sub.fields_by_name["value"]
+            for key, item in v.items():  # keys stay strings (JSON's object keys)
+                if vf.message_type is not None:
+                    _int64_numbers(vf.message_type, item)
+                elif vf.type in _WIDE:
+                    v[key] = int(item)
+        elif sub is not None:
+            for item in (v if field.is_repeated else [v]):
+                _int64_numbers(sub, item)
+        elif field.type in _WIDE:
+            value[field.name] = [int(x) for x in v] if field.is_repeated else int(v)
+    return value
+
+
 def _message_dict(msg: Any) -> dict[str, Any]:
     """A protobuf message as a dict with every field, integers as JSON numbers (Triton's statistics JSON)."""
     out: dict[str, Any] = {}
@@ -464,7 +527,7 @@ class HttpFrontEnd:
                  gate: DrainGate | None = None, auth: BearerAuthInterceptor | None = None,
                  token: str | None = None, model_label: Callable[[str], str] | None = None,
                  max_body_bytes: int = 64 * 1024 * 1024, max_concurrent: int = 1000,
-                 body_timeout_s: float = BODY_TIMEOUT_S) -> None:
+                 body_timeout_s: float = BODY_TIMEOUT_S, receive_budget_bytes: int | None = None) -> None:
         self.servicer = servicer
         self.registry = servicer.registry
         self.metrics = metrics
@@ -475,6 +538,9 @@ class HttpFrontEnd:
         self.max_body_bytes = int(max_body_bytes)
         self.max_concurrent = int(max_concurrent)
         self.body_timeout_s = float(body_timeout_s)
+        self.receive_budget_bytes = int(RECEIVE_BUDGET_BODIES * self.max_body_bytes if receive_budget_bytes is None
+                                        else receive_budget_bytes)
+        self.receiving_bytes = 0  # bytes of the bodies being received (their requests not yet admitted)
         self.inflight = 0
         self.port = 0
         self._runner: web.AppRunner | None = None
@@ -539,9 +605,11 @@ class HttpFrontEnd:
         return ok
 
     async def _serve(self, request: web.Request, method: str, work: Callable[[], Awaitable[web.StreamResponse]], *,
-                     model: str = "", open_: bool = False, gated: bool = True) -> web.StreamResponse:
-        """Admit, run ``work`` and answer: the token (unless ``open_``), the cap on requests at once, the drain
-        gate (when ``gated``), the error mapping and the count in gnnserve_requests_total."""
+                     model: str = "", open_: bool = False, gated: bool = True, body: bool = False
+                     ) -> web.StreamResponse:
+        """Admit, run ``work`` and answer: the token (unless ``open_``), the request's body when ``body`` (received
+        before the request counts toward the cap, within the byte budget: :meth:`_receive`), the cap on requests at
+        once and the drain gate (when ``gated``), the error mapping and the count in gnnserve_requests_total."""
         code = grpc.StatusCode.OK
         admitted = counted_inflight = counted = False
         try:
@@ -553,6 +621,12 @@ class HttpFrontEnd:
                 model = ""  # a client's name, unauthenticated: no series of its own
                 return _error_response(401, code, "missing or invalid bearer token",
                                        headers={"WWW-Authenticate": "Bearer"})
+            if body:
+                if gated and self.gate is not None and not self.gate.open:
+                    self.gate.enter(method)  # draining: 503 at once, the body unread
+                # the whole body first, as gRPC calls a handler once its message has arrived: a client that is
+                # slow to send it holds no slot (only the bytes it sent, held to the budget, and its connection)
+                request[_BODY] = await self._receive(request)
             if gated:
                 if self.inflight >= self.max_concurrent:
                     raise _Refusal(429, grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -566,7 +640,9 @@ class HttpFrontEnd:
             return await work()
         except _Refusal as exc:
             code = exc.code
-            log.info("%s -> %s: %s", method, code.name, bounded(exc.message))
+            # a client that hung up is no incident, nor news (it reads no answer)
+            log.log(logging.DEBUG if code == grpc.StatusCode.CANCELLED else logging.INFO, "%s -> %s: %s", method,
+                    code.name, bounded(exc.message))
             return _error_response(exc.status, exc.code, exc.message)
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
@@ -583,35 +659,71 @@ class HttpFrontEnd:
             if self.metrics is not None and not counted:
                 self.metrics.count_request(self.model_label(model), method, code.name)
 
-    async def _body(self, request: web.Request) -> bytes:
-        """The request's body, within :attr:`max_body_bytes` (413) and :attr:`body_timeout_s` (408)."""
-        if request.content_length is not None and request.content_length > self.max_body_bytes:
+    async def _body(self, request: web.Request) -> bytes | bytearray:
+        """The request's body: the one :meth:`_serve` received (``body=True``), else received now."""
+        data = request.pop(_BODY, None)
+        return await self._receive(request) if data is None else data
+
+    async def _receive(self, request: web.Request) -> bytes | bytearray:
+        """The request's body, within :attr:`max_body_bytes` (413), :attr:`body_timeout_s` (408) and the budget of
+        bytes being received (:attr:`receive_budget_bytes`, 429; module docstring); a client that hangs up
+        before it is whole: CANCELLED (499, logged at DEBUG)."""
+        declared = request.content_length
+        if declared is not None and declared > self.max_body_bytes:
             raise _Refusal(413, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"the body ({request.content_length} bytes) is larger than the limit of "
+                           f"the body ({declared} bytes) is larger than the limit of "
                            f"{self.max_body_bytes} bytes per request; split the request")
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in _WBITS:
             raise _Refusal(415, grpc.StatusCode.INVALID_ARGUMENT,
                            f"Content-Encoding {encoding[:32]!r} is not supported: send gzip, deflate or identity")
+        if not request.body_exists:
+            return b""
+        if self.receiving_bytes + (declared or 1) > self.receive_budget_bytes:  # refused at once, unread
+            raise self._over_budget(declared)
+        data = bytearray()
+        held = 0  # this body's bytes counted in receiving_bytes
+
+        async def receive() -> None:
+            nonlocal held
+            while chunk := await request.content.readany():
+                if len(data) + len(chunk) > self.max_body_bytes:
+                    raise self._too_large()
+                if self.receiving_bytes + len(chunk) > self.receive_budget_bytes:
+                    raise self._over_budget(declared)
+                self.receiving_bytes += len(chunk)
+                held += len(chunk)
+                data.extend(chunk)
+
         try:
-            data = await asyncio.wait_for(request.read(), self.body_timeout_s)
-        except web.HTTPRequestEntityTooLarge:
-            raise self._too_large() from None
+            await asyncio.wait_for(receive(), self.body_timeout_s)
         except asyncio.TimeoutError:
             raise _Refusal(408, grpc.StatusCode.DEADLINE_EXCEEDED,
                            f"the body did not arrive within {self.body_timeout_s:g} s") from None
+        except (ConnectionError, ContentLengthError) as exc:  # aiohttp's "Connection lost": the client hung up
+            raise _Refusal(499, grpc.StatusCode.CANCELLED, f"the client closed the connection after {len(data)} "
+                           f"bytes of the body ({exc.__class__.__name__})") from None
+        finally:
+            self.receiving_bytes -= held
         if _WBITS[encoding] is None:
             return data
         # decompressed here, never past the limit (aiohttp's own decompression is off: a 1 MB gzip body of zeros
         # cost it half a gigabyte before its size limit refused it); zlib works without the GIL, off the loop
         return await asyncio.to_thread(self._inflate, data, int(_WBITS[encoding] or 0), encoding)
 
+    def _over_budget(self, declared: int | None) -> _Refusal:
+        size = "of unknown length" if declared is None else f"of {declared} bytes"
+        return _Refusal(429, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"the server is receiving {self.receiving_bytes} bytes of request bodies, and a body {size} "
+                        f"would pass its budget of {self.receive_budget_bytes} bytes for bodies in transit; retry "
+                        "with backoff")
+
     def _too_large(self) -> _Refusal:
         return _Refusal(413, grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"the body is larger than the limit of {self.max_body_bytes} bytes per request; split the "
                         "request")
 
-    def _inflate(self, data: bytes, wbits: int, encoding: str) -> bytes:
+    def _inflate(self, data: bytes | bytearray, wbits: int, encoding: str) -> bytes:
         d = zlib.decompressobj(wbits)
         out = bytearray()
         try:
@@ -630,7 +742,7 @@ class HttpFrontEnd:
         return bytes(out)
 
     @staticmethod
-    def _parse(data: bytes | memoryview, what: str = "the body") -> Any:
+    def _parse(data: bytes | bytearray | memoryview, what: str = "the body") -> Any:
         try:
             return json.loads(bytes(data))
         except RecursionError:
@@ -664,9 +776,10 @@ class HttpFrontEnd:
 
         async def work() -> web.StreamResponse:
             ready = (await self.servicer.ModelReady(pb.ModelReadyRequest(name=name, version=version), _CONTEXT)).ready
-            return _empty(200 if ready else 400)
+            return _empty(200 if ready and (self.gate is None or self.gate.open) else 400)
 
-        return await self._serve(request, "http_model_ready", work, model=name)
+        # a probe, as health ready (not capped, answered while draining: then 400, KServe's false), with the token
+        return await self._serve(request, "http_model_ready", work, model=name, gated=False)
 
     async def _server_metadata(self, request: web.Request) -> web.StreamResponse:
         async def work() -> web.StreamResponse:
@@ -691,8 +804,8 @@ class HttpFrontEnd:
 
         async def work() -> web.StreamResponse:
             c = await self.servicer.ModelConfig(pb.ModelConfigRequest(name=name, version=version), _CONTEXT)
-            return _json(json_format.MessageToDict(c.config, preserving_proto_field_name=True,
-                                                   always_print_fields_with_no_presence=True))
+            return _json(_int64_numbers(c.config.DESCRIPTOR, json_format.MessageToDict(
+                c.config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)))
 
         return await self._serve(request, "http_model_config", work, model=name)
 
@@ -748,7 +861,7 @@ class HttpFrontEnd:
                 out.enable_compression()
             return out
 
-        return await self._serve(request, "http_infer", work, model=name)
+        return await self._serve(request, "http_infer", work, model=name, body=True)
 
     # ------------------------------------------------------------------ repository
     async def _repository_index(self, request: web.Request) -> web.StreamResponse:
@@ -766,7 +879,7 @@ class HttpFrontEnd:
             return _json([{"name": m.name, "version": m.version, "state": m.state, "reason": m.reason}
                           for m in idx.models])
 
-        return await self._serve(request, "http_repository_index", work)
+        return await self._serve(request, "http_repository_index", work, body=True)
 
     async def _repository_change(self, request: web.Request, load: bool) -> web.StreamResponse:
         name = request.match_info["model"]
@@ -795,7 +908,7 @@ class HttpFrontEnd:
             return _empty(200)
 
         return await self._serve(request, "http_repository_load" if load else "http_repository_unload", work,
-                                 model=name)
+                                 model=name, body=True)
 
     async def _repository_load(self, request: web.Request) -> web.StreamResponse:
         return await self._repository_change(request, True)
@@ -825,7 +938,7 @@ class HttpFrontEnd:
             resp = await self.servicer.LogSettings(req, _CONTEXT)
             return _json({k: _parameter_value(v) for k, v in resp.settings.items()})
 
-        return await self._serve(request, "http_logging", work)
+        return await self._serve(request, "http_logging", work, body=request.method == "POST")
 
     async def _trace(self, request: web.Request) -> web.StreamResponse:
         async def work() -> web.StreamResponse:

@@ -66,7 +66,10 @@ Triton's extensions of the service, and what gnnserve does with each:
   ``architecture`` parameter); ``ModelMetadata`` gives each input's shape as Triton does for a batching model:
   ``-1`` (the batch), then its ``dims`` (``NODE_IDS`` ``[-1, 1]``, ``NEW_NODE_NEIGHBORS`` ``[-1, -1]``), the
   shapes perf_analyzer sends (it cannot build an input whose shape per node is empty).
-* ``ModelStatistics``: :mod:`serve.stats` (native ``Predict`` and KServe requests alike). As in
+* ``ModelStatistics``: :mod:`serve.stats` (native ``Predict`` and KServe requests alike). Under
+  ``--processes N`` (N > 1) they are the counts of the one process the connection reached (each serves its
+  own connections), so two calls may come from different processes and go backwards; the metrics port
+  merges every process (``nv_inference_*``) and is the place for totals. As in
   Triton, a ``ModelInfer`` / stream request counts in ``inference_stats.fail`` (with its duration)
   once it names a served version and passes the checks Triton makes before a model sees a request
   (outputs, input names, datatypes, shapes, sizes, data layout and the new-node inputs' agreement): a
@@ -87,7 +90,9 @@ Triton's extensions of the service, and what gnnserve does with each:
   the server's loggers (``serve``, ``kernels``, ``models``): DEBUG when the verbose level is above 0,
   else the lowest enabled of INFO, WARNING, ERROR, else nothing. Python's levels are thresholds, so a
   setting that enables a level while disabling a more severe one is refused, as are other settings
-  and values (INVALID_ARGUMENT); ``log_file`` is ``""`` (stderr) and ``log_format`` ``default``.
+  and values (INVALID_ARGUMENT); ``log_file`` is ``""`` (stderr) and ``log_format`` ``default``. Under
+  ``--processes N`` (N > 1) a change answers FAILED_PRECONDITION, as load and unload do (it would set the
+  loggers of the one process the connection reached): set ``--log-level`` at start; reading is answered.
 * ``TraceSetting`` and registering a system or CUDA shared-memory region: UNIMPLEMENTED, with a message naming
   what is supported. The shared-memory status answers no regions and unregistering (one region or all) succeeds
   with nothing to do, as Triton answers with none registered: Triton's example scripts and tools unregister
@@ -177,7 +182,8 @@ class Unimplemented(GnnServeError):
 
 class FailedPrecondition(GnnServeError):
     """The repository holds the model, but it cannot be loaded, or the call cannot act in this server's
-    configuration (a repository load or unload under ``--processes N``); the message says why."""
+    configuration (a repository load or unload, or a log settings change, under ``--processes N``); the message
+    says why."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
 
@@ -530,10 +536,17 @@ def _check_repository(name: str, registry: ModelRegistry) -> None:
                               f"({registry.repo.name!r}); leave repository_name empty")
 
 
-def _refuse_under_processes(rpc: str) -> None:
+_REPOSITORY_WAY = (
+    "Change the model repository instead, which every process polls (--poll-s; with --poll-s 0, restart the "
+    "server): to load, add REPO/<model>/<version>/ (gnnserve train --out writes it whole); to unload a version or a "
+    "model, move its directory out of the repository or rename it to start with '.'")
+
+
+def _refuse_under_processes(rpc: str, way: str = _REPOSITORY_WAY) -> None:
     """Under ``gnnserve serve --processes N`` (N > 1) a load or unload would change the one process this
     connection reached (each process holds its own models; the others would go on serving, or not, as
-    before), so it is refused with the way that reaches every process: the repository directory."""
+    before), so it is refused with the way that reaches every process (``way``): the repository directory; a
+    change of the log settings likewise (each process has its own loggers), with ``--log-level``."""
     from . import servicer
 
     slot = servicer._SLOT  # (index, total) of a --processes child (serve.servicer.set_process_slot)
@@ -541,10 +554,7 @@ def _refuse_under_processes(rpc: str) -> None:
         return
     raise FailedPrecondition(
         f"{rpc} is not available under gnnserve serve --processes {slot[1]}: it would act on one process only "
-        f"(this connection reached process {slot[0]} of {slot[1]}). Change the model repository instead, which "
-        "every process polls (--poll-s; with --poll-s 0, restart the server): to load, add REPO/<model>/<version>/ "
-        "(gnnserve train --out writes it whole); to unload a version or a model, move its directory out of the "
-        "repository or rename it to start with '.'")
+        f"(this connection reached process {slot[0]} of {slot[1]}). {way}")
 
 
 # ---------------------------------------------------------------------- model configuration
@@ -993,6 +1003,9 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
     # ------------------------------------------------------------------ settings
     async def LogSettings(self, request: pb.LogSettingsRequest, context: aio.ServicerContext) -> pb.LogSettingsResponse:
         if request.settings:
+            _refuse_under_processes("LogSettings (a change)", "Set the log level of every process when the server "
+                                    "starts (gnnserve serve --log-level DEBUG|INFO|WARNING|ERROR); reading the "
+                                    "settings (no settings in the request) is available")
             self.log_state.update(request.settings)
         return self.log_state.response()
 
