@@ -117,12 +117,11 @@ def answers_match(resp: Any, nodes: list[int], repo: Path, ds: Any, model: str) 
 
 # --------------------------------------------------------------------------- the validation oracle
 def _version_found(version: str) -> bool:
+    """Whether the server finds ``version`` of a model whose only version is 1: empty (the latest), or ASCII digits
+    only that read 1 (serve.registry: " 1" and "٣" are not versions, though int() reads them)."""
     if version == "":
         return True
-    try:
-        return int(version) == 1
-    except ValueError:
-        return False
+    return version.isascii() and version.isdigit() and int(version) == 1
 
 
 def expected_error(req: dict[str, Any], limit: int = LIMIT, knob_tables: dict[str, Any] | None = None
