@@ -69,13 +69,13 @@ Triton's extensions of the service, and what gnnserve does with each:
 * ``ModelStatistics``: :mod:`serve.stats` (native ``Predict`` and KServe requests alike). Under
   ``--processes N`` (N > 1) they are the counts of the one process the connection reached (each serves its
   own connections), so two calls may come from different processes and go backwards; the metrics port
-  merges every process (``nv_inference_*``) and is the place for totals. As in
-  Triton, a ``ModelInfer`` / stream request counts in ``inference_stats.fail`` (with its duration)
-  once it names a served version and passes the checks Triton makes before a model sees a request
-  (outputs, input names, datatypes, shapes, sizes, data layout and the new-node inputs' agreement): a
-  refused parameter, node id or new node's value, a graph version not reached, a full queue, a passed
-  deadline or a failed batch all count. Refused
-  before that (an unknown output, a bad input tensor, an unknown model), it counts nowhere.
+  merges every process (``nv_inference_*``) and is the place for totals. A ``ModelInfer`` / stream request
+  counts in ``inference_stats.fail`` (with its duration) once the model's queue took it, as a native ``Predict``
+  does: a full queue, a passed deadline, a cancellation or a failed batch. A request refused before that (an
+  unknown output, a bad input tensor, an unknown model, and also a refused parameter, node id or new node's value,
+  or a graph version not reached, which Triton would count as its backend's failures) counts nowhere, on every
+  path alike, so that a failure-rate alert sees requests the model took and could not answer;
+  ``gnnserve_requests_total{code}`` counts every refusal.
 * ``RepositoryIndex`` / ``RepositoryModelLoad`` / ``RepositoryModelUnload``: the model repository
   through :class:`serve.registry.ModelRegistry` (its docstring has the unload rule: an unloaded
   model stays unloaded, whatever the poller sees, until it is loaded again). Parameters: ``version``
@@ -125,7 +125,6 @@ from .errors import GnnServeError, InvalidArgument, ModelNotFound, Unavailable
 from .interceptors import bounded, error_status, unparsed_reason
 from .registry import RepositoryError, _shown, version_not_in_repository
 from .servicer import deadline_of, reach_version
-from .stats import failure_reason
 from .validation import MAX_REQUEST_ID, knob_range_error, knob_rule, validate_predict
 from .wire import INPUT, NEW_COUNTS, NEW_FEATURES, NEW_NEIGHBORS, NEW_WEIGHTS  # the input names
 
@@ -786,14 +785,10 @@ class TritonServicer(pb_grpc.GRPCInferenceServiceServicer):
         classes = class_counts(request)
         rt = self.registry.get(request.model_name, request.model_version)
         nodes, new_nodes = _infer_inputs(request, rt.limits)
-        try:  # the model's part (a Triton backend's): a failure here counts in inference_stats.fail
-            deadline = _request_deadline(request, deadline)
-            call = await self._model_call(rt, request, nodes, new_nodes, wanted, deadline)
-        except InvalidArgument:  # its input refused (ids, knobs, parameters): not counted, as native Predict's
-            raise
-        except BaseException as exc:  # cancellation too, as in ModelRuntime.submit; the time since the request came
-            rt.stats.failed(round(1e9 * (time.perf_counter() - t0)), failure_reason(exc))
-            raise
+        # its parameters and values checked against the model, a read-your-writes wait: what fails here is refused
+        # before the model's queue took it, and counts in no failure, as native Predict's checks (serve.stats)
+        deadline = _request_deadline(request, deadline)
+        call = await self._model_call(rt, request, nodes, new_nodes, wanted, deadline)
         # counts its own failures (queue, deadline, batch), and its success from t0, the handler's start
         res = await rt.submit(call, deadline=deadline, started=t0)
         res.timing["total"] = 1e3 * (time.perf_counter() - t0)
