@@ -356,6 +356,10 @@ class _Ticket:
         self.future = future
         self.settled = threading.Event()  # what a blocking caller (LiveGraph.update) waits on
 
+    def expired(self, now: float | None = None) -> bool:
+        """Whether the caller's deadline has passed (at ``now``, ``time.monotonic``; default: now)."""
+        return self.deadline is not None and (time.monotonic() if now is None else now) >= self.deadline
+
     def fail(self, exc: BaseException) -> None:
         self.error, self.done = exc, True
         self._settle()
@@ -946,7 +950,7 @@ class LiveGraph:
         taken: list[_Ticket] = []
         refused: dict[_Ticket, BaseException] = {}
         for i, t in enumerate(tickets):
-            if t.deadline is not None and time.monotonic() >= t.deadline:
+            if t.expired():
                 t.fail(detached(DeadlineExceeded(
                     "the update's deadline passed while it waited for the graph's writer (a compaction or a long "
                     "update before it): not applied; retry with a longer deadline")))
@@ -1084,7 +1088,7 @@ class LiveGraph:
         order. Called before the log append only, where "not applied" holds."""
         now, late = time.monotonic(), []
         for t in tickets:
-            if t.deadline is not None and now >= t.deadline:
+            if t.expired(now):
                 late.append(t)
                 t.fail(detached(DeadlineExceeded(
                     "the update's deadline passed before it was logged (its validation and the new graph took that "
